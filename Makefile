@@ -1,0 +1,110 @@
+# kvpool -- top-level Makefile.
+#   make          release build: build/kvpool, build/libkvpool.{so,a}
+#   make test     ASan+UBSan build of everything, then every test; ends with "N passed, N failed"
+#   make tsan     ThreadSanitizer build, then the threaded tests
+#   make fuzz     bounded run of every libFuzzer target (clang)
+#   make bench    benchmarks against real processes; results in bench/results/
+#   make clean
+CC      ?= gcc
+FUZZCC  ?= clang
+Q       ?= @
+WARN    := -Wall -Wextra -Werror -Wstrict-prototypes -Wshadow -Wno-unused-parameter
+CSTD    := -std=gnu11
+INC     := -Iinclude -Isrc -Itests/support
+CFLAGS_BASE := $(CSTD) $(WARN) $(INC) -g -fPIC -pthread
+LDLIBS  := -ljansson -lxxhash -lpthread -lm
+
+LIB_SRCS := $(wildcard src/common/*.c src/proto/*.c src/net/*.c src/master/*.c)
+CLI_SRCS := $(wildcard src/cli/*.c)
+UNIT_SRCS := $(wildcard tests/unit/test_*.c)
+INTEG_SRCS := $(wildcard tests/integration/test_*.c)
+TEST_SUPPORT := $(wildcard tests/support/*.c)
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+
+# ---------------------------------------------------------------- variants
+# release
+R := build
+R_CFLAGS := $(CFLAGS_BASE) -O2
+# tests: AddressSanitizer + UndefinedBehaviorSanitizer
+A := build/asan
+A_CFLAGS := $(CFLAGS_BASE) -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
+            -fno-sanitize-recover=undefined -DKVP_TESTING=1
+# ThreadSanitizer
+T := build/tsan
+T_CFLAGS := $(CFLAGS_BASE) -O1 -fsanitize=thread -DKVP_TESTING=1
+
+.PHONY: all deps test tsan fuzz bench clean unit integ
+all: deps $(R)/kvpool $(R)/libkvpool.so $(R)/libkvpool.a
+
+deps:
+	$(Q)scripts/install-deps
+
+# generic compile rules per variant
+$(R)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(R_CFLAGS) -MMD -MP -c $< -o $@
+$(A)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(A_CFLAGS) -MMD -MP -c $< -o $@
+$(T)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(T_CFLAGS) -MMD -MP -c $< -o $@
+
+R_LIB_OBJS := $(LIB_SRCS:%.c=$(R)/obj/%.o)
+A_LIB_OBJS := $(LIB_SRCS:%.c=$(A)/obj/%.o)
+T_LIB_OBJS := $(LIB_SRCS:%.c=$(T)/obj/%.o)
+
+$(R)/libkvpool.a: $(R_LIB_OBJS)
+	$(Q)rm -f $@ && ar rcs $@ $^
+$(R)/libkvpool.so: $(R_LIB_OBJS)
+	$(Q)$(CC) -shared -o $@ $^ $(LDLIBS)
+$(R)/kvpool: $(CLI_SRCS:%.c=$(R)/obj/%.o) $(R)/libkvpool.a
+	$(Q)$(CC) $(R_CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(A)/libkvpool.a: $(A_LIB_OBJS)
+	$(Q)rm -f $@ && ar rcs $@ $^
+$(A)/kvpool: $(CLI_SRCS:%.c=$(A)/obj/%.o) $(A)/libkvpool.a
+	$(Q)$(CC) $(A_CFLAGS) -o $@ $^ $(LDLIBS)
+$(T)/libkvpool.a: $(T_LIB_OBJS)
+	$(Q)rm -f $@ && ar rcs $@ $^
+$(T)/kvpool: $(CLI_SRCS:%.c=$(T)/obj/%.o) $(T)/libkvpool.a
+	$(Q)$(CC) $(T_CFLAGS) -o $@ $^ $(LDLIBS)
+
+# test binaries: one per tests/{unit,integration}/test_*.c, linked with the
+# support code and the library of the same variant
+A_SUPPORT := $(TEST_SUPPORT:%.c=$(A)/obj/%.o)
+T_SUPPORT := $(TEST_SUPPORT:%.c=$(T)/obj/%.o)
+A_TESTS := $(patsubst tests/%.c,$(A)/tests/%,$(UNIT_SRCS) $(INTEG_SRCS))
+T_TESTS := $(patsubst tests/%.c,$(T)/tests/%,$(UNIT_SRCS) $(INTEG_SRCS))
+$(A)/tests/%: $(A)/obj/tests/%.o $(A_SUPPORT) $(A)/libkvpool.a
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(A_CFLAGS) -o $@ $^ $(LDLIBS)
+$(T)/tests/%: $(T)/obj/tests/%.o $(T_SUPPORT) $(T)/libkvpool.a
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(T_CFLAGS) -o $@ $^ $(LDLIBS)
+
+test: deps $(A)/kvpool $(A_TESTS)
+	$(Q)KVPOOL_BIN=$(A)/kvpool tests/run.sh $(A)/tests
+
+tsan: deps $(T)/kvpool $(T_TESTS)
+	$(Q)KVPOOL_BIN=$(T)/kvpool KVP_TSAN=1 tests/run.sh $(T)/tests
+
+# fuzzing: clang libFuzzer, one binary per tests/fuzz/fuzz_*.c
+F := build/fuzz
+F_CFLAGS := $(CSTD) $(INC) -g -O1 -fsanitize=fuzzer,address,undefined -DKVP_TESTING=1 -DKVP_FUZZING=1
+FUZZ_LIB_SRCS := $(wildcard src/common/*.c src/proto/*.c src/master/*.c)
+FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(F)/%,$(FUZZ_SRCS))
+FUZZ_SECONDS ?= 20
+$(F)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS)
+	@mkdir -p $(dir $@)
+	$(Q)$(FUZZCC) $(F_CFLAGS) -o $@ $< $(FUZZ_LIB_SRCS) $(LDLIBS)
+fuzz: deps $(FUZZ_BINS)
+	$(Q)tests/fuzz/run.sh $(F) $(FUZZ_SECONDS)
+
+bench: all
+	$(Q)bench/run.sh $(R)
+
+clean:
+	rm -rf build
+
+-include $(shell find build -name '*.d' 2>/dev/null)

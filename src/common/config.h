@@ -1,0 +1,76 @@
+/*
+ * config.h -- kvpool configuration: one struct, filled from defaults, then a
+ * JSON file (jansson), then command-line flags.
+ *
+ * The file is a flat JSON object. Keys are kvpool's own names plus the keys
+ * Mooncake's config uses (so an existing MOONCAKE_CONFIG_PATH file works);
+ * a Mooncake key is an alias that sets the same field. Keys that belong to
+ * Mooncake components kvpool does not have (e.g. "device_name") are accepted
+ * and ignored with a debug log line. Any other key is an error.
+ *
+ * Every error names the key, the value and what is allowed, e.g.
+ *   config.json:3:25: key "lease_ttl": value "5x" is not a duration
+ *   (allowed: a number of milliseconds or a string like "250ms", "5s", "1m")
+ */
+#ifndef KVP_CONFIG_H
+#define KVP_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define KVP_CONFIG_ERRLEN 512
+
+typedef struct kvp_config {
+    /* ---- master ---- */
+    char listen[256];             /* "listen": master address host:port (127.0.0.1:50051) */
+    char cluster_token[256];      /* "cluster_token": "" = none */
+    uint64_t max_frame;           /* "max_frame_size": bytes (64 MiB); 4 KiB .. 1 GiB */
+    uint64_t lease_ttl_ms;        /* "lease_ttl" / "default_kv_lease_ttl" (ms): 5 s */
+    uint64_t put_timeout_ms;      /* "put_timeout": 30 s */
+    uint64_t client_ttl_ms;       /* "client_ttl" (bare number = seconds): 10 s */
+    double evict_high;            /* "eviction_high_watermark_ratio": 0.95, (0,1] */
+    double evict_low;             /* "eviction_low_watermark_ratio": 0.90, < high */
+    uint64_t max_key;             /* "max_key_size": 4096; 1 .. 65535 */
+    uint64_t max_connections;     /* "max_connections": 4096 */
+    uint64_t max_segments;        /* "max_segments": 4096; 1 .. 65535 */
+    uint64_t max_tenants;         /* "max_tenants": 1024; 1 .. 65535 */
+    uint64_t max_objects;         /* "max_objects": 0 = unlimited */
+    int log_level;                /* "log_level": debug|info|warn|error (info) */
+
+    /* ---- client / storage node (used from issue 3 on) ---- */
+    char master_addr[256];        /* "master_server_address" / "master_server_addr" / "master" */
+    char local_hostname[256];     /* "local_hostname" */
+    char protocol[32];            /* "protocol": tcp (rdma accepted, reported not supported) */
+    char mode[32];                /* "mode": embedded | standalone-store */
+    uint64_t global_segment_size; /* "global_segment_size": bytes (4 GiB) */
+    uint64_t local_buffer_size;   /* "local_buffer_size": bytes (0) */
+    int enable_offload;           /* "enable_offload": bool (false) */
+    uint64_t rpc_timeout_ms;      /* "rpc_timeout": 10 s */
+} kvp_config;
+
+/* Fills the defaults above. */
+void kvp_config_defaults(kvp_config *c);
+
+/*
+ * Applies a JSON file / string over *c. 0 on success; KVP_ECONFIG (or
+ * KVP_EFILE_NOT_FOUND / KVP_EFILE_READ_FAIL) with a message in err.
+ * On error *c may be partly updated.
+ */
+int kvp_config_load_file(kvp_config *c, const char *path, char *err, size_t errlen);
+int kvp_config_load_string(kvp_config *c, const char *json, char *err, size_t errlen);
+
+/*
+ * Sets one key from a string value (used for command-line flags, where
+ * "--lease-ttl 5s" becomes key "lease_ttl"; '-' and '_' are equivalent).
+ * Same validation and messages as the file.
+ */
+int kvp_config_set(kvp_config *c, const char *key, const char *value, char *err, size_t errlen);
+
+/* Cross-field checks (evict_low < evict_high, lease_ttl <= client_ttl, ...). */
+int kvp_config_validate(const kvp_config *c, char *err, size_t errlen);
+
+/* Writes the key reference (key, type, default, meaning) for --help and README. */
+void kvp_config_print_reference(FILE *f);
+
+#endif

@@ -1,0 +1,383 @@
+/*
+ * proto.h -- kvpool wire protocol: frames, the opcode table, message codecs.
+ *
+ * Frame = 24-byte header + body. All integers little-endian.
+ *
+ *   off size field
+ *   0   2    magic      0x4B56 ("VK" on the wire)
+ *   2   1    version    KVP_PROTO_VERSION
+ *   3   1    flags      KVP_FLAG_*
+ *   4   2    opcode     KVP_OP_*
+ *   6   2    reserved   must be 0
+ *   8   8    req_id     chosen by the requester, echoed in the response
+ *   16  4    body_len   bytes after the header; <= the configured max frame
+ *   20  4    status     response: 0 or a negative KVP_E* for the whole
+ *                       request (then the body is empty or an error text);
+ *                       request: must be 0
+ *
+ * Body fields: u8/u16/u32/u64, i32 (two's complement), bytes = u32 length +
+ * raw bytes, str = bytes (UTF-8, not NUL-terminated), arrays = u32 count +
+ * elements. Every batch operation answers one result per key, in order.
+ *
+ * Decoders never trust a count or a length: each is checked against the
+ * bytes left and the limits in kvp_proto_limits, and a decoder consumes the
+ * whole body (trailing bytes are an error). Decoded messages borrow key and
+ * string bytes from the frame body and put their arrays in a kvp_arena: they
+ * are valid until the body buffer or the arena is reused.
+ */
+#ifndef KVP_PROTO_H
+#define KVP_PROTO_H
+
+#include <stdint.h>
+
+#include "common/buf.h"
+
+#define KVP_PROTO_MAGIC 0x4B56u
+#define KVP_PROTO_VERSION 1
+#define KVP_FRAME_HDR 24
+
+#define KVP_FLAG_RESPONSE 0x01 /* this frame answers req_id */
+#define KVP_FLAG_ONEWAY 0x02   /* request wants no response (RELEASE) */
+
+#define KVP_MAX_REPLICAS 3
+
+/*
+ * The one opcode table. XX(NAME, code, summary).
+ */
+#define KVP_OP_MAP(XX)                                                                 \
+    XX(HELLO, 1, "version, client id, cluster token; first frame on a connection")     \
+    XX(MOUNT_SEGMENT, 2, "mount segments (id, name host:port, capacity, endpoints)")   \
+    XX(UNMOUNT_SEGMENT, 3, "unmount segments by id; objects on them are dropped")      \
+    XX(HEARTBEAT, 4, "keep the client alive; answers the master's view")               \
+    XX(PUT_START, 5, "allocate replicas for keys; object invisible until PUT_END")     \
+    XX(PUT_END, 6, "publish keys with their checksums")                                \
+    XX(PUT_REVOKE, 7, "abandon pending puts and free their space")                     \
+    XX(GET, 8, "size, checksum, replicas and a read lease per key")                    \
+    XX(RELEASE, 9, "end read leases early")                                            \
+    XX(EXIST, 10, "1/0 per key; no side effects")                                      \
+    XX(PREFIX, 11, "number of leading keys that exist")                                \
+    XX(REMOVE, 12, "remove keys (force: even when leased or pinned)")                  \
+    XX(REMOVE_ALL, 13, "remove every object of a tenant")                              \
+    XX(STATS, 14, "counters and per-segment usage")                                    \
+    XX(SEGMENT_INFO, 15, "name, capacity and endpoints of segments by id")
+
+enum kvp_op {
+#define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
+    KVP_OP_MAP(KVP__OP_ENUM)
+#undef KVP__OP_ENUM
+    KVP_OP__MAX
+};
+
+/* "PUT_START" etc; NULL for an unknown opcode. */
+const char *kvp_op_name(uint16_t op);
+
+/* ------------------------------------------------------------------ frames */
+
+typedef struct kvp_frame_hdr {
+    uint8_t version;
+    uint8_t flags;
+    uint16_t op;
+    uint64_t req_id;
+    uint32_t body_len;
+    int32_t status;
+} kvp_frame_hdr;
+
+/*
+ * Decodes a header from at least KVP_FRAME_HDR bytes.
+ * Returns 0, KVP_EPROTOCOL (bad magic, reserved != 0, request with a
+ * non-zero status), KVP_EINVALID_VERSION (other version: the peer must be
+ * told and disconnected) or KVP_ETOO_LARGE (body_len > max_frame).
+ * The opcode is NOT checked here (the server answers KVP_EUNKNOWN_OP).
+ */
+int kvp_frame_hdr_decode(const uint8_t *p, uint32_t max_frame, kvp_frame_hdr *h);
+void kvp_frame_hdr_encode(uint8_t *p, const kvp_frame_hdr *h);
+
+/*
+ * Starts a frame in `b`: writes a header with body_len 0 and returns the
+ * offset of the header. kvp_frame_end patches body_len. The body is what
+ * was appended in between.
+ */
+size_t kvp_frame_begin(kvp_buf *b, uint16_t op, uint8_t flags, uint64_t req_id, int32_t status);
+void kvp_frame_end(kvp_buf *b, size_t hdr_off);
+
+/*
+ * Incremental frame reader over a stream. Feed bytes; take complete frames.
+ * kvp_frame_next returns 1 and fills *h/*body when a whole frame is
+ * available at the front of `in` (the body borrows from `in`: consume
+ * KVP_FRAME_HDR + h->body_len bytes after use), 0 when more bytes are
+ * needed, or a negative error from kvp_frame_hdr_decode.
+ */
+int kvp_frame_next(const uint8_t *in, size_t len, uint32_t max_frame, kvp_frame_hdr *h,
+                   const uint8_t **body);
+
+/* ------------------------------------------------------------------ limits */
+
+typedef struct kvp_proto_limits {
+    uint32_t max_key;     /* key bytes (default 4096) */
+    uint32_t max_str;     /* tenant, names, endpoints, tokens (default 1024) */
+    uint32_t max_batch;   /* elements per batch (default 1<<20) */
+} kvp_proto_limits;
+
+void kvp_proto_limits_default(kvp_proto_limits *l);
+
+/* ---------------------------------------------------------------- messages */
+
+/* HELLO request. client_id 0 is invalid. */
+typedef struct kvp_msg_hello {
+    uint32_t version;   /* KVP_PROTO_VERSION */
+    uint64_t client_id; /* random per client process, non-zero */
+    kvp_bytes token;    /* cluster token, empty if none */
+    kvp_bytes name;     /* human-readable client name, e.g. "node host:port" */
+} kvp_msg_hello;
+
+/* HELLO response. */
+typedef struct kvp_msg_hello_resp {
+    uint32_t version;
+    uint64_t master_id;       /* random per master start: a change means restart */
+    uint32_t max_frame;
+    uint32_t lease_ttl_ms;
+    uint32_t client_ttl_ms;   /* heartbeat at least every client_ttl_ms / 3 */
+} kvp_msg_hello_resp;
+
+typedef struct kvp_endpoint {
+    kvp_bytes transport; /* "tcp", "shm", ... */
+    kvp_bytes addr;      /* transport-specific address */
+} kvp_endpoint;
+
+typedef struct kvp_seg_desc {
+    uint64_t id;       /* chosen by the node, non-zero, stable across remounts */
+    kvp_bytes name;    /* "host:port"; used by preferred_segment */
+    uint64_t capacity; /* bytes; rounded down to 4 KiB by the master */
+    uint32_t n_endpoints;
+    kvp_endpoint *endpoints;
+} kvp_seg_desc;
+
+/* MOUNT_SEGMENT request; response = kvp_msg_results (one per segment). */
+typedef struct kvp_msg_mount {
+    uint32_t n;
+    kvp_seg_desc *segs;
+} kvp_msg_mount;
+
+/* UNMOUNT_SEGMENT request; SEGMENT_INFO request. Response of UNMOUNT =
+ * kvp_msg_results. */
+typedef struct kvp_msg_ids {
+    uint32_t n;
+    uint64_t *ids;
+} kvp_msg_ids;
+
+/* HEARTBEAT request has an empty body. Response: */
+typedef struct kvp_msg_heartbeat_resp {
+    uint64_t master_id;
+    uint32_t n_segments; /* segments the master holds for this client; a node
+                            that mounted more must remount */
+} kvp_msg_heartbeat_resp;
+
+/* Per-key results: 0 / negative code, or 1/0 for EXIST. Also the response
+ * of MOUNT, UNMOUNT, PUT_END, PUT_REVOKE, RELEASE, REMOVE, EXIST. */
+typedef struct kvp_msg_results {
+    uint32_t n;
+    int32_t *codes;
+} kvp_msg_results;
+
+/* Requests that carry just a tenant and keys: PUT_REVOKE, GET, EXIST, PREFIX. */
+typedef struct kvp_msg_keys {
+    kvp_bytes tenant; /* empty = "default" */
+    uint32_t n;
+    kvp_bytes *keys;
+} kvp_msg_keys;
+
+#define KVP_PUT_PIN 0x1 /* never evicted; removed only with force */
+
+typedef struct kvp_msg_put_start {
+    kvp_bytes tenant;
+    uint32_t replicas;    /* 1..KVP_MAX_REPLICAS */
+    uint32_t flags;       /* KVP_PUT_* */
+    kvp_bytes preferred;  /* preferred segment name, empty = none */
+    uint32_t n;
+    kvp_bytes *keys;
+    uint64_t *sizes;      /* bytes, > 0 */
+} kvp_msg_put_start;
+
+/* Where one replica lives. The client writes/reads [offset, offset+length)
+ * of segment `segment_id`; `generation` identifies this allocation. */
+typedef struct kvp_replica {
+    uint64_t segment_id;
+    uint64_t offset;
+    uint64_t length;
+    uint64_t generation;
+} kvp_replica;
+
+typedef struct kvp_put_result {
+    int32_t status;    /* 0, OBJECT_ALREADY_EXISTS, NO_AVAILABLE_HANDLE, ... */
+    uint32_t n_replicas;
+    kvp_replica replicas[KVP_MAX_REPLICAS];
+} kvp_put_result;
+
+typedef struct kvp_msg_put_start_resp {
+    uint32_t n;
+    kvp_put_result *results;
+} kvp_msg_put_start_resp;
+
+typedef struct kvp_msg_put_end {
+    kvp_bytes tenant;
+    uint32_t n;
+    kvp_bytes *keys;
+    uint64_t *checksums; /* XXH3-64 of the value */
+} kvp_msg_put_end;
+
+typedef struct kvp_get_result {
+    int32_t status;     /* 0, OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY, ... */
+    uint64_t size;
+    uint64_t checksum;
+    uint64_t lease_id;  /* give back with RELEASE */
+    uint32_t n_replicas;
+    kvp_replica replicas[KVP_MAX_REPLICAS];
+} kvp_get_result;
+
+typedef struct kvp_msg_get_resp {
+    uint32_t lease_ttl_ms;
+    uint32_t n;
+    kvp_get_result *results;
+} kvp_msg_get_resp;
+
+/* RELEASE request: lease ids (kvp_msg_ids). */
+
+typedef struct kvp_msg_prefix_resp {
+    uint32_t count;
+} kvp_msg_prefix_resp;
+
+typedef struct kvp_msg_remove {
+    kvp_bytes tenant;
+    uint8_t force;
+    uint32_t n;
+    kvp_bytes *keys;
+} kvp_msg_remove;
+
+typedef struct kvp_msg_remove_all {
+    kvp_bytes tenant;
+    uint8_t force;
+} kvp_msg_remove_all;
+
+typedef struct kvp_msg_remove_all_resp {
+    uint64_t removed;
+} kvp_msg_remove_all_resp;
+
+/* STATS response. Counters are a count-prefixed u64 array so new counters
+ * can be appended without breaking older readers (they ignore the tail). */
+enum kvp_stat {
+    KVP_STAT_OBJECTS = 0,    /* published objects */
+    KVP_STAT_BYTES,          /* bytes of published objects (one copy) */
+    KVP_STAT_CAPACITY,       /* sum of mounted segment capacities */
+    KVP_STAT_USED,           /* allocated bytes (all replicas, pending too) */
+    KVP_STAT_HITS,           /* GET keys found */
+    KVP_STAT_MISSES,         /* GET keys not found */
+    KVP_STAT_EVICTIONS,      /* objects evicted */
+    KVP_STAT_EVICTED_BYTES,
+    KVP_STAT_LEASES,         /* active read leases */
+    KVP_STAT_PENDING,        /* pending puts */
+    KVP_STAT_CLIENTS,        /* live clients */
+    KVP_STAT_SEGMENTS,       /* mounted segments */
+    KVP_STAT_PUT_TIMEOUTS,   /* pending puts reclaimed by put_timeout */
+    KVP_STAT_PUT_REVOKED,    /* pending puts revoked (explicit, disconnect, unmount) */
+    KVP_STAT_CLIENTS_EXPIRED,/* clients dropped by the liveness TTL */
+    KVP_STAT_REQUESTS,       /* frames served */
+    KVP_STAT_BAD_FRAMES,     /* frames refused as malformed */
+    KVP_STAT__COUNT
+};
+
+typedef struct kvp_seg_stat {
+    uint64_t id;
+    kvp_bytes name;
+    uint64_t capacity;
+    uint64_t used;
+    uint64_t objects;   /* replicas stored on it */
+    uint64_t largest_free;
+} kvp_seg_stat;
+
+typedef struct kvp_msg_stats_resp {
+    uint32_t n_counters;
+    uint64_t *counters;  /* index by enum kvp_stat when < n_counters */
+    uint32_t n_segs;
+    kvp_seg_stat *segs;
+} kvp_msg_stats_resp;
+
+/* SEGMENT_INFO response. */
+typedef struct kvp_seg_info {
+    int32_t status;      /* 0 or SEGMENT_NOT_FOUND */
+    kvp_seg_desc desc;
+} kvp_seg_info;
+
+typedef struct kvp_msg_seg_info_resp {
+    uint32_t n;
+    kvp_seg_info *infos;
+} kvp_msg_seg_info_resp;
+
+/* ----------------------------------------------------------------- codecs */
+/*
+ * enc: append the body (no frame header) to b; check b->err afterwards.
+ * dec: parse a whole body; 0 or KVP_EPROTOCOL / KVP_ENOMEM (arena full).
+ */
+void kvp_enc_hello(kvp_buf *b, const kvp_msg_hello *m);
+int kvp_dec_hello(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_msg_hello *m);
+void kvp_enc_hello_resp(kvp_buf *b, const kvp_msg_hello_resp *m);
+int kvp_dec_hello_resp(const uint8_t *p, uint32_t len, kvp_msg_hello_resp *m);
+
+void kvp_enc_mount(kvp_buf *b, const kvp_msg_mount *m);
+int kvp_dec_mount(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                  kvp_msg_mount *m);
+
+void kvp_enc_ids(kvp_buf *b, const kvp_msg_ids *m);
+int kvp_dec_ids(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                kvp_msg_ids *m);
+
+void kvp_enc_heartbeat_resp(kvp_buf *b, const kvp_msg_heartbeat_resp *m);
+int kvp_dec_heartbeat_resp(const uint8_t *p, uint32_t len, kvp_msg_heartbeat_resp *m);
+
+void kvp_enc_results(kvp_buf *b, const kvp_msg_results *m);
+int kvp_dec_results(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                    kvp_msg_results *m);
+
+void kvp_enc_keys(kvp_buf *b, const kvp_msg_keys *m);
+int kvp_dec_keys(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                 kvp_msg_keys *m);
+
+void kvp_enc_put_start(kvp_buf *b, const kvp_msg_put_start *m);
+int kvp_dec_put_start(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                      kvp_msg_put_start *m);
+/* Server side writes results one by one: count first, then each result. */
+void kvp_enc_put_result(kvp_buf *b, const kvp_put_result *r);
+void kvp_enc_put_start_resp(kvp_buf *b, const kvp_msg_put_start_resp *m);
+int kvp_dec_put_start_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                           kvp_arena *a, kvp_msg_put_start_resp *m);
+
+void kvp_enc_put_end(kvp_buf *b, const kvp_msg_put_end *m);
+int kvp_dec_put_end(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                    kvp_msg_put_end *m);
+
+void kvp_enc_get_result(kvp_buf *b, const kvp_get_result *r);
+void kvp_enc_get_resp(kvp_buf *b, const kvp_msg_get_resp *m);
+int kvp_dec_get_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                     kvp_msg_get_resp *m);
+
+void kvp_enc_prefix_resp(kvp_buf *b, const kvp_msg_prefix_resp *m);
+int kvp_dec_prefix_resp(const uint8_t *p, uint32_t len, kvp_msg_prefix_resp *m);
+
+void kvp_enc_remove(kvp_buf *b, const kvp_msg_remove *m);
+int kvp_dec_remove(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                   kvp_msg_remove *m);
+
+void kvp_enc_remove_all(kvp_buf *b, const kvp_msg_remove_all *m);
+int kvp_dec_remove_all(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                       kvp_msg_remove_all *m);
+void kvp_enc_remove_all_resp(kvp_buf *b, const kvp_msg_remove_all_resp *m);
+int kvp_dec_remove_all_resp(const uint8_t *p, uint32_t len, kvp_msg_remove_all_resp *m);
+
+void kvp_enc_stats_resp(kvp_buf *b, const kvp_msg_stats_resp *m);
+int kvp_dec_stats_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                       kvp_msg_stats_resp *m);
+
+void kvp_enc_seg_info_resp(kvp_buf *b, const kvp_msg_seg_info_resp *m);
+int kvp_dec_seg_info_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                          kvp_arena *a, kvp_msg_seg_info_resp *m);
+
+#endif
