@@ -11,7 +11,7 @@ Q       ?= @
 WARN    := -Wall -Wextra -Werror -Wstrict-prototypes -Wshadow -Wno-unused-parameter
 CSTD    := -std=gnu11
 INC     := -Iinclude -Isrc -Itests/support
-CFLAGS_BASE := $(CSTD) $(WARN) $(INC) -g -fPIC -pthread
+CFLAGS_BASE := -D_GNU_SOURCE $(CSTD) $(WARN) $(INC) -g -fPIC -pthread
 LDLIBS  := -ljansson -lxxhash -lpthread -lm
 
 LIB_SRCS := $(wildcard src/common/*.c src/proto/*.c src/net/*.c src/master/*.c)
@@ -91,7 +91,7 @@ tsan: deps $(T)/kvpool $(T_TESTS)
 
 # fuzzing: clang libFuzzer, one binary per tests/fuzz/fuzz_*.c
 F := build/fuzz
-F_CFLAGS := $(CSTD) $(INC) -g -O1 -fsanitize=fuzzer,address,undefined -DKVP_TESTING=1 -DKVP_FUZZING=1
+F_CFLAGS := -D_GNU_SOURCE $(CSTD) $(INC) -g -O1 -fsanitize=fuzzer,address,undefined -DKVP_TESTING=1 -DKVP_FUZZING=1
 FUZZ_LIB_SRCS := $(wildcard src/common/*.c src/proto/*.c src/master/*.c)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(F)/%,$(FUZZ_SRCS))
 FUZZ_SECONDS ?= 20

@@ -69,7 +69,8 @@ extern "C" {
     XX(CLOSED, -2008, "connection closed")                                     \
     XX(UNKNOWN_OP, -2009, "unknown operation")                                 \
     XX(NO_HELLO, -2010, "HELLO required before any other operation")           \
-    XX(LIMIT, -2011, "a configured limit was reached")
+    XX(LIMIT, -2011, "a configured limit was reached")                         \
+    XX(OBJECT_PINNED, -2012, "object is pinned: remove it with force")
 
 enum kvp_errno {
 #define KVP__ERR_ENUM(name, num, msg) KVP_E##name = (num),

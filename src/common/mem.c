@@ -80,6 +80,24 @@ void kvp_free(void *p)
     free(h);
 }
 
+void *kvp_salloc(size_t n)
+{
+    if (should_fail())
+        return NULL;
+    void *p = malloc(n);
+    if (p)
+        atomic_fetch_add(&mem_used, n);
+    return p;
+}
+
+void kvp_sfree(void *p, size_t n)
+{
+    if (!p)
+        return;
+    atomic_fetch_sub(&mem_used, n);
+    free(p);
+}
+
 char *kvp_strndup(const char *s, size_t n)
 {
     size_t len = strnlen(s, n);

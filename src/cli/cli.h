@@ -1,0 +1,22 @@
+/* cli.h -- the `kvpool` command's subcommands (one file each). */
+#ifndef KVP_CLI_H
+#define KVP_CLI_H
+
+#include "common/config.h"
+
+/* Each returns the process exit status. argv[0] is the subcommand name. */
+int kvp_cmd_master(int argc, char **argv);
+int kvp_cmd_bench(int argc, char **argv);
+
+/*
+ * Shared option handling: loads the config file (--config FILE, else
+ * $KVPOOL_CONFIG, else $MOONCAKE_CONFIG_PATH), then applies every
+ * "--key value" / "--key=value" flag as a config key ('-' = '_').
+ * Flags listed in `own` (NULL-terminated, without "--") are not config
+ * keys: their values are returned in own_vals (NULL if absent; a flag in
+ * `own` ending in '!' is boolean and yields "1").
+ * Prints a message naming the flag and returns -1 on error, 1 for --help.
+ */
+int kvp_cli_parse(int argc, char **argv, kvp_config *cfg, const char *const *own,
+                  const char **own_vals);
+#endif

@@ -1,0 +1,481 @@
+/*
+ * cmd_bench.c -- `kvpool bench master`: the master's throughput, latency
+ * and memory, against a real master process on loopback.
+ *
+ * It starts `kvpool master` itself (same binary, free port) unless --master
+ * is given, mounts a segment large enough for every object (the master never
+ * touches segment memory, so the capacity costs nothing), and measures with
+ * 100-byte keys:
+ *   PUT_START+PUT_END, EXIST, GET+RELEASE, PREFIX: key-ops/s and p50/p99 per
+ *   batch, batches of 256 (and 1024 for EXIST) and of 1;
+ *   master resident memory per object at --objects and --objects-big;
+ *   the segment allocator's usable fraction for vLLM-like value sizes.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "common/size.h"
+#include "kvpool.h"
+#include "master/segalloc.h"
+#include "net/rpc.h"
+#include "proto/proto.h"
+
+#define KEYLEN 100
+
+typedef struct bench {
+    kvp_rpc *node, *cl;
+    kvp_proto_limits lim;
+    kvp_buf body;
+    kvp_arena ra;
+    char *keybuf;          /* KEYLEN x max batch */
+    kvp_bytes *keys;
+    uint64_t *u64s;
+    double *lat;           /* per-batch latencies, us */
+    uint64_t nlat;
+    int json;
+    FILE *out;             /* table output (stderr with --json) */
+    int first_result;
+} bench;
+
+static void make_keys(bench *b, uint64_t from, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        char *k = b->keybuf + (size_t)i * KEYLEN;
+        int l = snprintf(k, KEYLEN, "kvpool-bench/model@tp0@pcp0@dcp0@pp0@%020llu@",
+                         (unsigned long long)(from + i));
+        memset(k + l, 'h', (size_t)(KEYLEN - l));
+        b->keys[i].p = (const uint8_t *)k;
+        b->keys[i].len = KEYLEN;
+    }
+}
+
+static int rpc(bench *b, kvp_rpc *r, uint16_t op, const uint8_t **resp, uint32_t *len)
+{
+    int32_t st = 0;
+    if (b->body.err)
+        return b->body.err;
+    int rc = kvp_rpc_call(r, op, b->body.data, b->body.len, &st, resp, len);
+    kvp_buf_reset(&b->body);
+    kvp_arena_reset(&b->ra);
+    return rc ? rc : st;
+}
+
+static int do_put(bench *b, uint64_t from, uint32_t n)
+{
+    make_keys(b, from, n);
+    for (uint32_t i = 0; i < n; i++)
+        b->u64s[i] = 4096;
+    kvp_msg_put_start ps = {{NULL, 0}, 1, 0, {NULL, 0}, n, b->keys, b->u64s};
+    kvp_enc_put_start(&b->body, &ps);
+    const uint8_t *resp;
+    uint32_t len;
+    int rc = rpc(b, b->cl, KVP_OP_PUT_START, &resp, &len);
+    if (rc)
+        return rc;
+    kvp_msg_put_start_resp r;
+    if ((rc = kvp_dec_put_start_resp(resp, len, &b->lim, &b->ra, &r)) != 0)
+        return rc;
+    for (uint32_t i = 0; i < n; i++) {
+        if (r.results[i].status && r.results[i].status != KVP_EOBJECT_ALREADY_EXISTS)
+            return r.results[i].status;
+        b->u64s[i] = from + i;
+    }
+    kvp_msg_put_end pe = {{NULL, 0}, n, b->keys, b->u64s};
+    kvp_enc_put_end(&b->body, &pe);
+    if ((rc = rpc(b, b->cl, KVP_OP_PUT_END, &resp, &len)) != 0)
+        return rc;
+    kvp_msg_results res;
+    if ((rc = kvp_dec_results(resp, len, &b->lim, &b->ra, &res)) != 0)
+        return rc;
+    for (uint32_t i = 0; i < n; i++)
+        if (res.codes[i])
+            return res.codes[i];
+    return 0;
+}
+
+static int do_exist(bench *b, uint64_t from, uint32_t n, int prefix)
+{
+    make_keys(b, from, n);
+    kvp_msg_keys k = {{NULL, 0}, n, b->keys};
+    kvp_enc_keys(&b->body, &k);
+    const uint8_t *resp;
+    uint32_t len;
+    int rc = rpc(b, b->cl, prefix ? KVP_OP_PREFIX : KVP_OP_EXIST, &resp, &len);
+    if (rc)
+        return rc;
+    if (prefix) {
+        kvp_msg_prefix_resp p;
+        if ((rc = kvp_dec_prefix_resp(resp, len, &p)) != 0)
+            return rc;
+        return p.count == n ? 0 : KVP_EOBJECT_NOT_FOUND;
+    }
+    kvp_msg_results res;
+    if ((rc = kvp_dec_results(resp, len, &b->lim, &b->ra, &res)) != 0)
+        return rc;
+    for (uint32_t i = 0; i < n; i++)
+        if (res.codes[i] != 1)
+            return KVP_EOBJECT_NOT_FOUND;
+    return 0;
+}
+
+static int do_get(bench *b, uint64_t from, uint32_t n)
+{
+    make_keys(b, from, n);
+    kvp_msg_keys k = {{NULL, 0}, n, b->keys};
+    kvp_enc_keys(&b->body, &k);
+    const uint8_t *resp;
+    uint32_t len;
+    int rc = rpc(b, b->cl, KVP_OP_GET, &resp, &len);
+    if (rc)
+        return rc;
+    kvp_msg_get_resp g;
+    if ((rc = kvp_dec_get_resp(resp, len, &b->lim, &b->ra, &g)) != 0)
+        return rc;
+    for (uint32_t i = 0; i < n; i++) {
+        if (g.results[i].status)
+            return g.results[i].status;
+        b->u64s[i] = g.results[i].lease_id;
+    }
+    kvp_msg_put_end rel = {{NULL, 0}, n, b->keys, b->u64s};
+    kvp_enc_put_end(&b->body, &rel);
+    if ((rc = rpc(b, b->cl, KVP_OP_RELEASE, &resp, &len)) != 0)
+        return rc;
+    kvp_msg_results res;
+    if ((rc = kvp_dec_results(resp, len, &b->lim, &b->ra, &res)) != 0)
+        return rc;
+    for (uint32_t i = 0; i < n; i++)
+        if (res.codes[i])
+            return res.codes[i];
+    return 0;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void emit(bench *b, const char *name, uint32_t batch, uint64_t keys, double secs)
+{
+    qsort(b->lat, b->nlat, sizeof *b->lat, cmp_d);
+    double p50 = b->nlat ? b->lat[b->nlat / 2] : 0;
+    double p99 = b->nlat ? b->lat[(uint64_t)((double)(b->nlat - 1) * 0.99)] : 0;
+    double kops = (double)keys / secs;
+    fprintf(b->out, "  %-20s batch %5u  %12.0f keys/s   p50 %8.1f us   p99 %8.1f us\n", name,
+            batch, kops, p50, p99);
+    if (b->json) {
+        printf("%s    {\"op\": \"%s\", \"batch\": %u, \"keys_per_s\": %.0f, \"p50_us\": %.1f, "
+               "\"p99_us\": %.1f}",
+               b->first_result ? "" : ",\n", name, batch, kops, p50, p99);
+        b->first_result = 0;
+    }
+}
+
+typedef int (*op_fn)(bench *, uint64_t, uint32_t);
+static int op_exist(bench *b, uint64_t f, uint32_t n) { return do_exist(b, f, n, 0); }
+static int op_prefix(bench *b, uint64_t f, uint32_t n) { return do_exist(b, f, n, 1); }
+
+/* Runs fn over [base, base+total) in batches; records per-batch latency. */
+static int run_phase(bench *b, const char *name, op_fn fn, uint64_t base, uint64_t total,
+                     uint32_t batch)
+{
+    b->nlat = 0;
+    uint64_t t0 = kvp_now_ns(), last = t0;
+    for (uint64_t done = 0; done < total; done += batch) {
+        uint32_t n = total - done < batch ? (uint32_t)(total - done) : batch;
+        uint64_t s = kvp_now_ns();
+        int rc = fn(b, base + done, n);
+        uint64_t e = kvp_now_ns();
+        if (rc) {
+            fprintf(stderr, "kvpool bench: %s failed: %s\n", name, kvp_strerror(rc));
+            return rc;
+        }
+        b->lat[b->nlat++] = (double)(e - s) / 1e3;
+        if (e - last > 1000000000ull) { /* the node's connection is idle: heartbeat it */
+            const uint8_t *resp;
+            uint32_t len;
+            if ((rc = rpc(b, b->node, KVP_OP_HEARTBEAT, &resp, &len)) != 0)
+                return rc;
+            if (isatty(2))
+                fprintf(stderr, "\r  %-20s %llu/%llu keys ", name, (unsigned long long)(done + n),
+                        (unsigned long long)total);
+            last = kvp_now_ns();
+            t0 += last - e; /* not part of the measurement */
+        }
+    }
+    if (isatty(2))
+        fprintf(stderr, "\r%60s\r", "");
+    emit(b, name, batch, total, (double)(kvp_now_ns() - t0) / 1e9);
+    return 0;
+}
+
+static uint64_t rss_bytes(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    uint64_t kb = 0;
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %llu kB", (unsigned long long *)&kb) == 1)
+            break;
+    fclose(f);
+    return kb * 1024;
+}
+
+/* Usable fraction of a 64 GiB segment filled with `size` values (mix when
+ * size == 0: random sizes 512 KiB .. 4 MiB), after 5 churn rounds. */
+static double usable_fraction(uint64_t size)
+{
+    const uint32_t pages = 16u << 20;
+    kvp_segalloc *a;
+    if (kvp_segalloc_create(pages, &a))
+        return 0;
+    uint64_t cap = 4096;
+    uint32_t *off = kvp_malloc(cap * sizeof *off), *np = kvp_malloc(cap * sizeof *np);
+    uint64_t *sz = kvp_malloc(cap * sizeof *sz);
+    uint64_t n = 0, stored = 0, rng = 88172645463325252ull;
+    double worst = 1.0;
+    for (int round = 0; round < 6; round++) {
+        int refusals = 0;
+        while (refusals < 64) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            uint64_t s = size ? size : (512u << 10) + rng % ((4u << 20) - (512u << 10) + 1);
+            uint32_t o, p = (uint32_t)((s + 4095) >> 12);
+            if (kvp_segalloc_alloc(a, p, &o) != 0) {
+                refusals++;
+                if (size)
+                    break;
+                continue;
+            }
+            if (n == cap) {
+                cap *= 2;
+                off = kvp_realloc(off, cap * sizeof *off);
+                np = kvp_realloc(np, cap * sizeof *np);
+                sz = kvp_realloc(sz, cap * sizeof *sz);
+            }
+            off[n] = o, np[n] = p, sz[n] = s, n++;
+            stored += s;
+        }
+        double frac = (double)stored / ((double)pages * 4096);
+        if (frac < worst)
+            worst = frac;
+        for (uint64_t i = 0; i < n;) { /* free a random 30 % */
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            if (rng % 10 < 3) {
+                kvp_segalloc_free(a, off[i], np[i]);
+                stored -= sz[i];
+                n--;
+                off[i] = off[n], np[i] = np[n], sz[i] = sz[n];
+            } else {
+                i++;
+            }
+        }
+    }
+    kvp_free(off);
+    kvp_free(np);
+    kvp_free(sz);
+    kvp_segalloc_destroy(a);
+    return worst;
+}
+
+static pid_t spawn_master(char *addr, size_t addrlen)
+{
+    char pf[] = "/tmp/kvpool-bench-XXXXXX";
+    int fd = mkstemp(pf);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    unlink(pf);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/proc/self/exe", "kvpool", "master", "--listen", "127.0.0.1:0", "--port-file", pf,
+              "--log-level", "warn", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 500; i++) {
+        FILE *f = fopen(pf, "r");
+        unsigned port = 0;
+        if (f) {
+            int ok = fscanf(f, "%u", &port) == 1;
+            fclose(f);
+            if (ok) {
+                unlink(pf);
+                snprintf(addr, addrlen, "127.0.0.1:%u", port);
+                return pid;
+            }
+        }
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+static int bench_master(int argc, char **argv)
+{
+    kvp_config cfg;
+    kvp_config_defaults(&cfg);
+    static const char *const own[] = {"json!", "master", "objects", "objects-big", "ops", NULL};
+    const char *v[5] = {NULL};
+    int rc = kvp_cli_parse(argc, argv, &cfg, own, v);
+    if (rc == 1) {
+        printf("usage: kvpool bench master [--json] [--master HOST:PORT] [--objects N]\n"
+               "                           [--objects-big N] [--ops N]\n"
+               "  --objects N      objects stored for the throughput runs (default 1000000)\n"
+               "  --objects-big N  objects for the second memory point (default 10000000; 0 = skip)\n"
+               "  --ops N          key-operations per batch-of-1 run (default 20000)\n");
+        return 0;
+    }
+    if (rc < 0)
+        return 2;
+    bench b = {0};
+    b.json = v[0] != NULL;
+    b.out = b.json ? stderr : stdout;
+    b.first_result = 1;
+    uint64_t nobj = v[2] ? strtoull(v[2], NULL, 10) : 1000000;
+    uint64_t nbig = v[3] ? strtoull(v[3], NULL, 10) : 10000000;
+    uint64_t nops = v[4] ? strtoull(v[4], NULL, 10) : 20000;
+    if (nobj < 1024 || (nbig && nbig < nobj) || nops == 0) {
+        fprintf(stderr, "kvpool bench master: need --objects >= 1024, --objects-big >= --objects "
+                        "(or 0), --ops >= 1\n");
+        return 2;
+    }
+    char addr[64];
+    pid_t pid = 0;
+    if (v[1]) {
+        snprintf(addr, sizeof addr, "%s", v[1]);
+    } else {
+        signal(SIGPIPE, SIG_IGN);
+        pid = spawn_master(addr, sizeof addr);
+        if (pid < 0) {
+            fprintf(stderr, "kvpool bench master: could not start a master\n");
+            return 1;
+        }
+    }
+    char err[256];
+    kvp_rpc_opts o = {.name = "bench-node", .timeout_ms = 60000,
+                      .token = cfg.cluster_token[0] ? cfg.cluster_token : NULL};
+    int ret = 1;
+    kvp_proto_limits_default(&b.lim);
+    kvp_buf_init(&b.body, 64u << 20);
+    kvp_arena_init(&b.ra, 256u << 20);
+    b.keybuf = kvp_malloc((size_t)KEYLEN * 1024);
+    b.keys = kvp_malloc(1024 * sizeof *b.keys);
+    b.u64s = kvp_malloc(1024 * sizeof *b.u64s);
+    uint64_t maxlat = (nbig > nobj ? nbig : nobj) + nops + 16;
+    b.lat = kvp_malloc(maxlat * sizeof *b.lat);
+    if (!b.keybuf || !b.keys || !b.u64s || !b.lat)
+        goto out;
+    if (kvp_rpc_open(addr, &o, &b.node, err, sizeof err)) {
+        fprintf(stderr, "kvpool bench master: %s\n", err);
+        goto out;
+    }
+    o.name = "bench-client";
+    if (kvp_rpc_open(addr, &o, &b.cl, err, sizeof err)) {
+        fprintf(stderr, "kvpool bench master: %s\n", err);
+        goto out;
+    }
+    /* heartbeats keep the node alive during long phases: it is idle */
+    uint64_t total = (nbig > nobj ? nbig : nobj) + nops + 1024;
+    kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)"127.0.0.1:1", 11}};
+    kvp_seg_desc sd = {0xBE7C4, {(const uint8_t *)"bench-node:1", 12}, total * 4096, 1, &ep};
+    kvp_msg_mount mm = {1, &sd};
+    kvp_enc_mount(&b.body, &mm);
+    const uint8_t *resp;
+    uint32_t len;
+    if ((rc = rpc(&b, b.node, KVP_OP_MOUNT_SEGMENT, &resp, &len)) != 0) {
+        fprintf(stderr, "kvpool bench master: mount failed: %s\n", kvp_strerror(rc));
+        goto out;
+    }
+    uint64_t rss0 = pid ? rss_bytes(pid) : 0;
+    fprintf(b.out, "kvpool bench master: %s, %llu objects, %d-byte keys, 4 KiB values\n", addr,
+            (unsigned long long)nobj, KEYLEN);
+    if (b.json)
+        printf("{\n  \"bench\": \"master\",\n  \"objects\": %llu,\n  \"key_bytes\": %d,\n"
+               "  \"results\": [\n",
+               (unsigned long long)nobj, KEYLEN);
+    if (run_phase(&b, "PUT_START+PUT_END", do_put, 0, nobj, 256) ||
+        run_phase(&b, "EXIST", op_exist, 0, nobj, 256) ||
+        run_phase(&b, "EXIST", op_exist, 0, nobj, 1024) ||
+        run_phase(&b, "GET+RELEASE", do_get, 0, nobj, 256) ||
+        run_phase(&b, "PREFIX", op_prefix, 0, nobj, 256) ||
+        run_phase(&b, "PUT_START+PUT_END", do_put, nobj, nops, 1) ||
+        run_phase(&b, "EXIST", op_exist, 0, nops, 1) ||
+        run_phase(&b, "GET+RELEASE", do_get, 0, nops, 1) ||
+        run_phase(&b, "PREFIX", op_prefix, 0, nops, 1))
+        goto out;
+    uint64_t objs = nobj + nops;
+    uint64_t rss1 = pid ? rss_bytes(pid) : 0;
+    double per1 = objs ? (double)(rss1 - rss0) / (double)objs : 0;
+    double per2 = 0;
+    uint64_t rss2 = 0;
+    if (pid && nbig > objs) {
+        b.nlat = 0;
+        for (uint64_t done = objs; done < nbig; done += 1024) {
+            uint32_t n = nbig - done < 1024 ? (uint32_t)(nbig - done) : 1024;
+            if ((rc = do_put(&b, done, n)) != 0) {
+                fprintf(stderr, "kvpool bench: fill failed: %s\n", kvp_strerror(rc));
+                goto out;
+            }
+            if ((done / 1024) % 512 == 0) { /* keep the idle node connection alive */
+                kvp_buf_reset(&b.body);
+                if (rpc(&b, b.node, KVP_OP_HEARTBEAT, &resp, &len))
+                    goto out;
+            }
+        }
+        rss2 = rss_bytes(pid);
+        per2 = (double)(rss2 - rss0) / (double)nbig;
+    }
+    double uf1 = usable_fraction((2u << 20) + 17), uf2 = usable_fraction(0);
+    if (pid) {
+        fprintf(b.out, "  master RSS per object: %.0f bytes at %llu objects", per1,
+                (unsigned long long)objs);
+        if (rss2)
+            fprintf(b.out, ", %.0f bytes at %llu objects", per2, (unsigned long long)nbig);
+        fprintf(b.out, "\n");
+    }
+    fprintf(b.out, "  allocator usable fraction: %.4f (2 MiB + 17 B values), %.4f (512 KiB-4 MiB mix)\n",
+            uf1, uf2);
+    if (b.json)
+        printf("\n  ],\n  \"rss_per_object\": [{\"objects\": %llu, \"bytes\": %.0f}%s",
+               (unsigned long long)objs, per1, rss2 ? "," : "");
+    if (b.json && rss2)
+        printf(" {\"objects\": %llu, \"bytes\": %.0f}", (unsigned long long)nbig, per2);
+    if (b.json)
+        printf("],\n  \"usable_fraction\": {\"2MiB+17\": %.4f, \"mix_512KiB_4MiB\": %.4f}\n}\n",
+               uf1, uf2);
+    ret = 0;
+out:
+    kvp_rpc_close(b.node);
+    kvp_rpc_close(b.cl);
+    kvp_buf_free(&b.body);
+    kvp_arena_free(&b.ra);
+    kvp_free(b.keybuf);
+    kvp_free(b.keys);
+    kvp_free(b.u64s);
+    kvp_free(b.lat);
+    if (pid > 0) {
+        kill(pid, SIGTERM);
+        waitpid(pid, NULL, 0);
+    }
+    return ret;
+}
+
+int kvp_cmd_bench(int argc, char **argv)
+{
+    if (argc >= 2 && !strcmp(argv[1], "master"))
+        return bench_master(argc - 1, argv + 1);
+    fprintf(stderr, "usage: kvpool bench master [--json] (kvpool bench master --help)\n");
+    return argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? 0 : 2;
+}

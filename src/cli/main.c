@@ -1,0 +1,47 @@
+/* main.c -- `kvpool`: one program, subcommands. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "common/log.h"
+#include "kvpool.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} cmds[] = {
+    {"master", kvp_cmd_master, "run the master (metadata service)"},
+    {"bench", kvp_cmd_bench, "benchmarks: `kvpool bench master`"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvpool <command> [options]   (kvpool <command> --help)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        fprintf(f, "  %-10s %s\n", cmds[i].name, cmds[i].help);
+    fprintf(f, "  %-10s %s\n", "version", "print the version");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
+        printf("kvpool %s\n", kvp_version());
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(argv[1], cmds[i].name))
+            return cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kvpool: unknown command \"%s\"\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,102 @@
+/* opts.c -- shared flag and config-file handling for subcommands. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "common/log.h"
+#include "kvpool.h"
+
+static int own_index(const char *const *own, const char *name, size_t len, int *is_bool)
+{
+    for (int i = 0; own && own[i]; i++) {
+        size_t ol = strlen(own[i]);
+        int b = ol && own[i][ol - 1] == '!';
+        if (b)
+            ol--;
+        if (ol == len && strncmp(own[i], name, len) == 0) {
+            *is_bool = b;
+            return i;
+        }
+    }
+    return -1;
+}
+
+int kvp_cli_parse(int argc, char **argv, kvp_config *cfg, const char *const *own,
+                  const char **own_vals)
+{
+    char err[KVP_CONFIG_ERRLEN];
+    const char *file = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return 1;
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "kvpool %s: flag --config needs a file name\n", argv[0]);
+                return -1;
+            }
+            file = argv[++i];
+        } else if (!strncmp(argv[i], "--config=", 9)) {
+            file = argv[i] + 9;
+        }
+    }
+    if (!file)
+        file = getenv("KVPOOL_CONFIG");
+    if (!file || !*file)
+        file = getenv("MOONCAKE_CONFIG_PATH");
+    if (file && *file && kvp_config_load_file(cfg, file, err, sizeof err) != 0) {
+        fprintf(stderr, "kvpool %s: %s\n", argv[0], err);
+        return -1;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--config")) {
+            i++;
+            continue;
+        }
+        if (!strncmp(a, "--config=", 9))
+            continue;
+        if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
+            fprintf(stderr, "kvpool %s: unexpected argument \"%s\" (flags are --name value)\n",
+                    argv[0], a);
+            return -1;
+        }
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t nl = eq ? (size_t)(eq - name) : strlen(name);
+        int is_bool = 0;
+        int oi = own_index(own, name, nl, &is_bool);
+        const char *val = NULL;
+        if (eq)
+            val = eq + 1;
+        else if (!is_bool) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "kvpool %s: flag --%.*s needs a value\n", argv[0], (int)nl, name);
+                return -1;
+            }
+            val = argv[++i];
+        } else {
+            val = "1";
+        }
+        if (oi >= 0) {
+            own_vals[oi] = val;
+            continue;
+        }
+        char key[128];
+        if (nl >= sizeof key) {
+            fprintf(stderr, "kvpool %s: unknown flag --%.*s\n", argv[0], (int)nl, name);
+            return -1;
+        }
+        memcpy(key, name, nl);
+        key[nl] = '\0';
+        if (kvp_config_set(cfg, key, val, err, sizeof err) != 0) {
+            fprintf(stderr, "kvpool %s: flag --%s: %s\n", argv[0], key, err);
+            return -1;
+        }
+    }
+    if (kvp_config_validate(cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "kvpool %s: %s\n", argv[0], err);
+        return -1;
+    }
+    kvp_log_set_level(cfg->log_level);
+    return 0;
+}

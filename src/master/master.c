@@ -1,0 +1,1382 @@
+/*
+ * master.c -- the master's metadata core. See master.h for the model.
+ *
+ * Sections: lists / records / tenants / segments / clients / placement and
+ * eviction / leases / request handlers / timers / stats and self-check.
+ */
+#include "master/master.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "common/log.h"
+#include "common/mem.h"
+#include "kvpool.h"
+#include "master/index.h"
+#include "master/obj.h"
+#include "master/segalloc.h"
+
+#define MOD "master"
+#define TICK_BUDGET 4096      /* objects expired/evicted per tick and timer */
+#define TICK_IDLE_MS 100      /* tick period when nothing is due */
+#define PLACE_CANDIDATES 16   /* segments sampled per placement */
+#define MAX_ENDPOINTS 16
+
+typedef struct olist {
+    kvp_obj *head, *tail;
+    uint64_t n;
+} olist;
+
+struct kvp_mclient {
+    uint64_t id;
+    uint32_t slot;     /* index in m->clients; the writer id of pending puts */
+    uint32_t nconns;
+    uint32_t nseg;     /* segments it mounted */
+    int dropped;       /* TTL expired; freed when nconns reaches 0 */
+    uint64_t last_seen;
+    char name[64];
+};
+
+typedef struct kvp_mseg {
+    uint64_t id;
+    char *name;
+    uint32_t namelen;
+    uint64_t capacity;    /* bytes, multiple of 4 KiB */
+    kvp_segalloc *alloc;
+    uint32_t gen;         /* generation of the last allocation */
+    uint64_t used_pages;
+    uint64_t nrep;        /* replicas stored here */
+    kvp_mclient *owner;
+    uint8_t *endpoints;   /* encoded: u32 n, then (bytes transport, bytes addr) */
+    uint32_t endpoints_len;
+} kvp_mseg;
+
+struct kvp_master {
+    kvp_config cfg;
+    kvp_proto_limits lim;
+    uint64_t id;
+    kvp_index ix;
+    olist pending, leased, lru;
+    kvp_mseg **segs;      /* max_segments slots, NULL = free */
+    uint32_t nseg;
+    kvp_mclient **clients;/* max_connections slots, NULL = free */
+    uint32_t client_cap;
+    uint32_t nclients;
+    char **tenants;       /* id -> name; 0 = "default" */
+    uint16_t *tenant_len;
+    uint32_t ntenants;
+    uint64_t cap_pages, used_pages;
+    uint64_t stats[KVP_STAT__COUNT];
+    uint32_t lease_seq;
+    uint64_t rng;
+    uint64_t last_client_scan;
+};
+
+static inline uint32_t ms32(uint64_t now) { return (uint32_t)now; }
+static inline int due(uint32_t deadline, uint64_t now) { return (int32_t)(deadline - ms32(now)) <= 0; }
+
+static uint64_t rng_next(kvp_master *m)
+{
+    /* xorshift64*: placement sampling only, not security */
+    m->rng ^= m->rng >> 12;
+    m->rng ^= m->rng << 25;
+    m->rng ^= m->rng >> 27;
+    return m->rng * 0x2545F4914F6CDD1Dull;
+}
+
+/* ============================================================== lists */
+
+static olist *list_of(kvp_master *m, kvp_obj *o)
+{
+    switch (o->list) {
+    case KVP_LIST_PENDING: return &m->pending;
+    case KVP_LIST_LEASED: return &m->leased;
+    case KVP_LIST_LRU: return &m->lru;
+    }
+    return NULL;
+}
+
+static void list_unlink(kvp_master *m, kvp_obj *o)
+{
+    olist *l = list_of(m, o);
+    if (!l)
+        return;
+    if (o->prev) o->prev->next = o->next; else l->head = o->next;
+    if (o->next) o->next->prev = o->prev; else l->tail = o->prev;
+    o->prev = o->next = NULL;
+    o->list = KVP_LIST_NONE;
+    l->n--;
+}
+
+static void list_push_tail(kvp_master *m, int which, kvp_obj *o)
+{
+    o->list = (uint8_t)which;
+    olist *l = list_of(m, o);
+    o->next = NULL;
+    o->prev = l->tail;
+    if (l->tail) l->tail->next = o; else l->head = o;
+    l->tail = o;
+    l->n++;
+}
+
+static void list_push_head(kvp_master *m, int which, kvp_obj *o)
+{
+    o->list = (uint8_t)which;
+    olist *l = list_of(m, o);
+    o->prev = NULL;
+    o->next = l->head;
+    if (l->head) l->head->prev = o; else l->tail = o;
+    l->head = o;
+    l->n++;
+}
+
+/* Puts a COMPLETE object with no lease where it belongs: LRU head (most
+ * recently used) unless pinned. */
+static void settle_unleased(kvp_master *m, kvp_obj *o)
+{
+    if (!(o->flags & KVP_OBJ_PINNED))
+        list_push_head(m, KVP_LIST_LRU, o);
+}
+
+/* ============================================================ records */
+
+static void free_replica(kvp_master *m, const kvp_obj *o, const kvp_orep *r)
+{
+    kvp_mseg *s = m->segs[r->seg];
+    uint32_t np = kvp_pages(o->size);
+    kvp_segalloc_free(s->alloc, r->page, np);
+    s->used_pages -= np;
+    s->nrep--;
+    m->used_pages -= np;
+}
+
+enum { GONE_REMOVED, GONE_EVICTED, GONE_REVOKED, GONE_TIMEOUT };
+
+/* Removes an object entirely: list, replicas, index, record. */
+static void obj_destroy(kvp_master *m, kvp_obj *o, int why)
+{
+    list_unlink(m, o);
+    kvp_orep *r = kvp_obj_reps(o);
+    for (unsigned i = 0; i < o->nrep; i++)
+        free_replica(m, o, &r[i]);
+    kvp_index_remove(&m->ix, o);
+    if (o->state == KVP_OBJ_COMPLETE) {
+        m->stats[KVP_STAT_OBJECTS]--;
+        m->stats[KVP_STAT_BYTES] -= o->size;
+        m->stats[KVP_STAT_LEASES] -= o->aux;
+    } else {
+        m->stats[KVP_STAT_PENDING]--;
+    }
+    if (why == GONE_EVICTED) {
+        m->stats[KVP_STAT_EVICTIONS]++;
+        m->stats[KVP_STAT_EVICTED_BYTES] += o->size;
+    } else if (why == GONE_REVOKED) {
+        m->stats[KVP_STAT_PUT_REVOKED]++;
+    } else if (why == GONE_TIMEOUT) {
+        m->stats[KVP_STAT_PUT_TIMEOUTS]++;
+    }
+    kvp_sfree(o, kvp_obj_bytes(o->keylen, o->rep_cap));
+}
+
+/* ============================================================ tenants */
+
+/* Tenant id of a name; -1 if unknown. Empty name = "default" (id 0). */
+static int tenant_find(const kvp_master *m, kvp_bytes t)
+{
+    if (t.len == 0)
+        return 0;
+    for (uint32_t i = 0; i < m->ntenants; i++)
+        if (m->tenant_len[i] == t.len && memcmp(m->tenants[i], t.p, t.len) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* Tenant id, created if new. KVP_ELIMIT / KVP_ENOMEM / KVP_EINVALID_PARAMS. */
+static int tenant_get(kvp_master *m, kvp_bytes t)
+{
+    int id = tenant_find(m, t);
+    if (id >= 0)
+        return id;
+    if (t.len > 255)
+        return KVP_EINVALID_PARAMS;
+    if (m->ntenants >= m->cfg.max_tenants)
+        return KVP_ELIMIT;
+    char *n = kvp_strndup((const char *)t.p, t.len);
+    if (!n)
+        return KVP_ENOMEM;
+    if (memchr(t.p, 0, t.len)) {
+        kvp_free(n);
+        return KVP_EINVALID_PARAMS;
+    }
+    m->tenants[m->ntenants] = n;
+    m->tenant_len[m->ntenants] = (uint16_t)t.len;
+    return (int)m->ntenants++;
+}
+
+/* =========================================================== segments */
+
+static int seg_find_id(const kvp_master *m, uint64_t id)
+{
+    for (uint32_t i = 0; i < m->cfg.max_segments; i++)
+        if (m->segs[i] && m->segs[i]->id == id)
+            return (int)i;
+    return -1;
+}
+
+static int seg_find_name(const kvp_master *m, kvp_bytes name)
+{
+    if (name.len == 0)
+        return -1;
+    for (uint32_t i = 0; i < m->cfg.max_segments; i++)
+        if (m->segs[i] && m->segs[i]->namelen == name.len &&
+            memcmp(m->segs[i]->name, name.p, name.len) == 0)
+            return (int)i;
+    return -1;
+}
+
+static void seg_free(kvp_mseg *s)
+{
+    kvp_segalloc_destroy(s->alloc);
+    kvp_free(s->name);
+    kvp_free(s->endpoints);
+    kvp_free(s);
+}
+
+/*
+ * Unmounts segment slot `si`: every replica there is dropped; objects left
+ * with no replica are removed (pending ones count as revoked). Cost: one
+ * pass over the index, O(objects): unmounts are rare (node leave/death).
+ */
+static void seg_unmount(kvp_master *m, uint32_t si)
+{
+    kvp_mseg *s = m->segs[si];
+    uint64_t dropped = 0;
+    for (uint64_t i = 0; s->nrep > 0 && i <= m->ix.mask; i++) {
+        kvp_obj *o = kvp_index_at(&m->ix, i);
+        if (!o)
+            continue;
+        kvp_orep *r = kvp_obj_reps(o);
+        unsigned k;
+        for (k = 0; k < o->nrep && r[k].seg != si; k++)
+            ;
+        if (k == o->nrep)
+            continue;
+        dropped++;
+        if (o->state == KVP_OBJ_PENDING || o->nrep == 1) {
+            obj_destroy(m, o, o->state == KVP_OBJ_PENDING ? GONE_REVOKED : GONE_REMOVED);
+            i--; /* backward shift may have moved an unvisited entry here */
+            continue;
+        }
+        free_replica(m, o, &r[k]);
+        memmove(&r[k], &r[k + 1], (o->nrep - k - 1) * sizeof *r);
+        o->nrep--;
+    }
+    m->cap_pages -= s->capacity >> 12;
+    m->segs[si] = NULL;
+    m->nseg--;
+    if (s->owner)
+        s->owner->nseg--;
+    KVP_INFO(MOD, "segment %016llx (%s) unmounted, %llu replicas dropped",
+             (unsigned long long)s->id, s->name, (unsigned long long)dropped);
+    seg_free(s);
+}
+
+static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
+{
+    if (d->id == 0 || d->name.len == 0 || d->name.len > 255 || memchr(d->name.p, 0, d->name.len))
+        return KVP_EINVALID_PARAMS;
+    uint64_t cap = d->capacity & ~(uint64_t)4095;
+    if (cap < 4096 || (cap >> 12) > UINT32_MAX || d->n_endpoints > MAX_ENDPOINTS)
+        return KVP_EINVALID_PARAMS;
+    int si = seg_find_id(m, d->id);
+    if (si >= 0) {
+        kvp_mseg *s = m->segs[si];
+        if (s->owner != c)
+            return KVP_ESEGMENT_ALREADY_EXISTS;
+        if (s->capacity != cap)
+            return KVP_EINVALID_PARAMS;
+        return 0; /* remount by its owner: idempotent */
+    }
+    if (seg_find_name(m, d->name) >= 0)
+        return KVP_ESEGMENT_ALREADY_EXISTS;
+    uint32_t slot;
+    for (slot = 0; slot < m->cfg.max_segments && m->segs[slot]; slot++)
+        ;
+    if (slot == m->cfg.max_segments)
+        return KVP_ELIMIT;
+    kvp_mseg *s = kvp_calloc(1, sizeof *s);
+    if (!s)
+        return KVP_ENOMEM;
+    kvp_buf eb;
+    kvp_buf_init(&eb, 64 * 1024);
+    kvp_buf_u32(&eb, d->n_endpoints);
+    for (uint32_t i = 0; i < d->n_endpoints; i++) {
+        kvp_buf_bytes(&eb, d->endpoints[i].transport.p, d->endpoints[i].transport.len);
+        kvp_buf_bytes(&eb, d->endpoints[i].addr.p, d->endpoints[i].addr.len);
+    }
+    s->id = d->id;
+    s->name = kvp_strndup((const char *)d->name.p, d->name.len);
+    s->namelen = d->name.len;
+    s->capacity = cap;
+    s->owner = c;
+    s->endpoints = eb.data;
+    s->endpoints_len = (uint32_t)eb.len;
+    int rc = eb.err ? eb.err : (s->name ? 0 : KVP_ENOMEM);
+    if (rc == 0)
+        rc = kvp_segalloc_create((uint32_t)(cap >> 12), &s->alloc);
+    if (rc) {
+        seg_free(s);
+        return rc;
+    }
+    m->segs[slot] = s;
+    m->nseg++;
+    m->cap_pages += cap >> 12;
+    c->nseg++;
+    KVP_INFO(MOD, "segment %016llx (%s, %llu MiB) mounted by client %016llx",
+             (unsigned long long)s->id, s->name, (unsigned long long)(cap >> 20),
+             (unsigned long long)c->id);
+    return 0;
+}
+
+/* ============================================================ clients */
+
+static kvp_mclient *client_find(kvp_master *m, uint64_t id)
+{
+    for (uint32_t i = 0; i < m->client_cap; i++)
+        if (m->clients[i] && m->clients[i]->id == id && !m->clients[i]->dropped)
+            return m->clients[i];
+    return NULL;
+}
+
+static int client_new(kvp_master *m, uint64_t id, kvp_bytes name, uint64_t now, kvp_mclient **out)
+{
+    uint32_t slot;
+    for (slot = 0; slot < m->client_cap && m->clients[slot]; slot++)
+        ;
+    if (slot == m->client_cap)
+        return KVP_ELIMIT;
+    kvp_mclient *c = kvp_calloc(1, sizeof *c);
+    if (!c)
+        return KVP_ENOMEM;
+    c->id = id;
+    c->slot = slot;
+    c->last_seen = now;
+    size_t n = name.len < sizeof c->name - 1 ? name.len : sizeof c->name - 1;
+    for (size_t i = 0; i < n; i++) /* printable only: it goes to logs */
+        c->name[i] = (name.p[i] >= 32 && name.p[i] < 127) ? (char)name.p[i] : '?';
+    m->clients[slot] = c;
+    m->nclients++;
+    *out = c;
+    return 0;
+}
+
+static void client_free(kvp_master *m, kvp_mclient *c)
+{
+    m->clients[c->slot] = NULL;
+    if (!c->dropped)
+        m->nclients--;
+    kvp_free(c);
+}
+
+/* Revokes every pending put written by client slot `slot`. O(pending). */
+static void revoke_pending_of(kvp_master *m, uint32_t slot)
+{
+    kvp_obj *o = m->pending.head;
+    while (o) {
+        kvp_obj *next = o->next;
+        if (o->aux == slot)
+            obj_destroy(m, o, GONE_REVOKED);
+        o = next;
+    }
+}
+
+/* Liveness: the client was silent for client_ttl. Its segments are
+ * unmounted, its pending puts revoked; its leases have expired already
+ * (lease_ttl <= client_ttl is enforced by the config). */
+static void client_drop(kvp_master *m, kvp_mclient *c)
+{
+    KVP_WARN(MOD, "client %016llx (%s) silent for %llu ms: dropped, %u segment(s) unmounted",
+             (unsigned long long)c->id, c->name, (unsigned long long)m->cfg.client_ttl_ms, c->nseg);
+    for (uint32_t i = 0; i < m->cfg.max_segments && c->nseg; i++)
+        if (m->segs[i] && m->segs[i]->owner == c)
+            seg_unmount(m, i);
+    revoke_pending_of(m, c->slot);
+    c->dropped = 1;
+    m->nclients--;
+    m->stats[KVP_STAT_CLIENTS_EXPIRED]++;
+    if (c->nconns == 0)
+        client_free(m, c);
+}
+
+/* ================================================ placement, eviction */
+
+/* Evicts the least recently used evictable object; returns the segment
+ * slots it freed space on (count), or 0 if nothing is evictable. */
+static unsigned evict_one(kvp_master *m, uint32_t freed[KVP_MAX_REPLICAS])
+{
+    kvp_obj *o = m->lru.tail;
+    if (!o)
+        return 0;
+    unsigned n = o->nrep;
+    kvp_orep *r = kvp_obj_reps(o);
+    for (unsigned i = 0; i < n; i++)
+        freed[i] = r[i].seg;
+    obj_destroy(m, o, GONE_EVICTED);
+    return n;
+}
+
+static int used_seg(const kvp_orep *reps, unsigned n, uint32_t seg)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (reps[i].seg == seg)
+            return 1;
+    return 0;
+}
+
+static int try_alloc(kvp_master *m, uint32_t si, uint32_t np, kvp_orep *out)
+{
+    kvp_mseg *s = m->segs[si];
+    uint32_t page;
+    int rc = kvp_segalloc_alloc(s->alloc, np, &page);
+    if (rc)
+        return rc;
+    s->used_pages += np;
+    s->nrep++;
+    m->used_pages += np;
+    out->seg = si;
+    out->page = page;
+    out->gen = ++s->gen;
+    return 0;
+}
+
+/*
+ * Places one more replica of np pages on a segment not in reps[0..have).
+ * Order: the preferred segment when it has room, then sampled segments by
+ * most free space; when none has room, evicts LRU objects one at a time and
+ * retries on the segments each eviction freed, until it fits or nothing is
+ * evictable. 0, KVP_ENO_AVAILABLE_HANDLE or KVP_ENOMEM.
+ */
+static int place_one(kvp_master *m, uint32_t np, int pref, kvp_orep *reps, unsigned have)
+{
+    int nomem = 0, rc;
+    if (pref >= 0 && !used_seg(reps, have, (uint32_t)pref)) {
+        rc = try_alloc(m, (uint32_t)pref, np, &reps[have]);
+        if (rc == 0)
+            return 0;
+        nomem |= rc == KVP_ENOMEM;
+    }
+    /* candidates: all mounted segments when few, else a random sample */
+    uint32_t cand[PLACE_CANDIDATES];
+    unsigned nc = 0;
+    uint32_t maxs = (uint32_t)m->cfg.max_segments;
+    if (m->nseg <= PLACE_CANDIDATES) {
+        for (uint32_t i = 0; i < maxs && nc < PLACE_CANDIDATES; i++)
+            if (m->segs[i])
+                cand[nc++] = i;
+    } else {
+        uint32_t start = (uint32_t)(rng_next(m) % maxs);
+        for (uint32_t k = 0; k < maxs && nc < PLACE_CANDIDATES; k++) {
+            uint32_t i = (start + k) % maxs;
+            if (m->segs[i])
+                cand[nc++] = i;
+        }
+    }
+    /* insertion sort by free pages, most first */
+    for (unsigned i = 1; i < nc; i++) {
+        uint32_t c = cand[i];
+        uint64_t fc = kvp_segalloc_free_pages(m->segs[c]->alloc);
+        unsigned j = i;
+        while (j > 0 && kvp_segalloc_free_pages(m->segs[cand[j - 1]]->alloc) < fc) {
+            cand[j] = cand[j - 1];
+            j--;
+        }
+        cand[j] = c;
+    }
+    for (unsigned i = 0; i < nc; i++) {
+        if ((int)cand[i] == pref || used_seg(reps, have, cand[i]))
+            continue;
+        rc = try_alloc(m, cand[i], np, &reps[have]);
+        if (rc == 0)
+            return 0;
+        nomem |= rc == KVP_ENOMEM;
+    }
+    /* inline eviction: puts keep succeeding while anything is evictable */
+    uint32_t freed[KVP_MAX_REPLICAS];
+    unsigned nf;
+    while ((nf = evict_one(m, freed)) > 0) {
+        for (unsigned i = 0; i < nf; i++) {
+            if (used_seg(reps, have, freed[i]))
+                continue;
+            rc = try_alloc(m, freed[i], np, &reps[have]);
+            if (rc == 0)
+                return 0;
+            nomem |= rc == KVP_ENOMEM;
+        }
+    }
+    return nomem ? KVP_ENOMEM : KVP_ENO_AVAILABLE_HANDLE;
+}
+
+/* Background eviction above the high watermark, down to the low one. */
+static unsigned evict_background(kvp_master *m, unsigned budget)
+{
+    if (m->cap_pages == 0 || (double)m->used_pages <= m->cfg.evict_high * (double)m->cap_pages)
+        return 0;
+    double low = m->cfg.evict_low * (double)m->cap_pages;
+    unsigned n = 0;
+    uint32_t freed[KVP_MAX_REPLICAS];
+    while (n < budget && (double)m->used_pages > low && evict_one(m, freed))
+        n++;
+    return n;
+}
+
+/* ============================================================= leases */
+
+static void lease_grant(kvp_master *m, kvp_obj *o, uint64_t now)
+{
+    list_unlink(m, o);
+    o->aux++;
+    o->deadline = ms32(now + m->cfg.lease_ttl_ms);
+    list_push_tail(m, KVP_LIST_LEASED, o); /* all leases have one TTL: FIFO */
+    m->stats[KVP_STAT_LEASES]++;
+}
+
+/* Ends every lease of o (expiry): a new lease epoch, so late RELEASEs of
+ * the old leases are ignored. */
+static void lease_expire_all(kvp_master *m, kvp_obj *o)
+{
+    list_unlink(m, o);
+    m->stats[KVP_STAT_LEASES] -= o->aux;
+    o->aux = 0;
+    o->lease_seq = ++m->lease_seq;
+    settle_unleased(m, o);
+}
+
+static int is_leased(const kvp_obj *o, uint64_t now)
+{
+    return o->state == KVP_OBJ_COMPLETE && o->aux > 0 && !due(o->deadline, now);
+}
+
+/* =========================================================== handlers */
+
+typedef struct req {
+    kvp_master *m;
+    kvp_msess *s;
+    const kvp_frame_hdr *h;
+    const uint8_t *body;
+    kvp_arena *a;
+    kvp_buf *out;
+    uint64_t now;
+} req;
+
+static void reply_status(req *q, int status)
+{
+    size_t off = kvp_frame_begin(q->out, q->h->op, KVP_FLAG_RESPONSE, q->h->req_id, status);
+    kvp_frame_end(q->out, off);
+}
+
+static size_t reply_begin(req *q) { return kvp_frame_begin(q->out, q->h->op, KVP_FLAG_RESPONSE, q->h->req_id, 0); }
+
+static int reply_end(req *q, size_t off)
+{
+    kvp_frame_end(q->out, off);
+    return 0;
+}
+
+/* A response of n items of at most per_item bytes must fit a frame. */
+static int fits(const req *q, uint32_t n, size_t per_item)
+{
+    return (uint64_t)n * per_item + 64 <= q->m->cfg.max_frame;
+}
+
+static void reply_results(req *q, uint32_t n, const int32_t *codes)
+{
+    size_t off = reply_begin(q);
+    kvp_msg_results r = {n, (int32_t *)codes};
+    kvp_enc_results(q->out, &r);
+    reply_end(q, off);
+}
+
+static int32_t *codes_alloc(req *q, uint32_t n)
+{
+    return kvp_arena_alloc(q->a, (size_t)n * sizeof(int32_t) + 1);
+}
+
+static void op_hello(req *q)
+{
+    kvp_msg_hello h;
+    kvp_master *m = q->m;
+    int rc = kvp_dec_hello(q->body, q->h->body_len, &m->lim, &h);
+    if (rc || h.client_id == 0) {
+        reply_status(q, KVP_EPROTOCOL);
+        q->s->close_after = 1;
+        return;
+    }
+    if (h.version != KVP_PROTO_VERSION) {
+        KVP_WARN(MOD, "HELLO with protocol version %u refused (this master speaks %u)", h.version,
+                 KVP_PROTO_VERSION);
+        reply_status(q, KVP_EINVALID_VERSION);
+        q->s->close_after = 1;
+        return;
+    }
+    size_t tl = strlen(m->cfg.cluster_token);
+    if (h.token.len != tl || (tl && memcmp(h.token.p, m->cfg.cluster_token, tl) != 0)) {
+        KVP_WARN(MOD, "HELLO from client %016llx refused: wrong cluster token",
+                 (unsigned long long)h.client_id);
+        reply_status(q, KVP_EAUTH);
+        q->s->close_after = 1;
+        return;
+    }
+    kvp_mclient *c = q->s->client;
+    if (c && c->id != h.client_id) {
+        reply_status(q, KVP_EPROTOCOL); /* one identity per connection */
+        q->s->close_after = 1;
+        return;
+    }
+    if (!c) {
+        c = client_find(m, h.client_id);
+        if (!c) {
+            rc = client_new(m, h.client_id, h.name, q->now, &c);
+            if (rc) {
+                reply_status(q, rc);
+                q->s->close_after = 1;
+                return;
+            }
+            KVP_INFO(MOD, "client %016llx (%s) connected", (unsigned long long)c->id, c->name);
+        }
+        c->nconns++;
+        q->s->client = c;
+    }
+    c->last_seen = q->now;
+    kvp_msg_hello_resp r = {KVP_PROTO_VERSION, m->id, (uint32_t)m->cfg.max_frame,
+                            (uint32_t)m->cfg.lease_ttl_ms, (uint32_t)m->cfg.client_ttl_ms};
+    size_t off = reply_begin(q);
+    kvp_enc_hello_resp(q->out, &r);
+    reply_end(q, off);
+}
+
+static void op_mount(req *q)
+{
+    kvp_msg_mount d;
+    if (kvp_dec_mount(q->body, q->h->body_len, &q->m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int32_t *codes = codes_alloc(q, d.n);
+    if (!codes) {
+        reply_status(q, KVP_ENOMEM);
+        return;
+    }
+    for (uint32_t i = 0; i < d.n; i++)
+        codes[i] = seg_mount(q->m, q->s->client, &d.segs[i]);
+    reply_results(q, d.n, codes);
+}
+
+static void op_unmount(req *q)
+{
+    kvp_msg_ids d;
+    if (kvp_dec_ids(q->body, q->h->body_len, &q->m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int32_t *codes = codes_alloc(q, d.n);
+    if (!codes) {
+        reply_status(q, KVP_ENOMEM);
+        return;
+    }
+    for (uint32_t i = 0; i < d.n; i++) {
+        int si = seg_find_id(q->m, d.ids[i]);
+        if (si < 0)
+            codes[i] = KVP_ESEGMENT_NOT_FOUND;
+        else if (q->m->segs[si]->owner != q->s->client)
+            codes[i] = KVP_EILLEGAL_CLIENT;
+        else {
+            seg_unmount(q->m, (uint32_t)si);
+            codes[i] = 0;
+        }
+    }
+    reply_results(q, d.n, codes);
+}
+
+static void op_heartbeat(req *q)
+{
+    if (q->h->body_len != 0) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    kvp_msg_heartbeat_resp r = {q->m->id, q->s->client->nseg};
+    size_t off = reply_begin(q);
+    kvp_enc_heartbeat_resp(q->out, &r);
+    reply_end(q, off);
+}
+
+static int key_ok(const kvp_master *m, kvp_bytes k) { return k.len >= 1 && k.len <= m->cfg.max_key; }
+
+static void op_put_start(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_put_start d;
+    if (kvp_dec_put_start(q->body, q->h->body_len, &m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    if (d.replicas < 1 || d.replicas > KVP_MAX_REPLICAS || (d.flags & ~(uint32_t)KVP_PUT_PIN)) {
+        reply_status(q, KVP_EINVALID_PARAMS);
+        return;
+    }
+    if (!fits(q, d.n, 8 + 4 * 8 * KVP_MAX_REPLICAS)) {
+        reply_status(q, KVP_ETOO_LARGE);
+        return;
+    }
+    int tenant = tenant_get(m, d.tenant);
+    if (tenant < 0) {
+        reply_status(q, tenant);
+        return;
+    }
+    int pref = seg_find_name(m, d.preferred);
+    size_t off = reply_begin(q);
+    kvp_buf_u32(q->out, d.n);
+    for (uint32_t i = 0; i < d.n; i++) {
+        kvp_put_result r = {0};
+        kvp_bytes k = d.keys[i];
+        uint64_t h = kvp_index_hash((uint16_t)tenant, k.p, k.len);
+        kvp_orep reps[KVP_MAX_REPLICAS];
+        unsigned have = 0;
+        kvp_obj *o = NULL;
+        uint32_t np = kvp_pages(d.sizes[i]);
+        if (!key_ok(m, k)) {
+            r.status = KVP_EINVALID_KEY;
+        } else if (d.sizes[i] == 0 || d.sizes[i] > ((uint64_t)UINT32_MAX << 12)) {
+            r.status = KVP_EINVALID_PARAMS;
+        } else if (kvp_index_find(&m->ix, h, (uint16_t)tenant, k.p, k.len)) {
+            r.status = KVP_EOBJECT_ALREADY_EXISTS;
+        } else if ((r.status = kvp_index_reserve(&m->ix)) == 0) {
+            uint32_t freed[KVP_MAX_REPLICAS];
+            while (m->cfg.max_objects && m->ix.count >= m->cfg.max_objects && evict_one(m, freed))
+                ;
+            if (m->cfg.max_objects && m->ix.count >= m->cfg.max_objects)
+                r.status = KVP_ENO_AVAILABLE_HANDLE;
+            unsigned want = d.replicas < m->nseg ? d.replicas : m->nseg;
+            if (want == 0 && r.status == 0)
+                r.status = KVP_ENO_AVAILABLE_HANDLE;
+            while (r.status == 0 && have < want) {
+                int rc = place_one(m, np, pref, reps, have);
+                if (rc) {
+                    if (have == 0)
+                        r.status = rc;
+                    break; /* fewer replicas than asked: best effort */
+                }
+                have++;
+            }
+            if (r.status == 0) {
+                o = kvp_salloc(kvp_obj_bytes(k.len, (uint8_t)have));
+                if (!o)
+                    r.status = KVP_ENOMEM;
+            }
+        }
+        if (r.status == 0) {
+            memset(o, 0, sizeof *o);
+            o->size = d.sizes[i];
+            o->tenant = (uint16_t)tenant;
+            o->keylen = (uint16_t)k.len;
+            o->state = KVP_OBJ_PENDING;
+            o->nrep = o->rep_cap = (uint8_t)have;
+            o->flags = (d.flags & KVP_PUT_PIN) ? KVP_OBJ_PINNED : 0;
+            o->aux = q->s->client->slot;
+            o->deadline = ms32(q->now + m->cfg.put_timeout_ms);
+            o->lease_seq = ++m->lease_seq;
+            memcpy((uint8_t *)(o + 1), k.p, k.len);
+            memcpy(kvp_obj_reps(o), reps, have * sizeof *reps);
+            kvp_index_insert(&m->ix, h, o);
+            list_push_tail(m, KVP_LIST_PENDING, o);
+            m->stats[KVP_STAT_PENDING]++;
+            r.n_replicas = have;
+            for (unsigned j = 0; j < have; j++) {
+                r.replicas[j].segment_id = m->segs[reps[j].seg]->id;
+                r.replicas[j].offset = (uint64_t)reps[j].page << 12;
+                r.replicas[j].length = d.sizes[i];
+                r.replicas[j].generation = reps[j].gen;
+            }
+        } else {
+            for (unsigned j = 0; j < have; j++) { /* undo a partial placement */
+                kvp_obj tmp = {.size = d.sizes[i]};
+                free_replica(m, &tmp, &reps[j]);
+            }
+        }
+        kvp_enc_put_result(q->out, &r);
+    }
+    reply_end(q, off);
+}
+
+/* Looks a request key up; NULL if the tenant or key is unknown. */
+static kvp_obj *lookup(kvp_master *m, int tenant, kvp_bytes k)
+{
+    if (tenant < 0 || !key_ok(m, k))
+        return NULL;
+    return kvp_index_find(&m->ix, kvp_index_hash((uint16_t)tenant, k.p, k.len), (uint16_t)tenant,
+                          k.p, k.len);
+}
+
+static void op_put_end(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_put_end d;
+    if (kvp_dec_put_end(q->body, q->h->body_len, &m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int32_t *codes = codes_alloc(q, d.n);
+    if (!codes) {
+        reply_status(q, KVP_ENOMEM);
+        return;
+    }
+    int tenant = tenant_find(m, d.tenant);
+    for (uint32_t i = 0; i < d.n; i++) {
+        kvp_obj *o = lookup(m, tenant, d.keys[i]);
+        if (!o) {
+            codes[i] = KVP_EOBJECT_NOT_FOUND;
+        } else if (o->state == KVP_OBJ_COMPLETE) {
+            codes[i] = o->checksum == d.checksums[i] ? 0 : KVP_EOBJECT_ALREADY_EXISTS;
+        } else if (o->aux != q->s->client->slot) {
+            codes[i] = KVP_EILLEGAL_CLIENT;
+        } else {
+            list_unlink(m, o);
+            o->state = KVP_OBJ_COMPLETE;
+            o->checksum = d.checksums[i];
+            o->aux = 0;
+            settle_unleased(m, o);
+            m->stats[KVP_STAT_PENDING]--;
+            m->stats[KVP_STAT_OBJECTS]++;
+            m->stats[KVP_STAT_BYTES] += o->size;
+            codes[i] = 0;
+        }
+    }
+    reply_results(q, d.n, codes);
+}
+
+static void op_put_revoke(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_keys d;
+    if (kvp_dec_keys(q->body, q->h->body_len, &m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int32_t *codes = codes_alloc(q, d.n);
+    if (!codes) {
+        reply_status(q, KVP_ENOMEM);
+        return;
+    }
+    int tenant = tenant_find(m, d.tenant);
+    for (uint32_t i = 0; i < d.n; i++) {
+        kvp_obj *o = lookup(m, tenant, d.keys[i]);
+        if (!o)
+            codes[i] = KVP_EOBJECT_NOT_FOUND;
+        else if (o->state == KVP_OBJ_COMPLETE)
+            codes[i] = KVP_EINVALID_PARAMS; /* published: use REMOVE */
+        else if (o->aux != q->s->client->slot)
+            codes[i] = KVP_EILLEGAL_CLIENT;
+        else {
+            obj_destroy(m, o, GONE_REVOKED);
+            codes[i] = 0;
+        }
+    }
+    reply_results(q, d.n, codes);
+}
+
+static void op_get(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_keys d;
+    if (kvp_dec_keys(q->body, q->h->body_len, &m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    if (!fits(q, d.n, 40 + 4 * 8 * KVP_MAX_REPLICAS)) {
+        reply_status(q, KVP_ETOO_LARGE);
+        return;
+    }
+    int tenant = tenant_find(m, d.tenant);
+    size_t off = reply_begin(q);
+    kvp_buf_u32(q->out, (uint32_t)m->cfg.lease_ttl_ms);
+    kvp_buf_u32(q->out, d.n);
+    for (uint32_t i = 0; i < d.n; i++) {
+        kvp_get_result r = {0};
+        kvp_obj *o = lookup(m, tenant, d.keys[i]);
+        if (!o || o->state != KVP_OBJ_COMPLETE) {
+            r.status = o ? KVP_EREPLICA_IS_NOT_READY : KVP_EOBJECT_NOT_FOUND;
+            m->stats[KVP_STAT_MISSES]++;
+        } else {
+            lease_grant(m, o, q->now);
+            m->stats[KVP_STAT_HITS]++;
+            r.size = o->size;
+            r.checksum = o->checksum;
+            r.lease_id = o->lease_seq;
+            r.n_replicas = o->nrep;
+            kvp_orep *reps = kvp_obj_reps(o);
+            for (unsigned j = 0; j < o->nrep; j++) {
+                r.replicas[j].segment_id = m->segs[reps[j].seg]->id;
+                r.replicas[j].offset = (uint64_t)reps[j].page << 12;
+                r.replicas[j].length = o->size;
+                r.replicas[j].generation = reps[j].gen;
+            }
+        }
+        kvp_enc_get_result(q->out, &r);
+    }
+    reply_end(q, off);
+}
+
+/* RELEASE: same body as PUT_END, the u64 being the lease id from GET. */
+static void op_release(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_put_end d;
+    if (kvp_dec_put_end(q->body, q->h->body_len, &m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int32_t *codes = codes_alloc(q, d.n);
+    if (!codes) {
+        reply_status(q, KVP_ENOMEM);
+        return;
+    }
+    int tenant = tenant_find(m, d.tenant);
+    for (uint32_t i = 0; i < d.n; i++) {
+        kvp_obj *o = lookup(m, tenant, d.keys[i]);
+        if (!o || o->state != KVP_OBJ_COMPLETE) {
+            codes[i] = KVP_EOBJECT_NOT_FOUND;
+        } else if (o->aux == 0 || o->lease_seq != d.checksums[i]) {
+            codes[i] = KVP_ELEASE_EXPIRED; /* expired, or not this object's */
+        } else {
+            o->aux--;
+            m->stats[KVP_STAT_LEASES]--;
+            if (o->aux == 0) {
+                list_unlink(m, o);
+                settle_unleased(m, o);
+            }
+            codes[i] = 0;
+        }
+    }
+    if (!(q->h->flags & KVP_FLAG_ONEWAY))
+        reply_results(q, d.n, codes);
+}
+
+static void op_exist(req *q, int prefix)
+{
+    kvp_master *m = q->m;
+    kvp_msg_keys d;
+    if (kvp_dec_keys(q->body, q->h->body_len, &m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int tenant = tenant_find(m, d.tenant);
+    if (prefix) {
+        uint32_t n = 0;
+        while (n < d.n) {
+            kvp_obj *o = lookup(m, tenant, d.keys[n]);
+            if (!o || o->state != KVP_OBJ_COMPLETE)
+                break;
+            n++;
+        }
+        kvp_msg_prefix_resp r = {n};
+        size_t off = reply_begin(q);
+        kvp_enc_prefix_resp(q->out, &r);
+        reply_end(q, off);
+        return;
+    }
+    size_t off = reply_begin(q);
+    kvp_buf_u32(q->out, d.n);
+    if (kvp_buf_reserve(q->out, (size_t)d.n * 4) == 0) {
+        uint8_t *p = q->out->data + q->out->len;
+        for (uint32_t i = 0; i < d.n; i++) {
+            kvp_obj *o = lookup(m, tenant, d.keys[i]);
+            uint32_t v = o && o->state == KVP_OBJ_COMPLETE;
+            p[4 * i] = (uint8_t)v;
+            p[4 * i + 1] = p[4 * i + 2] = p[4 * i + 3] = 0;
+        }
+        q->out->len += (size_t)d.n * 4;
+    }
+    reply_end(q, off);
+}
+
+static void op_remove(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_remove d;
+    if (kvp_dec_remove(q->body, q->h->body_len, &m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int32_t *codes = codes_alloc(q, d.n);
+    if (!codes) {
+        reply_status(q, KVP_ENOMEM);
+        return;
+    }
+    int tenant = tenant_find(m, d.tenant);
+    for (uint32_t i = 0; i < d.n; i++) {
+        kvp_obj *o = lookup(m, tenant, d.keys[i]);
+        if (!o)
+            codes[i] = KVP_EOBJECT_NOT_FOUND;
+        else if (o->state != KVP_OBJ_COMPLETE)
+            codes[i] = KVP_EREPLICA_IS_NOT_READY;
+        else if (!d.force && is_leased(o, q->now))
+            codes[i] = KVP_EOBJECT_HAS_LEASE;
+        else if (!d.force && (o->flags & KVP_OBJ_PINNED))
+            codes[i] = KVP_EOBJECT_PINNED;
+        else {
+            obj_destroy(m, o, GONE_REMOVED);
+            codes[i] = 0;
+        }
+    }
+    reply_results(q, d.n, codes);
+}
+
+/* Removes every published object of the tenant (leased or pinned ones only
+ * with force). One pass over the index: an administrative operation. */
+static void op_remove_all(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_remove_all d;
+    if (kvp_dec_remove_all(q->body, q->h->body_len, &m->lim, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int tenant = tenant_find(m, d.tenant);
+    uint64_t n = 0;
+    for (uint64_t i = 0; tenant >= 0 && i <= m->ix.mask; i++) {
+        kvp_obj *o = kvp_index_at(&m->ix, i);
+        if (!o || o->tenant != tenant || o->state != KVP_OBJ_COMPLETE)
+            continue;
+        if (!d.force && (is_leased(o, q->now) || (o->flags & KVP_OBJ_PINNED)))
+            continue;
+        obj_destroy(m, o, GONE_REMOVED);
+        n++;
+        i--; /* re-examine: backward shift */
+    }
+    KVP_INFO(MOD, "REMOVE_ALL%s: %llu objects removed", d.force ? " (force)" : "",
+             (unsigned long long)n);
+    kvp_msg_remove_all_resp r = {n};
+    size_t off = reply_begin(q);
+    kvp_enc_remove_all_resp(q->out, &r);
+    reply_end(q, off);
+}
+
+static void op_stats(req *q)
+{
+    kvp_master *m = q->m;
+    if (q->h->body_len != 0) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    uint64_t c[KVP_STAT__COUNT];
+    kvp_master_stats(m, c);
+    kvp_seg_stat *ss = kvp_arena_alloc(q->a, (size_t)m->nseg * sizeof *ss + 1);
+    if (!ss) {
+        reply_status(q, KVP_ENOMEM);
+        return;
+    }
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < m->cfg.max_segments; i++) {
+        kvp_mseg *s = m->segs[i];
+        if (!s)
+            continue;
+        ss[n].id = s->id;
+        ss[n].name.p = (const uint8_t *)s->name;
+        ss[n].name.len = s->namelen;
+        ss[n].capacity = s->capacity;
+        ss[n].used = s->used_pages << 12;
+        ss[n].objects = s->nrep;
+        ss[n].largest_free = (uint64_t)kvp_segalloc_largest_free(s->alloc) << 12;
+        n++;
+    }
+    kvp_msg_stats_resp r = {KVP_STAT__COUNT, c, n, ss};
+    size_t off = reply_begin(q);
+    kvp_enc_stats_resp(q->out, &r);
+    reply_end(q, off);
+}
+
+static void op_seg_info(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_ids d;
+    if (kvp_dec_ids(q->body, q->h->body_len, &m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    if (!fits(q, d.n, 300 + 64 * 1024 / 64)) {
+        reply_status(q, KVP_ETOO_LARGE);
+        return;
+    }
+    size_t off = reply_begin(q);
+    kvp_buf_u32(q->out, d.n);
+    for (uint32_t i = 0; i < d.n; i++) {
+        int si = seg_find_id(m, d.ids[i]);
+        if (si < 0) {
+            kvp_buf_i32(q->out, KVP_ESEGMENT_NOT_FOUND);
+            continue;
+        }
+        kvp_mseg *s = m->segs[si];
+        kvp_buf_i32(q->out, 0);
+        kvp_buf_u64(q->out, s->id);
+        kvp_buf_bytes(q->out, s->name, s->namelen);
+        kvp_buf_u64(q->out, s->capacity);
+        kvp_buf_put(q->out, s->endpoints, s->endpoints_len);
+    }
+    reply_end(q, off);
+}
+
+int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const uint8_t *body,
+                      kvp_arena *a, kvp_buf *out, uint64_t now_ms)
+{
+    req q = {m, s, h, body, a, out, now_ms};
+    size_t mark = out->len;
+    m->stats[KVP_STAT_REQUESTS]++;
+    if (h->flags & KVP_FLAG_RESPONSE) {
+        m->stats[KVP_STAT_BAD_FRAMES]++;
+        reply_status(&q, KVP_EPROTOCOL);
+    } else if (h->op == KVP_OP_HELLO) {
+        op_hello(&q);
+    } else if (!kvp_op_name(h->op)) {
+        reply_status(&q, KVP_EUNKNOWN_OP);
+    } else if (!s->client) {
+        reply_status(&q, KVP_ENO_HELLO);
+    } else {
+        s->client->last_seen = now_ms;
+        switch (h->op) {
+        case KVP_OP_MOUNT_SEGMENT: op_mount(&q); break;
+        case KVP_OP_UNMOUNT_SEGMENT: op_unmount(&q); break;
+        case KVP_OP_HEARTBEAT: op_heartbeat(&q); break;
+        case KVP_OP_PUT_START: op_put_start(&q); break;
+        case KVP_OP_PUT_END: op_put_end(&q); break;
+        case KVP_OP_PUT_REVOKE: op_put_revoke(&q); break;
+        case KVP_OP_GET: op_get(&q); break;
+        case KVP_OP_RELEASE: op_release(&q); break;
+        case KVP_OP_EXIST: op_exist(&q, 0); break;
+        case KVP_OP_PREFIX: op_exist(&q, 1); break;
+        case KVP_OP_REMOVE: op_remove(&q); break;
+        case KVP_OP_REMOVE_ALL: op_remove_all(&q); break;
+        case KVP_OP_STATS: op_stats(&q); break;
+        case KVP_OP_SEGMENT_INFO: op_seg_info(&q); break;
+        default: reply_status(&q, KVP_EUNKNOWN_OP); break;
+        }
+    }
+    if (out->err) {
+        /* the response did not fit: answer with the error alone */
+        int err = out->err;
+        out->err = 0;
+        out->len = mark;
+        reply_status(&q, err);
+        if (out->err)
+            return out->err;
+    }
+    return 0;
+}
+
+/* ============================================================= timers */
+
+uint32_t kvp_master_tick(kvp_master *m, uint64_t now)
+{
+    unsigned work = 0;
+    while (work < TICK_BUDGET && m->leased.head && due(m->leased.head->deadline, now)) {
+        lease_expire_all(m, m->leased.head);
+        work++;
+    }
+    while (work < TICK_BUDGET && m->pending.head && due(m->pending.head->deadline, now)) {
+        kvp_obj *o = m->pending.head;
+        KVP_WARN(MOD, "put of a %llu-byte object timed out after %llu ms: revoked",
+                 (unsigned long long)o->size, (unsigned long long)m->cfg.put_timeout_ms);
+        obj_destroy(m, o, GONE_TIMEOUT);
+        work++;
+    }
+    if (now - m->last_client_scan >= 100 || now < m->last_client_scan) {
+        m->last_client_scan = now;
+        for (uint32_t i = 0; i < m->client_cap; i++) {
+            kvp_mclient *c = m->clients[i];
+            if (c && !c->dropped && now - c->last_seen > m->cfg.client_ttl_ms &&
+                now > c->last_seen)
+                client_drop(m, c);
+        }
+    }
+    unsigned budget = work < TICK_BUDGET ? TICK_BUDGET - work : 0;
+    unsigned ev = evict_background(m, budget);
+    work += ev;
+    if (work >= TICK_BUDGET)
+        return 0;
+    uint32_t next = TICK_IDLE_MS;
+    if (m->leased.head) {
+        int32_t d = (int32_t)(m->leased.head->deadline - ms32(now));
+        if (d >= 0 && (uint32_t)d < next)
+            next = (uint32_t)d;
+    }
+    if (m->pending.head) {
+        int32_t d = (int32_t)(m->pending.head->deadline - ms32(now));
+        if (d >= 0 && (uint32_t)d < next)
+            next = (uint32_t)d;
+    }
+    return next;
+}
+
+/* ======================================================= life, stats */
+
+int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
+{
+    kvp_master *m = kvp_calloc(1, sizeof *m);
+    if (!m)
+        return KVP_ENOMEM;
+    m->cfg = *cfg;
+    kvp_proto_limits_default(&m->lim);
+    m->lim.max_key = (uint32_t)cfg->max_key;
+    m->client_cap = (uint32_t)cfg->max_connections;
+    if (getrandom(&m->id, sizeof m->id, 0) != sizeof m->id)
+        m->id = now_ms ^ 0x9E3779B97F4A7C15ull;
+    m->rng = m->id | 1;
+    m->last_client_scan = now_ms;
+    m->segs = kvp_calloc(cfg->max_segments, sizeof *m->segs);
+    m->clients = kvp_calloc(m->client_cap, sizeof *m->clients);
+    m->tenants = kvp_calloc(cfg->max_tenants, sizeof *m->tenants);
+    m->tenant_len = kvp_calloc(cfg->max_tenants, sizeof *m->tenant_len);
+    if (!m->segs || !m->clients || !m->tenants || !m->tenant_len ||
+        kvp_index_init(&m->ix, 0) != 0) {
+        kvp_free(m->segs);
+        kvp_free(m->clients);
+        kvp_free(m->tenants);
+        kvp_free(m->tenant_len);
+        kvp_free(m);
+        return KVP_ENOMEM;
+    }
+    m->tenants[0] = NULL; /* "default": matched by name below */
+    m->ntenants = 1;
+    static const char def[] = "default";
+    m->tenant_len[0] = sizeof def - 1;
+    m->tenants[0] = kvp_strdup(def);
+    if (!m->tenants[0]) {
+        kvp_master_destroy(m);
+        return KVP_ENOMEM;
+    }
+    *out = m;
+    return 0;
+}
+
+void kvp_master_destroy(kvp_master *m)
+{
+    if (!m)
+        return;
+    if (m->ix.slots) {
+        for (uint64_t i = 0; i <= m->ix.mask; i++) {
+            kvp_obj *o = kvp_index_at(&m->ix, i);
+            if (o)
+                kvp_sfree(o, kvp_obj_bytes(o->keylen, o->rep_cap));
+        }
+    }
+    kvp_index_free(&m->ix);
+    for (uint32_t i = 0; m->segs && i < m->cfg.max_segments; i++)
+        if (m->segs[i])
+            seg_free(m->segs[i]);
+    for (uint32_t i = 0; m->clients && i < m->client_cap; i++)
+        kvp_free(m->clients[i]);
+    for (uint32_t i = 0; m->tenants && i < m->ntenants; i++)
+        kvp_free(m->tenants[i]);
+    kvp_free(m->segs);
+    kvp_free(m->clients);
+    kvp_free(m->tenants);
+    kvp_free(m->tenant_len);
+    kvp_free(m);
+}
+
+uint64_t kvp_master_id(const kvp_master *m) { return m->id; }
+
+void kvp_master_note_bad_frame(kvp_master *m) { m->stats[KVP_STAT_BAD_FRAMES]++; }
+
+void kvp_master_sess_open(kvp_master *m, kvp_msess *s)
+{
+    (void)m;
+    s->client = NULL;
+    s->close_after = 0;
+}
+
+void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms)
+{
+    kvp_mclient *c = s->client;
+    s->client = NULL;
+    if (!c)
+        return;
+    c->last_seen = now_ms;
+    if (--c->nconns > 0)
+        return;
+    /* the writer is gone: its pending puts can never be completed */
+    revoke_pending_of(m, c->slot);
+    if (c->dropped || c->nseg == 0) {
+        if (!c->dropped)
+            KVP_INFO(MOD, "client %016llx (%s) disconnected", (unsigned long long)c->id, c->name);
+        client_free(m, c);
+    }
+}
+
+int kvp_master_sess_dead(const kvp_msess *s) { return s->client && s->client->dropped; }
+
+void kvp_master_stats(const kvp_master *m, uint64_t out[KVP_STAT__COUNT])
+{
+    memcpy(out, m->stats, sizeof m->stats);
+    out[KVP_STAT_CAPACITY] = m->cap_pages << 12;
+    out[KVP_STAT_USED] = m->used_pages << 12;
+    out[KVP_STAT_CLIENTS] = m->nclients;
+    out[KVP_STAT_SEGMENTS] = m->nseg;
+}
+
+static int check_list(const olist *l, int which, uint64_t *seen)
+{
+    uint64_t n = 0;
+    const kvp_obj *prev = NULL;
+    for (const kvp_obj *o = l->head; o; o = o->next) {
+        if (o->list != which || o->prev != prev)
+            return -1;
+        prev = o;
+        n++;
+    }
+    *seen += n;
+    return (l->tail == prev && n == l->n) ? 0 : -1;
+}
+
+int kvp_master_check(const kvp_master *m)
+{
+    uint64_t listed = 0, n = 0, none = 0, used = 0;
+    if (check_list(&m->pending, KVP_LIST_PENDING, &listed) ||
+        check_list(&m->leased, KVP_LIST_LEASED, &listed) ||
+        check_list(&m->lru, KVP_LIST_LRU, &listed))
+        return -1;
+    for (uint64_t i = 0; i <= m->ix.mask; i++) {
+        const kvp_obj *o = kvp_index_at(&m->ix, i);
+        if (!o)
+            continue;
+        n++;
+        int want = o->state == KVP_OBJ_PENDING ? KVP_LIST_PENDING
+                   : o->aux > 0                ? KVP_LIST_LEASED
+                   : (o->flags & KVP_OBJ_PINNED) ? KVP_LIST_NONE
+                                                  : KVP_LIST_LRU;
+        if (o->list != want)
+            return -2;
+        none += want == KVP_LIST_NONE;
+        if (o->nrep == 0 || o->nrep > o->rep_cap)
+            return -3;
+        const kvp_orep *r = kvp_obj_reps((kvp_obj *)o);
+        for (unsigned k = 0; k < o->nrep; k++) {
+            if (r[k].seg >= m->cfg.max_segments || !m->segs[r[k].seg])
+                return -4;
+            used += kvp_pages(o->size);
+        }
+    }
+    if (n != m->ix.count || listed + none != n || used != m->used_pages)
+        return -5;
+    uint64_t seg_used = 0;
+    for (uint32_t i = 0; i < m->cfg.max_segments; i++) {
+        if (!m->segs[i])
+            continue;
+        if (kvp_segalloc_check(m->segs[i]->alloc))
+            return -6;
+        uint64_t fp = kvp_segalloc_free_pages(m->segs[i]->alloc);
+        if (fp + m->segs[i]->used_pages != (m->segs[i]->capacity >> 12))
+            return -7;
+        seg_used += m->segs[i]->used_pages;
+    }
+    return seg_used == m->used_pages ? 0 : -8;
+}

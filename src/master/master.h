@@ -1,0 +1,84 @@
+/*
+ * master.h -- the master's metadata core: objects, index, segments and
+ * their allocators, eviction, leases, pending puts, clients and liveness.
+ *
+ * The core is a state machine with no I/O and no clock of its own: every
+ * entry point takes `now_ms` (a monotonic millisecond clock), so tests drive
+ * it with an injected time. The service (service.c) owns sockets and calls
+ * in here from its one loop thread; nothing here is thread-safe and nothing
+ * needs to be (one thread owns all metadata, DESIGN §3).
+ *
+ * Object lifecycle (DESIGN §2): PUT_START creates a PENDING object holding
+ * its allocations; PUT_END publishes it (COMPLETE); PUT_REVOKE, the writer's
+ * disconnect or put_timeout reclaim it. Only COMPLETE objects are visible
+ * to GET/EXIST/PREFIX.
+ *
+ * Every object is on exactly one of these lists, which is what makes victim
+ * selection O(1):
+ *   pending  PENDING objects, FIFO by put deadline
+ *   leased   COMPLETE objects with read leases, FIFO by lease expiry
+ *   lru      COMPLETE, unleased, unpinned objects; head = most recent use
+ *   (none)   COMPLETE, unleased, pinned objects
+ * So the LRU list holds exactly the evictable objects: eviction pops its
+ * tail, and pending, leased and pinned objects can never be chosen.
+ */
+#ifndef KVP_MASTER_H
+#define KVP_MASTER_H
+
+#include <stdint.h>
+
+#include "common/buf.h"
+#include "common/config.h"
+#include "proto/proto.h"
+
+typedef struct kvp_master kvp_master;
+typedef struct kvp_mclient kvp_mclient;
+
+/* Per-connection session state, embedded in the service's connection. */
+typedef struct kvp_msess {
+    kvp_mclient *client; /* NULL until HELLO succeeded */
+    int close_after;     /* set by the core: flush the response, then close */
+} kvp_msess;
+
+/* Copies what it needs from cfg. 0, KVP_ENOMEM. */
+int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out);
+/* Frees everything; sessions must have been closed first. */
+void kvp_master_destroy(kvp_master *m);
+
+/* The random id of this master instance (changes on restart). */
+uint64_t kvp_master_id(const kvp_master *m);
+
+/* A connection opened / closed. Closing the last connection of a client
+ * revokes its pending puts (the writer is gone); its segments stay mounted
+ * until the client's TTL expires, so a node can reconnect after a blip. */
+void kvp_master_sess_open(kvp_master *m, kvp_msess *s);
+void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms);
+/* True when the session's client was dropped (TTL): close the connection. */
+int kvp_master_sess_dead(const kvp_msess *s);
+
+/*
+ * Serves one request frame. Appends the whole response frame to `out`
+ * (nothing for a ONEWAY request that succeeded). Returns 0, or a negative
+ * code when `out` could not take the response (KVP_ENOMEM/KVP_ETOO_LARGE,
+ * after which the connection should be closed). Decoding problems are
+ * answered, not returned. `a` is scratch, reset by the caller per frame.
+ */
+int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const uint8_t *body,
+                      kvp_arena *a, kvp_buf *out, uint64_t now_ms);
+
+/*
+ * Timers: expires leases, pending puts and silent clients, and evicts in
+ * the background above the high watermark. Does a bounded amount of work;
+ * returns how many ms until it wants to run again (0 = more work pending).
+ */
+uint32_t kvp_master_tick(kvp_master *m, uint64_t now_ms);
+
+/* The service refused a frame it could not parse. */
+void kvp_master_note_bad_frame(kvp_master *m);
+
+/* Counters (enum kvp_stat) for logs and tests. */
+void kvp_master_stats(const kvp_master *m, uint64_t out[KVP_STAT__COUNT]);
+/* Self-check for tests: index, lists and allocators agree. 0 if so. */
+int kvp_master_check(const kvp_master *m);
+
+#endif

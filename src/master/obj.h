@@ -1,0 +1,69 @@
+/*
+ * obj.h -- the master's object record (internal to src/master).
+ *
+ * One record per object, allocated with kvp_salloc in one piece:
+ *   [struct kvp_obj 56 B][key bytes][pad to 4][kvp_orep x rep_cap]
+ * For a 100-byte key and one replica that is 168 bytes (176 with malloc's
+ * overhead), the bulk of the <= 200 B/object budget (DESIGN §3).
+ *
+ * Field ownership: the master loop thread only.
+ */
+#ifndef KVP_OBJ_H
+#define KVP_OBJ_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { KVP_OBJ_PENDING = 1, KVP_OBJ_COMPLETE = 2 };
+enum { KVP_OBJ_PINNED = 0x1 };
+/* which list the prev/next links belong to */
+enum { KVP_LIST_NONE = 0, KVP_LIST_PENDING, KVP_LIST_LEASED, KVP_LIST_LRU };
+
+/* One replica: allocation of npages(size) pages at `page` in segment slot
+ * `seg`, generation `gen` of that segment's allocator. */
+typedef struct kvp_orep {
+    uint32_t seg;
+    uint32_t page;
+    uint32_t gen;
+} kvp_orep;
+
+typedef struct kvp_obj {
+    struct kvp_obj *prev, *next; /* list links, see `list` */
+    uint64_t size;               /* value bytes */
+    uint64_t checksum;           /* set by PUT_END */
+    uint32_t hash;               /* low 32 bits of the index hash */
+    uint32_t deadline;           /* ms, wrapping: put deadline (pending) or
+                                    lease expiry (leased) */
+    uint32_t aux;                /* pending: writer client slot;
+                                    complete: number of read leases */
+    uint32_t lease_seq;          /* lease id of the current lease epoch */
+    uint16_t tenant;
+    uint16_t keylen;
+    uint8_t state;               /* KVP_OBJ_PENDING / KVP_OBJ_COMPLETE */
+    uint8_t nrep;                /* replicas in use */
+    uint8_t rep_cap;             /* replicas allocated in the record */
+    uint8_t flags : 4;           /* KVP_OBJ_PINNED */
+    uint8_t list : 4;            /* KVP_LIST_* */
+} kvp_obj;
+
+static inline const uint8_t *kvp_obj_key(const kvp_obj *o) { return (const uint8_t *)(o + 1); }
+
+static inline size_t kvp_obj_rep_off(uint16_t keylen)
+{
+    return (sizeof(kvp_obj) + keylen + 3u) & ~(size_t)3u;
+}
+
+static inline kvp_orep *kvp_obj_reps(kvp_obj *o)
+{
+    return (kvp_orep *)((uint8_t *)o + kvp_obj_rep_off(o->keylen));
+}
+
+static inline size_t kvp_obj_bytes(uint16_t keylen, uint8_t rep_cap)
+{
+    return kvp_obj_rep_off(keylen) + (size_t)rep_cap * sizeof(kvp_orep);
+}
+
+static inline uint32_t kvp_pages(uint64_t size) { return (uint32_t)((size + 4095u) >> 12); }
+
+#endif

@@ -1,0 +1,36 @@
+/*
+ * service.h -- the master's network service: one epoll thread that owns
+ * the listener, every connection and the metadata core (master.h).
+ *
+ * Requests are pipelined: a connection may send many frames before reading
+ * answers; they are served in order and answered by request id. Work per
+ * loop iteration is bounded (frames per connection per turn, bytes read per
+ * turn), so one busy client cannot starve the others. A connection whose
+ * unsent output passes a bound stops being read until it drains.
+ */
+#ifndef KVP_SERVICE_H
+#define KVP_SERVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/config.h"
+
+typedef struct kvp_mserver kvp_mserver;
+
+/*
+ * Binds cfg->listen and builds the core. With handle_signals, SIGTERM and
+ * SIGINT (which the caller must have blocked in every thread) stop the loop.
+ * 0 or a negative code with a message in err.
+ */
+int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **out, char *err,
+                       size_t errlen);
+/* The bound TCP port (the real one when cfg->listen asked for port 0). */
+uint16_t kvp_mserver_port(const kvp_mserver *s);
+/* Runs until stopped. 0 on a clean stop. */
+int kvp_mserver_run(kvp_mserver *s);
+/* Asks the loop to stop; callable from any thread or a signal handler. */
+void kvp_mserver_stop(kvp_mserver *s);
+/* Closes every connection and frees everything. Not while run() runs. */
+void kvp_mserver_destroy(kvp_mserver *s);
+#endif

@@ -1,0 +1,157 @@
+/* net.c -- socket helpers; see net.h. */
+#include "net/net.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvpool.h"
+
+int kvp_net_split(const char *addr, char *host, size_t hostlen, uint16_t *port)
+{
+    const char *colon;
+    const char *h = addr;
+    size_t hl;
+    if (!addr || !*addr)
+        return KVP_EINVALID_PARAMS;
+    if (addr[0] == '[') {
+        const char *rb = strchr(addr, ']');
+        if (!rb || rb[1] != ':')
+            return KVP_EINVALID_PARAMS;
+        h = addr + 1;
+        hl = (size_t)(rb - h);
+        colon = rb + 1;
+    } else {
+        colon = strrchr(addr, ':');
+        if (!colon)
+            return KVP_EINVALID_PARAMS;
+        hl = (size_t)(colon - addr);
+    }
+    if (hl == 0 || hl >= hostlen)
+        return KVP_EINVALID_PARAMS;
+    char *end;
+    errno = 0;
+    long p = strtol(colon + 1, &end, 10);
+    if (errno || *end || end == colon + 1 || p < 0 || p > 65535)
+        return KVP_EINVALID_PARAMS;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    *port = (uint16_t)p;
+    return 0;
+}
+
+static int resolve(const char *addr, int passive, struct addrinfo **res, char *err, size_t errlen)
+{
+    char host[256], ps[8];
+    uint16_t port;
+    if (kvp_net_split(addr, host, sizeof host, &port)) {
+        snprintf(err, errlen, "bad address \"%s\" (expected host:port)", addr);
+        return KVP_EINVALID_PARAMS;
+    }
+    snprintf(ps, sizeof ps, "%u", port);
+    struct addrinfo hints = {0};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = passive ? AI_PASSIVE : 0;
+    int rc = getaddrinfo(host, ps, &hints, res);
+    if (rc) {
+        snprintf(err, errlen, "cannot resolve \"%s\": %s", host, gai_strerror(rc));
+        return KVP_EINVALID_PARAMS;
+    }
+    return 0;
+}
+
+int kvp_net_set_nonblock(int fd, int on)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0)
+        return -1;
+    return fcntl(fd, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
+}
+
+void kvp_net_set_nodelay(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+int kvp_net_listen(const char *addr, int backlog, uint16_t *port_out, char *err, size_t errlen)
+{
+    struct addrinfo *res;
+    int rc = resolve(addr, 1, &res, err, errlen);
+    if (rc)
+        return rc;
+    int fd = -1;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, backlog) == 0)
+            break;
+        snprintf(err, errlen, "cannot listen on %s: %s", addr, strerror(errno));
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return KVP_EIO;
+    kvp_net_set_nonblock(fd, 1);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (port_out && getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+        *port_out = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                   : ((struct sockaddr_in *)&ss)->sin_port);
+    return fd;
+}
+
+int kvp_net_connect(const char *addr, int timeout_ms, char *err, size_t errlen)
+{
+    struct addrinfo *res;
+    int rc = resolve(addr, 0, &res, err, errlen);
+    if (rc)
+        return rc;
+    int fd = -1;
+    rc = KVP_ERPC_FAIL;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+            continue;
+        int c = connect(fd, ai->ai_addr, ai->ai_addrlen);
+        if (c < 0 && errno == EINPROGRESS) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            int pr = poll(&p, 1, timeout_ms);
+            if (pr == 0) {
+                snprintf(err, errlen, "connect to %s timed out after %d ms", addr, timeout_ms);
+                rc = KVP_ERPC_TIMEOUT;
+                close(fd);
+                fd = -1;
+                continue;
+            }
+            int soerr = 0;
+            socklen_t sl = sizeof soerr;
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+            c = soerr ? -1 : 0;
+            errno = soerr;
+        }
+        if (c == 0)
+            break;
+        snprintf(err, errlen, "cannot connect to %s: %s", addr, strerror(errno));
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return rc;
+    kvp_net_set_nonblock(fd, 0);
+    kvp_net_set_nodelay(fd);
+    return fd;
+}

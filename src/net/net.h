@@ -1,0 +1,25 @@
+/*
+ * net.h -- socket helpers: address parsing, listen, connect with deadline.
+ * Addresses are "host:port" (IPv4 dotted or a name resolved once) or
+ * "[v6addr]:port". Errors go to a caller buffer of KVP_NET_ERRLEN bytes.
+ */
+#ifndef KVP_NET_H
+#define KVP_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#define KVP_NET_ERRLEN 256
+
+/* Splits "host:port"; host and port NUL-terminated copies. 0 or KVP_EINVALID_PARAMS. */
+int kvp_net_split(const char *addr, char *host, size_t hostlen, uint16_t *port);
+/* Non-blocking listening TCP socket; *port_out gets the bound port (useful
+ * with port 0). Returns the fd or a negative KVP_E* code. */
+int kvp_net_listen(const char *addr, int backlog, uint16_t *port_out, char *err, size_t errlen);
+/* Blocking-mode connected TCP socket with TCP_NODELAY, connect bounded by
+ * timeout_ms. Returns the fd or KVP_ERPC_FAIL / KVP_ERPC_TIMEOUT / KVP_EINVALID_PARAMS. */
+int kvp_net_connect(const char *addr, int timeout_ms, char *err, size_t errlen);
+int kvp_net_set_nonblock(int fd, int on);
+void kvp_net_set_nodelay(int fd);
+#endif

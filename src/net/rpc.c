@@ -1,0 +1,218 @@
+/* rpc.c -- blocking pipelined client connection; see rpc.h. */
+#include "net/rpc.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/buf.h"
+#include "common/clock.h"
+#include "common/mem.h"
+#include "kvpool.h"
+#include "net/net.h"
+
+struct kvp_rpc {
+    int fd;
+    int timeout_ms;
+    uint32_t max_frame;
+    uint64_t next_id;
+    uint64_t client_id;
+    kvp_buf out;
+    kvp_buf in;
+    size_t in_consumed; /* bytes of `in` handed out by the last recv */
+    kvp_msg_hello_resp hello;
+};
+
+static int wait_fd(int fd, short ev, uint64_t deadline_ms)
+{
+    for (;;) {
+        uint64_t now = kvp_now_ms();
+        if (now >= deadline_ms)
+            return KVP_ERPC_TIMEOUT;
+        struct pollfd p = {fd, ev, 0};
+        int n = poll(&p, 1, (int)(deadline_ms - now));
+        if (n > 0)
+            return 0;
+        if (n == 0)
+            return KVP_ERPC_TIMEOUT;
+        if (errno != EINTR)
+            return KVP_ERPC_FAIL;
+    }
+}
+
+uint64_t kvp_rpc_queue(kvp_rpc *r, uint16_t op, uint8_t flags, const void *body, size_t len)
+{
+    uint64_t id = ++r->next_id;
+    size_t off = kvp_frame_begin(&r->out, op, flags, id, 0);
+    kvp_buf_put(&r->out, body, len);
+    kvp_frame_end(&r->out, off);
+    return id;
+}
+
+void kvp_rpc_queue_raw(kvp_rpc *r, const void *p, size_t len) { kvp_buf_put(&r->out, p, len); }
+
+int kvp_rpc_flush(kvp_rpc *r)
+{
+    if (r->out.err) {
+        int e = r->out.err;
+        kvp_buf_reset(&r->out);
+        return e;
+    }
+    uint64_t deadline = kvp_now_ms() + (uint64_t)r->timeout_ms;
+    size_t off = 0;
+    while (off < r->out.len) {
+        ssize_t n = send(r->fd, r->out.data + off, r->out.len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int rc = wait_fd(r->fd, POLLOUT, deadline);
+            if (rc) {
+                kvp_buf_reset(&r->out);
+                return rc;
+            }
+            continue;
+        }
+        kvp_buf_reset(&r->out);
+        return KVP_ERPC_FAIL;
+    }
+    kvp_buf_reset(&r->out);
+    return 0;
+}
+
+int kvp_rpc_recv(kvp_rpc *r, kvp_frame_hdr *h, const uint8_t **body)
+{
+    kvp_buf_consume(&r->in, r->in_consumed);
+    r->in_consumed = 0;
+    uint64_t deadline = kvp_now_ms() + (uint64_t)r->timeout_ms;
+    for (;;) {
+        int rc = kvp_frame_next(r->in.data, r->in.len, r->max_frame, h, body);
+        if (rc < 0)
+            return KVP_ERPC_FAIL;
+        if (rc == 1) {
+            if (!(h->flags & KVP_FLAG_RESPONSE))
+                return KVP_ERPC_FAIL;
+            r->in_consumed = KVP_FRAME_HDR + (size_t)h->body_len;
+            return 0;
+        }
+        if (kvp_buf_reserve(&r->in, 65536) != 0)
+            return KVP_ERPC_FAIL;
+        ssize_t n = recv(r->fd, r->in.data + r->in.len, r->in.alloc - r->in.len, MSG_DONTWAIT);
+        if (n > 0) {
+            r->in.len += (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            return KVP_ERPC_FAIL;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return KVP_ERPC_FAIL;
+        rc = wait_fd(r->fd, POLLIN, deadline);
+        if (rc)
+            return rc;
+    }
+}
+
+int kvp_rpc_call(kvp_rpc *r, uint16_t op, const void *body, size_t len, int32_t *status,
+                 const uint8_t **resp, uint32_t *resp_len)
+{
+    uint64_t id = kvp_rpc_queue(r, op, 0, body, len);
+    int rc = kvp_rpc_flush(r);
+    if (rc)
+        return rc;
+    for (;;) {
+        kvp_frame_hdr h;
+        const uint8_t *b;
+        rc = kvp_rpc_recv(r, &h, &b);
+        if (rc)
+            return rc;
+        if (h.req_id != id)
+            continue; /* an answer to an earlier pipelined request */
+        *status = h.status;
+        if (resp)
+            *resp = b;
+        if (resp_len)
+            *resp_len = h.body_len;
+        return 0;
+    }
+}
+
+int kvp_rpc_open(const char *addr, const kvp_rpc_opts *o, kvp_rpc **out, char *err, size_t errlen)
+{
+    kvp_rpc_opts def = {0};
+    if (!o)
+        o = &def;
+    kvp_rpc *r = kvp_calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(err, errlen, "out of memory");
+        return KVP_ENOMEM;
+    }
+    r->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
+    r->max_frame = o->max_frame ? o->max_frame : 64u << 20;
+    r->client_id = o->client_id;
+    while (r->client_id == 0)
+        if (getrandom(&r->client_id, sizeof r->client_id, 0) != sizeof r->client_id)
+            r->client_id = kvp_now_ns();
+    kvp_buf_init(&r->out, (size_t)r->max_frame * 4 + 4096);
+    kvp_buf_init(&r->in, (size_t)r->max_frame + KVP_FRAME_HDR + 65536);
+    r->fd = kvp_net_connect(addr, r->timeout_ms, err, errlen);
+    if (r->fd < 0) {
+        int rc = r->fd;
+        r->fd = -1;
+        kvp_rpc_close(r);
+        return rc;
+    }
+    if (!o->no_hello) {
+        kvp_buf b;
+        kvp_buf_init(&b, 4096);
+        kvp_msg_hello h = {KVP_PROTO_VERSION, r->client_id, {NULL, 0}, {NULL, 0}};
+        if (o->token) {
+            h.token.p = (const uint8_t *)o->token;
+            h.token.len = (uint32_t)strlen(o->token);
+        }
+        if (o->name) {
+            h.name.p = (const uint8_t *)o->name;
+            h.name.len = (uint32_t)strlen(o->name);
+        }
+        kvp_enc_hello(&b, &h);
+        int32_t st = 0;
+        const uint8_t *resp;
+        uint32_t rl;
+        int rc = b.err ? b.err : kvp_rpc_call(r, KVP_OP_HELLO, b.data, b.len, &st, &resp, &rl);
+        kvp_buf_free(&b);
+        if (rc == 0 && st != 0)
+            rc = st;
+        if (rc == 0)
+            rc = kvp_dec_hello_resp(resp, rl, &r->hello);
+        if (rc) {
+            snprintf(err, errlen, "HELLO to %s failed: %s", addr, kvp_strerror(rc));
+            kvp_rpc_close(r);
+            return rc;
+        }
+    }
+    *out = r;
+    return 0;
+}
+
+void kvp_rpc_close(kvp_rpc *r)
+{
+    if (!r)
+        return;
+    if (r->fd >= 0)
+        close(r->fd);
+    kvp_buf_free(&r->out);
+    kvp_buf_free(&r->in);
+    kvp_free(r);
+}
+
+int kvp_rpc_fd(const kvp_rpc *r) { return r->fd; }
+uint64_t kvp_rpc_client_id(const kvp_rpc *r) { return r->client_id; }
+const kvp_msg_hello_resp *kvp_rpc_hello_resp(const kvp_rpc *r) { return &r->hello; }

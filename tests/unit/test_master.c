@@ -1,0 +1,834 @@
+/*
+ * test_master.c -- the master core driven in-process through encoded frames,
+ * with an injected clock: put/get lifecycle, index, eviction order, leases,
+ * pending-put timeouts, liveness, replicas, fault injection.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/mem.h"
+#include "harness.h"
+#include "kvpool.h"
+#include "master/master.h"
+
+#define MiB (1024ull * 1024)
+
+typedef struct sess {
+    kvp_msess s;
+    uint64_t client_id;
+} sess;
+
+typedef struct core {
+    kvp_config cfg;
+    kvp_master *m;
+    uint64_t now;
+    kvp_arena a, ra; /* request scratch, response decode scratch */
+    kvp_buf out, body;
+    uint64_t next_id;
+    int32_t status;
+    const uint8_t *resp;
+    uint32_t resp_len;
+} core;
+
+static int core_init(core *c, void (*tweak)(kvp_config *))
+{
+    memset(c, 0, sizeof *c);
+    kvp_config_defaults(&c->cfg);
+    c->cfg.log_level = KVP_LOG_ERROR;
+    if (tweak)
+        tweak(&c->cfg);
+    c->now = 1000000;
+    kvp_arena_init(&c->a, 64 * MiB);
+    kvp_arena_init(&c->ra, 64 * MiB);
+    kvp_buf_init(&c->out, 128 * MiB);
+    kvp_buf_init(&c->body, 128 * MiB);
+    /* pre-grow the test's own buffers so injected allocation failures hit
+     * the master, not the test scaffolding */
+    kvp_buf_reserve(&c->out, 4 * MiB);
+    kvp_buf_reserve(&c->body, 4 * MiB);
+    kvp_arena_alloc(&c->a, 4 * MiB);
+    kvp_arena_reset(&c->a);
+    kvp_arena_alloc(&c->ra, 4 * MiB);
+    kvp_arena_reset(&c->ra);
+    kvp_log_set_level(KVP_LOG_ERROR);
+    return kvp_master_create(&c->cfg, c->now, &c->m);
+}
+
+static void core_free(core *c)
+{
+    kvp_master_destroy(c->m);
+    kvp_arena_free(&c->a);
+    kvp_arena_free(&c->ra);
+    kvp_buf_free(&c->out);
+    kvp_buf_free(&c->body);
+}
+
+/* Sends c->body as a request of op on session s; decodes nothing. */
+static int call(core *c, sess *s, uint16_t op, uint8_t flags)
+{
+    kvp_frame_hdr h = {KVP_PROTO_VERSION, flags, op, ++c->next_id, (uint32_t)c->body.len, 0};
+    kvp_buf_reset(&c->out);
+    kvp_arena_reset(&c->a);
+    kvp_arena_reset(&c->ra);
+    int rc = kvp_master_handle(c->m, &s->s, &h, c->body.data, &c->a, &c->out, c->now);
+    kvp_buf_reset(&c->body);
+    if (rc)
+        return rc;
+    if (c->out.len == 0) {
+        c->resp = NULL;
+        c->resp_len = 0;
+        c->status = 0;
+        return 0;
+    }
+    kvp_frame_hdr rh;
+    const uint8_t *b;
+    REQUIRE(kvp_frame_next(c->out.data, c->out.len, 1u << 30, &rh, &b) == 1);
+    REQUIRE(rh.req_id == h.req_id && (rh.flags & KVP_FLAG_RESPONSE) && rh.op == op);
+    REQUIRE(KVP_FRAME_HDR + rh.body_len == c->out.len);
+    c->status = rh.status;
+    c->resp = b;
+    c->resp_len = rh.body_len;
+    return 0;
+}
+
+static int hello(core *c, sess *s, uint64_t id)
+{
+    kvp_master_sess_open(c->m, &s->s);
+    s->client_id = id;
+    kvp_msg_hello h = {KVP_PROTO_VERSION, id, {NULL, 0}, {(const uint8_t *)"t", 1}};
+    kvp_enc_hello(&c->body, &h);
+    REQUIRE(call(c, s, KVP_OP_HELLO, 0) == 0);
+    return c->status;
+}
+
+static int mount(core *c, sess *s, uint64_t id, const char *name, uint64_t cap)
+{
+    kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)name, (uint32_t)strlen(name)}};
+    kvp_seg_desc d = {id, {(const uint8_t *)name, (uint32_t)strlen(name)}, cap, 1, &ep};
+    kvp_msg_mount mm = {1, &d};
+    kvp_enc_mount(&c->body, &mm);
+    REQUIRE(call(c, s, KVP_OP_MOUNT_SEGMENT, 0) == 0);
+    REQUIRE(c->status == 0);
+    kvp_msg_results r;
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    REQUIRE(kvp_dec_results(c->resp, c->resp_len, &l, &c->ra, &r) == 0 && r.n == 1);
+    return r.codes[0];
+}
+
+static kvp_bytes key_of(char *buf, size_t n, int i)
+{
+    int len = snprintf(buf, n, "key-%06d", i);
+    return (kvp_bytes){(const uint8_t *)buf, (uint32_t)len};
+}
+
+/* PUT_START of keys [from, from+n) with one size; results into *r. */
+static int put_start(core *c, sess *s, int from, int n, uint64_t size, uint32_t replicas,
+                     uint32_t flags, const char *pref, kvp_msg_put_start_resp *r)
+{
+    char (*kb)[32] = malloc((size_t)n * 32);
+    kvp_bytes *keys = malloc((size_t)n * sizeof *keys);
+    uint64_t *sizes = malloc((size_t)n * sizeof *sizes);
+    for (int i = 0; i < n; i++) {
+        keys[i] = key_of(kb[i], 32, from + i);
+        sizes[i] = size;
+    }
+    kvp_msg_put_start m = {{NULL, 0}, replicas, flags,
+                           {(const uint8_t *)pref, pref ? (uint32_t)strlen(pref) : 0},
+                           (uint32_t)n, keys, sizes};
+    kvp_enc_put_start(&c->body, &m);
+    int rc = call(c, s, KVP_OP_PUT_START, 0);
+    free(kb);
+    free(keys);
+    free(sizes);
+    REQUIRE(rc == 0);
+    if (c->status)
+        return c->status;
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    REQUIRE(kvp_dec_put_start_resp(c->resp, c->resp_len, &l, &c->ra, r) == 0);
+    REQUIRE(r->n == (uint32_t)n);
+    return 0;
+}
+
+/* Sends keys [from, from+n) with a u64 each (PUT_END checksums or RELEASE
+ * lease ids) or bare keys (the other ops); returns per-key codes in codes. */
+static int keys_op(core *c, sess *s, uint16_t op, int from, int n, const uint64_t *u64s,
+                   int32_t *codes)
+{
+    char (*kb)[32] = malloc((size_t)n * 32);
+    kvp_bytes *keys = malloc((size_t)n * sizeof *keys);
+    uint64_t *vals = calloc((size_t)n, sizeof *vals);
+    for (int i = 0; i < n; i++) {
+        keys[i] = key_of(kb[i], 32, from + i);
+        if (u64s)
+            vals[i] = u64s[i];
+    }
+    if (op == KVP_OP_PUT_END || op == KVP_OP_RELEASE) {
+        kvp_msg_put_end m = {{NULL, 0}, (uint32_t)n, keys, vals};
+        kvp_enc_put_end(&c->body, &m);
+    } else if (op == KVP_OP_REMOVE) {
+        kvp_msg_remove m = {{NULL, 0}, u64s ? 1 : 0, (uint32_t)n, keys};
+        kvp_enc_remove(&c->body, &m);
+    } else {
+        kvp_msg_keys m = {{NULL, 0}, (uint32_t)n, keys};
+        kvp_enc_keys(&c->body, &m);
+    }
+    int rc = call(c, s, op, 0);
+    free(kb);
+    free(keys);
+    free(vals);
+    REQUIRE(rc == 0);
+    if (c->status)
+        return c->status;
+    if (op == KVP_OP_PREFIX) {
+        kvp_msg_prefix_resp p;
+        REQUIRE(kvp_dec_prefix_resp(c->resp, c->resp_len, &p) == 0);
+        codes[0] = (int32_t)p.count;
+        return 0;
+    }
+    if (op == KVP_OP_GET)
+        return 0; /* caller decodes */
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    kvp_msg_results r;
+    REQUIRE(kvp_dec_results(c->resp, c->resp_len, &l, &c->ra, &r) == 0);
+    REQUIRE(r.n == (uint32_t)n);
+    memcpy(codes, r.codes, (size_t)n * sizeof *codes);
+    return 0;
+}
+
+static int put(core *c, sess *s, int from, int n, uint64_t size)
+{
+    kvp_msg_put_start_resp r;
+    REQUIRE(put_start(c, s, from, n, size, 1, 0, NULL, &r) == 0);
+    for (int i = 0; i < n; i++)
+        REQUIRE(r.results[i].status == 0);
+    uint64_t *cs = malloc((size_t)n * sizeof *cs);
+    int32_t *codes = malloc((size_t)n * sizeof *codes);
+    for (int i = 0; i < n; i++)
+        cs[i] = 0xC0DE0000u + (uint64_t)(from + i);
+    int rc = keys_op(c, s, KVP_OP_PUT_END, from, n, cs, codes);
+    for (int i = 0; rc == 0 && i < n; i++)
+        if (codes[i] != 0)
+            rc = codes[i];
+    free(cs);
+    free(codes);
+    return rc;
+}
+
+static int exists(core *c, sess *s, int i)
+{
+    int32_t code;
+    REQUIRE(keys_op(c, s, KVP_OP_EXIST, i, 1, NULL, &code) == 0);
+    return code;
+}
+
+static void stats(core *c, uint64_t *st) { kvp_master_stats(c->m, st); }
+
+/* ------------------------------------------------------------------ tests */
+
+TEST(hello_required_and_refusals)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    kvp_master_sess_open(c.m, &s.s);
+    kvp_msg_keys k = {{NULL, 0}, 0, NULL};
+    kvp_enc_keys(&c.body, &k);
+    CHECK(call(&c, &s, KVP_OP_EXIST, 0) == 0);
+    CHECK_EQ(c.status, KVP_ENO_HELLO);
+    /* wrong version */
+    kvp_msg_hello h = {KVP_PROTO_VERSION + 1, 7, {NULL, 0}, {NULL, 0}};
+    kvp_enc_hello(&c.body, &h);
+    CHECK(call(&c, &s, KVP_OP_HELLO, 0) == 0);
+    CHECK_EQ(c.status, KVP_EINVALID_VERSION);
+    CHECK(s.s.close_after);
+    /* unknown opcode is answered, not fatal */
+    CHECK_EQ(hello(&c, &s, 7), 0);
+    CHECK(call(&c, &s, 999, 0) == 0);
+    CHECK_EQ(c.status, KVP_EUNKNOWN_OP);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+static void with_token(kvp_config *cfg) { strcpy(cfg->cluster_token, "s3cret"); }
+
+TEST(cluster_token)
+{
+    core c;
+    CHECK(core_init(&c, with_token) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), KVP_EAUTH);
+    CHECK(s.s.close_after);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    kvp_master_sess_open(c.m, &s.s);
+    kvp_msg_hello h = {KVP_PROTO_VERSION, 1, {(const uint8_t *)"s3cret", 6}, {NULL, 0}};
+    kvp_enc_hello(&c.body, &h);
+    CHECK(call(&c, &s, KVP_OP_HELLO, 0) == 0);
+    CHECK_EQ(c.status, 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+TEST(put_get_lifecycle)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 11, "node-a:1", 64 * MiB), 0);
+    kvp_msg_put_start_resp r;
+    CHECK_EQ(put_start(&c, &s, 0, 3, 100000, 1, 0, NULL, &r), 0);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(r.results[i].status, 0);
+        CHECK_EQ(r.results[i].n_replicas, 1);
+        CHECK_EQ(r.results[i].replicas[0].segment_id, 11);
+        CHECK_EQ(r.results[i].replicas[0].offset % 4096, 0);
+        CHECK_EQ(r.results[i].replicas[0].length, 100000);
+    }
+    /* pending objects are invisible and already exist for other writers */
+    CHECK_EQ(exists(&c, &s, 0), 0);
+    int32_t codes[4];
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_PREFIX, 0, 3, NULL, codes), 0);
+    CHECK_EQ(codes[0], 0);
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_GET, 0, 1, NULL, codes), 0);
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    kvp_msg_get_resp g;
+    CHECK(kvp_dec_get_resp(c.resp, c.resp_len, &l, &c.ra, &g) == 0);
+    CHECK_EQ(g.results[0].status, KVP_EREPLICA_IS_NOT_READY);
+    CHECK_EQ(put_start(&c, &s, 0, 1, 100000, 1, 0, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, KVP_EOBJECT_ALREADY_EXISTS);
+    /* another client cannot publish or revoke my put */
+    sess o;
+    CHECK_EQ(hello(&c, &o, 2), 0);
+    uint64_t cs[3] = {5, 6, 7};
+    CHECK_EQ(keys_op(&c, &o, KVP_OP_PUT_END, 0, 1, cs, codes), 0);
+    CHECK_EQ(codes[0], KVP_EILLEGAL_CLIENT);
+    CHECK_EQ(keys_op(&c, &o, KVP_OP_PUT_REVOKE, 0, 1, NULL, codes), 0);
+    CHECK_EQ(codes[0], KVP_EILLEGAL_CLIENT);
+    /* publish 0 and 1, revoke 2 */
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_PUT_END, 0, 2, cs, codes), 0);
+    CHECK_EQ(codes[0], 0);
+    CHECK_EQ(codes[1], 0);
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_PUT_REVOKE, 2, 1, NULL, codes), 0);
+    CHECK_EQ(codes[0], 0);
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_PREFIX, 0, 3, NULL, codes), 0);
+    CHECK_EQ(codes[0], 2);
+    CHECK_EQ(keys_op(&c, &o, KVP_OP_GET, 0, 3, NULL, codes), 0);
+    CHECK(kvp_dec_get_resp(c.resp, c.resp_len, &l, &c.ra, &g) == 0);
+    CHECK_EQ(g.n, 3);
+    CHECK_EQ(g.lease_ttl_ms, c.cfg.lease_ttl_ms);
+    CHECK_EQ(g.results[0].status, 0);
+    CHECK_EQ(g.results[0].size, 100000);
+    CHECK_EQ(g.results[0].checksum, 5);
+    CHECK_EQ(g.results[1].checksum, 6);
+    CHECK_EQ(g.results[2].status, KVP_EOBJECT_NOT_FOUND);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_OBJECTS], 2);
+    CHECK_EQ(st[KVP_STAT_HITS], 2);
+    CHECK_EQ(st[KVP_STAT_MISSES], 2);
+    CHECK_EQ(st[KVP_STAT_LEASES], 2);
+    CHECK_EQ(st[KVP_STAT_USED], 2 * 25 * 4096);
+    /* leased: REMOVE refused without force */
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 0, 1, NULL, codes), 0);
+    CHECK_EQ(codes[0], KVP_EOBJECT_HAS_LEASE);
+    /* release with a wrong lease id is refused, the right one accepted */
+    uint64_t bad = g.results[0].lease_id + 12345, good[2] = {g.results[0].lease_id, g.results[1].lease_id};
+    CHECK_EQ(keys_op(&c, &o, KVP_OP_RELEASE, 0, 1, &bad, codes), 0);
+    CHECK_EQ(codes[0], KVP_ELEASE_EXPIRED);
+    CHECK_EQ(keys_op(&c, &o, KVP_OP_RELEASE, 0, 2, good, codes), 0);
+    CHECK_EQ(codes[0], 0);
+    CHECK_EQ(codes[1], 0);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_LEASES], 0);
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 0, 1, NULL, codes), 0);
+    CHECK_EQ(codes[0], 0);
+    CHECK_EQ(exists(&c, &s, 0), 0);
+    CHECK_EQ(exists(&c, &s, 1), 1);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    kvp_master_sess_close(c.m, &o.s, c.now);
+    core_free(&c);
+}
+
+TEST(validation)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    kvp_msg_put_start_resp r;
+    /* no segment: no space */
+    CHECK_EQ(put_start(&c, &s, 0, 1, 10, 1, 0, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, KVP_ENO_AVAILABLE_HANDLE);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 8 * MiB), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 8 * MiB), 0);                        /* idempotent */
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 16 * MiB), KVP_EINVALID_PARAMS);     /* other size */
+    CHECK_EQ(mount(&c, &s, 2, "n:1", 8 * MiB), KVP_ESEGMENT_ALREADY_EXISTS); /* name taken */
+    CHECK_EQ(mount(&c, &s, 0, "n:2", 8 * MiB), KVP_EINVALID_PARAMS);
+    CHECK_EQ(mount(&c, &s, 3, "n:3", 100), KVP_EINVALID_PARAMS);
+    sess o;
+    CHECK_EQ(hello(&c, &o, 2), 0);
+    CHECK_EQ(mount(&c, &o, 1, "n:1", 8 * MiB), KVP_ESEGMENT_ALREADY_EXISTS);
+    CHECK_EQ(put_start(&c, &s, 0, 1, 0, 1, 0, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, KVP_EINVALID_PARAMS);
+    CHECK_EQ(put_start(&c, &s, 0, 1, 9 * MiB, 1, 0, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, KVP_ENO_AVAILABLE_HANDLE);
+    CHECK_EQ(put_start(&c, &s, 0, 1, 10, 0, 0, NULL, &r), KVP_EINVALID_PARAMS);
+    CHECK_EQ(put_start(&c, &s, 0, 1, 10, 4, 0, NULL, &r), KVP_EINVALID_PARAMS);
+    CHECK_EQ(put_start(&c, &s, 0, 1, 10, 1, 0x80, NULL, &r), KVP_EINVALID_PARAMS);
+    /* key too long */
+    char big[5000];
+    memset(big, 'k', sizeof big);
+    kvp_bytes k = {(const uint8_t *)big, 4097};
+    uint64_t sz = 10;
+    kvp_msg_put_start m = {{NULL, 0}, 1, 0, {NULL, 0}, 1, &k, &sz};
+    kvp_enc_put_start(&c.body, &m);
+    CHECK(call(&c, &s, KVP_OP_PUT_START, 0) == 0);
+    CHECK(c.status != 0); /* refused by the decoder's key limit */
+    /* a malformed body is answered with PROTOCOL, the session goes on */
+    kvp_buf_put(&c.body, "\x01\x02", 2);
+    CHECK(call(&c, &s, KVP_OP_GET, 0) == 0);
+    CHECK_EQ(c.status, KVP_EPROTOCOL);
+    CHECK_EQ(exists(&c, &s, 0), 0);
+    /* unmount by a non-owner is refused */
+    kvp_msg_ids ids = {1, (uint64_t[]){1}};
+    kvp_enc_ids(&c.body, &ids);
+    CHECK(call(&c, &o, KVP_OP_UNMOUNT_SEGMENT, 0) == 0);
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    kvp_msg_results res;
+    CHECK(kvp_dec_results(c.resp, c.resp_len, &l, &c.ra, &res) == 0);
+    CHECK_EQ(res.codes[0], KVP_EILLEGAL_CLIENT);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    kvp_master_sess_close(c.m, &o.s, c.now);
+    core_free(&c);
+}
+
+TEST(eviction_order_is_lru)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    /* 100 pages: exactly 10 objects of 10 pages */
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    CHECK_EQ(put(&c, &s, 0, 10, 10 * 4096), 0);
+    /* touch 0..4 (GET + RELEASE): 5..9 become the least recently used */
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    for (int i = 4; i >= 0; i--) {
+        int32_t code;
+        CHECK_EQ(keys_op(&c, &s, KVP_OP_GET, i, 1, NULL, &code), 0);
+        kvp_msg_get_resp g;
+        CHECK(kvp_dec_get_resp(c.resp, c.resp_len, &l, &c.ra, &g) == 0);
+        uint64_t lid = g.results[0].lease_id;
+        CHECK_EQ(keys_op(&c, &s, KVP_OP_RELEASE, i, 1, &lid, &code), 0);
+        CHECK_EQ(code, 0);
+    }
+    /* one pinned object is never evicted */
+    kvp_msg_put_start_resp r;
+    /* 3 new objects: inline eviction of 5, 6, 7 (oldest first) */
+    CHECK_EQ(put(&c, &s, 100, 3, 10 * 4096), 0);
+    for (int i = 0; i < 5; i++)
+        CHECK_EQ(exists(&c, &s, i), 1);
+    CHECK_EQ(exists(&c, &s, 5), 0);
+    CHECK_EQ(exists(&c, &s, 6), 0);
+    CHECK_EQ(exists(&c, &s, 7), 0);
+    CHECK_EQ(exists(&c, &s, 8), 1);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_EVICTIONS], 3);
+    /* a put larger than anything evictable can free: NO_AVAILABLE_HANDLE */
+    CHECK_EQ(put_start(&c, &s, 200, 1, 101 * 4096, 1, 0, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, KVP_ENO_AVAILABLE_HANDLE);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+TEST(pending_leased_pinned_never_evicted)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 40 * 4096), 0);
+    kvp_msg_put_start_resp r;
+    CHECK_EQ(put_start(&c, &s, 0, 1, 10 * 4096, 1, 0, NULL, &r), 0); /* 0: pending */
+    CHECK_EQ(put_start(&c, &s, 1, 1, 10 * 4096, 1, KVP_PUT_PIN, NULL, &r), 0);
+    uint64_t cs = 1;
+    int32_t code;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_PUT_END, 1, 1, &cs, &code), 0); /* 1: pinned */
+    CHECK_EQ(put(&c, &s, 2, 1, 10 * 4096), 0);
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_GET, 2, 1, NULL, &code), 0);  /* 2: leased */
+    CHECK_EQ(put(&c, &s, 3, 1, 10 * 4096), 0);                      /* 3: evictable */
+    CHECK_EQ(put_start(&c, &s, 4, 1, 10 * 4096, 1, 0, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, 0); /* evicted 3 */
+    CHECK_EQ(exists(&c, &s, 3), 0);
+    CHECK_EQ(put_start(&c, &s, 5, 1, 10 * 4096, 1, 0, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, KVP_ENO_AVAILABLE_HANDLE);
+    CHECK_EQ(exists(&c, &s, 1), 1);
+    CHECK_EQ(exists(&c, &s, 2), 1);
+    /* pinned: REMOVE needs force */
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 1, 1, NULL, &code), 0);
+    CHECK_EQ(code, KVP_EOBJECT_PINNED);
+    uint64_t force = 1;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 1, 1, &force, &code), 0);
+    CHECK_EQ(code, 0);
+    /* lease expiry makes 2 evictable again */
+    c.now += c.cfg.lease_ttl_ms + 1;
+    kvp_master_tick(c.m, c.now);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_LEASES], 0);
+    CHECK_EQ(put_start(&c, &s, 6, 2, 10 * 4096, 1, 0, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, 0);
+    CHECK_EQ(r.results[1].status, 0);
+    CHECK_EQ(exists(&c, &s, 2), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+static void watermarks(kvp_config *cfg)
+{
+    cfg->evict_high = 0.80;
+    cfg->evict_low = 0.50;
+}
+
+TEST(background_eviction_watermarks)
+{
+    core c;
+    CHECK(core_init(&c, watermarks) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    CHECK_EQ(put(&c, &s, 0, 8, 10 * 4096), 0); /* 80 %: not above */
+    kvp_master_tick(c.m, c.now);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_EVICTIONS], 0);
+    CHECK_EQ(put(&c, &s, 8, 1, 10 * 4096), 0); /* 90 % */
+    kvp_master_tick(c.m, c.now);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_USED], 50 * 4096);
+    CHECK_EQ(st[KVP_STAT_EVICTIONS], 4);
+    CHECK_EQ(exists(&c, &s, 3), 0);
+    CHECK_EQ(exists(&c, &s, 4), 1);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+TEST(lease_expiry_and_stale_release)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 8 * MiB), 0);
+    CHECK_EQ(put(&c, &s, 0, 1, 4096), 0);
+    int32_t code;
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_GET, 0, 1, NULL, &code), 0);
+    kvp_msg_get_resp g;
+    CHECK(kvp_dec_get_resp(c.resp, c.resp_len, &l, &c.ra, &g) == 0);
+    uint64_t lid = g.results[0].lease_id;
+    c.now += c.cfg.lease_ttl_ms - 1;
+    kvp_master_tick(c.m, c.now);
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 0, 1, NULL, &code), 0);
+    CHECK_EQ(code, KVP_EOBJECT_HAS_LEASE);
+    c.now += 2;
+    kvp_master_tick(c.m, c.now);
+    /* the lease expired: releasing it now is reported, and changes nothing */
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_RELEASE, 0, 1, &lid, &code), 0);
+    CHECK_EQ(code, KVP_ELEASE_EXPIRED);
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 0, 1, NULL, &code), 0);
+    CHECK_EQ(code, 0);
+    /* the same key re-put gets a new generation and lease epoch */
+    CHECK_EQ(put(&c, &s, 0, 1, 4096), 0);
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_GET, 0, 1, NULL, &code), 0);
+    kvp_msg_get_resp g2;
+    CHECK(kvp_dec_get_resp(c.resp, c.resp_len, &l, &c.ra, &g2) == 0);
+    CHECK(g2.results[0].lease_id != lid);
+    CHECK(g2.results[0].replicas[0].generation != g.results[0].replicas[0].generation);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+TEST(put_timeout_and_writer_disconnect)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s, w;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 8 * MiB), 0);
+    CHECK_EQ(hello(&c, &w, 2), 0);
+    kvp_msg_put_start_resp r;
+    CHECK_EQ(put_start(&c, &w, 0, 5, 4096, 1, 0, NULL, &r), 0);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_PENDING], 5);
+    kvp_master_sess_close(c.m, &w.s, c.now); /* writer gone */
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_PENDING], 0);
+    CHECK_EQ(st[KVP_STAT_USED], 0);
+    CHECK_EQ(st[KVP_STAT_PUT_REVOKED], 5);
+    /* timeout */
+    CHECK_EQ(put_start(&c, &s, 10, 2, 4096, 1, 0, NULL, &r), 0);
+    c.now += c.cfg.put_timeout_ms - 1;
+    s.s.client = s.s.client; /* keep the client alive */
+    kvp_master_tick(c.m, c.now);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_PENDING], 2);
+    c.now += 2;
+    CHECK_EQ(exists(&c, &s, 10), 0); /* also a heartbeat */
+    kvp_master_tick(c.m, c.now);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_PENDING], 0);
+    CHECK_EQ(st[KVP_STAT_PUT_TIMEOUTS], 2);
+    uint64_t cs[2] = {1, 2};
+    int32_t codes[2];
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_PUT_END, 10, 2, cs, codes), 0);
+    CHECK_EQ(codes[0], KVP_EOBJECT_NOT_FOUND);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+TEST(liveness_drops_silent_node)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess node, cl;
+    CHECK_EQ(hello(&c, &node, 1), 0);
+    CHECK_EQ(mount(&c, &node, 1, "n:1", 8 * MiB), 0);
+    CHECK_EQ(hello(&c, &cl, 2), 0);
+    CHECK_EQ(put(&c, &cl, 0, 4, 4096), 0);
+    kvp_msg_put_start_resp r;
+    CHECK_EQ(put_start(&c, &node, 50, 1, 4096, 1, 0, NULL, &r), 0); /* node's own pending put */
+    /* the client keeps talking, the node goes silent */
+    for (int t = 0; t < 12; t++) {
+        c.now += 1000;
+        CHECK_EQ(exists(&c, &cl, 0), t < 10 ? 1 : 0);
+        kvp_master_tick(c.m, c.now);
+    }
+    CHECK(kvp_master_sess_dead(&node.s));
+    CHECK(!kvp_master_sess_dead(&cl.s));
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_SEGMENTS], 0);
+    CHECK_EQ(st[KVP_STAT_OBJECTS], 0);
+    CHECK_EQ(st[KVP_STAT_PENDING], 0);
+    CHECK_EQ(st[KVP_STAT_CLIENTS], 1);
+    CHECK_EQ(st[KVP_STAT_CLIENTS_EXPIRED], 1);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &node.s, c.now);
+    /* the node comes back and remounts */
+    CHECK_EQ(hello(&c, &node, 1), 0);
+    CHECK_EQ(mount(&c, &node, 1, "n:1", 8 * MiB), 0);
+    CHECK_EQ(put(&c, &cl, 0, 1, 4096), 0);
+    kvp_master_sess_close(c.m, &node.s, c.now);
+    kvp_master_sess_close(c.m, &cl.s, c.now);
+    core_free(&c);
+}
+
+TEST(replicas_preferred_and_unmount)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "a:1", 8 * MiB), 0);
+    CHECK_EQ(mount(&c, &s, 2, "b:1", 8 * MiB), 0);
+    CHECK_EQ(mount(&c, &s, 3, "c:1", 8 * MiB), 0);
+    kvp_msg_put_start_resp r;
+    CHECK_EQ(put_start(&c, &s, 0, 20, 4096, 3, 0, NULL, &r), 0);
+    for (int i = 0; i < 20; i++) {
+        CHECK_EQ(r.results[i].n_replicas, 3);
+        uint64_t a = r.results[i].replicas[0].segment_id, b = r.results[i].replicas[1].segment_id,
+                 d = r.results[i].replicas[2].segment_id;
+        CHECK(a != b && b != d && a != d);
+    }
+    CHECK_EQ(put_start(&c, &s, 100, 10, 4096, 1, 0, "b:1", &r), 0);
+    for (int i = 0; i < 10; i++)
+        CHECK_EQ(r.results[i].replicas[0].segment_id, 2);
+    uint64_t cs[30] = {0};
+    int32_t codes[30];
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_PUT_END, 0, 20, cs, codes), 0);
+    /* unmount b: 3-replica objects keep 2 replicas; 100.. were pending on b: revoked */
+    kvp_msg_ids ids = {1, (uint64_t[]){2}};
+    kvp_enc_ids(&c.body, &ids);
+    CHECK(call(&c, &s, KVP_OP_UNMOUNT_SEGMENT, 0) == 0);
+    CHECK_EQ(c.status, 0);
+    CHECK_EQ(exists(&c, &s, 100), 0);
+    int32_t code;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_GET, 0, 1, NULL, &code), 0);
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    kvp_msg_get_resp g;
+    CHECK(kvp_dec_get_resp(c.resp, c.resp_len, &l, &c.ra, &g) == 0);
+    CHECK_EQ(g.results[0].n_replicas, 2);
+    CHECK(g.results[0].replicas[0].segment_id != 2 && g.results[0].replicas[1].segment_id != 2);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_OBJECTS], 20);
+    CHECK_EQ(st[KVP_STAT_USED], 40 * 4096);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* SEGMENT_INFO and STATS */
+    kvp_msg_ids q = {2, (uint64_t[]){1, 2}};
+    kvp_enc_ids(&c.body, &q);
+    CHECK(call(&c, &s, KVP_OP_SEGMENT_INFO, 0) == 0);
+    kvp_msg_seg_info_resp si;
+    CHECK(kvp_dec_seg_info_resp(c.resp, c.resp_len, &l, &c.ra, &si) == 0);
+    CHECK_EQ(si.n, 2);
+    CHECK_EQ(si.infos[0].status, 0);
+    CHECK_EQ(si.infos[0].desc.n_endpoints, 1);
+    CHECK(si.infos[0].desc.endpoints[0].addr.len == 3 &&
+          !memcmp(si.infos[0].desc.endpoints[0].addr.p, "a:1", 3));
+    CHECK_EQ(si.infos[1].status, KVP_ESEGMENT_NOT_FOUND);
+    CHECK(call(&c, &s, KVP_OP_STATS, 0) == 0);
+    kvp_msg_stats_resp sr;
+    CHECK(kvp_dec_stats_resp(c.resp, c.resp_len, &l, &c.ra, &sr) == 0);
+    CHECK_EQ(sr.n_counters, KVP_STAT__COUNT);
+    CHECK_EQ(sr.counters[KVP_STAT_OBJECTS], 20);
+    CHECK_EQ(sr.n_segs, 2);
+    CHECK_EQ(sr.segs[0].objects + sr.segs[1].objects, 40);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+TEST(remove_all_and_tenants)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "a:1", 64 * MiB), 0);
+    CHECK_EQ(put(&c, &s, 0, 100, 4096), 0);
+    /* the same key in another tenant is another object */
+    kvp_bytes k = {(const uint8_t *)"key-000000", 10};
+    uint64_t sz = 4096;
+    kvp_msg_put_start m = {{(const uint8_t *)"t2", 2}, 1, 0, {NULL, 0}, 1, &k, &sz};
+    kvp_enc_put_start(&c.body, &m);
+    CHECK(call(&c, &s, KVP_OP_PUT_START, 0) == 0);
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    kvp_msg_put_start_resp r;
+    CHECK(kvp_dec_put_start_resp(c.resp, c.resp_len, &l, &c.ra, &r) == 0);
+    CHECK_EQ(r.results[0].status, 0);
+    uint64_t cs = 9;
+    kvp_msg_put_end pe = {{(const uint8_t *)"t2", 2}, 1, &k, &cs};
+    kvp_enc_put_end(&c.body, &pe);
+    CHECK(call(&c, &s, KVP_OP_PUT_END, 0) == 0);
+    int32_t code;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_GET, 5, 1, NULL, &code), 0); /* leased */
+    kvp_msg_remove_all ra = {{NULL, 0}, 0};
+    kvp_enc_remove_all(&c.body, &ra);
+    CHECK(call(&c, &s, KVP_OP_REMOVE_ALL, 0) == 0);
+    kvp_msg_remove_all_resp rr;
+    CHECK(kvp_dec_remove_all_resp(c.resp, c.resp_len, &rr) == 0);
+    CHECK_EQ(rr.removed, 99);
+    ra.force = 1;
+    kvp_enc_remove_all(&c.body, &ra);
+    CHECK(call(&c, &s, KVP_OP_REMOVE_ALL, 0) == 0);
+    CHECK(kvp_dec_remove_all_resp(c.resp, c.resp_len, &rr) == 0);
+    CHECK_EQ(rr.removed, 1);
+    kvp_msg_keys ek = {{(const uint8_t *)"t2", 2}, 1, &k};
+    kvp_enc_keys(&c.body, &ek);
+    CHECK(call(&c, &s, KVP_OP_EXIST, 0) == 0);
+    kvp_msg_results res;
+    CHECK(kvp_dec_results(c.resp, c.resp_len, &l, &c.ra, &res) == 0);
+    CHECK_EQ(res.codes[0], 1);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+TEST(many_keys_index_growth)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "a:1", 1ull << 30), 0);
+    for (int b = 0; b < 20; b++)
+        CHECK_EQ(put(&c, &s, b * 1000, 1000, 100), 0);
+    int32_t code;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_PREFIX, 0, 20000, NULL, &code), 0);
+    CHECK_EQ(code, 20000);
+    /* remove every other key, then check the rest are all still found */
+    uint64_t force = 1;
+    for (int i = 0; i < 20000; i += 2)
+        CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, i, 1, &force, &code), 0);
+    for (int i = 0; i < 20000; i++)
+        CHECK_EQ(exists(&c, &s, i), i % 2);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/*
+ * Fault injection: a put / get / evict scenario with the Nth allocation
+ * failing, for every N until the scenario runs clean. Nothing may crash or
+ * leak, every failure must be reported as an error code, and the core must
+ * stay consistent.
+ */
+static int scenario(core *c, sess *s)
+{
+    int32_t codes[64];
+    kvp_msg_put_start_resp r;
+    int rc = put_start(c, s, 0, 40, 8192, 2, 0, NULL, &r);
+    if (rc)
+        return rc;
+    uint64_t cs[40] = {0};
+    REQUIRE(keys_op(c, s, KVP_OP_PUT_END, 0, 40, cs, codes) == 0);
+    REQUIRE(keys_op(c, s, KVP_OP_GET, 0, 40, NULL, codes) == 0);
+    rc = put_start(c, s, 40, 20, 8192, 1, 0, NULL, &r); /* forces evictions */
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < r.n; i++)
+        REQUIRE(r.results[i].status == 0 || r.results[i].status == KVP_ENOMEM ||
+                r.results[i].status == KVP_ENO_AVAILABLE_HANDLE);
+    return 0;
+}
+
+TEST(fault_injection_every_allocation)
+{
+    int clean = 0;
+    for (uint64_t n = 1; n < 400 && !clean; n++) {
+        core c;
+        if (core_init(&c, NULL) != 0) {
+            core_free(&c);
+            continue;
+        }
+        sess s, t;
+        CHECK_EQ(hello(&c, &s, 1), 0);
+        CHECK_EQ(hello(&c, &t, 2), 0);
+        CHECK_EQ(mount(&c, &s, 1, "a:1", 100 * 8192), 0);
+        CHECK_EQ(mount(&c, &s, 2, "b:1", 100 * 8192), 0);
+        kvp_mem_fail_nth(n, 0);
+        int rc = scenario(&c, &s);
+        clean = kvp_mem_failed() == 0;
+        kvp_mem_fail_nth(0, 0);
+        if (rc != 0 && rc != KVP_ENOMEM && rc != KVP_ETOO_LARGE) {
+            th_fail(__FILE__, __LINE__, "fault %llu: scenario returned %d", (unsigned long long)n,
+                    rc);
+            return;
+        }
+        if (th_failed())
+            return;
+        CHECK_EQ(kvp_master_check(c.m), 0);
+        kvp_master_sess_close(c.m, &s.s, c.now);
+        kvp_master_sess_close(c.m, &t.s, c.now);
+        CHECK_EQ(kvp_master_check(c.m), 0);
+        core_free(&c);
+    }
+    CHECK(clean);
+}
