@@ -102,7 +102,7 @@ void kvp_frame_end(kvp_buf *b, size_t hdr_off);
 
 /*
  * Incremental frame reader over a stream. Feed bytes; take complete frames.
- * kvp_frame_next returns 1 and fills *h/*body when a whole frame is
+ * kvp_frame_next returns 1 and fills *h and *body when a whole frame is
  * available at the front of `in` (the body borrows from `in`: consume
  * KVP_FRAME_HDR + h->body_len bytes after use), 0 when more bytes are
  * needed, or a negative error from kvp_frame_hdr_decode.
