@@ -239,15 +239,21 @@ void kvp_arena_free(kvp_arena *a)
 
 void *kvp_arena_alloc(kvp_arena *a, size_t n)
 {
+    /* Refuse before rounding: n near SIZE_MAX would round up to 0 and get a
+     * 16-byte block. used <= alloc, and used + big counts memory that really
+     * exists, so neither expression below can wrap. */
+    if (n > a->cap || n > SIZE_MAX - 15)
+        return NULL;
     n = (n + 15) & ~(size_t)15;
     if (n == 0)
         n = 16;
-    if (a->used + n <= a->alloc) {
+    if (n <= a->alloc - a->used) {
         void *p = a->data + a->used;
         a->used += n;
         return p;
     }
-    if (a->used + arena_big_total(a) + n > a->cap)
+    size_t have = a->used + arena_big_total(a);
+    if (have > a->cap || n > a->cap - have)
         return NULL;
     struct kvp_arena_big *b = kvp_malloc(sizeof *b + n);
     if (!b)

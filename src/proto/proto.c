@@ -1,0 +1,667 @@
+/*
+ * proto.c -- frame header, opcode table and message codecs (see proto.h).
+ *
+ * Encoders append exactly the fields they are given; they trust the message
+ * except where trusting it would read out of bounds (n_replicas), which sets
+ * b->err = KVP_EINVALID_PARAMS. The encoding is canonical: for every body a
+ * decoder accepts, re-encoding the decoded message yields the same bytes.
+ *
+ * Decoders read through a kvp_rd (sticky error, zeros after it), so field
+ * reads are straight-line and the result is decided once by kvp_rd_finish.
+ * Every count goes through kvp_rd_count with the smallest possible encoded
+ * size of one element, so an array is only allocated when the bytes left
+ * could hold it. On error the contents of *m are unspecified.
+ */
+#include "proto/proto.h"
+
+#include "kvpool.h"
+
+/* Smallest encodings of repeated elements (used to bound counts). */
+#define MIN_BYTES 4u                            /* empty bytes */
+#define MIN_KEY (MIN_BYTES + 1)                 /* keys are 1..max_key bytes */
+#define MIN_ENDPOINT (2 * MIN_BYTES)            /* transport, addr */
+#define MIN_SEG (8 + MIN_BYTES + 8 + 4)         /* id, name, capacity, n_endpoints */
+#define MIN_SEG_STAT (8 + MIN_BYTES + 4 * 8)    /* id, name, capacity, used, objects, free */
+#define MIN_STATUS 4u                           /* a result that is only an error code */
+#define MAX_ENDPOINTS 16
+#define MAX_COUNTERS 1024
+
+/* ------------------------------------------------------------ opcodes */
+
+const char *kvp_op_name(uint16_t op)
+{
+    switch (op) {
+#define KVP__OP_NAME(name, code, doc) \
+    case code:                        \
+        return #name;
+        KVP_OP_MAP(KVP__OP_NAME)
+#undef KVP__OP_NAME
+    }
+    return NULL;
+}
+
+void kvp_proto_limits_default(kvp_proto_limits *l)
+{
+    l->max_key = 4096;
+    l->max_str = 1024;
+    l->max_batch = 1u << 20;
+}
+
+/* ------------------------------------------------------------- frames */
+
+/* Little-endian load / store of an n-byte unsigned integer. */
+static uint64_t ld_le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    while (n--)
+        v = (v << 8) | p[n];
+    return v;
+}
+
+static void st_le(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Fills *h from the raw fields before validating them, so a caller can still
+ * echo req_id / op in its error response. Checks in order: magic, version,
+ * reserved and request status, body size. */
+int kvp_frame_hdr_decode(const uint8_t *p, uint32_t max_frame, kvp_frame_hdr *h)
+{
+    h->version = p[2];
+    h->flags = p[3];
+    h->op = (uint16_t)ld_le(p + 4, 2);
+    h->req_id = ld_le(p + 8, 8);
+    h->body_len = (uint32_t)ld_le(p + 16, 4);
+    h->status = (int32_t)(uint32_t)ld_le(p + 20, 4);
+    if (ld_le(p, 2) != KVP_PROTO_MAGIC)
+        return KVP_EPROTOCOL;
+    if (h->version != KVP_PROTO_VERSION)
+        return KVP_EINVALID_VERSION;
+    if (ld_le(p + 6, 2) != 0 || (!(h->flags & KVP_FLAG_RESPONSE) && h->status != 0))
+        return KVP_EPROTOCOL;
+    if (h->body_len > max_frame)
+        return KVP_ETOO_LARGE;
+    return 0;
+}
+
+/* Writes KVP_FRAME_HDR bytes: magic, the fields of *h, reserved = 0. */
+void kvp_frame_hdr_encode(uint8_t *p, const kvp_frame_hdr *h)
+{
+    st_le(p, KVP_PROTO_MAGIC, 2);
+    p[2] = h->version;
+    p[3] = h->flags;
+    st_le(p + 4, h->op, 2);
+    st_le(p + 6, 0, 2);
+    st_le(p + 8, h->req_id, 8);
+    st_le(p + 16, h->body_len, 4);
+    st_le(p + 20, (uint32_t)h->status, 4);
+}
+
+size_t kvp_frame_begin(kvp_buf *b, uint16_t op, uint8_t flags, uint64_t req_id, int32_t status)
+{
+    kvp_frame_hdr h = {KVP_PROTO_VERSION, flags, op, req_id, 0, status};
+    uint8_t raw[KVP_FRAME_HDR];
+    kvp_frame_hdr_encode(raw, &h);
+    size_t off = b->len;
+    kvp_buf_put(b, raw, sizeof raw);
+    return off;
+}
+
+/* A body over 4 GiB cannot be described by the header: KVP_ETOO_LARGE. */
+void kvp_frame_end(kvp_buf *b, size_t hdr_off)
+{
+    if (b->err || b->len < hdr_off + KVP_FRAME_HDR)
+        return;
+    size_t body = b->len - hdr_off - KVP_FRAME_HDR;
+    if (body > UINT32_MAX) {
+        b->err = KVP_ETOO_LARGE;
+        return;
+    }
+    kvp_buf_patch_u32(b, hdr_off + 16, (uint32_t)body);
+}
+
+int kvp_frame_next(const uint8_t *in, size_t len, uint32_t max_frame, kvp_frame_hdr *h,
+                   const uint8_t **body)
+{
+    if (len < KVP_FRAME_HDR)
+        return 0;
+    int rc = kvp_frame_hdr_decode(in, max_frame, h);
+    if (rc)
+        return rc;
+    if (len - KVP_FRAME_HDR < h->body_len)
+        return 0;
+    *body = in + KVP_FRAME_HDR;
+    return 1;
+}
+
+/* ------------------------------------------------------- shared pieces */
+
+/* n elements of `size` bytes from the arena; n == 0 gives NULL without
+ * allocating. n comes from kvp_rd_count (n <= body length), so n * size
+ * cannot overflow. */
+static void *arena_array(kvp_arena *a, uint32_t n, size_t size)
+{
+    return n ? kvp_arena_alloc(a, (size_t)n * size) : NULL;
+}
+/* Sets ptr to an array of n elements; false when the arena is exhausted. */
+#define ALLOC_ARRAY(a, ptr, n) (((ptr) = arena_array((a), (n), sizeof *(ptr))) != NULL || (n) == 0)
+
+static int rd_fail(kvp_rd *r)
+{
+    if (!r->err)
+        r->err = KVP_EPROTOCOL;
+    return r->err;
+}
+
+/* A key: 1..max_key bytes. */
+static kvp_bytes rd_key(kvp_rd *r, const kvp_proto_limits *l)
+{
+    kvp_bytes k = kvp_rd_bytes(r, l->max_key);
+    if (!r->err && k.len == 0)
+        rd_fail(r);
+    return k;
+}
+
+static void wr_bytes(kvp_buf *b, kvp_bytes v) { kvp_buf_bytes(b, v.p, v.len); }
+
+/* tenant, u32 n, n x key: the common prefix of keys and remove. */
+static int rd_key_batch(kvp_rd *r, const kvp_proto_limits *l, kvp_arena *a, uint32_t *n,
+                        kvp_bytes **keys)
+{
+    *n = kvp_rd_count(r, l->max_batch, MIN_KEY);
+    if (!ALLOC_ARRAY(a, *keys, *n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < *n && !r->err; i++)
+        (*keys)[i] = rd_key(r, l);
+    return 0;
+}
+
+static void wr_key_batch(kvp_buf *b, uint32_t n, const kvp_bytes *keys)
+{
+    kvp_buf_u32(b, n);
+    for (uint32_t i = 0; i < n; i++)
+        wr_bytes(b, keys[i]);
+}
+
+/* u32 n_replicas (1..KVP_MAX_REPLICAS), then each replica. */
+static void rd_replicas(kvp_rd *r, uint32_t *n, kvp_replica *rep)
+{
+    *n = kvp_rd_u32(r);
+    if (!r->err && (*n < 1 || *n > KVP_MAX_REPLICAS))
+        rd_fail(r);
+    if (r->err)
+        *n = 0;
+    for (uint32_t i = 0; i < *n; i++) {
+        rep[i].segment_id = kvp_rd_u64(r);
+        rep[i].offset = kvp_rd_u64(r);
+        rep[i].length = kvp_rd_u64(r);
+        rep[i].generation = kvp_rd_u64(r);
+    }
+}
+
+static void wr_replicas(kvp_buf *b, uint32_t n, const kvp_replica *rep)
+{
+    if (n < 1 || n > KVP_MAX_REPLICAS) {
+        if (!b->err)
+            b->err = KVP_EINVALID_PARAMS;
+        return;
+    }
+    kvp_buf_u32(b, n);
+    for (uint32_t i = 0; i < n; i++) {
+        kvp_buf_u64(b, rep[i].segment_id);
+        kvp_buf_u64(b, rep[i].offset);
+        kvp_buf_u64(b, rep[i].length);
+        kvp_buf_u64(b, rep[i].generation);
+    }
+}
+
+/* One mount segment: id, name, capacity, n_endpoints (<= 16), endpoints. */
+static int rd_seg(kvp_rd *r, const kvp_proto_limits *l, kvp_arena *a, kvp_seg_desc *s)
+{
+    s->id = kvp_rd_u64(r);
+    s->name = kvp_rd_bytes(r, l->max_str);
+    s->capacity = kvp_rd_u64(r);
+    s->n_endpoints = kvp_rd_count(r, MAX_ENDPOINTS, MIN_ENDPOINT);
+    if (!ALLOC_ARRAY(a, s->endpoints, s->n_endpoints))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < s->n_endpoints && !r->err; i++) {
+        s->endpoints[i].transport = kvp_rd_bytes(r, l->max_str);
+        s->endpoints[i].addr = kvp_rd_bytes(r, l->max_str);
+    }
+    return 0;
+}
+
+static void wr_seg(kvp_buf *b, const kvp_seg_desc *s)
+{
+    kvp_buf_u64(b, s->id);
+    wr_bytes(b, s->name);
+    kvp_buf_u64(b, s->capacity);
+    kvp_buf_u32(b, s->n_endpoints);
+    for (uint32_t i = 0; i < s->n_endpoints; i++) {
+        wr_bytes(b, s->endpoints[i].transport);
+        wr_bytes(b, s->endpoints[i].addr);
+    }
+}
+
+/* Declares `kvp_rd r` over the body; DEC_END returns its verdict. */
+#define DEC_BEGIN kvp_rd r; kvp_rd_init(&r, p, len)
+#define DEC_END return kvp_rd_finish(&r)
+
+/* --------------------------------------------------------------- hello */
+
+void kvp_enc_hello(kvp_buf *b, const kvp_msg_hello *m)
+{
+    kvp_buf_u32(b, m->version);
+    kvp_buf_u64(b, m->client_id);
+    wr_bytes(b, m->token);
+    wr_bytes(b, m->name);
+}
+
+int kvp_dec_hello(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_msg_hello *m)
+{
+    DEC_BEGIN;
+    m->version = kvp_rd_u32(&r);
+    m->client_id = kvp_rd_u64(&r);
+    m->token = kvp_rd_bytes(&r, l->max_str);
+    m->name = kvp_rd_bytes(&r, l->max_str);
+    DEC_END;
+}
+
+void kvp_enc_hello_resp(kvp_buf *b, const kvp_msg_hello_resp *m)
+{
+    kvp_buf_u32(b, m->version);
+    kvp_buf_u64(b, m->master_id);
+    kvp_buf_u32(b, m->max_frame);
+    kvp_buf_u32(b, m->lease_ttl_ms);
+    kvp_buf_u32(b, m->client_ttl_ms);
+}
+
+int kvp_dec_hello_resp(const uint8_t *p, uint32_t len, kvp_msg_hello_resp *m)
+{
+    DEC_BEGIN;
+    m->version = kvp_rd_u32(&r);
+    m->master_id = kvp_rd_u64(&r);
+    m->max_frame = kvp_rd_u32(&r);
+    m->lease_ttl_ms = kvp_rd_u32(&r);
+    m->client_ttl_ms = kvp_rd_u32(&r);
+    DEC_END;
+}
+
+/* --------------------------------------------------------------- mount */
+
+void kvp_enc_mount(kvp_buf *b, const kvp_msg_mount *m)
+{
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++)
+        wr_seg(b, &m->segs[i]);
+}
+
+int kvp_dec_mount(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                  kvp_msg_mount *m)
+{
+    DEC_BEGIN;
+    m->n = kvp_rd_count(&r, l->max_batch, MIN_SEG);
+    if (!ALLOC_ARRAY(a, m->segs, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n && !r.err; i++)
+        if (rd_seg(&r, l, a, &m->segs[i]))
+            return KVP_ENOMEM;
+    DEC_END;
+}
+
+/* ----------------------------------------------------------------- ids */
+
+void kvp_enc_ids(kvp_buf *b, const kvp_msg_ids *m)
+{
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++)
+        kvp_buf_u64(b, m->ids[i]);
+}
+
+int kvp_dec_ids(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                kvp_msg_ids *m)
+{
+    DEC_BEGIN;
+    m->n = kvp_rd_count(&r, l->max_batch, 8);
+    if (!ALLOC_ARRAY(a, m->ids, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n; i++)
+        m->ids[i] = kvp_rd_u64(&r);
+    DEC_END;
+}
+
+/* ----------------------------------------------------------- heartbeat */
+
+void kvp_enc_heartbeat_resp(kvp_buf *b, const kvp_msg_heartbeat_resp *m)
+{
+    kvp_buf_u64(b, m->master_id);
+    kvp_buf_u32(b, m->n_segments);
+}
+
+int kvp_dec_heartbeat_resp(const uint8_t *p, uint32_t len, kvp_msg_heartbeat_resp *m)
+{
+    DEC_BEGIN;
+    m->master_id = kvp_rd_u64(&r);
+    m->n_segments = kvp_rd_u32(&r);
+    DEC_END;
+}
+
+/* ------------------------------------------------------------- results */
+
+void kvp_enc_results(kvp_buf *b, const kvp_msg_results *m)
+{
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++)
+        kvp_buf_i32(b, m->codes[i]);
+}
+
+int kvp_dec_results(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                    kvp_msg_results *m)
+{
+    DEC_BEGIN;
+    m->n = kvp_rd_count(&r, l->max_batch, 4);
+    if (!ALLOC_ARRAY(a, m->codes, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n; i++)
+        m->codes[i] = kvp_rd_i32(&r);
+    DEC_END;
+}
+
+/* ---------------------------------------------------------------- keys */
+
+void kvp_enc_keys(kvp_buf *b, const kvp_msg_keys *m)
+{
+    wr_bytes(b, m->tenant);
+    wr_key_batch(b, m->n, m->keys);
+}
+
+int kvp_dec_keys(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                 kvp_msg_keys *m)
+{
+    DEC_BEGIN;
+    m->tenant = kvp_rd_bytes(&r, l->max_str);
+    if (rd_key_batch(&r, l, a, &m->n, &m->keys))
+        return KVP_ENOMEM;
+    DEC_END;
+}
+
+/* ----------------------------------------------------------- put_start */
+
+void kvp_enc_put_start(kvp_buf *b, const kvp_msg_put_start *m)
+{
+    wr_bytes(b, m->tenant);
+    kvp_buf_u32(b, m->replicas);
+    kvp_buf_u32(b, m->flags);
+    wr_bytes(b, m->preferred);
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++) {
+        wr_bytes(b, m->keys[i]);
+        kvp_buf_u64(b, m->sizes[i]);
+    }
+}
+
+int kvp_dec_put_start(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                      kvp_msg_put_start *m)
+{
+    DEC_BEGIN;
+    m->tenant = kvp_rd_bytes(&r, l->max_str);
+    m->replicas = kvp_rd_u32(&r);
+    m->flags = kvp_rd_u32(&r);
+    m->preferred = kvp_rd_bytes(&r, l->max_str);
+    m->n = kvp_rd_count(&r, l->max_batch, MIN_KEY + 8);
+    if (!ALLOC_ARRAY(a, m->keys, m->n) || !ALLOC_ARRAY(a, m->sizes, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n && !r.err; i++) {
+        m->keys[i] = rd_key(&r, l);
+        m->sizes[i] = kvp_rd_u64(&r);
+    }
+    DEC_END;
+}
+
+/* status; when 0, the replicas. */
+void kvp_enc_put_result(kvp_buf *b, const kvp_put_result *res)
+{
+    kvp_buf_i32(b, res->status);
+    if (res->status == 0)
+        wr_replicas(b, res->n_replicas, res->replicas);
+}
+
+void kvp_enc_put_start_resp(kvp_buf *b, const kvp_msg_put_start_resp *m)
+{
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++)
+        kvp_enc_put_result(b, &m->results[i]);
+}
+
+/* A failed result has n_replicas 0 and zeroed replicas. */
+int kvp_dec_put_start_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                           kvp_arena *a, kvp_msg_put_start_resp *m)
+{
+    DEC_BEGIN;
+    m->n = kvp_rd_count(&r, l->max_batch, MIN_STATUS);
+    if (!ALLOC_ARRAY(a, m->results, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n && !r.err; i++) {
+        kvp_put_result *res = &m->results[i];
+        memset(res, 0, sizeof *res);
+        res->status = kvp_rd_i32(&r);
+        if (res->status == 0)
+            rd_replicas(&r, &res->n_replicas, res->replicas);
+    }
+    DEC_END;
+}
+
+/* ------------------------------------------------------------- put_end */
+
+void kvp_enc_put_end(kvp_buf *b, const kvp_msg_put_end *m)
+{
+    wr_bytes(b, m->tenant);
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++) {
+        wr_bytes(b, m->keys[i]);
+        kvp_buf_u64(b, m->checksums[i]);
+    }
+}
+
+int kvp_dec_put_end(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                    kvp_msg_put_end *m)
+{
+    DEC_BEGIN;
+    m->tenant = kvp_rd_bytes(&r, l->max_str);
+    m->n = kvp_rd_count(&r, l->max_batch, MIN_KEY + 8);
+    if (!ALLOC_ARRAY(a, m->keys, m->n) || !ALLOC_ARRAY(a, m->checksums, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n && !r.err; i++) {
+        m->keys[i] = rd_key(&r, l);
+        m->checksums[i] = kvp_rd_u64(&r);
+    }
+    DEC_END;
+}
+
+/* ----------------------------------------------------------------- get */
+
+/* status; when 0: size, checksum, lease_id, replicas. */
+void kvp_enc_get_result(kvp_buf *b, const kvp_get_result *res)
+{
+    kvp_buf_i32(b, res->status);
+    if (res->status != 0)
+        return;
+    kvp_buf_u64(b, res->size);
+    kvp_buf_u64(b, res->checksum);
+    kvp_buf_u64(b, res->lease_id);
+    wr_replicas(b, res->n_replicas, res->replicas);
+}
+
+void kvp_enc_get_resp(kvp_buf *b, const kvp_msg_get_resp *m)
+{
+    kvp_buf_u32(b, m->lease_ttl_ms);
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++)
+        kvp_enc_get_result(b, &m->results[i]);
+}
+
+/* A failed result has every other field zero. */
+int kvp_dec_get_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                     kvp_msg_get_resp *m)
+{
+    DEC_BEGIN;
+    m->lease_ttl_ms = kvp_rd_u32(&r);
+    m->n = kvp_rd_count(&r, l->max_batch, MIN_STATUS);
+    if (!ALLOC_ARRAY(a, m->results, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n && !r.err; i++) {
+        kvp_get_result *res = &m->results[i];
+        memset(res, 0, sizeof *res);
+        res->status = kvp_rd_i32(&r);
+        if (res->status != 0)
+            continue;
+        res->size = kvp_rd_u64(&r);
+        res->checksum = kvp_rd_u64(&r);
+        res->lease_id = kvp_rd_u64(&r);
+        rd_replicas(&r, &res->n_replicas, res->replicas);
+    }
+    DEC_END;
+}
+
+/* -------------------------------------------------------------- prefix */
+
+void kvp_enc_prefix_resp(kvp_buf *b, const kvp_msg_prefix_resp *m) { kvp_buf_u32(b, m->count); }
+
+int kvp_dec_prefix_resp(const uint8_t *p, uint32_t len, kvp_msg_prefix_resp *m)
+{
+    DEC_BEGIN;
+    m->count = kvp_rd_u32(&r);
+    DEC_END;
+}
+
+/* -------------------------------------------------------------- remove */
+
+/* force is a boolean on the wire: any non-zero value is sent as 1. */
+void kvp_enc_remove(kvp_buf *b, const kvp_msg_remove *m)
+{
+    wr_bytes(b, m->tenant);
+    kvp_buf_u8(b, m->force != 0);
+    wr_key_batch(b, m->n, m->keys);
+}
+
+/* force must be 0 or 1. */
+static uint8_t rd_force(kvp_rd *r)
+{
+    uint8_t f = kvp_rd_u8(r);
+    if (f > 1)
+        rd_fail(r);
+    return f;
+}
+
+int kvp_dec_remove(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                   kvp_msg_remove *m)
+{
+    DEC_BEGIN;
+    m->tenant = kvp_rd_bytes(&r, l->max_str);
+    m->force = rd_force(&r);
+    if (rd_key_batch(&r, l, a, &m->n, &m->keys))
+        return KVP_ENOMEM;
+    DEC_END;
+}
+
+void kvp_enc_remove_all(kvp_buf *b, const kvp_msg_remove_all *m)
+{
+    wr_bytes(b, m->tenant);
+    kvp_buf_u8(b, m->force != 0);
+}
+
+int kvp_dec_remove_all(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                       kvp_msg_remove_all *m)
+{
+    DEC_BEGIN;
+    m->tenant = kvp_rd_bytes(&r, l->max_str);
+    m->force = rd_force(&r);
+    DEC_END;
+}
+
+void kvp_enc_remove_all_resp(kvp_buf *b, const kvp_msg_remove_all_resp *m)
+{
+    kvp_buf_u64(b, m->removed);
+}
+
+int kvp_dec_remove_all_resp(const uint8_t *p, uint32_t len, kvp_msg_remove_all_resp *m)
+{
+    DEC_BEGIN;
+    m->removed = kvp_rd_u64(&r);
+    DEC_END;
+}
+
+/* --------------------------------------------------------------- stats */
+
+void kvp_enc_stats_resp(kvp_buf *b, const kvp_msg_stats_resp *m)
+{
+    kvp_buf_u32(b, m->n_counters);
+    for (uint32_t i = 0; i < m->n_counters; i++)
+        kvp_buf_u64(b, m->counters[i]);
+    kvp_buf_u32(b, m->n_segs);
+    for (uint32_t i = 0; i < m->n_segs; i++) {
+        const kvp_seg_stat *s = &m->segs[i];
+        kvp_buf_u64(b, s->id);
+        wr_bytes(b, s->name);
+        kvp_buf_u64(b, s->capacity);
+        kvp_buf_u64(b, s->used);
+        kvp_buf_u64(b, s->objects);
+        kvp_buf_u64(b, s->largest_free);
+    }
+}
+
+int kvp_dec_stats_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                       kvp_msg_stats_resp *m)
+{
+    DEC_BEGIN;
+    m->n_counters = kvp_rd_count(&r, MAX_COUNTERS, 8);
+    if (!ALLOC_ARRAY(a, m->counters, m->n_counters))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n_counters; i++)
+        m->counters[i] = kvp_rd_u64(&r);
+    m->n_segs = kvp_rd_count(&r, l->max_batch, MIN_SEG_STAT);
+    if (!ALLOC_ARRAY(a, m->segs, m->n_segs))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n_segs && !r.err; i++) {
+        kvp_seg_stat *s = &m->segs[i];
+        s->id = kvp_rd_u64(&r);
+        s->name = kvp_rd_bytes(&r, l->max_str);
+        s->capacity = kvp_rd_u64(&r);
+        s->used = kvp_rd_u64(&r);
+        s->objects = kvp_rd_u64(&r);
+        s->largest_free = kvp_rd_u64(&r);
+    }
+    DEC_END;
+}
+
+/* ------------------------------------------------------------ seg_info */
+
+void kvp_enc_seg_info_resp(kvp_buf *b, const kvp_msg_seg_info_resp *m)
+{
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++) {
+        kvp_buf_i32(b, m->infos[i].status);
+        if (m->infos[i].status == 0)
+            wr_seg(b, &m->infos[i].desc);
+    }
+}
+
+/* A failed item has a zeroed desc. */
+int kvp_dec_seg_info_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                          kvp_arena *a, kvp_msg_seg_info_resp *m)
+{
+    DEC_BEGIN;
+    m->n = kvp_rd_count(&r, l->max_batch, MIN_STATUS);
+    if (!ALLOC_ARRAY(a, m->infos, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n && !r.err; i++) {
+        kvp_seg_info *s = &m->infos[i];
+        memset(s, 0, sizeof *s);
+        s->status = kvp_rd_i32(&r);
+        if (s->status == 0 && rd_seg(&r, l, a, &s->desc))
+            return KVP_ENOMEM;
+    }
+    DEC_END;
+}

@@ -1,0 +1,355 @@
+/*
+ * proto_samples.h -- one uniform view of every message codec in proto.h,
+ * shared by tests/unit/test_proto.c, the fuzz targets and the corpus
+ * generator (header-only: each user gets its own static copy).
+ *
+ *   pc_codecs[kind]      name, encoder and decoder with one signature
+ *   pc_sample(k, v, m)   sample v of kind k (0: empty batches / minimal,
+ *                        1: typical, 2: maximal keys and strings); -1 if none
+ *   pc_equal(k, a, b)    field-by-field equality of two decoded messages
+ *   pc_op_kinds[op]      body kind of the request / response of an opcode
+ *                        (PC_NONE: the body is empty)
+ *
+ * Samples point into static storage and are valid for the whole program.
+ */
+#ifndef KVP_PROTO_SAMPLES_H
+#define KVP_PROTO_SAMPLES_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "kvpool.h"
+#include "proto/proto.h"
+
+#define PC_UNUSED __attribute__((unused))
+
+/* XX(type suffix, decoder arguments: N = none, L = limits, LA = limits + arena) */
+#define PC_KINDS(XX)                                                           \
+    XX(hello, L)                                                               \
+    XX(hello_resp, N)                                                          \
+    XX(mount, LA)                                                              \
+    XX(ids, LA)                                                                \
+    XX(heartbeat_resp, N)                                                      \
+    XX(results, LA)                                                            \
+    XX(keys, LA)                                                               \
+    XX(put_start, LA)                                                          \
+    XX(put_start_resp, LA)                                                     \
+    XX(put_end, LA)                                                            \
+    XX(get_resp, LA)                                                           \
+    XX(prefix_resp, N)                                                         \
+    XX(remove, LA)                                                             \
+    XX(remove_all, L)                                                          \
+    XX(remove_all_resp, N)                                                     \
+    XX(stats_resp, LA)                                                         \
+    XX(seg_info_resp, LA)
+
+enum pc_kind {
+#define PC__ENUM(t, sig) PC_##t,
+    PC_KINDS(PC__ENUM)
+#undef PC__ENUM
+    PC__COUNT,
+    PC_NONE = -1
+};
+
+typedef union pc_msg {
+#define PC__FIELD(t, sig) kvp_msg_##t t;
+    PC_KINDS(PC__FIELD)
+#undef PC__FIELD
+} pc_msg;
+
+typedef void (*pc_enc_fn)(kvp_buf *b, const void *m);
+typedef int (*pc_dec_fn)(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                         kvp_arena *a, void *m);
+
+#define PC__CALL_N(t) kvp_dec_##t(p, len, m)
+#define PC__CALL_L(t) kvp_dec_##t(p, len, l, m)
+#define PC__CALL_LA(t) kvp_dec_##t(p, len, l, a, m)
+#define PC__WRAP(t, sig)                                                       \
+    static PC_UNUSED void pc_enc_##t(kvp_buf *b, const void *m) { kvp_enc_##t(b, m); } \
+    static PC_UNUSED int pc_dec_##t(const uint8_t *p, uint32_t len,            \
+                                    const kvp_proto_limits *l, kvp_arena *a, void *m) \
+    {                                                                          \
+        (void)l;                                                               \
+        (void)a;                                                               \
+        return PC__CALL_##sig(t);                                              \
+    }
+PC_KINDS(PC__WRAP)
+#undef PC__WRAP
+
+static PC_UNUSED const struct pc_codec {
+    const char *name;
+    pc_enc_fn enc;
+    pc_dec_fn dec;
+} pc_codecs[PC__COUNT] = {
+#define PC__ROW(t, sig) {#t, pc_enc_##t, pc_dec_##t},
+    PC_KINDS(PC__ROW)
+#undef PC__ROW
+};
+
+static PC_UNUSED const struct { int req, resp; } pc_op_kinds[KVP_OP__MAX] = {
+    [0] = {PC_NONE, PC_NONE},
+    [KVP_OP_HELLO] = {PC_hello, PC_hello_resp},
+    [KVP_OP_MOUNT_SEGMENT] = {PC_mount, PC_results},
+    [KVP_OP_UNMOUNT_SEGMENT] = {PC_ids, PC_results},
+    [KVP_OP_HEARTBEAT] = {PC_NONE, PC_heartbeat_resp},
+    [KVP_OP_PUT_START] = {PC_put_start, PC_put_start_resp},
+    [KVP_OP_PUT_END] = {PC_put_end, PC_results},
+    [KVP_OP_PUT_REVOKE] = {PC_keys, PC_results},
+    [KVP_OP_GET] = {PC_keys, PC_get_resp},
+    [KVP_OP_RELEASE] = {PC_ids, PC_results},
+    [KVP_OP_EXIST] = {PC_keys, PC_results},
+    [KVP_OP_PREFIX] = {PC_keys, PC_prefix_resp},
+    [KVP_OP_REMOVE] = {PC_remove, PC_results},
+    [KVP_OP_REMOVE_ALL] = {PC_remove_all, PC_remove_all_resp},
+    [KVP_OP_STATS] = {PC_NONE, PC_stats_resp},
+    [KVP_OP_SEGMENT_INFO] = {PC_ids, PC_seg_info_resp},
+};
+
+/* ------------------------------------------------------------- samples */
+
+#define PC_B(s) ((kvp_bytes){(const uint8_t *)(s), (uint32_t)(sizeof(s) - 1)})
+
+/* 4096 bytes of a non-trivial pattern: max keys and max strings. */
+static PC_UNUSED const uint8_t *pc_big(void)
+{
+    static uint8_t big[4096];
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = (uint8_t)(i * 131 + 7);
+    return big;
+}
+
+static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
+{
+    static kvp_endpoint ep2[2], ep16[16];
+    static kvp_seg_desc segs[2], seg_max;
+    static uint64_t ids[] = {1, 0x8000000000000000ull, UINT64_MAX};
+    static int32_t codes[] = {0, KVP_EOBJECT_NOT_FOUND, 1, INT32_MIN, INT32_MAX};
+    static kvp_bytes keys3[3], keys_max[2];
+    static uint64_t u64s[3] = {1, 4096, UINT64_MAX};
+    static kvp_put_result pres[3];
+    static kvp_get_result gres[3];
+    static uint64_t counters[1024];
+    static kvp_seg_stat sstats[2];
+    static kvp_seg_info infos[3], info_max;
+    const uint8_t *big = pc_big();
+    kvp_bytes str_max = {big, 1024}, key_max = {big, 4096};
+    kvp_replica reps[3] = {{7, 0, 4096, 1}, {8, 1ull << 40, 123456789, 2}, {UINT64_MAX, 4096, 1, UINT64_MAX}};
+
+    for (int i = 0; i < 2; i++)
+        ep2[i] = (kvp_endpoint){i ? PC_B("shm") : PC_B("tcp"), i ? PC_B("/kvpool-7") : PC_B("10.0.0.1:7000")};
+    for (int i = 0; i < 16; i++)
+        ep16[i] = (kvp_endpoint){i == 15 ? str_max : PC_B("tcp"), i == 0 ? str_max : PC_B("")};
+    segs[0] = (kvp_seg_desc){42, PC_B("host-a:7000"), 1ull << 30, 0, NULL};
+    segs[1] = (kvp_seg_desc){UINT64_MAX, PC_B(""), 4096, 2, ep2};
+    seg_max = (kvp_seg_desc){9, str_max, UINT64_MAX, 16, ep16};
+    keys3[0] = PC_B("k");
+    keys3[1] = PC_B("model/layer.7/\0bin\xff");
+    keys3[2] = PC_B("another-key");
+    keys_max[0] = key_max;
+    keys_max[1] = PC_B("x");
+    pres[0] = (kvp_put_result){0, 1, {reps[0]}};
+    pres[1] = (kvp_put_result){KVP_EOBJECT_ALREADY_EXISTS, 0, {{0, 0, 0, 0}}};
+    pres[2] = (kvp_put_result){0, 3, {reps[0], reps[1], reps[2]}};
+    gres[0] = (kvp_get_result){0, 4096, 0xdeadbeefcafef00dull, 77, 2, {reps[1], reps[2]}};
+    gres[1] = (kvp_get_result){KVP_EOBJECT_NOT_FOUND, 0, 0, 0, 0, {{0, 0, 0, 0}}};
+    gres[2] = (kvp_get_result){0, 1, 0, UINT64_MAX, 3, {reps[0], reps[1], reps[2]}};
+    for (int i = 0; i < 1024; i++)
+        counters[i] = (uint64_t)i * 0x9E3779B97F4A7C15ull;
+    sstats[0] = (kvp_seg_stat){42, PC_B("host-a:7000"), 1ull << 30, 8192, 2, 1ull << 29};
+    sstats[1] = (kvp_seg_stat){UINT64_MAX, PC_B(""), 0, 0, 0, 0};
+    infos[0] = (kvp_seg_info){0, segs[1]};
+    infos[1] = (kvp_seg_info){KVP_ESEGMENT_NOT_FOUND, {0, {NULL, 0}, 0, 0, NULL}};
+    infos[2] = (kvp_seg_info){0, segs[0]};
+    info_max = (kvp_seg_info){0, seg_max};
+
+    memset(m, 0, sizeof *m);
+    switch (kind * 4 + v) {
+#define S(k, var) case PC_##k * 4 + (var):
+    S(hello, 0) m->hello = (kvp_msg_hello){KVP_PROTO_VERSION, 1, PC_B(""), PC_B("")}; return 0;
+    S(hello, 1) m->hello = (kvp_msg_hello){KVP_PROTO_VERSION, 0x0123456789abcdefull, PC_B("secret"), PC_B("node 10.0.0.1:7000")}; return 0;
+    S(hello, 2) m->hello = (kvp_msg_hello){UINT32_MAX, UINT64_MAX, str_max, str_max}; return 0;
+    S(hello_resp, 0) return 0;
+    S(hello_resp, 1) m->hello_resp = (kvp_msg_hello_resp){1, UINT64_MAX - 1, 64u << 20, 5000, UINT32_MAX}; return 0;
+    S(mount, 0) return 0;
+    S(mount, 1) m->mount = (kvp_msg_mount){2, segs}; return 0;
+    S(mount, 2) m->mount = (kvp_msg_mount){1, &seg_max}; return 0;
+    S(ids, 0) return 0;
+    S(ids, 1) m->ids = (kvp_msg_ids){3, ids}; return 0;
+    S(heartbeat_resp, 0) return 0;
+    S(heartbeat_resp, 1) m->heartbeat_resp = (kvp_msg_heartbeat_resp){0xfeedfacecafebeefull, 3}; return 0;
+    S(results, 0) return 0;
+    S(results, 1) m->results = (kvp_msg_results){5, codes}; return 0;
+    S(keys, 0) return 0;
+    S(keys, 1) m->keys = (kvp_msg_keys){PC_B("tenant-1"), 3, keys3}; return 0;
+    S(keys, 2) m->keys = (kvp_msg_keys){str_max, 2, keys_max}; return 0;
+    S(put_start, 0) return 0;
+    S(put_start, 1) m->put_start = (kvp_msg_put_start){PC_B("t"), 2, KVP_PUT_PIN, PC_B("host-a:7000"), 3, keys3, u64s}; return 0;
+    S(put_start, 2) m->put_start = (kvp_msg_put_start){str_max, UINT32_MAX, UINT32_MAX, str_max, 2, keys_max, u64s}; return 0;
+    S(put_start_resp, 0) return 0;
+    S(put_start_resp, 1) m->put_start_resp = (kvp_msg_put_start_resp){3, pres}; return 0;
+    S(put_end, 0) return 0;
+    S(put_end, 1) m->put_end = (kvp_msg_put_end){PC_B("t"), 3, keys3, u64s}; return 0;
+    S(put_end, 2) m->put_end = (kvp_msg_put_end){str_max, 2, keys_max, u64s}; return 0;
+    S(get_resp, 0) m->get_resp.lease_ttl_ms = 5000; return 0;
+    S(get_resp, 1) m->get_resp = (kvp_msg_get_resp){UINT32_MAX, 3, gres}; return 0;
+    S(prefix_resp, 0) return 0;
+    S(prefix_resp, 1) m->prefix_resp.count = 7; return 0;
+    S(remove, 0) return 0;
+    S(remove, 1) m->remove = (kvp_msg_remove){PC_B("tenant-1"), 1, 3, keys3}; return 0;
+    S(remove, 2) m->remove = (kvp_msg_remove){str_max, 0, 2, keys_max}; return 0;
+    S(remove_all, 0) return 0;
+    S(remove_all, 1) m->remove_all = (kvp_msg_remove_all){PC_B("tenant-1"), 1}; return 0;
+    S(remove_all, 2) m->remove_all = (kvp_msg_remove_all){str_max, 0}; return 0;
+    S(remove_all_resp, 0) return 0;
+    S(remove_all_resp, 1) m->remove_all_resp.removed = UINT64_MAX; return 0;
+    S(stats_resp, 0) return 0;
+    S(stats_resp, 1) m->stats_resp = (kvp_msg_stats_resp){KVP_STAT__COUNT, counters, 2, sstats}; return 0;
+    S(stats_resp, 2) m->stats_resp = (kvp_msg_stats_resp){1024, counters, 0, NULL}; return 0;
+    S(seg_info_resp, 0) return 0;
+    S(seg_info_resp, 1) m->seg_info_resp = (kvp_msg_seg_info_resp){3, infos}; return 0;
+    S(seg_info_resp, 2) m->seg_info_resp = (kvp_msg_seg_info_resp){1, &info_max}; return 0;
+#undef S
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------ equality */
+
+static PC_UNUSED int pc_beq(kvp_bytes a, kvp_bytes b)
+{
+    return a.len == b.len && (a.len == 0 || memcmp(a.p, b.p, a.len) == 0);
+}
+
+static PC_UNUSED int pc_keys_eq(uint32_t n, const kvp_bytes *a, const kvp_bytes *b)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (!pc_beq(a[i], b[i]))
+            return 0;
+    return 1;
+}
+
+static PC_UNUSED int pc_u64_eq(uint32_t n, const uint64_t *a, const uint64_t *b)
+{
+    return n == 0 || memcmp(a, b, n * sizeof *a) == 0;
+}
+
+/* Replicas count only when the status is 0. */
+static PC_UNUSED int pc_reps_eq(int32_t status, uint32_t na, const kvp_replica *a, uint32_t nb,
+                                const kvp_replica *b)
+{
+    return status != 0 || (na == nb && na <= KVP_MAX_REPLICAS && memcmp(a, b, na * sizeof *a) == 0);
+}
+
+static PC_UNUSED int pc_seg_eq(const kvp_seg_desc *a, const kvp_seg_desc *b)
+{
+    if (a->id != b->id || !pc_beq(a->name, b->name) || a->capacity != b->capacity ||
+        a->n_endpoints != b->n_endpoints)
+        return 0;
+    for (uint32_t i = 0; i < a->n_endpoints; i++)
+        if (!pc_beq(a->endpoints[i].transport, b->endpoints[i].transport) ||
+            !pc_beq(a->endpoints[i].addr, b->endpoints[i].addr))
+            return 0;
+    return 1;
+}
+
+static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
+{
+    switch (kind) {
+    case PC_hello:
+        return x->hello.version == y->hello.version && x->hello.client_id == y->hello.client_id &&
+               pc_beq(x->hello.token, y->hello.token) && pc_beq(x->hello.name, y->hello.name);
+    case PC_hello_resp:
+        return x->hello_resp.version == y->hello_resp.version &&
+               x->hello_resp.master_id == y->hello_resp.master_id &&
+               x->hello_resp.max_frame == y->hello_resp.max_frame &&
+               x->hello_resp.lease_ttl_ms == y->hello_resp.lease_ttl_ms &&
+               x->hello_resp.client_ttl_ms == y->hello_resp.client_ttl_ms;
+    case PC_mount:
+        if (x->mount.n != y->mount.n)
+            return 0;
+        for (uint32_t i = 0; i < x->mount.n; i++)
+            if (!pc_seg_eq(&x->mount.segs[i], &y->mount.segs[i]))
+                return 0;
+        return 1;
+    case PC_ids:
+        return x->ids.n == y->ids.n && pc_u64_eq(x->ids.n, x->ids.ids, y->ids.ids);
+    case PC_heartbeat_resp:
+        return x->heartbeat_resp.master_id == y->heartbeat_resp.master_id &&
+               x->heartbeat_resp.n_segments == y->heartbeat_resp.n_segments;
+    case PC_results:
+        return x->results.n == y->results.n &&
+               (x->results.n == 0 ||
+                memcmp(x->results.codes, y->results.codes, x->results.n * sizeof(int32_t)) == 0);
+    case PC_keys:
+        return pc_beq(x->keys.tenant, y->keys.tenant) && x->keys.n == y->keys.n &&
+               pc_keys_eq(x->keys.n, x->keys.keys, y->keys.keys);
+    case PC_put_start: {
+        const kvp_msg_put_start *a = &x->put_start, *b = &y->put_start;
+        return pc_beq(a->tenant, b->tenant) && a->replicas == b->replicas && a->flags == b->flags &&
+               pc_beq(a->preferred, b->preferred) && a->n == b->n &&
+               pc_keys_eq(a->n, a->keys, b->keys) && pc_u64_eq(a->n, a->sizes, b->sizes);
+    }
+    case PC_put_start_resp:
+        if (x->put_start_resp.n != y->put_start_resp.n)
+            return 0;
+        for (uint32_t i = 0; i < x->put_start_resp.n; i++) {
+            const kvp_put_result *a = &x->put_start_resp.results[i], *b = &y->put_start_resp.results[i];
+            if (a->status != b->status ||
+                !pc_reps_eq(a->status, a->n_replicas, a->replicas, b->n_replicas, b->replicas))
+                return 0;
+        }
+        return 1;
+    case PC_put_end: {
+        const kvp_msg_put_end *a = &x->put_end, *b = &y->put_end;
+        return pc_beq(a->tenant, b->tenant) && a->n == b->n && pc_keys_eq(a->n, a->keys, b->keys) &&
+               pc_u64_eq(a->n, a->checksums, b->checksums);
+    }
+    case PC_get_resp:
+        if (x->get_resp.lease_ttl_ms != y->get_resp.lease_ttl_ms || x->get_resp.n != y->get_resp.n)
+            return 0;
+        for (uint32_t i = 0; i < x->get_resp.n; i++) {
+            const kvp_get_result *a = &x->get_resp.results[i], *b = &y->get_resp.results[i];
+            if (a->status != b->status ||
+                (a->status == 0 && (a->size != b->size || a->checksum != b->checksum ||
+                                    a->lease_id != b->lease_id)) ||
+                !pc_reps_eq(a->status, a->n_replicas, a->replicas, b->n_replicas, b->replicas))
+                return 0;
+        }
+        return 1;
+    case PC_prefix_resp:
+        return x->prefix_resp.count == y->prefix_resp.count;
+    case PC_remove:
+        return pc_beq(x->remove.tenant, y->remove.tenant) && x->remove.force == y->remove.force &&
+               x->remove.n == y->remove.n && pc_keys_eq(x->remove.n, x->remove.keys, y->remove.keys);
+    case PC_remove_all:
+        return pc_beq(x->remove_all.tenant, y->remove_all.tenant) &&
+               x->remove_all.force == y->remove_all.force;
+    case PC_remove_all_resp:
+        return x->remove_all_resp.removed == y->remove_all_resp.removed;
+    case PC_stats_resp: {
+        const kvp_msg_stats_resp *a = &x->stats_resp, *b = &y->stats_resp;
+        if (a->n_counters != b->n_counters || !pc_u64_eq(a->n_counters, a->counters, b->counters) ||
+            a->n_segs != b->n_segs)
+            return 0;
+        for (uint32_t i = 0; i < a->n_segs; i++) {
+            const kvp_seg_stat *s = &a->segs[i], *t = &b->segs[i];
+            if (s->id != t->id || !pc_beq(s->name, t->name) || s->capacity != t->capacity ||
+                s->used != t->used || s->objects != t->objects || s->largest_free != t->largest_free)
+                return 0;
+        }
+        return 1;
+    }
+    case PC_seg_info_resp:
+        if (x->seg_info_resp.n != y->seg_info_resp.n)
+            return 0;
+        for (uint32_t i = 0; i < x->seg_info_resp.n; i++) {
+            const kvp_seg_info *a = &x->seg_info_resp.infos[i], *b = &y->seg_info_resp.infos[i];
+            if (a->status != b->status || (a->status == 0 && !pc_seg_eq(&a->desc, &b->desc)))
+                return 0;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+#endif
