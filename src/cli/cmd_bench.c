@@ -387,7 +387,8 @@ static int bench_master(int argc, char **argv)
         goto out;
     }
     /* heartbeats keep the node alive during long phases: it is idle */
-    uint64_t total = (nbig > nobj ? nbig : nobj) + nops + 1024;
+    /* twice what is stored: stays below the eviction watermarks */
+    uint64_t total = 2 * ((nbig > nobj ? nbig : nobj) + nops + 1024);
     kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)"127.0.0.1:1", 11}};
     kvp_seg_desc sd = {0xBE7C4, {(const uint8_t *)"bench-node:1", 12}, total * 4096, 1, &ep};
     kvp_msg_mount mm = {1, &sd};

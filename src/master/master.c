@@ -59,6 +59,7 @@ struct kvp_master {
     kvp_index ix;
     olist pending, leased, lru;
     kvp_mseg **segs;      /* max_segments slots, NULL = free */
+    uint32_t *mounted;    /* the nseg occupied slots, in no particular order */
     uint32_t nseg;
     kvp_mclient **clients;/* max_connections slots, NULL = free */
     uint32_t client_cap;
@@ -218,9 +219,9 @@ static int tenant_get(kvp_master *m, kvp_bytes t)
 
 static int seg_find_id(const kvp_master *m, uint64_t id)
 {
-    for (uint32_t i = 0; i < m->cfg.max_segments; i++)
-        if (m->segs[i] && m->segs[i]->id == id)
-            return (int)i;
+    for (uint32_t k = 0; k < m->nseg; k++)
+        if (m->segs[m->mounted[k]]->id == id)
+            return (int)m->mounted[k];
     return -1;
 }
 
@@ -228,10 +229,11 @@ static int seg_find_name(const kvp_master *m, kvp_bytes name)
 {
     if (name.len == 0)
         return -1;
-    for (uint32_t i = 0; i < m->cfg.max_segments; i++)
-        if (m->segs[i] && m->segs[i]->namelen == name.len &&
-            memcmp(m->segs[i]->name, name.p, name.len) == 0)
-            return (int)i;
+    for (uint32_t k = 0; k < m->nseg; k++) {
+        const kvp_mseg *s = m->segs[m->mounted[k]];
+        if (s->namelen == name.len && memcmp(s->name, name.p, name.len) == 0)
+            return (int)m->mounted[k];
+    }
     return -1;
 }
 
@@ -274,6 +276,11 @@ static void seg_unmount(kvp_master *m, uint32_t si)
     }
     m->cap_pages -= s->capacity >> 12;
     m->segs[si] = NULL;
+    for (uint32_t i = 0; i < m->nseg; i++)
+        if (m->mounted[i] == si) {
+            m->mounted[i] = m->mounted[m->nseg - 1];
+            break;
+        }
     m->nseg--;
     if (s->owner)
         s->owner->nseg--;
@@ -330,7 +337,7 @@ static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
         return rc;
     }
     m->segs[slot] = s;
-    m->nseg++;
+    m->mounted[m->nseg++] = slot;
     m->cap_pages += cap >> 12;
     c->nseg++;
     KVP_INFO(MOD, "segment %016llx (%s, %llu MiB) mounted by client %016llx",
@@ -469,18 +476,13 @@ static int place_one(kvp_master *m, uint32_t np, int pref, kvp_orep *reps, unsig
     /* candidates: all mounted segments when few, else a random sample */
     uint32_t cand[PLACE_CANDIDATES];
     unsigned nc = 0;
-    uint32_t maxs = (uint32_t)m->cfg.max_segments;
     if (m->nseg <= PLACE_CANDIDATES) {
-        for (uint32_t i = 0; i < maxs && nc < PLACE_CANDIDATES; i++)
-            if (m->segs[i])
-                cand[nc++] = i;
+        for (uint32_t i = 0; i < m->nseg; i++)
+            cand[nc++] = m->mounted[i];
     } else {
-        uint32_t start = (uint32_t)(rng_next(m) % maxs);
-        for (uint32_t k = 0; k < maxs && nc < PLACE_CANDIDATES; k++) {
-            uint32_t i = (start + k) % maxs;
-            if (m->segs[i])
-                cand[nc++] = i;
-        }
+        uint32_t start = (uint32_t)(rng_next(m) % m->nseg);
+        for (uint32_t k = 0; k < PLACE_CANDIDATES; k++)
+            cand[nc++] = m->mounted[(start + k) % m->nseg];
     }
     /* insertion sort by free pages, most first */
     for (unsigned i = 1; i < nc; i++) {
@@ -1232,12 +1234,14 @@ int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
     m->rng = m->id | 1;
     m->last_client_scan = now_ms;
     m->segs = kvp_calloc(cfg->max_segments, sizeof *m->segs);
+    m->mounted = kvp_calloc(cfg->max_segments, sizeof *m->mounted);
     m->clients = kvp_calloc(m->client_cap, sizeof *m->clients);
     m->tenants = kvp_calloc(cfg->max_tenants, sizeof *m->tenants);
     m->tenant_len = kvp_calloc(cfg->max_tenants, sizeof *m->tenant_len);
-    if (!m->segs || !m->clients || !m->tenants || !m->tenant_len ||
+    if (!m->segs || !m->mounted || !m->clients || !m->tenants || !m->tenant_len ||
         kvp_index_init(&m->ix, 0) != 0) {
         kvp_free(m->segs);
+        kvp_free(m->mounted);
         kvp_free(m->clients);
         kvp_free(m->tenants);
         kvp_free(m->tenant_len);
@@ -1277,6 +1281,7 @@ void kvp_master_destroy(kvp_master *m)
     for (uint32_t i = 0; m->tenants && i < m->ntenants; i++)
         kvp_free(m->tenants[i]);
     kvp_free(m->segs);
+    kvp_free(m->mounted);
     kvp_free(m->clients);
     kvp_free(m->tenants);
     kvp_free(m->tenant_len);

@@ -202,12 +202,14 @@ static int keys_op(core *c, sess *s, uint16_t op, int from, int n, const uint64_
 
 static int put(core *c, sess *s, int from, int n, uint64_t size)
 {
+    if (n <= 0 || n > 100000)
+        return -1;
     kvp_msg_put_start_resp r;
     REQUIRE(put_start(c, s, from, n, size, 1, 0, NULL, &r) == 0);
     for (int i = 0; i < n; i++)
         REQUIRE(r.results[i].status == 0);
-    uint64_t *cs = malloc((size_t)n * sizeof *cs);
-    int32_t *codes = malloc((size_t)n * sizeof *codes);
+    uint64_t *cs = calloc((size_t)n, sizeof *cs);
+    int32_t *codes = calloc((size_t)n, sizeof *codes);
     for (int i = 0; i < n; i++)
         cs[i] = 0xC0DE0000u + (uint64_t)(from + i);
     int rc = keys_op(c, s, KVP_OP_PUT_END, from, n, cs, codes);
@@ -539,7 +541,7 @@ TEST(lease_expiry_and_stale_release)
     CHECK_EQ(keys_op(&c, &s, KVP_OP_GET, 0, 1, NULL, &code), 0);
     kvp_msg_get_resp g;
     CHECK(kvp_dec_get_resp(c.resp, c.resp_len, &l, &c.ra, &g) == 0);
-    uint64_t lid = g.results[0].lease_id;
+    uint64_t lid = g.results[0].lease_id, gen = g.results[0].replicas[0].generation;
     c.now += c.cfg.lease_ttl_ms - 1;
     kvp_master_tick(c.m, c.now);
     CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 0, 1, NULL, &code), 0);
@@ -557,7 +559,7 @@ TEST(lease_expiry_and_stale_release)
     kvp_msg_get_resp g2;
     CHECK(kvp_dec_get_resp(c.resp, c.resp_len, &l, &c.ra, &g2) == 0);
     CHECK(g2.results[0].lease_id != lid);
-    CHECK(g2.results[0].replicas[0].generation != g.results[0].replicas[0].generation);
+    CHECK(g2.results[0].replicas[0].generation != gen);
     kvp_master_sess_close(c.m, &s.s, c.now);
     core_free(&c);
 }
@@ -582,8 +584,12 @@ TEST(put_timeout_and_writer_disconnect)
     CHECK_EQ(st[KVP_STAT_PUT_REVOKED], 5);
     /* timeout */
     CHECK_EQ(put_start(&c, &s, 10, 2, 4096, 1, 0, NULL, &r), 0);
-    c.now += c.cfg.put_timeout_ms - 1;
-    s.s.client = s.s.client; /* keep the client alive */
+    for (uint64_t t = 0; t + 1000 < c.cfg.put_timeout_ms; t += 1000) {
+        c.now += 1000;
+        CHECK_EQ(exists(&c, &s, 10), 0); /* any request keeps the client alive */
+        kvp_master_tick(c.m, c.now);
+    }
+    c.now += 998;
     kvp_master_tick(c.m, c.now);
     stats(&c, st);
     CHECK_EQ(st[KVP_STAT_PENDING], 2);
@@ -616,7 +622,7 @@ TEST(liveness_drops_silent_node)
     /* the client keeps talking, the node goes silent */
     for (int t = 0; t < 12; t++) {
         c.now += 1000;
-        CHECK_EQ(exists(&c, &cl, 0), t < 10 ? 1 : 0);
+        CHECK_EQ(exists(&c, &cl, 0), t <= 10 ? 1 : 0);
         kvp_master_tick(c.m, c.now);
     }
     CHECK(kvp_master_sess_dead(&node.s));
