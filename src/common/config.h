@@ -70,6 +70,13 @@ int kvp_config_set(kvp_config *c, const char *key, const char *value, char *err,
 /* Cross-field checks (evict_low < evict_high, lease_ttl <= client_ttl, ...). */
 int kvp_config_validate(const kvp_config *c, char *err, size_t errlen);
 
+/*
+ * The configuration file named by the environment: $KVPOOL_CONFIG if set and
+ * non-empty, else $MOONCAKE_CONFIG_PATH if set and non-empty, else NULL.
+ * The returned pointer is getenv()'s (valid until the environment changes).
+ */
+const char *kvp_config_path_from_env(void);
+
 /* Writes the key reference (key, type, default, meaning) for --help and README. */
 void kvp_config_print_reference(FILE *f);
 
