@@ -41,14 +41,21 @@ void *kvp_malloc(size_t n)
     return p + HDR;
 }
 
+/* calloc, not malloc+memset: large zeroed blocks come from fresh mmap pages
+ * that stay untouched (not resident) until written. */
 void *kvp_calloc(size_t nmemb, size_t size)
 {
     if (size && nmemb > SIZE_MAX / size)
         return NULL;
-    void *p = kvp_malloc(nmemb * size);
-    if (p)
-        memset(p, 0, nmemb * size);
-    return p;
+    size_t n = nmemb * size;
+    if (n > SIZE_MAX - HDR || should_fail())
+        return NULL;
+    unsigned char *p = calloc(1, n + HDR);
+    if (!p)
+        return NULL;
+    memcpy(p, &n, sizeof n);
+    atomic_fetch_add(&mem_used, n);
+    return p + HDR;
 }
 
 void *kvp_realloc(void *p, size_t n)

@@ -60,7 +60,10 @@ typedef struct {
     uint32_t prev, next; /* free-list links; `next` also links the recycle stack */
 } fblock;
 
-/* Open-addressing map page -> record index; empty slot: val == NIL. */
+/* Open-addressing map page -> record index. A slot stores record + 1, so an
+ * empty slot is all zero bytes: maps come from kvp_calloc and their unused
+ * pages are never touched (a map sized for a million free blocks costs no
+ * resident memory while the segment has few). */
 typedef struct {
     uint32_t key, val;
 } slot;
@@ -138,11 +141,9 @@ static int pmap_init(pmap *m, uint64_t slots)
 {
     if (slots > SIZE_MAX / sizeof(slot))
         return KVP_ENOMEM;
-    slot *s = kvp_malloc((size_t)slots * sizeof(slot));
+    slot *s = kvp_calloc((size_t)slots, sizeof(slot));
     if (!s)
         return KVP_ENOMEM;
-    for (uint64_t i = 0; i < slots; i++)
-        s[i].val = NIL;
     m->s = s;
     m->mask = slots - 1;
     m->shift = 64u - (unsigned)__builtin_ctzll(slots);
@@ -153,7 +154,7 @@ static int pmap_init(pmap *m, uint64_t slots)
 static uint64_t pmap_find_slot(const pmap *m, uint32_t key)
 {
     uint64_t i = pmap_hash(m, key);
-    while (m->s[i].val != NIL && m->s[i].key != key)
+    while (m->s[i].val != 0 && m->s[i].key != key)
         i = (i + 1) & m->mask;
     return i;
 }
@@ -161,7 +162,7 @@ static uint64_t pmap_find_slot(const pmap *m, uint32_t key)
 /* Record for key, or NIL. */
 static uint32_t pmap_get(const pmap *m, uint32_t key)
 {
-    return m->s[pmap_find_slot(m, key)].val;
+    return m->s[pmap_find_slot(m, key)].val - 1; /* empty: 0 - 1 == NIL */
 }
 
 /* Inserts a key that is not present. Capacity was reserved: never grows. */
@@ -169,7 +170,7 @@ static void pmap_put(pmap *m, uint32_t key, uint32_t val)
 {
     uint64_t i = pmap_find_slot(m, key);
     m->s[i].key = key;
-    m->s[i].val = val;
+    m->s[i].val = val + 1;
     m->count++;
 }
 
@@ -180,7 +181,7 @@ static void pmap_del(pmap *m, uint32_t key)
     uint64_t j = i;
     for (;;) {
         j = (j + 1) & m->mask;
-        if (m->s[j].val == NIL)
+        if (m->s[j].val == 0)
             break;
         uint64_t home = pmap_hash(m, m->s[j].key);
         /* entry j may move to hole i iff its home is not in (i, j] cyclically */
@@ -189,7 +190,7 @@ static void pmap_del(pmap *m, uint32_t key)
             i = j;
         }
     }
-    m->s[i].val = NIL;
+    m->s[i].val = 0;
     m->count--;
 }
 
@@ -200,8 +201,8 @@ static int pmap_grow(pmap *m, uint64_t slots)
     if (pmap_init(&n, slots) != 0)
         return KVP_ENOMEM;
     for (uint64_t i = 0; i <= m->mask; i++)
-        if (m->s[i].val != NIL)
-            pmap_put(&n, m->s[i].key, m->s[i].val);
+        if (m->s[i].val != 0)
+            pmap_put(&n, m->s[i].key, m->s[i].val - 1);
     kvp_free(m->s);
     *m = n;
     return 0;
@@ -500,7 +501,7 @@ static int check_map(const kvp_segalloc *a, const pmap *m, int is_end)
 {
     uint32_t cnt = 0;
     for (uint64_t i = 0; i <= m->mask; i++) {
-        uint32_t v = m->s[i].val;
+        uint32_t v = m->s[i].val - 1;
         if (v == NIL)
             continue;
         cnt++;
