@@ -92,7 +92,7 @@ tsan: deps $(T)/kvpool $(T_TESTS)
 # fuzzing: clang libFuzzer, one binary per tests/fuzz/fuzz_*.c
 F := build/fuzz
 F_CFLAGS := -D_GNU_SOURCE $(CSTD) $(INC) -g -O1 -fsanitize=fuzzer,address,undefined -DKVP_TESTING=1 -DKVP_FUZZING=1
-FUZZ_LIB_SRCS := $(wildcard src/common/*.c src/proto/*.c src/master/*.c)
+FUZZ_LIB_SRCS := $(LIB_SRCS)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(F)/%,$(FUZZ_SRCS))
 FUZZ_SECONDS ?= 20
 $(F)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS)
