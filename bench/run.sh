@@ -1,0 +1,9 @@
+#!/bin/sh
+# bench/run.sh BUILD_DIR -- every benchmark; JSON results in bench/results/.
+set -eu
+build=${1:-build}
+out=$(dirname "$0")/results
+mkdir -p "$out"
+echo "== kvpool bench master (results: $out/master.json)"
+"$build/kvpool" bench master --json >"$out/master.json.tmp"
+mv "$out/master.json.tmp" "$out/master.json"
