@@ -60,18 +60,29 @@ typedef struct {
     uint32_t prev, next; /* free-list links; `next` also links the recycle stack */
 } fblock;
 
-/* Open-addressing map page -> record index. A slot stores record + 1, so an
- * empty slot is all zero bytes: maps come from kvp_calloc and their unused
- * pages are never touched (a map sized for a million free blocks costs no
- * resident memory while the segment has few). */
+/*
+ * Open-addressing map page -> record index. A slot stores record + 1, so an
+ * empty slot is all zero bytes.
+ *
+ * Capacity for the worst case is reserved up front (free must not
+ * allocate), but resident memory follows the number of entries: each map
+ * owns two zeroed arrays of `cap` slots from kvp_calloc (untouched pages are
+ * not resident) and uses a power-of-two prefix of one of them, the active
+ * table. When the active table passes half full it is rehashed into a
+ * prefix twice as large of the other array, and its old prefix is zeroed:
+ * growth without allocation. cap >= 2 x the most entries possible, so the
+ * active table can always grow.
+ */
 typedef struct {
     uint32_t key, val;
 } slot;
 
 typedef struct {
-    slot *s;
-    uint64_t mask;  /* slots - 1; slots is a power of two */
-    unsigned shift; /* 64 - log2(slots), for the multiplicative hash */
+    slot *s;        /* active table: the first mask+1 slots of this array */
+    slot *spare;    /* the other array, all zero */
+    uint64_t mask;  /* active slots - 1; a power of two */
+    uint64_t cap;   /* slots in each array; a power of two */
+    unsigned shift; /* 64 - log2(active slots), for the multiplicative hash */
     uint32_t count;
 } pmap;
 
@@ -136,19 +147,36 @@ static uint64_t pmap_hash(const pmap *m, uint32_t key)
     return ((uint64_t)key * 0x9E3779B97F4A7C15ull) >> m->shift;
 }
 
-/* Allocates an empty map of `slots` (power of two >= 2) slots. */
+static void pmap_set_active(pmap *m, uint64_t slots)
+{
+    m->mask = slots - 1;
+    m->shift = 64u - (unsigned)__builtin_ctzll(slots);
+}
+
+/* Allocates an empty map with room for `slots` (power of two >= 2). */
 static int pmap_init(pmap *m, uint64_t slots)
 {
     if (slots > SIZE_MAX / sizeof(slot))
         return KVP_ENOMEM;
     slot *s = kvp_calloc((size_t)slots, sizeof(slot));
-    if (!s)
+    slot *sp = s ? kvp_calloc((size_t)slots, sizeof(slot)) : NULL;
+    if (!sp) {
+        kvp_free(s);
         return KVP_ENOMEM;
+    }
     m->s = s;
-    m->mask = slots - 1;
-    m->shift = 64u - (unsigned)__builtin_ctzll(slots);
+    m->spare = sp;
+    m->cap = slots;
+    pmap_set_active(m, slots < MAP_MIN ? slots : MAP_MIN);
     m->count = 0;
     return 0;
+}
+
+static void pmap_free(pmap *m)
+{
+    kvp_free(m->s);
+    kvp_free(m->spare);
+    m->s = m->spare = NULL;
 }
 
 static uint64_t pmap_find_slot(const pmap *m, uint32_t key)
@@ -165,9 +193,29 @@ static uint32_t pmap_get(const pmap *m, uint32_t key)
     return m->s[pmap_find_slot(m, key)].val - 1; /* empty: 0 - 1 == NIL */
 }
 
-/* Inserts a key that is not present. Capacity was reserved: never grows. */
+static void pmap_put(pmap *m, uint32_t key, uint32_t val);
+
+/* Doubles the active table into the spare array; allocates nothing. */
+static void pmap_double(pmap *m)
+{
+    slot *old = m->s;
+    uint64_t n = m->mask + 1;
+    m->s = m->spare;
+    m->spare = old;
+    pmap_set_active(m, n * 2);
+    m->count = 0;
+    for (uint64_t i = 0; i < n; i++)
+        if (old[i].val != 0)
+            pmap_put(m, old[i].key, old[i].val - 1);
+    memset(old, 0, (size_t)n * sizeof(slot));
+}
+
+/* Inserts a key that is not present. Capacity was reserved: may double the
+ * active table (within the reserved arrays) but never allocates. */
 static void pmap_put(pmap *m, uint32_t key, uint32_t val)
 {
+    if ((uint64_t)(m->count + 1) * 2 > m->mask + 1 && (m->mask + 1) * 2 <= m->cap)
+        pmap_double(m);
     uint64_t i = pmap_find_slot(m, key);
     m->s[i].key = key;
     m->s[i].val = val + 1;
@@ -194,16 +242,17 @@ static void pmap_del(pmap *m, uint32_t key)
     m->count--;
 }
 
-/* Grows m to `slots` slots (rehashing). On failure m is unchanged. */
+/* Reserves arrays of `slots` slots (> m->cap); the active table is copied
+ * as it is (same size, same layout). On failure m is unchanged. */
 static int pmap_grow(pmap *m, uint64_t slots)
 {
     pmap n;
     if (pmap_init(&n, slots) != 0)
         return KVP_ENOMEM;
-    for (uint64_t i = 0; i <= m->mask; i++)
-        if (m->s[i].val != 0)
-            pmap_put(&n, m->s[i].key, m->s[i].val - 1);
-    kvp_free(m->s);
+    memcpy(n.s, m->s, (size_t)(m->mask + 1) * sizeof(slot));
+    pmap_set_active(&n, m->mask + 1);
+    n.count = m->count;
+    pmap_free(m);
     *m = n;
     return 0;
 }
@@ -319,9 +368,9 @@ static int reserve(kvp_segalloc *a, uint64_t need)
         a->cap = (uint32_t)nc;
     }
     uint64_t slots = map_slots_for(need);
-    if (slots > a->by_start.mask + 1 && pmap_grow(&a->by_start, slots) != 0)
+    if (slots > a->by_start.cap && pmap_grow(&a->by_start, slots) != 0)
         return KVP_ENOMEM;
-    if (slots > a->by_end.mask + 1 && pmap_grow(&a->by_end, slots) != 0)
+    if (slots > a->by_end.cap && pmap_grow(&a->by_end, slots) != 0)
         return KVP_ENOMEM;
     return 0;
 }
@@ -361,8 +410,8 @@ void kvp_segalloc_destroy(kvp_segalloc *a)
     if (!a)
         return;
     kvp_free(a->blk);
-    kvp_free(a->by_start.s);
-    kvp_free(a->by_end.s);
+    pmap_free(&a->by_start);
+    pmap_free(&a->by_end);
     kvp_free(a);
 }
 
@@ -526,8 +575,9 @@ int kvp_segalloc_check(const kvp_segalloc *a)
     if (!a || a->hwm > a->cap || a->nfree > a->hwm)
         return -1;
     uint64_t need = max_free_blocks(a, a->nalloc);
-    if (a->cap < need || (a->by_start.mask + 1) < 2 * need ||
-        (a->by_end.mask + 1) < 2 * need)
+    if (a->cap < need || a->by_start.cap < 2 * need || a->by_end.cap < 2 * need ||
+        (uint64_t)a->by_start.count * 2 > a->by_start.mask + 1 ||
+        (uint64_t)a->by_end.count * 2 > a->by_end.mask + 1)
         return -1; /* the reservation that makes free infallible is missing */
 
     uint64_t *scratch = a->nfree ? kvp_malloc((size_t)a->nfree * sizeof(uint64_t)) : NULL;
