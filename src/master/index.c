@@ -1,4 +1,5 @@
-/* index.c -- open-addressing (tenant, key) index; see index.h. */
+/* index.c -- open-addressing (tenant, key) index with incremental growth;
+ * see index.h. */
 #include "master/index.h"
 
 #include <xxhash.h>
@@ -8,6 +9,7 @@
 
 #define PTR_MASK 0xFFFFFFFFFFFFull
 #define TAG(h) ((h) & ~PTR_MASK)
+#define STEP_PER_INSERT 8 /* old slots drained per insert: > 4/3 needed */
 
 uint64_t kvp_index_hash(uint16_t tenant, const uint8_t *key, uint32_t len)
 {
@@ -24,68 +26,125 @@ int kvp_index_init(kvp_index *ix, uint64_t hint)
         return KVP_ENOMEM;
     ix->mask = cap - 1;
     ix->count = 0;
+    ix->old = NULL;
+    ix->old_mask = ix->old_count = ix->mig = 0;
     return 0;
 }
 
 void kvp_index_free(kvp_index *ix)
 {
     kvp_free(ix->slots);
-    ix->slots = NULL;
-    ix->count = 0;
+    kvp_free(ix->old);
+    ix->slots = ix->old = NULL;
+    ix->count = ix->old_count = 0;
 }
 
-static inline uint64_t slot_hash_low(uint64_t slot)
+static inline kvp_obj *obj_of(uint64_t s) { return (kvp_obj *)(uintptr_t)(s & PTR_MASK); }
+
+/* Home of slot value s in a table of `mask`, no lower than `floor`. */
+static inline uint64_t home(uint64_t s, uint64_t mask, uint64_t floor)
 {
-    return ((kvp_obj *)(uintptr_t)(slot & PTR_MASK))->hash;
+    uint64_t h = obj_of(s)->hash & mask;
+    return h < floor ? floor : h;
 }
 
-/* Rebuilds the index hash from the object: low 32 bits from o->hash, tag
- * bits from the slot itself. Enough for placement in tables up to 2^32. */
-static inline uint64_t slot_home(uint64_t slot, uint64_t mask)
+static kvp_obj *find_in(const uint64_t *slots, uint64_t mask, uint64_t i, uint64_t h,
+                        uint16_t tenant, const uint8_t *key, uint32_t len)
 {
-    return slot_hash_low(slot) & mask;
+    uint64_t tag = TAG(h);
+    for (;;) {
+        uint64_t s = slots[i];
+        if (s == 0)
+            return NULL;
+        if (TAG(s) == tag) {
+            kvp_obj *o = obj_of(s);
+            if (o->tenant == tenant && o->keylen == len && memcmp(kvp_obj_key(o), key, len) == 0)
+                return o;
+        }
+        i = (i + 1) & mask;
+    }
 }
 
 kvp_obj *kvp_index_find(const kvp_index *ix, uint64_t h, uint16_t tenant, const uint8_t *key,
                         uint32_t len)
 {
-    uint64_t i = h & ix->mask, tag = TAG(h);
-    for (;;) {
-        uint64_t s = ix->slots[i];
-        if (s == 0)
-            return NULL;
-        if (TAG(s) == tag) {
-            kvp_obj *o = (kvp_obj *)(uintptr_t)(s & PTR_MASK);
-            if (o->tenant == tenant && o->keylen == len && memcmp(kvp_obj_key(o), key, len) == 0)
-                return o;
-        }
-        i = (i + 1) & ix->mask;
+    kvp_obj *o = find_in(ix->slots, ix->mask, h & ix->mask, h, tenant, key, len);
+    if (!o && ix->old) {
+        uint64_t i = (uint32_t)h & ix->old_mask;
+        o = find_in(ix->old, ix->old_mask, i < ix->mig ? ix->mig : i, h, tenant, key, len);
     }
+    return o;
 }
 
 static void place(uint64_t *slots, uint64_t mask, uint64_t s)
 {
-    uint64_t i = slot_home(s, mask);
+    uint64_t i = obj_of(s)->hash & mask;
     while (slots[i])
         i = (i + 1) & mask;
     slots[i] = s;
 }
 
+/* Backward-shift deletion of slot i: pull later cluster members whose
+ * (effective) home is not cyclically in (i, j] into the hole. */
+static void delete_at(uint64_t *slots, uint64_t mask, uint64_t floor, uint64_t i)
+{
+    uint64_t j = i;
+    for (;;) {
+        slots[i] = 0;
+        for (;;) {
+            j = (j + 1) & mask;
+            if (slots[j] == 0)
+                return;
+            uint64_t k = home(slots[j], mask, floor);
+            if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
+                continue;
+            break;
+        }
+        slots[i] = slots[j];
+        i = j;
+    }
+}
+
+uint64_t kvp_index_step(kvp_index *ix, uint64_t budget)
+{
+    uint64_t done = 0;
+    while (ix->old && done < budget) {
+        if (ix->mig > ix->old_mask || ix->old_count == 0) {
+            kvp_free(ix->old);
+            ix->old = NULL;
+            ix->old_count = ix->mig = 0;
+            break;
+        }
+        uint64_t s = ix->old[ix->mig];
+        done++;
+        if (s == 0) {
+            ix->mig++;
+            continue;
+        }
+        place(ix->slots, ix->mask, s);
+        delete_at(ix->old, ix->old_mask, ix->mig, ix->mig); /* may refill old[mig] */
+        ix->old_count--;
+    }
+    return done;
+}
+
 int kvp_index_reserve(kvp_index *ix)
 {
+    if (ix->old)
+        kvp_index_step(ix, STEP_PER_INSERT);
     uint64_t cap = ix->mask + 1;
     if ((ix->count + 1) * 4 <= cap * 3)
         return 0;
-    uint64_t ncap = cap * 2, nmask = ncap - 1;
-    uint64_t *ns = kvp_calloc(ncap, sizeof *ns);
+    kvp_index_settle(ix); /* only if inserts outran the drain: not expected */
+    uint64_t *ns = kvp_calloc(cap * 2, sizeof *ns);
     if (!ns)
         return KVP_ENOMEM;
-    for (uint64_t i = 0; i < cap; i++)
-        if (ix->slots[i])
-            place(ns, nmask, ix->slots[i]);
-    kvp_free(ix->slots);
+    ix->old = ix->slots;
+    ix->old_mask = ix->mask;
+    ix->old_count = ix->count;
+    ix->mig = 0;
     ix->slots = ns;
-    ix->mask = nmask;
+    ix->mask = cap * 2 - 1;
     return 0;
 }
 
@@ -96,29 +155,30 @@ void kvp_index_insert(kvp_index *ix, uint64_t h, kvp_obj *o)
     ix->count++;
 }
 
+/* Finds o by pointer from its (effective) home; the slot index or -1. */
+static int64_t slot_of(const uint64_t *slots, uint64_t mask, uint64_t floor, const kvp_obj *o)
+{
+    uint64_t i = o->hash & mask;
+    if (i < floor)
+        i = floor;
+    for (;;) {
+        if (slots[i] == 0)
+            return -1;
+        if (obj_of(slots[i]) == o)
+            return (int64_t)i;
+        i = (i + 1) & mask;
+    }
+}
+
 void kvp_index_remove(kvp_index *ix, kvp_obj *o)
 {
-    uint64_t mask = ix->mask;
-    uint64_t i = o->hash & mask;
-    while ((ix->slots[i] & PTR_MASK) != ((uint64_t)(uintptr_t)o & PTR_MASK))
-        i = (i + 1) & mask;
-    /* backward-shift deletion: pull later cluster members whose home is
-     * not cyclically in (i, j] into the hole */
-    uint64_t j = i;
-    for (;;) {
-        ix->slots[i] = 0;
-        for (;;) {
-            j = (j + 1) & mask;
-            if (ix->slots[j] == 0) {
-                ix->count--;
-                return;
-            }
-            uint64_t k = slot_home(ix->slots[j], mask);
-            if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
-                continue;
-            break;
-        }
-        ix->slots[i] = ix->slots[j];
-        i = j;
+    int64_t i = slot_of(ix->slots, ix->mask, 0, o);
+    if (i >= 0) {
+        delete_at(ix->slots, ix->mask, 0, (uint64_t)i);
+    } else {
+        i = slot_of(ix->old, ix->old_mask, ix->mig, o);
+        delete_at(ix->old, ix->old_mask, ix->mig, (uint64_t)i);
+        ix->old_count--;
     }
+    ix->count--;
 }

@@ -4,8 +4,15 @@
  * Open addressing with linear probing and backward-shift deletion (no
  * tombstones). A slot is 8 bytes: the object pointer in the low 48 bits and
  * a 16-bit tag (hash bits 48..63) in the high bits, so most probes that
- * miss never touch the object. The load factor stays <= 3/4 (the table
- * doubles); growth rehashes every entry using the hash kept in the object.
+ * miss never touch the object. Placement uses the low 32 hash bits, which
+ * the object keeps (o->hash), so tables up to 2^32 slots.
+ *
+ * Growth is incremental (bounded work, like Redis's dict): past 3/4 load a
+ * table twice as large becomes current and the old one is drained by
+ * kvp_index_step, a few slots per insert and a budget per timer tick.
+ * While draining, lookups and removals look in both tables. Slots of the
+ * old table below the drain cursor are all empty, so a probe there starts
+ * at max(home, cursor) (its "effective home").
  *
  * Hash = XXH3-64 of the key seeded with the tenant id.
  */
@@ -17,9 +24,13 @@
 #include "master/obj.h"
 
 typedef struct kvp_index {
-    uint64_t *slots;
-    uint64_t mask; /* capacity - 1; capacity is a power of two */
-    uint64_t count;
+    uint64_t *slots;  /* current table */
+    uint64_t mask;    /* its capacity - 1 (a power of two) */
+    uint64_t count;   /* entries in both tables */
+    uint64_t *old;    /* table being drained, NULL when none */
+    uint64_t old_mask;
+    uint64_t old_count;
+    uint64_t mig;     /* drain cursor: old slots below it are empty */
 } kvp_index;
 
 uint64_t kvp_index_hash(uint16_t tenant, const uint8_t *key, uint32_t len);
@@ -28,17 +39,27 @@ int kvp_index_init(kvp_index *ix, uint64_t capacity_hint);
 void kvp_index_free(kvp_index *ix);
 kvp_obj *kvp_index_find(const kvp_index *ix, uint64_t h, uint16_t tenant, const uint8_t *key,
                         uint32_t len);
-/* Makes room for one more entry (may grow). 0 or KVP_ENOMEM. */
+/* Makes room for one more entry (may start a growth, and drains a few
+ * slots of an ongoing one). 0 or KVP_ENOMEM. */
 int kvp_index_reserve(kvp_index *ix);
 /* Inserts o (not present; o->hash set from h). Requires a prior successful
  * kvp_index_reserve; never fails. */
 void kvp_index_insert(kvp_index *ix, uint64_t h, kvp_obj *o);
 /* Removes o, which must be present. */
 void kvp_index_remove(kvp_index *ix, kvp_obj *o);
+/* Drains up to `budget` slots of an ongoing growth; returns slots visited. */
+uint64_t kvp_index_step(kvp_index *ix, uint64_t budget);
+/* Completes an ongoing growth (before whole-table scans). */
+static inline void kvp_index_settle(kvp_index *ix)
+{
+    while (ix->old)
+        kvp_index_step(ix, UINT64_MAX);
+}
 
-/* Slot access for whole-table scans. A scan that removes the object at
- * slot i must look at slot i again (backward shift may have moved an
- * unvisited entry there); entries may be seen twice, never skipped. */
+/* Slot access for whole-table scans (call kvp_index_settle first). A scan
+ * that removes the object at slot i must look at slot i again (backward
+ * shift may have moved an unvisited entry there); entries may be seen
+ * twice, never skipped. */
 static inline kvp_obj *kvp_index_at(const kvp_index *ix, uint64_t i)
 {
     return (kvp_obj *)(uintptr_t)(ix->slots[i] & 0xFFFFFFFFFFFFull);

@@ -254,6 +254,7 @@ static void seg_unmount(kvp_master *m, uint32_t si)
 {
     kvp_mseg *s = m->segs[si];
     uint64_t dropped = 0;
+    kvp_index_settle(&m->ix);
     for (uint64_t i = 0; s->nrep > 0 && i <= m->ix.mask; i++) {
         kvp_obj *o = kvp_index_at(&m->ix, i);
         if (!o)
@@ -1045,6 +1046,7 @@ static void op_remove_all(req *q)
     }
     int tenant = tenant_find(m, d.tenant);
     uint64_t n = 0;
+    kvp_index_settle(&m->ix);
     for (uint64_t i = 0; tenant >= 0 && i <= m->ix.mask; i++) {
         kvp_obj *o = kvp_index_at(&m->ix, i);
         if (!o || o->tenant != tenant || o->state != KVP_OBJ_COMPLETE)
@@ -1199,6 +1201,8 @@ uint32_t kvp_master_tick(kvp_master *m, uint64_t now)
                 client_drop(m, c);
         }
     }
+    if (m->ix.old)
+        work += (unsigned)(kvp_index_step(&m->ix, 4 * TICK_BUDGET) / 4);
     unsigned budget = work < TICK_BUDGET ? TICK_BUDGET - work : 0;
     unsigned ev = evict_background(m, budget);
     work += ev;
@@ -1266,6 +1270,7 @@ void kvp_master_destroy(kvp_master *m)
     if (!m)
         return;
     if (m->ix.slots) {
+        kvp_index_settle(&m->ix);
         for (uint64_t i = 0; i <= m->ix.mask; i++) {
             kvp_obj *o = kvp_index_at(&m->ix, i);
             if (o)
@@ -1349,10 +1354,16 @@ int kvp_master_check(const kvp_master *m)
         check_list(&m->leased, KVP_LIST_LEASED, &listed) ||
         check_list(&m->lru, KVP_LIST_LRU, &listed))
         return -1;
-    for (uint64_t i = 0; i <= m->ix.mask; i++) {
-        const kvp_obj *o = kvp_index_at(&m->ix, i);
+    uint64_t total = m->ix.mask + 1 + (m->ix.old ? m->ix.old_mask + 1 : 0);
+    for (uint64_t t = 0; t < total; t++) { /* current table, then a draining one */
+        uint64_t sv = t <= m->ix.mask ? m->ix.slots[t] : m->ix.old[t - m->ix.mask - 1];
+        const kvp_obj *o = (const kvp_obj *)(uintptr_t)(sv & 0xFFFFFFFFFFFFull);
         if (!o)
             continue;
+        uint64_t h = kvp_index_hash(o->tenant, kvp_obj_key(o), o->keylen);
+        if (kvp_index_find(&m->ix, h, o->tenant, kvp_obj_key(o), o->keylen) != o ||
+            (t > m->ix.mask && t - m->ix.mask - 1 < m->ix.mig))
+            return -9; /* unreachable by lookup, or below the drain cursor */
         n++;
         int want = o->state == KVP_OBJ_PENDING ? KVP_LIST_PENDING
                    : o->aux > 0                ? KVP_LIST_LEASED
