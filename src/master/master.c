@@ -504,6 +504,15 @@ static int place_one(kvp_master *m, uint32_t np, int pref, kvp_orep *reps, unsig
             return 0;
         nomem |= rc == KVP_ENOMEM;
     }
+    /* a replica larger than every eligible segment can never be placed:
+     * refuse it before evicting anything (else one oversized put would
+     * flush the whole cache and still fail) */
+    int could_fit = 0;
+    for (uint32_t i = 0; i < m->nseg && !could_fit; i++)
+        could_fit = !used_seg(reps, have, m->mounted[i]) &&
+                    (m->segs[m->mounted[i]]->capacity >> 12) >= np;
+    if (!could_fit)
+        return KVP_ENO_AVAILABLE_HANDLE;
     /* inline eviction: puts keep succeeding while anything is evictable */
     uint32_t freed[KVP_MAX_REPLICAS];
     unsigned nf;

@@ -449,6 +449,11 @@ TEST(eviction_order_is_lru)
     /* a put larger than anything evictable can free: NO_AVAILABLE_HANDLE */
     CHECK_EQ(put_start(&c, &s, 200, 1, 101 * 4096, 1, 0, NULL, &r), 0);
     CHECK_EQ(r.results[0].status, KVP_ENO_AVAILABLE_HANDLE);
+    /* ... and it evicts nothing (regression: it used to flush every object) */
+    CHECK_EQ(exists(&c, &s, 8), 1);
+    CHECK_EQ(exists(&c, &s, 102), 1);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_EVICTIONS], 3);
     CHECK_EQ(kvp_master_check(c.m), 0);
     kvp_master_sess_close(c.m, &s.s, c.now);
     core_free(&c);

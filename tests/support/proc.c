@@ -1,0 +1,265 @@
+/* proc.c -- run kvpool processes from tests; see proc.h. */
+#include "proc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define START_WAIT_MS 10000
+#define STOP_WAIT_MS 15000
+#define MAX_ARGS 64
+
+uint64_t tp_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void tp_sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+const char *tp_kvpool_bin(void)
+{
+    const char *b = getenv("KVPOOL_BIN");
+    return b && *b ? b : "build/asan/kvpool";
+}
+
+static int decode_status(int st)
+{
+    if (WIFEXITED(st))
+        return WEXITSTATUS(st);
+    if (WIFSIGNALED(st))
+        return 128 + WTERMSIG(st);
+    return -1;
+}
+
+/* Waits up to ms for pid; returns its decoded status or -1 on timeout. */
+static int wait_bounded(pid_t pid, unsigned ms)
+{
+    uint64_t end = tp_now_ms() + ms;
+    for (;;) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return decode_status(st);
+        if (r < 0 && errno != EINTR)
+            return -1;
+        if (tp_now_ms() >= end)
+            return -1;
+        tp_sleep_ms(5);
+    }
+}
+
+static void cleanup_dir(tp_master *m)
+{
+    if (!m->dir[0])
+        return;
+    char p[300];
+    snprintf(p, sizeof p, "%s/port", m->dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/port.tmp", m->dir);
+    unlink(p);
+    rmdir(m->dir);
+    m->dir[0] = 0;
+}
+
+int tp_master_start(tp_master *m, const char *const *extra)
+{
+    memset(m, 0, sizeof *m);
+    const char *tmp = getenv("TMPDIR");
+    snprintf(m->dir, sizeof m->dir, "%s/kvp-master-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(m->dir)) {
+        fprintf(stderr, "tp_master_start: mkdtemp: %s\n", strerror(errno));
+        m->dir[0] = 0;
+        return -1;
+    }
+    char pf[300];
+    snprintf(pf, sizeof pf, "%s/port", m->dir);
+    const char *argv[MAX_ARGS];
+    int n = 0;
+    argv[n++] = tp_kvpool_bin();
+    argv[n++] = "master";
+    argv[n++] = "--listen";
+    argv[n++] = "127.0.0.1:0";
+    argv[n++] = "--port-file";
+    argv[n++] = pf;
+    argv[n++] = "--log-level";
+    argv[n++] = "error";
+    for (int i = 0; extra && extra[i] && n < MAX_ARGS - 1; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        cleanup_dir(m);
+        return -1;
+    }
+    if (pid == 0) {
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0) {
+            dup2(nul, 0);
+            close(nul);
+        }
+        execv(argv[0], (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    m->pid = pid;
+    uint64_t end = tp_now_ms() + START_WAIT_MS;
+    while (tp_now_ms() < end) {
+        FILE *f = fopen(pf, "r");
+        if (f) {
+            unsigned port = 0;
+            int ok = fscanf(f, "%u", &port) == 1 && port > 0 && port < 65536;
+            fclose(f);
+            if (ok) {
+                m->port = (uint16_t)port;
+                snprintf(m->addr, sizeof m->addr, "127.0.0.1:%u", port);
+                return 0;
+            }
+        }
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            fprintf(stderr, "tp_master_start: master exited early (status %d)\n",
+                    decode_status(st));
+            m->pid = 0;
+            cleanup_dir(m);
+            return -1;
+        }
+        tp_sleep_ms(10);
+    }
+    fprintf(stderr, "tp_master_start: no port file after %d ms\n", START_WAIT_MS);
+    tp_master_kill(m);
+    return -1;
+}
+
+int tp_master_alive(tp_master *m, int *status)
+{
+    if (m->pid <= 0)
+        return 0;
+    int st;
+    if (waitpid(m->pid, &st, WNOHANG) == m->pid) {
+        if (status)
+            *status = decode_status(st);
+        m->pid = 0;
+        return 0;
+    }
+    return 1;
+}
+
+int tp_master_stop(tp_master *m)
+{
+    if (m->pid <= 0) {
+        cleanup_dir(m);
+        return -1;
+    }
+    kill(m->pid, SIGTERM);
+    int rc = wait_bounded(m->pid, STOP_WAIT_MS);
+    if (rc < 0) {
+        fprintf(stderr, "tp_master_stop: pid %d did not stop in %d ms; killing it\n",
+                (int)m->pid, STOP_WAIT_MS);
+        kill(m->pid, SIGKILL);
+        wait_bounded(m->pid, 5000);
+    }
+    m->pid = 0;
+    cleanup_dir(m);
+    return rc;
+}
+
+void tp_master_kill(tp_master *m)
+{
+    if (m->pid > 0) {
+        kill(m->pid, SIGKILL);
+        wait_bounded(m->pid, 5000);
+    }
+    m->pid = 0;
+    cleanup_dir(m);
+}
+
+int tp_run_capture(const char *const *argv, int which, char *out, size_t outlen, int timeout_ms)
+{
+    int p[2];
+    if (outlen)
+        out[0] = 0;
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return -1;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        int nul = open("/dev/null", O_RDWR);
+        if (nul >= 0) {
+            dup2(nul, 0);
+            dup2(nul, 1);
+            if (!(which & 2))
+                dup2(nul, 2);
+        }
+        if (which & 1)
+            dup2(p[1], 1);
+        if (which & 2)
+            dup2(p[1], 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(p[1]);
+    size_t len = 0;
+    uint64_t end = tp_now_ms() + (uint64_t)timeout_ms;
+    int timed_out = 0;
+    for (;;) {
+        uint64_t now = tp_now_ms();
+        if (now >= end) {
+            timed_out = 1;
+            break;
+        }
+        struct pollfd pf = {p[0], POLLIN, 0};
+        int n = poll(&pf, 1, (int)(end - now));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            timed_out = n == 0;
+            break;
+        }
+        char buf[4096];
+        ssize_t r = read(p[0], buf, sizeof buf);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break; /* EOF: the child closed its ends */
+        if (outlen && len < outlen - 1) {
+            size_t c = (size_t)r < outlen - 1 - len ? (size_t)r : outlen - 1 - len;
+            memcpy(out + len, buf, c);
+            len += c;
+            out[len] = 0;
+        }
+    }
+    close(p[0]);
+    if (timed_out) {
+        kill(pid, SIGKILL);
+        wait_bounded(pid, 5000);
+        return -1;
+    }
+    int rc = wait_bounded(pid, (unsigned)timeout_ms);
+    if (rc < 0) {
+        kill(pid, SIGKILL);
+        wait_bounded(pid, 5000);
+    }
+    return rc;
+}

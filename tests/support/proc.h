@@ -1,0 +1,59 @@
+/*
+ * proc.h -- test support: run `kvpool master` as a real process.
+ *
+ *   tp_master m;
+ *   if (tp_master_start(&m, (const char *[]){"--client-ttl", "2s", NULL}) != 0) ...
+ *   ... connect to m.addr ("127.0.0.1:PORT") ...
+ *   CHECK_EQ(tp_master_stop(&m), 0);   // SIGTERM, bounded wait, exit status
+ *
+ * The binary is $KVPOOL_BIN (default build/asan/kvpool). The master listens
+ * on 127.0.0.1:0 and reports its port through --port-file in a private temp
+ * dir; start waits (bounded) for that file. Its stderr is inherited, so
+ * sanitizer reports show up in the test's output.
+ */
+#ifndef KVP_TEST_PROC_H
+#define KVP_TEST_PROC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct tp_master {
+    pid_t pid;         /* 0 when not running */
+    uint16_t port;
+    char addr[64];     /* "127.0.0.1:PORT" */
+    char dir[256];     /* temp dir holding the port file */
+} tp_master;
+
+/* The kvpool binary under test: $KVPOOL_BIN or build/asan/kvpool. */
+const char *tp_kvpool_bin(void);
+
+/* Starts `kvpool master --listen 127.0.0.1:0 --port-file F --log-level error
+ * <extra...>` (extra: NULL-terminated, may be NULL; later flags win) and
+ * waits up to 10 s for the port. 0, or -1 (the child is killed). */
+int tp_master_start(tp_master *m, const char *const *extra);
+
+/* SIGTERM, then waits up to 15 s. Returns the exit status (0 = clean
+ * shutdown), 128 + signal when it was killed by one, or -1 when it did not
+ * stop in time (it is then killed with SIGKILL). */
+int tp_master_stop(tp_master *m);
+
+/* SIGKILL and reap (a crash, as far as clients can tell). */
+void tp_master_kill(tp_master *m);
+
+/* Still running? (reaps it when it exited; *status gets what stop returns) */
+int tp_master_alive(tp_master *m, int *status);
+
+/*
+ * Runs argv (argv[0] = path) with stdin from /dev/null, capturing stdout
+ * and/or stderr (which: 1 = stdout, 2 = stderr, 3 = both) into out
+ * (NUL-terminated, truncated to outlen). Returns the exit status, 128 + signal,
+ * or -1 on error / timeout (the child is killed).
+ */
+int tp_run_capture(const char *const *argv, int which, char *out, size_t outlen, int timeout_ms);
+
+/* Monotonic milliseconds and a sleep, for tests. */
+uint64_t tp_now_ms(void);
+void tp_sleep_ms(unsigned ms);
+
+#endif
