@@ -46,6 +46,7 @@ typedef struct kvp_mseg {
     kvp_segalloc *alloc;
     uint32_t gen;         /* generation of the last allocation */
     uint64_t used_pages;
+    uint64_t lru_pages;   /* pages of replicas of evictable (LRU-listed) objects */
     uint64_t nrep;        /* replicas stored here */
     kvp_mclient *owner;
     uint8_t *endpoints;   /* encoded: u32 n, then (bytes transport, bytes addr) */
@@ -98,11 +99,27 @@ static olist *list_of(kvp_master *m, kvp_obj *o)
     return NULL;
 }
 
+/* Keeps each segment's count of evictable pages: +/- when an object
+ * enters or leaves the LRU list. */
+static void lru_account(kvp_master *m, kvp_obj *o, int sign)
+{
+    kvp_orep *r = kvp_obj_reps(o);
+    uint64_t np = kvp_pages(o->size);
+    for (unsigned i = 0; i < o->nrep; i++) {
+        if (sign > 0)
+            m->segs[r[i].seg]->lru_pages += np;
+        else
+            m->segs[r[i].seg]->lru_pages -= np;
+    }
+}
+
 static void list_unlink(kvp_master *m, kvp_obj *o)
 {
     olist *l = list_of(m, o);
     if (!l)
         return;
+    if (o->list == KVP_LIST_LRU)
+        lru_account(m, o, -1);
     if (o->prev) o->prev->next = o->next; else l->head = o->next;
     if (o->next) o->next->prev = o->prev; else l->tail = o->prev;
     o->prev = o->next = NULL;
@@ -112,6 +129,8 @@ static void list_unlink(kvp_master *m, kvp_obj *o)
 
 static void list_push_tail(kvp_master *m, int which, kvp_obj *o)
 {
+    if (which == KVP_LIST_LRU)
+        lru_account(m, o, +1);
     o->list = (uint8_t)which;
     olist *l = list_of(m, o);
     o->next = NULL;
@@ -123,6 +142,8 @@ static void list_push_tail(kvp_master *m, int which, kvp_obj *o)
 
 static void list_push_head(kvp_master *m, int which, kvp_obj *o)
 {
+    if (which == KVP_LIST_LRU)
+        lru_account(m, o, +1);
     o->list = (uint8_t)which;
     olist *l = list_of(m, o);
     o->prev = NULL;
@@ -271,6 +292,8 @@ static void seg_unmount(kvp_master *m, uint32_t si)
             i--; /* backward shift may have moved an unvisited entry here */
             continue;
         }
+        if (o->list == KVP_LIST_LRU)
+            s->lru_pages -= kvp_pages(o->size);
         free_replica(m, o, &r[k]);
         memmove(&r[k], &r[k + 1], (o->nrep - k - 1) * sizeof *r);
         o->nrep--;
@@ -504,13 +527,16 @@ static int place_one(kvp_master *m, uint32_t np, int pref, kvp_orep *reps, unsig
             return 0;
         nomem |= rc == KVP_ENOMEM;
     }
-    /* a replica larger than every eligible segment can never be placed:
-     * refuse it before evicting anything (else one oversized put would
-     * flush the whole cache and still fail) */
+    /* refuse before evicting anything when no eligible segment could hold
+     * the replica even with all its evictable objects gone (bigger than the
+     * segment, or the rest is pending, leased or pinned): otherwise one such
+     * put would flush the whole cache and still fail */
     int could_fit = 0;
-    for (uint32_t i = 0; i < m->nseg && !could_fit; i++)
+    for (uint32_t i = 0; i < m->nseg && !could_fit; i++) {
+        const kvp_mseg *sg = m->segs[m->mounted[i]];
         could_fit = !used_seg(reps, have, m->mounted[i]) &&
-                    (m->segs[m->mounted[i]]->capacity >> 12) >= np;
+                    kvp_segalloc_free_pages(sg->alloc) + sg->lru_pages >= np;
+    }
     if (!could_fit)
         return KVP_ENO_AVAILABLE_HANDLE;
     /* inline eviction: puts keep succeeding while anything is evictable */
@@ -1402,6 +1428,20 @@ int kvp_master_check(const kvp_master *m)
         if (fp + m->segs[i]->used_pages != (m->segs[i]->capacity >> 12))
             return -7;
         seg_used += m->segs[i]->used_pages;
+    }
+    uint64_t *lru = kvp_calloc(m->cfg.max_segments, sizeof *lru);
+    if (lru) { /* skipped only when the check itself cannot allocate */
+        for (const kvp_obj *o = m->lru.head; o; o = o->next) {
+            const kvp_orep *r = kvp_obj_reps((kvp_obj *)o);
+            for (unsigned k = 0; k < o->nrep; k++)
+                lru[r[k].seg] += kvp_pages(o->size);
+        }
+        int bad = 0;
+        for (uint32_t i = 0; i < m->cfg.max_segments; i++)
+            bad |= m->segs[i] && m->segs[i]->lru_pages != lru[i];
+        kvp_free(lru);
+        if (bad)
+            return -10;
     }
     return seg_used == m->used_pages ? 0 : -8;
 }

@@ -843,3 +843,27 @@ TEST(fault_injection_every_allocation)
     }
     CHECK(clean);
 }
+
+TEST(no_flush_when_eviction_cannot_make_room)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    CHECK_EQ(put(&c, &s, 0, 8, 10 * 4096), 0);
+    int32_t code;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_GET, 0, 7, NULL, &code), 0); /* 0..6 leased */
+    /* 20 free + 10 evictable pages: a 31-page put cannot fit, a 30-page one can */
+    kvp_msg_put_start_resp r;
+    CHECK_EQ(put_start(&c, &s, 100, 1, 31 * 4096, 1, 0, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, KVP_ENO_AVAILABLE_HANDLE);
+    CHECK_EQ(exists(&c, &s, 7), 1); /* nothing was evicted in vain */
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    CHECK_EQ(put_start(&c, &s, 101, 1, 30 * 4096, 1, 0, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, 0);
+    CHECK_EQ(exists(&c, &s, 7), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
