@@ -56,6 +56,12 @@ static inline void kvp_index_settle(kvp_index *ix)
         kvp_index_step(ix, UINT64_MAX);
 }
 
+/* Starts loading the cache line of h's home slot (batched lookups). */
+static inline void kvp_index_prefetch(const kvp_index *ix, uint64_t h)
+{
+    __builtin_prefetch(&ix->slots[h & ix->mask]);
+}
+
 /* Slot access for whole-table scans (call kvp_index_settle first). A scan
  * that removes the object at slot i must look at slot i again (backward
  * shift may have moved an unvisited entry there); entries may be seen
