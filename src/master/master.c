@@ -47,6 +47,7 @@ typedef struct kvp_mseg {
     uint32_t gen;         /* generation of the last allocation */
     uint64_t used_pages;
     uint64_t lru_pages;   /* pages of replicas of evictable (LRU-listed) objects */
+    uint64_t secret;      /* seeds the replica tags (kvp_replica_tag) */
     uint64_t nrep;        /* replicas stored here */
     kvp_mclient *owner;
     uint8_t *endpoints;   /* encoded: u32 n, then (bytes transport, bytes addr) */
@@ -325,7 +326,7 @@ static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
         kvp_mseg *s = m->segs[si];
         if (s->owner != c)
             return KVP_ESEGMENT_ALREADY_EXISTS;
-        if (s->capacity != cap)
+        if (s->capacity != cap || s->secret != d->secret)
             return KVP_EINVALID_PARAMS;
         return 0; /* remount by its owner: idempotent */
     }
@@ -350,6 +351,7 @@ static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
     s->name = kvp_strndup((const char *)d->name.p, d->name.len);
     s->namelen = d->name.len;
     s->capacity = cap;
+    s->secret = d->secret;
     s->owner = c;
     s->endpoints = eb.data;
     s->endpoints_len = (uint32_t)eb.len;
@@ -762,7 +764,7 @@ static void op_put_start(req *q)
         reply_status(q, KVP_EINVALID_PARAMS);
         return;
     }
-    if (!fits(q, d.n, 8 + 4 * 8 * KVP_MAX_REPLICAS)) {
+    if (!fits(q, d.n, 8 + 5 * 8 * KVP_MAX_REPLICAS)) {
         reply_status(q, KVP_ETOO_LARGE);
         return;
     }
@@ -834,6 +836,7 @@ static void op_put_start(req *q)
                 r.replicas[j].offset = (uint64_t)reps[j].page << 12;
                 r.replicas[j].length = d.sizes[i];
                 r.replicas[j].generation = reps[j].gen;
+                r.replicas[j].tag = kvp_replica_tag(m->segs[reps[j].seg]->secret, &r.replicas[j]);
             }
         } else {
             for (unsigned j = 0; j < have; j++) { /* undo a partial placement */
@@ -973,7 +976,7 @@ static void op_get(req *q)
         reply_status(q, KVP_EPROTOCOL);
         return;
     }
-    if (!fits(q, d.n, 40 + 4 * 8 * KVP_MAX_REPLICAS)) {
+    if (!fits(q, d.n, 40 + 5 * 8 * KVP_MAX_REPLICAS)) {
         reply_status(q, KVP_ETOO_LARGE);
         return;
     }
@@ -1002,6 +1005,7 @@ static void op_get(req *q)
                 r.replicas[j].offset = (uint64_t)reps[j].page << 12;
                 r.replicas[j].length = o->size;
                 r.replicas[j].generation = reps[j].gen;
+                r.replicas[j].tag = kvp_replica_tag(m->segs[reps[j].seg]->secret, &r.replicas[j]);
             }
         }
         kvp_enc_get_result(q->out, &r);

@@ -14,6 +14,8 @@
  */
 #include "proto/proto.h"
 
+#include <xxhash.h>
+
 #include "kvpool.h"
 
 /* Smallest encodings of repeated elements (used to bound counts). */
@@ -21,6 +23,7 @@
 #define MIN_KEY (MIN_BYTES + 1)                 /* keys are 1..max_key bytes */
 #define MIN_ENDPOINT (2 * MIN_BYTES)            /* transport, addr */
 #define MIN_SEG (8 + MIN_BYTES + 8 + 4)         /* id, name, capacity, n_endpoints */
+#define MIN_MOUNT_SEG (MIN_SEG + 8)             /* + secret */
 #define MIN_SEG_STAT (8 + MIN_BYTES + 4 * 8)    /* id, name, capacity, used, objects, free */
 #define MIN_STATUS 4u                           /* a result that is only an error code */
 #define MAX_ENDPOINTS 16
@@ -198,6 +201,7 @@ static void rd_replicas(kvp_rd *r, uint32_t *n, kvp_replica *rep)
         rep[i].offset = kvp_rd_u64(r);
         rep[i].length = kvp_rd_u64(r);
         rep[i].generation = kvp_rd_u64(r);
+        rep[i].tag = kvp_rd_u64(r);
     }
 }
 
@@ -214,6 +218,7 @@ static void wr_replicas(kvp_buf *b, uint32_t n, const kvp_replica *rep)
         kvp_buf_u64(b, rep[i].offset);
         kvp_buf_u64(b, rep[i].length);
         kvp_buf_u64(b, rep[i].generation);
+        kvp_buf_u64(b, rep[i].tag);
     }
 }
 
@@ -291,23 +296,28 @@ int kvp_dec_hello_resp(const uint8_t *p, uint32_t len, kvp_msg_hello_resp *m)
 
 /* --------------------------------------------------------------- mount */
 
+/* Per segment: the seg_desc encoding, then u64 secret. */
 void kvp_enc_mount(kvp_buf *b, const kvp_msg_mount *m)
 {
     kvp_buf_u32(b, m->n);
-    for (uint32_t i = 0; i < m->n; i++)
+    for (uint32_t i = 0; i < m->n; i++) {
         wr_seg(b, &m->segs[i]);
+        kvp_buf_u64(b, m->segs[i].secret);
+    }
 }
 
 int kvp_dec_mount(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
                   kvp_msg_mount *m)
 {
     DEC_BEGIN;
-    m->n = kvp_rd_count(&r, l->max_batch, MIN_SEG);
+    m->n = kvp_rd_count(&r, l->max_batch, MIN_MOUNT_SEG);
     if (!ALLOC_ARRAY(a, m->segs, m->n))
         return KVP_ENOMEM;
-    for (uint32_t i = 0; i < m->n && !r.err; i++)
+    for (uint32_t i = 0; i < m->n && !r.err; i++) {
         if (rd_seg(&r, l, a, &m->segs[i]))
             return KVP_ENOMEM;
+        m->segs[i].secret = kvp_rd_u64(&r);
+    }
     DEC_END;
 }
 
@@ -664,4 +674,39 @@ int kvp_dec_seg_info_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits
             return KVP_ENOMEM;
     }
     DEC_END;
+}
+
+/* ------------------------------------------------------- storage node io */
+
+uint64_t kvp_replica_tag(uint64_t secret, const kvp_replica *r)
+{
+    uint8_t b[32];
+    st_le(b, r->segment_id, 8);
+    st_le(b + 8, r->offset, 8);
+    st_le(b + 16, r->length, 8);
+    st_le(b + 24, r->generation, 8);
+    return XXH3_64bits_withSeed(b, sizeof b, secret);
+}
+
+void kvp_enc_seg_io(kvp_buf *b, const kvp_replica *r)
+{
+    kvp_buf_u64(b, r->segment_id);
+    kvp_buf_u64(b, r->offset);
+    kvp_buf_u64(b, r->length);
+    kvp_buf_u64(b, r->generation);
+    kvp_buf_u64(b, r->tag);
+}
+
+int kvp_dec_seg_io(const uint8_t *p, uint32_t len, kvp_replica *out)
+{
+    if (len < KVP_SEG_IO_SIZE)
+        return KVP_EPROTOCOL;
+    kvp_rd r;
+    kvp_rd_init(&r, p, KVP_SEG_IO_SIZE);
+    out->segment_id = kvp_rd_u64(&r);
+    out->offset = kvp_rd_u64(&r);
+    out->length = kvp_rd_u64(&r);
+    out->generation = kvp_rd_u64(&r);
+    out->tag = kvp_rd_u64(&r);
+    return kvp_rd_finish(&r);
 }

@@ -59,7 +59,10 @@
     XX(REMOVE, 12, "remove keys (force: even when leased or pinned)")                  \
     XX(REMOVE_ALL, 13, "remove every object of a tenant")                              \
     XX(STATS, 14, "counters and per-segment usage")                                    \
-    XX(SEGMENT_INFO, 15, "name, capacity and endpoints of segments by id")
+    XX(SEGMENT_INFO, 15, "name, capacity and endpoints of segments by id")         \
+    XX(SEG_WRITE, 16, "storage node: write one replica (kvp_seg_io + bytes)")     \
+    XX(SEG_READ, 17, "storage node: read one replica (kvp_seg_io -> bytes)")      \
+    XX(SHM_ATTACH, 18, "storage node, unix socket: the segment's memfd (SCM_RIGHTS)")
 
 enum kvp_op {
 #define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
@@ -150,6 +153,8 @@ typedef struct kvp_seg_desc {
     uint64_t capacity; /* bytes; rounded down to 4 KiB by the master */
     uint32_t n_endpoints;
     kvp_endpoint *endpoints;
+    uint64_t secret;   /* MOUNT_SEGMENT only (never in SEGMENT_INFO): seeds
+                          the replica tags the node verifies */
 } kvp_seg_desc;
 
 /* MOUNT_SEGMENT request; response = kvp_msg_results (one per segment). */
@@ -205,7 +210,21 @@ typedef struct kvp_replica {
     uint64_t offset;
     uint64_t length;
     uint64_t generation;
+    uint64_t tag;        /* kvp_replica_tag(segment secret, this replica):
+                            lets the storage node check, without asking the
+                            master, that the master issued this allocation */
 } kvp_replica;
+
+/*
+ * The tag of a replica: XXH3-64 of (segment_id, offset, length, generation)
+ * seeded with the segment's secret, which only the node and the master know
+ * (the node chooses it and sends it in MOUNT_SEGMENT; SEGMENT_INFO never
+ * returns it). It stops a client from reading or writing anything but
+ * allocations the master handed out. XXH3 is not a cryptographic MAC: this
+ * guards against bugs and misbehaving clients inside a cluster, not against
+ * an attacker with network access (the cluster token and the network do).
+ */
+uint64_t kvp_replica_tag(uint64_t secret, const kvp_replica *r);
 
 typedef struct kvp_put_result {
     int32_t status;    /* 0, OBJECT_ALREADY_EXISTS, NO_AVAILABLE_HANDLE, ... */
@@ -311,6 +330,20 @@ typedef struct kvp_msg_seg_info_resp {
     uint32_t n;
     kvp_seg_info *infos;
 } kvp_msg_seg_info_resp;
+
+/*
+ * Storage-node data operations. SEG_WRITE's body is the 40-byte kvp_seg_io
+ * followed by exactly `length` value bytes (body_len == 40 + length);
+ * SEG_READ's body is the kvp_seg_io alone and its answer's body the
+ * `length` bytes. The replica fields are a descriptor from PUT_START/GET,
+ * checked by the node against its bounds and the tag.
+ * SHM_ATTACH (unix socket only): body u64 segment_id; answer body u64 size,
+ * with the segment's memfd attached (SCM_RIGHTS) to the answer's bytes.
+ */
+#define KVP_SEG_IO_SIZE 40
+void kvp_enc_seg_io(kvp_buf *b, const kvp_replica *r);
+/* Decodes the first 40 bytes of a body (len >= 40). 0 or KVP_EPROTOCOL. */
+int kvp_dec_seg_io(const uint8_t *p, uint32_t len, kvp_replica *r);
 
 /* ----------------------------------------------------------------- codecs */
 /*

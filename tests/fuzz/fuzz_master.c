@@ -56,7 +56,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     serve(m, &s, &a, &out, KVP_OP_HELLO, b.data, (uint32_t)b.len, now);
     kvp_buf_reset(&b);
     kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)"h:1", 3}};
-    kvp_seg_desc sd = {7, {(const uint8_t *)"h:1", 3}, 64 * 4096, 1, &ep};
+    kvp_seg_desc sd = {7, {(const uint8_t *)"h:1", 3}, 64 * 4096, 1, &ep, 0};
     kvp_msg_mount mm = {1, &sd};
     kvp_enc_mount(&b, &mm);
     serve(m, &s, &a, &out, KVP_OP_MOUNT_SEGMENT, b.data, (uint32_t)b.len, now);

@@ -3,7 +3,7 @@
  * Not built by the Makefile; regenerate after a protocol change with
  *
  *   cc -std=gnu11 -Iinclude -Isrc -Itests/support tests/fuzz/gen_corpus.c \
- *      src/common/buf.c src/common/mem.c src/proto/proto.c -o build/gen_corpus
+ *       src/common/buf.c src/common/mem.c src/proto/proto.c -lxxhash -o build/gen_corpus
  *   rm -rf tests/fuzz/corpus && build/gen_corpus tests/fuzz/corpus
  *
  * fuzz_decode/NAME-V: the selector byte then sample V of message NAME.

@@ -133,32 +133,32 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     static kvp_seg_info infos[3], info_max;
     const uint8_t *big = pc_big();
     kvp_bytes str_max = {big, 1024}, key_max = {big, 4096};
-    kvp_replica reps[3] = {{7, 0, 4096, 1}, {8, 1ull << 40, 123456789, 2}, {UINT64_MAX, 4096, 1, UINT64_MAX}};
+    kvp_replica reps[3] = {{7, 0, 4096, 1, 11}, {8, 1ull << 40, 123456789, 2, 0}, {UINT64_MAX, 4096, 1, UINT64_MAX, UINT64_MAX}};
 
     for (int i = 0; i < 2; i++)
         ep2[i] = (kvp_endpoint){i ? PC_B("shm") : PC_B("tcp"), i ? PC_B("/kvpool-7") : PC_B("10.0.0.1:7000")};
     for (int i = 0; i < 16; i++)
         ep16[i] = (kvp_endpoint){i == 15 ? str_max : PC_B("tcp"), i == 0 ? str_max : PC_B("")};
-    segs[0] = (kvp_seg_desc){42, PC_B("host-a:7000"), 1ull << 30, 0, NULL};
-    segs[1] = (kvp_seg_desc){UINT64_MAX, PC_B(""), 4096, 2, ep2};
-    seg_max = (kvp_seg_desc){9, str_max, UINT64_MAX, 16, ep16};
+    segs[0] = (kvp_seg_desc){42, PC_B("host-a:7000"), 1ull << 30, 0, NULL, 0};
+    segs[1] = (kvp_seg_desc){UINT64_MAX, PC_B(""), 4096, 2, ep2, 0};
+    seg_max = (kvp_seg_desc){9, str_max, UINT64_MAX, 16, ep16, 0};
     keys3[0] = PC_B("k");
     keys3[1] = PC_B("model/layer.7/\0bin\xff");
     keys3[2] = PC_B("another-key");
     keys_max[0] = key_max;
     keys_max[1] = PC_B("x");
     pres[0] = (kvp_put_result){0, 1, {reps[0]}};
-    pres[1] = (kvp_put_result){KVP_EOBJECT_ALREADY_EXISTS, 0, {{0, 0, 0, 0}}};
+    pres[1] = (kvp_put_result){KVP_EOBJECT_ALREADY_EXISTS, 0, {{0, 0, 0, 0, 0}}};
     pres[2] = (kvp_put_result){0, 3, {reps[0], reps[1], reps[2]}};
     gres[0] = (kvp_get_result){0, 4096, 0xdeadbeefcafef00dull, 77, 2, {reps[1], reps[2]}};
-    gres[1] = (kvp_get_result){KVP_EOBJECT_NOT_FOUND, 0, 0, 0, 0, {{0, 0, 0, 0}}};
+    gres[1] = (kvp_get_result){KVP_EOBJECT_NOT_FOUND, 0, 0, 0, 0, {{0, 0, 0, 0, 0}}};
     gres[2] = (kvp_get_result){0, 1, 0, UINT64_MAX, 3, {reps[0], reps[1], reps[2]}};
     for (int i = 0; i < 1024; i++)
         counters[i] = (uint64_t)i * 0x9E3779B97F4A7C15ull;
     sstats[0] = (kvp_seg_stat){42, PC_B("host-a:7000"), 1ull << 30, 8192, 2, 1ull << 29};
     sstats[1] = (kvp_seg_stat){UINT64_MAX, PC_B(""), 0, 0, 0, 0};
     infos[0] = (kvp_seg_info){0, segs[1]};
-    infos[1] = (kvp_seg_info){KVP_ESEGMENT_NOT_FOUND, {0, {NULL, 0}, 0, 0, NULL}};
+    infos[1] = (kvp_seg_info){KVP_ESEGMENT_NOT_FOUND, {0, {NULL, 0}, 0, 0, NULL, 0}};
     infos[2] = (kvp_seg_info){0, segs[0]};
     info_max = (kvp_seg_info){0, seg_max};
 

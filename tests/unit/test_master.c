@@ -106,7 +106,7 @@ static int hello(core *c, sess *s, uint64_t id)
 static int mount(core *c, sess *s, uint64_t id, const char *name, uint64_t cap)
 {
     kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)name, (uint32_t)strlen(name)}};
-    kvp_seg_desc d = {id, {(const uint8_t *)name, (uint32_t)strlen(name)}, cap, 1, &ep};
+    kvp_seg_desc d = {id, {(const uint8_t *)name, (uint32_t)strlen(name)}, cap, 1, &ep, 0};
     kvp_msg_mount mm = {1, &d};
     kvp_enc_mount(&c->body, &mm);
     REQUIRE(call(c, s, KVP_OP_MOUNT_SEGMENT, 0) == 0);
