@@ -87,6 +87,84 @@ const char *kvp_err_name(int err);
 /* Library version string, e.g. "0.1.0". */
 const char *kvp_version(void);
 
+
+/* ======================================================== store client */
+/*
+ * kvp_client: a connection to a kvpool cluster (one master, any number of
+ * storage nodes). Thread-safe: every call may be made from any number of
+ * threads at once. Every call is bounded by the configured deadline
+ * (`rpc_timeout`): a master or node that does not answer gives
+ * KVP_ERPC_FAIL / KVP_ERPC_TIMEOUT / KVP_ETRANSFER_FAIL, never a hang.
+ *
+ * Batch calls answer per key in `results`: bytes moved (>= 0) or a
+ * negative KVP_E* code; the call itself returns 0 when it ran (check each
+ * result) or a negative code when nothing was attempted.
+ *
+ * Values are checksummed (XXH3-64) on put and verified on get: a mismatch
+ * is KVP_ECHECKSUM_MISMATCH for that key, never data; a get tries the next
+ * replica when one fails. A put of an existing key succeeds without moving
+ * bytes (keys are immutable; first writer wins).
+ */
+typedef struct kvp_client kvp_client;
+
+/* A piece of caller memory. */
+typedef struct kvp_iov {
+    void *base;
+    size_t len;
+} kvp_iov;
+
+/*
+ * Creates a client. `config` is a JSON object text (NULL or "" = the file
+ * named by $KVPOOL_CONFIG / $MOONCAKE_CONFIG_PATH, else defaults). Keys:
+ * see docs/CONFIG.md (`master`, `mode` embedded | standalone-store,
+ * `global_segment_size` contributed in embedded mode, `local_hostname`,
+ * `rpc_timeout`, `cluster_token`, Mooncake's names accepted).
+ * In embedded mode the client also hosts a segment and its server threads.
+ * 0 or a negative code, with a message in err (may be NULL).
+ */
+int kvp_client_open(const char *config, kvp_client **out, char *err, size_t errlen);
+/* Closes connections, unmounts an embedded segment, frees everything.
+ * No call may be running. */
+void kvp_client_close(kvp_client *c);
+
+/* Per key: 1 present, 0 absent, < 0 error. No side effects. */
+int kvp_client_exist(kvp_client *c, const char *const *keys, size_t n, int *results);
+/* Number of leading keys present (>= 0), or < 0. */
+int64_t kvp_client_prefix(kvp_client *c, const char *const *keys, size_t n);
+
+/* Single values. put: 0 or < 0. get: bytes copied (<= cap), or < 0;
+ * KVP_EBUFFER_OVERFLOW when cap is smaller than the value. */
+int kvp_client_put(kvp_client *c, const char *key, const void *buf, size_t len);
+int64_t kvp_client_get(kvp_client *c, const char *key, void *buf, size_t cap);
+/* Size of a stored value, or < 0 (KVP_EOBJECT_NOT_FOUND). */
+int64_t kvp_client_size(kvp_client *c, const char *key);
+
+/* Each key's value is gathered from / scattered into its list of pieces
+ * (iovs[i][0..niov[i])). A get needs the pieces' total to equal the value
+ * size (else KVP_EBUFFER_OVERFLOW / KVP_EINVALID_PARAMS for that key). */
+int kvp_client_batch_put_from_multi_buffers(kvp_client *c, const char *const *keys,
+                                            const kvp_iov *const *iovs, const size_t *niov,
+                                            size_t n, int64_t *results);
+int kvp_client_batch_get_into_multi_buffers(kvp_client *c, const char *const *keys,
+                                            const kvp_iov *const *iovs, const size_t *niov,
+                                            size_t n, int64_t *results);
+
+/* Records caller memory ranges (the RDMA and GPU transports to come
+ * register them with the device; TCP and shm need nothing). Overlapping or
+ * unknown ranges: KVP_EINVALID_PARAMS. */
+int kvp_client_register_buffer(kvp_client *c, void *base, size_t len);
+int kvp_client_unregister_buffer(kvp_client *c, void *base);
+
+/* remove: 0 or < 0 (OBJECT_NOT_FOUND, OBJECT_HAS_LEASE unless force).
+ * remove_all: objects removed (>= 0) or < 0. */
+int kvp_client_remove(kvp_client *c, const char *key, int force);
+int64_t kvp_client_remove_all(kvp_client *c, int force);
+
+/* A human-readable description of a key's replicas and tier, e.g.
+ * "size 4096; replica 1/1: segment 5f2a.. (node-a:7000) offset 8192 tier dram via shm".
+ * Bytes written (excluding NUL) or < 0. */
+int kvp_client_describe(kvp_client *c, const char *key, char *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,66 @@
+/*
+ * xfer.h -- the client side of the data plane: moves one replica's bytes
+ * between caller memory (an iovec list) and a segment, choosing the
+ * transport by where the segment is.
+ *
+ * Transports sit behind one private operation table (shm, tcp); the choice
+ * is made per segment when it is added, never with #ifdef in the request
+ * path:
+ *   shm  the segment's "shm" endpoint names this host (kvp_node_host_id()):
+ *        the memfd is fetched once over the unix socket (SHM_ATTACH) and
+ *        mapped; a transfer is a memcpy (gather/scatter) into the mapping.
+ *   tcp  a pool of connections to the node's "tcp" endpoint (HELLO once per
+ *        connection); SEG_WRITE/SEG_READ frames, with writev from / readv
+ *        into the caller's iovecs (no staging copy), pipelined; a batch is
+ *        spread over the pool's connections, one thread per connection.
+ *
+ * Thread-safe: any number of threads may call kvp_xfer_run at once.
+ */
+#ifndef KVP_XFER_H
+#define KVP_XFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "proto/proto.h"
+
+typedef struct kvp_xfer kvp_xfer;
+
+typedef struct kvp_xfer_opts {
+    const char *cluster_token; /* NULL = none */
+    uint64_t client_id;
+    int conns_per_node;        /* tcp pool size per node (0 = 4) */
+    int force_tcp;             /* never use shm (tests, benchmarks) */
+    int timeout_ms;            /* connect/io deadline per call (0 = 10 s) */
+} kvp_xfer_opts;
+
+int kvp_xfer_create(const kvp_xfer_opts *o, kvp_xfer **out);
+void kvp_xfer_destroy(kvp_xfer *x);
+
+/* Makes a segment known (from SEGMENT_INFO); idempotent. Does not connect. */
+int kvp_xfer_add_segment(kvp_xfer *x, const kvp_seg_desc *d);
+/* 1 if known. */
+int kvp_xfer_has_segment(kvp_xfer *x, uint64_t segment_id);
+/* Forgets a segment (unmounted / node dead): unmaps, closes connections. */
+void kvp_xfer_drop_segment(kvp_xfer *x, uint64_t segment_id);
+/* "shm" or "tcp" (what kvp_xfer_run would use), NULL if unknown. */
+const char *kvp_xfer_transport(kvp_xfer *x, uint64_t segment_id);
+
+/* One replica transfer. iov describes exactly rep.length bytes. */
+typedef struct kvp_xfer_op {
+    kvp_replica rep;
+    const struct iovec *iov;
+    int iovcnt;
+    int status; /* out: 0, KVP_ETRANSFER_FAIL, KVP_ERPC_TIMEOUT, KVP_ESEGMENT_NOT_FOUND,
+                   or the node's refusal (INVALID_WRITE / INVALID_READ) */
+} kvp_xfer_op;
+
+/*
+ * Runs n writes (is_write) or reads, in parallel where they target
+ * different connections, all bounded by deadline_ms (kvp_now_ms clock).
+ * Returns 0 when every op ran (check each status), or a negative code when
+ * the batch could not start.
+ */
+int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t deadline_ms);
+#endif
