@@ -48,6 +48,12 @@ int kvp_cli_parse(int argc, char **argv, kvp_config *cfg, const char *const *own
         fprintf(stderr, "kvpool %s: %s\n", argv[0], err);
         return -1;
     }
+    const char *env_master = getenv("KVPOOL_MASTER");
+    if (env_master && *env_master &&
+        kvp_config_set(cfg, "master", env_master, err, sizeof err) != 0) {
+        fprintf(stderr, "kvpool %s: KVPOOL_MASTER: %s\n", argv[0], err);
+        return -1;
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--config")) {

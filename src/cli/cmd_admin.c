@@ -1,0 +1,213 @@
+/*
+ * cmd_admin.c -- `kvpool stat` and `kvpool reset`: administration through
+ * the master (no data plane needed).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/clock.h"
+#include "common/mem.h"
+#include "common/size.h"
+#include "kvpool.h"
+#include "net/rpc.h"
+#include "proto/proto.h"
+
+static int connect_master(const kvp_config *cfg, const char *cmd, kvp_rpc **r)
+{
+    char err[256];
+    kvp_rpc_opts o = {.token = cfg->cluster_token[0] ? cfg->cluster_token : NULL,
+                      .name = cmd,
+                      .timeout_ms = (int)cfg->rpc_timeout_ms};
+    int rc = kvp_rpc_open(cfg->master_addr, &o, r, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "kvpool %s: %s\n", cmd, err);
+    return rc;
+}
+
+static const char *const stat_names[KVP_STAT__COUNT] = {
+    "objects", "bytes", "capacity", "used", "hits", "misses", "evictions", "evicted_bytes",
+    "leases", "pending", "clients", "segments", "put_timeouts", "put_revoked", "clients_expired",
+    "requests", "bad_frames"};
+
+static void print_json(const kvp_msg_stats_resp *s)
+{
+    printf("{\"counters\": {");
+    for (uint32_t i = 0; i < s->n_counters && i < KVP_STAT__COUNT; i++)
+        printf("%s\"%s\": %llu", i ? ", " : "", stat_names[i], (unsigned long long)s->counters[i]);
+    printf("}, \"segments\": [");
+    for (uint32_t i = 0; i < s->n_segs; i++) {
+        const kvp_seg_stat *g = &s->segs[i];
+        printf("%s{\"id\": \"%016llx\", \"name\": \"", i ? ", " : "", (unsigned long long)g->id);
+        for (uint32_t k = 0; k < g->name.len; k++) {
+            uint8_t c = g->name.p[k];
+            if (c == '"' || c == '\\')
+                printf("\\%c", c);
+            else if (c < 32 || c > 126)
+                printf("\\u%04x", c);
+            else
+                putchar(c);
+        }
+        printf("\", \"capacity\": %llu, \"used\": %llu, \"objects\": %llu, \"largest_free\": %llu}",
+               (unsigned long long)g->capacity, (unsigned long long)g->used,
+               (unsigned long long)g->objects, (unsigned long long)g->largest_free);
+    }
+    printf("]}\n");
+    fflush(stdout);
+}
+
+static void print_table(const kvp_msg_stats_resp *s)
+{
+    const uint64_t *c = s->counters;
+    char a[32], b[32];
+    uint64_t get = c[KVP_STAT_HITS] + c[KVP_STAT_MISSES];
+    printf("objects %llu (%s), used %s of %s, hits %llu, misses %llu (hit rate %.1f%%)\n",
+           (unsigned long long)c[KVP_STAT_OBJECTS], kvp_size_format(c[KVP_STAT_BYTES], a, sizeof a),
+           kvp_size_format(c[KVP_STAT_USED], b, sizeof b),
+           kvp_size_format(c[KVP_STAT_CAPACITY], (char[32]){0}, 32),
+           (unsigned long long)c[KVP_STAT_HITS], (unsigned long long)c[KVP_STAT_MISSES],
+           get ? 100.0 * (double)c[KVP_STAT_HITS] / (double)get : 0.0);
+    printf("evictions %llu, leases %llu, pending puts %llu, clients %llu, segments %llu\n",
+           (unsigned long long)c[KVP_STAT_EVICTIONS], (unsigned long long)c[KVP_STAT_LEASES],
+           (unsigned long long)c[KVP_STAT_PENDING], (unsigned long long)c[KVP_STAT_CLIENTS],
+           (unsigned long long)c[KVP_STAT_SEGMENTS]);
+    printf("\n%-16s  %-24s %12s %12s %6s %10s %12s\n", "SEGMENT", "NAME", "CAPACITY", "USED",
+           "USE%", "REPLICAS", "LARGEST FREE");
+    for (uint32_t i = 0; i < s->n_segs; i++) {
+        const kvp_seg_stat *g = &s->segs[i];
+        char cap[32], used[32], lf[32];
+        printf("%016llx  %-24.*s %12s %12s %5.1f%% %10llu %12s\n", (unsigned long long)g->id,
+               (int)(g->name.len > 24 ? 24 : g->name.len), (const char *)g->name.p,
+               kvp_size_format(g->capacity, cap, sizeof cap), kvp_size_format(g->used, used, sizeof used),
+               g->capacity ? 100.0 * (double)g->used / (double)g->capacity : 0.0,
+               (unsigned long long)g->objects, kvp_size_format(g->largest_free, lf, sizeof lf));
+    }
+    if (s->n_segs == 0)
+        printf("(no segments mounted)\n");
+    fflush(stdout);
+}
+
+int kvp_cmd_stat(int argc, char **argv)
+{
+    kvp_config cfg;
+    kvp_config_defaults(&cfg);
+    static const char *const own[] = {"json!", "watch", NULL};
+    const char *v[2] = {NULL};
+    int rc = kvp_cli_parse(argc, argv, &cfg, own, v);
+    if (rc == 1) {
+        printf("usage: kvpool stat [--master HOST:PORT] [--json] [--watch SECONDS]\n"
+               "Shows the pool: objects, usage, hits, misses, evictions, and per segment its\n"
+               "capacity, usage, replicas and largest free block. --watch repeats every\n"
+               "SECONDS (default 2) until interrupted.\n");
+        return 0;
+    }
+    if (rc < 0)
+        return 2;
+    double every = 0;
+    if (v[1]) {
+        char *end;
+        every = strtod(v[1], &end);
+        if (*end || every <= 0 || every > 3600) {
+            fprintf(stderr, "kvpool stat: --watch \"%s\": expected seconds in (0, 3600]\n", v[1]);
+            return 2;
+        }
+    }
+    kvp_rpc *r;
+    if (connect_master(&cfg, "stat", &r))
+        return 1;
+    kvp_arena a;
+    kvp_arena_init(&a, 64u << 20);
+    kvp_proto_limits lim;
+    kvp_proto_limits_default(&lim);
+    int ret = 0;
+    for (;;) {
+        int32_t st;
+        const uint8_t *body;
+        uint32_t len;
+        kvp_msg_stats_resp s;
+        kvp_arena_reset(&a);
+        rc = kvp_rpc_call(r, KVP_OP_STATS, NULL, 0, &st, &body, &len);
+        if (rc == 0)
+            rc = st;
+        if (rc == 0)
+            rc = kvp_dec_stats_resp(body, len, &lim, &a, &s);
+        if (rc == 0 && s.n_counters < KVP_STAT__COUNT)
+            rc = KVP_EPROTOCOL;
+        if (rc) {
+            fprintf(stderr, "kvpool stat: %s: %s\n", cfg.master_addr, kvp_strerror(rc));
+            ret = 1;
+            break;
+        }
+        if (every > 0 && !v[0] && isatty(1))
+            printf("\033[H\033[2J");
+        if (v[0])
+            print_json(&s);
+        else
+            print_table(&s);
+        if (every <= 0)
+            break;
+        usleep((useconds_t)(every * 1e6));
+        if (every > 0 && !v[0])
+            printf("\n");
+    }
+    kvp_arena_free(&a);
+    kvp_rpc_close(r);
+    return ret;
+}
+
+int kvp_cmd_reset(int argc, char **argv)
+{
+    kvp_config cfg;
+    kvp_config_defaults(&cfg);
+    static const char *const own[] = {"yes!", "force!", "tenant", NULL};
+    const char *v[3] = {NULL};
+    int rc = kvp_cli_parse(argc, argv, &cfg, own, v);
+    if (rc == 1) {
+        printf("usage: kvpool reset [--master HOST:PORT] [--yes] [--force] [--tenant NAME]\n"
+               "Removes every object of the tenant (default \"default\"). Asks first unless\n"
+               "--yes. Objects being read (leased) or pinned are kept unless --force.\n");
+        return 0;
+    }
+    if (rc < 0)
+        return 2;
+    if (!v[0]) {
+        if (!isatty(0)) {
+            fprintf(stderr, "kvpool reset: refusing without --yes (standard input is not a terminal)\n");
+            return 2;
+        }
+        fprintf(stderr, "Remove every object of tenant \"%s\" on %s? [y/N] ", v[2] ? v[2] : "default",
+                cfg.master_addr);
+        char line[16];
+        if (!fgets(line, sizeof line, stdin) || (line[0] != 'y' && line[0] != 'Y')) {
+            fprintf(stderr, "kvpool reset: nothing removed\n");
+            return 1;
+        }
+    }
+    kvp_rpc *r;
+    if (connect_master(&cfg, "reset", &r))
+        return 1;
+    kvp_buf b;
+    kvp_buf_init(&b, 4096);
+    const char *t = v[2] ? v[2] : "";
+    kvp_msg_remove_all m = {{(const uint8_t *)t, (uint32_t)strlen(t)}, v[1] ? 1 : 0};
+    kvp_enc_remove_all(&b, &m);
+    int32_t st;
+    const uint8_t *body;
+    uint32_t len;
+    kvp_msg_remove_all_resp resp;
+    rc = b.err ? b.err : kvp_rpc_call(r, KVP_OP_REMOVE_ALL, b.data, b.len, &st, &body, &len);
+    if (rc == 0)
+        rc = st;
+    if (rc == 0)
+        rc = kvp_dec_remove_all_resp(body, len, &resp);
+    kvp_buf_free(&b);
+    kvp_rpc_close(r);
+    if (rc) {
+        fprintf(stderr, "kvpool reset: %s: %s\n", cfg.master_addr, kvp_strerror(rc));
+        return 1;
+    }
+    printf("removed %llu objects\n", (unsigned long long)resp.removed);
+    return 0;
+}
