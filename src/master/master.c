@@ -750,6 +750,22 @@ static void op_heartbeat(req *q)
     reply_end(q, off);
 }
 
+/* Wire descriptors of n replicas of a size-byte object, tagged with each
+ * segment's secret. Returns n. */
+static uint32_t describe(const kvp_master *m, const kvp_orep *reps, unsigned n, uint64_t size,
+                         kvp_replica *out)
+{
+    for (unsigned j = 0; j < n; j++) {
+        const kvp_mseg *sg = m->segs[reps[j].seg];
+        out[j].segment_id = sg->id;
+        out[j].offset = (uint64_t)reps[j].page << 12;
+        out[j].length = size;
+        out[j].generation = reps[j].gen;
+        out[j].tag = kvp_replica_tag(sg->secret, &out[j]);
+    }
+    return n;
+}
+
 static int key_ok(const kvp_master *m, kvp_bytes k) { return k.len >= 1 && k.len <= m->cfg.max_key; }
 
 static void op_put_start(req *q)
@@ -830,14 +846,7 @@ static void op_put_start(req *q)
             kvp_index_insert(&m->ix, h, o);
             list_push_tail(m, KVP_LIST_PENDING, o);
             m->stats[KVP_STAT_PENDING]++;
-            r.n_replicas = have;
-            for (unsigned j = 0; j < have; j++) {
-                r.replicas[j].segment_id = m->segs[reps[j].seg]->id;
-                r.replicas[j].offset = (uint64_t)reps[j].page << 12;
-                r.replicas[j].length = d.sizes[i];
-                r.replicas[j].generation = reps[j].gen;
-                r.replicas[j].tag = kvp_replica_tag(m->segs[reps[j].seg]->secret, &r.replicas[j]);
-            }
+            r.n_replicas = describe(m, reps, have, d.sizes[i], r.replicas);
         } else {
             for (unsigned j = 0; j < have; j++) { /* undo a partial placement */
                 kvp_obj tmp = {.size = d.sizes[i]};
@@ -897,76 +906,137 @@ static kvp_obj *lk_next(lk *l)
     return o;
 }
 
-static void op_put_end(req *q)
+/*
+ * The per-key operations PUT_END, PUT_REVOKE, RELEASE and REMOVE share one
+ * driver: look every key up (batched, prefetched), apply `fn` to each, and
+ * answer one code per key (unless `answer` is 0: a one-way RELEASE).
+ * `o` is NULL for an unknown key; `arg` is the key's u64 (checksum, lease
+ * id) when the request carries one.
+ */
+typedef int32_t (*key_fn)(req *q, kvp_obj *o, uint64_t arg, int force);
+
+static void keyed_op(req *q, kvp_bytes tenant, uint32_t n, const kvp_bytes *keys,
+                     const uint64_t *args, int force, int answer, key_fn fn)
 {
     kvp_master *m = q->m;
-    kvp_msg_put_end d;
-    if (kvp_dec_put_end(q->body, q->h->body_len, &m->lim, q->a, &d)) {
-        reply_status(q, KVP_EPROTOCOL);
-        return;
-    }
-    int32_t *codes = codes_alloc(q, d.n);
+    int32_t *codes = codes_alloc(q, n);
     if (!codes) {
         reply_status(q, KVP_ENOMEM);
         return;
     }
-    int tenant = tenant_find(m, d.tenant);
     lk l;
-    lk_init(&l, m, tenant, d.keys, d.n);
-    for (uint32_t i = 0; i < d.n; i++) {
-        kvp_obj *o = lk_next(&l);
-        if (!o) {
-            codes[i] = KVP_EOBJECT_NOT_FOUND;
-        } else if (o->state == KVP_OBJ_COMPLETE) {
-            codes[i] = o->checksum == d.checksums[i] ? 0 : KVP_EOBJECT_ALREADY_EXISTS;
-        } else if (o->aux != q->s->client->slot) {
-            codes[i] = KVP_EILLEGAL_CLIENT;
-        } else {
-            list_unlink(m, o);
-            o->state = KVP_OBJ_COMPLETE;
-            o->checksum = d.checksums[i];
-            o->aux = 0;
-            settle_unleased(m, o);
-            m->stats[KVP_STAT_PENDING]--;
-            m->stats[KVP_STAT_OBJECTS]++;
-            m->stats[KVP_STAT_BYTES] += o->size;
-            codes[i] = 0;
-        }
+    lk_init(&l, m, tenant_find(m, tenant), keys, n);
+    for (uint32_t i = 0; i < n; i++)
+        codes[i] = fn(q, lk_next(&l), args ? args[i] : 0, force);
+    if (answer)
+        reply_results(q, n, codes);
+}
+
+static int32_t do_put_end(req *q, kvp_obj *o, uint64_t checksum, int force)
+{
+    kvp_master *m = q->m;
+    (void)force;
+    if (!o)
+        return KVP_EOBJECT_NOT_FOUND;
+    if (o->state == KVP_OBJ_COMPLETE) /* a retried PUT_END: idempotent */
+        return o->checksum == checksum ? 0 : KVP_EOBJECT_ALREADY_EXISTS;
+    if (o->aux != q->s->client->slot)
+        return KVP_EILLEGAL_CLIENT;
+    list_unlink(m, o);
+    o->state = KVP_OBJ_COMPLETE;
+    o->checksum = checksum;
+    o->aux = 0;
+    settle_unleased(m, o);
+    m->stats[KVP_STAT_PENDING]--;
+    m->stats[KVP_STAT_OBJECTS]++;
+    m->stats[KVP_STAT_BYTES] += o->size;
+    return 0;
+}
+
+static int32_t do_put_revoke(req *q, kvp_obj *o, uint64_t arg, int force)
+{
+    (void)arg, (void)force;
+    if (!o)
+        return KVP_EOBJECT_NOT_FOUND;
+    if (o->state == KVP_OBJ_COMPLETE)
+        return KVP_EINVALID_PARAMS; /* published: use REMOVE */
+    if (o->aux != q->s->client->slot)
+        return KVP_EILLEGAL_CLIENT;
+    obj_destroy(q->m, o, GONE_REVOKED);
+    return 0;
+}
+
+static int32_t do_release(req *q, kvp_obj *o, uint64_t lease_id, int force)
+{
+    kvp_master *m = q->m;
+    (void)force;
+    if (!o || o->state != KVP_OBJ_COMPLETE)
+        return KVP_EOBJECT_NOT_FOUND;
+    if (o->aux == 0 || o->lease_seq != lease_id)
+        return KVP_ELEASE_EXPIRED; /* expired, or not this object's */
+    o->aux--;
+    m->stats[KVP_STAT_LEASES]--;
+    if (o->aux == 0) {
+        list_unlink(m, o);
+        settle_unleased(m, o);
     }
-    reply_results(q, d.n, codes);
+    return 0;
+}
+
+static int32_t do_remove(req *q, kvp_obj *o, uint64_t arg, int force)
+{
+    (void)arg;
+    if (!o)
+        return KVP_EOBJECT_NOT_FOUND;
+    if (o->state != KVP_OBJ_COMPLETE)
+        return KVP_EREPLICA_IS_NOT_READY;
+    if (!force && is_leased(o, q->now))
+        return KVP_EOBJECT_HAS_LEASE;
+    if (!force && (o->flags & KVP_OBJ_PINNED))
+        return KVP_EOBJECT_PINNED;
+    obj_destroy(q->m, o, GONE_REMOVED);
+    return 0;
+}
+
+static void op_put_end(req *q)
+{
+    kvp_msg_put_end d;
+    if (kvp_dec_put_end(q->body, q->h->body_len, &q->m->lim, q->a, &d))
+        reply_status(q, KVP_EPROTOCOL);
+    else
+        keyed_op(q, d.tenant, d.n, d.keys, d.checksums, 0, 1, do_put_end);
 }
 
 static void op_put_revoke(req *q)
 {
-    kvp_master *m = q->m;
     kvp_msg_keys d;
-    if (kvp_dec_keys(q->body, q->h->body_len, &m->lim, q->a, &d)) {
+    if (kvp_dec_keys(q->body, q->h->body_len, &q->m->lim, q->a, &d))
         reply_status(q, KVP_EPROTOCOL);
-        return;
-    }
-    int32_t *codes = codes_alloc(q, d.n);
-    if (!codes) {
-        reply_status(q, KVP_ENOMEM);
-        return;
-    }
-    int tenant = tenant_find(m, d.tenant);
-    lk l;
-    lk_init(&l, m, tenant, d.keys, d.n);
-    for (uint32_t i = 0; i < d.n; i++) {
-        kvp_obj *o = lk_next(&l);
-        if (!o)
-            codes[i] = KVP_EOBJECT_NOT_FOUND;
-        else if (o->state == KVP_OBJ_COMPLETE)
-            codes[i] = KVP_EINVALID_PARAMS; /* published: use REMOVE */
-        else if (o->aux != q->s->client->slot)
-            codes[i] = KVP_EILLEGAL_CLIENT;
-        else {
-            obj_destroy(m, o, GONE_REVOKED);
-            codes[i] = 0;
-        }
-    }
-    reply_results(q, d.n, codes);
+    else
+        keyed_op(q, d.tenant, d.n, d.keys, NULL, 0, 1, do_put_revoke);
 }
+
+/* RELEASE: same body as PUT_END, the u64 being the lease id from GET. A
+ * one-way RELEASE is answered only when it cannot be decoded. */
+static void op_release(req *q)
+{
+    kvp_msg_put_end d;
+    if (kvp_dec_put_end(q->body, q->h->body_len, &q->m->lim, q->a, &d))
+        reply_status(q, KVP_EPROTOCOL);
+    else
+        keyed_op(q, d.tenant, d.n, d.keys, d.checksums, 0, !(q->h->flags & KVP_FLAG_ONEWAY),
+                 do_release);
+}
+
+static void op_remove(req *q)
+{
+    kvp_msg_remove d;
+    if (kvp_dec_remove(q->body, q->h->body_len, &q->m->lim, q->a, &d))
+        reply_status(q, KVP_EPROTOCOL);
+    else
+        keyed_op(q, d.tenant, d.n, d.keys, NULL, d.force, 1, do_remove);
+}
+
 
 static void op_get(req *q)
 {
@@ -998,56 +1068,11 @@ static void op_get(req *q)
             r.size = o->size;
             r.checksum = o->checksum;
             r.lease_id = o->lease_seq;
-            r.n_replicas = o->nrep;
-            kvp_orep *reps = kvp_obj_reps(o);
-            for (unsigned j = 0; j < o->nrep; j++) {
-                r.replicas[j].segment_id = m->segs[reps[j].seg]->id;
-                r.replicas[j].offset = (uint64_t)reps[j].page << 12;
-                r.replicas[j].length = o->size;
-                r.replicas[j].generation = reps[j].gen;
-                r.replicas[j].tag = kvp_replica_tag(m->segs[reps[j].seg]->secret, &r.replicas[j]);
-            }
+            r.n_replicas = describe(m, kvp_obj_reps(o), o->nrep, o->size, r.replicas);
         }
         kvp_enc_get_result(q->out, &r);
     }
     reply_end(q, off);
-}
-
-/* RELEASE: same body as PUT_END, the u64 being the lease id from GET. */
-static void op_release(req *q)
-{
-    kvp_master *m = q->m;
-    kvp_msg_put_end d;
-    if (kvp_dec_put_end(q->body, q->h->body_len, &m->lim, q->a, &d)) {
-        reply_status(q, KVP_EPROTOCOL);
-        return;
-    }
-    int32_t *codes = codes_alloc(q, d.n);
-    if (!codes) {
-        reply_status(q, KVP_ENOMEM);
-        return;
-    }
-    int tenant = tenant_find(m, d.tenant);
-    lk l;
-    lk_init(&l, m, tenant, d.keys, d.n);
-    for (uint32_t i = 0; i < d.n; i++) {
-        kvp_obj *o = lk_next(&l);
-        if (!o || o->state != KVP_OBJ_COMPLETE) {
-            codes[i] = KVP_EOBJECT_NOT_FOUND;
-        } else if (o->aux == 0 || o->lease_seq != d.checksums[i]) {
-            codes[i] = KVP_ELEASE_EXPIRED; /* expired, or not this object's */
-        } else {
-            o->aux--;
-            m->stats[KVP_STAT_LEASES]--;
-            if (o->aux == 0) {
-                list_unlink(m, o);
-                settle_unleased(m, o);
-            }
-            codes[i] = 0;
-        }
-    }
-    if (!(q->h->flags & KVP_FLAG_ONEWAY))
-        reply_results(q, d.n, codes);
 }
 
 static void op_exist(req *q, int prefix)
@@ -1090,39 +1115,6 @@ static void op_exist(req *q, int prefix)
     reply_end(q, off);
 }
 
-static void op_remove(req *q)
-{
-    kvp_master *m = q->m;
-    kvp_msg_remove d;
-    if (kvp_dec_remove(q->body, q->h->body_len, &m->lim, q->a, &d)) {
-        reply_status(q, KVP_EPROTOCOL);
-        return;
-    }
-    int32_t *codes = codes_alloc(q, d.n);
-    if (!codes) {
-        reply_status(q, KVP_ENOMEM);
-        return;
-    }
-    int tenant = tenant_find(m, d.tenant);
-    lk l;
-    lk_init(&l, m, tenant, d.keys, d.n);
-    for (uint32_t i = 0; i < d.n; i++) {
-        kvp_obj *o = lk_next(&l);
-        if (!o)
-            codes[i] = KVP_EOBJECT_NOT_FOUND;
-        else if (o->state != KVP_OBJ_COMPLETE)
-            codes[i] = KVP_EREPLICA_IS_NOT_READY;
-        else if (!d.force && is_leased(o, q->now))
-            codes[i] = KVP_EOBJECT_HAS_LEASE;
-        else if (!d.force && (o->flags & KVP_OBJ_PINNED))
-            codes[i] = KVP_EOBJECT_PINNED;
-        else {
-            obj_destroy(m, o, GONE_REMOVED);
-            codes[i] = 0;
-        }
-    }
-    reply_results(q, d.n, codes);
-}
 
 /* Removes every published object of the tenant (leased or pinned ones only
  * with force). One pass over the index: an administrative operation. */
