@@ -13,6 +13,7 @@ static const struct {
     const char *help;
 } cmds[] = {
     {"master", kvp_cmd_master, "run the master (metadata service)"},
+    {"store", kvp_cmd_store, "run a storage node (segment server, mounted at the master)"},
     {"bench", kvp_cmd_bench, "benchmarks: `kvpool bench master`"},
 };
 
