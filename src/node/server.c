@@ -107,7 +107,7 @@ struct kvp_segserver {
     worker *w;
     pthread_t acc_th;
     int acc_started;
-    volatile int stop;
+    int stop; /* atomic */
     kvp_proto_limits lim;
 };
 
@@ -554,7 +554,7 @@ static void *worker_main(void *arg)
 {
     worker *w = arg;
     struct epoll_event evs[64];
-    while (!w->s->stop) {
+    while (!__atomic_load_n(&w->s->stop, __ATOMIC_ACQUIRE)) {
         int n = epoll_wait(w->ep, evs, 64, 1000);
         if (n < 0 && errno != EINTR) {
             KVP_ERROR(MOD, "epoll_wait: %s", strerror(errno));
@@ -578,7 +578,7 @@ static void *acceptor_main(void *arg)
     struct kvp_segserver *s = arg;
     struct epoll_event evs[4];
     unsigned rr = 0;
-    while (!s->stop) {
+    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
         int n = epoll_wait(s->acc_ep, evs, 4, 1000);
         for (int i = 0; i < n; i++) {
             int *lfd = evs[i].data.ptr;
@@ -756,7 +756,7 @@ void kvp_segserver_stop(kvp_segserver *s)
 {
     if (!s)
         return;
-    s->stop = 1;
+    __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
     if (s->stop_fd >= 0) {
         uint64_t one = 1;
         ssize_t wr = write(s->stop_fd, &one, sizeof one);
