@@ -11,12 +11,14 @@
  * the segment is added. shm maps the memfd lazily on first use (under the
  * entry's `attach_mu`); if the attach fails the entry falls back to tcp.
  *
- * tcp threading (decision): a batch is grouped per segment; each segment's
- * ops are dealt round-robin over min(ops, conns_per_node) connection slots,
- * and every (segment, slot) job runs on its own thread for the duration of
- * the batch (the first job runs on the caller's thread). Threads are created
- * per batch: simple, no idle pool, and their cost (~20 us) is small next to
- * the transfers they carry. A slot is a mutex + fd: a job locks its slot,
+ * Threading (decision): a batch is grouped per segment and each group
+ * planned as jobs by its transport: shm makes one job (a memcpy loop), tcp
+ * deals the ops round-robin over min(ops, conns_per_node) jobs. Every tcp job
+ * of the batch, across all segments, runs on its own thread for the duration
+ * of the batch while the caller runs the shm jobs, then joins (a batch that
+ * is a single job runs on the caller's thread). Threads are created per
+ * batch: simple, no idle pool, and their cost (~20 us) is small next to the
+ * transfers they carry. A slot is a mutex + fd: a job locks its slot,
  * so one connection carries one job at a time; concurrent batches start at
  * different slots (rotating counter).
  *
@@ -61,11 +63,30 @@ typedef struct slot {
 
 typedef struct seg_ent seg_ent;
 
+/* A unit of work of one batch: ops[idx[k * stride]] for k < n, all on
+ * segment e. tcp jobs run on their own thread, shm jobs (a memcpy loop) on
+ * the caller's. */
+typedef struct job {
+    kvp_xfer *x;
+    seg_ent *e;
+    int is_write;
+    kvp_xfer_op *ops;
+    const size_t *idx;
+    size_t n, stride;
+    uint64_t deadline_ms;
+    void *(*exec)(void *job);
+    int own_thread;      /* wants a thread of its own */
+    int threaded;        /* a thread was started for it */
+    pthread_t th;
+} job;
+#define JOB_OP(j, k) (&(j)->ops[(j)->idx[(k) * (j)->stride]])
+
 typedef struct xops {
     const char *name;
-    /* runs ops[idx[0..n)] of one segment */
-    void (*run)(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, const size_t *idx,
-                size_t n, uint64_t deadline_ms);
+    /* Plans the ops[idx[0..n)] of one segment as jobs written to out (room
+     * for at least conns_per_node); returns how many. */
+    size_t (*plan)(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, const size_t *idx,
+                   size_t n, uint64_t deadline_ms, job *out);
 } xops;
 
 struct seg_ent {
@@ -289,11 +310,13 @@ static int shm_attach(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
     return 0;
 }
 
-static void shm_run(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, const size_t *idx,
-                    size_t n, uint64_t deadline_ms)
+static void *shm_exec(void *arg)
 {
-    for (size_t k = 0; k < n; k++) {
-        kvp_xfer_op *op = &ops[idx[k]];
+    job *j = arg;
+    seg_ent *e = j->e;
+    int is_write = j->is_write;
+    for (size_t k = 0; k < j->n; k++) {
+        kvp_xfer_op *op = JOB_OP(j, k);
         const kvp_replica *r = &op->rep;
         if (r->offset > e->map_size || r->length > e->map_size - r->offset) {
             op->status = is_write ? KVP_EINVALID_WRITE : KVP_EINVALID_READ;
@@ -309,23 +332,19 @@ static void shm_run(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, con
         }
         op->status = 0;
     }
+    return NULL;
 }
 
-static const xops shm_ops = {"shm", shm_run};
+static size_t shm_plan(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, const size_t *idx,
+                       size_t n, uint64_t deadline_ms, job *out)
+{
+    *out = (job){x, e, is_write, ops, idx, n, 1, deadline_ms, shm_exec, 0, 0, 0};
+    return 1;
+}
+
+static const xops shm_ops = {"shm", shm_plan};
 
 /* ---------------------------------------------------------------- tcp */
-
-typedef struct job {
-    kvp_xfer *x;
-    seg_ent *e;
-    int is_write;
-    kvp_xfer_op *ops;
-    size_t *idx;
-    size_t n;
-    uint64_t deadline_ms;
-    pthread_t th;
-    int threaded;
-} job;
 
 /* Locks a slot, waiting no later than the deadline. */
 static int slot_lock(slot *s, uint64_t deadline_ms)
@@ -342,8 +361,8 @@ static int slot_lock(slot *s, uint64_t deadline_ms)
 static void fail_from(job *j, size_t from, int code)
 {
     for (size_t k = from; k < j->n; k++)
-        if (j->ops[j->idx[k]].status == 1)
-            j->ops[j->idx[k]].status = code;
+        if (JOB_OP(j, k)->status == 1)
+            JOB_OP(j, k)->status = code;
 }
 
 /* The pipelined duplex loop on one connected fd. Returns 0, or the code the
@@ -379,11 +398,11 @@ static int tcp_pump(job *j, int fd)
             int n = 0;
             uint64_t off = soff;
             for (size_t k = si; k < j->n && n < MAX_IOV - 1; k++) {
-                kvp_xfer_op *op = &j->ops[j->idx[k]];
+                kvp_xfer_op *op = JOB_OP(j, k);
                 uint8_t *p = pre[n];
                 kvp_frame_hdr fh = {KVP_PROTO_VERSION, 0,
                                     j->is_write ? KVP_OP_SEG_WRITE : KVP_OP_SEG_READ,
-                                    (uint64_t)j->idx[k] + 1,
+                                    (uint64_t)j->idx[k * j->stride] + 1,
                                     (uint32_t)(KVP_SEG_IO_SIZE + (j->is_write ? op->rep.length : 0)),
                                     0};
                 kvp_frame_hdr_encode(p, &fh);
@@ -419,7 +438,7 @@ static int tcp_pump(job *j, int fd)
                 return KVP_ETRANSFER_FAIL;
             uint64_t adv = w > 0 ? (uint64_t)w : 0;
             while (adv && si < j->n) {
-                kvp_xfer_op *op = &j->ops[j->idx[si]];
+                kvp_xfer_op *op = JOB_OP(j, si);
                 uint64_t flen = PREFIX + (j->is_write ? op->rep.length : 0);
                 uint64_t take = flen - soff < adv ? flen - soff : adv;
                 soff += take;
@@ -431,7 +450,7 @@ static int tcp_pump(job *j, int fd)
             }
         }
         if (pf.revents & (POLLIN | POLLHUP | POLLERR)) {
-            kvp_xfer_op *op = &j->ops[j->idx[ri]];
+            kvp_xfer_op *op = JOB_OP(j, ri);
             ssize_t r;
             if (!in_body) {
                 r = recv(fd, rh + rgot, KVP_FRAME_HDR - rgot, MSG_DONTWAIT);
@@ -447,7 +466,8 @@ static int tcp_pump(job *j, int fd)
                     continue;
                 kvp_frame_hdr fh;
                 if (kvp_frame_hdr_decode(rh, UINT32_MAX, &fh) != 0 ||
-                    !(fh.flags & KVP_FLAG_RESPONSE) || fh.req_id != (uint64_t)j->idx[ri] + 1)
+                    !(fh.flags & KVP_FLAG_RESPONSE) ||
+                    fh.req_id != (uint64_t)j->idx[ri * j->stride] + 1)
                     return KVP_ETRANSFER_FAIL;
                 rgot = 0;
                 if (fh.status != 0) {
@@ -509,7 +529,7 @@ static int tcp_pump(job *j, int fd)
     return 0;
 }
 
-static void *job_run(void *arg)
+static void *tcp_exec(void *arg)
 {
     job *j = arg;
     seg_ent *e = j->e;
@@ -564,41 +584,19 @@ static void *job_run(void *arg)
     return NULL;
 }
 
-static void tcp_run(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, const size_t *idx,
-                    size_t n, uint64_t deadline_ms)
+/* Deals the ops round-robin over min(n, conns_per_node) jobs: job t gets
+ * idx[t], idx[t + nj], ... */
+static size_t tcp_plan(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, const size_t *idx,
+                       size_t n, uint64_t deadline_ms, job *out)
 {
     size_t nj = n < (size_t)x->nconns ? n : (size_t)x->nconns;
-    job *jobs = kvp_calloc(nj, sizeof *jobs);
-    size_t *ix = kvp_malloc(n * sizeof *ix);
-    if (!jobs || !ix) {
-        for (size_t k = 0; k < n; k++)
-            ops[idx[k]].status = KVP_ENOMEM;
-        kvp_free(jobs);
-        kvp_free(ix);
-        return;
-    }
-    /* deal ops round-robin: job t gets idx[t], idx[t + nj], ... */
-    size_t pos = 0;
-    for (size_t t = 0; t < nj; t++) {
-        jobs[t] = (job){x, e, is_write, ops, ix + pos, 0, deadline_ms, 0, 0};
-        for (size_t k = t; k < n; k += nj)
-            ix[pos++] = idx[k];
-        jobs[t].n = (size_t)(ix + pos - jobs[t].idx);
-    }
-    for (size_t t = 1; t < nj; t++)
-        jobs[t].threaded = pthread_create(&jobs[t].th, NULL, job_run, &jobs[t]) == 0;
-    job_run(&jobs[0]);
-    for (size_t t = 1; t < nj; t++) {
-        if (jobs[t].threaded)
-            pthread_join(jobs[t].th, NULL);
-        else
-            job_run(&jobs[t]);
-    }
-    kvp_free(jobs);
-    kvp_free(ix);
+    for (size_t t = 0; t < nj; t++)
+        out[t] = (job){x, e, is_write, ops, idx + t, (n - t + nj - 1) / nj, nj, deadline_ms,
+                       tcp_exec, 1, 0, 0};
+    return nj;
 }
 
-static const xops tcp_ops = {"tcp", tcp_run};
+static const xops tcp_ops = {"tcp", tcp_plan};
 
 /* ----------------------------------------------------------- the table */
 
@@ -791,25 +789,49 @@ int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t
         }
     }
     pthread_rwlock_rdlock(&x->lock);
-    for (size_t i = 0; i < n; i++) {
+    /* group by segment (each group a contiguous run of idx), plan jobs */
+    size_t cap = n < (x->nsegs + 1) * (size_t)x->nconns ? n : (x->nsegs + 1) * (size_t)x->nconns;
+    job *jobs = kvp_calloc(cap, sizeof *jobs);
+    size_t nj = 0, used = 0;
+    for (size_t i = 0; i < n && jobs; i++) {
         if (done[i])
             continue;
         uint64_t sid = ops[i].rep.segment_id;
-        size_t m = 0;
+        size_t *g = idx + used, m = 0;
         for (size_t k = i; k < n; k++)
             if (!done[k] && ops[k].rep.segment_id == sid) {
-                idx[m++] = k;
+                g[m++] = k;
                 done[k] = 1;
             }
+        used += m;
         seg_ent *e = find(x, sid);
         const xops *o = e ? ent_ops(x, e, deadline_ms) : NULL;
         if (!o) {
             for (size_t k = 0; k < m; k++)
-                ops[idx[k]].status = e ? KVP_ETRANSFER_FAIL : KVP_ESEGMENT_NOT_FOUND;
+                ops[g[k]].status = e ? KVP_ETRANSFER_FAIL : KVP_ESEGMENT_NOT_FOUND;
             continue;
         }
-        o->run(x, e, is_write, ops, idx, m, deadline_ms);
+        nj += o->plan(x, e, is_write, ops, g, m, deadline_ms, jobs + nj);
     }
+    /* threads for the tcp jobs (unless one job is all there is), then the
+     * caller runs the rest, then joins */
+    size_t want_threads = 0;
+    for (size_t t = 0; t < nj; t++)
+        want_threads += jobs[t].own_thread;
+    for (size_t t = 0; t < nj && (nj > 1 || want_threads > 1); t++)
+        if (jobs[t].own_thread)
+            jobs[t].threaded = pthread_create(&jobs[t].th, NULL, jobs[t].exec, &jobs[t]) == 0;
+    for (size_t t = 0; t < nj; t++)
+        if (!jobs[t].threaded)
+            jobs[t].exec(&jobs[t]);
+    for (size_t t = 0; t < nj; t++)
+        if (jobs[t].threaded)
+            pthread_join(jobs[t].th, NULL);
+    if (!jobs)
+        for (size_t i = 0; i < n; i++)
+            if (ops[i].status == 1)
+                ops[i].status = KVP_ENOMEM;
+    kvp_free(jobs);
     pthread_rwlock_unlock(&x->lock);
     for (size_t i = 0; i < n; i++)
         if (ops[i].status == 1)

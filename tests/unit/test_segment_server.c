@@ -226,6 +226,59 @@ TEST(refusals_over_tcp)
     fx_stop(&f);
 }
 
+/* One batch over two nodes (two servers, two segments): both served. */
+TEST(two_segments_one_batch)
+{
+    fx a, b;
+    if (fx_start(&a, 4 * MiB, NULL))
+        return;
+    char err[256];
+    memset(&b, 0, sizeof b);
+    CHECK_EQ(kvp_segment_create(4 * MiB, "b", &b.seg, err, sizeof err), 0);
+    kvp_segserver_opts o = {"127.0.0.1:0", NULL, 1, NULL, SEG_ID + 1, SECRET};
+    CHECK_EQ(kvp_segserver_start(b.seg, &o, &b.srv, err, sizeof err), 0);
+    snprintf(b.addr, sizeof b.addr, "127.0.0.1:%u", kvp_segserver_port(b.srv));
+    b.eps[0] = (kvp_endpoint){{(const uint8_t *)"tcp", 3},
+                              {(const uint8_t *)b.addr, (uint32_t)strlen(b.addr)}};
+    b.desc = (kvp_seg_desc){SEG_ID + 1, {(const uint8_t *)b.addr, (uint32_t)strlen(b.addr)},
+                            4 * MiB, 1, b.eps, 0};
+    kvp_xfer *x;
+    kvp_xfer_opts xo = {NULL, 7, 2, 0, 3000};
+    CHECK_EQ(kvp_xfer_create(&xo, &x), 0);
+    CHECK_EQ(kvp_xfer_add_segment(x, &a.desc), 0);
+    CHECK_EQ(kvp_xfer_add_segment(x, &b.desc), 0);
+    CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), "shm"));
+    CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID + 1), "tcp"));
+    static uint8_t src[8][20000], dst[8][20000];
+    kvp_xfer_op w[8], r[8];
+    struct iovec wi[8], ri[8];
+    for (int i = 0; i < 8; i++) {
+        fill(src[i], sizeof src[i], (uint64_t)i);
+        wi[i] = (struct iovec){src[i], sizeof src[i]};
+        ri[i] = (struct iovec){dst[i], sizeof dst[i]};
+        kvp_replica rp = {SEG_ID + (uint64_t)(i & 1), (uint64_t)i * 32768, sizeof src[i], 1, 0};
+        rp.tag = kvp_replica_tag(SECRET, &rp);
+        w[i] = (kvp_xfer_op){rp, &wi[i], 1, 9};
+        r[i] = (kvp_xfer_op){rp, &ri[i], 1, 9};
+    }
+    CHECK_EQ(kvp_xfer_run(x, 1, w, 8, kvp_now_ms() + 3000), 0);
+    CHECK_EQ(kvp_xfer_run(x, 0, r, 8, kvp_now_ms() + 3000), 0);
+    for (int i = 0; i < 8; i++) {
+        CHECK_EQ(w[i].status, 0);
+        CHECK_EQ(r[i].status, 0);
+        CHECK(!memcmp(src[i], dst[i], sizeof src[i]));
+    }
+    /* a node that went away: its ops fail, the other node's succeed */
+    kvp_segserver_stop(b.srv);
+    b.srv = NULL;
+    CHECK_EQ(kvp_xfer_run(x, 0, r, 8, kvp_now_ms() + 3000), 0);
+    for (int i = 0; i < 8; i++)
+        CHECK_EQ(r[i].status, (i & 1) ? KVP_ETRANSFER_FAIL : 0);
+    kvp_xfer_destroy(x);
+    kvp_segment_destroy(b.seg);
+    fx_stop(&a);
+}
+
 /* ---------------------------------------------------- raw hostile client */
 
 static int raw_connect(const char *addr)
