@@ -13,6 +13,7 @@ static const struct {
     const char *help;
 } cmds[] = {
     {"master", kvp_cmd_master, "run the master (metadata service)"},
+    {"store", kvp_cmd_store, "run a storage node (segment server, mounted at the master)"},
     {"stat", kvp_cmd_stat, "show the pool: usage, hits, misses, evictions, segments"},
     {"reset", kvp_cmd_reset, "remove every object (asks unless --yes)"},
     {"bench", kvp_cmd_bench, "benchmarks: `kvpool bench master`"},

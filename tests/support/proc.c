@@ -146,6 +146,37 @@ int tp_master_start(tp_master *m, const char *const *extra)
     return -1;
 }
 
+int tp_store_start(tp_master *p, const char *const *args)
+{
+    memset(p, 0, sizeof *p);
+    const char *argv[MAX_ARGS];
+    int n = 0;
+    argv[n++] = tp_kvpool_bin();
+    argv[n++] = "store";
+    argv[n++] = "--log-level";
+    argv[n++] = "error";
+    for (int i = 0; args && args[i] && n < MAX_ARGS - 1; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0) {
+            dup2(nul, 0);
+            close(nul);
+        }
+        execv(argv[0], (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    p->pid = pid;
+    return 0;
+}
+
 int tp_master_alive(tp_master *m, int *status)
 {
     if (m->pid <= 0)

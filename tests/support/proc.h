@@ -41,6 +41,14 @@ int tp_master_stop(tp_master *m);
 /* SIGKILL and reap (a crash, as far as clients can tell). */
 void tp_master_kill(tp_master *m);
 
+/*
+ * Starts `kvpool store --log-level error <args...>` (args NULL-terminated)
+ * and returns at once; p->pid is set, p->port / addr stay empty (the
+ * store's port is learnt from the master). tp_master_stop / tp_master_kill /
+ * tp_master_alive work on it. 0 or -1.
+ */
+int tp_store_start(tp_master *p, const char *const *args);
+
 /* Still running? (reaps it when it exited; *status gets what stop returns) */
 int tp_master_alive(tp_master *m, int *status);
 

@@ -1,0 +1,842 @@
+/*
+ * xfer.c -- the client data plane; see xfer.h.
+ *
+ * Segment table: a fixed-growth array of entries under `lock` (rwlock).
+ * kvp_xfer_run holds it shared for the whole batch, so an entry (and its
+ * mapping and connection pool) cannot vanish under a transfer; add / drop
+ * take it exclusively and so wait for running batches (which are bounded by
+ * their deadline).
+ *
+ * Transports: an operation table per entry (shm_ops, tcp_ops), chosen when
+ * the segment is added. shm maps the memfd lazily on first use (under the
+ * entry's `attach_mu`); if the attach fails the entry falls back to tcp.
+ *
+ * Threading (decision): a batch is grouped per segment and each group
+ * planned as jobs by its transport: shm makes one job (a memcpy loop), tcp
+ * deals the ops round-robin over min(ops, conns_per_node) jobs. Every tcp job
+ * of the batch, across all segments, runs on its own thread for the duration
+ * of the batch while the caller runs the shm jobs, then joins (a batch that
+ * is a single job runs on the caller's thread). Threads are created per
+ * batch: simple, no idle pool, and their cost (~20 us) is small next to the
+ * transfers they carry. A slot is a mutex + fd: a job locks its slot,
+ * so one connection carries one job at a time; concurrent batches start at
+ * different slots (rotating counter).
+ *
+ * A job on a connection is a duplex loop (poll): frames go out with sendmsg
+ * straight from the caller's iovecs (header + seg_io from a 64-byte stack
+ * buffer), answers come in as they arrive, SEG_READ bodies read with readv
+ * straight into the caller's iovecs. Answers come back in request order
+ * (the server serves a connection in order); anything else breaks the
+ * connection: the ops still open fail with TRANSFER_FAIL (RPC_TIMEOUT at the
+ * deadline) and the fd is closed, to be reconnected by the next job.
+ */
+#include "client/xfer.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "kvpool.h"
+#include "net/net.h"
+#include "node/node.h"
+
+#define MOD "xfer"
+#define PREFIX (KVP_FRAME_HDR + KVP_SEG_IO_SIZE)
+#define MAX_IOV 64
+#define ERR_BODY_MAX 65536
+
+typedef struct slot {
+    pthread_mutex_t mu;
+    int fd; /* -1 = not connected */
+} slot;
+
+typedef struct seg_ent seg_ent;
+
+/* A unit of work of one batch: ops[idx[k * stride]] for k < n, all on
+ * segment e. tcp jobs run on their own thread, shm jobs (a memcpy loop) on
+ * the caller's. */
+typedef struct job {
+    kvp_xfer *x;
+    seg_ent *e;
+    int is_write;
+    kvp_xfer_op *ops;
+    const size_t *idx;
+    size_t n, stride;
+    uint64_t deadline_ms;
+    void *(*exec)(void *job);
+    int own_thread;      /* wants a thread of its own */
+    int threaded;        /* a thread was started for it */
+    pthread_t th;
+} job;
+#define JOB_OP(j, k) (&(j)->ops[(j)->idx[(k) * (j)->stride]])
+
+typedef struct xops {
+    const char *name;
+    /* Plans the ops[idx[0..n)] of one segment as jobs written to out (room
+     * for at least conns_per_node); returns how many. */
+    size_t (*plan)(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, const size_t *idx,
+                   size_t n, uint64_t deadline_ms, job *out);
+} xops;
+
+struct seg_ent {
+    uint64_t id;
+    const xops *ops;
+    char tcp_addr[256];
+    char unix_path[108];
+    pthread_mutex_t attach_mu;
+    uint8_t *map;     /* shm mapping, NULL until attached */
+    uint64_t map_size;
+    slot *slots;      /* conns_per_node */
+    unsigned rot;     /* next slot to start at (atomic) */
+};
+
+struct kvp_xfer {
+    char token[256];
+    uint64_t client_id;
+    int nconns;
+    int force_tcp;
+    int timeout_ms;
+    pthread_rwlock_t lock;
+    seg_ent **segs;
+    size_t nsegs, cap;
+};
+
+static const xops shm_ops, tcp_ops;
+
+/* --------------------------------------------------------- io helpers */
+
+static int wait_fd(int fd, short ev, uint64_t deadline_ms)
+{
+    for (;;) {
+        uint64_t now = kvp_now_ms();
+        if (now >= deadline_ms)
+            return KVP_ERPC_TIMEOUT;
+        struct pollfd p = {fd, ev, 0};
+        int n = poll(&p, 1, (int)(deadline_ms - now));
+        if (n > 0)
+            return 0;
+        if (n == 0)
+            return KVP_ERPC_TIMEOUT;
+        if (errno != EINTR)
+            return KVP_ETRANSFER_FAIL;
+    }
+}
+
+static int send_all(int fd, const void *p, size_t len, uint64_t deadline_ms)
+{
+    const uint8_t *b = p;
+    while (len) {
+        ssize_t n = send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            b += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int rc = wait_fd(fd, POLLOUT, deadline_ms);
+            if (rc)
+                return rc;
+            continue;
+        }
+        return KVP_ETRANSFER_FAIL;
+    }
+    return 0;
+}
+
+/* Receives exactly len bytes; a passed fd (SCM_RIGHTS), if any, goes to
+ * *passed (when passed != NULL; extra fds are closed). */
+static int recv_all(int fd, void *p, size_t len, uint64_t deadline_ms, int *passed)
+{
+    uint8_t *b = p;
+    while (len) {
+        struct iovec iov = {b, len};
+        union {
+            char buf[CMSG_SPACE(sizeof(int) * 4)];
+            struct cmsghdr align;
+        } cm;
+        struct msghdr mh = {0};
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        if (passed) {
+            mh.msg_control = cm.buf;
+            mh.msg_controllen = sizeof cm.buf;
+        }
+        ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (n > 0) {
+            if (passed) {
+                for (struct cmsghdr *ch = CMSG_FIRSTHDR(&mh); ch; ch = CMSG_NXTHDR(&mh, ch)) {
+                    if (ch->cmsg_level != SOL_SOCKET || ch->cmsg_type != SCM_RIGHTS)
+                        continue;
+                    size_t k = (ch->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                    for (size_t i = 0; i < k; i++) {
+                        int f;
+                        memcpy(&f, CMSG_DATA(ch) + i * sizeof(int), sizeof f);
+                        if (*passed < 0)
+                            *passed = f;
+                        else
+                            close(f);
+                    }
+                }
+            }
+            b += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            return KVP_ETRANSFER_FAIL;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return KVP_ETRANSFER_FAIL;
+        int rc = wait_fd(fd, POLLIN, deadline_ms);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* One request / answer on a fresh connection (HELLO, SHM_ATTACH). The
+ * answer body (<= cap bytes) goes to resp. 0 or a negative code (the
+ * frame's status when it refused). */
+static int simple_call(kvp_xfer *x, int fd, uint16_t op, const uint8_t *body, uint32_t blen,
+                       uint8_t *resp, uint32_t cap, uint32_t *rlen, uint64_t deadline_ms,
+                       int *passed)
+{
+    uint8_t h[KVP_FRAME_HDR];
+    kvp_frame_hdr fh = {KVP_PROTO_VERSION, 0, op, 1, blen, 0};
+    kvp_frame_hdr_encode(h, &fh);
+    int rc = send_all(fd, h, sizeof h, deadline_ms);
+    if (!rc && blen)
+        rc = send_all(fd, body, blen, deadline_ms);
+    if (!rc)
+        rc = recv_all(fd, h, sizeof h, deadline_ms, passed);
+    if (rc)
+        return rc;
+    if (kvp_frame_hdr_decode(h, cap, &fh) != 0 || !(fh.flags & KVP_FLAG_RESPONSE) ||
+        fh.req_id != 1)
+        return KVP_ETRANSFER_FAIL;
+    if (fh.body_len && (rc = recv_all(fd, resp, fh.body_len, deadline_ms, passed)) != 0)
+        return rc;
+    *rlen = fh.body_len;
+    return fh.status;
+}
+
+static int say_hello(kvp_xfer *x, int fd, uint64_t deadline_ms)
+{
+    uint8_t body[1024], resp[256];
+    kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
+    kvp_msg_hello m = {KVP_PROTO_VERSION, x->client_id,
+                       {(const uint8_t *)x->token, (uint32_t)strlen(x->token)},
+                       {(const uint8_t *)"client", 6}};
+    kvp_enc_hello(&b, &m);
+    if (b.err)
+        return KVP_EINVALID_PARAMS;
+    uint32_t rl = 0;
+    int rc = simple_call(x, fd, KVP_OP_HELLO, body, (uint32_t)b.len, resp, sizeof resp, &rl,
+                         deadline_ms, NULL);
+    if (rc)
+        return rc;
+    kvp_msg_hello_resp r;
+    if (kvp_dec_hello_resp(resp, rl, &r) != 0 || r.version != KVP_PROTO_VERSION)
+        return KVP_ETRANSFER_FAIL;
+    return 0;
+}
+
+static int iov_total(const struct iovec *iov, int n, uint64_t *tot)
+{
+    uint64_t t = 0;
+    if (n < 0 || (n > 0 && !iov))
+        return -1;
+    for (int i = 0; i < n; i++)
+        t += iov[i].iov_len;
+    *tot = t;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- shm */
+
+/* Maps the segment's memfd (once). 0 or a negative code. */
+static int shm_attach(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", e->unix_path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return KVP_ETRANSFER_FAIL;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return KVP_ETRANSFER_FAIL;
+    }
+    kvp_net_set_nonblock(fd, 1);
+    int rc = say_hello(x, fd, deadline_ms);
+    int mfd = -1;
+    uint8_t body[8], resp[8];
+    uint32_t rl = 0;
+    for (int i = 0; i < 8; i++)
+        body[i] = (uint8_t)(e->id >> (8 * i));
+    if (!rc)
+        rc = simple_call(x, fd, KVP_OP_SHM_ATTACH, body, 8, resp, sizeof resp, &rl, deadline_ms,
+                         &mfd);
+    close(fd);
+    if (!rc && (rl != 8 || mfd < 0))
+        rc = KVP_ETRANSFER_FAIL;
+    if (rc) {
+        if (mfd >= 0)
+            close(mfd);
+        return rc;
+    }
+    uint64_t size = 0;
+    for (int i = 7; i >= 0; i--)
+        size = (size << 8) | resp[i];
+    void *p = size ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0) : MAP_FAILED;
+    close(mfd);
+    if (p == MAP_FAILED)
+        return KVP_ETRANSFER_FAIL;
+    e->map = p;
+    e->map_size = size;
+    return 0;
+}
+
+static void *shm_exec(void *arg)
+{
+    job *j = arg;
+    seg_ent *e = j->e;
+    int is_write = j->is_write;
+    for (size_t k = 0; k < j->n; k++) {
+        kvp_xfer_op *op = JOB_OP(j, k);
+        const kvp_replica *r = &op->rep;
+        if (r->offset > e->map_size || r->length > e->map_size - r->offset) {
+            op->status = is_write ? KVP_EINVALID_WRITE : KVP_EINVALID_READ;
+            continue;
+        }
+        uint8_t *p = e->map + r->offset;
+        for (int i = 0; i < op->iovcnt; i++) {
+            if (is_write)
+                memcpy(p, op->iov[i].iov_base, op->iov[i].iov_len);
+            else
+                memcpy(op->iov[i].iov_base, p, op->iov[i].iov_len);
+            p += op->iov[i].iov_len;
+        }
+        op->status = 0;
+    }
+    return NULL;
+}
+
+static size_t shm_plan(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, const size_t *idx,
+                       size_t n, uint64_t deadline_ms, job *out)
+{
+    *out = (job){x, e, is_write, ops, idx, n, 1, deadline_ms, shm_exec, 0, 0, 0};
+    return 1;
+}
+
+static const xops shm_ops = {"shm", shm_plan};
+
+/* ---------------------------------------------------------------- tcp */
+
+/* Locks a slot, waiting no later than the deadline. */
+static int slot_lock(slot *s, uint64_t deadline_ms)
+{
+    for (;;) {
+        if (pthread_mutex_trylock(&s->mu) == 0)
+            return 0;
+        if (kvp_now_ms() >= deadline_ms)
+            return KVP_ERPC_TIMEOUT;
+        usleep(100);
+    }
+}
+
+static void fail_from(job *j, size_t from, int code)
+{
+    for (size_t k = from; k < j->n; k++)
+        if (JOB_OP(j, k)->status == 1)
+            JOB_OP(j, k)->status = code;
+}
+
+/* The pipelined duplex loop on one connected fd. Returns 0, or the code the
+ * remaining ops fail with (the connection is then unusable). */
+static int tcp_pump(job *j, int fd)
+{
+    size_t si = 0, ri = 0;   /* next op to send / to receive */
+    uint64_t soff = 0;       /* bytes of op si's frame already sent */
+    uint8_t pre[MAX_IOV][PREFIX]; /* frame prefixes of one sendmsg */
+    uint8_t rh[KVP_FRAME_HDR];
+    uint32_t rgot = 0;       /* header bytes of the current answer */
+    uint64_t rbody = 0, rdone = 0; /* current answer's body length / read */
+    int in_body = 0;
+    uint8_t sink[4096];
+    /* every op of a job starts with status 1 (to do); an op's status
+     * becomes final only when its answer arrives, after it was sent */
+    while (ri < j->n) {
+        short ev = POLLIN | (si < j->n ? POLLOUT : 0);
+        uint64_t now = kvp_now_ms();
+        if (now >= j->deadline_ms)
+            return KVP_ERPC_TIMEOUT;
+        struct pollfd pf = {fd, ev, 0};
+        int pr = poll(&pf, 1, (int)(j->deadline_ms - now));
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr < 0)
+            return KVP_ETRANSFER_FAIL;
+        if (pr == 0)
+            return KVP_ERPC_TIMEOUT;
+        if (pf.revents & POLLOUT) {
+            /* gather as many whole or partial frames as fit MAX_IOV */
+            struct iovec iov[MAX_IOV];
+            int n = 0;
+            uint64_t off = soff;
+            for (size_t k = si; k < j->n && n < MAX_IOV - 1; k++) {
+                kvp_xfer_op *op = JOB_OP(j, k);
+                uint8_t *p = pre[n];
+                kvp_frame_hdr fh = {KVP_PROTO_VERSION, 0,
+                                    j->is_write ? KVP_OP_SEG_WRITE : KVP_OP_SEG_READ,
+                                    (uint64_t)j->idx[k * j->stride] + 1,
+                                    (uint32_t)(KVP_SEG_IO_SIZE + (j->is_write ? op->rep.length : 0)),
+                                    0};
+                kvp_frame_hdr_encode(p, &fh);
+                kvp_buf b = {p + KVP_FRAME_HDR, 0, KVP_SEG_IO_SIZE, KVP_SEG_IO_SIZE, 0};
+                kvp_enc_seg_io(&b, &op->rep);
+                if (off < PREFIX) {
+                    iov[n].iov_base = p + off;
+                    iov[n++].iov_len = PREFIX - off;
+                    off = 0;
+                } else {
+                    off -= PREFIX;
+                }
+                if (j->is_write) {
+                    for (int i = 0; i < op->iovcnt && n < MAX_IOV; i++) {
+                        size_t l = op->iov[i].iov_len;
+                        if (off >= l) {
+                            off -= l;
+                            continue;
+                        }
+                        iov[n].iov_base = (uint8_t *)op->iov[i].iov_base + off;
+                        iov[n++].iov_len = l - off;
+                        off = 0;
+                    }
+                }
+                if (n >= MAX_IOV - 1)
+                    break;
+            }
+            struct msghdr mh = {0};
+            mh.msg_iov = iov;
+            mh.msg_iovlen = (size_t)n;
+            ssize_t w = n ? sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
+            if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                return KVP_ETRANSFER_FAIL;
+            uint64_t adv = w > 0 ? (uint64_t)w : 0;
+            while (adv && si < j->n) {
+                kvp_xfer_op *op = JOB_OP(j, si);
+                uint64_t flen = PREFIX + (j->is_write ? op->rep.length : 0);
+                uint64_t take = flen - soff < adv ? flen - soff : adv;
+                soff += take;
+                adv -= take;
+                if (soff == flen) {
+                    si++;
+                    soff = 0;
+                }
+            }
+        }
+        if (pf.revents & (POLLIN | POLLHUP | POLLERR)) {
+            kvp_xfer_op *op = JOB_OP(j, ri);
+            ssize_t r;
+            if (!in_body) {
+                r = recv(fd, rh + rgot, KVP_FRAME_HDR - rgot, MSG_DONTWAIT);
+                if (r == 0)
+                    return KVP_ETRANSFER_FAIL;
+                if (r < 0) {
+                    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+                        continue;
+                    return KVP_ETRANSFER_FAIL;
+                }
+                rgot += (uint32_t)r;
+                if (rgot < KVP_FRAME_HDR)
+                    continue;
+                kvp_frame_hdr fh;
+                if (kvp_frame_hdr_decode(rh, UINT32_MAX, &fh) != 0 ||
+                    !(fh.flags & KVP_FLAG_RESPONSE) ||
+                    fh.req_id != (uint64_t)j->idx[ri * j->stride] + 1)
+                    return KVP_ETRANSFER_FAIL;
+                rgot = 0;
+                if (fh.status != 0) {
+                    op->status = fh.status < 0 ? fh.status : KVP_ETRANSFER_FAIL;
+                    if (fh.body_len > ERR_BODY_MAX)
+                        return KVP_ETRANSFER_FAIL;
+                } else if (fh.body_len != (j->is_write ? 0 : op->rep.length)) {
+                    return KVP_ETRANSFER_FAIL;
+                }
+                rbody = fh.body_len;
+                rdone = 0;
+                in_body = 1;
+                if (rbody == 0) {
+                    in_body = 0;
+                    if (op->status == 1)
+                        op->status = 0;
+                    ri++;
+                }
+                continue;
+            }
+            if (op->status != 1) { /* error text: discard */
+                uint64_t want = rbody - rdone < sizeof sink ? rbody - rdone : sizeof sink;
+                r = recv(fd, sink, (size_t)want, MSG_DONTWAIT);
+            } else { /* SEG_READ data: straight into the caller's iovecs */
+                struct iovec iov[MAX_IOV];
+                int n = 0;
+                uint64_t off = rdone;
+                for (int i = 0; i < op->iovcnt && n < MAX_IOV; i++) {
+                    size_t l = op->iov[i].iov_len;
+                    if (off >= l) {
+                        off -= l;
+                        continue;
+                    }
+                    iov[n].iov_base = (uint8_t *)op->iov[i].iov_base + off;
+                    iov[n++].iov_len = l - off;
+                    off = 0;
+                }
+                struct msghdr mh = {0};
+                mh.msg_iov = iov;
+                mh.msg_iovlen = (size_t)n;
+                r = recvmsg(fd, &mh, MSG_DONTWAIT);
+            }
+            if (r == 0)
+                return KVP_ETRANSFER_FAIL;
+            if (r < 0) {
+                if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+                    continue;
+                return KVP_ETRANSFER_FAIL;
+            }
+            rdone += (uint64_t)r;
+            if (rdone == rbody) {
+                in_body = 0;
+                if (op->status == 1)
+                    op->status = 0;
+                ri++;
+            }
+        }
+    }
+    return 0;
+}
+
+static void *tcp_exec(void *arg)
+{
+    job *j = arg;
+    seg_ent *e = j->e;
+    kvp_xfer *x = j->x;
+    /* the slot: rotate so concurrent batches spread over the pool */
+    unsigned first = __atomic_fetch_add(&e->rot, 1, __ATOMIC_RELAXED);
+    slot *s = NULL;
+    for (int k = 0; k < x->nconns && !s; k++) {
+        slot *c = &e->slots[(first + (unsigned)k) % (unsigned)x->nconns];
+        if (pthread_mutex_trylock(&c->mu) == 0)
+            s = c;
+    }
+    if (!s) {
+        s = &e->slots[first % (unsigned)x->nconns];
+        int rc = slot_lock(s, j->deadline_ms);
+        if (rc) {
+            fail_from(j, 0, rc);
+            return NULL;
+        }
+    }
+    int rc = 0;
+    if (s->fd < 0) {
+        uint64_t now = kvp_now_ms();
+        int ms = j->deadline_ms > now ? (int)(j->deadline_ms - now) : 0;
+        char err[KVP_NET_ERRLEN];
+        int fd = ms > 0 ? kvp_net_connect(e->tcp_addr, ms, err, sizeof err) : KVP_ERPC_TIMEOUT;
+        if (fd < 0) {
+            rc = fd == KVP_ERPC_TIMEOUT ? KVP_ERPC_TIMEOUT : KVP_ETRANSFER_FAIL;
+        } else {
+            kvp_net_set_nonblock(fd, 1);
+            rc = say_hello(x, fd, j->deadline_ms);
+            if (rc) {
+                KVP_WARN(MOD, "HELLO to %s: %s", e->tcp_addr, kvp_strerror(rc));
+                close(fd);
+                if (rc != KVP_ERPC_TIMEOUT)
+                    rc = KVP_ETRANSFER_FAIL;
+            } else {
+                s->fd = fd;
+            }
+        }
+    }
+    if (!rc)
+        rc = tcp_pump(j, s->fd);
+    if (rc) {
+        fail_from(j, 0, rc);
+        if (s->fd >= 0) {
+            close(s->fd);
+            s->fd = -1;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Deals the ops round-robin over min(n, conns_per_node) jobs: job t gets
+ * idx[t], idx[t + nj], ... */
+static size_t tcp_plan(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, const size_t *idx,
+                       size_t n, uint64_t deadline_ms, job *out)
+{
+    size_t nj = n < (size_t)x->nconns ? n : (size_t)x->nconns;
+    for (size_t t = 0; t < nj; t++)
+        out[t] = (job){x, e, is_write, ops, idx + t, (n - t + nj - 1) / nj, nj, deadline_ms,
+                       tcp_exec, 1, 0, 0};
+    return nj;
+}
+
+static const xops tcp_ops = {"tcp", tcp_plan};
+
+/* ----------------------------------------------------------- the table */
+
+int kvp_xfer_create(const kvp_xfer_opts *o, kvp_xfer **out)
+{
+    kvp_xfer *x = kvp_calloc(1, sizeof *x);
+    if (!x)
+        return KVP_ENOMEM;
+    if (o && o->cluster_token)
+        snprintf(x->token, sizeof x->token, "%s", o->cluster_token);
+    x->client_id = o ? o->client_id : 0;
+    while (x->client_id == 0)
+        if (getrandom(&x->client_id, sizeof x->client_id, 0) != sizeof x->client_id)
+            x->client_id = (uint64_t)kvp_now_ns() | 1;
+    x->nconns = o && o->conns_per_node > 0 ? o->conns_per_node : 4;
+    x->force_tcp = o ? o->force_tcp : 0;
+    x->timeout_ms = o && o->timeout_ms > 0 ? o->timeout_ms : 10000;
+    pthread_rwlock_init(&x->lock, NULL);
+    *out = x;
+    return 0;
+}
+
+static void ent_free(kvp_xfer *x, seg_ent *e)
+{
+    if (e->map)
+        munmap(e->map, e->map_size);
+    for (int i = 0; e->slots && i < x->nconns; i++) {
+        if (e->slots[i].fd >= 0)
+            close(e->slots[i].fd);
+        pthread_mutex_destroy(&e->slots[i].mu);
+    }
+    kvp_free(e->slots);
+    pthread_mutex_destroy(&e->attach_mu);
+    kvp_free(e);
+}
+
+void kvp_xfer_destroy(kvp_xfer *x)
+{
+    if (!x)
+        return;
+    for (size_t i = 0; i < x->nsegs; i++)
+        ent_free(x, x->segs[i]);
+    kvp_free(x->segs);
+    pthread_rwlock_destroy(&x->lock);
+    kvp_free(x);
+}
+
+static seg_ent *find(kvp_xfer *x, uint64_t id)
+{
+    for (size_t i = 0; i < x->nsegs; i++)
+        if (x->segs[i]->id == id)
+            return x->segs[i];
+    return NULL;
+}
+
+static int bytes_eq(kvp_bytes b, const char *s)
+{
+    return b.len == strlen(s) && memcmp(b.p, s, b.len) == 0;
+}
+
+int kvp_xfer_add_segment(kvp_xfer *x, const kvp_seg_desc *d)
+{
+    if (!d || d->id == 0)
+        return KVP_EINVALID_PARAMS;
+    pthread_rwlock_wrlock(&x->lock);
+    if (find(x, d->id)) {
+        pthread_rwlock_unlock(&x->lock);
+        return 0;
+    }
+    seg_ent *e = kvp_calloc(1, sizeof *e);
+    slot *sl = kvp_calloc((size_t)x->nconns, sizeof *sl);
+    if (x->nsegs == x->cap) {
+        size_t nc = x->cap ? x->cap * 2 : 8;
+        seg_ent **ns = kvp_realloc(x->segs, nc * sizeof *ns);
+        if (ns) {
+            x->segs = ns;
+            x->cap = nc;
+        }
+    }
+    if (!e || !sl || x->nsegs == x->cap) {
+        pthread_rwlock_unlock(&x->lock);
+        kvp_free(e);
+        kvp_free(sl);
+        return KVP_ENOMEM;
+    }
+    e->id = d->id;
+    e->slots = sl;
+    pthread_mutex_init(&e->attach_mu, NULL);
+    for (int i = 0; i < x->nconns; i++) {
+        sl[i].fd = -1;
+        pthread_mutex_init(&sl[i].mu, NULL);
+    }
+    const char *hid = kvp_node_host_id();
+    size_t hl = strlen(hid);
+    int have_tcp = 0, have_shm = 0;
+    for (uint32_t i = 0; i < d->n_endpoints; i++) {
+        const kvp_endpoint *ep = &d->endpoints[i];
+        if (bytes_eq(ep->transport, "tcp") && ep->addr.len < sizeof e->tcp_addr && !have_tcp) {
+            memcpy(e->tcp_addr, ep->addr.p, ep->addr.len);
+            have_tcp = 1;
+        } else if (bytes_eq(ep->transport, "shm") && ep->addr.len > hl + 1 &&
+                   memcmp(ep->addr.p, hid, hl) == 0 && ep->addr.p[hl] == ':' &&
+                   ep->addr.len - hl - 1 < sizeof e->unix_path && !have_shm) {
+            memcpy(e->unix_path, ep->addr.p + hl + 1, ep->addr.len - hl - 1);
+            have_shm = 1;
+        }
+    }
+    e->ops = have_shm && !x->force_tcp ? &shm_ops : &tcp_ops;
+    x->segs[x->nsegs++] = e;
+    pthread_rwlock_unlock(&x->lock);
+    return 0;
+}
+
+int kvp_xfer_has_segment(kvp_xfer *x, uint64_t segment_id)
+{
+    pthread_rwlock_rdlock(&x->lock);
+    int r = find(x, segment_id) != NULL;
+    pthread_rwlock_unlock(&x->lock);
+    return r;
+}
+
+void kvp_xfer_drop_segment(kvp_xfer *x, uint64_t segment_id)
+{
+    pthread_rwlock_wrlock(&x->lock);
+    for (size_t i = 0; i < x->nsegs; i++) {
+        if (x->segs[i]->id == segment_id) {
+            ent_free(x, x->segs[i]);
+            x->segs[i] = x->segs[--x->nsegs];
+            break;
+        }
+    }
+    pthread_rwlock_unlock(&x->lock);
+}
+
+const char *kvp_xfer_transport(kvp_xfer *x, uint64_t segment_id)
+{
+    pthread_rwlock_rdlock(&x->lock);
+    seg_ent *e = find(x, segment_id);
+    const char *r = e ? __atomic_load_n(&e->ops, __ATOMIC_ACQUIRE)->name : NULL;
+    pthread_rwlock_unlock(&x->lock);
+    return r;
+}
+
+/* Resolves the transport of e for this batch: attaches shm on first use,
+ * falling back to tcp for good when that fails. */
+static const xops *ent_ops(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
+{
+    const xops *o = __atomic_load_n(&e->ops, __ATOMIC_ACQUIRE);
+    if (o != &shm_ops)
+        return o;
+    pthread_mutex_lock(&e->attach_mu);
+    if (!e->map) {
+        int rc = shm_attach(x, e, deadline_ms);
+        if (rc) {
+            KVP_WARN(MOD, "segment %016llx: shm attach via %s failed (%s); using tcp",
+                     (unsigned long long)e->id, e->unix_path, kvp_strerror(rc));
+            if (e->tcp_addr[0])
+                __atomic_store_n(&e->ops, &tcp_ops, __ATOMIC_RELEASE);
+            pthread_mutex_unlock(&e->attach_mu);
+            return e->tcp_addr[0] ? &tcp_ops : NULL;
+        }
+    }
+    pthread_mutex_unlock(&e->attach_mu);
+    return &shm_ops;
+}
+
+int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t deadline_ms)
+{
+    if (!x || (n && !ops))
+        return KVP_EINVALID_PARAMS;
+    if (n == 0)
+        return 0;
+    size_t *idx = kvp_malloc(n * sizeof *idx);
+    uint8_t *done = kvp_calloc(n, 1);
+    if (!idx || !done) {
+        kvp_free(idx);
+        kvp_free(done);
+        return KVP_ENOMEM;
+    }
+    /* local checks; status 1 marks "to do" */
+    for (size_t i = 0; i < n; i++) {
+        uint64_t tot;
+        const kvp_replica *r = &ops[i].rep;
+        if (iov_total(ops[i].iov, ops[i].iovcnt, &tot) != 0 || tot != r->length ||
+            r->length == 0 || r->length > UINT32_MAX - KVP_SEG_IO_SIZE) {
+            ops[i].status = KVP_EINVALID_PARAMS;
+            done[i] = 1;
+        } else {
+            ops[i].status = 1;
+        }
+    }
+    pthread_rwlock_rdlock(&x->lock);
+    /* group by segment (each group a contiguous run of idx), plan jobs */
+    size_t cap = n < (x->nsegs + 1) * (size_t)x->nconns ? n : (x->nsegs + 1) * (size_t)x->nconns;
+    job *jobs = kvp_calloc(cap, sizeof *jobs);
+    size_t nj = 0, used = 0;
+    for (size_t i = 0; i < n && jobs; i++) {
+        if (done[i])
+            continue;
+        uint64_t sid = ops[i].rep.segment_id;
+        size_t *g = idx + used, m = 0;
+        for (size_t k = i; k < n; k++)
+            if (!done[k] && ops[k].rep.segment_id == sid) {
+                g[m++] = k;
+                done[k] = 1;
+            }
+        used += m;
+        seg_ent *e = find(x, sid);
+        const xops *o = e ? ent_ops(x, e, deadline_ms) : NULL;
+        if (!o) {
+            for (size_t k = 0; k < m; k++)
+                ops[g[k]].status = e ? KVP_ETRANSFER_FAIL : KVP_ESEGMENT_NOT_FOUND;
+            continue;
+        }
+        nj += o->plan(x, e, is_write, ops, g, m, deadline_ms, jobs + nj);
+    }
+    /* threads for the tcp jobs (unless one job is all there is), then the
+     * caller runs the rest, then joins */
+    size_t want_threads = 0;
+    for (size_t t = 0; t < nj; t++)
+        want_threads += jobs[t].own_thread;
+    for (size_t t = 0; t < nj && (nj > 1 || want_threads > 1); t++)
+        if (jobs[t].own_thread)
+            jobs[t].threaded = pthread_create(&jobs[t].th, NULL, jobs[t].exec, &jobs[t]) == 0;
+    for (size_t t = 0; t < nj; t++)
+        if (!jobs[t].threaded)
+            jobs[t].exec(&jobs[t]);
+    for (size_t t = 0; t < nj; t++)
+        if (jobs[t].threaded)
+            pthread_join(jobs[t].th, NULL);
+    if (!jobs)
+        for (size_t i = 0; i < n; i++)
+            if (ops[i].status == 1)
+                ops[i].status = KVP_ENOMEM;
+    kvp_free(jobs);
+    pthread_rwlock_unlock(&x->lock);
+    for (size_t i = 0; i < n; i++)
+        if (ops[i].status == 1)
+            ops[i].status = KVP_ETRANSFER_FAIL;
+    kvp_free(idx);
+    kvp_free(done);
+    return 0;
+}

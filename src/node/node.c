@@ -1,0 +1,406 @@
+/*
+ * node.c -- a storage node: segment + segment server + master link; see
+ * node.h.
+ *
+ * The link thread owns the kvp_rpc to the master. Its loop:
+ *   no connection  -> open (HELLO); on failure sleep with backoff
+ *                     (100 ms doubling to 2 s) and retry
+ *   connected      -> MOUNT_SEGMENT (idempotent for its owner), then
+ *                     HEARTBEAT every client_ttl/3; a failed call drops the
+ *                     connection (back to "no connection"), a HEARTBEAT
+ *                     answering another master_id or 0 segments remounts
+ *   stop requested -> UNMOUNT_SEGMENT (best effort, bounded), close
+ * `mounted` is written by the link thread only and read atomically.
+ *
+ * Advertised TCP host: the listen address's host when it is a specific
+ * address, else cfg->local_hostname (a wildcard address cannot be dialled).
+ */
+#include "node/node.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/buf.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "kvpool.h"
+#include "net/net.h"
+#include "net/rpc.h"
+#include "node/segment.h"
+#include "node/server.h"
+#include "proto/proto.h"
+
+#define MOD "node"
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 2000
+#define LINK_TIMEOUT_MS 3000  /* per master call, capped by rpc_timeout */
+
+struct kvp_node {
+    kvp_config cfg;
+    kvp_segment *seg;
+    kvp_segserver *srv;
+    uint64_t seg_id, secret, client_id;
+    char name[320];       /* "HOST:PORT": segment name and tcp endpoint */
+    char shm_addr[512];   /* "HOSTID:/path" */
+    char unix_path[108];
+    int link_timeout_ms;
+    kvp_rpc *rpc;         /* link thread only (and start, before it runs) */
+    uint64_t master_id;   /* last HELLO's */
+    int mounted;          /* atomic */
+    pthread_t th;
+    int th_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;             /* under mu */
+};
+
+static char g_host_id[128];
+static pthread_once_t g_host_once = PTHREAD_ONCE_INIT;
+
+static void host_id_init(void)
+{
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (fgets(g_host_id, sizeof g_host_id, f))
+            g_host_id[strcspn(g_host_id, "\r\n")] = 0;
+        fclose(f);
+    }
+    if (!g_host_id[0] && gethostname(g_host_id, sizeof g_host_id - 1) != 0)
+        snprintf(g_host_id, sizeof g_host_id, "unknown-host");
+    /* ':' separates the id from the path in the shm endpoint */
+    for (char *p = g_host_id; *p; p++)
+        if (*p == ':')
+            *p = '_';
+}
+
+const char *kvp_node_host_id(void)
+{
+    pthread_once(&g_host_once, host_id_init);
+    return g_host_id;
+}
+
+static uint64_t rand64(void)
+{
+    uint64_t v = 0;
+    while (v == 0)
+        if (getrandom(&v, sizeof v, 0) != sizeof v)
+            v = kvp_now_ns() ^ ((uint64_t)getpid() << 32);
+    return v;
+}
+
+/* Sleeps up to ms unless stopped. Returns 1 when stop was requested. */
+static int nap(kvp_node *n, uint64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&n->mu);
+    while (!n->stop && pthread_cond_timedwait(&n->cv, &n->mu, &ts) != ETIMEDOUT)
+        ;
+    int s = n->stop;
+    pthread_mutex_unlock(&n->mu);
+    return s;
+}
+
+static int stopping(kvp_node *n)
+{
+    pthread_mutex_lock(&n->mu);
+    int s = n->stop;
+    pthread_mutex_unlock(&n->mu);
+    return s;
+}
+
+static void set_mounted(kvp_node *n, int v) { __atomic_store_n(&n->mounted, v, __ATOMIC_RELEASE); }
+
+static void link_drop(kvp_node *n)
+{
+    if (n->rpc) {
+        kvp_rpc_close(n->rpc);
+        n->rpc = NULL;
+    }
+    set_mounted(n, 0);
+}
+
+/* Connects (HELLO). 0 or a negative code (message in err). */
+static int link_open(kvp_node *n, char *err, size_t errlen)
+{
+    char nm[400];
+    snprintf(nm, sizeof nm, "node %s", n->name);
+    kvp_rpc_opts o = {n->cfg.cluster_token, nm, n->client_id, 0, n->link_timeout_ms, 0};
+    int rc = kvp_rpc_open(n->cfg.master_addr, &o, &n->rpc, err, errlen);
+    if (rc) {
+        n->rpc = NULL;
+        return rc;
+    }
+    uint64_t mid = kvp_rpc_hello_resp(n->rpc)->master_id;
+    if (n->master_id && mid != n->master_id)
+        KVP_INFO(MOD, "master %s restarted (id %016llx -> %016llx): remounting",
+                 n->cfg.master_addr, (unsigned long long)n->master_id, (unsigned long long)mid);
+    n->master_id = mid;
+    return 0;
+}
+
+/* MOUNT_SEGMENT. 0 or a negative code (message in err). */
+static int link_mount(kvp_node *n, char *err, size_t errlen)
+{
+    kvp_endpoint eps[2] = {
+        {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)n->name, (uint32_t)strlen(n->name)}},
+        {{(const uint8_t *)"shm", 3},
+         {(const uint8_t *)n->shm_addr, (uint32_t)strlen(n->shm_addr)}},
+    };
+    kvp_seg_desc d = {n->seg_id, {(const uint8_t *)n->name, (uint32_t)strlen(n->name)},
+                      kvp_segment_size(n->seg), n->unix_path[0] ? 2 : 1, eps, n->secret};
+    kvp_msg_mount m = {1, &d};
+    uint8_t body[2048];
+    kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
+    kvp_enc_mount(&b, &m);
+    if (b.err) {
+        snprintf(err, errlen, "mount request too large");
+        return KVP_EINVALID_PARAMS;
+    }
+    int32_t st;
+    const uint8_t *resp;
+    uint32_t rl;
+    int rc = kvp_rpc_call(n->rpc, KVP_OP_MOUNT_SEGMENT, body, b.len, &st, &resp, &rl);
+    if (rc) {
+        snprintf(err, errlen, "MOUNT_SEGMENT: %s", kvp_strerror(rc));
+        return rc;
+    }
+    if (st) {
+        snprintf(err, errlen, "MOUNT_SEGMENT refused: %s", kvp_strerror(st));
+        return st;
+    }
+    kvp_arena a;
+    kvp_arena_init(&a, 4096);
+    kvp_msg_results r;
+    kvp_proto_limits lim;
+    kvp_proto_limits_default(&lim);
+    rc = kvp_dec_results(resp, rl, &lim, &a, &r);
+    if (rc == 0)
+        rc = r.n == 1 ? r.codes[0] : KVP_EPROTOCOL;
+    kvp_arena_free(&a);
+    if (rc) {
+        snprintf(err, errlen, "MOUNT_SEGMENT: %s", kvp_strerror(rc));
+        return rc;
+    }
+    set_mounted(n, 1);
+    KVP_INFO(MOD, "segment %016llx (%s, %llu MiB) mounted at master %s",
+             (unsigned long long)n->seg_id, n->name,
+             (unsigned long long)(kvp_segment_size(n->seg) >> 20), n->cfg.master_addr);
+    return 0;
+}
+
+/* HEARTBEAT. 0 fine, 1 remount needed, < 0 connection trouble. */
+static int link_heartbeat(kvp_node *n)
+{
+    int32_t st;
+    const uint8_t *resp;
+    uint32_t rl;
+    int rc = kvp_rpc_call(n->rpc, KVP_OP_HEARTBEAT, NULL, 0, &st, &resp, &rl);
+    if (rc)
+        return rc;
+    if (st)
+        return st;
+    kvp_msg_heartbeat_resp h;
+    if (kvp_dec_heartbeat_resp(resp, rl, &h) != 0)
+        return KVP_EPROTOCOL;
+    if (h.master_id != n->master_id || h.n_segments == 0) {
+        KVP_WARN(MOD, "master %s no longer holds segment %016llx: remounting",
+                 n->cfg.master_addr, (unsigned long long)n->seg_id);
+        n->master_id = h.master_id;
+        set_mounted(n, 0);
+        return 1;
+    }
+    return 0;
+}
+
+static void link_unmount(kvp_node *n)
+{
+    if (!n->rpc || !__atomic_load_n(&n->mounted, __ATOMIC_ACQUIRE))
+        return;
+    uint8_t body[16];
+    kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
+    kvp_msg_ids ids = {1, &n->seg_id};
+    kvp_enc_ids(&b, &ids);
+    int32_t st;
+    int rc = kvp_rpc_call(n->rpc, KVP_OP_UNMOUNT_SEGMENT, body, b.len, &st, NULL, NULL);
+    if (rc || st)
+        KVP_WARN(MOD, "unmount of segment %016llx: %s", (unsigned long long)n->seg_id,
+                 kvp_strerror(rc ? rc : st));
+    else
+        KVP_INFO(MOD, "segment %016llx unmounted", (unsigned long long)n->seg_id);
+    set_mounted(n, 0);
+}
+
+static void *link_main(void *arg)
+{
+    kvp_node *n = arg;
+    uint64_t backoff = BACKOFF_MIN_MS;
+    int warned = 0;
+    char err[512];
+    while (!stopping(n)) {
+        if (!n->rpc) {
+            if (link_open(n, err, sizeof err) != 0) {
+                if (!warned++)
+                    KVP_WARN(MOD, "master %s: %s (retrying)", n->cfg.master_addr, err);
+                if (nap(n, backoff))
+                    break;
+                backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
+                continue;
+            }
+        }
+        if (!__atomic_load_n(&n->mounted, __ATOMIC_ACQUIRE)) {
+            if (link_mount(n, err, sizeof err) != 0) {
+                KVP_WARN(MOD, "%s (retrying)", err);
+                link_drop(n);
+                if (nap(n, backoff))
+                    break;
+                backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
+                continue;
+            }
+            backoff = BACKOFF_MIN_MS;
+            warned = 0;
+        }
+        uint32_t ttl = kvp_rpc_hello_resp(n->rpc)->client_ttl_ms;
+        if (ttl == 0)
+            ttl = (uint32_t)n->cfg.client_ttl_ms;
+        if (nap(n, ttl / 3 ? ttl / 3 : 1))
+            break;
+        int rc = link_heartbeat(n);
+        if (rc < 0) {
+            KVP_WARN(MOD, "master %s: heartbeat: %s; reconnecting", n->cfg.master_addr,
+                     kvp_strerror(rc));
+            link_drop(n);
+        }
+    }
+    link_unmount(n);
+    link_drop(n);
+    return NULL;
+}
+
+int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t errlen)
+{
+    if (!o || !o->cfg) {
+        snprintf(err, errlen, "node: no configuration");
+        return KVP_EINVALID_PARAMS;
+    }
+    const kvp_config *cfg = o->cfg;
+    if (cfg->global_segment_size < 4096) {
+        snprintf(err, errlen, "global_segment_size %llu is too small (at least 4 KiB)",
+                 (unsigned long long)cfg->global_segment_size);
+        return KVP_EINVALID_PARAMS;
+    }
+    kvp_node *n = kvp_calloc(1, sizeof *n);
+    if (!n) {
+        snprintf(err, errlen, "out of memory");
+        return KVP_ENOMEM;
+    }
+    n->cfg = *cfg;
+    n->seg_id = rand64();
+    n->secret = rand64();
+    n->client_id = rand64();
+    n->link_timeout_ms = cfg->rpc_timeout_ms < LINK_TIMEOUT_MS ? (int)cfg->rpc_timeout_ms
+                                                               : LINK_TIMEOUT_MS;
+    pthread_mutex_init(&n->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&n->cv, &ca);
+    pthread_condattr_destroy(&ca);
+
+    char listen[300];
+    if (o->listen && *o->listen)
+        snprintf(listen, sizeof listen, "%s", o->listen);
+    else
+        snprintf(listen, sizeof listen, "%s:0", cfg->local_hostname);
+    char lhost[256];
+    uint16_t lport;
+    int rc = kvp_net_split(listen, lhost, sizeof lhost, &lport);
+    if (rc) {
+        snprintf(err, errlen, "bad listen address \"%s\" (expected HOST:PORT)", listen);
+        goto fail;
+    }
+    snprintf(n->unix_path, sizeof n->unix_path, "%s/kvpool-seg-%016llx.sock",
+             o->unix_dir && *o->unix_dir ? o->unix_dir : "/tmp", (unsigned long long)n->seg_id);
+    char nm[32];
+    snprintf(nm, sizeof nm, "kvpool-%016llx", (unsigned long long)n->seg_id);
+    rc = kvp_segment_create(cfg->global_segment_size, nm, &n->seg, err, errlen);
+    if (rc)
+        goto fail;
+    kvp_segserver_opts so = {listen, n->unix_path, o->io_threads > 0 ? o->io_threads : 2,
+                             cfg->cluster_token, n->seg_id, n->secret};
+    rc = kvp_segserver_start(n->seg, &so, &n->srv, err, errlen);
+    if (rc) {
+        n->srv = NULL;
+        goto fail;
+    }
+    int wildcard = !lhost[0] || !strcmp(lhost, "0.0.0.0") || !strcmp(lhost, "::");
+    const char *host = wildcard ? cfg->local_hostname : lhost;
+    if (strchr(host, ':'))
+        snprintf(n->name, sizeof n->name, "[%s]:%u", host, kvp_segserver_port(n->srv));
+    else
+        snprintf(n->name, sizeof n->name, "%s:%u", host, kvp_segserver_port(n->srv));
+    snprintf(n->shm_addr, sizeof n->shm_addr, "%s:%s", kvp_node_host_id(), n->unix_path);
+
+    if (!cfg->master_addr[0]) {
+        if (!o->master_optional) {
+            snprintf(err, errlen, "no master address configured");
+            rc = KVP_EINVALID_PARAMS;
+            goto fail;
+        }
+    } else {
+        if (!o->master_optional) {
+            rc = link_open(n, err, errlen);
+            if (!rc)
+                rc = link_mount(n, err, errlen);
+            if (rc)
+                goto fail;
+        }
+        if (pthread_create(&n->th, NULL, link_main, n) != 0) {
+            snprintf(err, errlen, "cannot start the master link thread");
+            rc = KVP_EIO;
+            goto fail;
+        }
+        n->th_started = 1;
+    }
+    *out = n;
+    return 0;
+fail:
+    kvp_node_stop(n);
+    return rc;
+}
+
+void kvp_node_stop(kvp_node *n)
+{
+    if (!n)
+        return;
+    pthread_mutex_lock(&n->mu);
+    n->stop = 1;
+    pthread_cond_broadcast(&n->cv);
+    pthread_mutex_unlock(&n->mu);
+    if (n->th_started)
+        pthread_join(n->th, NULL);
+    else
+        link_unmount(n);
+    link_drop(n);
+    kvp_segserver_stop(n->srv);
+    kvp_segment_destroy(n->seg);
+    pthread_cond_destroy(&n->cv);
+    pthread_mutex_destroy(&n->mu);
+    kvp_free(n);
+}
+
+uint64_t kvp_node_segment_id(const kvp_node *n) { return n->seg_id; }
+uint16_t kvp_node_port(const kvp_node *n) { return n->srv ? kvp_segserver_port(n->srv) : 0; }
+int kvp_node_mounted(const kvp_node *n) { return __atomic_load_n(&n->mounted, __ATOMIC_ACQUIRE); }

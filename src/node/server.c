@@ -1,0 +1,798 @@
+/*
+ * server.c -- the segment server; see server.h.
+ *
+ * Threads: the acceptor accepts on the TCP and unix listeners and hands each
+ * new connection to a worker (round-robin) through the worker's mutex-guarded
+ * `incoming` list plus its eventfd. From then on only that worker touches
+ * the connection. kvp_segserver_stop sets `stop`, signals the shared stop
+ * eventfd (level-triggered: every thread sees it), joins, then frees.
+ *
+ * Per-connection input state machine (memcached style):
+ *
+ *   ST_HDR      reading the 24-byte frame header into c->hdr
+ *   ST_SEGIO    SEG_WRITE / SEG_READ: reading the 40-byte kvp_seg_io
+ *   ST_SMALL    HELLO / SHM_ATTACH: reading a small body (<= SMALL_MAX)
+ *   ST_WBODY    SEG_WRITE accepted: value bytes go straight from the socket
+ *               into segment memory [wpos, wpos + left)
+ *   ST_SKIP     discarding `left` bytes (refused SEG_WRITE, unknown op)
+ *   ST_CLOSING  no more input; closed once queued answers are sent
+ *
+ * Invariants: ST_WBODY's range lies inside the segment (checked in
+ * seg_check before entering); output items referencing segment memory
+ * (SEG_READ answers) were bounds-checked the same way. Answers are queued
+ * in a bounded ring (OUTQ); input is not read while the ring is full, so a
+ * client that never reads cannot make the server buffer without bound.
+ * Work per event is bounded (READ_BUDGET bytes, FRAME_BUDGET frames); the
+ * epoll sets are level-triggered, so leftover input is seen next turn.
+ */
+#include "node/server.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/mem.h"
+#include "kvpool.h"
+#include "net/net.h"
+#include "proto/proto.h"
+
+#define MOD "segserver"
+#define OUTQ 64                  /* queued answers per connection */
+#define SMALL_MAX 4096           /* largest HELLO / SHM_ATTACH body */
+#define SMALL_RESP 64            /* largest small answer body */
+#define READ_BUDGET (8u << 20)   /* bytes read per connection per event */
+#define FRAME_BUDGET 256         /* frames per connection per event */
+#define SCRATCH 65536            /* per-worker discard buffer */
+#define MAX_IOV 64
+
+enum cstate { ST_HDR, ST_SEGIO, ST_SMALL, ST_WBODY, ST_SKIP, ST_CLOSING };
+
+typedef struct oitem {
+    uint8_t head[KVP_FRAME_HDR + SMALL_RESP]; /* header + small body */
+    uint32_t hlen;
+    const uint8_t *data; /* segment bytes (SEG_READ) or NULL */
+    uint64_t dlen;
+    uint64_t sent;       /* bytes of head+data already sent */
+    int pass_fd;         /* fd to attach to the first byte, -1 = none */
+} oitem;
+
+typedef struct conn {
+    int fd;
+    int is_unix;
+    int hello_ok;
+    enum cstate st;
+    uint32_t interest;    /* current epoll events */
+    kvp_frame_hdr h;      /* frame being read */
+    uint8_t hdr[KVP_FRAME_HDR];
+    uint8_t sio[KVP_SEG_IO_SIZE];
+    uint8_t small[SMALL_MAX];
+    uint32_t got;         /* bytes of hdr / sio / small read so far */
+    uint8_t *wpos;        /* ST_WBODY: next segment byte */
+    uint64_t left;        /* ST_WBODY / ST_SKIP: bytes still to read */
+    int refused;          /* ST_SKIP after a refused SEG_WRITE: answer when done */
+    oitem outq[OUTQ];
+    uint32_t oh, on;      /* ring head, count */
+    struct conn *next;
+} conn;
+
+typedef struct worker {
+    struct kvp_segserver *s;
+    pthread_t th;
+    int started;
+    int ep, evfd;
+    pthread_mutex_t mu;
+    conn *incoming;       /* under mu */
+    conn *conns;          /* owned by the worker thread */
+    uint8_t *scratch;
+} worker;
+
+struct kvp_segserver {
+    kvp_segment *seg;
+    uint8_t *base;
+    uint64_t size;
+    uint64_t segment_id, secret;
+    uint32_t max_frame;
+    char token[256];
+    char unix_path[108];
+    int tcp_fd, unix_fd, stop_fd, acc_ep;
+    uint16_t port;
+    int nworkers;
+    worker *w;
+    pthread_t acc_th;
+    int acc_started;
+    int stop; /* atomic */
+    kvp_proto_limits lim;
+};
+
+/* ------------------------------------------------------------ output */
+
+static oitem *out_push(conn *c)
+{
+    oitem *it = &c->outq[(c->oh + c->on) % OUTQ];
+    c->on++;
+    it->hlen = KVP_FRAME_HDR;
+    it->data = NULL;
+    it->dlen = 0;
+    it->sent = 0;
+    it->pass_fd = -1;
+    return it;
+}
+
+/* Queues an answer to c->h with `status`, a small body and optional
+ * segment bytes. The caller made sure the ring has room. */
+static void answer(conn *c, int32_t status, const void *body, uint32_t blen,
+                   const uint8_t *data, uint64_t dlen, int pass_fd)
+{
+    oitem *it = out_push(c);
+    kvp_frame_hdr r = {KVP_PROTO_VERSION, KVP_FLAG_RESPONSE, c->h.op, c->h.req_id,
+                       (uint32_t)(blen + dlen), status};
+    kvp_frame_hdr_encode(it->head, &r);
+    if (blen)
+        memcpy(it->head + KVP_FRAME_HDR, body, blen);
+    it->hlen = KVP_FRAME_HDR + blen;
+    it->data = data;
+    it->dlen = dlen;
+    it->pass_fd = pass_fd;
+}
+
+/* Sends queued answers. 0, or -1 when the peer is gone. */
+static int out_flush(conn *c)
+{
+    while (c->on) {
+        oitem *first = &c->outq[c->oh];
+        struct iovec iov[MAX_IOV];
+        int n = 0;
+        union {
+            char buf[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } cm;
+        struct msghdr mh = {0};
+        /* an fd rides alone on its item's first byte */
+        int with_fd = first->pass_fd >= 0 && first->sent == 0;
+        for (uint32_t k = 0; k < c->on && n + 2 <= MAX_IOV; k++) {
+            oitem *it = &c->outq[(c->oh + k) % OUTQ];
+            if (k > 0 && (with_fd || it->pass_fd >= 0))
+                break;
+            uint64_t s = it->sent;
+            if (s < it->hlen) {
+                iov[n].iov_base = it->head + s;
+                iov[n++].iov_len = it->hlen - s;
+                s = 0;
+            } else {
+                s -= it->hlen;
+            }
+            if (it->dlen > s) {
+                iov[n].iov_base = (void *)(it->data + s);
+                iov[n++].iov_len = it->dlen - s;
+            }
+        }
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)n;
+        if (with_fd) {
+            memset(&cm, 0, sizeof cm);
+            mh.msg_control = cm.buf;
+            mh.msg_controllen = sizeof cm.buf;
+            struct cmsghdr *ch = CMSG_FIRSTHDR(&mh);
+            ch->cmsg_level = SOL_SOCKET;
+            ch->cmsg_type = SCM_RIGHTS;
+            ch->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(ch), &first->pass_fd, sizeof(int));
+        }
+        ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return 0;
+            return -1;
+        }
+        uint64_t adv = (uint64_t)w;
+        while (adv && c->on) {
+            oitem *it = &c->outq[c->oh];
+            uint64_t rem = it->hlen + it->dlen - it->sent;
+            uint64_t take = adv < rem ? adv : rem;
+            it->sent += take;
+            if (take > 0)
+                it->pass_fd = -1; /* the fd went with the first byte */
+            adv -= take;
+            if (it->sent == it->hlen + it->dlen) {
+                c->oh = (c->oh + 1) % OUTQ;
+                c->on--;
+            }
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- input */
+
+/* Reads up to n bytes into p. >0 bytes, 0 would block, -1 closed/error. */
+static ssize_t rd(conn *c, void *p, size_t n)
+{
+    for (;;) {
+        ssize_t r = recv(c->fd, p, n, MSG_DONTWAIT);
+        if (r > 0)
+            return r;
+        if (r == 0)
+            return -1;
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        return -1;
+    }
+}
+
+/* Refuses the frame in c->h and stops reading (the stream can no longer be
+ * trusted). */
+static void refuse_close(conn *c, int err)
+{
+    answer(c, err, NULL, 0, NULL, 0, -1);
+    c->st = ST_CLOSING;
+}
+
+static void skip(conn *c, uint64_t n, int refused)
+{
+    c->left = n;
+    c->refused = refused;
+    c->st = n ? ST_SKIP : ST_HDR;
+    if (!n && refused)
+        answer(c, refused, NULL, 0, NULL, 0, -1);
+}
+
+/* Checks a seg_io against the segment and the secret. 0 or `err`. */
+static int seg_check(const struct kvp_segserver *s, const kvp_replica *r, int err)
+{
+    if (r->segment_id != s->segment_id || r->length == 0 || r->offset > s->size ||
+        r->length > s->size - r->offset || r->length > UINT32_MAX - KVP_SEG_IO_SIZE)
+        return err;
+    if (r->tag != kvp_replica_tag(s->secret, r))
+        return err;
+    return 0;
+}
+
+static void on_hello(struct kvp_segserver *s, conn *c)
+{
+    kvp_msg_hello m;
+    if (kvp_dec_hello(c->small, c->h.body_len, &s->lim, &m) != 0 || m.client_id == 0) {
+        refuse_close(c, KVP_EPROTOCOL);
+        return;
+    }
+    if (m.version != KVP_PROTO_VERSION) {
+        refuse_close(c, KVP_EINVALID_VERSION);
+        return;
+    }
+    size_t tl = strlen(s->token);
+    if (m.token.len != tl || (tl && memcmp(m.token.p, s->token, tl) != 0)) {
+        KVP_WARN(MOD, "HELLO from client %016llx refused: wrong cluster token",
+                 (unsigned long long)m.client_id);
+        refuse_close(c, KVP_EAUTH);
+        return;
+    }
+    c->hello_ok = 1;
+    kvp_msg_hello_resp r = {KVP_PROTO_VERSION, s->segment_id, s->max_frame, 0, 0};
+    uint8_t tmp[SMALL_RESP];
+    kvp_buf b = {tmp, 0, sizeof tmp, sizeof tmp, 0};
+    kvp_enc_hello_resp(&b, &r);
+    answer(c, 0, tmp, (uint32_t)b.len, NULL, 0, -1);
+    c->st = ST_HDR;
+}
+
+static void on_shm_attach(struct kvp_segserver *s, conn *c)
+{
+    kvp_rd r;
+    kvp_rd_init(&r, c->small, c->h.body_len);
+    uint64_t id = kvp_rd_u64(&r);
+    c->st = ST_HDR;
+    if (kvp_rd_finish(&r) != 0) {
+        answer(c, KVP_EPROTOCOL, NULL, 0, NULL, 0, -1);
+    } else if (id != s->segment_id) {
+        answer(c, KVP_ESEGMENT_NOT_FOUND, NULL, 0, NULL, 0, -1);
+    } else {
+        uint8_t sz[8];
+        for (int i = 0; i < 8; i++)
+            sz[i] = (uint8_t)(s->size >> (8 * i));
+        answer(c, 0, sz, 8, NULL, 0, kvp_segment_fd(s->seg));
+    }
+}
+
+/* A whole header is in c->hdr: decide what comes next. */
+static void on_header(struct kvp_segserver *s, conn *c)
+{
+    int rc = kvp_frame_hdr_decode(c->hdr, s->max_frame, &c->h);
+    if (rc) {
+        /* echo what we can of the request id */
+        memset(&c->h, 0, sizeof c->h);
+        for (int i = 7; i >= 0; i--)
+            c->h.req_id = (c->h.req_id << 8) | c->hdr[8 + i];
+        refuse_close(c, rc);
+        return;
+    }
+    c->got = 0;
+    if (c->h.flags & KVP_FLAG_RESPONSE) {
+        refuse_close(c, KVP_EPROTOCOL);
+        return;
+    }
+    if (!c->hello_ok && c->h.op != KVP_OP_HELLO) {
+        refuse_close(c, KVP_ENO_HELLO);
+        return;
+    }
+    switch (c->h.op) {
+    case KVP_OP_HELLO:
+        if (c->h.body_len > SMALL_MAX) {
+            refuse_close(c, KVP_EPROTOCOL);
+            return;
+        }
+        c->st = ST_SMALL;
+        break;
+    case KVP_OP_SHM_ATTACH:
+        if (!c->is_unix) {
+            skip(c, c->h.body_len, KVP_ENOT_SUPPORTED);
+            return;
+        }
+        if (c->h.body_len > SMALL_MAX) {
+            refuse_close(c, KVP_EPROTOCOL);
+            return;
+        }
+        c->st = ST_SMALL;
+        break;
+    case KVP_OP_SEG_WRITE:
+        if (c->h.body_len < KVP_SEG_IO_SIZE) {
+            refuse_close(c, KVP_EINVALID_WRITE);
+            return;
+        }
+        c->st = ST_SEGIO;
+        break;
+    case KVP_OP_SEG_READ:
+        if (c->h.body_len != KVP_SEG_IO_SIZE) {
+            refuse_close(c, KVP_EINVALID_READ);
+            return;
+        }
+        c->st = ST_SEGIO;
+        break;
+    default:
+        skip(c, c->h.body_len, KVP_EUNKNOWN_OP);
+        return;
+    }
+    if (c->st == ST_SMALL && c->h.body_len == 0) {
+        if (c->h.op == KVP_OP_HELLO)
+            on_hello(s, c);
+        else
+            on_shm_attach(s, c);
+    }
+}
+
+static void on_seg_io(struct kvp_segserver *s, conn *c)
+{
+    kvp_replica r;
+    kvp_dec_seg_io(c->sio, KVP_SEG_IO_SIZE, &r);
+    c->got = 0;
+    if (c->h.op == KVP_OP_SEG_READ) {
+        c->st = ST_HDR;
+        if (seg_check(s, &r, KVP_EINVALID_READ))
+            answer(c, KVP_EINVALID_READ, NULL, 0, NULL, 0, -1);
+        else
+            answer(c, 0, NULL, 0, s->base + r.offset, r.length, -1);
+        return;
+    }
+    uint64_t body_rest = (uint64_t)c->h.body_len - KVP_SEG_IO_SIZE;
+    if (body_rest != r.length) {
+        refuse_close(c, KVP_EINVALID_WRITE); /* the body cannot be delimited */
+        return;
+    }
+    if (seg_check(s, &r, KVP_EINVALID_WRITE)) {
+        skip(c, body_rest, KVP_EINVALID_WRITE);
+        return;
+    }
+    c->wpos = s->base + r.offset;
+    c->left = r.length;
+    c->st = ST_WBODY;
+}
+
+/* Reads and serves input within the budget. -1: close now. */
+static int conn_input(worker *w, conn *c)
+{
+    struct kvp_segserver *s = w->s;
+    size_t budget = READ_BUDGET;
+    int frames = 0;
+    while (c->st != ST_CLOSING && budget && frames < FRAME_BUDGET) {
+        ssize_t n;
+        switch (c->st) {
+        case ST_HDR:
+            if (c->on >= OUTQ)
+                return 0; /* answers pending: wait for the peer to read */
+            n = rd(c, c->hdr + c->got, KVP_FRAME_HDR - c->got);
+            if (n <= 0)
+                return (int)n;
+            c->got += (uint32_t)n;
+            if (c->got == KVP_FRAME_HDR) {
+                frames++;
+                on_header(s, c);
+            }
+            break;
+        case ST_SEGIO:
+            n = rd(c, c->sio + c->got, KVP_SEG_IO_SIZE - c->got);
+            if (n <= 0)
+                return (int)n;
+            c->got += (uint32_t)n;
+            if (c->got == KVP_SEG_IO_SIZE)
+                on_seg_io(s, c);
+            break;
+        case ST_SMALL:
+            n = rd(c, c->small + c->got, c->h.body_len - c->got);
+            if (n <= 0)
+                return (int)n;
+            c->got += (uint32_t)n;
+            if (c->got == c->h.body_len) {
+                c->got = 0;
+                if (c->h.op == KVP_OP_HELLO)
+                    on_hello(s, c);
+                else
+                    on_shm_attach(s, c);
+            }
+            break;
+        case ST_WBODY: {
+            size_t want = c->left < budget ? (size_t)c->left : budget;
+            n = rd(c, c->wpos, want);
+            if (n <= 0)
+                return (int)n;
+            c->wpos += n;
+            c->left -= (uint64_t)n;
+            budget -= (size_t)n;
+            if (c->left == 0) {
+                answer(c, 0, NULL, 0, NULL, 0, -1);
+                c->st = ST_HDR;
+            }
+            break;
+        }
+        case ST_SKIP: {
+            size_t want = c->left < SCRATCH ? (size_t)c->left : SCRATCH;
+            n = rd(c, w->scratch, want);
+            if (n <= 0)
+                return (int)n;
+            c->left -= (uint64_t)n;
+            budget -= (size_t)n < budget ? (size_t)n : budget;
+            if (c->left == 0) {
+                c->st = ST_HDR;
+                if (c->refused)
+                    answer(c, c->refused, NULL, 0, NULL, 0, -1);
+            }
+            break;
+        }
+        case ST_CLOSING:
+            break;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ workers */
+
+static void conn_free(worker *w, conn *c)
+{
+    epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    conn **pp = &w->conns;
+    while (*pp && *pp != c)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = c->next;
+    kvp_free(c);
+}
+
+static void set_interest(worker *w, conn *c)
+{
+    uint32_t ev = 0;
+    if (c->st != ST_CLOSING && c->on < OUTQ)
+        ev |= EPOLLIN;
+    if (c->on)
+        ev |= EPOLLOUT;
+    if (ev != c->interest) {
+        struct epoll_event e = {.events = ev, .data.ptr = c};
+        epoll_ctl(w->ep, EPOLL_CTL_MOD, c->fd, &e);
+        c->interest = ev;
+    }
+}
+
+static void conn_event(worker *w, conn *c, uint32_t ev)
+{
+    if ((ev & EPOLLERR) || ((ev & EPOLLHUP) && !(ev & EPOLLIN))) {
+        conn_free(w, c);
+        return;
+    }
+    if (c->on && out_flush(c) < 0) {
+        conn_free(w, c);
+        return;
+    }
+    if ((ev & EPOLLIN) && conn_input(w, c) < 0) {
+        conn_free(w, c);
+        return;
+    }
+    if (c->on && out_flush(c) < 0) {
+        conn_free(w, c);
+        return;
+    }
+    if (c->st == ST_CLOSING && c->on == 0) {
+        conn_free(w, c);
+        return;
+    }
+    set_interest(w, c);
+}
+
+static void take_incoming(worker *w)
+{
+    uint64_t v;
+    ssize_t r = read(w->evfd, &v, sizeof v);
+    (void)r;
+    pthread_mutex_lock(&w->mu);
+    conn *in = w->incoming;
+    w->incoming = NULL;
+    pthread_mutex_unlock(&w->mu);
+    while (in) {
+        conn *c = in;
+        in = in->next;
+        c->interest = EPOLLIN;
+        struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
+        if (epoll_ctl(w->ep, EPOLL_CTL_ADD, c->fd, &e) < 0) {
+            close(c->fd);
+            kvp_free(c);
+            continue;
+        }
+        c->next = w->conns;
+        w->conns = c;
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    struct epoll_event evs[64];
+    while (!__atomic_load_n(&w->s->stop, __ATOMIC_ACQUIRE)) {
+        int n = epoll_wait(w->ep, evs, 64, 1000);
+        if (n < 0 && errno != EINTR) {
+            KVP_ERROR(MOD, "epoll_wait: %s", strerror(errno));
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            void *p = evs[i].data.ptr;
+            if (p == &w->s->stop_fd)
+                continue; /* the loop condition sees `stop` */
+            if (p == &w->evfd)
+                take_incoming(w);
+            else
+                conn_event(w, p, evs[i].events);
+        }
+    }
+    return NULL;
+}
+
+static void *acceptor_main(void *arg)
+{
+    struct kvp_segserver *s = arg;
+    struct epoll_event evs[4];
+    unsigned rr = 0;
+    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
+        int n = epoll_wait(s->acc_ep, evs, 4, 1000);
+        for (int i = 0; i < n; i++) {
+            int *lfd = evs[i].data.ptr;
+            if (lfd == &s->stop_fd)
+                continue;
+            for (;;) {
+                int fd = accept4(*lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (fd < 0) {
+                    if (errno == EINTR)
+                        continue;
+                    if (errno != EAGAIN && errno != EWOULDBLOCK)
+                        KVP_WARN(MOD, "accept: %s", strerror(errno));
+                    break;
+                }
+                conn *c = kvp_calloc(1, sizeof *c);
+                if (!c) {
+                    close(fd);
+                    continue;
+                }
+                c->fd = fd;
+                c->is_unix = lfd == &s->unix_fd;
+                c->st = ST_HDR;
+                if (!c->is_unix)
+                    kvp_net_set_nodelay(fd);
+                worker *w = &s->w[rr++ % (unsigned)s->nworkers];
+                pthread_mutex_lock(&w->mu);
+                c->next = w->incoming;
+                w->incoming = c;
+                pthread_mutex_unlock(&w->mu);
+                uint64_t one = 1;
+                ssize_t wr = write(w->evfd, &one, sizeof one);
+                (void)wr;
+            }
+        }
+    }
+    return NULL;
+}
+
+/* -------------------------------------------------------------- setup */
+
+static int listen_unix(const char *path, char *err, size_t errlen)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof sa.sun_path) {
+        snprintf(err, errlen, "unix socket path too long: %s", path);
+        return KVP_EINVALID_PARAMS;
+    }
+    strcpy(sa.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "unix socket: %s", strerror(errno));
+        return KVP_EIO;
+    }
+    unlink(path); /* a stale socket from an earlier run */
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 256) != 0) {
+        snprintf(err, errlen, "cannot listen on unix socket %s: %s", path, strerror(errno));
+        close(fd);
+        return KVP_EIO;
+    }
+    return fd;
+}
+
+int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segserver **out,
+                        char *err, size_t errlen)
+{
+    if (!seg || !o || !o->listen || o->segment_id == 0) {
+        snprintf(err, errlen, "segment server: segment, listen address and segment id needed");
+        return KVP_EINVALID_PARAMS;
+    }
+    if (o->cluster_token && strlen(o->cluster_token) >= 256) {
+        snprintf(err, errlen, "cluster token too long");
+        return KVP_EINVALID_PARAMS;
+    }
+    kvp_segserver *s = kvp_calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return KVP_ENOMEM;
+    }
+    s->seg = seg;
+    s->base = kvp_segment_base(seg);
+    s->size = kvp_segment_size(seg);
+    s->segment_id = o->segment_id;
+    s->secret = o->secret;
+    uint64_t mf = s->size + KVP_SEG_IO_SIZE;
+    s->max_frame = mf > UINT32_MAX ? UINT32_MAX : (uint32_t)mf;
+    if (o->cluster_token)
+        snprintf(s->token, sizeof s->token, "%s", o->cluster_token);
+    kvp_proto_limits_default(&s->lim);
+    s->tcp_fd = s->unix_fd = s->stop_fd = s->acc_ep = -1;
+    s->nworkers = o->io_threads > 0 ? o->io_threads : 2;
+    int rc = 0;
+    s->w = kvp_calloc((size_t)s->nworkers, sizeof *s->w);
+    if (!s->w) {
+        snprintf(err, errlen, "out of memory");
+        kvp_free(s);
+        return KVP_ENOMEM;
+    }
+    for (int i = 0; i < s->nworkers; i++) {
+        s->w[i].ep = s->w[i].evfd = -1;
+        pthread_mutex_init(&s->w[i].mu, NULL);
+    }
+    s->tcp_fd = kvp_net_listen(o->listen, 1024, &s->port, err, errlen);
+    if (s->tcp_fd < 0) {
+        rc = s->tcp_fd;
+        s->tcp_fd = -1;
+        goto fail;
+    }
+    if (o->unix_path && *o->unix_path) {
+        s->unix_fd = listen_unix(o->unix_path, err, errlen);
+        if (s->unix_fd < 0) {
+            rc = s->unix_fd;
+            s->unix_fd = -1;
+            goto fail;
+        }
+        snprintf(s->unix_path, sizeof s->unix_path, "%s", o->unix_path);
+    }
+    s->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    s->acc_ep = epoll_create1(EPOLL_CLOEXEC);
+    if (s->stop_fd < 0 || s->acc_ep < 0) {
+        snprintf(err, errlen, "eventfd/epoll: %s", strerror(errno));
+        rc = KVP_EIO;
+        goto fail;
+    }
+    struct epoll_event e = {.events = EPOLLIN, .data.ptr = &s->stop_fd};
+    epoll_ctl(s->acc_ep, EPOLL_CTL_ADD, s->stop_fd, &e);
+    e.data.ptr = &s->tcp_fd;
+    epoll_ctl(s->acc_ep, EPOLL_CTL_ADD, s->tcp_fd, &e);
+    if (s->unix_fd >= 0) {
+        e.data.ptr = &s->unix_fd;
+        epoll_ctl(s->acc_ep, EPOLL_CTL_ADD, s->unix_fd, &e);
+    }
+    for (int i = 0; i < s->nworkers; i++) {
+        worker *w = &s->w[i];
+        w->s = s;
+        w->scratch = kvp_malloc(SCRATCH);
+        w->ep = epoll_create1(EPOLL_CLOEXEC);
+        w->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (!w->scratch || w->ep < 0 || w->evfd < 0) {
+            snprintf(err, errlen, "worker setup: %s", w->scratch ? strerror(errno) : "out of memory");
+            rc = w->scratch ? KVP_EIO : KVP_ENOMEM;
+            goto fail;
+        }
+        e.data.ptr = &s->stop_fd;
+        epoll_ctl(w->ep, EPOLL_CTL_ADD, s->stop_fd, &e);
+        e.data.ptr = &w->evfd;
+        epoll_ctl(w->ep, EPOLL_CTL_ADD, w->evfd, &e);
+    }
+    for (int i = 0; i < s->nworkers; i++) {
+        if (pthread_create(&s->w[i].th, NULL, worker_main, &s->w[i]) != 0) {
+            snprintf(err, errlen, "cannot start a worker thread");
+            rc = KVP_EIO;
+            goto fail;
+        }
+        s->w[i].started = 1;
+    }
+    if (pthread_create(&s->acc_th, NULL, acceptor_main, s) != 0) {
+        snprintf(err, errlen, "cannot start the acceptor thread");
+        rc = KVP_EIO;
+        goto fail;
+    }
+    s->acc_started = 1;
+    KVP_INFO(MOD, "segment %016llx (%llu MiB) served on %s (port %u)%s%s, %d io threads",
+             (unsigned long long)s->segment_id, (unsigned long long)(s->size >> 20), o->listen,
+             s->port, s->unix_path[0] ? " and " : "", s->unix_path, s->nworkers);
+    *out = s;
+    return 0;
+fail:
+    kvp_segserver_stop(s);
+    return rc;
+}
+
+uint16_t kvp_segserver_port(const kvp_segserver *s) { return s->port; }
+
+void kvp_segserver_stop(kvp_segserver *s)
+{
+    if (!s)
+        return;
+    __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
+    if (s->stop_fd >= 0) {
+        uint64_t one = 1;
+        ssize_t wr = write(s->stop_fd, &one, sizeof one);
+        (void)wr;
+    }
+    if (s->acc_started)
+        pthread_join(s->acc_th, NULL);
+    for (int i = 0; i < s->nworkers; i++) {
+        worker *w = &s->w[i];
+        if (w->started)
+            pthread_join(w->th, NULL);
+        while (w->conns)
+            conn_free(w, w->conns);
+        while (w->incoming) {
+            conn *c = w->incoming;
+            w->incoming = c->next;
+            close(c->fd);
+            kvp_free(c);
+        }
+        if (w->ep >= 0)
+            close(w->ep);
+        if (w->evfd >= 0)
+            close(w->evfd);
+        kvp_free(w->scratch);
+        pthread_mutex_destroy(&w->mu);
+    }
+    kvp_free(s->w);
+    if (s->tcp_fd >= 0)
+        close(s->tcp_fd);
+    if (s->unix_fd >= 0) {
+        close(s->unix_fd);
+        unlink(s->unix_path);
+    }
+    if (s->stop_fd >= 0)
+        close(s->stop_fd);
+    if (s->acc_ep >= 0)
+        close(s->acc_ep);
+    kvp_free(s);
+}

@@ -1,0 +1,155 @@
+/* test_node_integ.c -- a real `kvpool store` against a real `kvpool master`:
+ * mount with endpoints, remount after a master crash and restart on the same
+ * port, unmount and clean exit on SIGTERM. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/buf.h"
+#include "harness.h"
+#include "kvpool.h"
+#include "net/rpc.h"
+#include "proc.h"
+#include "proto/proto.h"
+
+/* Mounted segments per the master's STATS (first segment's id in *id),
+ * or -1 when the master cannot be asked. */
+static int seg_count(const char *addr, uint64_t *id)
+{
+    kvp_rpc *r;
+    char err[256];
+    kvp_rpc_opts o = {NULL, "test", 0, 0, 2000, 0};
+    if (kvp_rpc_open(addr, &o, &r, err, sizeof err) != 0)
+        return -1;
+    int32_t st;
+    const uint8_t *resp;
+    uint32_t rl;
+    int n = -1;
+    if (kvp_rpc_call(r, KVP_OP_STATS, NULL, 0, &st, &resp, &rl) == 0 && st == 0) {
+        kvp_arena a;
+        kvp_arena_init(&a, 1 << 20);
+        kvp_proto_limits lim;
+        kvp_proto_limits_default(&lim);
+        kvp_msg_stats_resp s;
+        if (kvp_dec_stats_resp(resp, rl, &lim, &a, &s) == 0) {
+            n = (int)s.n_segs;
+            if (n > 0 && id)
+                *id = s.segs[0].id;
+        }
+        kvp_arena_free(&a);
+    }
+    kvp_rpc_close(r);
+    return n;
+}
+
+static int wait_segs(const char *addr, int want, unsigned ms, uint64_t *id)
+{
+    uint64_t end = tp_now_ms() + ms;
+    while (tp_now_ms() < end) {
+        if (seg_count(addr, id) == want)
+            return 0;
+        tp_sleep_ms(50);
+    }
+    return -1;
+}
+
+static int has_ep(const kvp_seg_desc *d, const char *transport, const char *needle)
+{
+    for (uint32_t i = 0; i < d->n_endpoints; i++) {
+        const kvp_endpoint *e = &d->endpoints[i];
+        if (e->transport.len == strlen(transport) &&
+            !memcmp(e->transport.p, transport, e->transport.len) &&
+            memmem(e->addr.p, e->addr.len, needle, strlen(needle)))
+            return 1;
+    }
+    return 0;
+}
+
+static int check_info(const char *addr, uint64_t id)
+{
+    kvp_rpc *r;
+    char err[256];
+    kvp_rpc_opts o = {NULL, "test", 0, 0, 2000, 0};
+    REQUIRE(kvp_rpc_open(addr, &o, &r, err, sizeof err) == 0);
+    uint8_t body[16];
+    kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
+    kvp_msg_ids ids = {1, &id};
+    kvp_enc_ids(&b, &ids);
+    int32_t st;
+    const uint8_t *resp;
+    uint32_t rl;
+    int ok = kvp_rpc_call(r, KVP_OP_SEGMENT_INFO, body, b.len, &st, &resp, &rl) == 0 && st == 0;
+    kvp_arena a;
+    kvp_arena_init(&a, 1 << 20);
+    kvp_proto_limits lim;
+    kvp_proto_limits_default(&lim);
+    kvp_msg_seg_info_resp si;
+    ok = ok && kvp_dec_seg_info_resp(resp, rl, &lim, &a, &si) == 0 && si.n == 1 &&
+         si.infos[0].status == 0;
+    ok = ok && si.infos[0].desc.capacity == 64ull << 20;
+    ok = ok && has_ep(&si.infos[0].desc, "tcp", "127.0.0.1:");
+    ok = ok && has_ep(&si.infos[0].desc, "shm", ":/");
+    kvp_arena_free(&a);
+    kvp_rpc_close(r);
+    REQUIRE(ok);
+    return 0;
+}
+
+TEST(store_mounts_remounts_and_unmounts)
+{
+    static const char *const mopts[] = {"--client-ttl", "3s", "--lease-ttl", "1s", NULL};
+    tp_master m, s;
+    CHECK_EQ(tp_master_start(&m, mopts), 0);
+    const char *sargs[] = {"--master", m.addr, "--segment-size", "64MiB", "--listen",
+                           "127.0.0.1:0", NULL};
+    CHECK_EQ(tp_store_start(&s, sargs), 0);
+    uint64_t id = 0;
+    if (wait_segs(m.addr, 1, 10000, &id) != 0) {
+        tp_master_kill(&s);
+        tp_master_kill(&m);
+        CHECK(!"store did not mount");
+    }
+    CHECK(id != 0);
+    CHECK_EQ(check_info(m.addr, id), 0);
+
+    /* crash the master, restart it on the same port: the node remounts */
+    char listen[64];
+    snprintf(listen, sizeof listen, "127.0.0.1:%u", m.port);
+    tp_master_kill(&m);
+    const char *ropts[] = {"--client-ttl", "3s", "--lease-ttl", "1s", "--listen", listen, NULL};
+    CHECK_EQ(tp_master_start(&m, ropts), 0);
+    CHECK_EQ(m.port, (long long)strtoul(strchr(listen, ':') + 1, NULL, 10));
+    uint64_t t0 = tp_now_ms();
+    uint64_t id2 = 0;
+    int rc = wait_segs(m.addr, 1, 8000, &id2);
+    printf("  remounted after %llu ms\n", (unsigned long long)(tp_now_ms() - t0));
+    if (rc != 0) {
+        tp_master_kill(&s);
+        tp_master_kill(&m);
+        CHECK(!"store did not remount");
+    }
+    CHECK(id2 == id);
+    CHECK_EQ(check_info(m.addr, id), 0);
+    CHECK(tp_master_alive(&s, NULL));
+
+    /* SIGTERM: unmounted, clean exit */
+    CHECK_EQ(tp_master_stop(&s), 0);
+    CHECK_EQ(seg_count(m.addr, NULL), 0);
+    CHECK_EQ(tp_master_stop(&m), 0);
+}
+
+TEST(store_help_and_bad_flags)
+{
+    char out[8192];
+    const char *h[] = {tp_kvpool_bin(), "store", "--help", NULL};
+    CHECK_EQ(tp_run_capture(h, 1, out, sizeof out, 5000), 0);
+    CHECK(strstr(out, "--segment-size") != NULL);
+    const char *b[] = {tp_kvpool_bin(), "store", "--segment-size", "lots", NULL};
+    CHECK_EQ(tp_run_capture(b, 2, out, sizeof out, 5000), 2);
+    CHECK(strstr(out, "segment") != NULL);
+    /* no master reachable and not optional: fails fast */
+    const char *n[] = {tp_kvpool_bin(), "store", "--master", "127.0.0.1:1", "--segment-size",
+                       "4MiB", "--rpc-timeout", "500ms", NULL};
+    CHECK_EQ(tp_run_capture(n, 2, out, sizeof out, 10000), 1);
+}
