@@ -131,6 +131,8 @@ static const struct key_def keys[] = {
      .help = "client: offload evicted objects to local storage"},
     {.name = "rpc_timeout", .type = KT_DURATION, F_U64(rpc_timeout_ms), .unit_ms = 1, .min = 1,
      .max = DUR_MAX_MS, .def = "10s", .help = "client: timeout of one request to the master"},
+    {.name = "replica_num", .type = KT_UINT, F_U64(replica_num), .min = 1, .max = 3, .def = "1",
+     .help = "client: copies of each value a put writes (on distinct segments)"},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 

@@ -47,6 +47,7 @@ typedef struct kvp_config {
     uint64_t local_buffer_size;   /* "local_buffer_size": bytes (0) */
     int enable_offload;           /* "enable_offload": bool (false) */
     uint64_t rpc_timeout_ms;      /* "rpc_timeout": 10 s */
+    uint64_t replica_num;         /* "replica_num": copies written per put (1); 1 .. 3 */
 } kvp_config;
 
 /* Fills the defaults above. */

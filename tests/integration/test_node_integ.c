@@ -103,7 +103,7 @@ TEST(store_mounts_remounts_and_unmounts)
     CHECK_EQ(tp_master_start(&m, mopts), 0);
     const char *sargs[] = {"--master", m.addr, "--segment-size", "64MiB", "--listen",
                            "127.0.0.1:0", NULL};
-    CHECK_EQ(tp_store_start(&s, sargs), 0);
+    CHECK_EQ(tp_store_spawn(&s, sargs), 0);
     uint64_t id = 0;
     if (wait_segs(m.addr, 1, 10000, &id) != 0) {
         tp_master_kill(&s);

@@ -1,4 +1,4 @@
-/* proc.c -- run kvpool processes from tests; see proc.h. */
+/* proc.c -- run kvpool processes (master, storage nodes) from tests; see proc.h. */
 #include "proc.h"
 
 #include <errno.h>
@@ -11,6 +11,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "net/rpc.h"
+#include "proto/proto.h"
 
 #define START_WAIT_MS 10000
 #define STOP_WAIT_MS 15000
@@ -146,7 +149,7 @@ int tp_master_start(tp_master *m, const char *const *extra)
     return -1;
 }
 
-int tp_store_start(tp_master *p, const char *const *args)
+int tp_store_spawn(tp_master *p, const char *const *args)
 {
     memset(p, 0, sizeof *p);
     const char *argv[MAX_ARGS];
@@ -293,4 +296,113 @@ int tp_run_capture(const char *const *argv, int which, char *out, size_t outlen,
         wait_bounded(pid, 5000);
     }
     return rc;
+}
+
+/* ------------------------------------------------------------ storage nodes */
+
+int tp_master_segments(const char *master_addr)
+{
+    kvp_rpc_opts o = {0};
+    o.name = "test stats";
+    o.timeout_ms = 2000;
+    kvp_rpc *r;
+    char err[256];
+    if (kvp_rpc_open(master_addr, &o, &r, err, sizeof err) != 0)
+        return -1;
+    int32_t st = 0;
+    const uint8_t *b;
+    uint32_t bl;
+    int n = -1;
+    if (kvp_rpc_call(r, KVP_OP_STATS, NULL, 0, &st, &b, &bl) == 0 && st == 0) {
+        kvp_arena a;
+        kvp_arena_init(&a, 16u << 20);
+        kvp_proto_limits lim;
+        kvp_proto_limits_default(&lim);
+        kvp_msg_stats_resp sr;
+        if (kvp_dec_stats_resp(b, bl, &lim, &a, &sr) == 0 && sr.n_counters > KVP_STAT_SEGMENTS)
+            n = (int)sr.counters[KVP_STAT_SEGMENTS];
+        kvp_arena_free(&a);
+    }
+    kvp_rpc_close(r);
+    return n;
+}
+
+int tp_store_start(tp_store *s, const char *master_addr, const char *const *extra)
+{
+    memset(s, 0, sizeof *s);
+    int before = tp_master_segments(master_addr);
+    if (before < 0) {
+        fprintf(stderr, "tp_store_start: master %s does not answer STATS\n", master_addr);
+        return -1;
+    }
+    const char *argv[MAX_ARGS];
+    int n = 0;
+    argv[n++] = tp_kvpool_bin();
+    argv[n++] = "store";
+    argv[n++] = "--master";
+    argv[n++] = master_addr;
+    argv[n++] = "--segment-size";
+    argv[n++] = "64MiB";
+    argv[n++] = "--listen";
+    argv[n++] = "127.0.0.1:0";
+    for (int i = 0; extra && extra[i] && n < MAX_ARGS - 1; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0) {
+            dup2(nul, 0);
+            close(nul);
+        }
+        execv(argv[0], (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    s->pid = pid;
+    uint64_t end = tp_now_ms() + START_WAIT_MS;
+    while (tp_now_ms() < end) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            fprintf(stderr, "tp_store_start: store exited early (status %d)\n", decode_status(st));
+            s->pid = 0;
+            return -1;
+        }
+        if (tp_master_segments(master_addr) > before)
+            return 0;
+        tp_sleep_ms(20);
+    }
+    fprintf(stderr, "tp_store_start: no new segment at %s after %d ms\n", master_addr,
+            START_WAIT_MS);
+    tp_store_kill(s);
+    return -1;
+}
+
+int tp_store_stop(tp_store *s)
+{
+    if (s->pid <= 0)
+        return -1;
+    kill(s->pid, SIGTERM);
+    int rc = wait_bounded(s->pid, STOP_WAIT_MS);
+    if (rc < 0) {
+        fprintf(stderr, "tp_store_stop: pid %d did not stop in %d ms; killing it\n", (int)s->pid,
+                STOP_WAIT_MS);
+        kill(s->pid, SIGKILL);
+        wait_bounded(s->pid, 5000);
+    }
+    s->pid = 0;
+    return rc;
+}
+
+void tp_store_kill(tp_store *s)
+{
+    if (s->pid > 0) {
+        kill(s->pid, SIGKILL);
+        wait_bounded(s->pid, 5000);
+    }
+    s->pid = 0;
 }

@@ -47,10 +47,38 @@ void tp_master_kill(tp_master *m);
  * store's port is learnt from the master). tp_master_stop / tp_master_kill /
  * tp_master_alive work on it. 0 or -1.
  */
-int tp_store_start(tp_master *p, const char *const *args);
+int tp_store_spawn(tp_master *p, const char *const *args);
 
 /* Still running? (reaps it when it exited; *status gets what stop returns) */
 int tp_master_alive(tp_master *m, int *status);
+
+/*
+ * Storage nodes: `kvpool store --master ADDR --segment-size 64MiB
+ * --listen 127.0.0.1:0 <extra...>` (extra: NULL-terminated, may be NULL;
+ * later flags win, e.g. {"--segment-size", "32MiB", NULL}).
+ *
+ *   tp_store s;
+ *   if (tp_store_start(&s, m.addr, NULL) != 0) ...
+ *   tp_store_kill(&s);                 // kill -9: a crashed node
+ *
+ * start returns once the master's STATS counts one more mounted segment
+ * than before the start (bounded: 10 s), so the node is usable; start
+ * nodes one at a time. Its stderr is inherited.
+ */
+typedef struct tp_store {
+    pid_t pid; /* 0 when not running */
+} tp_store;
+
+/* 0, or -1 (the child, if any, is killed). */
+int tp_store_start(tp_store *s, const char *master_addr, const char *const *extra);
+/* SIGTERM, bounded wait; same return as tp_master_stop. */
+int tp_store_stop(tp_store *s);
+/* SIGKILL and reap. */
+void tp_store_kill(tp_store *s);
+
+/* Mounted segments according to the master's STATS, or -1 when the master
+ * cannot be asked (bounded: 2 s). */
+int tp_master_segments(const char *master_addr);
 
 /*
  * Runs argv (argv[0] = path) with stdin from /dev/null, capturing stdout

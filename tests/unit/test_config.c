@@ -93,7 +93,7 @@ TEST(every_default_parses)
         {"max_tenants", "1024"}, {"max_objects", "0"}, {"log_level", "info"},
         {"master", "127.0.0.1:50051"}, {"local_hostname", "localhost"}, {"protocol", "tcp"},
         {"mode", "embedded"}, {"global_segment_size", "4GiB"}, {"local_buffer_size", "0"},
-        {"enable_offload", "false"}, {"rpc_timeout", "10s"},
+        {"enable_offload", "false"}, {"rpc_timeout", "10s"}, {"replica_num", "1"},
     };
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
         CHECK_EQ(kvp_config_set(&b, kv[i][0], kv[i][1], err, sizeof err), 0);
@@ -594,7 +594,7 @@ TEST(reference_lists_every_key)
         "eviction_high_watermark_ratio", "eviction_low_watermark_ratio", "max_key_size",
         "max_connections", "max_segments", "max_tenants", "max_objects", "log_level", "master",
         "local_hostname", "protocol", "mode", "global_segment_size", "local_buffer_size",
-        "enable_offload", "rpc_timeout", "master_server_address", "master_server_addr",
+        "enable_offload", "rpc_timeout", "replica_num", "master_server_address", "master_server_addr",
         "default_kv_lease_ttl", "metadata_server", "use_ascend_direct", "64MiB", "4GiB",
         "\"127.0.0.1:50051\"", "duration", "ratio", NULL};
     int ok = has_all(buf, names);

@@ -1,0 +1,1287 @@
+/*
+ * client.c -- the store client (include/kvpool.h, kvp_client_*): asks the
+ * master where values live (one batched request per step) and moves the
+ * bytes itself through the data plane (client/xfer.h).
+ *
+ * Put of a batch (DESIGN §2):
+ *   PUT_START(all keys)          one request; OBJECT_ALREADY_EXISTS = success
+ *                                with 0 bytes moved (keys are immutable)
+ *   SEGMENT_INFO(unknown ids)    one request, only for segments xfer lacks
+ *   xfer writes                  one op per replica of every key, in parallel
+ *   PUT_END(keys fully written)  one request, with each value's XXH3-64
+ *   PUT_REVOKE(the others)       one request; their result is the write error
+ * Get of a batch:
+ *   GET(all keys)                one request: size, checksum, lease, replicas
+ *   xfer reads, in rounds        round r reads replica r of every key still
+ *                                unserved; replicas ordered shm-reachable first;
+ *                                a transfer error or checksum mismatch moves
+ *                                that key on to its next replica
+ *   RELEASE(leases)              one ONEWAY request: queued, flushed, no answer
+ * A read verified after its lease ended (request start + lease_ttl) is
+ * LEASE_EXPIRED, never data: the space may have been reused meanwhile.
+ *
+ * Batches larger than a quarter of the master's max frame (request or
+ * answer) are split into several requests, each step above per chunk.
+ *
+ * Master connection: one kvp_rpc under c->mu (client_int.h). See mcall for
+ * the failure and reconnect rules.
+ */
+#include "client/client_int.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack: no malloc */
+#include <xxhash.h>
+
+#include "common/buf.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "proto/proto.h"
+
+#define MOD "client"
+
+/* Largest answer we accept from the master, and the cap on the frame size
+ * batches are sized against (a master configured larger gains nothing). */
+#define RESP_CAP (64u << 20)
+/* Most keys in one master request, whatever the frame allows: keeps the
+ * per-chunk arrays and the master's per-request work moderate. */
+#define CHUNK_MAX 65536u
+/* Answer bytes per key, upper bounds from the encoders (master.c fits()). */
+#define RESP_PER_GET (40u + 5 * 8 * KVP_MAX_REPLICAS)
+#define RESP_PER_PUT_START (8u + 5 * 8 * KVP_MAX_REPLICAS)
+#define RESP_PER_CODE 4u
+#define RESP_PER_SEG_INFO (300u + 64 * 1024 / 64)
+/* Heartbeat period floor, whatever client_ttl says. */
+#define HB_MIN_MS 50u
+
+/* ------------------------------------------------------------- helpers */
+
+static int timeout_ms(const kvp_client *c)
+{
+    return c->cfg.rpc_timeout_ms > INT_MAX ? INT_MAX : (int)c->cfg.rpc_timeout_ms;
+}
+
+static void seterr(char *err, size_t errlen, const char *fmt, const char *a, const char *b)
+{
+    if (err && errlen)
+        snprintf(err, errlen, fmt, a, b);
+}
+
+/* XXH3-64 of the concatenation of v[0..n). */
+static uint64_t csum_iov(const struct iovec *v, int n)
+{
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    for (int i = 0; i < n; i++)
+        if (v[i].iov_len)
+            XXH3_64bits_update(&st, v[i].iov_base, v[i].iov_len);
+    return XXH3_64bits_digest(&st);
+}
+
+/*
+ * Total of a caller's piece list, or a negative code: KVP_EINVALID_PARAMS
+ * for a NULL list with pieces, a NULL piece with bytes, more pieces than an
+ * iovec count holds, or a total that overflows.
+ */
+static int64_t pieces_total(const kvp_iov *v, size_t n)
+{
+    if (n && !v)
+        return KVP_EINVALID_PARAMS;
+    if (n > (size_t)INT_MAX)
+        return KVP_EINVALID_PARAMS;
+    uint64_t t = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i].len && !v[i].base)
+            return KVP_EINVALID_PARAMS;
+        if (v[i].len > (uint64_t)INT64_MAX - t)
+            return KVP_EINVALID_PARAMS;
+        t += v[i].len;
+    }
+    return (int64_t)t;
+}
+
+/* Copies the first `size` bytes' worth of pieces into out (which has room
+ * for n entries), trimming the last; returns the iovec count. The caller
+ * checked that the pieces hold at least `size` bytes. */
+static int fit_iov(const kvp_iov *v, size_t n, uint64_t size, struct iovec *out)
+{
+    int k = 0;
+    for (size_t i = 0; i < n && size > 0; i++) {
+        if (!v[i].len)
+            continue;
+        size_t l = v[i].len < size ? v[i].len : (size_t)size;
+        out[k].iov_base = v[i].base;
+        out[k].iov_len = l;
+        k++;
+        size -= l;
+    }
+    return k;
+}
+
+/* A key as wire bytes, or KVP_EINVALID_KEY (NULL, empty, or longer than
+ * max_key_size: the master would refuse the whole request). */
+static int key_bytes(const kvp_client *c, const char *key, kvp_bytes *out)
+{
+    if (!key)
+        return KVP_EINVALID_KEY;
+    size_t l = strnlen(key, (size_t)c->cfg.max_key + 1);
+    if (l == 0 || l > c->cfg.max_key)
+        return KVP_EINVALID_KEY;
+    out->p = (const uint8_t *)key;
+    out->len = (uint32_t)l;
+    return 0;
+}
+
+/* ------------------------------------------------------ master connection */
+
+/* Opens a connection (new HELLO, new random client id) into c->rpc.
+ * Caller holds c->mu (or is kvp_client_open, before any thread exists). */
+static int connect_locked(kvp_client *c, char *err, size_t errlen)
+{
+    char ebuf[256];
+    if (!err || !errlen) {
+        err = ebuf;
+        errlen = sizeof ebuf;
+    }
+    kvp_rpc_opts o = {0};
+    o.token = c->cfg.cluster_token[0] ? c->cfg.cluster_token : NULL;
+    o.name = c->name;
+    o.client_id = 0;
+    o.max_frame = RESP_CAP;
+    o.timeout_ms = timeout_ms(c);
+    kvp_rpc *r;
+    int rc = kvp_rpc_open(c->cfg.master_addr, &o, &r, err, errlen);
+    if (rc) {
+        KVP_DEBUG(MOD, "connect to master %s: %s", c->cfg.master_addr, err);
+        return rc;
+    }
+    const kvp_msg_hello_resp *h = kvp_rpc_hello_resp(r);
+    if (c->master_id && h->master_id != c->master_id)
+        KVP_INFO(MOD, "master %s restarted (id %016llx -> %016llx)", c->cfg.master_addr,
+                 (unsigned long long)c->master_id, (unsigned long long)h->master_id);
+    c->master_id = h->master_id;
+    uint32_t mf = h->max_frame < RESP_CAP ? h->max_frame : RESP_CAP;
+    __atomic_store_n(&c->max_frame, mf, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->lease_ttl_ms, h->lease_ttl_ms, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->client_ttl_ms, h->client_ttl_ms, __ATOMIC_RELAXED);
+    c->rpc = r;
+    return 0;
+}
+
+static void drop_locked(kvp_client *c)
+{
+    kvp_rpc_close(c->rpc);
+    c->rpc = NULL;
+}
+
+/* One request/answer on the current connection; the answer body is copied
+ * into resp (may be NULL). 0, the master's whole-request status, or the
+ * rpc's error. Caller holds c->mu and c->rpc != NULL. */
+static int call_locked(kvp_client *c, uint16_t op, const kvp_buf *req, kvp_buf *resp)
+{
+    int32_t st = 0;
+    const uint8_t *b = NULL;
+    uint32_t bl = 0;
+    int rc = kvp_rpc_call(c->rpc, op, req->data, req->len, &st, &b, &bl);
+    if (rc)
+        return rc;
+    if (st)
+        return st;
+    if (resp) {
+        kvp_buf_reset(resp);
+        kvp_buf_put(resp, b, bl);
+        return resp->err;
+    }
+    return 0;
+}
+
+/* How a request may be repeated on a new connection after the old one broke. */
+enum retry {
+    RETRY_SAFE,          /* idempotent or harmless twice (reads, PUT_END, RELEASE...) */
+    RETRY_IF_NEW_MASTER, /* PUT_START: only when the master restarted, since the
+                            first attempt may have created pending objects that a
+                            repeat would see as OBJECT_ALREADY_EXISTS (= success) */
+};
+
+/*
+ * One master request: `req` is the body of `op`; the answer body is copied
+ * into resp. Returns 0, the master's status for the whole request (< 0),
+ * or a transport error. Every attempt is bounded by rpc_timeout.
+ *
+ * Failures of the connection:
+ *  - KVP_ERPC_FAIL (broken connection, e.g. the master restarted): the
+ *    connection is replaced once (new HELLO, new client id, so the master
+ *    revokes whatever the old identity left pending when it sees the old
+ *    connection close) and the request repeated per `retry`; a second
+ *    failure is KVP_ERPC_FAIL.
+ *  - KVP_ERPC_TIMEOUT (master alive but silent): the connection is closed
+ *    (same revocation) and the timeout reported without a repeat, so a call
+ *    never waits two full deadlines on one request.
+ * While disconnected, the next call connects first (one attempt).
+ */
+static int mcall(kvp_client *c, uint16_t op, const kvp_buf *req, enum retry retry, kvp_buf *resp)
+{
+    if (req->err)
+        return req->err;
+    pthread_mutex_lock(&c->mu);
+    int rc;
+    if (!c->rpc) {
+        rc = connect_locked(c, NULL, 0);
+        if (rc == 0) {
+            rc = call_locked(c, op, req, resp);
+            if (rc == KVP_ERPC_FAIL || rc == KVP_ERPC_TIMEOUT)
+                drop_locked(c);
+        }
+        pthread_mutex_unlock(&c->mu);
+        return rc;
+    }
+    uint64_t mid = c->master_id;
+    rc = call_locked(c, op, req, resp);
+    if (rc == KVP_ERPC_FAIL) {
+        drop_locked(c);
+        if (connect_locked(c, NULL, 0) != 0) {
+            rc = KVP_ERPC_FAIL;
+        } else if (retry == RETRY_SAFE || c->master_id != mid) {
+            rc = call_locked(c, op, req, resp);
+            if (rc == KVP_ERPC_FAIL || rc == KVP_ERPC_TIMEOUT)
+                drop_locked(c);
+        }
+    } else if (rc == KVP_ERPC_TIMEOUT) {
+        drop_locked(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* Queues and flushes a ONEWAY request (RELEASE); no answer is read. Best
+ * effort: when it cannot be sent, the leases simply expire. */
+static void msend_oneway(kvp_client *c, uint16_t op, const kvp_buf *req)
+{
+    if (req->err)
+        return;
+    pthread_mutex_lock(&c->mu);
+    if (c->rpc) {
+        kvp_rpc_queue(c->rpc, op, KVP_FLAG_ONEWAY, req->data, req->len);
+        int rc = kvp_rpc_flush(c->rpc);
+        if (rc == KVP_ERPC_FAIL || rc == KVP_ERPC_TIMEOUT)
+            drop_locked(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Byte budget of one request or answer. */
+static size_t frame_budget(kvp_client *c)
+{
+    uint32_t mf = __atomic_load_n(&c->max_frame, __ATOMIC_RELAXED);
+    if (mf < 4096)
+        mf = 4096;
+    return mf / 4;
+}
+
+/*
+ * How many of keys[0..n) go into one request: request bytes (4 + key +
+ * extra_req per key) and answer bytes (resp_per per key) both within the
+ * frame budget, at most CHUNK_MAX. At least 1 when n >= 1: one key (<= 64
+ * KiB) always fits a budget of >= 1 KiB... and a budget is >= 1 KiB only
+ * for masters configured below 4 KiB frames, which config forbids.
+ */
+static size_t chunk_len(kvp_client *c, const kvp_bytes *keys, size_t n, size_t extra_req,
+                        size_t resp_per)
+{
+    size_t budget = frame_budget(c) - 256; /* room for tenant, counts, header */
+    size_t req = 0, i = 0;
+    while (i < n && i < CHUNK_MAX) {
+        size_t add = 4 + (size_t)keys[i].len + extra_req;
+        if (i > 0 && (req + add > budget || (i + 1) * resp_per > budget))
+            break;
+        req += add;
+        i++;
+    }
+    return i;
+}
+
+/* Per-call scratch: a request body, a copy of the answer, decode arena. */
+typedef struct scratch {
+    kvp_buf req;
+    kvp_buf resp;
+    kvp_arena a;
+} scratch;
+
+static void scratch_init(scratch *s)
+{
+    kvp_buf_init(&s->req, RESP_CAP);
+    kvp_buf_init(&s->resp, RESP_CAP);
+    kvp_arena_init(&s->a, 256u << 20);
+}
+
+static void scratch_reset(scratch *s)
+{
+    kvp_buf_reset(&s->req);
+    kvp_arena_reset(&s->a);
+}
+
+static void scratch_free(scratch *s)
+{
+    kvp_buf_free(&s->req);
+    kvp_buf_free(&s->resp);
+    kvp_arena_free(&s->a);
+}
+
+/* ----------------------------------------------------- segment discovery */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/*
+ * Makes every segment in ids[0..n) known to xfer: one SEGMENT_INFO (per
+ * frame budget) for the ids xfer does not know, then kvp_xfer_add_segment.
+ * Ids the master no longer knows stay unknown; transfers to them fail with
+ * SEGMENT_NOT_FOUND. Sorts ids in place. 0 or the request's error.
+ */
+static int discover(kvp_client *c, uint64_t *ids, size_t n)
+{
+    qsort(ids, n, sizeof *ids, cmp_u64);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if ((m == 0 || ids[m - 1] != ids[i]) && !kvp_xfer_has_segment(c->xfer, ids[i]))
+            ids[m++] = ids[i];
+    if (m == 0)
+        return 0;
+    scratch s;
+    scratch_init(&s);
+    size_t per = frame_budget(c) / RESP_PER_SEG_INFO;
+    if (per == 0)
+        per = 1;
+    int rc = 0;
+    for (size_t off = 0; off < m && rc == 0; off += per) {
+        scratch_reset(&s);
+        size_t k = m - off < per ? m - off : per;
+        kvp_msg_ids q = {(uint32_t)k, ids + off};
+        kvp_enc_ids(&s.req, &q);
+        rc = mcall(c, KVP_OP_SEGMENT_INFO, &s.req, RETRY_SAFE, &s.resp);
+        if (rc)
+            break;
+        kvp_msg_seg_info_resp r;
+        rc = kvp_dec_seg_info_resp(s.resp.data, (uint32_t)s.resp.len, &c->lim, &s.a, &r);
+        if (rc == 0 && r.n != k)
+            rc = KVP_EPROTOCOL;
+        for (uint32_t i = 0; rc == 0 && i < r.n; i++) {
+            if (r.infos[i].status != 0)
+                continue;
+            int arc = kvp_xfer_add_segment(c->xfer, &r.infos[i].desc);
+            if (arc)
+                KVP_WARN(MOD, "segment %016llx: cannot add to the data plane: %s",
+                         (unsigned long long)r.infos[i].desc.id, kvp_strerror(arc));
+        }
+    }
+    scratch_free(&s);
+    return rc;
+}
+
+/* --------------------------------------------------------------- open */
+
+static void *hb_main(void *arg);
+
+static void client_free(kvp_client *c)
+{
+    if (c->hb_started) {
+        pthread_mutex_lock(&c->hb_mu);
+        c->hb_stop = 1;
+        pthread_cond_signal(&c->hb_cv);
+        pthread_mutex_unlock(&c->hb_mu);
+        pthread_join(c->hb_thread, NULL);
+    }
+    if (c->node)
+        kvp_node_stop(c->node);
+    if (c->xfer)
+        kvp_xfer_destroy(c->xfer);
+    if (c->rpc)
+        kvp_rpc_close(c->rpc);
+    kvp_free(c->regs);
+    pthread_cond_destroy(&c->hb_cv);
+    pthread_mutex_destroy(&c->hb_mu);
+    pthread_mutex_destroy(&c->reg_mu);
+    pthread_mutex_destroy(&c->mu);
+    kvp_free(c);
+}
+
+/*
+ * Environment: KVPOOL_FORCE_TCP=1 makes the data plane use TCP even for
+ * segments on this host (kvp_xfer_opts.force_tcp); for tests and
+ * benchmarks of the remote path. Not a config key: it is a debugging aid,
+ * not a deployment choice.
+ */
+static int env_force_tcp(void)
+{
+    const char *v = getenv("KVPOOL_FORCE_TCP");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+int kvp_client_open(const char *config, kvp_client **out, char *err, size_t errlen)
+{
+    char ebuf[KVP_CONFIG_ERRLEN];
+    if (!err || !errlen) {
+        err = ebuf;
+        errlen = sizeof ebuf;
+    }
+    err[0] = 0;
+    if (!out) {
+        snprintf(err, errlen, "kvp_client_open: out is NULL");
+        return KVP_EINVALID_PARAMS;
+    }
+    *out = NULL;
+    kvp_client *c = kvp_calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(err, errlen, "out of memory");
+        return KVP_ENOMEM;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->reg_mu, NULL);
+    pthread_mutex_init(&c->hb_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->hb_cv, &ca);
+    pthread_condattr_destroy(&ca);
+
+    kvp_config_defaults(&c->cfg);
+    int rc = 0;
+    const char *path;
+    if (config && *config)
+        rc = kvp_config_load_string(&c->cfg, config, err, errlen);
+    else if ((path = kvp_config_path_from_env()) != NULL)
+        rc = kvp_config_load_file(&c->cfg, path, err, errlen);
+    if (rc == 0)
+        rc = kvp_config_validate(&c->cfg, err, errlen);
+    if (rc) {
+        client_free(c);
+        return rc;
+    }
+    if (strcmp(c->cfg.protocol, "tcp") != 0) {
+        seterr(err, errlen, "protocol \"%s\" is not supported yet (use \"tcp\")%s",
+               c->cfg.protocol, "");
+        client_free(c);
+        return KVP_ENOT_SUPPORTED;
+    }
+    kvp_proto_limits_default(&c->lim);
+    snprintf(c->name, sizeof c->name, "client %s %ld", c->cfg.local_hostname, (long)getpid());
+
+    rc = connect_locked(c, err, errlen);
+    if (rc) {
+        client_free(c);
+        return rc;
+    }
+    kvp_xfer_opts xo = {0};
+    xo.cluster_token = c->cfg.cluster_token[0] ? c->cfg.cluster_token : NULL;
+    xo.client_id = kvp_rpc_client_id(c->rpc);
+    xo.force_tcp = env_force_tcp();
+    xo.timeout_ms = timeout_ms(c);
+    rc = kvp_xfer_create(&xo, &c->xfer);
+    if (rc) {
+        seterr(err, errlen, "data plane: %s%s", kvp_strerror(rc), "");
+        client_free(c);
+        return rc;
+    }
+    if (strcmp(c->cfg.mode, "embedded") == 0 && c->cfg.global_segment_size > 0) {
+        kvp_node_opts no = {0};
+        no.cfg = &c->cfg;
+        no.master_optional = 0;
+        rc = kvp_node_start(&no, &c->node, err, errlen);
+        if (rc) {
+            client_free(c);
+            return rc;
+        }
+        snprintf(c->seg_name, sizeof c->seg_name, "%s:%u", c->cfg.local_hostname,
+                 (unsigned)kvp_node_port(c->node));
+    }
+    if (pthread_create(&c->hb_thread, NULL, hb_main, c) != 0) {
+        seterr(err, errlen, "cannot start the heartbeat thread: %s%s", strerror(errno), "");
+        client_free(c);
+        return KVP_EINTERNAL_ERROR;
+    }
+    c->hb_started = 1;
+    *out = c;
+    return 0;
+}
+
+void kvp_client_close(kvp_client *c)
+{
+    if (c)
+        client_free(c);
+}
+
+/*
+ * Heartbeat thread: HEARTBEAT every client_ttl/3 (the master's value from
+ * HELLO) on the master connection, so a client that only reads stays
+ * alive. A failed heartbeat goes through mcall's reconnect like any call.
+ */
+static void *hb_main(void *arg)
+{
+    kvp_client *c = arg;
+    static const uint8_t none[1];
+    kvp_buf empty = {(uint8_t *)none, 0, 0, 0, 0};
+    pthread_mutex_lock(&c->hb_mu);
+    while (!c->hb_stop) {
+        uint32_t ttl = __atomic_load_n(&c->client_ttl_ms, __ATOMIC_RELAXED);
+        uint32_t period = ttl / 3 > HB_MIN_MS ? ttl / 3 : HB_MIN_MS;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += period / 1000;
+        ts.tv_nsec += (long)(period % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        while (!c->hb_stop && pthread_cond_timedwait(&c->hb_cv, &c->hb_mu, &ts) != ETIMEDOUT)
+            ;
+        if (c->hb_stop)
+            break;
+        pthread_mutex_unlock(&c->hb_mu);
+        int rc = mcall(c, KVP_OP_HEARTBEAT, &empty, RETRY_SAFE, NULL);
+        if (rc)
+            KVP_DEBUG(MOD, "heartbeat: %s", kvp_strerror(rc));
+        pthread_mutex_lock(&c->hb_mu);
+    }
+    pthread_mutex_unlock(&c->hb_mu);
+    return NULL;
+}
+
+/* ----------------------------------------------------------------- put */
+
+/*
+ * One chunk of a put: k[0..m) are valid keys with their caller indexes
+ * idx[], pieces and sizes. Fills results[idx[i]].
+ */
+static void put_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_t *idx,
+                      const uint64_t *sizes, size_t m, const kvp_iov *const *iovs,
+                      const size_t *niov, int64_t *results)
+{
+    scratch_reset(s);
+    kvp_msg_put_start ps = {{NULL, 0}, (uint32_t)c->cfg.replica_num, 0,
+                            {(const uint8_t *)c->seg_name, (uint32_t)strlen(c->seg_name)},
+                            (uint32_t)m, (kvp_bytes *)k, (uint64_t *)sizes};
+    kvp_enc_put_start(&s->req, &ps);
+    int rc = mcall(c, KVP_OP_PUT_START, &s->req, RETRY_IF_NEW_MASTER, &s->resp);
+    kvp_msg_put_start_resp pr = {0};
+    if (rc == 0)
+        rc = kvp_dec_put_start_resp(s->resp.data, (uint32_t)s->resp.len, &c->lim, &s->a, &pr);
+    if (rc == 0 && pr.n != m)
+        rc = KVP_EPROTOCOL;
+    if (rc) {
+        for (size_t i = 0; i < m; i++)
+            results[idx[i]] = rc;
+        return;
+    }
+
+    /* Work arrays: iovecs per key, ops per replica, checksums, segment ids. */
+    size_t niovs = 0, nops = 0;
+    for (size_t i = 0; i < m; i++) {
+        kvp_put_result *r = &pr.results[i];
+        if (r->status == KVP_EOBJECT_ALREADY_EXISTS) {
+            results[idx[i]] = 0; /* dedup: first writer wins, nothing moved */
+        } else if (r->status != 0) {
+            results[idx[i]] = r->status;
+        } else if (r->n_replicas == 0 || r->n_replicas > KVP_MAX_REPLICAS) {
+            results[idx[i]] = KVP_EINVALID_REPLICA; /* left for PUT_REVOKE below */
+        } else {
+            niovs += niov[idx[i]];
+            nops += r->n_replicas;
+        }
+    }
+    struct iovec *iov = kvp_calloc(niovs + 1, sizeof *iov);
+    int *iovcnt = kvp_calloc(m, sizeof *iovcnt);
+    size_t *iovoff = kvp_calloc(m, sizeof *iovoff);
+    kvp_xfer_op *ops = kvp_calloc(nops + 1, sizeof *ops);
+    uint64_t *segids = kvp_calloc(nops + 1, sizeof *segids);
+    uint64_t *csums = kvp_calloc(m, sizeof *csums);
+    kvp_bytes *endk = kvp_calloc(m, sizeof *endk);
+    kvp_bytes *revk = kvp_calloc(m, sizeof *revk);
+    size_t *endi = kvp_calloc(m, sizeof *endi);
+    size_t *revi = kvp_calloc(m, sizeof *revi);
+    if (!iov || !iovcnt || !iovoff || !ops || !segids || !csums || !endk || !revk || !endi ||
+        !revi) {
+        rc = KVP_ENOMEM;
+        for (size_t i = 0; i < m; i++)
+            results[idx[i]] = rc;
+        nops = 0;
+    }
+    size_t nend = 0, nrev = 0;
+    if (rc == 0) {
+        /* Every allocated key gets its pieces and checksum; every replica an op. */
+        size_t vo = 0, oo = 0;
+        for (size_t i = 0; i < m; i++) {
+            kvp_put_result *r = &pr.results[i];
+            if (r->status != 0)
+                continue;
+            if (r->n_replicas == 0 || r->n_replicas > KVP_MAX_REPLICAS) {
+                revk[nrev] = k[i];
+                revi[nrev++] = i;
+                continue;
+            }
+            const kvp_iov *v = iovs[idx[i]];
+            iovoff[i] = vo;
+            for (size_t j = 0; j < niov[idx[i]]; j++) {
+                iov[vo + j].iov_base = v[j].base;
+                iov[vo + j].iov_len = v[j].len;
+            }
+            iovcnt[i] = (int)niov[idx[i]];
+            vo += niov[idx[i]];
+            csums[i] = csum_iov(iov + iovoff[i], iovcnt[i]);
+            for (uint32_t j = 0; j < r->n_replicas; j++) {
+                ops[oo].rep = r->replicas[j];
+                ops[oo].iov = iov + iovoff[i];
+                ops[oo].iovcnt = iovcnt[i];
+                ops[oo].status = 0;
+                segids[oo] = r->replicas[j].segment_id;
+                oo++;
+            }
+        }
+        int drc = discover(c, segids, nops);
+        if (drc)
+            KVP_DEBUG(MOD, "SEGMENT_INFO: %s", kvp_strerror(drc));
+        int xrc = nops ? kvp_xfer_run(c->xfer, 1, ops, nops, kvp_now_ms() + c->cfg.rpc_timeout_ms) : 0;
+        if (xrc)
+            for (size_t o = 0; o < nops; o++)
+                ops[o].status = xrc;
+        /* Classify: a key is published only when every replica was written. */
+        oo = 0;
+        for (size_t i = 0; i < m; i++) {
+            kvp_put_result *r = &pr.results[i];
+            if (r->status != 0 || r->n_replicas == 0 || r->n_replicas > KVP_MAX_REPLICAS)
+                continue;
+            int bad = 0;
+            for (uint32_t j = 0; j < r->n_replicas; j++, oo++)
+                if (ops[oo].status && !bad)
+                    bad = ops[oo].status;
+            if (bad) {
+                results[idx[i]] = bad;
+                revk[nrev] = k[i];
+                revi[nrev++] = i;
+            } else {
+                endk[nend] = k[i];
+                csums[nend] = csums[i]; /* nend <= i: compaction in place is safe */
+                endi[nend++] = i;
+            }
+        }
+    }
+    if (nend) {
+        scratch_reset(s);
+        kvp_msg_put_end pe = {{NULL, 0}, (uint32_t)nend, endk, csums};
+        kvp_enc_put_end(&s->req, &pe);
+        rc = mcall(c, KVP_OP_PUT_END, &s->req, RETRY_SAFE, &s->resp);
+        kvp_msg_results er = {0};
+        if (rc == 0)
+            rc = kvp_dec_results(s->resp.data, (uint32_t)s->resp.len, &c->lim, &s->a, &er);
+        if (rc == 0 && er.n != nend)
+            rc = KVP_EPROTOCOL;
+        for (size_t e = 0; e < nend; e++) {
+            size_t i = endi[e];
+            int code = rc ? rc : er.codes[e];
+            results[idx[i]] = code ? code : (int64_t)sizes[i];
+            if (rc && rc != KVP_ERPC_FAIL && rc != KVP_ERPC_TIMEOUT) {
+                /* the master refused the request: the objects are still
+                 * pending on a live connection; give their space back */
+                revk[nrev] = k[i];
+                revi[nrev++] = i;
+            }
+        }
+    }
+    if (nrev) {
+        scratch_reset(s);
+        kvp_msg_keys rk = {{NULL, 0}, (uint32_t)nrev, revk};
+        kvp_enc_keys(&s->req, &rk);
+        int vrc = mcall(c, KVP_OP_PUT_REVOKE, &s->req, RETRY_SAFE, &s->resp);
+        if (vrc)
+            KVP_DEBUG(MOD, "PUT_REVOKE of %zu keys: %s (put_timeout reclaims them)", nrev,
+                      kvp_strerror(vrc));
+    }
+    kvp_free(iov);
+    kvp_free(iovcnt);
+    kvp_free(iovoff);
+    kvp_free(ops);
+    kvp_free(segids);
+    kvp_free(csums);
+    kvp_free(endk);
+    kvp_free(revk);
+    kvp_free(endi);
+    kvp_free(revi);
+}
+
+int kvp_client_batch_put_from_multi_buffers(kvp_client *c, const char *const *keys,
+                                            const kvp_iov *const *iovs, const size_t *niov,
+                                            size_t n, int64_t *results)
+{
+    if (!c || (n && (!keys || !iovs || !niov || !results)))
+        return KVP_EINVALID_PARAMS;
+    if (n == 0)
+        return 0;
+    kvp_bytes *k = kvp_calloc(n, sizeof *k);
+    size_t *idx = kvp_calloc(n, sizeof *idx);
+    uint64_t *sizes = kvp_calloc(n, sizeof *sizes);
+    if (!k || !idx || !sizes) {
+        kvp_free(k);
+        kvp_free(idx);
+        kvp_free(sizes);
+        return KVP_ENOMEM;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        int rc = key_bytes(c, keys[i], &k[m]);
+        int64_t t = rc ? rc : pieces_total(iovs[i], niov[i]);
+        if (t == 0)
+            t = KVP_EINVALID_PARAMS; /* empty values are not stored */
+        if (t < 0) {
+            results[i] = t;
+            continue;
+        }
+        idx[m] = i;
+        sizes[m] = (uint64_t)t;
+        m++;
+    }
+    scratch s;
+    scratch_init(&s);
+    for (size_t off = 0; off < m;) {
+        size_t l = chunk_len(c, k + off, m - off, 8, RESP_PER_PUT_START);
+        put_chunk(c, &s, k + off, idx + off, sizes + off, l, iovs, niov, results);
+        off += l;
+    }
+    scratch_free(&s);
+    kvp_free(k);
+    kvp_free(idx);
+    kvp_free(sizes);
+    return 0;
+}
+
+int kvp_client_put(kvp_client *c, const char *key, const void *buf, size_t len)
+{
+    kvp_iov v = {(void *)buf, len};
+    const kvp_iov *vp = &v;
+    size_t one = 1;
+    int64_t r = 0;
+    int rc = kvp_client_batch_put_from_multi_buffers(c, &key, &vp, &one, 1, &r);
+    if (rc)
+        return rc;
+    return r < 0 ? (int)r : 0;
+}
+
+/* ----------------------------------------------------------------- get */
+
+/* Per-key read state of one get chunk. */
+typedef struct gstate {
+    struct iovec *iov;
+    int iovcnt;
+    uint32_t next;   /* index of the next replica to try */
+    int last_err;    /* error of the last failed attempt */
+    int done;
+} gstate;
+
+/* Orders replicas shm-reachable first, keeping the master's order otherwise. */
+static void order_replicas(kvp_client *c, kvp_get_result *r)
+{
+    kvp_replica tmp[KVP_MAX_REPLICAS];
+    uint32_t n = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t j = 0; j < r->n_replicas; j++) {
+            const char *t = kvp_xfer_transport(c->xfer, r->replicas[j].segment_id);
+            int shm = t && strcmp(t, "shm") == 0;
+            if (shm == (pass == 0))
+                tmp[n++] = r->replicas[j];
+        }
+    memcpy(r->replicas, tmp, n * sizeof *tmp);
+}
+
+/*
+ * One chunk of a get: k[0..m) valid keys at caller indexes idx[]. With
+ * `trim` (single get into a larger buffer) pieces may hold more than the
+ * value: only the value's size is read. Fills results[idx[i]].
+ */
+static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_t *idx, size_t m,
+                      const kvp_iov *const *iovs, const size_t *niov, int trim, int64_t *results)
+{
+    scratch_reset(s);
+    uint64_t start = kvp_now_ms();
+    kvp_msg_keys gk = {{NULL, 0}, (uint32_t)m, (kvp_bytes *)k};
+    kvp_enc_keys(&s->req, &gk);
+    int rc = mcall(c, KVP_OP_GET, &s->req, RETRY_SAFE, &s->resp);
+    kvp_msg_get_resp gr = {0};
+    if (rc == 0)
+        rc = kvp_dec_get_resp(s->resp.data, (uint32_t)s->resp.len, &c->lim, &s->a, &gr);
+    if (rc == 0 && gr.n != m)
+        rc = KVP_EPROTOCOL;
+    if (rc) {
+        for (size_t i = 0; i < m; i++)
+            results[idx[i]] = rc;
+        return;
+    }
+    uint64_t lease_end = start + gr.lease_ttl_ms;
+
+    size_t niovs = 0, nrep = 0;
+    for (size_t i = 0; i < m; i++)
+        if (gr.results[i].status == 0) {
+            niovs += niov[idx[i]];
+            nrep += gr.results[i].n_replicas;
+        }
+    gstate *g = kvp_calloc(m, sizeof *g);
+    struct iovec *iov = kvp_calloc(niovs + 1, sizeof *iov);
+    kvp_xfer_op *ops = kvp_calloc(m + 1, sizeof *ops);
+    size_t *opk = kvp_calloc(m + 1, sizeof *opk);
+    uint64_t *segids = kvp_calloc(nrep + 1, sizeof *segids);
+    kvp_bytes *relk = kvp_calloc(m, sizeof *relk);
+    uint64_t *rell = kvp_calloc(m, sizeof *rell);
+    size_t nrel = 0;
+    int oom = !g || !iov || !ops || !opk || !segids || !relk || !rell;
+
+    /* Results known from the answer alone; leases to give back. */
+    size_t vo = 0, ns = 0;
+    for (size_t i = 0; i < m; i++) {
+        kvp_get_result *r = &gr.results[i];
+        if (r->status != 0) {
+            results[idx[i]] = r->status;
+            continue;
+        }
+        if (oom) {
+            results[idx[i]] = KVP_ENOMEM;
+            continue;
+        }
+        relk[nrel] = k[i];
+        rell[nrel++] = r->lease_id;
+        int64_t t = pieces_total(iovs[idx[i]], niov[idx[i]]);
+        if (t < 0 || (!trim && (uint64_t)t > r->size)) {
+            results[idx[i]] = KVP_EINVALID_PARAMS;
+            g[i].done = 1;
+        } else if ((uint64_t)t < r->size) {
+            results[idx[i]] = KVP_EBUFFER_OVERFLOW;
+            g[i].done = 1;
+        } else if (r->n_replicas == 0 || r->n_replicas > KVP_MAX_REPLICAS) {
+            results[idx[i]] = KVP_EINVALID_REPLICA;
+            g[i].done = 1;
+        } else {
+            g[i].iov = iov + vo;
+            g[i].iovcnt = fit_iov(iovs[idx[i]], niov[idx[i]], r->size, g[i].iov);
+            vo += (size_t)g[i].iovcnt;
+            g[i].last_err = KVP_EINVALID_REPLICA;
+            for (uint32_t j = 0; j < r->n_replicas; j++)
+                segids[ns++] = r->replicas[j].segment_id;
+        }
+    }
+    if (!oom) {
+        int drc = discover(c, segids, ns);
+        if (drc)
+            KVP_DEBUG(MOD, "SEGMENT_INFO: %s", kvp_strerror(drc));
+        for (size_t i = 0; i < m; i++)
+            if (gr.results[i].status == 0 && !g[i].done)
+                order_replicas(c, &gr.results[i]);
+        /* Rounds: each unserved key reads its next replica. */
+        for (;;) {
+            size_t no = 0;
+            uint64_t now = kvp_now_ms();
+            for (size_t i = 0; i < m; i++) {
+                kvp_get_result *r = &gr.results[i];
+                if (r->status != 0 || g[i].done)
+                    continue;
+                if (g[i].next >= r->n_replicas || now >= lease_end) {
+                    results[idx[i]] = now >= lease_end ? KVP_ELEASE_EXPIRED : g[i].last_err;
+                    g[i].done = 1;
+                    continue;
+                }
+                kvp_replica *rep = &r->replicas[g[i].next++];
+                if (rep->length != r->size) {
+                    g[i].last_err = KVP_EINVALID_REPLICA;
+                    i--; /* try this key's next replica in this round */
+                    continue;
+                }
+                ops[no].rep = *rep;
+                ops[no].iov = g[i].iov;
+                ops[no].iovcnt = g[i].iovcnt;
+                ops[no].status = 0;
+                opk[no++] = i;
+            }
+            if (no == 0)
+                break;
+            uint64_t dl = now + c->cfg.rpc_timeout_ms;
+            if (dl > lease_end)
+                dl = lease_end;
+            int xrc = kvp_xfer_run(c->xfer, 0, ops, no, dl);
+            for (size_t o = 0; o < no; o++) {
+                size_t i = opk[o];
+                int st = xrc ? xrc : ops[o].status;
+                if (st == 0 && csum_iov(g[i].iov, g[i].iovcnt) != gr.results[i].checksum)
+                    st = KVP_ECHECKSUM_MISMATCH;
+                if (kvp_now_ms() > lease_end) {
+                    /* verified (or failed) after the lease ended: the space
+                     * may already hold another value */
+                    results[idx[i]] = KVP_ELEASE_EXPIRED;
+                    g[i].done = 1;
+                } else if (st == 0) {
+                    results[idx[i]] = (int64_t)gr.results[i].size;
+                    g[i].done = 1;
+                } else {
+                    g[i].last_err = st;
+                }
+            }
+        }
+    }
+    if (nrel) {
+        scratch_reset(s);
+        kvp_msg_put_end rel = {{NULL, 0}, (uint32_t)nrel, relk, rell};
+        kvp_enc_put_end(&s->req, &rel);
+        msend_oneway(c, KVP_OP_RELEASE, &s->req);
+    }
+    kvp_free(g);
+    kvp_free(iov);
+    kvp_free(ops);
+    kvp_free(opk);
+    kvp_free(segids);
+    kvp_free(relk);
+    kvp_free(rell);
+}
+
+static int batch_get(kvp_client *c, const char *const *keys, const kvp_iov *const *iovs,
+                     const size_t *niov, size_t n, int trim, int64_t *results)
+{
+    if (!c || (n && (!keys || !iovs || !niov || !results)))
+        return KVP_EINVALID_PARAMS;
+    if (n == 0)
+        return 0;
+    kvp_bytes *k = kvp_calloc(n, sizeof *k);
+    size_t *idx = kvp_calloc(n, sizeof *idx);
+    if (!k || !idx) {
+        kvp_free(k);
+        kvp_free(idx);
+        return KVP_ENOMEM;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        int rc = key_bytes(c, keys[i], &k[m]);
+        if (rc) {
+            results[i] = rc;
+            continue;
+        }
+        idx[m++] = i;
+    }
+    scratch s;
+    scratch_init(&s);
+    for (size_t off = 0; off < m;) {
+        size_t l = chunk_len(c, k + off, m - off, 0, RESP_PER_GET);
+        get_chunk(c, &s, k + off, idx + off, l, iovs, niov, trim, results);
+        off += l;
+    }
+    scratch_free(&s);
+    kvp_free(k);
+    kvp_free(idx);
+    return 0;
+}
+
+int kvp_client_batch_get_into_multi_buffers(kvp_client *c, const char *const *keys,
+                                            const kvp_iov *const *iovs, const size_t *niov,
+                                            size_t n, int64_t *results)
+{
+    return batch_get(c, keys, iovs, niov, n, 0, results);
+}
+
+int64_t kvp_client_get(kvp_client *c, const char *key, void *buf, size_t cap)
+{
+    if (cap && !buf)
+        return KVP_EINVALID_PARAMS;
+    kvp_iov v = {buf, cap};
+    const kvp_iov *vp = &v;
+    size_t one = 1;
+    int64_t r = 0;
+    int rc = batch_get(c, &key, &vp, &one, 1, 1, &r);
+    return rc ? rc : r;
+}
+
+/* GET one key; on success *gr holds its answer (in s) and the lease is
+ * released before returning (the caller only wants metadata). */
+static int get_meta(kvp_client *c, scratch *s, const char *key, kvp_get_result *out)
+{
+    kvp_bytes k;
+    int rc = key_bytes(c, key, &k);
+    if (rc)
+        return rc;
+    kvp_msg_keys gk = {{NULL, 0}, 1, &k};
+    kvp_enc_keys(&s->req, &gk);
+    rc = mcall(c, KVP_OP_GET, &s->req, RETRY_SAFE, &s->resp);
+    kvp_msg_get_resp gr = {0};
+    if (rc == 0)
+        rc = kvp_dec_get_resp(s->resp.data, (uint32_t)s->resp.len, &c->lim, &s->a, &gr);
+    if (rc == 0 && gr.n != 1)
+        rc = KVP_EPROTOCOL;
+    if (rc)
+        return rc;
+    *out = gr.results[0];
+    if (out->status)
+        return out->status;
+    scratch_reset(s);
+    kvp_msg_put_end rel = {{NULL, 0}, 1, &k, &out->lease_id};
+    kvp_enc_put_end(&s->req, &rel);
+    msend_oneway(c, KVP_OP_RELEASE, &s->req);
+    return 0;
+}
+
+int64_t kvp_client_size(kvp_client *c, const char *key)
+{
+    if (!c)
+        return KVP_EINVALID_PARAMS;
+    scratch s;
+    scratch_init(&s);
+    kvp_get_result r;
+    int rc = get_meta(c, &s, key, &r);
+    scratch_free(&s);
+    return rc ? rc : (int64_t)r.size;
+}
+
+int kvp_client_describe(kvp_client *c, const char *key, char *buf, size_t len)
+{
+    if (!c || (len && !buf))
+        return KVP_EINVALID_PARAMS;
+    scratch s;
+    scratch_init(&s);
+    kvp_get_result r;
+    int rc = get_meta(c, &s, key, &r);
+    if (rc) {
+        scratch_free(&s);
+        return rc;
+    }
+    uint64_t ids[KVP_MAX_REPLICAS];
+    uint32_t nr = r.n_replicas <= KVP_MAX_REPLICAS ? r.n_replicas : KVP_MAX_REPLICAS;
+    for (uint32_t j = 0; j < nr; j++)
+        ids[j] = r.replicas[j].segment_id;
+    /* SEGMENT_INFO for names (asked even for known segments: xfer keeps no names). */
+    scratch_reset(&s);
+    kvp_msg_ids q = {nr, ids};
+    kvp_enc_ids(&s.req, &q);
+    kvp_msg_seg_info_resp si = {0};
+    int src = nr ? mcall(c, KVP_OP_SEGMENT_INFO, &s.req, RETRY_SAFE, &s.resp) : 0;
+    if (src == 0 && nr)
+        src = kvp_dec_seg_info_resp(s.resp.data, (uint32_t)s.resp.len, &c->lim, &s.a, &si);
+    if (src == 0 && si.n != nr)
+        src = KVP_EPROTOCOL;
+    for (uint32_t j = 0; src == 0 && j < nr; j++)
+        if (si.infos[j].status == 0 && !kvp_xfer_has_segment(c->xfer, ids[j]))
+            kvp_xfer_add_segment(c->xfer, &si.infos[j].desc);
+    size_t w = 0;
+    int n = snprintf(buf, len, "size %llu", (unsigned long long)r.size);
+    w = n > 0 ? (size_t)n : 0;
+    for (uint32_t j = 0; j < nr; j++) {
+        const kvp_replica *p = &r.replicas[j];
+        char name[300] = "?";
+        if (src == 0 && si.infos[j].status == 0) {
+            kvp_bytes nm = si.infos[j].desc.name;
+            snprintf(name, sizeof name, "%.*s", (int)nm.len, (const char *)nm.p);
+        }
+        const char *via = kvp_xfer_transport(c->xfer, p->segment_id);
+        n = snprintf(w < len ? buf + w : NULL, w < len ? len - w : 0,
+                     "; replica %u/%u: segment %016llx (%s) offset %llu tier dram via %s", j + 1,
+                     nr, (unsigned long long)p->segment_id, name, (unsigned long long)p->offset,
+                     via ? via : "none");
+        w += n > 0 ? (size_t)n : 0;
+    }
+    scratch_free(&s);
+    if (w >= len)
+        return KVP_EBUFFER_OVERFLOW;
+    return (int)w;
+}
+
+/* ---------------------------------------------------- exist and prefix */
+
+int kvp_client_exist(kvp_client *c, const char *const *keys, size_t n, int *results)
+{
+    if (!c || (n && (!keys || !results)))
+        return KVP_EINVALID_PARAMS;
+    if (n == 0)
+        return 0;
+    kvp_bytes *k = kvp_calloc(n, sizeof *k);
+    size_t *idx = kvp_calloc(n, sizeof *idx);
+    if (!k || !idx) {
+        kvp_free(k);
+        kvp_free(idx);
+        return KVP_ENOMEM;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        int rc = key_bytes(c, keys[i], &k[m]);
+        if (rc)
+            results[i] = rc;
+        else
+            idx[m++] = i;
+    }
+    scratch s;
+    scratch_init(&s);
+    for (size_t off = 0; off < m;) {
+        size_t l = chunk_len(c, k + off, m - off, 0, RESP_PER_CODE);
+        scratch_reset(&s);
+        kvp_msg_keys q = {{NULL, 0}, (uint32_t)l, k + off};
+        kvp_enc_keys(&s.req, &q);
+        int rc = mcall(c, KVP_OP_EXIST, &s.req, RETRY_SAFE, &s.resp);
+        kvp_msg_results r = {0};
+        if (rc == 0)
+            rc = kvp_dec_results(s.resp.data, (uint32_t)s.resp.len, &c->lim, &s.a, &r);
+        if (rc == 0 && r.n != l)
+            rc = KVP_EPROTOCOL;
+        for (size_t i = 0; i < l; i++)
+            results[idx[off + i]] = rc ? rc : r.codes[i];
+        off += l;
+    }
+    scratch_free(&s);
+    kvp_free(k);
+    kvp_free(idx);
+    return 0;
+}
+
+int64_t kvp_client_prefix(kvp_client *c, const char *const *keys, size_t n)
+{
+    if (!c || (n && !keys))
+        return KVP_EINVALID_PARAMS;
+    /* Only the keys before the first invalid one can count. */
+    kvp_bytes *k = kvp_calloc(n + 1, sizeof *k);
+    if (!k)
+        return KVP_ENOMEM;
+    size_t m = 0;
+    while (m < n && key_bytes(c, keys[m], &k[m]) == 0)
+        m++;
+    scratch s;
+    scratch_init(&s);
+    int64_t total = 0;
+    for (size_t off = 0; off < m;) {
+        size_t l = chunk_len(c, k + off, m - off, 0, 0);
+        scratch_reset(&s);
+        kvp_msg_keys q = {{NULL, 0}, (uint32_t)l, k + off};
+        kvp_enc_keys(&s.req, &q);
+        int rc = mcall(c, KVP_OP_PREFIX, &s.req, RETRY_SAFE, &s.resp);
+        kvp_msg_prefix_resp r = {0};
+        if (rc == 0)
+            rc = kvp_dec_prefix_resp(s.resp.data, (uint32_t)s.resp.len, &r);
+        if (rc == 0 && r.count > l)
+            rc = KVP_EPROTOCOL;
+        if (rc) {
+            total = rc;
+            break;
+        }
+        total += r.count;
+        if (r.count < l)
+            break;
+        off += l;
+    }
+    scratch_free(&s);
+    kvp_free(k);
+    return total;
+}
+
+/* -------------------------------------------------------------- remove */
+
+int kvp_client_remove(kvp_client *c, const char *key, int force)
+{
+    if (!c)
+        return KVP_EINVALID_PARAMS;
+    kvp_bytes k;
+    int rc = key_bytes(c, key, &k);
+    if (rc)
+        return rc;
+    scratch s;
+    scratch_init(&s);
+    kvp_msg_remove q = {{NULL, 0}, (uint8_t)(force != 0), 1, &k};
+    kvp_enc_remove(&s.req, &q);
+    rc = mcall(c, KVP_OP_REMOVE, &s.req, RETRY_SAFE, &s.resp);
+    kvp_msg_results r = {0};
+    if (rc == 0)
+        rc = kvp_dec_results(s.resp.data, (uint32_t)s.resp.len, &c->lim, &s.a, &r);
+    if (rc == 0)
+        rc = r.n == 1 ? r.codes[0] : KVP_EPROTOCOL;
+    scratch_free(&s);
+    return rc;
+}
+
+int64_t kvp_client_remove_all(kvp_client *c, int force)
+{
+    if (!c)
+        return KVP_EINVALID_PARAMS;
+    scratch s;
+    scratch_init(&s);
+    kvp_msg_remove_all q = {{NULL, 0}, (uint8_t)(force != 0)};
+    kvp_enc_remove_all(&s.req, &q);
+    int rc = mcall(c, KVP_OP_REMOVE_ALL, &s.req, RETRY_SAFE, &s.resp);
+    kvp_msg_remove_all_resp r = {0};
+    if (rc == 0)
+        rc = kvp_dec_remove_all_resp(s.resp.data, (uint32_t)s.resp.len, &r);
+    scratch_free(&s);
+    if (rc)
+        return rc;
+    return r.removed > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)r.removed;
+}
+
+/* ---------------------------------------------------- registered buffers */
+
+/* Index of the first range with base > p. Caller holds reg_mu. */
+static size_t reg_upper(const kvp_client *c, uintptr_t p)
+{
+    size_t lo = 0, hi = c->nregs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c->regs[mid].base <= p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int kvp_client_register_buffer(kvp_client *c, void *base, size_t len)
+{
+    if (!c || !base || len == 0)
+        return KVP_EINVALID_PARAMS;
+    uintptr_t b = (uintptr_t)base;
+    if (len > UINTPTR_MAX - b)
+        return KVP_EINVALID_PARAMS;
+    pthread_mutex_lock(&c->reg_mu);
+    size_t i = reg_upper(c, b);
+    int rc = 0;
+    if ((i > 0 && c->regs[i - 1].base + c->regs[i - 1].len > b) ||
+        (i < c->nregs && c->regs[i].base < b + len)) {
+        rc = KVP_EINVALID_PARAMS; /* overlaps a registered range */
+    } else if (c->nregs == c->cap_regs) {
+        size_t nc = c->cap_regs ? c->cap_regs * 2 : 16;
+        kvp_creg *nr = kvp_realloc(c->regs, nc * sizeof *nr);
+        if (!nr)
+            rc = KVP_ENOMEM;
+        else {
+            c->regs = nr;
+            c->cap_regs = nc;
+        }
+    }
+    if (rc == 0) {
+        memmove(c->regs + i + 1, c->regs + i, (c->nregs - i) * sizeof *c->regs);
+        c->regs[i].base = b;
+        c->regs[i].len = len;
+        c->nregs++;
+    }
+    pthread_mutex_unlock(&c->reg_mu);
+    return rc;
+}
+
+int kvp_client_unregister_buffer(kvp_client *c, void *base)
+{
+    if (!c || !base)
+        return KVP_EINVALID_PARAMS;
+    uintptr_t b = (uintptr_t)base;
+    pthread_mutex_lock(&c->reg_mu);
+    size_t i = reg_upper(c, b);
+    int rc = KVP_EINVALID_PARAMS; /* not a registered base */
+    if (i > 0 && c->regs[i - 1].base == b) {
+        memmove(c->regs + i - 1, c->regs + i, (c->nregs - i) * sizeof *c->regs);
+        c->nregs--;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&c->reg_mu);
+    return rc;
+}

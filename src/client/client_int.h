@@ -1,0 +1,66 @@
+/*
+ * client_int.h -- the kvp_client handle's insides (client.c only; tests
+ * that need to look inside include it too).
+ *
+ * Locking (the whole story):
+ *   mu      guards the master connection: rpc, master_id, max_frame,
+ *           lease_ttl_ms, client_ttl_ms. Every master request is one
+ *           queue+flush+recv (or queue+flush for ONEWAY RELEASE) under mu;
+ *           the answer is copied out before mu is released. The master
+ *           answers a batch in microseconds, so one connection serialised
+ *           by a mutex is not the bottleneck: the data plane (xfer) runs
+ *           outside mu, from any number of threads at once.
+ *   reg_mu  guards the registered-buffer table.
+ *   hb_mu   with hb_cv: the heartbeat thread's sleep and the stop flag.
+ *   xfer    is thread-safe by its own contract; node is not touched after
+ *           open except by close.
+ * Lock order: mu is never held while taking reg_mu or hb_mu, and neither
+ * of those is held while taking mu (except hb_mu -> none).
+ */
+#ifndef KVP_CLIENT_INT_H
+#define KVP_CLIENT_INT_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client/xfer.h"
+#include "common/config.h"
+#include "kvpool.h"
+#include "net/rpc.h"
+#include "node/node.h"
+
+/* One registered caller range [base, base+len). */
+typedef struct kvp_creg {
+    uintptr_t base;
+    size_t len;
+} kvp_creg;
+
+struct kvp_client {
+    kvp_config cfg;
+    char name[320];           /* "client <local_hostname> <pid>", sent in HELLO */
+    kvp_proto_limits lim;     /* decoder limits for the master's answers */
+
+    pthread_mutex_t mu;       /* the master connection, see above */
+    kvp_rpc *rpc;             /* NULL while disconnected (reconnected lazily) */
+    uint64_t master_id;       /* from the last HELLO: a change = master restart */
+    uint32_t max_frame;       /* master's max frame (HELLO), capped at 64 MiB */
+    uint32_t lease_ttl_ms;    /* from the last HELLO (GET answers carry their own) */
+    uint32_t client_ttl_ms;   /* from the last HELLO */
+
+    kvp_xfer *xfer;           /* data plane */
+    kvp_node *node;           /* embedded segment, NULL in standalone-store mode */
+    char seg_name[300];       /* embedded segment's name "host:port" (preferred), "" if none */
+
+    pthread_mutex_t reg_mu;
+    kvp_creg *regs;           /* sorted by base, non-overlapping */
+    size_t nregs, cap_regs;
+
+    pthread_mutex_t hb_mu;
+    pthread_cond_t hb_cv;     /* CLOCK_MONOTONIC */
+    int hb_stop;
+    int hb_started;
+    pthread_t hb_thread;
+};
+
+#endif
