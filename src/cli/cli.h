@@ -7,6 +7,8 @@
 /* Each returns the process exit status. argv[0] is the subcommand name. */
 int kvp_cmd_master(int argc, char **argv);
 int kvp_cmd_bench(int argc, char **argv);
+/* `kvpool bench store` (cmd_bench_store.c); argv[0] is "store". */
+int kvp_bench_store(int argc, char **argv);
 int kvp_cmd_stat(int argc, char **argv);
 int kvp_cmd_reset(int argc, char **argv);
 
