@@ -1,6 +1,7 @@
 /*
  * cmd_bench.c -- `kvpool bench master`: the master's throughput, latency
- * and memory, against a real master process on loopback.
+ * and memory, against a real master process on loopback. `kvpool bench
+ * store` (the data plane) lives in cmd_bench_store.c.
  *
  * It starts `kvpool master` itself (same binary, free port) unless --master
  * is given, mounts a segment large enough for every object (the master never
@@ -482,6 +483,12 @@ int kvp_cmd_bench(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "master"))
         return bench_master(argc - 1, argv + 1);
-    fprintf(stderr, "usage: kvpool bench master [--json] (kvpool bench master --help)\n");
+    if (argc >= 2 && !strcmp(argv[1], "store"))
+        return kvp_bench_store(argc - 1, argv + 1);
+    fprintf(stderr, "usage: kvpool bench master|store [--json]   (kvpool bench master --help,\n"
+                    "                                            kvpool bench store --help)\n"
+                    "  master  the master's throughput, latency and memory\n"
+                    "  store   batch put/get GB/s: shm and tcp vs memcpy, raw TCP, redis, "
+                    "memcached\n");
     return argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? 0 : 2;
 }
