@@ -12,6 +12,9 @@ int kvp_cmd_bench(int argc, char **argv);
 int kvp_bench_store(int argc, char **argv);
 int kvp_cmd_stat(int argc, char **argv);
 int kvp_cmd_reset(int argc, char **argv);
+int kvp_cmd_serve(int argc, char **argv);
+/* put | get | exist | rm, by argv[0] */
+int kvp_cmd_kv(int argc, char **argv);
 
 /*
  * Shared option handling: loads the config file (--config FILE, else

@@ -12,11 +12,16 @@ static const struct {
     int (*fn)(int, char **);
     const char *help;
 } cmds[] = {
+    {"serve", kvp_cmd_serve, "run a master and a storage node in one process (single machine)"},
     {"master", kvp_cmd_master, "run the master (metadata service)"},
     {"store", kvp_cmd_store, "run a storage node (segment server, mounted at the master)"},
     {"stat", kvp_cmd_stat, "show the pool: usage, hits, misses, evictions, segments"},
     {"reset", kvp_cmd_reset, "remove every object (asks unless --yes)"},
-    {"bench", kvp_cmd_bench, "benchmarks: `kvpool bench master`"},
+    {"put", kvp_cmd_kv, "store a file's bytes (or stdin) under a key"},
+    {"get", kvp_cmd_kv, "write a key's value to a file (or stdout)"},
+    {"exist", kvp_cmd_kv, "tell whether keys exist"},
+    {"rm", kvp_cmd_kv, "remove keys"},
+    {"bench", kvp_cmd_bench, "benchmarks: `kvpool bench master|store`"},
 };
 
 static void usage(FILE *f)

@@ -682,7 +682,7 @@ static void op_hello(req *q)
                 q->s->close_after = 1;
                 return;
             }
-            KVP_INFO(MOD, "client %016llx (%s) connected", (unsigned long long)c->id, c->name);
+            KVP_DEBUG(MOD, "client %016llx (%s) connected", (unsigned long long)c->id, c->name);
         }
         c->nconns++;
         q->s->client = c;
@@ -1399,7 +1399,7 @@ void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms)
     revoke_pending_of(m, c->slot);
     if (c->dropped || c->nseg == 0) {
         if (!c->dropped)
-            KVP_INFO(MOD, "client %016llx (%s) disconnected", (unsigned long long)c->id, c->name);
+            KVP_DEBUG(MOD, "client %016llx (%s) disconnected", (unsigned long long)c->id, c->name);
         client_free(m, c);
     }
 }

@@ -1,0 +1,185 @@
+/*
+ * cmd_kv.c -- `kvpool put|get|exist|rm KEY`: single objects from the shell.
+ * Values come from / go to a file, or standard input/output ("-" or no
+ * file). A missing key is a message and exit status 1.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "common/mem.h"
+#include "kvpool.h"
+
+#define MAX_VALUE (4ull << 30)
+
+/* Opens a client that contributes no memory (standalone-store mode). */
+static int open_client(const kvp_config *cfg, const char *cmd, kvp_client **c)
+{
+    char json[1024], err[512];
+    snprintf(json, sizeof json,
+             "{\"master\": \"%s\", \"mode\": \"standalone-store\", \"cluster_token\": \"%s\", "
+             "\"rpc_timeout\": %llu, \"log_level\": \"warn\"}",
+             cfg->master_addr, cfg->cluster_token, (unsigned long long)cfg->rpc_timeout_ms);
+    int rc = kvp_client_open(json, c, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "kvpool %s: %s\n", cmd, err);
+    return rc;
+}
+
+/* Reads a whole file (or stdin) into a kvp_malloc'ed buffer. */
+static int slurp(const char *path, uint8_t **out, size_t *len)
+{
+    FILE *f = (!path || !strcmp(path, "-")) ? stdin : fopen(path, "rb");
+    if (!f)
+        return -1;
+    size_t cap = 1 << 16, n = 0;
+    uint8_t *b = kvp_malloc(cap);
+    while (b) {
+        if (n == cap) {
+            if (cap >= MAX_VALUE) {
+                kvp_free(b);
+                b = NULL;
+                errno = EFBIG;
+                break;
+            }
+            uint8_t *nb = kvp_realloc(b, cap * 2);
+            if (!nb) {
+                kvp_free(b);
+                b = NULL;
+                break;
+            }
+            b = nb;
+            cap *= 2;
+        }
+        size_t r = fread(b + n, 1, cap - n, f);
+        n += r;
+        if (r == 0)
+            break;
+    }
+    int bad = ferror(f);
+    if (f != stdin)
+        fclose(f);
+    if (!b || bad) {
+        kvp_free(b);
+        return -1;
+    }
+    *out = b;
+    *len = n;
+    return 0;
+}
+
+static int usage_kv(const char *cmd)
+{
+    if (!strcmp(cmd, "put"))
+        printf("usage: kvpool put KEY [FILE|-] [--master HOST:PORT]\n"
+               "Stores the file's bytes (standard input for - or no FILE) under KEY.\n"
+               "Keys are immutable: putting an existing key changes nothing.\n");
+    else if (!strcmp(cmd, "get"))
+        printf("usage: kvpool get KEY [FILE|-] [--master HOST:PORT]\n"
+               "Writes KEY's value to FILE (standard output for - or no FILE).\n");
+    else if (!strcmp(cmd, "exist"))
+        printf("usage: kvpool exist KEY... [--master HOST:PORT]\n"
+               "Prints whether each key exists; exit status 0 only if all do.\n");
+    else
+        printf("usage: kvpool rm KEY... [--force] [--master HOST:PORT]\n"
+               "Removes keys (--force: even while being read or pinned).\n");
+    return 0;
+}
+
+int kvp_cmd_kv(int argc, char **argv)
+{
+    const char *cmd = argv[0];
+    /* positional arguments first, then flags */
+    int npos = 1;
+    while (npos < argc && strncmp(argv[npos], "--", 2) != 0)
+        npos++;
+    kvp_config cfg;
+    kvp_config_defaults(&cfg);
+    static const char *const own[] = {"force!", NULL};
+    const char *v[1] = {NULL};
+    char **fargv = argv + npos - 1;
+    char *saved = fargv[0];
+    fargv[0] = argv[0];
+    int rc = kvp_cli_parse(argc - npos + 1, fargv, &cfg, own, v);
+    fargv[0] = saved;
+    if (rc == 1)
+        return usage_kv(cmd);
+    if (rc < 0)
+        return 2;
+    const char **pos = (const char **)argv + 1;
+    int n = npos - 1;
+    int is_put = !strcmp(cmd, "put"), is_get = !strcmp(cmd, "get");
+    if (n < 1 || ((is_put || is_get) && n > 2)) {
+        fprintf(stderr, "kvpool %s: expected %s (see kvpool %s --help)\n", cmd,
+                is_put || is_get ? "KEY [FILE]" : "KEY...", cmd);
+        return 2;
+    }
+    for (int i = 0; i < ((is_put || is_get) ? 1 : n); i++)
+        if (!*pos[i] || strlen(pos[i]) > cfg.max_key) {
+            fprintf(stderr, "kvpool %s: key \"%s\" must have 1 to %llu bytes\n", cmd, pos[i],
+                    (unsigned long long)cfg.max_key);
+            return 2;
+        }
+    uint8_t *val = NULL;
+    size_t len = 0;
+    if (is_put && slurp(n == 2 ? pos[1] : NULL, &val, &len) != 0) {
+        fprintf(stderr, "kvpool put: cannot read %s: %s\n", n == 2 ? pos[1] : "standard input",
+                strerror(errno));
+        return 1;
+    }
+    kvp_client *c;
+    if (open_client(&cfg, cmd, &c)) {
+        kvp_free(val);
+        return 1;
+    }
+    int ret = 0;
+    if (is_put) {
+        rc = kvp_client_put(c, pos[0], val, len);
+        if (rc) {
+            fprintf(stderr, "kvpool put: %s: %s\n", pos[0], kvp_strerror(rc));
+            ret = 1;
+        }
+    } else if (is_get) {
+        int64_t size = kvp_client_size(c, pos[0]);
+        uint8_t *buf = size >= 0 ? kvp_malloc((size_t)size + 1) : NULL;
+        int64_t got = size < 0 ? size : buf ? kvp_client_get(c, pos[0], buf, (size_t)size) : KVP_ENOMEM;
+        if (got < 0) {
+            fprintf(stderr, "kvpool get: %s: %s\n", pos[0], kvp_strerror((int)got));
+            ret = 1;
+        } else {
+            FILE *f = (n == 2 && strcmp(pos[1], "-")) ? fopen(pos[1], "wb") : stdout;
+            if (!f || fwrite(buf, 1, (size_t)got, f) != (size_t)got || (f != stdout && fclose(f))) {
+                fprintf(stderr, "kvpool get: cannot write %s: %s\n", n == 2 ? pos[1] : "output",
+                        strerror(errno));
+                ret = 1;
+            }
+        }
+        kvp_free(buf);
+    } else if (!strcmp(cmd, "exist")) {
+        int *res = kvp_calloc((size_t)n, sizeof *res);
+        rc = res ? kvp_client_exist(c, pos, (size_t)n, res) : KVP_ENOMEM;
+        if (rc) {
+            fprintf(stderr, "kvpool exist: %s\n", kvp_strerror(rc));
+            ret = 1;
+        }
+        for (int i = 0; rc == 0 && i < n; i++) {
+            printf("%s: %s\n", pos[i], res[i] == 1 ? "yes" : res[i] == 0 ? "no" : kvp_strerror(res[i]));
+            if (res[i] != 1)
+                ret = 1;
+        }
+        kvp_free(res);
+    } else {
+        for (int i = 0; i < n; i++) {
+            rc = kvp_client_remove(c, pos[i], v[0] != NULL);
+            if (rc) {
+                fprintf(stderr, "kvpool rm: %s: %s\n", pos[i], kvp_strerror(rc));
+                ret = 1;
+            }
+        }
+    }
+    kvp_client_close(c);
+    kvp_free(val);
+    return ret;
+}
