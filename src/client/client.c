@@ -74,22 +74,6 @@ static void seterr(char *err, size_t errlen, const char *fmt, const char *a, con
         snprintf(err, errlen, fmt, a, b);
 }
 
-/* XXH3-64 of the concatenation of v[0..n). */
-static uint64_t csum_iov(const struct iovec *v, int n)
-{
-    XXH3_state_t st;
-    XXH3_64bits_reset(&st);
-    for (int i = 0; i < n; i++)
-        if (v[i].iov_len)
-            XXH3_64bits_update(&st, v[i].iov_base, v[i].iov_len);
-    return XXH3_64bits_digest(&st);
-}
-
-/*
- * Total of a caller's piece list, or a negative code: KVP_EINVALID_PARAMS
- * for a NULL list with pieces, a NULL piece with bytes, more pieces than an
- * iovec count holds, or a total that overflows.
- */
 static int64_t pieces_total(const kvp_iov *v, size_t n)
 {
     if (n && !v)
@@ -636,11 +620,11 @@ static void put_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
             }
             iovcnt[i] = (int)niov[idx[i]];
             vo += niov[idx[i]];
-            csums[i] = csum_iov(iov + iovoff[i], iovcnt[i]);
             for (uint32_t j = 0; j < r->n_replicas; j++) {
                 ops[oo].rep = r->replicas[j];
                 ops[oo].iov = iov + iovoff[i];
                 ops[oo].iovcnt = iovcnt[i];
+                ops[oo].want_csum = j == 0; /* hashed while the first copy moves */
                 ops[oo].status = 0;
                 segids[oo] = r->replicas[j].segment_id;
                 oo++;
@@ -660,6 +644,7 @@ static void put_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
             if (r->status != 0 || r->n_replicas == 0 || r->n_replicas > KVP_MAX_REPLICAS)
                 continue;
             int bad = 0;
+            csums[i] = ops[oo].csum; /* from the first replica's transfer */
             for (uint32_t j = 0; j < r->n_replicas; j++, oo++)
                 if (ops[oo].status && !bad)
                     bad = ops[oo].status;
@@ -903,6 +888,7 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
                 ops[no].rep = *rep;
                 ops[no].iov = g[i].iov;
                 ops[no].iovcnt = g[i].iovcnt;
+                ops[no].want_csum = 1;
                 ops[no].status = 0;
                 opk[no++] = i;
             }
@@ -915,7 +901,7 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
             for (size_t o = 0; o < no; o++) {
                 size_t i = opk[o];
                 int st = xrc ? xrc : ops[o].status;
-                if (st == 0 && csum_iov(g[i].iov, g[i].iovcnt) != gr.results[i].checksum)
+                if (st == 0 && ops[o].csum != gr.results[i].checksum)
                     st = KVP_ECHECKSUM_MISMATCH;
                 if (kvp_now_ms() > lease_end) {
                     /* verified (or failed) after the lease ended: the space

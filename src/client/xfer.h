@@ -54,6 +54,11 @@ typedef struct kvp_xfer_op {
     int iovcnt;
     int status; /* out: 0, KVP_ETRANSFER_FAIL, KVP_ERPC_TIMEOUT, KVP_ESEGMENT_NOT_FOUND,
                    or the node's refusal (INVALID_WRITE / INVALID_READ) */
+    int want_csum;     /* compute csum while the bytes move: XXH3-64 of the
+                          value, hashed chunk by chunk while each chunk is in
+                          cache (shm), just before sending (tcp write) or just
+                          after receiving (tcp read): no separate pass */
+    uint64_t csum;     /* out, when want_csum and status is 0 */
 } kvp_xfer_op;
 
 /*

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "harness.h"
+#include <xxhash.h>
 #include "kvpool.h"
 #include "net/net.h"
 #include "node/node.h"
@@ -113,8 +114,8 @@ static int roundtrip(kvp_xfer *x, const uint64_t *sizes, size_t n, int pieces, u
             ri[i * (size_t)pieces + (size_t)k] = (struct iovec){dst[i] + at, l};
             at += l;
         }
-        w[i] = (kvp_xfer_op){rep(off, sizes[i], i + 1), wi + i * (size_t)pieces, np, 99};
-        r[i] = (kvp_xfer_op){rep(off, sizes[i], i + 1), ri + i * (size_t)pieces, np, 99};
+        w[i] = (kvp_xfer_op){rep(off, sizes[i], i + 1), wi + i * (size_t)pieces, np, 99, 1, 0};
+        r[i] = (kvp_xfer_op){rep(off, sizes[i], i + 1), ri + i * (size_t)pieces, np, 99, 1, 0};
         off += (sizes[i] + 4095) & ~4095ull;
     }
     if (kvp_xfer_run(x, 1, w, n, kvp_now_ms() + 20000) != 0)
@@ -132,6 +133,9 @@ static int roundtrip(kvp_xfer *x, const uint64_t *sizes, size_t n, int pieces, u
             rc = -1;
         } else if (memcmp(src[i], dst[i], sizes[i]) != 0) {
             fprintf(stderr, "read %zu: bytes differ\n", i);
+            rc = -1;
+        } else if (w[i].csum != XXH3_64bits(src[i], sizes[i]) || r[i].csum != w[i].csum) {
+            fprintf(stderr, "op %zu: checksum computed in flight is wrong\n", i);
             rc = -1;
         }
     }
@@ -170,12 +174,12 @@ static void run_roundtrips(int force_tcp)
     /* unknown segment */
     uint8_t b[8];
     struct iovec iv = {b, 8};
-    kvp_xfer_op op = {rep(0, 8, 1), &iv, 1, 0};
+    kvp_xfer_op op = {rep(0, 8, 1), &iv, 1, 0, 0, 0};
     op.rep.segment_id = 99;
     CHECK_EQ(kvp_xfer_run(x, 1, &op, 1, kvp_now_ms() + 1000), 0);
     CHECK_EQ(op.status, KVP_ESEGMENT_NOT_FOUND);
     /* iovecs not matching the length */
-    op = (kvp_xfer_op){rep(0, 9, 1), &iv, 1, 0};
+    op = (kvp_xfer_op){rep(0, 9, 1), &iv, 1, 0, 0, 0};
     CHECK_EQ(kvp_xfer_run(x, 1, &op, 1, kvp_now_ms() + 1000), 0);
     CHECK_EQ(op.status, KVP_EINVALID_PARAMS);
     kvp_xfer_drop_segment(x, SEG_ID);
@@ -200,15 +204,15 @@ TEST(refusals_over_tcp)
     memset(buf, 0xAB, sizeof buf);
     struct iovec iv = {buf, 4096};
     kvp_xfer_op ops[5];
-    ops[0] = (kvp_xfer_op){rep(0, 4096, 1), &iv, 1, 0};
+    ops[0] = (kvp_xfer_op){rep(0, 4096, 1), &iv, 1, 0, 0, 0};
     ops[0].rep.tag ^= 1; /* wrong tag */
     kvp_replica oob = {SEG_ID, 8 * MiB - 100, 4096, 1, 0};
     oob.tag = kvp_replica_tag(SECRET, &oob);
-    ops[1] = (kvp_xfer_op){oob, &iv, 1, 0};
+    ops[1] = (kvp_xfer_op){oob, &iv, 1, 0, 0, 0};
     kvp_replica ovf = {SEG_ID, UINT64_MAX - 100, 4096, 1, 0};
     ovf.tag = kvp_replica_tag(SECRET, &ovf);
-    ops[2] = (kvp_xfer_op){ovf, &iv, 1, 0};
-    ops[3] = (kvp_xfer_op){rep(4096, 4096, 3), &iv, 1, 0}; /* good, after refusals */
+    ops[2] = (kvp_xfer_op){ovf, &iv, 1, 0, 0, 0};
+    ops[3] = (kvp_xfer_op){rep(4096, 4096, 3), &iv, 1, 0, 0, 0}; /* good, after refusals */
     ops[4] = ops[3];
     ops[4].rep.segment_id = SEG_ID; /* same, also fine */
     CHECK_EQ(kvp_xfer_run(x, 1, ops, 5, kvp_now_ms() + 3000), 0);
@@ -258,8 +262,8 @@ TEST(two_segments_one_batch)
         ri[i] = (struct iovec){dst[i], sizeof dst[i]};
         kvp_replica rp = {SEG_ID + (uint64_t)(i & 1), (uint64_t)i * 32768, sizeof src[i], 1, 0};
         rp.tag = kvp_replica_tag(SECRET, &rp);
-        w[i] = (kvp_xfer_op){rp, &wi[i], 1, 9};
-        r[i] = (kvp_xfer_op){rp, &ri[i], 1, 9};
+        w[i] = (kvp_xfer_op){rp, &wi[i], 1, 9, 0, 0};
+        r[i] = (kvp_xfer_op){rp, &ri[i], 1, 9, 0, 0};
     }
     CHECK_EQ(kvp_xfer_run(x, 1, w, 8, kvp_now_ms() + 3000), 0);
     CHECK_EQ(kvp_xfer_run(x, 0, r, 8, kvp_now_ms() + 3000), 0);
@@ -473,7 +477,7 @@ TEST(hostile_raw_socket)
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     uint8_t b[16];
     struct iovec iv = {b, 16};
-    kvp_xfer_op op = {rep(0, 16, 1), &iv, 1, 0};
+    kvp_xfer_op op = {rep(0, 16, 1), &iv, 1, 0, 0, 0};
     CHECK_EQ(kvp_xfer_run(x, 0, &op, 1, kvp_now_ms() + 2000), 0);
     CHECK_EQ(op.status, KVP_ETRANSFER_FAIL);
     kvp_xfer_destroy(x);
@@ -505,7 +509,7 @@ TEST(shm_attach_unix)
     uint8_t v[100];
     memset(v, 0x77, sizeof v);
     struct iovec iv = {v, sizeof v};
-    kvp_xfer_op op = {rep(4096, 100, 1), &iv, 1, 0};
+    kvp_xfer_op op = {rep(4096, 100, 1), &iv, 1, 0, 0, 0};
     CHECK_EQ(kvp_xfer_run(x, 1, &op, 1, kvp_now_ms() + 2000), 0);
     CHECK_EQ(op.status, 0);
     CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), "shm"));
@@ -586,7 +590,7 @@ TEST(throughput_64x512k)
             iv[i] = (struct iovec){buf[i], sizeof buf[i]};
             ops[i] = (kvp_xfer_op){rep((uint64_t)mode * 32 * MiB + (uint64_t)i * sizeof buf[i],
                                       sizeof buf[i], 1),
-                                  &iv[i], 1, 0};
+                                  &iv[i], 1, 0, 0, 0};
         }
         CHECK_EQ(kvp_xfer_run(x, 1, ops, 64, kvp_now_ms() + 10000), 0); /* warm up */
         for (int w = 1; w >= 0; w--) {
