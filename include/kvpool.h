@@ -114,8 +114,9 @@ typedef struct kvp_iov {
 } kvp_iov;
 
 /*
- * Creates a client. `config` is a JSON object text (NULL or "" = the file
- * named by $KVPOOL_CONFIG / $MOONCAKE_CONFIG_PATH, else defaults). Keys:
+ * Creates a client. `config` is a JSON object text ("{...}"), or the path
+ * of a JSON file, or NULL / "" for the file named by $KVPOOL_CONFIG /
+ * $MOONCAKE_CONFIG_PATH (else defaults). Keys:
  * see docs/CONFIG.md (`master`, `mode` embedded | standalone-store,
  * `global_segment_size` contributed in embedded mode, `local_hostname`,
  * `rpc_timeout`, `cluster_token`, Mooncake's names accepted).

@@ -441,8 +441,13 @@ int kvp_client_open(const char *config, kvp_client **out, char *err, size_t errl
     kvp_config_defaults(&c->cfg);
     int rc = 0;
     const char *path;
-    if (config && *config)
+    const char *t = config;
+    while (t && (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r'))
+        t++;
+    if (t && *t == '{')
         rc = kvp_config_load_string(&c->cfg, config, err, errlen);
+    else if (t && *t) /* not JSON text: the path of a JSON file */
+        rc = kvp_config_load_file(&c->cfg, config, err, errlen);
     else if ((path = kvp_config_path_from_env()) != NULL)
         rc = kvp_config_load_file(&c->cfg, path, err, errlen);
     if (rc == 0)
