@@ -78,6 +78,25 @@ static void cleanup_dir(tp_master *m)
     m->dir[0] = 0;
 }
 
+/* fork + execv(argv) with stdin from /dev/null; the child's pid or -1. */
+static pid_t spawn_argv(const char *const *argv)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0) {
+            dup2(nul, 0);
+            close(nul);
+        }
+        execv(argv[0], (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    return pid;
+}
+
 int tp_master_start(tp_master *m, const char *const *extra)
 {
     memset(m, 0, sizeof *m);
@@ -103,22 +122,10 @@ int tp_master_start(tp_master *m, const char *const *extra)
     for (int i = 0; extra && extra[i] && n < MAX_ARGS - 1; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
+    pid_t pid = spawn_argv(argv);
     if (pid < 0) {
         cleanup_dir(m);
         return -1;
-    }
-    if (pid == 0) {
-        int nul = open("/dev/null", O_RDONLY);
-        if (nul >= 0) {
-            dup2(nul, 0);
-            close(nul);
-        }
-        execv(argv[0], (char *const *)argv);
-        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
     }
     m->pid = pid;
     uint64_t end = tp_now_ms() + START_WAIT_MS;
@@ -161,21 +168,9 @@ int tp_store_spawn(tp_master *p, const char *const *args)
     for (int i = 0; args && args[i] && n < MAX_ARGS - 1; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
+    pid_t pid = spawn_argv(argv);
     if (pid < 0)
         return -1;
-    if (pid == 0) {
-        int nul = open("/dev/null", O_RDONLY);
-        if (nul >= 0) {
-            dup2(nul, 0);
-            close(nul);
-        }
-        execv(argv[0], (char *const *)argv);
-        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
     p->pid = pid;
     return 0;
 }
@@ -348,21 +343,9 @@ int tp_store_start(tp_store *s, const char *master_addr, const char *const *extr
     for (int i = 0; extra && extra[i] && n < MAX_ARGS - 1; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
+    pid_t pid = spawn_argv(argv);
     if (pid < 0)
         return -1;
-    if (pid == 0) {
-        int nul = open("/dev/null", O_RDONLY);
-        if (nul >= 0) {
-            dup2(nul, 0);
-            close(nul);
-        }
-        execv(argv[0], (char *const *)argv);
-        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
     s->pid = pid;
     uint64_t end = tp_now_ms() + START_WAIT_MS;
     while (tp_now_ms() < end) {
