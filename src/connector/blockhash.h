@@ -92,7 +92,8 @@ void kvp_bh_sha256(const void *data, size_t n, uint8_t out[32]);
  * Two modes:
  *  - buffer: bytes go to buf[0..cap); writing past cap is not an error at
  *    the call, but kvp_bh_cbor_finish then returns KVP_EBUFFER_OVERFLOW and
- *    kvp_bh_cbor_len() is the size that would have been needed.
+ *    kvp_bh_cbor_len() is the size that would have been needed. buf NULL
+ *    measures only (cap is then taken as 0).
  *  - sink: bytes are staged and handed to sink(arg, p, n) in order; nothing
  *    is allocated, any size can be encoded. kvp_bh_cbor_finish flushes.
  */
