@@ -149,12 +149,8 @@ void kvp_meta_tracker_free(kvp_meta_tracker *t)
 
 int kvp_meta_tracker_update(kvp_meta_tracker *t, const kvp_meta_ids *groups, uint32_t ngroups)
 {
-    if (ngroups == 0 || ngroups > KVP_META_MAX_GROUPS)
-        return KVP_EINVALID_PARAMS;
-    if (t->ngroups == 0)
-        return kvp_meta_tracker_replace(t, groups, ngroups);
     if (ngroups != t->ngroups)
-        return KVP_EINVALID_PARAMS; /* "Group count mismatch" */
+        return KVP_EINVALID_PARAMS; /* "Group count mismatch" (also after a reset) */
     /* reserve every group first so a failure changes nothing */
     for (uint32_t g = 0; g < ngroups; g++) {
         kvp_meta_ids *d = &t->block_ids[g];

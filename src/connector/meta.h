@@ -166,10 +166,11 @@ int kvp_meta_tracker_set_tokens(kvp_meta_tracker *t, const uint32_t *ids, uint32
 /* Zeroes everything but the request id (tracker object kept, §8.4 step 2). */
 void kvp_meta_tracker_reset(kvp_meta_tracker *t);
 /*
- * update(new_block_ids) (§6.2): APPENDS each group's new ids. After a reset
- * (ngroups 0) the first update re-establishes the group count. A different
- * group count is KVP_EINVALID_PARAMS ("Group count mismatch"); KVP_ENOMEM
- * leaves the tracker unchanged.
+ * update(new_block_ids) (§6.2): APPENDS each group's new ids. A group
+ * count different from the tracker's is KVP_EINVALID_PARAMS ("Group count
+ * mismatch"), also after a reset (0 groups; the scheduler builds a new
+ * table with kvp_meta_tracker_replace then); KVP_ENOMEM leaves the tracker
+ * unchanged.
  */
 int kvp_meta_tracker_update(kvp_meta_tracker *t, const kvp_meta_ids *groups, uint32_t ngroups);
 /* Replaces the whole block table (resumed requests REPLACE, §8.4). */

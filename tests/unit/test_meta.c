@@ -79,8 +79,11 @@ TEST(meta_tracker_update_append_replace_reset)
     CHECK_EQ(t.token_len + t.num_saved_tokens + t.prefill_end_tokens, 0);
     CHECK(!t.has_pending_offload);
     CHECK(strcmp(t.req_id, "r1") == 0);
-    /* first update after a reset re-establishes the groups */
-    CHECK_EQ(kvp_meta_tracker_update(&t, g, 2), 0);
+    /* after a reset the tracker has 0 groups: an update is a mismatch, an
+     * empty update matches, a replace re-establishes the table */
+    CHECK_EQ(kvp_meta_tracker_update(&t, g, 2), KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_meta_tracker_update(&t, NULL, 0), 0);
+    CHECK_EQ(kvp_meta_tracker_replace(&t, g, 2), 0);
     CHECK_EQ(t.ngroups, 2);
     CHECK_EQ(t.block_ids[0].n, 2);
     kvp_meta_tracker_free(&t);
