@@ -1,0 +1,200 @@
+/*
+ * meta.h -- the connector's per-request data structures (spec §6.1-§6.4)
+ * and the compact, versioned byte string that carries one step's connector
+ * metadata from the scheduler process to every worker process.
+ *
+ * Structures:
+ *   kvp_meta_load_spec  LoadSpec (§6.1)
+ *   kvp_meta_tracker    RequestTracker (§6.2): scheduler-side, owns its memory
+ *   kvp_meta_req        ReqMeta (§6.3): a VIEW; its arrays are borrowed
+ *                       (from a tracker when built by kvp_meta_from_tracker,
+ *                       from the decode arena when decoded)
+ *   kvp_meta_step       MooncakeStoreConnectorMetadata (§6.4): the requests of
+ *                       one step plus the unfinished and preempted id sets
+ *
+ * Encoding (all integers little-endian, kvp_buf/kvp_rd):
+ *   step   := magic u32 = KVP_META_MAGIC ("KVCM") | version u8 = 1
+ *             | u32 nreq, req*nreq | u32 nunfin, str*nunfin | u32 npre, str*npre
+ *   str    := u32 len | len bytes                       (1 <= len <= KVP_META_MAX_ID)
+ *   req    := str req_id | u8 kind | u8 flags | u64 token_len_chunk
+ *             | u32 ngroups, (u32 n, u32 block_id*n)*ngroups
+ *             | u8 hash_len | u32 nhashes | nhashes*hash_len bytes
+ *             | [flags&LOAD]   u64 vllm_cached | u64 kvpool_cached | u64 token_len | u8 can_load
+ *             | [flags&TOKENS] u32 n, u32 token_id*n
+ *             | [flags&PROMPT] u64 num_prompt_tokens
+ *             | [flags&TAILS]  u32 n, (u32 group | u32 cow_block | u64 boundary)*n
+ *   flags  := bit0 has can_save, bit1 can_save, bit2 has is_last_chunk,
+ *             bit3 is_last_chunk, bit4 LOAD, bit5 TOKENS, bit6 PROMPT, bit7 TAILS
+ * The encoding is canonical: a decoder accepts exactly what the encoder
+ * produces (value bits without their "has" bit, hash_len != 0 with no hashes,
+ * can_load not 0/1, unknown kind, trailing bytes ... are KVP_EPROTOCOL), so
+ * decode(encode(x)) == x and encode(decode(b)) == b.
+ * Semantic invariants checked on both sides: a request never carries both a
+ * save (can_save true) and a load spec (§16); tail group ids < ngroups;
+ * counts within the limits below.
+ *
+ * Errors: encode: KVP_EINVALID_PARAMS (invariant or limit violated; nothing
+ * useful in the buffer), the buffer's sticky error (KVP_ENOMEM/ETOO_LARGE).
+ * decode: bad magic or malformed -> KVP_EPROTOCOL; known magic with another
+ * version -> KVP_EINVALID_VERSION; arena exhausted -> KVP_ENOMEM.
+ */
+#ifndef KVP_META_H
+#define KVP_META_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/buf.h"
+#include "kvpool.h"
+
+#define KVP_META_MAGIC 0x4D43564Bu /* "KVCM" as little-endian bytes */
+#define KVP_META_VERSION 1
+#define KVP_META_MAX_ID 4096u       /* bytes of a request id */
+#define KVP_META_MAX_GROUPS 64u     /* KV-cache groups */
+#define KVP_META_MAX_HASH_LEN 64u   /* bytes of one block hash (sha256: 32) */
+
+/* Tri-state for the spec's `bool | None` fields. */
+enum { KVP_META_UNSET = -1, KVP_META_FALSE = 0, KVP_META_TRUE = 1 };
+
+/* Why the scheduler emitted the request (diagnostic; the worker acts on
+ * can_save / load_spec / partial tails, never on the kind). */
+enum kvp_meta_kind {
+    KVP_META_NEW = 0,       /* scheduled_new_reqs (§8.4 step 3) */
+    KVP_META_RUNNING = 1,   /* cached, running: chunked prefill (step 4) */
+    KVP_META_RESUMED = 2,   /* cached, resumed after preemption (step 4) */
+    KVP_META_LOAD = 3,      /* pending async load only (step 5) */
+    KVP_META_TAIL = 4,      /* partial-tail offload only (step 6) */
+    KVP_META_FINISHED = 5,  /* deferred final save of a finished request (step 1) */
+    KVP_META_KIND_COUNT
+};
+
+typedef struct kvp_meta_load_spec {
+    uint64_t vllm_cached_tokens;   /* local prefix-cache hit at lookup */
+    uint64_t kvpool_cached_tokens; /* external hit */
+    uint64_t token_len;            /* set by the worker to kvpool_cached_tokens */
+    bool can_load;
+} kvp_meta_load_spec;
+
+/* Block ids of one KV-cache group. */
+typedef struct kvp_meta_ids {
+    uint32_t *ids;
+    uint32_t n;
+    uint32_t cap; /* tracker-owned arrays only; 0 in views */
+} kvp_meta_ids;
+
+/* One partial-tail offload entry (§6.3, §10.4). */
+typedef struct kvp_meta_tail {
+    uint32_t group_id;
+    uint32_t cow_block_id;
+    uint64_t boundary_tokens;
+} kvp_meta_tail;
+
+typedef struct kvp_meta_str {
+    const char *p; /* NUL-terminated copy when decoded; len excludes the NUL */
+    uint32_t len;
+} kvp_meta_str;
+
+/*
+ * ReqMeta view. Optional fields: load_spec NULL = None; token_ids NULL =
+ * None (n_token_ids then 0); has_num_prompt_tokens; tails NULL = None
+ * (an empty non-NULL list is distinct: `partial_tail_offloads == []`).
+ * block_hashes: nhashes * hash_len bytes, hash i at block_hashes + i*hash_len.
+ */
+typedef struct kvp_meta_req {
+    kvp_meta_str req_id;
+    uint8_t kind;                  /* enum kvp_meta_kind */
+    uint64_t token_len_chunk;      /* block-aligned tokens to save */
+    const kvp_meta_ids *block_ids; /* ngroups entries */
+    uint32_t ngroups;
+    const uint8_t *block_hashes;
+    uint32_t nhashes;
+    uint8_t hash_len;
+    int8_t can_save;               /* KVP_META_UNSET / FALSE / TRUE */
+    int8_t is_last_chunk;
+    const kvp_meta_load_spec *load_spec;
+    const uint32_t *token_ids;
+    uint32_t n_token_ids;
+    bool has_num_prompt_tokens;
+    uint64_t num_prompt_tokens;
+    const kvp_meta_tail *tails;
+    uint32_t ntails;
+} kvp_meta_req;
+
+/*
+ * One step's metadata. Built with kvp_meta_step_add_* (the step owns the
+ * arrays of views, not what they point to) or filled by kvp_meta_decode
+ * (everything in the arena; do not call kvp_meta_step_free on it).
+ */
+typedef struct kvp_meta_step {
+    kvp_meta_req *reqs;
+    uint32_t nreqs;
+    kvp_meta_str *unfinished;
+    uint32_t nunfinished;
+    kvp_meta_str *preempted;
+    uint32_t npreempted;
+    uint32_t cap_reqs, cap_unfinished, cap_preempted; /* 0 when decoded */
+} kvp_meta_step;
+
+void kvp_meta_step_init(kvp_meta_step *s);
+void kvp_meta_step_free(kvp_meta_step *s);
+/* Appends a shallow copy of *r (its pointers stay borrowed). KVP_ENOMEM. */
+int kvp_meta_step_add_req(kvp_meta_step *s, const kvp_meta_req *r);
+/* Borrowed ids (must outlive the encode). KVP_ENOMEM. */
+int kvp_meta_step_add_unfinished(kvp_meta_step *s, const char *id, uint32_t len);
+int kvp_meta_step_add_preempted(kvp_meta_step *s, const char *id, uint32_t len);
+
+/* -------------------------------------------------- RequestTracker (§6.2) */
+typedef struct kvp_meta_tracker {
+    char *req_id;                  /* owned, NUL-terminated */
+    uint32_t req_id_len;
+    uint64_t token_len;            /* tokens scheduled through so far */
+    kvp_meta_ids *block_ids;       /* ngroups growable lists (owned) */
+    uint32_t ngroups;              /* 0 after reset (spec: allocated_block_ids = ()) */
+    uint64_t num_saved_tokens;     /* block-aligned save watermark already emitted */
+    uint32_t *token_ids;           /* owned; NULL = None */
+    uint32_t n_token_ids;
+    bool has_pending_offload;
+    uint64_t prefill_end_tokens;   /* len(prompt), or len(all tokens) when resumed */
+} kvp_meta_tracker;
+
+/* ngroups in 1..KVP_META_MAX_GROUPS, id length 1..KVP_META_MAX_ID. */
+int kvp_meta_tracker_init(kvp_meta_tracker *t, const char *req_id, uint32_t req_id_len,
+                          uint32_t ngroups);
+/* Copies token ids (NULL, 0 = None). KVP_ENOMEM. */
+int kvp_meta_tracker_set_tokens(kvp_meta_tracker *t, const uint32_t *ids, uint32_t n);
+/* Zeroes everything but the request id (tracker object kept, §8.4 step 2). */
+void kvp_meta_tracker_reset(kvp_meta_tracker *t);
+/*
+ * update(new_block_ids) (§6.2): APPENDS each group's new ids. A group
+ * count different from the tracker's is KVP_EINVALID_PARAMS ("Group count
+ * mismatch"), also after a reset (0 groups; the scheduler builds a new
+ * table with kvp_meta_tracker_replace then); KVP_ENOMEM leaves the tracker
+ * unchanged.
+ */
+int kvp_meta_tracker_update(kvp_meta_tracker *t, const kvp_meta_ids *groups, uint32_t ngroups);
+/* Replaces the whole block table (resumed requests REPLACE, §8.4). */
+int kvp_meta_tracker_replace(kvp_meta_tracker *t, const kvp_meta_ids *groups, uint32_t ngroups);
+void kvp_meta_tracker_free(kvp_meta_tracker *t);
+
+/*
+ * ReqMeta.from_request_tracker (§6.3), with L = lcm block size (> 0):
+ * returns 1 and fills *out (a view into the tracker, the hashes and
+ * *load_spec: valid until any of them changes) when a meta is emitted,
+ * 0 when the spec returns None, KVP_EINVALID_PARAMS for L == 0.
+ * max_save_tokens < 0 means None. Advances tracker->num_saved_tokens when
+ * the meta saves. load_spec is attached only when load_spec->can_load.
+ */
+int kvp_meta_from_tracker(kvp_meta_tracker *t, uint64_t L, const kvp_meta_load_spec *load_spec,
+                          bool skip_save, const uint8_t *hashes, uint32_t nhashes,
+                          uint8_t hash_len, int8_t is_last_chunk, int64_t max_save_tokens,
+                          uint8_t kind, kvp_meta_req *out);
+
+/* ---------------------------------------------------------- wire format */
+int kvp_meta_encode(kvp_buf *b, const kvp_meta_step *s);
+int kvp_meta_decode(const void *p, size_t len, kvp_arena *a, kvp_meta_step *out);
+
+/* Field-by-field equality of two steps (tests, fuzzing). */
+bool kvp_meta_step_equal(const kvp_meta_step *x, const kvp_meta_step *y);
+
+#endif
