@@ -697,26 +697,30 @@ int kvp_coord_reachable_block_mask(const struct kvp_coord *c, size_t g, size_t s
 {
     if (!c || !out || g >= c->ngroups || start > end || (nboundaries && !boundaries))
         return KVP_EINVALID_PARAMS;
-    if (out->cap < end - start || (out->cap && !out->bits))
-        return KVP_EBUFFER_OVERFLOW;
+    /* bits (cap >= end - start) are needed only for a non-dense answer */
+    int short_buf = out->cap < end - start || (out->cap && !out->bits);
     const struct kvp_coord_group *spec = &c->groups[g];
     size_t B = spec->block_size;
     int64_t L = c->L;
     out->first = start;
     out->len = end - start;
     out->all = 1;
-    if (spec->kind == KVP_COORD_FULL)
+    /* Full attention is dense; an empty range is reported as dense too
+     * (store_mask(0) -> all None). */
+    if (spec->kind == KVP_COORD_FULL || start == end)
         return 0;
     if (spec->kind == KVP_COORD_SWA) {
         size_t need = cdiv(spec->window - 1, B) + (use_eagle ? 1 : 0);
         size_t shift = use_eagle ? 1 : 0;
         /* segment: L when retention is None, none when 0, else retention */
         size_t segment = retention < 0 ? (size_t)L : (size_t)retention;
+        if (segment && need >= segment / B)
+            return 0; /* every block is reachable */
+        if (short_buf)
+            return KVP_EBUFFER_OVERFLOW;
         zero_bits(out->bits, out->len);
         if (segment) {
             size_t per = segment / B;
-            if (need >= per)
-                return 0; /* every block is reachable */
             for (size_t i = start; i < end; i++)
                 if (i >= shift && (i - shift) % per >= per - need)
                     out->bits[i - start] = 1;
@@ -738,11 +742,15 @@ int kvp_coord_reachable_block_mask(const struct kvp_coord *c, size_t g, size_t s
         size_t per = (size_t)retention / B;
         if (per <= 1)
             return 0;
+        if (short_buf)
+            return KVP_EBUFFER_OVERFLOW;
         zero_bits(out->bits, out->len);
         for (size_t i = start; i < end; i++)
             if (i % per == per - 1)
                 out->bits[i - start] = 1;
     } else {
+        if (short_buf)
+            return KVP_EBUFFER_OVERFLOW;
         zero_bits(out->bits, out->len);
     }
     out->all = 0;
@@ -770,9 +778,9 @@ static int reachable_masks(const struct kvp_coord *c, size_t aligned, size_t sta
         size_t end = aligned / B;
         size_t start = min_sz(end, cdiv(start_token, B));
         struct kvp_coord_mask *mk = &masks[g];
-        if (mk->cap < end - start || (mk->cap && !mk->bits))
-            return KVP_EBUFFER_OVERFLOW;
         if (for_store && c->groups[g].kind == KVP_COORD_MAMBA) {
+            if (mk->cap < end - start || (mk->cap && !mk->bits))
+                return KVP_EBUFFER_OVERFLOW;
             /* align-mode Mamba tables are not append-only: never stored here */
             mk->first = start;
             mk->len = end - start;

@@ -195,8 +195,8 @@ int kvp_coord_load_mask(const struct kvp_coord *c, const struct kvp_coord_hashes
  * follow reachable_block_mask with retention = cfg.retention_interval and
  * the replay boundary num_prompt_tokens - 1 (num_prompt_tokens < 0 = None).
  * use_eagle for g = apply_eagle && kvp_coord_is_eagle_group(g).
- * aligned % alignment != 0 -> KVP_EINVALID_PARAMS; small cap ->
- * KVP_EBUFFER_OVERFLOW.
+ * aligned % alignment != 0 -> KVP_EINVALID_PARAMS; a cap below len for a
+ * group whose answer is not dense -> KVP_EBUFFER_OVERFLOW.
  */
 int kvp_coord_store_mask(const struct kvp_coord *c, size_t aligned_token_len, size_t start_token,
                          int64_t num_prompt_tokens, int apply_eagle, struct kvp_coord_mask *masks);
@@ -210,8 +210,10 @@ int kvp_coord_lookup_mask(const struct kvp_coord *c, size_t aligned_token_len, i
  * reachable_block_mask (§7.6) of group g over absolute chunks [start, end)
  * with alignment L: retention < 0 = None; boundaries are token positions
  * (e.g. the replay boundary num_prompt_tokens - 1). Full attention -> all.
- * Writes out->first = start, out->len = end - start. start > end or small
- * cap -> KVP_EINVALID_PARAMS / KVP_EBUFFER_OVERFLOW.
+ * Writes out->first = start, out->len = end - start. start > end ->
+ * KVP_EINVALID_PARAMS; cap < end - start -> KVP_EBUFFER_OVERFLOW, but only
+ * when the answer is not dense (a dense answer never touches bits).
+ * An empty range (start == end) is reported dense.
  */
 int kvp_coord_reachable_block_mask(const struct kvp_coord *c, size_t g, size_t start, size_t end,
                                    int use_eagle, int64_t retention, const int64_t *boundaries,
