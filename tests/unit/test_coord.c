@@ -21,7 +21,7 @@ static struct kvp_coord_hashes hs(size_t n, uint32_t seed)
 {
     for (size_t i = 0; i < n; i++)
         for (size_t b = 0; b < HL; b++)
-            chain[i * HL + b] = (uint8_t)((i * 131 + b * 17 + seed * 7919 + (i >> 8) * 3) ^ (b ? 0 : i));
+            chain[i * HL + b] = (uint8_t)(i * 131 + b * 17 + seed * 7919 + (i >> 8) * 3);
     for (size_t i = 0; i < n; i++) {
         chain[i * HL + 14] = (uint8_t)i;
         chain[i * HL + 15] = (uint8_t)(i >> 8);
@@ -197,7 +197,8 @@ TEST(block_sizes_lcm_gcd_and_errors)
     kvp_coord_destroy(c);
 
     /* H must divide every group size */
-    struct kvp_coord_cfg cfg = {.groups = g, .ngroups = 2, .hash_block_size = 32, .retention_interval = -1};
+    struct kvp_coord_cfg cfg = {
+        .groups = g, .ngroups = 2, .hash_block_size = 32, .retention_interval = -1};
     CHECK_EQ(kvp_coord_create(&c, &cfg), KVP_EINVALID_PARAMS);
     CHECK(c == NULL);
     cfg.hash_block_size = 0;
@@ -248,7 +249,8 @@ TEST(block_hashes_for_spec_compact_view)
     CHECK_EQ(kvp_coord_block_hashes_for_spec(&h, 8, 32, &v), 0);
     CHECK_EQ(v.n, 3);
     for (size_t c = 0; c < 3; c++)
-        CHECK(memcmp(v.data + c * v.stride, H_((c + 1) * 4 - 1), HL) == 0); /* hs[3], hs[7], hs[11] */
+        /* hs[3], hs[7], hs[11] */
+        CHECK(memcmp(v.data + c * v.stride, H_((c + 1) * 4 - 1), HL) == 0);
     CHECK_EQ(kvp_coord_block_hashes_for_spec(&h, 8, 8, &v), 0); /* identity */
     CHECK_EQ(v.n, 12);
     CHECK(memcmp(v.data + 5 * v.stride, H_(5), HL) == 0);
@@ -866,4 +868,69 @@ TEST(randomized_cross_check_against_brute_force)
         kvp_coord_pool_destroy(p);
         kvp_coord_destroy(c);
     }
+}
+
+TEST(eagle_peek_lands_on_cur)
+{
+    /* FA16 + SWA16/W16, both eagle (use_eagle, none flagged): FA pops to
+     * 48; SWA peeks one block past 48 (maxlen 64) so its own pop lands on
+     * 48 instead of 32. */
+    struct kvp_coord_group g[] = {G(KVP_COORD_FULL, 16, 0), G(KVP_COORD_SWA, 16, 16)};
+    struct kvp_coord *c = mk(g, 2, 16, 1, -1);
+    CHECK(c);
+    struct kvp_coord_hashes h = hs(4, 17);
+    CHECK_EQ(find(c, &h, 64, NULL, 1), 48);
+    CHECK(mask_is(&M[0], "TTT"));
+    CHECK(mask_is(&M[1], "FFT"));
+    CHECK_EQ(find(c, &h, 64, NULL, 0), 64);
+    CHECK(mask_is(&M[1], "FFFT"));
+    kvp_coord_destroy(c);
+
+    /* partial hits: FA32 + Mamba32, H 16, eagle: FA drops a whole block
+     * (B tokens, spec §7.3), Mamba never drops but is capped by FA */
+    struct kvp_coord_group fm[] = {G(KVP_COORD_FULL, 32, 0), G(KVP_COORD_MAMBA, 32, 0)};
+    c = mk(fm, 2, 16, 1, -1);
+    CHECK(c);
+    CHECK(kvp_coord_partial_hits(c));
+    CHECK_EQ(find(c, &h, 64, NULL, 1), 32);
+    CHECK(mask_is(&M[0], "T"));
+    CHECK(mask_is(&M[1], "T"));
+    kvp_coord_destroy(c);
+}
+
+TEST(create_nomem_and_accessors)
+{
+    struct kvp_coord_group g[] = {G(KVP_COORD_FULL, 16, 0), G(KVP_COORD_SWA, 32, 64)};
+    struct kvp_coord_cfg cfg = {.groups = g, .ngroups = 2, .hash_block_size = 16,
+                                .retention_interval = -1};
+    struct kvp_coord *c = (struct kvp_coord *)1;
+    kvp_mem_fail_nth(1, 0);
+    CHECK_EQ(kvp_coord_create(&c, &cfg), KVP_ENOMEM);
+    CHECK(c == NULL);
+    struct kvp_coord_pool *p = (struct kvp_coord_pool *)1;
+    kvp_mem_fail_nth(1, 0);
+    CHECK_EQ(kvp_coord_pool_create(&p, HL, 1), KVP_ENOMEM);
+    CHECK(p == NULL);
+    kvp_mem_fail_nth(2, 0); /* the table allocation */
+    CHECK_EQ(kvp_coord_pool_create(&p, HL, 1), KVP_ENOMEM);
+    kvp_mem_fail_nth(0, 0);
+    uint64_t before = kvp_mem_used();
+    CHECK_EQ(kvp_coord_create(&c, &cfg), 0);
+    CHECK_EQ(kvp_coord_ngroups(c), 2);
+    CHECK_EQ(kvp_coord_group_spec(c, 1)->window, 64);
+    CHECK(kvp_coord_group_spec(c, 2) == NULL);
+    CHECK_EQ(kvp_coord_hash_block_size(c), 16);
+    CHECK_EQ(kvp_coord_mask_cap(c, 1, 100), 4);
+    /* queries do not allocate */
+    reset_masks();
+    struct kvp_coord_hashes h = hs(8, 18);
+    uint64_t allocs = kvp_mem_allocs();
+    size_t hit;
+    CHECK_EQ(kvp_coord_find_longest_cache_hit(c, &h, 128, NULL, 1, M, &hit), 0);
+    CHECK_EQ(kvp_coord_store_mask(c, 128, 0, 100, 1, M), 0);
+    CHECK_EQ(kvp_coord_lookup_mask(c, 128, 1, M), 0);
+    CHECK_EQ(kvp_coord_load_mask(c, &h, 128, M, NULL), 0);
+    CHECK_EQ(kvp_mem_allocs(), allocs);
+    kvp_coord_destroy(c);
+    CHECK_EQ(kvp_mem_used(), before);
 }
