@@ -573,9 +573,9 @@ static size_t mgr_call(const struct mgr_ctx *m, size_t maxlen, int drop, size_t 
 /* ---------------------------------------------------------------- find (§7.4) */
 
 int kvp_coord_find_longest_cache_hit(const struct kvp_coord *c,
-                                     const struct kvp_coord_hashes *hashes, size_t max_length, const struct kvp_coord_pool *pool,
-                                     int apply_eagle, struct kvp_coord_mask *masks,
-                                     size_t *hit_out)
+                                     const struct kvp_coord_hashes *hashes, size_t max_length,
+                                     const struct kvp_coord_pool *pool, int apply_eagle,
+                                     struct kvp_coord_mask *masks, size_t *hit_out)
 {
     if (!c || !hashes || !masks || !hit_out || (hashes->n && !hashes->data) || !hashes->hash_len)
         return KVP_EINVALID_PARAMS;

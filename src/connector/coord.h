@@ -176,9 +176,9 @@ int kvp_coord_block_hashes_for_spec(const struct kvp_coord_hashes *in, uint32_t 
  * KVP_EBUFFER_OVERFLOW (a mask cap < kvp_coord_mask_cap(g, max_length)).
  */
 int kvp_coord_find_longest_cache_hit(const struct kvp_coord *c,
-                                     const struct kvp_coord_hashes *hashes, size_t max_length, const struct kvp_coord_pool *pool,
-                                     int apply_eagle, struct kvp_coord_mask *masks,
-                                     size_t *hit_out);
+                                     const struct kvp_coord_hashes *hashes, size_t max_length,
+                                     const struct kvp_coord_pool *pool, int apply_eagle,
+                                     struct kvp_coord_mask *masks, size_t *hit_out);
 
 /*
  * load_mask (§7.5): find_longest_cache_hit over the tautological pool with
