@@ -329,6 +329,22 @@ static uint64_t iov_csum(const struct iovec *v, int n)
     return XXH3_64bits_digest(&st);
 }
 
+/* Feeds bytes [off, off+len) of an iovec list to a checksum state. */
+static void hash_range(XXH3_state_t *st, const struct iovec *v, int n, uint64_t off, uint64_t len)
+{
+    for (int i = 0; i < n && len; i++) {
+        uint64_t l = v[i].iov_len;
+        if (off >= l) {
+            off -= l;
+            continue;
+        }
+        uint64_t take = l - off < len ? l - off : len;
+        XXH3_64bits_update(st, (const uint8_t *)v[i].iov_base + off, (size_t)take);
+        len -= take;
+        off = 0;
+    }
+}
+
 #define SHM_CHUNK (128u << 10) /* copy, then hash, this much while it is in cache */
 
 static void *shm_exec(void *arg)
@@ -414,6 +430,7 @@ static int tcp_pump(job *j, int fd)
 {
     size_t si = 0, ri = 0;   /* next op to send / to receive */
     size_t hashed = 0;       /* ops [0, hashed) have their write checksum */
+    XXH3_state_t rst;        /* checksum of the answer being received */
     uint64_t soff = 0;       /* bytes of op si's frame already sent */
     uint8_t pre[MAX_IOV][PREFIX]; /* frame prefixes of one sendmsg */
     uint8_t rh[KVP_FRAME_HDR];
@@ -528,6 +545,8 @@ static int tcp_pump(job *j, int fd)
                 rbody = fh.body_len;
                 rdone = 0;
                 in_body = 1;
+                if (op->status == 1 && op->want_csum)
+                    XXH3_64bits_reset(&rst);
                 if (rbody == 0) {
                     in_body = 0;
                     if (op->status == 1)
@@ -565,12 +584,14 @@ static int tcp_pump(job *j, int fd)
                     continue;
                 return KVP_ETRANSFER_FAIL;
             }
+            if (op->status == 1 && op->want_csum) /* hash what just arrived: hot */
+                hash_range(&rst, op->iov, op->iovcnt, rdone, (uint64_t)r);
             rdone += (uint64_t)r;
             if (rdone == rbody) {
                 in_body = 0;
                 if (op->status == 1) {
-                    if (op->want_csum) /* just received: still in cache */
-                        op->csum = iov_csum(op->iov, op->iovcnt);
+                    if (op->want_csum)
+                        op->csum = XXH3_64bits_digest(&rst);
                     op->status = 0;
                 }
                 ri++;
