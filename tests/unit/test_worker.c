@@ -174,15 +174,20 @@ typedef struct wopts {
     int tp_rank, tp_size, heads;
     uint64_t staging;
     const char *prefix;
+    int mamba;        /* groups FA(16) + Mamba(16) with H = 4: partial hits */
+    int capacity;     /* consumer without lookup */
 } wopts;
 
 static kvp_worker *worker_open(const env *e, cache *c, const wopts *o)
 {
-    kvp_worker_group g = {
-        .spec = {.kind = KVP_COORD_FULL, .block_size = BS},
-        .key_spec = KVP_KEY_SPEC_ATTENTION,
-        .num_kv_heads = o && o->heads ? o->heads : 8,
+    kvp_worker_group g[2] = {
+        {.spec = {.kind = KVP_COORD_FULL, .block_size = BS},
+         .key_spec = KVP_KEY_SPEC_ATTENTION,
+         .num_kv_heads = o && o->heads ? o->heads : 8},
+        {.spec = {.kind = KVP_COORD_MAMBA, .block_size = BS, .spec_tag = 1},
+         .key_spec = KVP_KEY_SPEC_MAMBA},
     };
+    int mamba = o && o->mamba;
     kvp_worker_cfg cfg = {
         .store_config = e->cfg,
         .model_path = MODEL,
@@ -190,10 +195,11 @@ static kvp_worker *worker_open(const env *e, cache *c, const wopts *o)
         .tp_rank = o ? o->tp_rank : 0,
         .tp_size = o && o->tp_size ? o->tp_size : 1,
         .pcp_size = 1, .dcp_size = 1, .pp_size = 1,
-        .role = KVP_WORKER_BOTH,
-        .enable_lookup = 1,
-        .groups = &g,
-        .ngroups = 1,
+        .role = o && o->capacity ? KVP_WORKER_CONSUMER : KVP_WORKER_BOTH,
+        .enable_lookup = !(o && o->capacity),
+        .groups = g,
+        .ngroups = mamba ? 2 : 1,
+        .hash_block_size = mamba ? 4 : 0,
         .retention_interval = -1,
         .num_gpu_blocks = NB,
         .num_recv_threads = 2,
@@ -645,6 +651,136 @@ TEST(worker_finished_while_store_in_flight)
     CHECK_EQ(step(w, NULL, "never", &sent, NULL, "never"), 0);
     CHECK_EQ(sent, 0);
     kvp_worker_destroy(w);
+    cache_free(&c);
+    env_down(&e);
+}
+
+/* Partial-tail offload (§10.4) with partial hash hits (FA16 + Mamba16,
+ * H = 4): a 12-token boundary stores FA's block 0 and Mamba's CoW block
+ * under hash 2; a 13-token lookup hits 12; a load of 12 brings both back. */
+TEST(worker_partial_tail_offload)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c1, c2;
+    cache_init(&c1);
+    cache_init(&c2);
+    wopts o = {.mamba = 1};
+    kvp_worker *w1 = worker_open(&e, &c1, &o);
+    kvp_worker *w2 = worker_open(&e, &c2, &o);
+    CHECK(w1 && w2);
+    uint8_t h[3 * HL];
+    hashes(h, 3, 6);
+    uint32_t fa[1] = {3}, mb[1] = {9}, cow[1] = {7};
+    fill(&c1, 6, fa, 1);
+    fill(&c1, 7, cow, 1);
+    kvp_meta_ids ids[2] = {{fa, 1, 0}, {mb, 1, 0}};
+    kvp_meta_tail tail = {.group_id = 1, .cow_block_id = 7, .boundary_tokens = 12};
+    kvp_meta_req r = {
+        .req_id = {"pt-a", 4}, .kind = KVP_META_TAIL, .token_len_chunk = 0, .block_ids = ids,
+        .ngroups = 2, .block_hashes = h, .nhashes = 3, .hash_len = HL,
+        .can_save = KVP_META_TRUE, .is_last_chunk = KVP_META_UNSET, .tails = &tail, .ntails = 1,
+    };
+    rq q = {.id = "pt-a", .r = r};
+    CHECK_EQ(store_wait(w1, &q), 0);
+    kvp_worker_stats st;
+    kvp_worker_take_stats(w1, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 2);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, 2 * CHUNK_BYTES);
+    uint32_t hit = 0;
+    CHECK_EQ(kvp_worker_lookup(w2, 13, h, 3, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 12);
+    CHECK_EQ(kvp_worker_lookup(w2, 12, h, 3, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 0); /* whole prompt: re-derived at 8, whose hashes were never stored */
+
+    uint32_t lfa[1] = {20}, lmb[1] = {21};
+    kvp_meta_ids lids[2] = {{lfa, 1, 0}, {lmb, 1, 0}};
+    kvp_meta_load_spec ls = {.kvpool_cached_tokens = 12, .can_load = true};
+    kvp_meta_req lr = {
+        .req_id = {"pt-b", 4}, .kind = KVP_META_LOAD, .block_ids = lids, .ngroups = 2,
+        .block_hashes = h, .nhashes = 3, .hash_len = HL, .can_save = KVP_META_UNSET,
+        .is_last_chunk = KVP_META_UNSET, .load_spec = &ls,
+    };
+    rq lq = {.id = "pt-b", .r = lr};
+    CHECK_EQ(load_wait(w2, &lq), 0);
+    uint32_t errs[NB];
+    CHECK_EQ(take_errors(w2, errs, NB), 0);
+    CHECK_EQ(block_state(&c2, 6, 20, 0), 1);
+    CHECK_EQ(block_state(&c2, 7, 21, 0), 1);
+    kvp_worker_destroy(w1);
+    kvp_worker_destroy(w2);
+    cache_free(&c1);
+    cache_free(&c2);
+    env_down(&e);
+}
+
+/* Preemption drops the request's queued store jobs (they never run) and
+ * resets its resume offset; the finished report still waits for the job
+ * that was running. A capacity-only worker does nothing. */
+TEST(worker_preemption_and_capacity_only)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c;
+    cache_init(&c);
+    kvp_worker *w = worker_open(&e, &c, NULL);
+    CHECK(w != NULL);
+    uint8_t h[NCH * HL];
+    hashes(h, NCH, 8);
+    uint32_t sb[NCH] = {2, 4, 6, 8, 10, 12};
+    fill(&c, 8, sb, NCH);
+    gate_set(1);
+    rq q;
+    rq_save(&q, "pre-a", sb, 2, h);
+    int sent = 1;
+    CHECK_EQ(step(w, &q, NULL, &sent, NULL, "pre-a"), 0);
+    for (int i = 0; i < 1000 && !gate_is_waiting(); i++)
+        tp_sleep_ms(2);
+    CHECK(gate_is_waiting());
+    rq_save(&q, "pre-a", sb, NCH, h); /* queued behind the running job */
+    kvp_meta_step s;
+    kvp_meta_step_init(&s);
+    kvp_meta_step_add_req(&s, &q.r);
+    kvp_meta_step_add_preempted(&s, "pre-a", 5);
+    kvp_worker_ids ds = {0}, dr = {0};
+    CHECK_EQ(kvp_worker_get_finished(w, NULL, 0, &s, &ds, &dr), 0);
+    CHECK_EQ(ds.n, 0);
+    kvp_meta_step_free(&s);
+    gate_set(0);
+    kvp_worker_drain(w);
+    kvp_worker_stats st;
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].count, 1); /* the queued job was dropped */
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 2);
+    CHECK_EQ(step(w, NULL, "pre-a", &sent, NULL, "pre-a"), 0);
+    CHECK_EQ(sent, 1);
+    /* resumed after preemption: stores from offset 0 again (dedups 0..1) */
+    rq_save(&q, "pre-a", sb, NCH, h);
+    CHECK_EQ(store_wait(w, &q), 0);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, NCH);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].existing_keys, 2);
+    kvp_worker_destroy(w);
+
+    wopts o = {.capacity = 1};
+    kvp_worker *cw = worker_open(&e, &c, &o);
+    CHECK(cw != NULL);
+    CHECK(kvp_worker_capacity_only(cw));
+    uint32_t hit = 7;
+    CHECK_EQ(kvp_worker_lookup(cw, NCH * BS + 1, h, NCH, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 0);
+    rq_save(&q, "cap-a", sb, NCH, h);
+    CHECK_EQ(step(cw, &q, "cap-a", &sent, NULL, "cap-a"), 0);
+    CHECK_EQ(sent, 0);
+    kvp_worker_destroy(cw);
     cache_free(&c);
     env_down(&e);
 }
