@@ -35,18 +35,26 @@ typedef struct env {
     char cfg[256];
 } env;
 
-static int env_up(env *e)
+static int store_up(env *e)
+{
+    return tp_store_start(&e->st, e->m.addr, (const char *const[]){"--segment-size", "64MiB", NULL});
+}
+
+/* Master and (with_store) one 64 MiB storage node. */
+static int env_up2(env *e, int with_store)
 {
     memset(e, 0, sizeof *e);
     setenv("KVPOOL_FORCE_TCP", "1", 1); /* a killed node must be seen as dead */
     if (tp_master_start(&e->m, NULL) != 0)
         return -1;
-    if (tp_store_start(&e->st, e->m.addr, (const char *const[]){"--segment-size", "64MiB", NULL}))
+    if (with_store && store_up(e) != 0)
         return -1;
     snprintf(e->cfg, sizeof e->cfg, "{\"master\": \"%s\", \"mode\": \"standalone-store\"}",
              e->m.addr);
     return 0;
 }
+
+static int env_up(env *e) { return env_up2(e, 1); }
 
 static void env_down(env *e)
 {
@@ -781,6 +789,55 @@ TEST(worker_preemption_and_capacity_only)
     CHECK_EQ(step(cw, &q, "cap-a", &sent, NULL, "cap-a"), 0);
     CHECK_EQ(sent, 0);
     kvp_worker_destroy(cw);
+    cache_free(&c);
+    env_down(&e);
+}
+
+/* Pressure back-off (§10.3): with no segment mounted every put answers
+ * NO_AVAILABLE_HANDLE; the request's next jobs are skipped until any put
+ * batch fully succeeds (after a node joined), which clears the gate. */
+TEST(worker_pressure_backoff)
+{
+    env e;
+    if (env_up2(&e, 0) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c;
+    cache_init(&c);
+    kvp_worker *w = worker_open(&e, &c, NULL);
+    CHECK(w != NULL);
+    uint8_t ha[NCH * HL], hb[NCH * HL];
+    hashes(ha, NCH, 11);
+    hashes(hb, NCH, 12);
+    uint32_t sa[NCH] = {1, 2, 3, 4, 5, 6}, sb2[NCH] = {11, 12, 13, 14, 15, 16};
+    fill(&c, 11, sa, NCH);
+    fill(&c, 12, sb2, NCH);
+    rq q;
+    kvp_worker_stats st;
+    rq_save(&q, "pr-a", sa, 2, ha);
+    CHECK_EQ(step(w, &q, NULL, NULL, NULL, "pr-a"), 0);
+    kvp_worker_drain(w);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].count, 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].failed_keys, 2);
+    rq_save(&q, "pr-a", sa, 4, ha); /* backed off: not attempted */
+    CHECK_EQ(step(w, &q, NULL, NULL, NULL, "pr-a"), 0);
+    kvp_worker_drain(w);
+    CHECK_EQ(kvp_worker_take_stats(w, &st), 0);
+    CHECK_EQ(store_up(&e), 0);
+    rq_save(&q, "pr-b", sb2, NCH, hb); /* another request succeeds: gate cleared */
+    CHECK_EQ(store_wait(w, &q), 0);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].failed_keys, 0);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, NCH * CHUNK_BYTES);
+    rq_save(&q, "pr-a", sa, NCH, ha); /* resumes from offset 0: the failed range too */
+    CHECK_EQ(store_wait(w, &q), 0);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, NCH);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, NCH * CHUNK_BYTES);
+    kvp_worker_destroy(w);
     cache_free(&c);
     env_down(&e);
 }
