@@ -37,7 +37,8 @@ typedef struct env {
 
 static int store_up(env *e)
 {
-    return tp_store_start(&e->st, e->m.addr, (const char *const[]){"--segment-size", "64MiB", NULL});
+    return tp_store_start(&e->st, e->m.addr,
+                          (const char *const[]){"--segment-size", "64MiB", NULL});
 }
 
 /* Master and (with_store) one 64 MiB storage node. */
