@@ -1,0 +1,1451 @@
+/*
+ * worker.c -- MooncakeStoreWorker in C (spec §10-§12). See worker.h for the
+ * contracts; this file's internal invariants:
+ *   - one mutex (w->lock) guards the queues, the per-request send state,
+ *     the pressure gate, the finished-receiving set, the load-error ids, the
+ *     stats and the events. No store call is made while holding it.
+ *   - a send job exists only while its request's entry counts it in
+ *     `inflight`; the entry lives until the request is reported finished
+ *     (or preempted with nothing in flight).
+ *   - jobs own deep copies of everything they read from the step metadata.
+ */
+#include "connector/worker.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+
+#define MOD "worker"
+#define STAGING_ALIGN 4096u
+#define STAGING_PAD 8192u
+
+/* ------------------------------------------------------------ jobs */
+
+typedef struct job {
+    struct job *next;
+    char *req_id;
+    uint64_t gen; /* send jobs: the request entry's generation at enqueue */
+    uint64_t token_len_chunk;
+    uint32_t ngroups;
+    uint32_t **bids; /* ngroups arrays */
+    uint32_t *nbids;
+    uint8_t *hashes;
+    uint32_t nhashes;
+    uint8_t hash_len;
+    kvp_meta_load_spec ls; /* loads */
+    uint32_t *token_ids;   /* NULL = None */
+    uint32_t n_token_ids;
+    int64_t num_prompt_tokens; /* < 0 = None */
+    kvp_meta_tail *tails;      /* NULL = None */
+    uint32_t ntails;
+} job;
+
+static void job_free(job *j)
+{
+    if (!j)
+        return;
+    if (j->bids)
+        for (uint32_t g = 0; g < j->ngroups; g++)
+            kvp_free(j->bids[g]);
+    kvp_free(j->bids);
+    kvp_free(j->nbids);
+    kvp_free(j->hashes);
+    kvp_free(j->token_ids);
+    kvp_free(j->tails);
+    kvp_free(j->req_id);
+    kvp_free(j);
+}
+
+static void *dup_mem(const void *p, size_t n)
+{
+    void *q = kvp_malloc(n ? n : 1);
+    if (q && n)
+        memcpy(q, p, n);
+    return q;
+}
+
+static job *job_from_req(const kvp_meta_req *r)
+{
+    job *j = kvp_calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    j->req_id = kvp_strndup(r->req_id.p, r->req_id.len);
+    j->token_len_chunk = r->token_len_chunk;
+    j->ngroups = r->ngroups;
+    j->bids = kvp_calloc(r->ngroups ? r->ngroups : 1, sizeof *j->bids);
+    j->nbids = kvp_calloc(r->ngroups ? r->ngroups : 1, sizeof *j->nbids);
+    j->hash_len = r->hash_len;
+    j->nhashes = r->nhashes;
+    j->hashes = dup_mem(r->block_hashes, (size_t)r->nhashes * r->hash_len);
+    j->num_prompt_tokens = r->has_num_prompt_tokens ? (int64_t)r->num_prompt_tokens : -1;
+    if (!j->req_id || !j->bids || !j->nbids || !j->hashes)
+        goto fail;
+    for (uint32_t g = 0; g < r->ngroups; g++) {
+        j->nbids[g] = r->block_ids[g].n;
+        j->bids[g] = dup_mem(r->block_ids[g].ids, (size_t)r->block_ids[g].n * sizeof(uint32_t));
+        if (!j->bids[g])
+            goto fail;
+    }
+    if (r->load_spec)
+        j->ls = *r->load_spec;
+    if (r->token_ids) {
+        j->token_ids = dup_mem(r->token_ids, (size_t)r->n_token_ids * sizeof(uint32_t));
+        j->n_token_ids = r->n_token_ids;
+        if (!j->token_ids)
+            goto fail;
+    }
+    if (r->tails) {
+        j->tails = dup_mem(r->tails, (size_t)r->ntails * sizeof(kvp_meta_tail));
+        j->ntails = r->ntails;
+        if (!j->tails)
+            goto fail;
+    }
+    return j;
+fail:
+    job_free(j);
+    return NULL;
+}
+
+/* Per-request send state (the spec's stored_requests / _saved_offset /
+ * _skip_store_requests, and the finished-but-in-flight set). */
+typedef struct sreq {
+    char *id;
+    uint32_t inflight;
+    uint64_t saved; /* tokens persisted by this rank (resume offset) */
+    uint64_t gen;   /* bumped on preemption: older jobs are dropped */
+    int skip;       /* pressure back-off */
+    int finished;   /* engine finished it; report once inflight == 0 */
+} sreq;
+
+struct kvp_worker {
+    int capacity_only;
+    int role;
+    int tp_rank, tp_size, pcp_size, dcp_size, pp_size;
+    int eagle_prefix_hashing, enable_kv_events;
+    uint64_t staging_budget;
+    unsigned nrecv;
+    kvp_worker_fence_fn fence;
+    void *fence_arg;
+
+    kvp_client *client;
+    struct kvp_coord *coord;
+    uint32_t L, H;
+    size_t ng;
+    uint32_t *B;     /* per group block size */
+    int *factor;     /* per group TP replication factor = put step */
+    char **prefix;   /* per group own key prefix */
+    size_t *prefix_len;
+    char **lk_buf;   /* per group lookup prefixes, NUL-separated */
+    size_t **lk_off;
+    size_t *lk_n;
+    kvp_tdb_layout layout;
+    int layout_ok;
+    kvp_tdb *tdb;
+    int registered;
+
+    pthread_mutex_t lock;
+    pthread_cond_t send_cv, recv_cv, idle_cv;
+    job *sq_head, *sq_tail, *rq_head, *rq_tail;
+    size_t send_busy, recv_busy; /* queued + running */
+    int stop;
+    pthread_t send_th;
+    int send_started;
+    pthread_t *recv_th;
+    unsigned recv_started;
+
+    sreq *reqs;
+    size_t nreqs, capreqs;
+    int pressure;
+
+    kvp_worker_ids recv_done;
+    uint32_t *lerr;
+    size_t nlerr, caplerr;
+
+    kvp_worker_stats stats;
+    int stats_dirty;
+    kvp_worker_event *ev;
+    size_t nev, capev;
+};
+
+/* ------------------------------------------------------------ small sets */
+
+void kvp_worker_ids_free(kvp_worker_ids *s)
+{
+    if (!s)
+        return;
+    for (size_t i = 0; i < s->n; i++)
+        kvp_free(s->ids[i]);
+    kvp_free(s->ids);
+    memset(s, 0, sizeof *s);
+}
+
+int kvp_worker_ids_has(const kvp_worker_ids *s, const char *id)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->ids[i], id) == 0)
+            return 1;
+    return 0;
+}
+
+/* Appends an owned copy of id unless already present. */
+static int ids_add(kvp_worker_ids *s, const char *id)
+{
+    if (kvp_worker_ids_has(s, id))
+        return 0;
+    if (s->n == s->cap) {
+        size_t nc = s->cap ? s->cap * 2 : 8;
+        char **ni = kvp_realloc(s->ids, nc * sizeof *ni);
+        if (!ni)
+            return KVP_ENOMEM;
+        s->ids = ni;
+        s->cap = nc;
+    }
+    char *c = kvp_strdup(id);
+    if (!c)
+        return KVP_ENOMEM;
+    s->ids[s->n++] = c;
+    return 0;
+}
+
+/* Caller holds w->lock. */
+static int lerr_add(kvp_worker *w, uint32_t bid)
+{
+    for (size_t i = 0; i < w->nlerr; i++)
+        if (w->lerr[i] == bid)
+            return 0;
+    if (w->nlerr == w->caplerr) {
+        size_t nc = w->caplerr ? w->caplerr * 2 : 32;
+        uint32_t *n = kvp_realloc(w->lerr, nc * sizeof *n);
+        if (!n)
+            return KVP_ENOMEM;
+        w->lerr = n;
+        w->caplerr = nc;
+    }
+    w->lerr[w->nlerr++] = bid;
+    return 0;
+}
+
+static void mark_invalid(kvp_worker *w, const uint32_t *bids, size_t n)
+{
+    pthread_mutex_lock(&w->lock);
+    for (size_t i = 0; i < n; i++)
+        if (lerr_add(w, bids[i]) != 0)
+            KVP_ERROR(MOD, "out of memory recording load-error block %u", bids[i]);
+    pthread_mutex_unlock(&w->lock);
+}
+
+/* Caller holds w->lock. */
+static sreq *sreq_find(kvp_worker *w, const char *id)
+{
+    for (size_t i = 0; i < w->nreqs; i++)
+        if (strcmp(w->reqs[i].id, id) == 0)
+            return &w->reqs[i];
+    return NULL;
+}
+
+static sreq *sreq_get(kvp_worker *w, const char *id)
+{
+    sreq *e = sreq_find(w, id);
+    if (e)
+        return e;
+    if (w->nreqs == w->capreqs) {
+        size_t nc = w->capreqs ? w->capreqs * 2 : 16;
+        sreq *n = kvp_realloc(w->reqs, nc * sizeof *n);
+        if (!n)
+            return NULL;
+        w->reqs = n;
+        w->capreqs = nc;
+    }
+    char *c = kvp_strdup(id);
+    if (!c)
+        return NULL;
+    e = &w->reqs[w->nreqs++];
+    memset(e, 0, sizeof *e);
+    e->id = c;
+    return e;
+}
+
+static void sreq_del(kvp_worker *w, sreq *e)
+{
+    kvp_free(e->id);
+    *e = w->reqs[--w->nreqs];
+}
+
+/* ------------------------------------------------------------ stats */
+
+static void stat_rec(kvp_worker *w, int op, uint64_t t0, size_t keys, uint64_t bytes,
+                     size_t failed, size_t existing, int error)
+{
+    uint64_t dt = kvp_now_ns() - t0;
+    pthread_mutex_lock(&w->lock);
+    kvp_worker_op_stats *s = &w->stats.op[op];
+    s->count++;
+    s->total_ns += dt;
+    if (dt > s->max_ns)
+        s->max_ns = dt;
+    s->keys += keys;
+    s->bytes += bytes;
+    s->failed_keys += failed;
+    s->existing_keys += existing;
+    if (error)
+        s->errors++;
+    else if (failed)
+        s->partial++;
+    w->stats_dirty = 1;
+    pthread_mutex_unlock(&w->lock);
+}
+
+int kvp_worker_take_stats(kvp_worker *w, kvp_worker_stats *out)
+{
+    pthread_mutex_lock(&w->lock);
+    *out = w->stats;
+    int dirty = w->stats_dirty;
+    memset(&w->stats, 0, sizeof w->stats);
+    w->stats_dirty = 0;
+    pthread_mutex_unlock(&w->lock);
+    return dirty;
+}
+
+void kvp_worker_events_free(kvp_worker_event *ev, size_t n)
+{
+    if (!ev)
+        return;
+    for (size_t i = 0; i < n; i++)
+        kvp_free(ev[i].token_ids);
+    kvp_free(ev);
+}
+
+int kvp_worker_take_events(kvp_worker *w, kvp_worker_event **ev, size_t *n)
+{
+    pthread_mutex_lock(&w->lock);
+    *ev = w->ev;
+    *n = w->nev;
+    w->ev = NULL;
+    w->nev = w->capev = 0;
+    pthread_mutex_unlock(&w->lock);
+    return 0;
+}
+
+/* ------------------------------------------------------------ transfer batches */
+
+/* Keys + scatter/gather lists of one put or get. */
+typedef struct xb {
+    size_t n, cap, nsegs;
+    size_t keystride;
+    char *keybuf;
+    char **keys;
+    kvp_iov *iov;       /* cap * nsegs */
+    kvp_iov **iovp;     /* per key: iov + k*nsegs */
+    size_t *niov;
+    uint32_t *bid;
+    uint32_t *grp;
+    uint64_t *start, *end;
+    const uint8_t **hash;
+    int64_t *res;
+} xb;
+
+static void xb_free(xb *b)
+{
+    kvp_free(b->keybuf);
+    kvp_free(b->keys);
+    kvp_free(b->iov);
+    kvp_free(b->iovp);
+    kvp_free(b->niov);
+    kvp_free(b->bid);
+    kvp_free(b->grp);
+    kvp_free(b->start);
+    kvp_free(b->end);
+    kvp_free(b->hash);
+    kvp_free(b->res);
+    memset(b, 0, sizeof *b);
+}
+
+static int xb_init(kvp_worker *w, xb *b, size_t cap, size_t hash_len)
+{
+    memset(b, 0, sizeof *b);
+    size_t maxp = 0;
+    for (size_t g = 0; g < w->ng; g++)
+        if (w->prefix_len[g] > maxp)
+            maxp = w->prefix_len[g];
+    b->cap = cap ? cap : 1;
+    b->nsegs = w->layout.nsegs;
+    b->keystride = maxp + 2 + 2 * hash_len;
+    b->keybuf = kvp_malloc(b->cap * b->keystride);
+    b->keys = kvp_calloc(b->cap, sizeof *b->keys);
+    b->iov = kvp_calloc(b->cap * b->nsegs, sizeof *b->iov);
+    b->iovp = kvp_calloc(b->cap, sizeof *b->iovp);
+    b->niov = kvp_calloc(b->cap, sizeof *b->niov);
+    b->bid = kvp_calloc(b->cap, sizeof *b->bid);
+    b->grp = kvp_calloc(b->cap, sizeof *b->grp);
+    b->start = kvp_calloc(b->cap, sizeof *b->start);
+    b->end = kvp_calloc(b->cap, sizeof *b->end);
+    b->hash = kvp_calloc(b->cap, sizeof *b->hash);
+    b->res = kvp_calloc(b->cap, sizeof *b->res);
+    if (!b->keybuf || !b->keys || !b->iov || !b->iovp || !b->niov || !b->bid || !b->grp ||
+        !b->start || !b->end || !b->hash || !b->res) {
+        xb_free(b);
+        return KVP_ENOMEM;
+    }
+    for (size_t k = 0; k < b->cap; k++) {
+        b->keys[k] = b->keybuf + k * b->keystride;
+        b->iovp[k] = b->iov + k * b->nsegs;
+        b->niov[k] = b->nsegs;
+    }
+    return 0;
+}
+
+/* Writes key k = prefix(g) + "@" + hex(hash). */
+static int xb_key(kvp_worker *w, xb *b, size_t k, uint32_t g, const uint8_t *hash, size_t hl)
+{
+    size_t len;
+    b->grp[k] = g;
+    b->hash[k] = hash;
+    return kvp_key_build_key_string(w->prefix[g], w->prefix_len[g], hash, hl, b->keys[k],
+                                    b->keystride, &len);
+}
+
+/* Mask arrays for every group over `tokens` tokens; *bits to kvp_free. */
+static int masks_alloc(kvp_worker *w, size_t tokens, struct kvp_coord_mask *m, uint8_t **bits)
+{
+    size_t total = 0;
+    for (size_t g = 0; g < w->ng; g++)
+        total += kvp_coord_mask_cap(w->coord, g, tokens);
+    *bits = kvp_calloc(total ? total : 1, 1);
+    if (!*bits)
+        return KVP_ENOMEM;
+    size_t off = 0;
+    for (size_t g = 0; g < w->ng; g++) {
+        memset(&m[g], 0, sizeof m[g]);
+        m[g].cap = kvp_coord_mask_cap(w->coord, g, tokens);
+        m[g].bits = *bits + off;
+        off += m[g].cap;
+    }
+    return 0;
+}
+
+static size_t chunks_upper(kvp_worker *w, uint64_t tokens)
+{
+    size_t n = 0;
+    for (size_t g = 0; g < w->ng; g++)
+        n += (size_t)((tokens + w->B[g] - 1) / w->B[g]) + 1;
+    return n;
+}
+
+/* Fences engine memory; 0 or KVP_EINTERNAL_ERROR. */
+static int fence(kvp_worker *w)
+{
+    if (!w->fence)
+        return 0;
+    return w->fence(w->fence_arg) == 0 ? 0 : KVP_EINTERNAL_ERROR;
+}
+
+static void clear_pressure(kvp_worker *w)
+{
+    pthread_mutex_lock(&w->lock);
+    int was = w->pressure;
+    w->pressure = 0;
+    for (size_t i = 0; i < w->nreqs; i++) {
+        was |= w->reqs[i].skip;
+        w->reqs[i].skip = 0;
+    }
+    pthread_mutex_unlock(&w->lock);
+    if (was)
+        KVP_INFO(MOD, "store pressure cleared: a put batch fully succeeded");
+}
+
+static void mark_pressure(kvp_worker *w, const job *j)
+{
+    pthread_mutex_lock(&w->lock);
+    sreq *e = sreq_find(w, j->req_id);
+    int newly = e && !e->skip;
+    w->pressure = 1;
+    if (e)
+        e->skip = 1;
+    pthread_mutex_unlock(&w->lock);
+    if (newly)
+        KVP_WARN(MOD, "store pressure (NO_AVAILABLE_HANDLE): backing off request %s", j->req_id);
+}
+
+static void record_saved(kvp_worker *w, const job *j, uint64_t T)
+{
+    pthread_mutex_lock(&w->lock);
+    sreq *e = sreq_find(w, j->req_id);
+    if (e && e->gen == j->gen && T > e->saved)
+        e->saved = T;
+    pthread_mutex_unlock(&w->lock);
+}
+
+/*
+ * Fence, one dedup-put, stats, events, pressure. Returns 0 when every key
+ * succeeded (stored or already there), 1 when some failed, < 0 when the
+ * put could not be issued.
+ */
+static int put_batch(kvp_worker *w, const job *j, xb *b)
+{
+    uint64_t t0 = kvp_now_ns();
+    int rc = fence(w);
+    if (rc == 0)
+        rc = kvp_client_batch_put_from_multi_buffers(w->client, (const char *const *)b->keys,
+                                                     (const kvp_iov *const *)b->iovp, b->niov,
+                                                     b->n, b->res);
+    if (rc < 0) {
+        stat_rec(w, KVP_WORKER_OP_SAVE_PUT, t0, b->n, 0, b->n, 0, 1);
+        KVP_WARN(MOD, "put of %zu keys for %s not issued: %s", b->n, j->req_id,
+                 kvp_err_name(rc));
+        return rc;
+    }
+    uint64_t bytes = 0;
+    size_t failed = 0, existing = 0;
+    int pressure = 0;
+    for (size_t k = 0; k < b->n; k++) {
+        if (b->res[k] > 0)
+            bytes += (uint64_t)b->res[k];
+        else if (b->res[k] == 0)
+            existing++;
+        else {
+            failed++;
+            pressure |= b->res[k] == KVP_ENO_AVAILABLE_HANDLE;
+        }
+    }
+    stat_rec(w, KVP_WORKER_OP_SAVE_PUT, t0, b->n, bytes, failed, existing, 0);
+    if (w->enable_kv_events) {
+        const uint8_t *last[KVP_COORD_MAX_GROUPS] = {0};
+        pthread_mutex_lock(&w->lock);
+        for (size_t k = 0; k < b->n; k++) {
+            if (b->res[k] <= 0)
+                continue;
+            if (w->nev == w->capev) {
+                size_t nc = w->capev ? w->capev * 2 : 64;
+                kvp_worker_event *ne = kvp_realloc(w->ev, nc * sizeof *ne);
+                if (!ne)
+                    break;
+                w->ev = ne;
+                w->capev = nc;
+            }
+            kvp_worker_event *e = &w->ev[w->nev++];
+            memset(e, 0, sizeof *e);
+            uint32_t g = b->grp[k];
+            e->group = g;
+            e->block_size = w->B[g];
+            e->hash_len = j->hash_len;
+            memcpy(e->hash, b->hash[k], j->hash_len);
+            if (last[g]) {
+                e->has_parent = 1;
+                memcpy(e->parent, last[g], j->hash_len);
+            }
+            last[g] = b->hash[k];
+            e->start = b->start[k];
+            e->end = b->end[k];
+            if (j->token_ids && b->end[k] <= j->n_token_ids && b->end[k] > b->start[k]) {
+                e->n_token_ids = (uint32_t)(b->end[k] - b->start[k]);
+                e->token_ids = dup_mem(j->token_ids + b->start[k],
+                                       e->n_token_ids * sizeof(uint32_t));
+                if (!e->token_ids)
+                    e->n_token_ids = 0;
+            }
+        }
+        pthread_mutex_unlock(&w->lock);
+    }
+    if (failed) {
+        KVP_WARN(MOD, "put for %s: %zu of %zu keys failed", j->req_id, failed, b->n);
+        if (pressure)
+            mark_pressure(w, j);
+        return 1;
+    }
+    clear_pressure(w);
+    return 0;
+}
+
+/* §10.4: returns 1 to go on with the normal save, 0 to abort the job. */
+static int offload_tail(kvp_worker *w, const job *j, uint64_t saved)
+{
+    if (!kvp_coord_partial_hits(w->coord) || !j->nhashes || !j->ntails)
+        return 1;
+    uint64_t boundary = j->tails[0].boundary_tokens;
+    for (uint32_t i = 1; i < j->ntails; i++)
+        if (j->tails[i].boundary_tokens != boundary) {
+            KVP_ERROR(MOD, "partial-tail offloads for one request must share a boundary (%s)",
+                      j->req_id);
+            return 0;
+        }
+    if (boundary < w->H || boundary / w->H - 1 >= j->nhashes)
+        return 1;
+    xb b;
+    if (xb_init(w, &b, chunks_upper(w, boundary), j->hash_len) != 0)
+        return 0;
+    int ok = 1;
+    for (uint32_t g = 0; g < w->ng && g < j->ngroups && ok; g++) {
+        uint64_t B = w->B[g];
+        int step = w->factor[g];
+        uint64_t phase = (uint64_t)((w->tp_rank + (int)g) % step);
+        int has_cow = 0;
+        uint32_t cow = 0;
+        for (uint32_t i = 0; i < j->ntails; i++)
+            if (j->tails[i].group_id == g) {
+                has_cow = 1;
+                cow = j->tails[i].cow_block_id;
+            }
+        uint64_t last = (boundary + B - 1) / B - 1;
+        uint64_t first = saved / B < last ? saved / B : last;
+        for (uint64_t c = first; c <= last; c++) {
+            if (c % (uint64_t)step != phase)
+                continue;
+            uint64_t end = (c + 1) * B < boundary ? (c + 1) * B : boundary;
+            if (end < w->H)
+                continue;
+            uint64_t hidx = end / w->H - 1;
+            uint32_t bid;
+            if (has_cow && end == boundary && boundary % B != 0)
+                bid = cow;
+            else if (c < j->nbids[g])
+                bid = j->bids[g][c];
+            else
+                continue;
+            if (bid == 0) /* NULL_BLOCK_ID */
+                continue;
+            size_t k = b.n;
+            if (kvp_tdb_prepare_block(&w->tdb[g], bid, b.iovp[k], b.nsegs) != 0 ||
+                xb_key(w, &b, k, g, j->hashes + hidx * j->hash_len, j->hash_len) != 0) {
+                KVP_ERROR(MOD, "partial tail of %s: block %u out of the registered cache",
+                          j->req_id, bid);
+                ok = 0;
+                break;
+            }
+            b.bid[k] = bid;
+            b.start[k] = c * B;
+            b.end[k] = end;
+            b.n++;
+        }
+    }
+    if (ok && b.n)
+        ok = put_batch(w, j, &b) == 0;
+    xb_free(&b);
+    return ok;
+}
+
+/* §10.3: one save job (001 version, dedup through the put's answer). */
+static void send_job(kvp_worker *w, job *j)
+{
+    uint64_t T = j->token_len_chunk / w->L * w->L;
+    pthread_mutex_lock(&w->lock);
+    sreq *e = sreq_find(w, j->req_id);
+    int run = e && e->gen == j->gen && !(w->pressure && e->skip);
+    uint64_t save_start = e ? e->saved : 0;
+    pthread_mutex_unlock(&w->lock);
+    if (!run)
+        return;
+    if (j->tails && !offload_tail(w, j, save_start))
+        return;
+    if (T == 0)
+        return;
+    struct kvp_coord_mask m[KVP_COORD_MAX_GROUPS];
+    uint8_t *bits = NULL;
+    xb b = {0};
+    kvp_tdb_chunk *ch = NULL;
+    if (masks_alloc(w, T, m, &bits) != 0)
+        goto out;
+    int rc = kvp_coord_store_mask(w->coord, T, save_start, j->num_prompt_tokens,
+                                  !w->eagle_prefix_hashing, m);
+    if (rc != 0) {
+        KVP_ERROR(MOD, "store mask for %s: %s", j->req_id, kvp_err_name(rc));
+        goto out;
+    }
+    size_t cap = chunks_upper(w, T);
+    ch = kvp_calloc(cap, sizeof *ch);
+    if (!ch || xb_init(w, &b, cap, j->hash_len) != 0)
+        goto out;
+    for (uint32_t g = 0; g < w->ng && g < j->ngroups; g++) {
+        int step = w->factor[g];
+        size_t nc = 0;
+        rc = kvp_tdb_process_tokens(&w->tdb[g], T, j->nhashes, save_start,
+                                    m[g].all ? NULL : m[g].bits, m[g].all ? 0 : m[g].len,
+                                    (uint32_t)step, (uint32_t)((w->tp_rank + (int)g) % step),
+                                    ch, b.cap - b.n, &nc);
+        if (rc == 0 && nc)
+            rc = kvp_tdb_prepare_values(&w->tdb[g], ch, nc, j->bids[g], j->nbids[g],
+                                        b.iov + b.n * b.nsegs, (b.cap - b.n) * b.nsegs,
+                                        b.bid + b.n);
+        for (size_t i = 0; rc == 0 && i < nc; i++) {
+            size_t k = b.n + i;
+            b.start[k] = ch[i].start;
+            b.end[k] = ch[i].end;
+            rc = xb_key(w, &b, k, g, j->hashes + ch[i].hash_idx * j->hash_len, j->hash_len);
+        }
+        if (rc != 0) {
+            KVP_ERROR(MOD, "save of %s, group %u: %s", j->req_id, g, kvp_err_name(rc));
+            goto out;
+        }
+        b.n += nc;
+    }
+    if (b.n == 0 || put_batch(w, j, &b) == 0)
+        record_saved(w, j, T);
+out:
+    kvp_free(ch);
+    kvp_free(bits);
+    xb_free(&b);
+}
+
+static void *send_main(void *arg)
+{
+    kvp_worker *w = arg;
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+        while (!w->sq_head && !w->stop)
+            pthread_cond_wait(&w->send_cv, &w->lock);
+        if (!w->sq_head)
+            break;
+        job *j = w->sq_head;
+        w->sq_head = j->next;
+        if (!w->sq_head)
+            w->sq_tail = NULL;
+        pthread_mutex_unlock(&w->lock);
+        send_job(w, j);
+        pthread_mutex_lock(&w->lock);
+        sreq *e = sreq_find(w, j->req_id); /* finally: always release the pin */
+        if (e && e->inflight)
+            e->inflight--;
+        w->send_busy--;
+        pthread_cond_broadcast(&w->idle_cv);
+        pthread_mutex_unlock(&w->lock);
+        job_free(j);
+        pthread_mutex_lock(&w->lock);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ loads §10.6 */
+
+static uint64_t staging(const kvp_iov *iov, size_t n)
+{
+    uint64_t s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += iov[i].len;
+    return (s + STAGING_ALIGN - 1) / STAGING_ALIGN * STAGING_ALIGN + STAGING_PAD;
+}
+
+static void recv_job(kvp_worker *w, job *j)
+{
+    uint64_t T = j->ls.kvpool_cached_tokens;
+    uint64_t mask_num = j->ls.vllm_cached_tokens / w->L * w->L;
+    struct kvp_coord_mask m[KVP_COORD_MAX_GROUPS];
+    uint8_t *bits = NULL;
+    kvp_tdb_chunk *ch = NULL;
+    size_t *bstart = NULL;
+    uint32_t *obid = NULL;
+    xb b = {0};
+    int rc = masks_alloc(w, T, m, &bits);
+    if (rc == 0) {
+        struct kvp_coord_hashes h = {j->hashes, j->nhashes, j->hash_len, 0};
+        rc = kvp_coord_load_mask(w->coord, &h, T, m, NULL);
+    }
+    size_t cap = chunks_upper(w, T);
+    if (rc == 0) {
+        ch = kvp_calloc(cap, sizeof *ch);
+        rc = ch ? xb_init(w, &b, cap, j->hash_len) : KVP_ENOMEM;
+    }
+    for (uint32_t g = 0; rc == 0 && g < w->ng && g < j->ngroups; g++) {
+        size_t nc = 0, kept = 0;
+        rc = kvp_tdb_process_tokens(&w->tdb[g], T, j->nhashes, mask_num, NULL, 0, 1, 0, ch,
+                                    cap, &nc);
+        for (size_t i = 0; rc == 0 && i < nc; i++) {
+            uint64_t c = ch[i].index;
+            if (m[g].all || (c < m[g].len && m[g].bits[c]))
+                ch[kept++] = ch[i];
+        }
+        if (rc == 0 && kept)
+            rc = kvp_tdb_prepare_values(&w->tdb[g], ch, kept, j->bids[g], j->nbids[g],
+                                        b.iov + b.n * b.nsegs, (b.cap - b.n) * b.nsegs,
+                                        b.bid + b.n);
+        for (size_t i = 0; rc == 0 && i < kept; i++)
+            rc = xb_key(w, &b, b.n + i, g, j->hashes + ch[i].hash_idx * j->hash_len,
+                        j->hash_len);
+        if (rc == 0)
+            b.n += kept;
+    }
+    if (rc != 0) {
+        /* Nothing was transferred: every block the load would have written
+         * from the local prefix on is unusable. */
+        KVP_ERROR(MOD, "load of %s not built: %s", j->req_id, kvp_err_name(rc));
+        for (uint32_t g = 0; g < j->ngroups && g < w->ng; g++) {
+            uint64_t c0 = (mask_num + w->B[g] - 1) / w->B[g], c1 = (T + w->B[g] - 1) / w->B[g];
+            for (uint64_t c = c0; c < c1 && c < j->nbids[g]; c++)
+                mark_invalid(w, &j->bids[g][c], 1);
+        }
+        goto finish;
+    }
+    if (b.n == 0)
+        goto finish; /* defect fix: a zero-key load finishes */
+    /* Rotation by TP rank (load balancing), then staging-budget split. */
+    bstart = kvp_calloc(b.n + 1, sizeof *bstart);
+    obid = kvp_calloc(b.n, sizeof *obid);
+    char **okeys = kvp_calloc(b.n, sizeof *okeys);
+    kvp_iov **oiov = kvp_calloc(b.n, sizeof *oiov);
+    size_t *oniov = kvp_calloc(b.n, sizeof *oniov);
+    int64_t *ores = b.res;
+    if (!bstart || !obid || !okeys || !oiov || !oniov) {
+        kvp_free(okeys);
+        kvp_free(oiov);
+        kvp_free(oniov);
+        mark_invalid(w, b.bid, b.n);
+        goto finish;
+    }
+    size_t rot = (size_t)w->tp_rank % b.n;
+    for (size_t i = 0; i < b.n; i++) {
+        size_t s = (i + rot) % b.n;
+        okeys[i] = b.keys[s];
+        oiov[i] = b.iovp[s];
+        oniov[i] = b.niov[s];
+        obid[i] = b.bid[s];
+    }
+    size_t nb = 0;
+    bstart[0] = 0;
+    uint64_t raw = w->staging_budget, total = 0;
+    for (size_t i = 0; raw && i < b.n; i++)
+        total += staging(oiov[i], oniov[i]);
+    uint64_t usable = (uint64_t)((double)raw * 0.9);
+    if (usable < 1)
+        usable = 1;
+    if (raw && total > usable) {
+        uint64_t cur = 0;
+        size_t curn = 0;
+        for (size_t i = 0; i < b.n; i++) {
+            uint64_t kb = staging(oiov[i], oniov[i]);
+            if (kb > raw) {
+                KVP_WARN(MOD, "skipping load of %s: key %s needs %llu staging bytes, budget %llu",
+                         j->req_id, okeys[i], (unsigned long long)kb, (unsigned long long)raw);
+                mark_invalid(w, obid, b.n);
+                nb = 0;
+                goto free_rot;
+            }
+            if (curn && (kb > usable || cur + kb > usable)) {
+                bstart[++nb] = i;
+                cur = 0;
+                curn = 0;
+            }
+            cur += kb;
+            curn++;
+            if (kb > usable) { /* alone in its batch */
+                bstart[++nb] = i + 1;
+                cur = 0;
+                curn = 0;
+            }
+        }
+        if (curn)
+            bstart[++nb] = b.n;
+    } else {
+        bstart[++nb] = b.n;
+    }
+    for (size_t bi = 0; bi < nb; bi++) {
+        size_t s = bstart[bi], n = bstart[bi + 1] - s;
+        uint64_t t0 = kvp_now_ns();
+        rc = kvp_client_batch_get_into_multi_buffers(w->client, (const char *const *)okeys + s,
+                                                     (const kvp_iov *const *)oiov + s,
+                                                     oniov + s, n, ores + s);
+        if (rc < 0) {
+            stat_rec(w, KVP_WORKER_OP_LOAD_GET, t0, n, 0, n, 0, 1);
+            KVP_WARN(MOD, "load of %s: get of %zu keys failed: %s", j->req_id, n,
+                     kvp_err_name(rc));
+            mark_invalid(w, obid + s, b.n - s); /* this and every later sub-batch */
+            break;
+        }
+        uint64_t bytes = 0;
+        size_t failed = 0;
+        for (size_t i = s; i < s + n; i++) {
+            if (ores[i] < 0) {
+                failed++;
+                mark_invalid(w, &obid[i], 1);
+            } else {
+                bytes += (uint64_t)ores[i];
+            }
+        }
+        stat_rec(w, KVP_WORKER_OP_LOAD_GET, t0, n, bytes, failed, 0, 0);
+        if (failed) {
+            KVP_WARN(MOD, "load of %s: %zu of %zu keys failed", j->req_id, failed, n);
+            mark_invalid(w, obid + s + n, b.n - s - n); /* defect fix: never attempted */
+            break;
+        }
+    }
+free_rot:
+    kvp_free(okeys);
+    kvp_free(oiov);
+    kvp_free(oniov);
+finish:
+    pthread_mutex_lock(&w->lock);
+    if (ids_add(&w->recv_done, j->req_id) != 0)
+        KVP_ERROR(MOD, "out of memory reporting %s finished receiving", j->req_id);
+    pthread_mutex_unlock(&w->lock);
+    kvp_free(bstart);
+    kvp_free(obid);
+    kvp_free(ch);
+    kvp_free(bits);
+    xb_free(&b);
+}
+
+static void *recv_main(void *arg)
+{
+    kvp_worker *w = arg;
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+        while (!w->rq_head && !w->stop)
+            pthread_cond_wait(&w->recv_cv, &w->lock);
+        if (!w->rq_head)
+            break;
+        job *j = w->rq_head;
+        w->rq_head = j->next;
+        if (!w->rq_head)
+            w->rq_tail = NULL;
+        pthread_mutex_unlock(&w->lock);
+        recv_job(w, j);
+        job_free(j);
+        pthread_mutex_lock(&w->lock);
+        w->recv_busy--;
+        pthread_cond_broadcast(&w->idle_cv);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ lifecycle §10.1 */
+
+static void set_err(char *err, size_t errlen, const char *msg)
+{
+    if (err && errlen)
+        snprintf(err, errlen, "%s", msg);
+}
+
+int kvp_worker_capacity_only(const kvp_worker *w) { return w->capacity_only; }
+
+static int valid_rank(int r, int n) { return n >= 1 && r >= 0 && r < n; }
+
+/* Own prefix and lookup prefixes of group g. */
+static int build_prefixes(kvp_worker *w, const kvp_worker_cfg *cfg, size_t g)
+{
+    struct kvp_key_meta md;
+    int rc = kvp_key_meta_init(&md, cfg->model_path ? cfg->model_path : "", cfg->cache_prefix,
+                               kvp_key_tp_rank_for_group(cfg->tp_rank, w->factor[g]),
+                               cfg->pcp_rank, cfg->dcp_rank, cfg->pp_rank, (int)g);
+    if (rc != 0)
+        return rc;
+    size_t len = 0;
+    kvp_key_build_prefix(&md, KVP_KEY_RANK_SELF, KVP_KEY_RANK_SELF, KVP_KEY_RANK_SELF,
+                         KVP_KEY_RANK_SELF, NULL, 0, &len);
+    w->prefix[g] = kvp_malloc(len + 1);
+    if (!w->prefix[g])
+        return KVP_ENOMEM;
+    rc = kvp_key_build_prefix(&md, KVP_KEY_RANK_SELF, KVP_KEY_RANK_SELF, KVP_KEY_RANK_SELF,
+                              KVP_KEY_RANK_SELF, w->prefix[g], len + 1, &w->prefix_len[g]);
+    if (rc != 0)
+        return rc;
+    size_t n = 0, used = 0;
+    rc = kvp_key_lookup_namespaces(cfg->tp_size, cfg->pcp_size, cfg->dcp_size, cfg->pp_size,
+                                   w->factor[g], NULL, 0, &n);
+    if (rc != 0 && rc != KVP_EBUFFER_OVERFLOW)
+        return rc;
+    struct kvp_key_ns *ns = kvp_calloc(n ? n : 1, sizeof *ns);
+    w->lk_off[g] = kvp_calloc(n ? n : 1, sizeof(size_t));
+    if (!ns || !w->lk_off[g]) {
+        kvp_free(ns);
+        return KVP_ENOMEM;
+    }
+    rc = kvp_key_lookup_prefixes(&md, cfg->tp_size, cfg->pcp_size, cfg->dcp_size, cfg->pp_size,
+                                 w->factor[g], ns, n, NULL, 0, w->lk_off[g], n, &w->lk_n[g],
+                                 &used);
+    if (rc == KVP_EBUFFER_OVERFLOW) {
+        w->lk_buf[g] = kvp_malloc(used ? used : 1);
+        rc = w->lk_buf[g] ? kvp_key_lookup_prefixes(&md, cfg->tp_size, cfg->pcp_size,
+                                                    cfg->dcp_size, cfg->pp_size, w->factor[g],
+                                                    ns, n, w->lk_buf[g], used, w->lk_off[g], n,
+                                                    &w->lk_n[g], &used)
+                          : KVP_ENOMEM;
+    }
+    kvp_free(ns);
+    return rc;
+}
+
+int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!cfg || !valid_rank(cfg->tp_rank, cfg->tp_size) ||
+        !valid_rank(cfg->pcp_rank, cfg->pcp_size) || !valid_rank(cfg->dcp_rank, cfg->dcp_size) ||
+        !valid_rank(cfg->pp_rank, cfg->pp_size) || cfg->role < KVP_WORKER_PRODUCER ||
+        cfg->role > KVP_WORKER_BOTH) {
+        set_err(err, errlen, "invalid ranks or role");
+        return KVP_EINVALID_PARAMS;
+    }
+    kvp_worker *w = kvp_calloc(1, sizeof *w);
+    if (!w)
+        return KVP_ENOMEM;
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->send_cv, NULL);
+    pthread_cond_init(&w->recv_cv, NULL);
+    pthread_cond_init(&w->idle_cv, NULL);
+    w->role = cfg->role;
+    w->capacity_only = cfg->role == KVP_WORKER_CONSUMER && !cfg->enable_lookup;
+    w->tp_rank = cfg->tp_rank;
+    w->tp_size = cfg->tp_size;
+    w->pcp_size = cfg->pcp_size;
+    w->dcp_size = cfg->dcp_size;
+    w->pp_size = cfg->pp_size;
+    w->eagle_prefix_hashing = cfg->eagle_prefix_hashing;
+    w->enable_kv_events = cfg->enable_kv_events;
+    w->staging_budget = cfg->staging_budget;
+    w->nrecv = cfg->num_recv_threads ? cfg->num_recv_threads : 1;
+    w->fence = cfg->fence;
+    w->fence_arg = cfg->fence_arg;
+    int rc = kvp_client_open(cfg->store_config, &w->client, err, errlen);
+    if (rc != 0)
+        goto fail;
+    if (w->capacity_only) {
+        *out = w;
+        return 0;
+    }
+    rc = KVP_EINVALID_PARAMS;
+    if (!cfg->groups || cfg->ngroups == 0 || cfg->ngroups > KVP_COORD_MAX_GROUPS ||
+        cfg->num_gpu_blocks == 0) {
+        set_err(err, errlen, "need 1..64 KV-cache groups and num_gpu_blocks > 0");
+        goto fail;
+    }
+    w->ng = cfg->ngroups;
+    struct kvp_coord_group specs[KVP_COORD_MAX_GROUPS];
+    for (size_t g = 0; g < w->ng; g++)
+        specs[g] = cfg->groups[g].spec;
+    rc = kvp_coord_resolve_block_sizes(specs, w->ng, cfg->hash_block_size, &w->L, &w->H);
+    if (rc != 0) {
+        set_err(err, errlen, "KV-cache group block sizes are not multiples of the hash block size");
+        goto fail;
+    }
+    struct kvp_coord_cfg cc = {
+        .groups = specs,
+        .ngroups = w->ng,
+        .scheduler_block_size = w->L,
+        .hash_block_size = w->H,
+        .use_eagle = cfg->use_eagle,
+        .retention_interval = cfg->retention_interval,
+        .dcp_world_size = (uint32_t)cfg->dcp_size,
+    };
+    rc = kvp_coord_create(&w->coord, &cc);
+    if (rc != 0) {
+        set_err(err, errlen, "unsupported KV-cache groups");
+        goto fail;
+    }
+    rc = KVP_ENOMEM;
+    w->B = kvp_calloc(w->ng, sizeof *w->B);
+    w->factor = kvp_calloc(w->ng, sizeof *w->factor);
+    w->prefix = kvp_calloc(w->ng, sizeof *w->prefix);
+    w->prefix_len = kvp_calloc(w->ng, sizeof *w->prefix_len);
+    w->lk_buf = kvp_calloc(w->ng, sizeof *w->lk_buf);
+    w->lk_off = kvp_calloc(w->ng, sizeof *w->lk_off);
+    w->lk_n = kvp_calloc(w->ng, sizeof *w->lk_n);
+    w->tdb = kvp_calloc(w->ng, sizeof *w->tdb);
+    if (!w->B || !w->factor || !w->prefix || !w->prefix_len || !w->lk_buf || !w->lk_off ||
+        !w->lk_n || !w->tdb)
+        goto fail;
+    rc = kvp_tdb_layout_init(&w->layout, cfg->num_gpu_blocks);
+    if (rc != 0)
+        goto fail;
+    w->layout_ok = 1;
+    for (size_t g = 0; g < w->ng; g++) {
+        w->B[g] = cfg->groups[g].spec.block_size;
+        rc = kvp_key_tp_factor(&cfg->groups[g].key_spec, 1, cfg->tp_size,
+                               cfg->groups[g].num_kv_heads, cfg->dcp_size, &w->factor[g]);
+        if (rc == 0)
+            rc = kvp_tdb_init(&w->tdb[g], w->B[g], w->H, &w->layout);
+        if (rc == 0)
+            rc = build_prefixes(w, cfg, g);
+        if (rc != 0) {
+            set_err(err, errlen, "invalid group key metadata (spec, heads, model or prefix)");
+            goto fail;
+        }
+    }
+    *out = w;
+    return 0;
+fail:
+    kvp_worker_destroy(w);
+    return rc;
+}
+
+int kvp_worker_register_kv_caches(kvp_worker *w, const kvp_tdb_tensor *tensors, size_t n)
+{
+    if (w->capacity_only)
+        return 0;
+    if (w->registered || !tensors || n == 0)
+        return KVP_EINVALID_PARAMS;
+    for (size_t i = 0; i < n; i++) {
+        size_t before = w->layout.nsegs;
+        int kind = 0;
+        int rc = kvp_tdb_layout_add_tensor(&w->layout, &tensors[i], &kind);
+        if (rc != 0)
+            return rc;
+        if (kind != KVP_TDB_DUPLICATE && w->layout.nsegs > before) {
+            const kvp_tdb_segment *s = &w->layout.segs[before];
+            rc = kvp_client_register_buffer(w->client, s->region, s->region_len);
+            if (rc != 0)
+                KVP_ERROR(MOD, "register_buffer(%p, %zu): %s", (void *)s->region, s->region_len,
+                          kvp_err_name(rc));
+        }
+    }
+    if (w->role & KVP_WORKER_PRODUCER) {
+        if (pthread_create(&w->send_th, NULL, send_main, w) != 0)
+            return KVP_EINTERNAL_ERROR;
+        w->send_started = 1;
+    }
+    w->recv_th = kvp_calloc(w->nrecv, sizeof *w->recv_th);
+    if (!w->recv_th)
+        return KVP_ENOMEM;
+    for (unsigned i = 0; i < w->nrecv; i++) {
+        if (pthread_create(&w->recv_th[i], NULL, recv_main, w) != 0)
+            return KVP_EINTERNAL_ERROR;
+        w->recv_started++;
+    }
+    w->registered = 1;
+    KVP_INFO(MOD, "started %u KV-load receive thread(s)", w->recv_started);
+    return 0;
+}
+
+void kvp_worker_drain(kvp_worker *w)
+{
+    pthread_mutex_lock(&w->lock);
+    while (w->send_busy || w->recv_busy)
+        pthread_cond_wait(&w->idle_cv, &w->lock);
+    pthread_mutex_unlock(&w->lock);
+}
+
+void kvp_worker_destroy(kvp_worker *w)
+{
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->lock);
+    w->stop = 1; /* threads exit once their queue is empty */
+    pthread_cond_broadcast(&w->send_cv);
+    pthread_cond_broadcast(&w->recv_cv);
+    pthread_mutex_unlock(&w->lock);
+    if (w->send_started)
+        pthread_join(w->send_th, NULL);
+    for (unsigned i = 0; i < w->recv_started; i++)
+        pthread_join(w->recv_th[i], NULL);
+    kvp_free(w->recv_th);
+    for (job *j = w->sq_head, *n; j; j = n) { /* never started: nothing queued */
+        n = j->next;
+        job_free(j);
+    }
+    for (job *j = w->rq_head, *n; j; j = n) {
+        n = j->next;
+        job_free(j);
+    }
+    if (w->client)
+        kvp_client_close(w->client);
+    kvp_coord_destroy(w->coord);
+    for (size_t g = 0; g < w->ng; g++) {
+        if (w->prefix)
+            kvp_free(w->prefix[g]);
+        if (w->lk_buf)
+            kvp_free(w->lk_buf[g]);
+        if (w->lk_off)
+            kvp_free(w->lk_off[g]);
+    }
+    kvp_free(w->B);
+    kvp_free(w->factor);
+    kvp_free(w->prefix);
+    kvp_free(w->prefix_len);
+    kvp_free(w->lk_buf);
+    kvp_free(w->lk_off);
+    kvp_free(w->lk_n);
+    kvp_free(w->tdb);
+    if (w->layout_ok)
+        kvp_tdb_layout_free(&w->layout);
+    for (size_t i = 0; i < w->nreqs; i++)
+        kvp_free(w->reqs[i].id);
+    kvp_free(w->reqs);
+    kvp_worker_ids_free(&w->recv_done);
+    kvp_free(w->lerr);
+    kvp_worker_events_free(w->ev, w->nev);
+    pthread_cond_destroy(&w->send_cv);
+    pthread_cond_destroy(&w->recv_cv);
+    pthread_cond_destroy(&w->idle_cv);
+    pthread_mutex_destroy(&w->lock);
+    kvp_free(w);
+}
+
+/* ------------------------------------------------------------ get_finished §10.2 */
+
+static int str_eq(const kvp_meta_str *s, const char *id)
+{
+    return strlen(id) == s->len && memcmp(s->p, id, s->len) == 0;
+}
+
+int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t nfinished,
+                            const kvp_meta_step *meta, kvp_worker_ids *done_sending,
+                            kvp_worker_ids *done_recving)
+{
+    if (w->capacity_only)
+        return 0;
+    if (!w->registered)
+        return KVP_EINVALID_PARAMS;
+    /* Deep copies first, outside the lock. */
+    job *lh = NULL, *lt = NULL, *sh = NULL, *st = NULL;
+    size_t nl = 0, ns = 0;
+    int rc = 0;
+    for (uint32_t i = 0; meta && i < meta->nreqs; i++) {
+        const kvp_meta_req *r = &meta->reqs[i];
+        int load = r->load_spec && r->load_spec->can_load;
+        int save = r->can_save == KVP_META_TRUE && (w->role & KVP_WORKER_PRODUCER);
+        if (!load && !save)
+            continue;
+        if (r->ngroups != w->ng || r->req_id.len == 0 ||
+            (r->nhashes && r->hash_len == 0)) {
+            rc = KVP_EINVALID_PARAMS;
+            break;
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            if (!(pass == 0 ? load : save))
+                continue;
+            job *j = job_from_req(r);
+            if (!j) {
+                rc = KVP_ENOMEM;
+                break;
+            }
+            if (pass == 0) {
+                j->ls.token_len = j->ls.kvpool_cached_tokens;
+                *(lt ? &lt->next : &lh) = j;
+                lt = j;
+                nl++;
+            } else {
+                *(st ? &st->next : &sh) = j;
+                st = j;
+                ns++;
+            }
+        }
+        if (rc)
+            break;
+    }
+    pthread_mutex_lock(&w->lock);
+    if (rc == 0) {
+        /* in-flight counter += 1 before the job is visible to the thread */
+        for (job *j = sh; j; j = j->next) {
+            sreq *e = sreq_get(w, j->req_id);
+            if (!e) {
+                rc = KVP_ENOMEM;
+                break;
+            }
+        }
+    }
+    if (rc == 0) {
+        for (job *j = sh; j; j = j->next) {
+            sreq *e = sreq_find(w, j->req_id);
+            e->inflight++;
+            j->gen = e->gen;
+        }
+        if (lh) {
+            *(w->rq_tail ? &w->rq_tail->next : &w->rq_head) = lh;
+            w->rq_tail = lt;
+            w->recv_busy += nl;
+            pthread_cond_broadcast(&w->recv_cv);
+        }
+        if (sh) {
+            *(w->sq_tail ? &w->sq_tail->next : &w->sq_head) = sh;
+            w->sq_tail = st;
+            w->send_busy += ns;
+            pthread_cond_signal(&w->send_cv);
+        }
+        lh = sh = NULL;
+    }
+    /* (a) preempted: reset the save state; queued jobs become stale. */
+    for (uint32_t i = 0; meta && i < meta->npreempted; i++)
+        for (size_t k = 0; k < w->nreqs; k++)
+            if (str_eq(&meta->preempted[i], w->reqs[k].id)) {
+                sreq *e = &w->reqs[k];
+                if (e->inflight == 0 && !e->finished) {
+                    sreq_del(w, e);
+                } else {
+                    e->gen++;
+                    e->saved = 0;
+                    e->skip = 0;
+                }
+                break;
+            }
+    /* (c) this step's finished ids: remember those with stores in flight */
+    for (size_t i = 0; i < nfinished; i++) {
+        sreq *e = sreq_find(w, finished[i]);
+        if (e)
+            e->finished = 1;
+    }
+    /* (b) report every finished request with nothing in flight */
+    for (size_t k = 0; k < w->nreqs;) {
+        sreq *e = &w->reqs[k];
+        if (e->finished && e->inflight == 0) {
+            if (ids_add(done_sending, e->id) != 0) {
+                rc = KVP_ENOMEM;
+                k++;
+                continue;
+            }
+            sreq_del(w, e);
+        } else {
+            k++;
+        }
+    }
+    for (size_t i = 0; i < w->recv_done.n; i++)
+        if (ids_add(done_recving, w->recv_done.ids[i]) != 0)
+            rc = KVP_ENOMEM;
+    if (rc != KVP_ENOMEM)
+        kvp_worker_ids_free(&w->recv_done);
+    pthread_mutex_unlock(&w->lock);
+    for (job *j = lh, *n; j; j = n) {
+        n = j->next;
+        job_free(j);
+    }
+    for (job *j = sh, *n; j; j = n) {
+        n = j->next;
+        job_free(j);
+    }
+    return rc;
+}
+
+int kvp_worker_load_errors(kvp_worker *w, uint32_t **ids, size_t *n)
+{
+    pthread_mutex_lock(&w->lock);
+    *ids = w->lerr;
+    *n = w->nlerr;
+    w->lerr = NULL;
+    w->nlerr = w->caplerr = 0;
+    pthread_mutex_unlock(&w->lock);
+    return 0;
+}
+
+/* ------------------------------------------------------------ lookup §10.5 */
+
+int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes, size_t nhashes,
+                      size_t hash_len, int apply_eagle, uint32_t *hit)
+{
+    *hit = 0;
+    if (w->capacity_only)
+        return 0;
+    if ((nhashes && !hashes) || (nhashes && (hash_len == 0 || hash_len > KVP_META_MAX_HASH_LEN)))
+        return KVP_EINVALID_PARAMS;
+    size_t T = kvp_coord_align_lookup_length(w->coord, num_tokens);
+    if (!nhashes || T == 0)
+        return 0;
+    int fine = kvp_coord_partial_hits(w->coord);
+    struct kvp_coord_mask m[KVP_COORD_MAX_GROUPS];
+    struct kvp_coord_hashes all = {hashes, nhashes, hash_len, 0}, gh[KVP_COORD_MAX_GROUPS];
+    uint8_t *bits = NULL;
+    int rc = masks_alloc(w, T, m, &bits);
+    if (rc != 0)
+        return rc;
+    if (!fine && (rc = kvp_coord_lookup_mask(w->coord, T, apply_eagle, m)) != 0)
+        goto out_bits;
+    /* Count the candidates. */
+    size_t units[KVP_COORD_MAX_GROUPS], ncand = 0, nmeta = 0;
+    for (size_t g = 0; g < w->ng; g++) {
+        if (fine) {
+            gh[g] = all;
+            units[g] = nhashes < T / w->H ? nhashes : T / w->H;
+        } else {
+            rc = kvp_coord_block_hashes_for_spec(&all, w->H, w->B[g], &gh[g]);
+            if (rc != 0)
+                goto out_bits;
+            size_t n = (T + w->B[g] - 1) / w->B[g];
+            if (gh[g].n < n)
+                n = gh[g].n;
+            units[g] = m[g].all || n < m[g].len ? n : m[g].len;
+        }
+        nmeta += units[g];
+        ncand += units[g] * w->lk_n[g];
+    }
+    if (ncand == 0)
+        goto out_bits;
+    size_t maxp = 0;
+    for (size_t g = 0; g < w->ng; g++)
+        for (size_t p = 0; p < w->lk_n[g]; p++) {
+            size_t l = strlen(w->lk_buf[g] + w->lk_off[g][p]);
+            if (l > maxp)
+                maxp = l;
+        }
+    size_t stride = maxp + 2 + 2 * hash_len;
+    char *kb = kvp_malloc(ncand * stride);
+    const char **keys = kvp_calloc(ncand, sizeof *keys);
+    int *res = kvp_calloc(ncand, sizeof *res);
+    uint32_t *mg = kvp_calloc(nmeta ? nmeta : 1, sizeof *mg);
+    const uint8_t **mh = kvp_calloc(nmeta ? nmeta : 1, sizeof *mh);
+    struct kvp_coord_pool *pool = NULL;
+    rc = KVP_ENOMEM;
+    if (!kb || !keys || !res || !mg || !mh)
+        goto out;
+    size_t nk = 0, nm = 0;
+    for (size_t g = 0; g < w->ng; g++)
+        for (size_t c = 0; c < units[g]; c++) {
+            if (!fine && !m[g].all && !m[g].bits[c]) /* mask before touching hashes */
+                continue;
+            const uint8_t *h = gh[g].data + c * (gh[g].stride ? gh[g].stride : hash_len);
+            mg[nm] = (uint32_t)g;
+            mh[nm++] = h;
+            for (size_t p = 0; p < w->lk_n[g]; p++) {
+                const char *pre = w->lk_buf[g] + w->lk_off[g][p];
+                size_t len;
+                char *k = kb + nk * stride;
+                if ((rc = kvp_key_build_key_string(pre, strlen(pre), h, hash_len, k, stride,
+                                                   &len)) != 0)
+                    goto out;
+                keys[nk++] = k;
+            }
+        }
+    rc = 0;
+    if (nk == 0)
+        goto out;
+    uint64_t t0 = kvp_now_ns();
+    int erc = kvp_client_exist(w->client, keys, nk, res);
+    if (erc < 0) {
+        stat_rec(w, KVP_WORKER_OP_LOOKUP_EXISTS, t0, nk, 0, nk, 0, 1);
+        KVP_WARN(MOD, "lookup exist of %zu keys failed: %s", nk, kvp_err_name(erc));
+        goto out; /* hit 0 */
+    }
+    size_t failed = 0;
+    for (size_t i = 0; i < nk; i++)
+        failed += res[i] < 0;
+    stat_rec(w, KVP_WORKER_OP_LOOKUP_EXISTS, t0, nk, 0, failed, 0, 0);
+    if ((rc = kvp_coord_pool_create(&pool, hash_len, nm)) != 0)
+        goto out;
+    size_t r = 0;
+    for (size_t i = 0; i < nm; i++) {
+        int present = 1;
+        for (size_t p = 0; p < w->lk_n[mg[i]]; p++)
+            present &= res[r++] == 1;
+        if (present && (rc = kvp_coord_pool_add(pool, mg[i], mh[i])) != 0)
+            goto out;
+    }
+    size_t h = 0;
+    if ((rc = kvp_coord_find_longest_cache_hit(w->coord, &all, T, pool, apply_eagle, m, &h)) != 0)
+        goto out;
+    if (h >= num_tokens) { /* the last token must be recomputed */
+        size_t usable = kvp_coord_align_lookup_length(w->coord, num_tokens - 1);
+        h = 0;
+        if (usable > 0 &&
+            (rc = kvp_coord_find_longest_cache_hit(w->coord, &all, usable, pool, apply_eagle, m,
+                                                   &h)) != 0)
+            goto out;
+    }
+    *hit = (uint32_t)h;
+out:
+    kvp_coord_pool_destroy(pool);
+    kvp_free(kb);
+    kvp_free(keys);
+    kvp_free(res);
+    kvp_free(mg);
+    kvp_free(mh);
+out_bits:
+    kvp_free(bits);
+    return rc;
+}
+
+int64_t kvp_worker_reset(kvp_worker *w)
+{
+    pthread_mutex_lock(&w->lock);
+    while (w->send_busy)
+        pthread_cond_wait(&w->idle_cv, &w->lock);
+    pthread_mutex_unlock(&w->lock);
+    return kvp_client_remove_all(w->client, 0);
+}

@@ -1,0 +1,844 @@
+/* test_worker.c -- kvp_worker (spec §10-§12) against a real kvpool master
+ * and storage node: store/load round trips into a paged host-memory KV
+ * cache (2 layers, K/V planes, 64 blocks of 16 tokens), dedup through the
+ * put answer, lookup hit lengths, TP 2 put striding and namespaces, a
+ * killed storage node, staging-budget sub-batches with a missing key,
+ * zero-key loads, and a request finished while its store is in flight. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/mem.h"
+#include "connector/keys.h"
+#include "connector/worker.h"
+#include "harness.h"
+#include "kvpool.h"
+#include "proc.h"
+
+#define NB 64      /* blocks per layer */
+#define BS 16      /* tokens per block */
+#define DIM 8      /* bytes per token per plane */
+#define LAYERS 2
+#define PLANE (NB * BS * DIM)
+#define LAYER_BYTES (2 * PLANE)
+#define HL 32      /* hash length */
+#define CHUNK_BYTES (LAYERS * 2 * BS * DIM)
+#define NCH 6      /* chunks of the test request */
+#define MODEL "org/test-model"
+
+/* ------------------------------------------------------------ environment */
+
+typedef struct env {
+    tp_master m;
+    tp_store st;
+    char cfg[256];
+} env;
+
+static int store_up(env *e)
+{
+    return tp_store_start(&e->st, e->m.addr,
+                          (const char *const[]){"--segment-size", "64MiB", NULL});
+}
+
+/* Master and (with_store) one 64 MiB storage node. */
+static int env_up2(env *e, int with_store)
+{
+    memset(e, 0, sizeof *e);
+    setenv("KVPOOL_FORCE_TCP", "1", 1); /* a killed node must be seen as dead */
+    if (tp_master_start(&e->m, NULL) != 0)
+        return -1;
+    if (with_store && store_up(e) != 0)
+        return -1;
+    snprintf(e->cfg, sizeof e->cfg, "{\"master\": \"%s\", \"mode\": \"standalone-store\"}",
+             e->m.addr);
+    return 0;
+}
+
+static int env_up(env *e) { return env_up2(e, 1); }
+
+static void env_down(env *e)
+{
+    tp_store_kill(&e->st);
+    tp_master_kill(&e->m);
+}
+
+/* ------------------------------------------------------------ engine memory */
+
+typedef struct cache {
+    uint8_t *layer[LAYERS];
+} cache;
+
+static void cache_init(cache *c)
+{
+    for (int l = 0; l < LAYERS; l++)
+        c->layer[l] = calloc(1, LAYER_BYTES);
+}
+
+static void cache_free(cache *c)
+{
+    for (int l = 0; l < LAYERS; l++)
+        free(c->layer[l]);
+}
+
+/* Byte d of token position pos, layer l, plane p, for data seed s. */
+static uint8_t val(uint32_t s, uint64_t pos, int l, int p, int d)
+{
+    uint64_t x = (pos + 1) * 0x9E3779B97F4A7C15ull ^ ((uint64_t)s << 40) ^
+                 ((uint64_t)l << 20) ^ ((uint64_t)p << 12) ^ (uint64_t)d;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    return (uint8_t)(x | 1); /* never 0: zero means "never written" */
+}
+
+static uint8_t *slot(cache *c, int l, int p, uint32_t bid, int t)
+{
+    return c->layer[l] + (size_t)p * PLANE + ((size_t)bid * BS + (size_t)t) * DIM;
+}
+
+/* Writes chunk k (tokens [k*BS, (k+1)*BS)) into block bids[k]. */
+static void fill(cache *c, uint32_t seed, const uint32_t *bids, int n)
+{
+    for (int k = 0; k < n; k++)
+        for (int l = 0; l < LAYERS; l++)
+            for (int p = 0; p < 2; p++)
+                for (int t = 0; t < BS; t++)
+                    for (int d = 0; d < DIM; d++)
+                        slot(c, l, p, bids[k], t)[d] = val(seed, (uint64_t)k * BS + t, l, p, d);
+}
+
+/* 1 = block holds chunk k of seed, 0 = block all zero, -1 = anything else. */
+static int block_state(cache *c, uint32_t seed, uint32_t bid, int k)
+{
+    int good = 1, zero = 1;
+    for (int l = 0; l < LAYERS; l++)
+        for (int p = 0; p < 2; p++)
+            for (int t = 0; t < BS; t++)
+                for (int d = 0; d < DIM; d++) {
+                    uint8_t v = slot(c, l, p, bid, t)[d];
+                    good &= v == val(seed, (uint64_t)k * BS + t, l, p, d);
+                    zero &= v == 0;
+                }
+    return good ? 1 : zero ? 0 : -1;
+}
+
+/* Every block not in bids[0..n) is all zero. */
+static int others_zero(cache *c, const uint32_t *bids, int n)
+{
+    for (uint32_t b = 0; b < NB; b++) {
+        int used = 0;
+        for (int i = 0; i < n; i++)
+            used |= bids[i] == b;
+        if (!used && block_state(c, 0, b, 0) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+static void hashes(uint8_t *h, int n, uint32_t seed)
+{
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < HL; k++)
+            h[i * HL + k] = (uint8_t)(seed * 131 + (uint32_t)i * 31 + (uint32_t)k * 7 + 1);
+}
+
+/* ------------------------------------------------------------ workers */
+
+static int fence_calls;
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static int gate_closed, gate_waiting;
+
+static int fence_fn(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&gate_mu);
+    fence_calls++;
+    gate_waiting = 1;
+    while (gate_closed)
+        pthread_cond_wait(&gate_cv, &gate_mu);
+    gate_waiting = 0;
+    pthread_mutex_unlock(&gate_mu);
+    return 0;
+}
+
+static void gate_set(int closed)
+{
+    pthread_mutex_lock(&gate_mu);
+    gate_closed = closed;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+}
+
+static int gate_is_waiting(void)
+{
+    pthread_mutex_lock(&gate_mu);
+    int r = gate_waiting;
+    pthread_mutex_unlock(&gate_mu);
+    return r;
+}
+
+typedef struct wopts {
+    int tp_rank, tp_size, heads;
+    uint64_t staging;
+    const char *prefix;
+    int mamba;        /* groups FA(16) + Mamba(16) with H = 4: partial hits */
+    int capacity;     /* consumer without lookup */
+} wopts;
+
+static kvp_worker *worker_open(const env *e, cache *c, const wopts *o)
+{
+    kvp_worker_group g[2] = {
+        {.spec = {.kind = KVP_COORD_FULL, .block_size = BS},
+         .key_spec = KVP_KEY_SPEC_ATTENTION,
+         .num_kv_heads = o && o->heads ? o->heads : 8},
+        {.spec = {.kind = KVP_COORD_MAMBA, .block_size = BS, .spec_tag = 1},
+         .key_spec = KVP_KEY_SPEC_MAMBA},
+    };
+    int mamba = o && o->mamba;
+    kvp_worker_cfg cfg = {
+        .store_config = e->cfg,
+        .model_path = MODEL,
+        .cache_prefix = o ? o->prefix : NULL,
+        .tp_rank = o ? o->tp_rank : 0,
+        .tp_size = o && o->tp_size ? o->tp_size : 1,
+        .pcp_size = 1, .dcp_size = 1, .pp_size = 1,
+        .role = o && o->capacity ? KVP_WORKER_CONSUMER : KVP_WORKER_BOTH,
+        .enable_lookup = !(o && o->capacity),
+        .groups = g,
+        .ngroups = mamba ? 2 : 1,
+        .hash_block_size = mamba ? 4 : 0,
+        .retention_interval = -1,
+        .num_gpu_blocks = NB,
+        .num_recv_threads = 2,
+        .staging_budget = o ? o->staging : 0,
+        .enable_kv_events = 1,
+        .fence = fence_fn,
+    };
+    kvp_worker *w = NULL;
+    char err[256] = "";
+    int rc = kvp_worker_create(&cfg, &w, err, sizeof err);
+    if (rc != 0) {
+        fprintf(stderr, "    kvp_worker_create: %s (%s)\n", err, kvp_err_name(rc));
+        return NULL;
+    }
+    kvp_tdb_tensor t[LAYERS];
+    for (int l = 0; l < LAYERS; l++) {
+        t[l] = (kvp_tdb_tensor){
+            .base = c->layer[l], .storage_len = LAYER_BYTES, .elem_size = 1, .ndim = 4,
+            .shape = {2, NB, BS, DIM}, .stride = {PLANE, BS * DIM, DIM, 1},
+        };
+    }
+    if (kvp_worker_register_kv_caches(w, t, LAYERS) != 0) {
+        kvp_worker_destroy(w);
+        return NULL;
+    }
+    return w;
+}
+
+/* One request of the step: a save of n chunks, or a load. */
+typedef struct rq {
+    const char *id;
+    kvp_meta_ids ids;
+    kvp_meta_load_spec ls;
+    kvp_meta_req r;
+} rq;
+
+static void rq_save(rq *q, const char *id, uint32_t *bids, int n, const uint8_t *h)
+{
+    memset(q, 0, sizeof *q);
+    q->id = id;
+    q->ids = (kvp_meta_ids){bids, (uint32_t)n, 0};
+    q->r = (kvp_meta_req){
+        .req_id = {id, (uint32_t)strlen(id)}, .kind = KVP_META_NEW,
+        .token_len_chunk = (uint64_t)n * BS, .block_ids = &q->ids, .ngroups = 1,
+        .block_hashes = h, .nhashes = (uint32_t)n, .hash_len = HL,
+        .can_save = KVP_META_TRUE, .is_last_chunk = KVP_META_UNSET,
+    };
+}
+
+static void rq_load(rq *q, const char *id, uint32_t *bids, int n, const uint8_t *h,
+                    uint64_t local, uint64_t hit)
+{
+    memset(q, 0, sizeof *q);
+    q->id = id;
+    q->ids = (kvp_meta_ids){bids, (uint32_t)n, 0};
+    q->ls = (kvp_meta_load_spec){.vllm_cached_tokens = local, .kvpool_cached_tokens = hit,
+                                 .can_load = true};
+    q->r = (kvp_meta_req){
+        .req_id = {id, (uint32_t)strlen(id)}, .kind = KVP_META_LOAD,
+        .block_ids = &q->ids, .ngroups = 1, .block_hashes = h, .nhashes = (uint32_t)n,
+        .hash_len = HL, .can_save = KVP_META_UNSET, .is_last_chunk = KVP_META_UNSET,
+        .load_spec = &q->ls,
+    };
+}
+
+/* Runs one step holding q (may be NULL) and reports whether id finished
+ * sending / receiving in it. */
+static int step(kvp_worker *w, rq *q, const char *fin, int *sent, int *recvd, const char *id)
+{
+    kvp_meta_step s;
+    kvp_meta_step_init(&s);
+    if (q)
+        kvp_meta_step_add_req(&s, &q->r);
+    kvp_worker_ids ds = {0}, dr = {0};
+    const char *f[1] = {fin};
+    int rc = kvp_worker_get_finished(w, fin ? f : NULL, fin ? 1 : 0, &s, &ds, &dr);
+    if (sent)
+        *sent = kvp_worker_ids_has(&ds, id);
+    if (recvd)
+        *recvd = kvp_worker_ids_has(&dr, id);
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+    kvp_meta_step_free(&s);
+    return rc;
+}
+
+/* Stores q and waits (bounded) until it is reported finished sending. */
+static int store_wait(kvp_worker *w, rq *q)
+{
+    int sent = 0;
+    REQUIRE(step(w, q, q->id, &sent, NULL, q->id) == 0);
+    for (int i = 0; i < 1000 && !sent; i++) {
+        tp_sleep_ms(5);
+        REQUIRE(step(w, NULL, NULL, &sent, NULL, q->id) == 0);
+    }
+    REQUIRE(sent);
+    return 0;
+}
+
+static int load_wait(kvp_worker *w, rq *q)
+{
+    int got = 0;
+    REQUIRE(step(w, q, NULL, NULL, &got, q->id) == 0);
+    for (int i = 0; i < 1000 && !got; i++) {
+        tp_sleep_ms(5);
+        REQUIRE(step(w, NULL, NULL, NULL, &got, q->id) == 0);
+    }
+    REQUIRE(got);
+    return 0;
+}
+
+static size_t take_errors(kvp_worker *w, uint32_t *out, size_t cap)
+{
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    kvp_worker_load_errors(w, &ids, &n);
+    for (size_t i = 0; i < n && i < cap; i++)
+        out[i] = ids[i];
+    kvp_free(ids);
+    return n;
+}
+
+static int has_id(const uint32_t *ids, size_t n, uint32_t v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == v)
+            return 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------ tests */
+
+TEST(worker_store_load_dedup_lookup)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c1, c2;
+    cache_init(&c1);
+    cache_init(&c2);
+    kvp_worker *w1 = worker_open(&e, &c1, NULL);
+    kvp_worker *w2 = worker_open(&e, &c2, NULL);
+    CHECK(w1 && w2);
+    uint8_t h[NCH * HL];
+    hashes(h, NCH, 1);
+    uint32_t sb[NCH] = {5, 9, 2, 40, 17, 33};
+    fill(&c1, 1, sb, NCH);
+    rq q;
+    rq_save(&q, "req-a", sb, NCH, h);
+    CHECK_EQ(store_wait(w1, &q), 0);
+    kvp_worker_stats st;
+    CHECK_EQ(kvp_worker_take_stats(w1, &st), 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].count, 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, NCH);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, NCH * CHUNK_BYTES);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].existing_keys, 0);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].failed_keys, 0);
+    /* KV events: one BlockStored per chunk, parent chain in order */
+    kvp_worker_event *ev = NULL;
+    size_t nev = 0;
+    CHECK_EQ(kvp_worker_take_events(w1, &ev, &nev), 0);
+    CHECK_EQ(nev, NCH);
+    for (size_t i = 0; i < nev; i++) {
+        CHECK_EQ(ev[i].group, 0);
+        CHECK_EQ(ev[i].block_size, BS);
+        CHECK_EQ(ev[i].start, i * BS);
+        CHECK(memcmp(ev[i].hash, h + i * HL, HL) == 0);
+        CHECK_EQ(ev[i].has_parent, i > 0);
+        if (i)
+            CHECK(memcmp(ev[i].parent, h + (i - 1) * HL, HL) == 0);
+    }
+    kvp_worker_events_free(ev, nev);
+
+    /* lookup from the other instance */
+    uint32_t hit = 99;
+    CHECK_EQ(kvp_worker_lookup(w2, NCH * BS + 1, h, NCH, HL, 1, &hit), 0);
+    CHECK_EQ(hit, NCH * BS);
+    CHECK_EQ(kvp_worker_lookup(w2, NCH * BS, h, NCH, HL, 1, &hit), 0);
+    CHECK_EQ(hit, (NCH - 1) * BS); /* whole prompt: one boundary lower */
+    uint8_t hp[NCH * HL];
+    memcpy(hp, h, sizeof hp);
+    hp[3 * HL] ^= 0xff; /* chunk 3 unknown */
+    CHECK_EQ(kvp_worker_lookup(w2, NCH * BS + 1, hp, NCH, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 3 * BS);
+    uint8_t hn[NCH * HL];
+    hashes(hn, NCH, 77);
+    CHECK_EQ(kvp_worker_lookup(w2, NCH * BS + 1, hn, NCH, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 0);
+    CHECK_EQ(kvp_worker_lookup(w2, 10, h, NCH, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 0);
+    CHECK_EQ(kvp_worker_take_stats(w2, &st), 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOOKUP_EXISTS].count, 4);
+
+    /* load into a zeroed cache, other block ids; every byte compared */
+    uint32_t lb[NCH] = {60, 1, 7, 8, 50, 3};
+    rq_load(&q, "req-b", lb, NCH, h, 0, NCH * BS);
+    CHECK_EQ(load_wait(w2, &q), 0);
+    uint32_t errs[NB];
+    CHECK_EQ(take_errors(w2, errs, NB), 0);
+    for (int k = 0; k < NCH; k++)
+        CHECK_EQ(block_state(&c2, 1, lb[k], k), 1);
+    CHECK(others_zero(&c2, lb, NCH));
+    CHECK_EQ(kvp_worker_take_stats(w2, &st), 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].keys, NCH);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].bytes, NCH * CHUNK_BYTES);
+
+    /* a load after a 32-token local prefix only fetches chunks 2.. */
+    uint32_t pb[NCH] = {20, 21, 22, 23, 24, 25};
+    rq_load(&q, "req-c", pb, NCH, h, 2 * BS + 5, NCH * BS);
+    CHECK_EQ(load_wait(w2, &q), 0);
+    CHECK_EQ(block_state(&c2, 1, pb[0], 0), 0);
+    CHECK_EQ(block_state(&c2, 1, pb[1], 1), 0);
+    for (int k = 2; k < NCH; k++)
+        CHECK_EQ(block_state(&c2, 1, pb[k], k), 1);
+
+    /* dedup: the second instance stores the same prefix, moves 0 bytes */
+    rq_save(&q, "req-d", lb, NCH, h);
+    CHECK_EQ(store_wait(w2, &q), 0);
+    CHECK_EQ(kvp_worker_take_stats(w2, &st), 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, NCH);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, 0);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].existing_keys, NCH);
+    CHECK_EQ(kvp_worker_take_events(w2, &ev, &nev), 0);
+    CHECK_EQ(nev, 0);
+
+    /* zero-key loads finish: nothing external, or everything local */
+    rq_load(&q, "req-e", lb, NCH, h, 0, 0);
+    CHECK_EQ(load_wait(w2, &q), 0);
+    rq_load(&q, "req-f", lb, NCH, h, NCH * BS, NCH * BS);
+    CHECK_EQ(load_wait(w2, &q), 0);
+    CHECK_EQ(take_errors(w2, errs, NB), 0);
+
+    /* reset: store emptied, lookup finds nothing */
+    CHECK(kvp_worker_reset(w1) >= NCH);
+    CHECK_EQ(kvp_worker_lookup(w2, NCH * BS + 1, h, NCH, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 0);
+    kvp_worker_destroy(w1);
+    kvp_worker_destroy(w2);
+    cache_free(&c1);
+    cache_free(&c2);
+    env_down(&e);
+}
+
+/* TP 2: with one KV head the two ranks hold identical bytes (factor 2):
+ * put striding makes them store disjoint halves that together cover every
+ * chunk once, in one shared namespace; with two heads (factor 1) each rank
+ * has its own namespace and loads its own bytes. */
+TEST(worker_tp2_striding_and_namespaces)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c[2];
+    kvp_worker *w[2];
+    uint8_t h[NCH * HL];
+    hashes(h, NCH, 2);
+    uint32_t sb[NCH] = {1, 2, 3, 4, 5, 6}, lb[NCH] = {30, 31, 32, 33, 34, 35};
+    kvp_worker_stats st;
+    uint64_t keys = 0, bytes = 0;
+    for (int r = 0; r < 2; r++) {
+        cache_init(&c[r]);
+        wopts o = {.tp_rank = r, .tp_size = 2, .heads = 1};
+        w[r] = worker_open(&e, &c[r], &o);
+        CHECK(w[r] != NULL);
+        fill(&c[r], 2, sb, NCH);
+        rq q;
+        rq_save(&q, "tp-a", sb, NCH, h);
+        CHECK_EQ(store_wait(w[r], &q), 0);
+        CHECK_EQ(kvp_worker_take_stats(w[r], &st), 1);
+        CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, NCH / 2);
+        CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].existing_keys, 0);
+        keys += st.op[KVP_WORKER_OP_SAVE_PUT].keys;
+        bytes += st.op[KVP_WORKER_OP_SAVE_PUT].bytes;
+        kvp_worker_event *ev = NULL;
+        size_t nev = 0;
+        kvp_worker_take_events(w[r], &ev, &nev);
+        CHECK_EQ(nev, NCH / 2);
+        for (size_t i = 0; i < nev; i++)
+            CHECK_EQ(ev[i].start / BS % 2, (uint64_t)r); /* chunk % 2 == rank */
+        kvp_worker_events_free(ev, nev);
+    }
+    CHECK_EQ(keys, NCH);
+    CHECK_EQ(bytes, NCH * CHUNK_BYTES);
+    for (int r = 0; r < 2; r++) {
+        uint32_t hit = 0;
+        CHECK_EQ(kvp_worker_lookup(w[r], NCH * BS + 1, h, NCH, HL, 1, &hit), 0);
+        CHECK_EQ(hit, NCH * BS);
+        rq q;
+        rq_load(&q, "tp-b", lb, NCH, h, 0, NCH * BS);
+        CHECK_EQ(load_wait(w[r], &q), 0);
+        uint32_t errs[NB];
+        CHECK_EQ(take_errors(w[r], errs, NB), 0);
+        for (int k = 0; k < NCH; k++)
+            CHECK_EQ(block_state(&c[r], 2, lb[k], k), 1);
+    }
+    for (int r = 0; r < 2; r++) {
+        kvp_worker_destroy(w[r]);
+        cache_free(&c[r]);
+    }
+
+    /* factor 1: rank-private bytes (seed 10 + rank), private namespaces */
+    uint8_t h2[NCH * HL];
+    hashes(h2, NCH, 3);
+    for (int r = 0; r < 2; r++) {
+        cache_init(&c[r]);
+        wopts o = {.tp_rank = r, .tp_size = 2, .heads = 2};
+        w[r] = worker_open(&e, &c[r], &o);
+        CHECK(w[r] != NULL);
+        fill(&c[r], 10 + (uint32_t)r, sb, NCH);
+        rq q;
+        rq_save(&q, "ns-a", sb, NCH, h2);
+        CHECK_EQ(store_wait(w[r], &q), 0);
+        CHECK_EQ(kvp_worker_take_stats(w[r], &st), 1);
+        CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, NCH * CHUNK_BYTES);
+    }
+    for (int r = 0; r < 2; r++) {
+        rq q;
+        rq_load(&q, "ns-b", lb, NCH, h2, 0, NCH * BS);
+        CHECK_EQ(load_wait(w[r], &q), 0);
+        for (int k = 0; k < NCH; k++)
+            CHECK_EQ(block_state(&c[r], 10 + (uint32_t)r, lb[k], k), 1);
+    }
+    for (int r = 0; r < 2; r++) {
+        kvp_worker_destroy(w[r]);
+        cache_free(&c[r]);
+    }
+    env_down(&e);
+}
+
+/* Staging budget of two keys per sub-batch; chunk 1's object removed: the
+ * first sub-batch loads chunk 0 and fails chunk 1, and every block after it
+ * is reported invalid (never attempted). Then the storage node is killed:
+ * every block of a load is reported, and no block holds wrong bytes. */
+TEST(worker_load_failures)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c1, c2;
+    cache_init(&c1);
+    cache_init(&c2);
+    wopts o = {.staging = (2 * 12288 * 10 + 8) / 9}; /* usable = 2 keys */
+    kvp_worker *w1 = worker_open(&e, &c1, NULL);
+    kvp_worker *w2 = worker_open(&e, &c2, &o);
+    CHECK(w1 && w2);
+    uint8_t h[NCH * HL];
+    hashes(h, NCH, 4);
+    uint32_t sb[NCH] = {10, 11, 12, 13, 14, 15};
+    fill(&c1, 4, sb, NCH);
+    rq q;
+    rq_save(&q, "f-a", sb, NCH, h);
+    CHECK_EQ(store_wait(w1, &q), 0);
+
+    kvp_client *cl = NULL;
+    CHECK_EQ(kvp_client_open(e.cfg, &cl, NULL, 0), 0);
+    struct kvp_key_meta md;
+    CHECK_EQ(kvp_key_meta_init(&md, MODEL, NULL, 0, 0, 0, 0, 0), 0);
+    char key[256];
+    size_t klen;
+    CHECK_EQ(kvp_key_build(&md, h + 1 * HL, HL, key, sizeof key, &klen), 0);
+    CHECK_EQ(kvp_client_remove(cl, key, 1), 0);
+    kvp_client_close(cl);
+
+    uint32_t lb[NCH] = {40, 41, 42, 43, 44, 45};
+    rq_load(&q, "f-b", lb, NCH, h, 0, NCH * BS);
+    CHECK_EQ(load_wait(w2, &q), 0);
+    uint32_t errs[NB];
+    size_t ne = take_errors(w2, errs, NB);
+    CHECK_EQ(ne, NCH - 1);
+    for (int k = 1; k < NCH; k++)
+        CHECK(has_id(errs, ne, lb[k]));
+    CHECK_EQ(block_state(&c2, 4, lb[0], 0), 1);
+    for (int k = 1; k < NCH; k++)
+        CHECK_EQ(block_state(&c2, 4, lb[k], k), 0);
+    kvp_worker_stats st;
+    kvp_worker_take_stats(w2, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].count, 1); /* later sub-batches not attempted */
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].failed_keys, 1);
+
+    /* storage node killed before a load */
+    tp_store_kill(&e.st);
+    uint32_t kb[NCH] = {50, 51, 52, 53, 54, 55};
+    rq_load(&q, "f-c", kb, NCH, h, 0, NCH * BS);
+    CHECK_EQ(load_wait(w2, &q), 0);
+    ne = take_errors(w2, errs, NB);
+    CHECK_EQ(ne, NCH);
+    for (int k = 0; k < NCH; k++) {
+        CHECK(has_id(errs, ne, kb[k]));
+        CHECK(block_state(&c2, 4, kb[k], k) >= 0); /* loaded or untouched, never garbage */
+    }
+    kvp_worker_destroy(w1);
+    kvp_worker_destroy(w2);
+    cache_free(&c1);
+    cache_free(&c2);
+    env_down(&e);
+}
+
+/* A request the engine finishes while its store waits in the fence is
+ * reported finished-sending only after the store completed. */
+TEST(worker_finished_while_store_in_flight)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c;
+    cache_init(&c);
+    kvp_worker *w = worker_open(&e, &c, NULL);
+    CHECK(w != NULL);
+    uint8_t h[NCH * HL];
+    hashes(h, NCH, 5);
+    uint32_t sb[NCH] = {2, 4, 6, 8, 10, 12};
+    fill(&c, 5, sb, NCH);
+    gate_set(1);
+    rq q;
+    rq_save(&q, "inf-a", sb, NCH, h);
+    int sent = 1;
+    CHECK_EQ(step(w, &q, NULL, &sent, NULL, "inf-a"), 0);
+    CHECK_EQ(sent, 0);
+    for (int i = 0; i < 1000 && !gate_is_waiting(); i++)
+        tp_sleep_ms(2);
+    CHECK(gate_is_waiting());
+    CHECK_EQ(step(w, NULL, "inf-a", &sent, NULL, "inf-a"), 0); /* finished now */
+    CHECK_EQ(sent, 0);
+    tp_sleep_ms(50);
+    CHECK_EQ(step(w, NULL, NULL, &sent, NULL, "inf-a"), 0);
+    CHECK_EQ(sent, 0); /* still in flight */
+    gate_set(0);
+    kvp_worker_drain(w);
+    CHECK_EQ(step(w, NULL, NULL, &sent, NULL, "inf-a"), 0);
+    CHECK_EQ(sent, 1);
+    CHECK_EQ(step(w, NULL, NULL, &sent, NULL, "inf-a"), 0);
+    CHECK_EQ(sent, 0); /* reported once */
+    kvp_worker_stats st;
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, NCH * CHUNK_BYTES);
+    /* a finished request that never saved is not reported (not delayed) */
+    CHECK_EQ(step(w, NULL, "never", &sent, NULL, "never"), 0);
+    CHECK_EQ(sent, 0);
+    kvp_worker_destroy(w);
+    cache_free(&c);
+    env_down(&e);
+}
+
+/* Partial-tail offload (§10.4) with partial hash hits (FA16 + Mamba16,
+ * H = 4): a 12-token boundary stores FA's block 0 and Mamba's CoW block
+ * under hash 2; a 13-token lookup hits 12; a load of 12 brings both back. */
+TEST(worker_partial_tail_offload)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c1, c2;
+    cache_init(&c1);
+    cache_init(&c2);
+    wopts o = {.mamba = 1};
+    kvp_worker *w1 = worker_open(&e, &c1, &o);
+    kvp_worker *w2 = worker_open(&e, &c2, &o);
+    CHECK(w1 && w2);
+    uint8_t h[3 * HL];
+    hashes(h, 3, 6);
+    uint32_t fa[1] = {3}, mb[1] = {9}, cow[1] = {7};
+    fill(&c1, 6, fa, 1);
+    fill(&c1, 7, cow, 1);
+    kvp_meta_ids ids[2] = {{fa, 1, 0}, {mb, 1, 0}};
+    kvp_meta_tail tail = {.group_id = 1, .cow_block_id = 7, .boundary_tokens = 12};
+    kvp_meta_req r = {
+        .req_id = {"pt-a", 4}, .kind = KVP_META_TAIL, .token_len_chunk = 0, .block_ids = ids,
+        .ngroups = 2, .block_hashes = h, .nhashes = 3, .hash_len = HL,
+        .can_save = KVP_META_TRUE, .is_last_chunk = KVP_META_UNSET, .tails = &tail, .ntails = 1,
+    };
+    rq q = {.id = "pt-a", .r = r};
+    CHECK_EQ(store_wait(w1, &q), 0);
+    kvp_worker_stats st;
+    kvp_worker_take_stats(w1, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 2);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, 2 * CHUNK_BYTES);
+    uint32_t hit = 0;
+    CHECK_EQ(kvp_worker_lookup(w2, 13, h, 3, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 12);
+    CHECK_EQ(kvp_worker_lookup(w2, 12, h, 3, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 0); /* whole prompt: re-derived at 8, whose hashes were never stored */
+
+    uint32_t lfa[1] = {20}, lmb[1] = {21};
+    kvp_meta_ids lids[2] = {{lfa, 1, 0}, {lmb, 1, 0}};
+    kvp_meta_load_spec ls = {.kvpool_cached_tokens = 12, .can_load = true};
+    kvp_meta_req lr = {
+        .req_id = {"pt-b", 4}, .kind = KVP_META_LOAD, .block_ids = lids, .ngroups = 2,
+        .block_hashes = h, .nhashes = 3, .hash_len = HL, .can_save = KVP_META_UNSET,
+        .is_last_chunk = KVP_META_UNSET, .load_spec = &ls,
+    };
+    rq lq = {.id = "pt-b", .r = lr};
+    CHECK_EQ(load_wait(w2, &lq), 0);
+    uint32_t errs[NB];
+    CHECK_EQ(take_errors(w2, errs, NB), 0);
+    CHECK_EQ(block_state(&c2, 6, 20, 0), 1);
+    CHECK_EQ(block_state(&c2, 7, 21, 0), 1);
+    kvp_worker_destroy(w1);
+    kvp_worker_destroy(w2);
+    cache_free(&c1);
+    cache_free(&c2);
+    env_down(&e);
+}
+
+/* Preemption drops the request's queued store jobs (they never run) and
+ * resets its resume offset; the finished report still waits for the job
+ * that was running. A capacity-only worker does nothing. */
+TEST(worker_preemption_and_capacity_only)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c;
+    cache_init(&c);
+    kvp_worker *w = worker_open(&e, &c, NULL);
+    CHECK(w != NULL);
+    uint8_t h[NCH * HL];
+    hashes(h, NCH, 8);
+    uint32_t sb[NCH] = {2, 4, 6, 8, 10, 12};
+    fill(&c, 8, sb, NCH);
+    gate_set(1);
+    rq q;
+    rq_save(&q, "pre-a", sb, 2, h);
+    int sent = 1;
+    CHECK_EQ(step(w, &q, NULL, &sent, NULL, "pre-a"), 0);
+    for (int i = 0; i < 1000 && !gate_is_waiting(); i++)
+        tp_sleep_ms(2);
+    CHECK(gate_is_waiting());
+    rq_save(&q, "pre-a", sb, NCH, h); /* queued behind the running job */
+    kvp_meta_step s;
+    kvp_meta_step_init(&s);
+    kvp_meta_step_add_req(&s, &q.r);
+    kvp_meta_step_add_preempted(&s, "pre-a", 5);
+    kvp_worker_ids ds = {0}, dr = {0};
+    CHECK_EQ(kvp_worker_get_finished(w, NULL, 0, &s, &ds, &dr), 0);
+    CHECK_EQ(ds.n, 0);
+    kvp_meta_step_free(&s);
+    gate_set(0);
+    kvp_worker_drain(w);
+    kvp_worker_stats st;
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].count, 1); /* the queued job was dropped */
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 2);
+    CHECK_EQ(step(w, NULL, "pre-a", &sent, NULL, "pre-a"), 0);
+    CHECK_EQ(sent, 1);
+    /* resumed after preemption: stores from offset 0 again (dedups 0..1) */
+    rq_save(&q, "pre-a", sb, NCH, h);
+    CHECK_EQ(store_wait(w, &q), 0);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, NCH);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].existing_keys, 2);
+    kvp_worker_destroy(w);
+
+    wopts o = {.capacity = 1};
+    kvp_worker *cw = worker_open(&e, &c, &o);
+    CHECK(cw != NULL);
+    CHECK(kvp_worker_capacity_only(cw));
+    uint32_t hit = 7;
+    CHECK_EQ(kvp_worker_lookup(cw, NCH * BS + 1, h, NCH, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 0);
+    rq_save(&q, "cap-a", sb, NCH, h);
+    CHECK_EQ(step(cw, &q, "cap-a", &sent, NULL, "cap-a"), 0);
+    CHECK_EQ(sent, 0);
+    kvp_worker_destroy(cw);
+    cache_free(&c);
+    env_down(&e);
+}
+
+/* Pressure back-off (§10.3): with no segment mounted every put answers
+ * NO_AVAILABLE_HANDLE; the request's next jobs are skipped until any put
+ * batch fully succeeds (after a node joined), which clears the gate. */
+TEST(worker_pressure_backoff)
+{
+    env e;
+    if (env_up2(&e, 0) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c;
+    cache_init(&c);
+    kvp_worker *w = worker_open(&e, &c, NULL);
+    CHECK(w != NULL);
+    uint8_t ha[NCH * HL], hb[NCH * HL];
+    hashes(ha, NCH, 11);
+    hashes(hb, NCH, 12);
+    uint32_t sa[NCH] = {1, 2, 3, 4, 5, 6}, sb2[NCH] = {11, 12, 13, 14, 15, 16};
+    fill(&c, 11, sa, NCH);
+    fill(&c, 12, sb2, NCH);
+    rq q;
+    kvp_worker_stats st;
+    rq_save(&q, "pr-a", sa, 2, ha);
+    CHECK_EQ(step(w, &q, NULL, NULL, NULL, "pr-a"), 0);
+    kvp_worker_drain(w);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].count, 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].failed_keys, 2);
+    rq_save(&q, "pr-a", sa, 4, ha); /* backed off: not attempted */
+    CHECK_EQ(step(w, &q, NULL, NULL, NULL, "pr-a"), 0);
+    kvp_worker_drain(w);
+    CHECK_EQ(kvp_worker_take_stats(w, &st), 0);
+    CHECK_EQ(store_up(&e), 0);
+    rq_save(&q, "pr-b", sb2, NCH, hb); /* another request succeeds: gate cleared */
+    CHECK_EQ(store_wait(w, &q), 0);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].failed_keys, 0);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, NCH * CHUNK_BYTES);
+    rq_save(&q, "pr-a", sa, NCH, ha); /* resumes from offset 0: the failed range too */
+    CHECK_EQ(store_wait(w, &q), 0);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, NCH);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, NCH * CHUNK_BYTES);
+    kvp_worker_destroy(w);
+    cache_free(&c);
+    env_down(&e);
+}
