@@ -316,6 +316,12 @@ int kvp_sched_get_num_new_matched_tokens(kvp_sched *s, const kvp_sched_request *
                  req->req_id, rc);
         hit = 0;
     }
+    if (hit > req->num_tokens) {
+        /* the worker floors below num_tokens (§10.5); more is a broken peer */
+        KVP_WARN(MOD, "lookup for %.*s answered %u > %u tokens: treated as a miss",
+                 (int)req->req_id_len, req->req_id, hit, req->num_tokens);
+        hit = 0;
+    }
     if (hit <= num_computed_tokens)
         return 0;
     struct ent *e = ent_get(s, req->req_id, req->req_id_len);

@@ -470,3 +470,85 @@ TEST(alloc_failures_are_reported)
     kvp_lookup_client_close(c);
     kvp_lookup_server_stop(s);
 }
+
+/* ------------------------------------------- the client's exact frames */
+
+static int listen_raw(void)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    strcpy(sa.sun_path, path);
+    unlink(path);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 4) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int read_frame(int fd, uint8_t *out, size_t cap)
+{
+    uint8_t hdr[4];
+    if (recv(fd, hdr, 4, MSG_WAITALL) != 4)
+        return -1;
+    uint32_t len = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
+    if (len > cap || recv(fd, out, len, MSG_WAITALL) != (ssize_t)len)
+        return -1;
+    return (int)len;
+}
+
+TEST(client_frames_and_bad_answers)
+{
+    mkpath("frames");
+    int lfd = listen_raw();
+    CHECK(lfd >= 0);
+    kvp_lookup_client *c = NULL;
+    CHECK_EQ(kvp_lookup_client_open(path, 1000, &c), 0);
+    uint8_t h2[2 * 4] = {1, 2, 3, 4, 5, 6, 7, 8};
+    uint32_t hit = 9;
+    CHECK_EQ(kvp_lookup_client_lookup(c, "f", 1, 128, h2, 2, 4, true, false, &hit),
+             KVP_LOOKUP_PENDING);
+    int fd = accept(lfd, NULL, NULL);
+    CHECK(fd >= 0);
+    uint8_t in[64];
+    /* 'L' | u32 128 | u16 4 | 8 hash bytes | apply_eagle 0 */
+    CHECK_EQ(read_frame(fd, in, sizeof in), 16);
+    uint8_t want[16] = {'L', 0, 0, 0, 128, 0, 4, 1, 2, 3, 4, 5, 6, 7, 8, 0};
+    CHECK(memcmp(in, want, 16) == 0);
+    uint8_t ans[] = {0, 0, 0, 5, 'L', 0, 0, 0, 96};
+    CHECK(send(fd, ans, sizeof ans, MSG_NOSIGNAL) == (ssize_t)sizeof ans);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "f", 1, 128, h2, 2, 4, false, false, &hit), 0);
+    CHECK_EQ(hit, 96);
+    /* reset: 'R'; answers 1 = ok */
+    bool ok = false;
+    uint8_t rok[] = {0, 0, 0, 2, 'R', 1};
+    CHECK(send(fd, rok, sizeof rok, MSG_NOSIGNAL) == (ssize_t)sizeof rok);
+    CHECK_EQ(kvp_lookup_client_reset(c, &ok), 0);
+    CHECK(ok);
+    CHECK_EQ(read_frame(fd, in, sizeof in), 1);
+    CHECK_EQ(in[0], 'R');
+    /* a malformed answer (wrong tag) is a miss and closes the connection */
+    uint8_t bad[] = {0, 0, 0, 5, 'R', 0, 0, 0, 96};
+    CHECK(send(fd, bad, sizeof bad, MSG_NOSIGNAL) == (ssize_t)sizeof bad);
+    hit = 7;
+    CHECK_EQ(kvp_lookup_client_lookup(c, "g", 1, 128, NULL, 0, 0, false, true, &hit), 0);
+    CHECK_EQ(hit, 0);
+    CHECK(recv(fd, in, sizeof in, MSG_WAITALL) >= 0); /* drains until the client's close */
+    close(fd);
+    /* the next request opens a new connection */
+    CHECK_EQ(kvp_lookup_client_lookup(c, "h", 1, 16, NULL, 0, 0, true, true, &hit),
+             KVP_LOOKUP_PENDING);
+    fd = accept(lfd, NULL, NULL);
+    CHECK(fd >= 0);
+    CHECK_EQ(read_frame(fd, in, sizeof in), 8);
+    uint8_t want2[8] = {'L', 0, 0, 0, 16, 0, 0, 1};
+    CHECK(memcmp(in, want2, 8) == 0);
+    uint8_t ans2[] = {0, 0, 0, 5, 'L', 0, 0, 0, 0};
+    CHECK(send(fd, ans2, sizeof ans2, MSG_NOSIGNAL) == (ssize_t)sizeof ans2);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "h", 1, 16, NULL, 0, 0, false, true, &hit), 0);
+    CHECK_EQ(hit, 0);
+    kvp_lookup_client_close(c);
+    close(fd);
+    close(lfd);
+    unlink(path);
+}

@@ -951,3 +951,48 @@ TEST(many_requests_lifecycle_and_oom)
         kvp_sched_free(s);
     }
 }
+
+TEST(hit_beyond_num_tokens_is_a_miss)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    R a;
+    mk(&a, "a", 48, 48, 0, 16);
+    F.hit = 64; /* a broken worker: more than the request has */
+    uint64_t n = 1;
+    bool async = true;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+    CHECK_EQ(n, 0);
+    CHECK(!async);
+    CHECK(!kvp_sched_load_spec(s, ID(a), NULL));
+    kvp_sched_free(s);
+}
+
+TEST(resumed_partial_tail_keeps_handoff_boundary)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    const kvp_meta_step *m;
+    CHECK_EQ(saved_then_preempted(s, &a, &m), 0);
+    /* resumed with 52 tokens (48 prompt + 4 generated), all recomputed */
+    a.r.num_tokens = 52;
+    a.r.num_computed_tokens = 0;
+    uint32_t b[] = {7, 8, 9, 10};
+    kvp_meta_ids g = G(b, 4);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 0), 0);
+    kvp_sched_cached_req c = {.req = &a.r, .resumed = true, .num_scheduled_tokens = 52,
+                              .new_block_ids = &g, .ngroups = 1};
+    kvp_meta_tail tl = {.group_id = 0, .cow_block_id = 20, .boundary_tokens = 52};
+    kvp_sched_tail_req tr = {.req_id = "r", .req_id_len = 1, .tails = &tl, .ntails = 1};
+    kvp_sched_step st = {.cached = &c, .n_cached = 1, .tails = &tr, .n_tails = 1};
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 1);
+    const kvp_meta_req *q = &m->reqs[0];
+    CHECK_EQ(q->can_save, KVP_META_TRUE);
+    CHECK_EQ(q->token_len_chunk, 48);
+    CHECK_EQ(q->num_prompt_tokens, 52); /* the hand-off boundary is past the prompt */
+    CHECK_EQ(q->ntails, 1);
+    CHECK_EQ(q->tails[0].boundary_tokens, 52);
+    kvp_sched_free(s);
+}
