@@ -1,0 +1,769 @@
+/*
+ * sched.c -- the scheduler half of the connector (see sched.h).
+ *
+ * State (§8.1) is one record per request id, in a chained hash table, also
+ * linked in creation order (the unfinished-id set's output order) and in
+ * `_unfinished_requests` insertion order (phase 5 walks it). A record is
+ * freed when it holds nothing: not in _unfinished_requests, not in the
+ * unfinished id set, no load spec, no tracker.
+ */
+#include "connector/sched.h"
+
+#include <string.h>
+
+#include "common/log.h"
+#include "common/mem.h"
+
+#define MOD "sched"
+#define NBUCKETS 4096u
+#define STEP_ARENA_CAP ((size_t)1 << 30)
+#define STEP_BYTES_CAP ((size_t)1 << 31)
+
+struct ent {
+    struct ent *hnext;
+    struct ent *aprev, *anext; /* every record, creation order */
+    struct ent *uprev, *unext; /* _unfinished_requests order */
+    char *id;
+    uint32_t id_len;
+    bool in_ureq;              /* in _unfinished_requests */
+    bool in_ids;               /* in _unfinished_request_ids */
+    bool has_ls;
+    bool has_tr;
+    bool seen_this_step;       /* new or cached in the step being built */
+    kvp_meta_load_spec ls;
+    kvp_meta_tracker tr;
+    kvp_meta_ids *alloc;       /* block ids recorded at alloc (owned) */
+    uint32_t alloc_ngroups;
+    uint8_t *hashes;           /* latest block hashes seen (owned, append-only) */
+    uint32_t nhashes;
+    uint8_t hash_len;
+    size_t hcap;
+};
+
+struct kvp_sched {
+    kvp_sched_config cfg;
+    struct ent *tab[NBUCKETS];
+    struct ent *ahead, *atail;
+    struct ent *uhead, *utail;
+    kvp_meta_step step; /* the last build's output */
+    kvp_arena arena;    /* the last build's copies */
+    kvp_buf bytes;
+};
+
+/* --------------------------------------------------------------- ops */
+
+static int client_lookup(void *arg, const char *req_id, uint32_t id_len, uint32_t num_tokens,
+                         const uint8_t *hashes, size_t nhashes, size_t hash_len, bool non_block,
+                         bool apply_eagle, uint32_t *hit)
+{
+    return kvp_lookup_client_lookup(arg, req_id, id_len, num_tokens, hashes, nhashes, hash_len,
+                                    non_block, apply_eagle, hit);
+}
+static void client_discard(void *arg, const char *req_id, uint32_t id_len)
+{
+    kvp_lookup_client_discard(arg, req_id, id_len);
+}
+static int client_reset(void *arg, bool *ok) { return kvp_lookup_client_reset(arg, ok); }
+
+void kvp_sched_ops_client(kvp_lookup_client *c, kvp_sched_lookup_ops *ops)
+{
+    ops->lookup = client_lookup;
+    ops->discard = client_discard;
+    ops->reset = client_reset;
+    ops->arg = c;
+}
+
+void kvp_sched_config_default(kvp_sched_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->kv_role = KVP_SCHED_BOTH;
+    c->load_async = true;
+    c->lookup_async = false;
+    c->enable_lookup = true;
+}
+
+/* ----------------------------------------------------------- records */
+
+static uint32_t id_hash(const char *p, uint32_t n)
+{
+    uint32_t h = 2166136261u;
+    for (uint32_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)p[i]) * 16777619u;
+    return h % NBUCKETS;
+}
+
+static bool id_ok(const char *id, uint32_t n)
+{
+    return id && n >= 1 && n <= KVP_META_MAX_ID;
+}
+
+static struct ent *ent_find(kvp_sched *s, const char *id, uint32_t n)
+{
+    for (struct ent *e = s->tab[id_hash(id, n)]; e; e = e->hnext)
+        if (e->id_len == n && memcmp(e->id, id, n) == 0)
+            return e;
+    return NULL;
+}
+
+static struct ent *ent_get(kvp_sched *s, const char *id, uint32_t n)
+{
+    struct ent *e = ent_find(s, id, n);
+    if (e)
+        return e;
+    e = kvp_calloc(1, sizeof *e);
+    if (!e)
+        return NULL;
+    e->id = kvp_strndup(id, n);
+    if (!e->id) {
+        kvp_free(e);
+        return NULL;
+    }
+    e->id_len = n;
+    uint32_t b = id_hash(id, n);
+    e->hnext = s->tab[b];
+    s->tab[b] = e;
+    e->aprev = s->atail;
+    if (s->atail)
+        s->atail->anext = e;
+    else
+        s->ahead = e;
+    s->atail = e;
+    return e;
+}
+
+static void alloc_free(struct ent *e)
+{
+    for (uint32_t g = 0; g < e->alloc_ngroups; g++)
+        kvp_free(e->alloc[g].ids);
+    kvp_free(e->alloc);
+    e->alloc = NULL;
+    e->alloc_ngroups = 0;
+}
+
+static void ureq_remove(kvp_sched *s, struct ent *e)
+{
+    if (!e->in_ureq)
+        return;
+    if (e->uprev)
+        e->uprev->unext = e->unext;
+    else
+        s->uhead = e->unext;
+    if (e->unext)
+        e->unext->uprev = e->uprev;
+    else
+        s->utail = e->uprev;
+    e->uprev = e->unext = NULL;
+    e->in_ureq = false;
+    alloc_free(e);
+}
+
+static void ureq_append(kvp_sched *s, struct ent *e)
+{
+    if (e->in_ureq)
+        return;
+    e->uprev = s->utail;
+    e->unext = NULL;
+    if (s->utail)
+        s->utail->unext = e;
+    else
+        s->uhead = e;
+    s->utail = e;
+    e->in_ureq = true;
+}
+
+static void tracker_drop(struct ent *e)
+{
+    if (e->has_tr)
+        kvp_meta_tracker_free(&e->tr);
+    e->has_tr = false;
+}
+
+static void ent_destroy(kvp_sched *s, struct ent *e)
+{
+    ureq_remove(s, e);
+    tracker_drop(e);
+    struct ent **pp = &s->tab[id_hash(e->id, e->id_len)];
+    while (*pp != e)
+        pp = &(*pp)->hnext;
+    *pp = e->hnext;
+    if (e->aprev)
+        e->aprev->anext = e->anext;
+    else
+        s->ahead = e->anext;
+    if (e->anext)
+        e->anext->aprev = e->aprev;
+    else
+        s->atail = e->aprev;
+    kvp_free(e->hashes);
+    kvp_free(e->id);
+    kvp_free(e);
+}
+
+/* Frees e when it holds nothing any more. */
+static void ent_maybe_free(kvp_sched *s, struct ent *e)
+{
+    if (!e->in_ureq && !e->in_ids && !e->has_ls && !e->has_tr)
+        ent_destroy(s, e);
+}
+
+/*
+ * Keeps e's copy of the request's block hashes current. Hash chains are
+ * append-only, so only the new tail is copied; a different hash_len or a
+ * shorter chain replaces the copy.
+ */
+static int ent_set_hashes(struct ent *e, const kvp_sched_request *r)
+{
+    uint32_t n = r->hash_len ? r->nhashes : 0;
+    if (n && !r->block_hashes)
+        return KVP_EINVALID_PARAMS;
+    if (n == 0) {
+        e->nhashes = 0;
+        e->hash_len = 0;
+        return 0;
+    }
+    size_t need = (size_t)n * r->hash_len;
+    uint32_t keep = (r->hash_len == e->hash_len && n >= e->nhashes) ? e->nhashes : 0;
+    if (need > e->hcap) {
+        size_t cap = e->hcap ? e->hcap : 256;
+        while (cap < need)
+            cap *= 2;
+        uint8_t *p = kvp_realloc(e->hashes, cap);
+        if (!p)
+            return KVP_ENOMEM;
+        e->hashes = p;
+        e->hcap = cap;
+    }
+    size_t off = (size_t)keep * r->hash_len;
+    memcpy(e->hashes + off, r->block_hashes + off, need - off);
+    e->nhashes = n;
+    e->hash_len = r->hash_len;
+    return 0;
+}
+
+static bool ids_ok(const kvp_meta_ids *g, uint32_t ngroups)
+{
+    if (ngroups > KVP_META_MAX_GROUPS || (ngroups && !g))
+        return false;
+    for (uint32_t i = 0; i < ngroups; i++)
+        if (g[i].n && !g[i].ids)
+            return false;
+    return true;
+}
+
+static bool req_ok(const kvp_sched_request *r)
+{
+    return r && id_ok(r->req_id, r->req_id_len) && (r->num_tokens == 0 || r->all_token_ids) &&
+           (r->num_prompt_tokens == 0 || r->prompt_token_ids) &&
+           r->hash_len <= KVP_META_MAX_HASH_LEN;
+}
+
+/* ---------------------------------------------------------- lifecycle */
+
+int kvp_sched_new(const kvp_sched_config *cfg, kvp_sched **out)
+{
+    if (!cfg || !out || cfg->block_size == 0 || cfg->hash_block_size == 0 ||
+        cfg->block_size % cfg->hash_block_size != 0 || cfg->kv_role < KVP_SCHED_PRODUCER ||
+        cfg->kv_role > KVP_SCHED_BOTH || (cfg->enable_lookup && !cfg->ops.lookup))
+        return KVP_EINVALID_PARAMS;
+    kvp_sched *s = kvp_calloc(1, sizeof *s);
+    if (!s)
+        return KVP_ENOMEM;
+    s->cfg = *cfg;
+    kvp_meta_step_init(&s->step);
+    kvp_arena_init(&s->arena, STEP_ARENA_CAP);
+    kvp_buf_init(&s->bytes, STEP_BYTES_CAP);
+    *out = s;
+    return 0;
+}
+
+void kvp_sched_free(kvp_sched *s)
+{
+    if (!s)
+        return;
+    while (s->ahead)
+        ent_destroy(s, s->ahead);
+    kvp_meta_step_free(&s->step);
+    kvp_arena_free(&s->arena);
+    kvp_buf_free(&s->bytes);
+    kvp_free(s);
+}
+
+/* ------------------------------------------------------------ §8.2 */
+
+int kvp_sched_get_num_new_matched_tokens(kvp_sched *s, const kvp_sched_request *req,
+                                         uint64_t num_computed_tokens, uint64_t *num_new,
+                                         bool *load_async)
+{
+    if (!s || !req_ok(req) || !num_new || !load_async)
+        return KVP_EINVALID_PARAMS;
+    *num_new = 0;
+    *load_async = false;
+    if (!s->cfg.enable_lookup)
+        return 0;
+    /* fine-grained hits may land inside a block; otherwise a prefix shorter
+     * than one block has no key granularity */
+    uint32_t align = s->cfg.enable_partial_hash_hits ? s->cfg.hash_block_size : s->cfg.block_size;
+    if (req->num_tokens < align)
+        return 0;
+    uint32_t hit = 0;
+    int rc = s->cfg.ops.lookup(s->cfg.ops.arg, req->req_id, req->req_id_len, req->num_tokens,
+                               req->block_hashes, req->hash_len ? req->nhashes : 0, req->hash_len,
+                               s->cfg.lookup_async, true, &hit);
+    if (rc == KVP_LOOKUP_PENDING)
+        return KVP_LOOKUP_PENDING;
+    if (rc < 0) {
+        KVP_WARN(MOD, "lookup for %.*s failed (%d): treated as a miss", (int)req->req_id_len,
+                 req->req_id, rc);
+        hit = 0;
+    }
+    if (hit > req->num_tokens) {
+        /* the worker floors below num_tokens (§10.5); more is a broken peer */
+        KVP_WARN(MOD, "lookup for %.*s answered %u > %u tokens: treated as a miss",
+                 (int)req->req_id_len, req->req_id, hit, req->num_tokens);
+        hit = 0;
+    }
+    if (hit <= num_computed_tokens)
+        return 0;
+    struct ent *e = ent_get(s, req->req_id, req->req_id_len);
+    if (!e)
+        return KVP_ENOMEM;
+    e->ls = (kvp_meta_load_spec){.vllm_cached_tokens = num_computed_tokens,
+                                 .kvpool_cached_tokens = hit,
+                                 .token_len = 0,
+                                 .can_load = false};
+    e->has_ls = true;
+    *num_new = hit - num_computed_tokens;
+    *load_async = s->cfg.load_async;
+    return 0;
+}
+
+/* ------------------------------------------------------------ §8.3 */
+
+int kvp_sched_update_state_after_alloc(kvp_sched *s, const kvp_sched_request *req,
+                                       const kvp_meta_ids *blocks, uint32_t ngroups,
+                                       uint64_t num_external_tokens)
+{
+    if (!s || !req_ok(req) ||
+        (num_external_tokens > 0 && (ngroups < 1 || !ids_ok(blocks, ngroups))))
+        return KVP_EINVALID_PARAMS;
+    struct ent *e = ent_get(s, req->req_id, req->req_id_len);
+    if (!e)
+        return KVP_ENOMEM;
+    kvp_meta_ids *copy = NULL;
+    uint32_t ncopy = 0;
+    if (num_external_tokens > 0 && ngroups) {
+        copy = kvp_calloc(ngroups, sizeof *copy);
+        if (!copy)
+            goto oom;
+        for (ncopy = 0; ncopy < ngroups; ncopy++) {
+            uint32_t n = blocks[ncopy].n;
+            copy[ncopy].n = copy[ncopy].cap = n;
+            if (n && !(copy[ncopy].ids = kvp_malloc((size_t)n * sizeof(uint32_t))))
+                goto oom;
+            if (n)
+                memcpy(copy[ncopy].ids, blocks[ncopy].ids, (size_t)n * sizeof(uint32_t));
+        }
+    }
+    if (ent_set_hashes(e, req) != 0)
+        goto oom;
+    alloc_free(e);
+    ureq_append(s, e);
+    e->alloc = copy;
+    e->alloc_ngroups = ncopy;
+    e->in_ids = true;
+    if (!e->has_ls)
+        return 0;
+    if (num_external_tokens == 0) {
+        e->ls.can_load = false;
+        return 0;
+    }
+    if (num_external_tokens != e->ls.kvpool_cached_tokens - e->ls.vllm_cached_tokens) {
+        KVP_ERROR(MOD, "request %s: %llu external tokens allocated, load spec says %llu - %llu",
+                  e->id, (unsigned long long)num_external_tokens,
+                  (unsigned long long)e->ls.kvpool_cached_tokens,
+                  (unsigned long long)e->ls.vllm_cached_tokens);
+        return KVP_EINVALID_PARAMS;
+    }
+    e->ls.can_load = true;
+    return 0;
+oom:
+    for (uint32_t g = 0; copy && g < ngroups; g++)
+        kvp_free(copy[g].ids);
+    kvp_free(copy);
+    ent_maybe_free(s, e);
+    return KVP_ENOMEM;
+}
+
+/* ------------------------------------------------------------ §8.4 */
+
+static int add_meta(kvp_sched *s, kvp_meta_req *m)
+{
+    /* the view must not point at the record's load spec (it is popped):
+     * copy it into the step arena */
+    if (m->load_spec) {
+        kvp_meta_load_spec *ls = kvp_arena_alloc(&s->arena, sizeof *ls);
+        if (!ls)
+            return KVP_ENOMEM;
+        *ls = *m->load_spec;
+        m->load_spec = ls;
+    }
+    return kvp_meta_step_add_req(&s->step, m);
+}
+
+/* New tracker for e (new or resumed request), replacing any old one. */
+static int tracker_fresh(struct ent *e, uint64_t T, const kvp_meta_ids *ids, uint32_t ngroups,
+                         const uint32_t *prefill, uint32_t nprefill)
+{
+    if (ngroups < 1 || !ids_ok(ids, ngroups))
+        return KVP_EINVALID_PARAMS;
+    tracker_drop(e);
+    int rc = kvp_meta_tracker_init(&e->tr, e->id, e->id_len, ngroups);
+    if (rc)
+        return rc;
+    e->has_tr = true;
+    e->tr.token_len = T;
+    uint32_t ntok = T < nprefill ? (uint32_t)T : nprefill;
+    if ((rc = kvp_meta_tracker_replace(&e->tr, ids, ngroups)) != 0 ||
+        (rc = kvp_meta_tracker_set_tokens(&e->tr, ntok ? prefill : NULL, ntok)) != 0)
+        return rc;
+    e->tr.num_saved_tokens = 0;
+    e->tr.prefill_end_tokens = nprefill;
+    return 0;
+}
+
+static int8_t last_chunk(uint64_t token_len, uint64_t prefill_end, uint64_t L)
+{
+    return token_len >= prefill_end / L * L ? KVP_META_TRUE : KVP_META_FALSE;
+}
+
+/* from_request_tracker with the record's hashes; emits when non-None. */
+static int emit(kvp_sched *s, struct ent *e, const kvp_meta_load_spec *ls, bool skip_save,
+                int8_t is_last, uint8_t kind)
+{
+    kvp_meta_req m;
+    int rc = kvp_meta_from_tracker(&e->tr, s->cfg.block_size, ls, skip_save, e->hashes,
+                                   e->nhashes, e->hash_len, is_last, -1, kind, &m);
+    if (rc <= 0)
+        return rc;
+    return add_meta(s, &m);
+}
+
+/* New request (phase 3) or resumed request (phase 4): same shape. */
+static int build_fresh(kvp_sched *s, struct ent *e, const kvp_sched_request *r, uint64_t T,
+                       const kvp_meta_ids *ids, uint32_t ngroups, const uint32_t *prefill,
+                       uint32_t nprefill, bool skip_save, uint8_t kind)
+{
+    kvp_meta_load_spec ls = e->ls;
+    bool had_ls = e->has_ls;
+    e->has_ls = false; /* popped */
+    int rc = ent_set_hashes(e, r);
+    if (rc == 0)
+        rc = tracker_fresh(e, T, ids, ngroups, prefill, nprefill);
+    if (rc)
+        return rc;
+    return emit(s, e, had_ls ? &ls : NULL, skip_save,
+                last_chunk(e->tr.token_len, nprefill, s->cfg.block_size), kind);
+}
+
+static int phase_cached(kvp_sched *s, const kvp_sched_cached_req *c, bool skip_save)
+{
+    const kvp_sched_request *r = c->req;
+    if (!req_ok(r) || (c->new_block_ids && !ids_ok(c->new_block_ids, c->ngroups)))
+        return KVP_EINVALID_PARAMS;
+    struct ent *e = ent_find(s, r->req_id, r->req_id_len);
+    if (!e || !e->in_ureq) {
+        KVP_ERROR(MOD, "request %.*s is not in _unfinished_requests", (int)r->req_id_len,
+                  r->req_id);
+        return KVP_EINVALID_PARAMS;
+    }
+    e->seen_this_step = true;
+    if (c->resumed) /* new_block_ids is the full table: REPLACE */
+        return build_fresh(s, e, r, r->num_computed_tokens + c->num_scheduled_tokens,
+                           c->new_block_ids, c->new_block_ids ? c->ngroups : 0, r->all_token_ids,
+                           r->num_tokens, skip_save, KVP_META_RESUMED);
+    if (!e->has_tr) {
+        KVP_ERROR(MOD, "running request %s has no tracker", e->id);
+        return KVP_EINVALID_PARAMS;
+    }
+    kvp_meta_tracker *t = &e->tr;
+    /* only tokens already in all_token_ids count: drafts are not saved */
+    uint64_t end = t->token_len + c->num_scheduled_tokens;
+    if (end > r->num_tokens)
+        end = r->num_tokens;
+    if (end > t->token_len)
+        t->token_len = end;
+    if (r->num_computed_tokens >= t->prefill_end_tokens)
+        return 0; /* decode: not saved */
+    int rc;
+    if (c->new_block_ids && c->ngroups &&
+        (rc = kvp_meta_tracker_update(t, c->new_block_ids, c->ngroups)) != 0)
+        return rc;
+    if ((rc = ent_set_hashes(e, r)) != 0)
+        return rc;
+    return emit(s, e, NULL, skip_save, last_chunk(t->token_len, t->prefill_end_tokens,
+                                                  s->cfg.block_size),
+                KVP_META_RUNNING);
+}
+
+static int phase_pending_loads(kvp_sched *s)
+{
+    for (struct ent *e = s->uhead; e; e = e->unext) {
+        if (e->seen_this_step || !e->has_ls)
+            continue;
+        kvp_meta_load_spec ls = e->ls;
+        e->has_ls = false; /* popped */
+        if (!ls.can_load)
+            continue; /* nothing allocated for it: nothing to load, nothing computed to save */
+        int rc = tracker_fresh(e, ls.kvpool_cached_tokens, e->alloc, e->alloc_ngroups, NULL, 0);
+        if (rc)
+            return rc;
+        if ((rc = emit(s, e, &ls, false, KVP_META_UNSET, KVP_META_LOAD)) != 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int phase_tails(kvp_sched *s, const kvp_sched_step *st)
+{
+    for (uint32_t i = 0; i < st->n_tails; i++) {
+        const kvp_sched_tail_req *tr = &st->tails[i];
+        if (!id_ok(tr->req_id, tr->req_id_len) || (tr->ntails && !tr->tails))
+            return KVP_EINVALID_PARAMS;
+        if (tr->ntails == 0)
+            continue;
+        for (uint32_t k = 1; k < tr->ntails; k++)
+            if (tr->tails[k].boundary_tokens != tr->tails[0].boundary_tokens)
+                return KVP_EINVALID_PARAMS; /* the spec asserts one boundary */
+        kvp_meta_tail *copy = kvp_arena_alloc(&s->arena, (size_t)tr->ntails * sizeof *copy);
+        if (!copy)
+            return KVP_ENOMEM;
+        memcpy(copy, tr->tails, (size_t)tr->ntails * sizeof *copy);
+        struct ent *e = ent_find(s, tr->req_id, tr->req_id_len);
+        bool attached = false;
+        for (uint32_t m = 0; m < s->step.nreqs && !attached; m++) {
+            kvp_meta_req *q = &s->step.reqs[m];
+            if (q->can_save == KVP_META_TRUE && q->req_id.len == tr->req_id_len &&
+                memcmp(q->req_id.p, tr->req_id, tr->req_id_len) == 0) {
+                q->tails = copy;
+                q->ntails = tr->ntails;
+                attached = true;
+            }
+        }
+        if (attached) {
+            if (e && e->has_tr)
+                e->tr.has_pending_offload = true;
+            continue;
+        }
+        if (!e || !e->has_tr || !e->in_ureq) {
+            /* finished / preempted within this step: its blocks are going away */
+            KVP_DEBUG(MOD, "dropping partial-tail offload for %.*s", (int)tr->req_id_len,
+                      tr->req_id);
+            continue;
+        }
+        e->tr.has_pending_offload = true;
+        kvp_meta_req m;
+        memset(&m, 0, sizeof m);
+        m.req_id = (kvp_meta_str){e->id, e->id_len};
+        m.kind = KVP_META_TAIL;
+        m.token_len_chunk = 0; /* skips the normal save; can_save takes the enqueue path */
+        m.block_ids = e->tr.block_ids;
+        m.ngroups = e->tr.ngroups;
+        m.block_hashes = e->nhashes ? e->hashes : NULL;
+        m.nhashes = e->nhashes;
+        m.hash_len = e->nhashes ? e->hash_len : 0;
+        m.can_save = KVP_META_TRUE;
+        m.is_last_chunk = KVP_META_UNSET;
+        m.has_num_prompt_tokens = true;
+        m.num_prompt_tokens = e->tr.prefill_end_tokens;
+        m.tails = copy;
+        m.ntails = tr->ntails;
+        int rc = kvp_meta_step_add_req(&s->step, &m);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int copy_str(kvp_sched *s, const kvp_meta_str *in, kvp_meta_str *out)
+{
+    if (!id_ok(in->p, in->len))
+        return KVP_EINVALID_PARAMS;
+    char *p = kvp_arena_alloc(&s->arena, (size_t)in->len + 1);
+    if (!p)
+        return KVP_ENOMEM;
+    memcpy(p, in->p, in->len);
+    p[in->len] = 0;
+    *out = (kvp_meta_str){p, in->len};
+    return 0;
+}
+
+static int build(kvp_sched *s, const kvp_sched_step *st)
+{
+    bool consumer = s->cfg.kv_role == KVP_SCHED_CONSUMER;
+    int rc;
+    /* 1. finished: forget everything about them */
+    for (uint32_t i = 0; i < st->n_finished; i++) {
+        const kvp_meta_str *id = &st->finished[i];
+        if (!id_ok(id->p, id->len))
+            return KVP_EINVALID_PARAMS;
+        if (s->cfg.ops.discard)
+            s->cfg.ops.discard(s->cfg.ops.arg, id->p, id->len);
+        struct ent *e = ent_find(s, id->p, id->len);
+        if (e)
+            ent_destroy(s, e);
+    }
+    /* 2. preempted: drop the load spec, reset the tracker (kept), leave
+     * _unfinished_requests but stay in the unfinished id set */
+    for (uint32_t i = 0; i < st->n_preempted; i++) {
+        kvp_meta_str copy;
+        if ((rc = copy_str(s, &st->preempted[i], &copy)) != 0 ||
+            (rc = kvp_meta_step_add_preempted(&s->step, copy.p, copy.len)) != 0)
+            return rc;
+        struct ent *e = ent_find(s, copy.p, copy.len);
+        if (!e)
+            continue;
+        e->has_ls = false;
+        if (e->has_tr)
+            kvp_meta_tracker_reset(&e->tr);
+        ureq_remove(s, e);
+    }
+    /* 3. new requests */
+    for (uint32_t i = 0; i < st->n_new; i++) {
+        const kvp_sched_new_req *n = &st->new_reqs[i];
+        const kvp_sched_request *r = n->req;
+        if (!req_ok(r))
+            return KVP_EINVALID_PARAMS;
+        struct ent *e = ent_find(s, r->req_id, r->req_id_len);
+        if (!e || !e->in_ureq) {
+            KVP_ERROR(MOD, "new request %.*s was not allocated", (int)r->req_id_len, r->req_id);
+            return KVP_EINVALID_PARAMS;
+        }
+        e->seen_this_step = true;
+        if ((rc = build_fresh(s, e, r, r->num_computed_tokens + n->num_scheduled_tokens,
+                              n->block_ids, n->ngroups, r->prompt_token_ids,
+                              r->num_prompt_tokens, consumer, KVP_META_NEW)) != 0)
+            return rc;
+    }
+    /* 4. cached requests (never saved by a consumer: skipped entirely) */
+    for (uint32_t i = 0; i < st->n_cached; i++) {
+        if (consumer) {
+            const kvp_sched_request *r = st->cached[i].req;
+            struct ent *e = req_ok(r) ? ent_find(s, r->req_id, r->req_id_len) : NULL;
+            if (e)
+                e->seen_this_step = true;
+            continue;
+        }
+        if ((rc = phase_cached(s, &st->cached[i], false)) != 0)
+            return rc;
+    }
+    /* 5. pending async loads: allocated, not scheduled this step */
+    if ((rc = phase_pending_loads(s)) != 0)
+        return rc;
+    /* 6. partial-tail offloads */
+    if (st->n_tails && !consumer && (rc = phase_tails(s, st)) != 0)
+        return rc;
+    /* the unfinished id set, as of the end of the build */
+    for (struct ent *e = s->ahead; e; e = e->anext)
+        if (e->in_ids && (rc = kvp_meta_step_add_unfinished(&s->step, e->id, e->id_len)) != 0)
+            return rc;
+    return 0;
+}
+
+int kvp_sched_build_meta(kvp_sched *s, const kvp_sched_step *st, const kvp_meta_step **meta,
+                         const uint8_t **bytes, size_t *len)
+{
+    if (!s || !st || !meta || !bytes || !len || (st->n_new && !st->new_reqs) ||
+        (st->n_cached && !st->cached) || (st->n_preempted && !st->preempted) ||
+        (st->n_finished && !st->finished) || (st->n_tails && !st->tails))
+        return KVP_EINVALID_PARAMS;
+    kvp_meta_step_free(&s->step);
+    kvp_meta_step_init(&s->step);
+    kvp_arena_reset(&s->arena);
+    kvp_buf_reset(&s->bytes);
+    for (struct ent *e = s->ahead; e; e = e->anext)
+        e->seen_this_step = false;
+    int rc = build(s, st);
+    for (struct ent *e = s->ahead, *nx; e; e = nx) {
+        nx = e->anext;
+        e->seen_this_step = false;
+        ent_maybe_free(s, e);
+    }
+    if (rc == 0)
+        rc = kvp_meta_encode(&s->bytes, &s->step);
+    if (rc) {
+        kvp_meta_step_free(&s->step);
+        kvp_meta_step_init(&s->step);
+        return rc;
+    }
+    *meta = &s->step;
+    *bytes = s->bytes.data;
+    *len = s->bytes.len;
+    return 0;
+}
+
+/* ------------------------------------------------------------ §8.5 */
+
+int kvp_sched_request_finished(kvp_sched *s, const char *req_id, uint32_t id_len,
+                               const kvp_meta_ids *block_ids, uint32_t ngroups, bool *delay_free)
+{
+    if (!s || !id_ok(req_id, id_len) || !delay_free || !ids_ok(block_ids, ngroups))
+        return KVP_EINVALID_PARAMS;
+    *delay_free = false;
+    if (s->cfg.kv_role == KVP_SCHED_CONSUMER)
+        return 0;
+    struct ent *e = ent_find(s, req_id, id_len);
+    /* no tracker: aborted before it was scheduled; reset tracker: preempted */
+    if (!e || !e->has_tr || (e->tr.num_saved_tokens == 0 && !e->tr.has_pending_offload))
+        return 0;
+    uint64_t total = 0;
+    for (uint32_t g = 0; g < ngroups; g++)
+        total += block_ids[g].n;
+    *delay_free = total > 0; /* kept until the worker reports finished_sending */
+    return 0;
+}
+
+/* ------------------------------------------------------------ §8.6 */
+
+bool kvp_sched_reset_store(kvp_sched *s)
+{
+    if (!s || !s->cfg.ops.reset)
+        return false;
+    bool ok = false;
+    int rc = s->cfg.ops.reset(s->cfg.ops.arg, &ok);
+    if (rc != 0) {
+        KVP_ERROR(MOD, "reset_store failed: %d", rc);
+        return false;
+    }
+    if (ok)
+        KVP_INFO(MOD, "store reset succeeded");
+    else
+        KVP_WARN(MOD, "store reset refused by the worker");
+    return ok;
+}
+
+/* ---------------------------------------------------- introspection */
+
+bool kvp_sched_load_spec(kvp_sched *s, const char *req_id, uint32_t id_len,
+                         kvp_meta_load_spec *out)
+{
+    struct ent *e = id_ok(req_id, id_len) ? ent_find(s, req_id, id_len) : NULL;
+    if (!e || !e->has_ls)
+        return false;
+    if (out)
+        *out = e->ls;
+    return true;
+}
+
+const kvp_meta_tracker *kvp_sched_tracker(kvp_sched *s, const char *req_id, uint32_t id_len)
+{
+    struct ent *e = id_ok(req_id, id_len) ? ent_find(s, req_id, id_len) : NULL;
+    return e && e->has_tr ? &e->tr : NULL;
+}
+
+bool kvp_sched_is_unfinished(kvp_sched *s, const char *req_id, uint32_t id_len, bool *in_id_set)
+{
+    struct ent *e = id_ok(req_id, id_len) ? ent_find(s, req_id, id_len) : NULL;
+    if (in_id_set)
+        *in_id_set = e && e->in_ids;
+    return e && e->in_ureq;
+}

@@ -1,0 +1,554 @@
+/* test_lookup.c -- connector/lookup: the scheduler <-> rank-0 channel with deadlines (spec §9). */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/mem.h"
+#include "connector/lookup.h"
+#include "harness.h"
+#include "kvpool.h"
+
+/* The fake worker: hit = number of leading hashes whose first byte is
+ * non-zero, times 16, floored below num_tokens; sleeps `delay_ms` first. */
+static _Atomic int delay_ms;
+static _Atomic int resets;
+static _Atomic int reset_rc;
+static _Atomic int last_eagle = -1;
+static _Atomic size_t last_hash_len;
+
+static int fake_lookup(void *arg, uint32_t num_tokens, const uint8_t *hashes, size_t nhashes,
+                       size_t hash_len, int apply_eagle, uint32_t *hit)
+{
+    (void)arg;
+    int d = atomic_load(&delay_ms);
+    uint64_t until = kvp_now_ms() + (uint64_t)d;
+    while (d > 0 && kvp_now_ms() < until && atomic_load(&delay_ms) > 0)
+        usleep(5000);
+    atomic_store(&last_eagle, apply_eagle);
+    atomic_store(&last_hash_len, hash_len);
+    uint32_t n = 0;
+    while (n < nhashes && hashes[n * hash_len] != 0)
+        n++;
+    uint32_t h = n * 16;
+    if (h >= num_tokens)
+        h = num_tokens ? (num_tokens - 1) / 16 * 16 : 0;
+    *hit = h;
+    return 0;
+}
+
+static int fake_reset(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&resets, 1);
+    return atomic_load(&reset_rc);
+}
+
+static char path[108];
+
+static void mkpath(const char *tag)
+{
+    snprintf(path, sizeof path, "/tmp/kvp-lookup-%d-%s.sock", (int)getpid(), tag);
+}
+
+static kvp_lookup_server *start(void)
+{
+    kvp_lookup_handler h = {.lookup = fake_lookup, .reset = fake_reset, .arg = NULL};
+    kvp_lookup_server *s = NULL;
+    if (kvp_lookup_server_start(path, &h, &s) != 0)
+        return NULL;
+    return s;
+}
+
+static uint8_t hs[64 * 32];
+
+static void fill_hashes(size_t n, size_t hl, size_t nonzero)
+{
+    memset(hs, 0, sizeof hs);
+    for (size_t i = 0; i < n; i++)
+        for (size_t b = 0; b < hl; b++)
+            hs[i * hl + b] = (uint8_t)(i < nonzero ? 1 + (i * 7 + b) % 200 : (b ? 9 : 0));
+}
+
+TEST(round_trip_blocking)
+{
+    mkpath("rt");
+    kvp_lookup_server *s = start();
+    CHECK(s);
+    kvp_lookup_client *c = NULL;
+    CHECK_EQ(kvp_lookup_client_open(path, 0, &c), 0);
+    fill_hashes(3, 32, 3);
+    uint32_t hit = 99;
+    CHECK_EQ(kvp_lookup_client_lookup(c, "r1", 2, 48, hs, 3, 32, false, true, &hit), 0);
+    CHECK_EQ(hit, 32); /* floored below num_tokens */
+    CHECK_EQ(atomic_load(&last_eagle), 1);
+    CHECK_EQ(atomic_load(&last_hash_len), 32);
+    fill_hashes(4, 32, 2);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "r2", 2, 64, hs, 4, 32, false, false, &hit), 0);
+    CHECK_EQ(hit, 32);
+    CHECK_EQ(atomic_load(&last_eagle), 0);
+    /* no hashes at all */
+    CHECK_EQ(kvp_lookup_client_lookup(c, "r3", 2, 64, NULL, 0, 32, false, true, &hit), 0);
+    CHECK_EQ(hit, 0);
+    CHECK_EQ(kvp_lookup_client_pending(c), 0);
+    CHECK_EQ(kvp_lookup_server_served(s), 3);
+    /* bad arguments */
+    CHECK_EQ(kvp_lookup_client_lookup(c, "", 0, 64, NULL, 0, 0, false, true, &hit),
+             KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "x", 1, 64, hs, 1, 0, false, true, &hit),
+             KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "x", 1, 64, hs, 1, KVP_LOOKUP_MAX_HASH_LEN + 1, false,
+                                      true, &hit),
+             KVP_EINVALID_PARAMS);
+    kvp_lookup_client_close(c);
+    kvp_lookup_server_stop(s);
+    struct stat st;
+    CHECK(lstat(path, &st) != 0); /* socket file removed on stop */
+}
+
+TEST(async_pending_then_ready)
+{
+    mkpath("async");
+    kvp_lookup_server *s = start();
+    CHECK(s);
+    kvp_lookup_client *c = NULL;
+    CHECK_EQ(kvp_lookup_client_open(path, 3000, &c), 0);
+    atomic_store(&delay_ms, 200);
+    fill_hashes(4, 16, 4);
+    uint32_t hit = 7;
+    CHECK_EQ(kvp_lookup_client_lookup(c, "a", 1, 100, hs, 4, 16, true, true, &hit),
+             KVP_LOOKUP_PENDING);
+    CHECK_EQ(hit, 7);
+    CHECK_EQ(kvp_lookup_client_pending(c), 1);
+    /* a second poll reuses the future (other args ignored) */
+    CHECK_EQ(kvp_lookup_client_lookup(c, "a", 1, 1, NULL, 0, 0, true, true, &hit),
+             KVP_LOOKUP_PENDING);
+    CHECK_EQ(kvp_lookup_client_pending(c), 1);
+    int rc = KVP_LOOKUP_PENDING;
+    uint64_t t0 = kvp_now_ms();
+    while (rc == KVP_LOOKUP_PENDING && kvp_now_ms() - t0 < 3000) {
+        usleep(10000);
+        rc = kvp_lookup_client_lookup(c, "a", 1, 100, hs, 4, 16, true, true, &hit);
+    }
+    CHECK_EQ(rc, 0);
+    CHECK_EQ(hit, 64);
+    CHECK_EQ(kvp_lookup_client_pending(c), 0); /* consumed */
+    atomic_store(&delay_ms, 0);
+    kvp_lookup_client_close(c);
+    kvp_lookup_server_stop(s);
+}
+
+TEST(discard_drops_future)
+{
+    mkpath("discard");
+    kvp_lookup_server *s = start();
+    CHECK(s);
+    kvp_lookup_client *c = NULL;
+    CHECK_EQ(kvp_lookup_client_open(path, 3000, &c), 0);
+    atomic_store(&delay_ms, 150);
+    fill_hashes(4, 16, 4);
+    uint32_t hit = 0;
+    CHECK_EQ(kvp_lookup_client_lookup(c, "d1", 2, 100, hs, 4, 16, true, true, &hit),
+             KVP_LOOKUP_PENDING);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "d2", 2, 100, hs, 4, 16, true, true, &hit),
+             KVP_LOOKUP_PENDING);
+    CHECK_EQ(kvp_lookup_client_pending(c), 2);
+    kvp_lookup_client_discard(c, "d1", 2); /* running: freed when it completes */
+    kvp_lookup_client_discard(c, "d2", 2); /* queued: skipped by the worker */
+    kvp_lookup_client_discard(c, "nope", 4);
+    CHECK_EQ(kvp_lookup_client_pending(c), 0);
+    atomic_store(&delay_ms, 0);
+    /* a new lookup for the same id is a fresh request */
+    fill_hashes(4, 16, 1);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "d1", 2, 100, hs, 4, 16, false, true, &hit), 0);
+    CHECK_EQ(hit, 16);
+    kvp_lookup_client_close(c);
+    kvp_lookup_server_stop(s);
+}
+
+TEST(server_gone_is_a_miss_within_deadline)
+{
+    mkpath("gone");
+    kvp_lookup_client *c = NULL;
+    CHECK_EQ(kvp_lookup_client_open(path, 300, &c), 0);
+    fill_hashes(4, 16, 4);
+    uint32_t hit = 5;
+    uint64_t t0 = kvp_now_ms();
+    /* nothing listens: immediate miss */
+    CHECK_EQ(kvp_lookup_client_lookup(c, "g", 1, 100, hs, 4, 16, false, true, &hit), 0);
+    CHECK_EQ(hit, 0);
+    CHECK(kvp_now_ms() - t0 < 300);
+    bool ok = true;
+    CHECK_EQ(kvp_lookup_client_reset(c, &ok), KVP_ERPC_FAIL);
+    /* server appears: the next request connects */
+    kvp_lookup_server *s = start();
+    CHECK(s);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "g", 1, 100, hs, 4, 16, false, true, &hit), 0);
+    CHECK_EQ(hit, 64);
+    /* server stops: miss; restarts: reconnect */
+    kvp_lookup_server_stop(s);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "g", 1, 100, hs, 4, 16, false, true, &hit), 0);
+    CHECK_EQ(hit, 0);
+    s = start();
+    CHECK(s);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "g", 1, 100, hs, 4, 16, false, true, &hit), 0);
+    CHECK_EQ(hit, 64);
+    /* hung server: blocking lookup returns 0 at the deadline, never hangs */
+    atomic_store(&delay_ms, 5000);
+    t0 = kvp_now_ms();
+    CHECK_EQ(kvp_lookup_client_lookup(c, "h", 1, 100, hs, 4, 16, false, true, &hit), 0);
+    uint64_t el = kvp_now_ms() - t0;
+    CHECK_EQ(hit, 0);
+    CHECK(el >= 250 && el < 1000);
+    /* queued requests behind the hung one expire with it */
+    CHECK_EQ(kvp_lookup_client_lookup(c, "q1", 2, 100, hs, 4, 16, true, true, &hit),
+             KVP_LOOKUP_PENDING);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "q2", 2, 100, hs, 4, 16, true, true, &hit),
+             KVP_LOOKUP_PENDING);
+    t0 = kvp_now_ms();
+    CHECK_EQ(kvp_lookup_client_lookup(c, "q2", 2, 100, hs, 4, 16, false, true, &hit), 0);
+    CHECK_EQ(hit, 0);
+    CHECK(kvp_now_ms() - t0 < 1000);
+    CHECK_EQ(kvp_lookup_client_reset(c, &ok), KVP_ERPC_TIMEOUT);
+    atomic_store(&delay_ms, 0);
+    kvp_lookup_client_discard(c, "q1", 2);
+    /* after the hang, the channel recovers (new connection) */
+    usleep(50000);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "r", 1, 100, hs, 4, 16, false, true, &hit), 0);
+    CHECK_EQ(hit, 64);
+    kvp_lookup_client_close(c);
+    kvp_lookup_server_stop(s);
+}
+
+TEST(close_with_inflight_requests)
+{
+    mkpath("close");
+    kvp_lookup_server *s = start();
+    CHECK(s);
+    kvp_lookup_client *c = NULL;
+    CHECK_EQ(kvp_lookup_client_open(path, 5000, &c), 0);
+    atomic_store(&delay_ms, 2000);
+    uint32_t hit;
+    for (int i = 0; i < 5; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "c%d", i);
+        CHECK_EQ(kvp_lookup_client_lookup(c, id, 2, 10, NULL, 0, 0, true, true, &hit),
+                 KVP_LOOKUP_PENDING);
+    }
+    usleep(20000);
+    uint64_t t0 = kvp_now_ms();
+    kvp_lookup_client_close(c); /* interrupts the exchange */
+    CHECK(kvp_now_ms() - t0 < 1000);
+    atomic_store(&delay_ms, 0);
+    kvp_lookup_server_stop(s);
+}
+
+TEST(reset_calls_callback)
+{
+    mkpath("reset");
+    kvp_lookup_server *s = start();
+    CHECK(s);
+    kvp_lookup_client *c = NULL;
+    CHECK_EQ(kvp_lookup_client_open(path, 1000, &c), 0);
+    atomic_store(&resets, 0);
+    atomic_store(&reset_rc, 0);
+    bool ok = false;
+    CHECK_EQ(kvp_lookup_client_reset(c, &ok), 0);
+    CHECK(ok);
+    CHECK_EQ(atomic_load(&resets), 1);
+    atomic_store(&reset_rc, KVP_EIO);
+    CHECK_EQ(kvp_lookup_client_reset(c, &ok), 0);
+    CHECK(!ok);
+    CHECK_EQ(atomic_load(&resets), 2);
+    atomic_store(&reset_rc, 0);
+    kvp_lookup_client_close(c);
+    kvp_lookup_server_stop(s);
+    /* a server without a reset callback answers "not ok" */
+    kvp_lookup_handler h = {.lookup = fake_lookup};
+    CHECK_EQ(kvp_lookup_server_start(path, &h, &s), 0);
+    CHECK_EQ(kvp_lookup_client_open(path, 1000, &c), 0);
+    ok = true;
+    CHECK_EQ(kvp_lookup_client_reset(c, &ok), 0);
+    CHECK(!ok);
+    kvp_lookup_client_close(c);
+    kvp_lookup_server_stop(s);
+}
+
+TEST(socket_file_rules)
+{
+    mkpath("stale");
+    /* a stale socket file (a dead server's) is replaced */
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    strcpy(sa.sun_path, path);
+    unlink(path);
+    CHECK_EQ(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    close(fd);
+    kvp_lookup_server *s = start();
+    CHECK(s);
+    kvp_lookup_server_stop(s);
+    /* a regular file is not ours to remove */
+    int f = open(path, O_CREAT | O_WRONLY, 0600);
+    CHECK(f >= 0);
+    close(f);
+    kvp_lookup_handler h = {.lookup = fake_lookup};
+    CHECK_EQ(kvp_lookup_server_start(path, &h, &s), KVP_EINVALID_PARAMS);
+    unlink(path);
+    kvp_lookup_handler nolookup = {0};
+    CHECK_EQ(kvp_lookup_server_start(path, &nolookup, &s), KVP_EINVALID_PARAMS);
+    char longp[200];
+    memset(longp, 'a', sizeof longp - 1);
+    longp[sizeof longp - 1] = 0;
+    CHECK_EQ(kvp_lookup_server_start(longp, &h, &s), KVP_EINVALID_PARAMS);
+    kvp_lookup_client *c;
+    CHECK_EQ(kvp_lookup_client_open(longp, 0, &c), KVP_EINVALID_PARAMS);
+}
+
+/* ------------------------------------------------------ hostile input */
+
+static int raw_connect(void)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    strcpy(sa.sun_path, path);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
+    struct timeval tv = {.tv_sec = 2};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+/* Sends bytes; returns the reply body length read (-1 = closed by server). */
+static int raw_exchange(int fd, const uint8_t *p, size_t n, uint8_t *reply)
+{
+    if (send(fd, p, n, MSG_NOSIGNAL) != (ssize_t)n)
+        return -1;
+    uint8_t hdr[4];
+    if (recv(fd, hdr, 4, MSG_WAITALL) != 4)
+        return -1;
+    uint32_t len = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
+    if (len > 16 || recv(fd, reply, len, MSG_WAITALL) != (ssize_t)len)
+        return -1;
+    return (int)len;
+}
+
+static size_t frame(uint8_t *out, const uint8_t *body, uint32_t n)
+{
+    out[0] = (uint8_t)(n >> 24);
+    out[1] = (uint8_t)(n >> 16);
+    out[2] = (uint8_t)(n >> 8);
+    out[3] = (uint8_t)n;
+    memcpy(out + 4, body, n);
+    return 4 + n;
+}
+
+/* True if the server closed fd (after the bytes it sent, if any). */
+static int closed_by_server(int fd, const uint8_t *p, size_t n)
+{
+    uint8_t r[16];
+    return raw_exchange(fd, p, n, r) < 0;
+}
+
+TEST(hostile_bytes_never_crash)
+{
+    mkpath("hostile");
+    kvp_lookup_server *s = start();
+    CHECK(s);
+    uint8_t buf[256], reply[16];
+    int fd;
+
+    /* a well-formed lookup by hand: 'L' u32 48 u16 2 [2 hashes] u8 1 */
+    uint8_t good[] = {'L', 0, 0, 0, 48, 0, 2, 1, 1, 1, 1, 1};
+    fd = raw_connect();
+    CHECK(fd >= 0);
+    CHECK_EQ(raw_exchange(fd, buf, frame(buf, good, sizeof good), reply), 5);
+    CHECK_EQ(reply[0], 'L');
+    CHECK_EQ(reply[4], 32);
+    /* unknown tag: answered 'E', connection kept */
+    uint8_t unk[] = {'Z', 1, 2};
+    CHECK_EQ(raw_exchange(fd, buf, frame(buf, unk, sizeof unk), reply), 2);
+    CHECK_EQ(reply[0], 'E');
+    CHECK_EQ(raw_exchange(fd, buf, frame(buf, good, sizeof good), reply), 5);
+    close(fd);
+
+    struct {
+        const uint8_t *b;
+        uint32_t n;
+    } bad[] = {
+        {(const uint8_t *)"L", 1},                                   /* short lookup */
+        {(const uint8_t *)"L\0\0\0\x30\0\x03\1\1\1\1\1", 12},        /* 4 bytes, hash_len 3 */
+        {(const uint8_t *)"L\0\0\0\x30\0\0\1\1", 9},                 /* hash_len 0 with bytes */
+        {(const uint8_t *)"L\0\0\0\x30\0\2\1\1\2", 10},              /* apply_eagle 2 */
+        {(const uint8_t *)"L\0\0\0\x30\x10\0\1\1\1", 10},            /* hash_len 4096 */
+        {(const uint8_t *)"RR", 2},                                  /* reset with payload */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fd = raw_connect();
+        CHECK(fd >= 0);
+        CHECK(closed_by_server(fd, buf, frame(buf, bad[i].b, bad[i].n)));
+        close(fd);
+    }
+    /* zero and oversized lengths */
+    uint8_t zero[4] = {0, 0, 0, 0}, huge[4] = {0xff, 0xff, 0xff, 0xff};
+    fd = raw_connect();
+    CHECK(closed_by_server(fd, zero, 4));
+    close(fd);
+    fd = raw_connect();
+    CHECK(closed_by_server(fd, huge, 4));
+    close(fd);
+    /* a partial frame, then the peer goes away */
+    fd = raw_connect();
+    CHECK(send(fd, "\0\0\1\0LLL", 7, MSG_NOSIGNAL) == 7);
+    close(fd);
+    /* many connections at once: the extra ones are refused, no crash */
+    int fds[KVP_LOOKUP_MAX_CONNS + 4];
+    for (int i = 0; i < KVP_LOOKUP_MAX_CONNS + 4; i++)
+        fds[i] = raw_connect();
+    usleep(50000);
+    for (int i = 0; i < KVP_LOOKUP_MAX_CONNS + 4; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    /* random garbage */
+    srand(1234);
+    for (int round = 0; round < 300; round++) {
+        fd = raw_connect();
+        if (fd < 0) {
+            usleep(10000);
+            continue;
+        }
+        size_t n = (size_t)(rand() % 40) + 1;
+        for (size_t i = 0; i < n; i++)
+            buf[i] = (uint8_t)rand();
+        if (round % 3 == 0) { /* plausible length prefix */
+            uint32_t body = (uint32_t)(n > 4 ? n - 4 : 1);
+            buf[0] = buf[1] = buf[2] = 0;
+            buf[3] = (uint8_t)body;
+            buf[4] = round % 2 ? 'L' : 'R';
+        }
+        send(fd, buf, n, MSG_NOSIGNAL);
+        close(fd);
+    }
+    /* still serving */
+    usleep(50000);
+    kvp_lookup_client *c = NULL;
+    CHECK_EQ(kvp_lookup_client_open(path, 1000, &c), 0);
+    fill_hashes(2, 8, 2);
+    uint32_t hit = 0;
+    CHECK_EQ(kvp_lookup_client_lookup(c, "ok", 2, 48, hs, 2, 8, false, true, &hit), 0);
+    CHECK_EQ(hit, 32);
+    kvp_lookup_client_close(c);
+    kvp_lookup_server_stop(s);
+}
+
+TEST(alloc_failures_are_reported)
+{
+    mkpath("oom");
+    kvp_lookup_server *s = start();
+    CHECK(s);
+    kvp_lookup_client *c = NULL;
+    CHECK_EQ(kvp_lookup_client_open(path, 1000, &c), 0);
+    fill_hashes(2, 8, 2);
+    uint32_t hit = 0;
+    for (uint64_t n = 1; n <= 3; n++) {
+        kvp_mem_fail_nth(n, 0);
+        int rc = kvp_lookup_client_lookup(c, "m", 1, 48, hs, 2, 8, false, true, &hit);
+        kvp_mem_fail_nth(0, 0);
+        CHECK(rc == 0 || rc == KVP_ENOMEM);
+    }
+    CHECK_EQ(kvp_lookup_client_lookup(c, "m", 1, 48, hs, 2, 8, false, true, &hit), 0);
+    CHECK_EQ(hit, 32);
+    kvp_lookup_client_close(c);
+    kvp_lookup_server_stop(s);
+}
+
+/* ------------------------------------------- the client's exact frames */
+
+static int listen_raw(void)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    strcpy(sa.sun_path, path);
+    unlink(path);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 4) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int read_frame(int fd, uint8_t *out, size_t cap)
+{
+    uint8_t hdr[4];
+    if (recv(fd, hdr, 4, MSG_WAITALL) != 4)
+        return -1;
+    uint32_t len = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
+    if (len > cap || recv(fd, out, len, MSG_WAITALL) != (ssize_t)len)
+        return -1;
+    return (int)len;
+}
+
+TEST(client_frames_and_bad_answers)
+{
+    mkpath("frames");
+    int lfd = listen_raw();
+    CHECK(lfd >= 0);
+    kvp_lookup_client *c = NULL;
+    CHECK_EQ(kvp_lookup_client_open(path, 1000, &c), 0);
+    uint8_t h2[2 * 4] = {1, 2, 3, 4, 5, 6, 7, 8};
+    uint32_t hit = 9;
+    CHECK_EQ(kvp_lookup_client_lookup(c, "f", 1, 128, h2, 2, 4, true, false, &hit),
+             KVP_LOOKUP_PENDING);
+    int fd = accept(lfd, NULL, NULL);
+    CHECK(fd >= 0);
+    uint8_t in[64];
+    /* 'L' | u32 128 | u16 4 | 8 hash bytes | apply_eagle 0 */
+    CHECK_EQ(read_frame(fd, in, sizeof in), 16);
+    uint8_t want[16] = {'L', 0, 0, 0, 128, 0, 4, 1, 2, 3, 4, 5, 6, 7, 8, 0};
+    CHECK(memcmp(in, want, 16) == 0);
+    uint8_t ans[] = {0, 0, 0, 5, 'L', 0, 0, 0, 96};
+    CHECK(send(fd, ans, sizeof ans, MSG_NOSIGNAL) == (ssize_t)sizeof ans);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "f", 1, 128, h2, 2, 4, false, false, &hit), 0);
+    CHECK_EQ(hit, 96);
+    /* reset: 'R'; answers 1 = ok */
+    bool ok = false;
+    uint8_t rok[] = {0, 0, 0, 2, 'R', 1};
+    CHECK(send(fd, rok, sizeof rok, MSG_NOSIGNAL) == (ssize_t)sizeof rok);
+    CHECK_EQ(kvp_lookup_client_reset(c, &ok), 0);
+    CHECK(ok);
+    CHECK_EQ(read_frame(fd, in, sizeof in), 1);
+    CHECK_EQ(in[0], 'R');
+    /* a malformed answer (wrong tag) is a miss and closes the connection */
+    uint8_t bad[] = {0, 0, 0, 5, 'R', 0, 0, 0, 96};
+    CHECK(send(fd, bad, sizeof bad, MSG_NOSIGNAL) == (ssize_t)sizeof bad);
+    hit = 7;
+    CHECK_EQ(kvp_lookup_client_lookup(c, "g", 1, 128, NULL, 0, 0, false, true, &hit), 0);
+    CHECK_EQ(hit, 0);
+    CHECK(recv(fd, in, sizeof in, MSG_WAITALL) >= 0); /* drains until the client's close */
+    close(fd);
+    /* the next request opens a new connection */
+    CHECK_EQ(kvp_lookup_client_lookup(c, "h", 1, 16, NULL, 0, 0, true, true, &hit),
+             KVP_LOOKUP_PENDING);
+    fd = accept(lfd, NULL, NULL);
+    CHECK(fd >= 0);
+    CHECK_EQ(read_frame(fd, in, sizeof in), 8);
+    uint8_t want2[8] = {'L', 0, 0, 0, 16, 0, 0, 1};
+    CHECK(memcmp(in, want2, 8) == 0);
+    uint8_t ans2[] = {0, 0, 0, 5, 'L', 0, 0, 0, 0};
+    CHECK(send(fd, ans2, sizeof ans2, MSG_NOSIGNAL) == (ssize_t)sizeof ans2);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "h", 1, 16, NULL, 0, 0, false, true, &hit), 0);
+    CHECK_EQ(hit, 0);
+    kvp_lookup_client_close(c);
+    close(fd);
+    close(lfd);
+    unlink(path);
+}

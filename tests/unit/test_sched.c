@@ -1,0 +1,998 @@
+/* test_sched.c -- connector/sched: the scheduler half (spec §8.2-§8.6, §16, §18). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/buf.h"
+#include "common/mem.h"
+#include "connector/lookup.h"
+#include "connector/meta.h"
+#include "connector/sched.h"
+#include "harness.h"
+#include "kvpool.h"
+
+#define HL 8
+
+/* ------------------------------------------------------------ fakes */
+
+static struct {
+    int calls;
+    int pending_left; /* answer PENDING this many times first */
+    uint32_t hit;
+    uint32_t num_tokens;
+    size_t nhashes, hash_len;
+    bool non_block, apply_eagle;
+    int discards;
+    int reset_rc;
+    bool reset_ok;
+} F;
+
+static int f_lookup(void *arg, const char *req_id, uint32_t id_len, uint32_t num_tokens,
+                    const uint8_t *hashes, size_t nhashes, size_t hash_len, bool non_block,
+                    bool apply_eagle, uint32_t *hit)
+{
+    (void)arg, (void)req_id, (void)id_len, (void)hashes;
+    F.calls++;
+    F.num_tokens = num_tokens;
+    F.nhashes = nhashes;
+    F.hash_len = hash_len;
+    F.non_block = non_block;
+    F.apply_eagle = apply_eagle;
+    if (non_block && F.pending_left > 0) {
+        F.pending_left--;
+        return KVP_LOOKUP_PENDING;
+    }
+    *hit = F.hit;
+    return 0;
+}
+static void f_discard(void *arg, const char *req_id, uint32_t id_len)
+{
+    (void)arg, (void)req_id, (void)id_len;
+    F.discards++;
+}
+static int f_reset(void *arg, bool *ok)
+{
+    (void)arg;
+    *ok = F.reset_ok;
+    return F.reset_rc;
+}
+
+static kvp_sched *mk_sched(int role, uint32_t L, uint32_t H, bool partial)
+{
+    memset(&F, 0, sizeof F);
+    kvp_sched_config c;
+    kvp_sched_config_default(&c);
+    c.kv_role = role;
+    c.block_size = L;
+    c.hash_block_size = H;
+    c.enable_partial_hash_hits = partial;
+    c.ops = (kvp_sched_lookup_ops){f_lookup, f_discard, f_reset, NULL};
+    kvp_sched *s = NULL;
+    if (kvp_sched_new(&c, &s) != 0)
+        return NULL;
+    return s;
+}
+
+/* A request: tokens 1000+i, hashes derived from (id, i), one per H tokens. */
+typedef struct R {
+    char id[16];
+    uint32_t toks[512];
+    uint8_t hs[512 * HL];
+    kvp_sched_request r;
+} R;
+
+static void mk(R *x, const char *id, uint32_t ntok, uint32_t nprompt, uint64_t computed,
+               uint32_t H)
+{
+    memset(x, 0, sizeof *x);
+    snprintf(x->id, sizeof x->id, "%s", id);
+    for (uint32_t i = 0; i < 512; i++)
+        x->toks[i] = 1000 + i;
+    uint32_t nh = ntok / H;
+    for (uint32_t i = 0; i < nh; i++)
+        for (uint32_t b = 0; b < HL; b++)
+            x->hs[i * HL + b] = (uint8_t)(id[0] * 31 + i * 7 + b + 1);
+    x->r = (kvp_sched_request){.req_id = x->id,
+                               .req_id_len = (uint32_t)strlen(x->id),
+                               .all_token_ids = x->toks,
+                               .num_tokens = ntok,
+                               .prompt_token_ids = x->toks,
+                               .num_prompt_tokens = nprompt,
+                               .num_computed_tokens = computed,
+                               .block_hashes = x->hs,
+                               .nhashes = nh,
+                               .hash_len = HL};
+}
+
+static kvp_meta_ids G(uint32_t *ids, uint32_t n)
+{
+    return (kvp_meta_ids){.ids = ids, .n = n, .cap = 0};
+}
+
+/* Builds a step and checks that its byte string decodes to the same step. */
+static int build(kvp_sched *s, const kvp_sched_step *st, const kvp_meta_step **m)
+{
+    const uint8_t *b;
+    size_t len;
+    REQUIRE(kvp_sched_build_meta(s, st, m, &b, &len) == 0);
+    kvp_arena a;
+    kvp_arena_init(&a, 1 << 20);
+    kvp_meta_step d;
+    int rc = kvp_meta_decode(b, len, &a, &d);
+    bool eq = rc == 0 && kvp_meta_step_equal(&d, *m);
+    kvp_arena_free(&a);
+    REQUIRE(rc == 0);
+    REQUIRE(eq);
+    return 0;
+}
+
+static const kvp_meta_req *find_req(const kvp_meta_step *m, const char *id)
+{
+    for (uint32_t i = 0; i < m->nreqs; i++)
+        if (m->reqs[i].req_id.len == strlen(id) && memcmp(m->reqs[i].req_id.p, id, strlen(id)) == 0)
+            return &m->reqs[i];
+    return NULL;
+}
+
+static bool has_str(const kvp_meta_str *v, uint32_t n, const char *id)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (v[i].len == strlen(id) && memcmp(v[i].p, id, v[i].len) == 0)
+            return true;
+    return false;
+}
+
+static bool ids_are(const kvp_meta_ids *g, const uint32_t *want, uint32_t n)
+{
+    if (g->n != n)
+        return false;
+    for (uint32_t i = 0; i < n; i++)
+        if (g->ids[i] != want[i])
+            return false;
+    return true;
+}
+
+#define ID(x) (x).r.req_id, (x).r.req_id_len
+
+/* ================================================================ §8.2 */
+
+TEST(matched_worker_32_local_16)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    R a;
+    mk(&a, "a", 48, 48, 0, 16);
+    F.hit = 32;
+    uint64_t n = 99;
+    bool async = false;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 16, &n, &async), 0);
+    CHECK_EQ(n, 16);
+    CHECK(async);
+    CHECK_EQ(F.calls, 1);
+    CHECK_EQ(F.num_tokens, 48);
+    CHECK_EQ(F.nhashes, 3);
+    CHECK_EQ(F.hash_len, HL);
+    CHECK(!F.non_block);
+    CHECK(F.apply_eagle);
+    kvp_meta_load_spec ls;
+    CHECK(kvp_sched_load_spec(s, ID(a), &ls));
+    CHECK_EQ(ls.vllm_cached_tokens, 16);
+    CHECK_EQ(ls.kvpool_cached_tokens, 32);
+    CHECK(!ls.can_load);
+    kvp_sched_free(s);
+}
+
+TEST(matched_local_32_no_gain_no_spec)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    R a;
+    mk(&a, "a", 48, 48, 0, 16);
+    F.hit = 32;
+    uint64_t n = 99;
+    bool async = true;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 32, &n, &async), 0);
+    CHECK_EQ(n, 0);
+    CHECK(!async);
+    CHECK(!kvp_sched_load_spec(s, ID(a), NULL));
+    /* full local hit beyond the remote one: no load either */
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 40, &n, &async), 0);
+    CHECK_EQ(n, 0);
+    CHECK(!kvp_sched_load_spec(s, ID(a), NULL));
+    kvp_sched_free(s);
+}
+
+TEST(matched_partial_hash_hits_sub_block_tail)
+{
+    /* H=4, L=16: worker 24, local 16 -> 8 */
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 4, true);
+    CHECK(s);
+    R a;
+    mk(&a, "a", 48, 48, 0, 4);
+    F.hit = 24;
+    uint64_t n;
+    bool async;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 16, &n, &async), 0);
+    CHECK_EQ(n, 8);
+    CHECK(async);
+    CHECK_EQ(F.nhashes, 12);
+    kvp_meta_load_spec ls;
+    CHECK(kvp_sched_load_spec(s, ID(a), &ls));
+    CHECK_EQ(ls.kvpool_cached_tokens, 24);
+    kvp_sched_free(s);
+}
+
+TEST(matched_sub_block_prompt_12)
+{
+    R a;
+    mk(&a, "a", 12, 12, 0, 4);
+    uint64_t n;
+    bool async;
+    /* with partial hits: looked up, 8 -> (8, true) */
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 4, true);
+    CHECK(s);
+    F.hit = 8;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+    CHECK_EQ(F.calls, 1);
+    CHECK_EQ(n, 8);
+    CHECK(async);
+    kvp_sched_free(s);
+    /* without: no RPC, (0, false) */
+    s = mk_sched(KVP_SCHED_BOTH, 16, 4, false);
+    CHECK(s);
+    F.hit = 8;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+    CHECK_EQ(F.calls, 0);
+    CHECK_EQ(n, 0);
+    CHECK(!async);
+    kvp_sched_free(s);
+}
+
+TEST(matched_lookup_disabled_never_queries)
+{
+    kvp_sched_config c;
+    kvp_sched_config_default(&c);
+    c.block_size = c.hash_block_size = 16;
+    c.enable_lookup = false;
+    c.ops = (kvp_sched_lookup_ops){f_lookup, f_discard, f_reset, NULL};
+    kvp_sched *s;
+    CHECK_EQ(kvp_sched_new(&c, &s), 0);
+    memset(&F, 0, sizeof F);
+    F.hit = 32;
+    R a;
+    mk(&a, "a", 48, 48, 0, 16);
+    uint64_t n;
+    bool async;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+    CHECK_EQ(n, 0);
+    CHECK_EQ(F.calls, 0);
+    kvp_sched_free(s);
+    /* lookup enabled without a lookup op, L not a multiple of H: refused */
+    c.enable_lookup = true;
+    c.ops.lookup = NULL;
+    CHECK_EQ(kvp_sched_new(&c, &s), KVP_EINVALID_PARAMS);
+    c.ops.lookup = f_lookup;
+    c.hash_block_size = 5;
+    CHECK_EQ(kvp_sched_new(&c, &s), KVP_EINVALID_PARAMS);
+}
+
+TEST(matched_async_pending_then_hit)
+{
+    kvp_sched_config c;
+    kvp_sched_config_default(&c);
+    c.block_size = c.hash_block_size = 16;
+    c.lookup_async = true;
+    c.ops = (kvp_sched_lookup_ops){f_lookup, f_discard, f_reset, NULL};
+    kvp_sched *s;
+    CHECK_EQ(kvp_sched_new(&c, &s), 0);
+    memset(&F, 0, sizeof F);
+    F.hit = 32;
+    F.pending_left = 1;
+    R a;
+    mk(&a, "a", 48, 48, 0, 16);
+    uint64_t n = 5;
+    bool async = true;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), KVP_LOOKUP_PENDING);
+    CHECK(F.non_block);
+    CHECK(!kvp_sched_load_spec(s, ID(a), NULL));
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+    CHECK_EQ(n, 32);
+    CHECK(async);
+    kvp_sched_free(s);
+}
+
+/* ================================================================ §8.3 */
+
+TEST(alloc_sets_can_load)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    R a;
+    mk(&a, "a", 48, 48, 0, 16);
+    F.hit = 32;
+    uint64_t n;
+    bool async;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 16, &n, &async), 0);
+    uint32_t b[] = {0, 1, 2};
+    kvp_meta_ids g = G(b, 3);
+    /* the spec's assertion: external tokens == kvpool - vllm */
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 8), KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 16), 0);
+    kvp_meta_load_spec ls;
+    CHECK(kvp_sched_load_spec(s, ID(a), &ls));
+    CHECK(ls.can_load);
+    bool in_ids = false;
+    CHECK(kvp_sched_is_unfinished(s, ID(a), &in_ids));
+    CHECK(in_ids);
+    /* 0 external tokens cancels the load */
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 0), 0);
+    CHECK(kvp_sched_load_spec(s, ID(a), &ls));
+    CHECK(!ls.can_load);
+    kvp_sched_free(s);
+}
+
+/* ================================================================ §8.4 */
+
+TEST(new_request_saves_block_aligned_prefix)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    R a;
+    mk(&a, "a", 50, 50, 0, 16);
+    uint32_t b[] = {0, 1, 2, 3};
+    kvp_meta_ids g = G(b, 4);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 0), 0);
+    kvp_sched_new_req nr = {.req = &a.r, .num_scheduled_tokens = 50, .block_ids = &g, .ngroups = 1};
+    kvp_sched_step st = {.new_reqs = &nr, .n_new = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 1);
+    const kvp_meta_req *q = &m->reqs[0];
+    CHECK_EQ(q->kind, KVP_META_NEW);
+    CHECK_EQ(q->can_save, KVP_META_TRUE);
+    CHECK_EQ(q->token_len_chunk, 48);
+    CHECK(ids_are(&q->block_ids[0], b, 4));
+    CHECK_EQ(q->n_token_ids, 50);
+    CHECK_EQ(q->token_ids[49], 1049);
+    CHECK(q->has_num_prompt_tokens);
+    CHECK_EQ(q->num_prompt_tokens, 50);
+    CHECK_EQ(q->is_last_chunk, KVP_META_TRUE);
+    CHECK(q->load_spec == NULL);
+    CHECK_EQ(q->nhashes, 3);
+    CHECK(memcmp(q->block_hashes, a.hs, 3 * HL) == 0);
+    CHECK_EQ(m->nunfinished, 1);
+    CHECK(has_str(m->unfinished, 1, "a"));
+    CHECK_EQ(kvp_sched_tracker(s, ID(a))->num_saved_tokens, 48);
+    kvp_sched_free(s);
+}
+
+/* Step 1 of the running-request goldens: prompt 64 (all_token_ids 44 or
+ * 64), chunk of 44 with blocks [0,1]: saves 32 (watermark 32). */
+static int chunk44(kvp_sched *s, R *a, uint32_t ntok)
+{
+    mk(a, "run", ntok, 64, 0, 16);
+    a->r.num_prompt_tokens = 64;
+    uint32_t b[] = {0, 1};
+    kvp_meta_ids g = G(b, 2);
+    REQUIRE(kvp_sched_update_state_after_alloc(s, &a->r, &g, 1, 0) == 0);
+    kvp_sched_new_req nr = {.req = &a->r, .num_scheduled_tokens = 44, .block_ids = &g, .ngroups = 1};
+    kvp_sched_step st = {.new_reqs = &nr, .n_new = 1};
+    const kvp_meta_step *m;
+    REQUIRE(build(s, &st, &m) == 0);
+    REQUIRE(m->nreqs == 1 && m->reqs[0].token_len_chunk == 32);
+    REQUIRE(m->reqs[0].is_last_chunk == KVP_META_FALSE);
+    const kvp_meta_tracker *t = kvp_sched_tracker(s, a->r.req_id, a->r.req_id_len);
+    REQUIRE(t && t->num_saved_tokens == 32 && t->token_len == 44);
+    return 0;
+}
+
+TEST(running_watermark_32_token_len_44_to_48)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    CHECK_EQ(chunk44(s, &a, 64), 0);
+    a.r.num_computed_tokens = 44;
+    uint32_t nb[] = {2};
+    kvp_meta_ids g = G(nb, 1);
+    kvp_sched_cached_req c = {.req = &a.r, .num_scheduled_tokens = 4, .new_block_ids = &g, .ngroups = 1};
+    kvp_sched_step st = {.cached = &c, .n_cached = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 1);
+    const kvp_meta_req *q = &m->reqs[0];
+    CHECK_EQ(q->kind, KVP_META_RUNNING);
+    CHECK_EQ(q->token_len_chunk, 48);
+    CHECK_EQ(q->can_save, KVP_META_TRUE);
+    uint32_t want[] = {0, 1, 2};
+    CHECK(ids_are(&q->block_ids[0], want, 3)); /* APPENDED */
+    CHECK_EQ(kvp_sched_tracker(s, ID(a))->token_len, 48);
+    CHECK_EQ(kvp_sched_tracker(s, ID(a))->num_saved_tokens, 48);
+    kvp_sched_free(s);
+}
+
+TEST(running_spec_tokens_not_counted)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    CHECK_EQ(chunk44(s, &a, 44), 0); /* all_token_ids holds 44 tokens */
+    a.r.num_computed_tokens = 44;
+    uint32_t nb[] = {2};
+    kvp_meta_ids g = G(nb, 1);
+    /* 3 scheduled draft tokens, not in all_token_ids */
+    kvp_sched_cached_req c = {.req = &a.r, .num_scheduled_tokens = 3, .new_block_ids = &g, .ngroups = 1};
+    kvp_sched_step st = {.cached = &c, .n_cached = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 0);
+    const kvp_meta_tracker *t = kvp_sched_tracker(s, ID(a));
+    CHECK_EQ(t->token_len, 44);
+    uint32_t want[] = {0, 1, 2};
+    CHECK(ids_are(&t->block_ids[0], want, 3)); /* blocks still appended */
+    kvp_sched_free(s);
+}
+
+TEST(running_decode_not_saved_but_tracked)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    mk(&a, "d", 32, 32, 0, 16);
+    uint32_t b[] = {0, 1};
+    kvp_meta_ids g = G(b, 2);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 0), 0);
+    kvp_sched_new_req nr = {.req = &a.r, .num_scheduled_tokens = 32, .block_ids = &g, .ngroups = 1};
+    kvp_sched_step st = {.new_reqs = &nr, .n_new = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 1);
+    /* decode steps: computed >= prefill end -> no meta; no new blocks (NULL) still advances */
+    for (uint32_t k = 0; k < 20; k++) {
+        a.r.num_tokens = 33 + k;
+        a.r.num_computed_tokens = 32 + k;
+        kvp_sched_cached_req c = {.req = &a.r, .num_scheduled_tokens = 1};
+        kvp_sched_step st2 = {.cached = &c, .n_cached = 1};
+        CHECK_EQ(build(s, &st2, &m), 0);
+        CHECK_EQ(m->nreqs, 0);
+    }
+    CHECK_EQ(kvp_sched_tracker(s, ID(a))->token_len, 52);
+    CHECK_EQ(kvp_sched_tracker(s, ID(a))->num_saved_tokens, 32);
+    kvp_sched_free(s);
+}
+
+/* An async load: hit 32, local 0, blocks [5,6] allocated, not scheduled. */
+static int pending_load(kvp_sched *s, R *a)
+{
+    mk(a, "p", 48, 48, 0, 16);
+    F.hit = 32;
+    uint64_t n;
+    bool async;
+    REQUIRE(kvp_sched_get_num_new_matched_tokens(s, &a->r, 0, &n, &async) == 0);
+    REQUIRE(n == 32 && async);
+    uint32_t b[] = {5, 6};
+    kvp_meta_ids g = G(b, 2);
+    REQUIRE(kvp_sched_update_state_after_alloc(s, &a->r, &g, 1, 32) == 0);
+    return 0;
+}
+
+TEST(pending_load_meta_never_saves)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    CHECK_EQ(pending_load(s, &a), 0);
+    kvp_sched_step st = {0};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 1);
+    const kvp_meta_req *q = &m->reqs[0];
+    CHECK_EQ(q->kind, KVP_META_LOAD);
+    CHECK_EQ(q->can_save, KVP_META_FALSE);
+    CHECK(q->load_spec);
+    CHECK(q->load_spec->can_load);
+    CHECK_EQ(q->load_spec->vllm_cached_tokens, 0);
+    CHECK_EQ(q->load_spec->kvpool_cached_tokens, 32);
+    CHECK_EQ(q->token_len_chunk, 32);
+    uint32_t want[] = {5, 6};
+    CHECK(ids_are(&q->block_ids[0], want, 2));
+    CHECK(q->token_ids == NULL);
+    CHECK_EQ(q->nhashes, 3);
+    CHECK_EQ(kvp_sched_tracker(s, ID(a))->num_saved_tokens, 0); /* watermark stays 0 */
+    CHECK(!kvp_sched_load_spec(s, ID(a), NULL));               /* popped */
+    /* request_finished frees immediately */
+    bool delay = true;
+    CHECK_EQ(kvp_sched_request_finished(s, ID(a), &q->block_ids[0], 1, &delay), 0);
+    CHECK(!delay);
+    /* the next step emits no second load */
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 0);
+    kvp_sched_free(s);
+}
+
+TEST(pending_load_cancelled_is_dropped)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    R a;
+    mk(&a, "p", 48, 48, 0, 16);
+    F.hit = 32;
+    uint64_t n;
+    bool async;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, NULL, 0, 0), 0);
+    kvp_sched_step st = {0};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 0); /* no save of uncomputed tokens */
+    CHECK(!kvp_sched_load_spec(s, ID(a), NULL));
+    kvp_sched_free(s);
+}
+
+TEST(new_request_with_load_does_not_save)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    CHECK_EQ(pending_load(s, &a), 0);
+    a.r.num_computed_tokens = 32;
+    uint32_t b[] = {5, 6, 7};
+    kvp_meta_ids g = G(b, 3);
+    kvp_sched_new_req nr = {.req = &a.r, .num_scheduled_tokens = 16, .block_ids = &g, .ngroups = 1};
+    kvp_sched_step st = {.new_reqs = &nr, .n_new = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 1);
+    CHECK_EQ(m->reqs[0].can_save, KVP_META_FALSE);
+    CHECK(m->reqs[0].load_spec && m->reqs[0].load_spec->can_load);
+    CHECK_EQ(kvp_sched_tracker(s, ID(a))->num_saved_tokens, 0);
+    kvp_sched_free(s);
+}
+
+/* Saves 48 of a 48-token prompt, then preempts it. */
+static int saved_then_preempted(kvp_sched *s, R *a, const kvp_meta_step **m)
+{
+    mk(a, "r", 48, 48, 0, 16);
+    uint32_t b[] = {0, 1, 2};
+    kvp_meta_ids g = G(b, 3);
+    REQUIRE(kvp_sched_update_state_after_alloc(s, &a->r, &g, 1, 0) == 0);
+    kvp_sched_new_req nr = {.req = &a->r, .num_scheduled_tokens = 48, .block_ids = &g, .ngroups = 1};
+    kvp_sched_step st = {.new_reqs = &nr, .n_new = 1};
+    REQUIRE(build(s, &st, m) == 0);
+    REQUIRE((*m)->nreqs == 1 && (*m)->reqs[0].token_len_chunk == 48);
+    kvp_meta_str pre = {a->id, (uint32_t)strlen(a->id)};
+    kvp_sched_step st2 = {.preempted = &pre, .n_preempted = 1};
+    REQUIRE(build(s, &st2, m) == 0);
+    return 0;
+}
+
+TEST(preempted_then_finished_no_delay)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    const kvp_meta_step *m;
+    CHECK_EQ(saved_then_preempted(s, &a, &m), 0);
+    CHECK_EQ(m->npreempted, 1);
+    CHECK(has_str(m->preempted, 1, "r"));
+    CHECK(has_str(m->unfinished, m->nunfinished, "r")); /* stays in the id set */
+    bool in_ids;
+    CHECK(!kvp_sched_is_unfinished(s, ID(a), &in_ids));
+    CHECK(in_ids);
+    const kvp_meta_tracker *t = kvp_sched_tracker(s, ID(a));
+    CHECK(t);
+    CHECK_EQ(t->num_saved_tokens, 0); /* reset, object kept */
+    CHECK_EQ(t->ngroups, 0);
+    uint32_t b[] = {0, 1, 2};
+    kvp_meta_ids g = G(b, 3);
+    bool delay = true;
+    CHECK_EQ(kvp_sched_request_finished(s, ID(a), &g, 1, &delay), 0);
+    CHECK(!delay);
+    /* finished: everything dropped, pending lookup discarded */
+    kvp_meta_str fin = {a.id, 1};
+    kvp_sched_step st = {.finished = &fin, .n_finished = 1};
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(F.discards, 1);
+    CHECK_EQ(m->nunfinished, 0);
+    CHECK(!kvp_sched_tracker(s, ID(a)));
+    CHECK(!kvp_sched_is_unfinished(s, ID(a), &in_ids));
+    CHECK(!in_ids);
+    kvp_sched_free(s);
+}
+
+TEST(preemption_clears_load_state)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    CHECK_EQ(pending_load(s, &a), 0);
+    kvp_meta_str pre = {a.id, 1};
+    kvp_sched_step st = {.preempted = &pre, .n_preempted = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 0); /* no pending-load meta for it */
+    CHECK(!kvp_sched_load_spec(s, ID(a), NULL));
+    kvp_sched_free(s);
+}
+
+TEST(resumed_with_load_does_not_save)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    const kvp_meta_step *m;
+    CHECK_EQ(saved_then_preempted(s, &a, &m), 0);
+    /* re-admitted: remote hit 32, local 0; the full new table is [7,8,9] */
+    F.hit = 32;
+    uint64_t n;
+    bool async;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+    CHECK_EQ(n, 32);
+    uint32_t b[] = {7, 8, 9};
+    kvp_meta_ids g = G(b, 3);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 32), 0);
+    a.r.num_computed_tokens = 32;
+    kvp_sched_cached_req c = {.req = &a.r, .resumed = true, .num_scheduled_tokens = 16,
+                              .new_block_ids = &g, .ngroups = 1};
+    kvp_sched_step st = {.cached = &c, .n_cached = 1};
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 1);
+    const kvp_meta_req *q = &m->reqs[0];
+    CHECK_EQ(q->kind, KVP_META_RESUMED);
+    CHECK_EQ(q->can_save, KVP_META_FALSE);
+    CHECK(q->load_spec && q->load_spec->can_load);
+    CHECK(ids_are(&q->block_ids[0], b, 3)); /* REPLACED */
+    kvp_sched_free(s);
+}
+
+TEST(resumed_without_load_saves_48)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    const kvp_meta_step *m;
+    CHECK_EQ(saved_then_preempted(s, &a, &m), 0);
+    /* prompt 40 + 8 generated = 48 tokens recomputed from scratch */
+    a.r.num_tokens = 48;
+    a.r.num_prompt_tokens = 40;
+    a.r.num_computed_tokens = 0;
+    uint32_t b[] = {7, 8, 9};
+    kvp_meta_ids g = G(b, 3);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 0), 0);
+    kvp_sched_cached_req c = {.req = &a.r, .resumed = true, .num_scheduled_tokens = 48,
+                              .new_block_ids = &g, .ngroups = 1};
+    kvp_sched_step st = {.cached = &c, .n_cached = 1};
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 1);
+    const kvp_meta_req *q = &m->reqs[0];
+    CHECK_EQ(q->can_save, KVP_META_TRUE);
+    CHECK_EQ(q->token_len_chunk, 48);
+    CHECK_EQ(q->num_prompt_tokens, 48); /* prefill end = all tokens at resume */
+    CHECK_EQ(q->n_token_ids, 48);
+    CHECK(ids_are(&q->block_ids[0], b, 3));
+    bool delay = false;
+    CHECK_EQ(kvp_sched_request_finished(s, ID(a), &g, 1, &delay), 0);
+    CHECK(delay);
+    kvp_sched_free(s);
+}
+
+TEST(consumer_never_saves)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_CONSUMER, 16, 16, false);
+    CHECK(s);
+    static R a;
+    mk(&a, "c", 48, 64, 0, 16);
+    uint32_t b[] = {0, 1, 2};
+    kvp_meta_ids g = G(b, 3);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 0), 0);
+    kvp_sched_new_req nr = {.req = &a.r, .num_scheduled_tokens = 48, .block_ids = &g, .ngroups = 1};
+    kvp_meta_tail tl = {.group_id = 0, .cow_block_id = 9, .boundary_tokens = 40};
+    kvp_sched_tail_req tr = {.req_id = "c", .req_id_len = 1, .tails = &tl, .ntails = 1};
+    kvp_sched_step st = {.new_reqs = &nr, .n_new = 1, .tails = &tr, .n_tails = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 0);
+    a.r.num_computed_tokens = 48;
+    kvp_sched_cached_req c = {.req = &a.r, .num_scheduled_tokens = 16};
+    kvp_sched_step st2 = {.cached = &c, .n_cached = 1};
+    CHECK_EQ(build(s, &st2, &m), 0);
+    CHECK_EQ(m->nreqs, 0);
+    bool delay = true;
+    CHECK_EQ(kvp_sched_request_finished(s, ID(a), &g, 1, &delay), 0);
+    CHECK(!delay);
+    /* a consumer still loads */
+    static R p;
+    CHECK_EQ(pending_load(s, &p), 0);
+    kvp_sched_step st3 = {0};
+    CHECK_EQ(build(s, &st3, &m), 0);
+    CHECK_EQ(m->nreqs, 1);
+    CHECK_EQ(m->reqs[0].can_save, KVP_META_FALSE);
+    CHECK(m->reqs[0].load_spec);
+    kvp_sched_free(s);
+}
+
+TEST(unknown_cached_request_is_an_error)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    R a;
+    mk(&a, "x", 48, 48, 0, 16);
+    kvp_sched_cached_req c = {.req = &a.r, .num_scheduled_tokens = 16};
+    kvp_sched_step st = {.cached = &c, .n_cached = 1};
+    const kvp_meta_step *m;
+    const uint8_t *b;
+    size_t len;
+    CHECK_EQ(kvp_sched_build_meta(s, &st, &m, &b, &len), KVP_EINVALID_PARAMS);
+    /* new request that was never allocated */
+    kvp_sched_new_req nr = {.req = &a.r, .num_scheduled_tokens = 16};
+    kvp_sched_step st2 = {.new_reqs = &nr, .n_new = 1};
+    CHECK_EQ(kvp_sched_build_meta(s, &st2, &m, &b, &len), KVP_EINVALID_PARAMS);
+    /* the scheduler still works afterwards */
+    kvp_sched_step st3 = {0};
+    CHECK_EQ(build(s, &st3, &m), 0);
+    kvp_sched_free(s);
+}
+
+/* ------------------------------------------------------ partial tails */
+
+TEST(partial_tail_rides_save_or_goes_alone)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a, z;
+    mk(&a, "t", 40, 40, 0, 16);
+    mk(&z, "u", 40, 40, 0, 16);
+    uint32_t b[] = {0, 1, 2}, bz[] = {3, 4, 5};
+    kvp_meta_ids g = G(b, 3), gz = G(bz, 3);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 0), 0);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &z.r, &gz, 1, 0), 0);
+    kvp_sched_new_req nr[2] = {
+        {.req = &a.r, .num_scheduled_tokens = 40, .block_ids = &g, .ngroups = 1},
+        {.req = &z.r, .num_scheduled_tokens = 40, .block_ids = &gz, .ngroups = 1}};
+    kvp_meta_tail tl = {.group_id = 0, .cow_block_id = 9, .boundary_tokens = 40};
+    kvp_sched_tail_req tr = {.req_id = "t", .req_id_len = 1, .tails = &tl, .ntails = 1};
+    kvp_sched_step st = {.new_reqs = nr, .n_new = 2, .tails = &tr, .n_tails = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 2);
+    const kvp_meta_req *q = find_req(m, "t");
+    CHECK(q && q->can_save == KVP_META_TRUE && q->token_len_chunk == 32);
+    CHECK_EQ(q->ntails, 1);
+    CHECK_EQ(q->tails[0].cow_block_id, 9);
+    CHECK_EQ(q->tails[0].boundary_tokens, 40);
+    CHECK(find_req(m, "u")->tails == NULL);
+    CHECK(kvp_sched_tracker(s, ID(a))->has_pending_offload);
+    /* next step: no save for "u" (decode), offload-only meta */
+    z.r.num_computed_tokens = 40;
+    z.r.num_tokens = 41;
+    kvp_sched_cached_req c = {.req = &z.r, .num_scheduled_tokens = 1};
+    kvp_meta_tail tl2[2] = {{.group_id = 0, .cow_block_id = 11, .boundary_tokens = 40},
+                            {.group_id = 0, .cow_block_id = 12, .boundary_tokens = 40}};
+    kvp_sched_tail_req tr2 = {.req_id = "u", .req_id_len = 1, .tails = tl2, .ntails = 2};
+    kvp_sched_step st2 = {.cached = &c, .n_cached = 1, .tails = &tr2, .n_tails = 1};
+    CHECK_EQ(build(s, &st2, &m), 0);
+    CHECK_EQ(m->nreqs, 1);
+    q = &m->reqs[0];
+    CHECK_EQ(q->kind, KVP_META_TAIL);
+    CHECK_EQ(q->token_len_chunk, 0);
+    CHECK_EQ(q->can_save, KVP_META_TRUE);
+    CHECK_EQ(q->ntails, 2);
+    CHECK_EQ(q->num_prompt_tokens, 40);
+    CHECK(ids_are(&q->block_ids[0], bz, 3));
+    CHECK_EQ(q->nhashes, 2);
+    /* a pending offload delays the free even without a saved prefix */
+    bool delay = false;
+    CHECK_EQ(kvp_sched_request_finished(s, ID(z), &gz, 1, &delay), 0);
+    CHECK(delay);
+    /* finished in this step: the offload is dropped */
+    kvp_meta_str fin = {"u", 1};
+    kvp_sched_step st3 = {.finished = &fin, .n_finished = 1, .tails = &tr2, .n_tails = 1};
+    CHECK_EQ(build(s, &st3, &m), 0);
+    CHECK_EQ(m->nreqs, 0);
+    /* two boundaries for one request: refused (the spec asserts) */
+    tl2[1].boundary_tokens = 24;
+    tr2.req_id = "t";
+    kvp_sched_step st4 = {.tails = &tr2, .n_tails = 1};
+    const uint8_t *bb;
+    size_t len;
+    CHECK_EQ(kvp_sched_build_meta(s, &st4, &m, &bb, &len), KVP_EINVALID_PARAMS);
+    kvp_sched_free(s);
+}
+
+/* ================================================================ §8.5 */
+
+TEST(request_finished_delay_rules)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_PRODUCER, 16, 16, false);
+    CHECK(s);
+    bool delay = true;
+    uint32_t b[] = {0, 1, 2};
+    kvp_meta_ids g = G(b, 3), empty = G(NULL, 0);
+    /* unknown request (aborted before scheduling) */
+    CHECK_EQ(kvp_sched_request_finished(s, "nope", 4, &g, 1, &delay), 0);
+    CHECK(!delay);
+    /* tracker but nothing saved yet (sub-block prompt) */
+    static R a;
+    mk(&a, "f", 10, 10, 0, 16);
+    kvp_meta_ids g1 = G(b, 1);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g1, 1, 0), 0);
+    kvp_sched_new_req nr = {.req = &a.r, .num_scheduled_tokens = 10, .block_ids = &g1, .ngroups = 1};
+    kvp_sched_step st = {.new_reqs = &nr, .n_new = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 0);
+    delay = true;
+    CHECK_EQ(kvp_sched_request_finished(s, ID(a), &g1, 1, &delay), 0);
+    CHECK(!delay);
+    /* saved: delayed while it holds blocks */
+    static R c;
+    mk(&c, "g", 48, 48, 0, 16);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &c.r, &g, 1, 0), 0);
+    kvp_sched_new_req nr2 = {.req = &c.r, .num_scheduled_tokens = 48, .block_ids = &g, .ngroups = 1};
+    kvp_sched_step st2 = {.new_reqs = &nr2, .n_new = 1};
+    CHECK_EQ(build(s, &st2, &m), 0);
+    CHECK_EQ(kvp_sched_request_finished(s, ID(c), &g, 1, &delay), 0);
+    CHECK(delay);
+    CHECK_EQ(kvp_sched_request_finished(s, ID(c), &empty, 1, &delay), 0);
+    CHECK(!delay);
+    CHECK_EQ(kvp_sched_request_finished(s, ID(c), NULL, 0, &delay), 0);
+    CHECK(!delay);
+    kvp_sched_free(s);
+}
+
+/* ================================================================ §8.6 */
+
+TEST(reset_store_results)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    F.reset_ok = true;
+    CHECK(kvp_sched_reset_store(s));
+    F.reset_ok = false;
+    CHECK(!kvp_sched_reset_store(s));
+    F.reset_ok = true;
+    F.reset_rc = KVP_ERPC_TIMEOUT;
+    CHECK(!kvp_sched_reset_store(s));
+    kvp_sched_free(s);
+}
+
+/* ============================================ through the real channel */
+
+static int w_lookup(void *arg, uint32_t num_tokens, const uint8_t *hashes, size_t nhashes,
+                    size_t hash_len, int apply_eagle, uint32_t *hit)
+{
+    (void)arg, (void)hashes, (void)hash_len, (void)apply_eagle;
+    uint32_t h = (uint32_t)(nhashes >= 2 ? 32 : 0);
+    *hit = h < num_tokens ? h : 0;
+    return 0;
+}
+static int w_reset(void *arg)
+{
+    (*(int *)arg)++;
+    return 0;
+}
+
+TEST(sched_over_lookup_channel)
+{
+    char path[108];
+    snprintf(path, sizeof path, "/tmp/kvp-sched-%d.sock", (int)getpid());
+    int resets = 0;
+    kvp_lookup_handler h = {.lookup = w_lookup, .reset = w_reset, .arg = &resets};
+    kvp_lookup_server *srv;
+    CHECK_EQ(kvp_lookup_server_start(path, &h, &srv), 0);
+    kvp_lookup_client *cl;
+    CHECK_EQ(kvp_lookup_client_open(path, 1000, &cl), 0);
+    kvp_sched_config c;
+    kvp_sched_config_default(&c);
+    c.block_size = c.hash_block_size = 16;
+    kvp_sched_ops_client(cl, &c.ops);
+    kvp_sched *s;
+    CHECK_EQ(kvp_sched_new(&c, &s), 0);
+    static R a;
+    mk(&a, "a", 48, 48, 0, 16);
+    uint64_t n;
+    bool async;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 16, &n, &async), 0);
+    CHECK_EQ(n, 16);
+    CHECK(kvp_sched_reset_store(s));
+    CHECK_EQ(resets, 1);
+    /* worker gone: a miss within the deadline, reset fails */
+    kvp_lookup_server_stop(srv);
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 16, &n, &async), 0);
+    CHECK_EQ(n, 0);
+    CHECK(!kvp_sched_reset_store(s));
+    kvp_meta_str fin = {"a", 1};
+    kvp_sched_step st = {.finished = &fin, .n_finished = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(kvp_lookup_client_pending(cl), 0);
+    kvp_sched_free(s);
+    kvp_lookup_client_close(cl);
+}
+
+/* ========================================================== many steps */
+
+TEST(many_requests_lifecycle_and_oom)
+{
+    for (uint64_t fail = 0; fail < 40; fail++) {
+        kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+        CHECK(s);
+        static R r[6];
+        uint32_t b[6][4];
+        kvp_meta_ids g[6];
+        kvp_sched_new_req nr[6];
+        char nm[2] = "A";
+        if (fail)
+            kvp_mem_fail_nth(fail, 0);
+        int rc = 0;
+        for (int i = 0; i < 6 && rc == 0; i++) {
+            nm[0] = (char)('A' + i);
+            mk(&r[i], nm, 64, 64, 0, 16);
+            for (int k = 0; k < 4; k++)
+                b[i][k] = (uint32_t)(i * 4 + k);
+            g[i] = G(b[i], 4);
+            rc = kvp_sched_update_state_after_alloc(s, &r[i].r, &g[i], 1, 0);
+            nr[i] = (kvp_sched_new_req){.req = &r[i].r, .num_scheduled_tokens = 64,
+                                        .block_ids = &g[i], .ngroups = 1};
+        }
+        const kvp_meta_step *m;
+        const uint8_t *bytes;
+        size_t len;
+        kvp_sched_step st = {.new_reqs = nr, .n_new = 6};
+        if (rc == 0)
+            rc = kvp_sched_build_meta(s, &st, &m, &bytes, &len);
+        kvp_mem_fail_nth(0, 0);
+        CHECK(rc == 0 || rc == KVP_ENOMEM);
+        if (rc == 0 && !fail) {
+            CHECK_EQ(m->nreqs, 6);
+            CHECK_EQ(m->nunfinished, 6);
+        }
+        kvp_sched_free(s);
+    }
+}
+
+TEST(hit_beyond_num_tokens_is_a_miss)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    R a;
+    mk(&a, "a", 48, 48, 0, 16);
+    F.hit = 64; /* a broken worker: more than the request has */
+    uint64_t n = 1;
+    bool async = true;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+    CHECK_EQ(n, 0);
+    CHECK(!async);
+    CHECK(!kvp_sched_load_spec(s, ID(a), NULL));
+    kvp_sched_free(s);
+}
+
+TEST(resumed_partial_tail_keeps_handoff_boundary)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    const kvp_meta_step *m;
+    CHECK_EQ(saved_then_preempted(s, &a, &m), 0);
+    /* resumed with 52 tokens (48 prompt + 4 generated), all recomputed */
+    a.r.num_tokens = 52;
+    a.r.num_computed_tokens = 0;
+    uint32_t b[] = {7, 8, 9, 10};
+    kvp_meta_ids g = G(b, 4);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 0), 0);
+    kvp_sched_cached_req c = {.req = &a.r, .resumed = true, .num_scheduled_tokens = 52,
+                              .new_block_ids = &g, .ngroups = 1};
+    kvp_meta_tail tl = {.group_id = 0, .cow_block_id = 20, .boundary_tokens = 52};
+    kvp_sched_tail_req tr = {.req_id = "r", .req_id_len = 1, .tails = &tl, .ntails = 1};
+    kvp_sched_step st = {.cached = &c, .n_cached = 1, .tails = &tr, .n_tails = 1};
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 1);
+    const kvp_meta_req *q = &m->reqs[0];
+    CHECK_EQ(q->can_save, KVP_META_TRUE);
+    CHECK_EQ(q->token_len_chunk, 48);
+    CHECK_EQ(q->num_prompt_tokens, 52); /* the hand-off boundary is past the prompt */
+    CHECK_EQ(q->ntails, 1);
+    CHECK_EQ(q->tails[0].boundary_tokens, 52);
+    kvp_sched_free(s);
+}
