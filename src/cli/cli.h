@@ -13,6 +13,8 @@ int kvp_bench_store(int argc, char **argv);
 int kvp_cmd_stat(int argc, char **argv);
 int kvp_cmd_reset(int argc, char **argv);
 int kvp_cmd_serve(int argc, char **argv);
+/* `kvpool sim` (cmd_sim.c): the engine simulator */
+int kvp_cmd_sim(int argc, char **argv);
 /* put | get | exist | rm, by argv[0] */
 int kvp_cmd_kv(int argc, char **argv);
 

@@ -21,6 +21,7 @@ static const struct {
     {"get", kvp_cmd_kv, "write a key's value to a file (or stdout)"},
     {"exist", kvp_cmd_kv, "tell whether keys exist"},
     {"rm", kvp_cmd_kv, "remove keys"},
+    {"sim", kvp_cmd_sim, "engine simulator: instances x TP ranks driving the connector"},
     {"bench", kvp_cmd_bench, "benchmarks: `kvpool bench master|store`"},
 };
 

@@ -1,0 +1,1118 @@
+/*
+ * cmd_sim.c -- `kvpool sim`: an engine simulator driving the connector.
+ *
+ * N engine instances (forked processes), each with one scheduler (the
+ * main thread: kvp_sched + a kvp_lookup client) and TP rank threads (one
+ * kvp_worker each; rank 0 also serves the lookup channel). Each rank owns a
+ * paged KV cache in host memory: per layer a (2, num_blocks, B, D) byte
+ * tensor (K/V planes). The content of a full block is a deterministic
+ * function of (block hash = the tokens up to its end, layer, plane, key
+ * rank), so every block loaded from the pool can be checked against what
+ * computing it would give; a mismatch is a failure (exit 1).
+ *
+ * Workload: U users (user u is served by instance u % N), T turns each; a
+ * prompt = shared system prompt + the user's history + the new turn. The
+ * engine model: one prefill per request, no local prefix cache, async
+ * loads; blocks are freed once the worker reports the request finished
+ * sending (delay_free). Each instance reports its counters to the parent
+ * over a pipe; the parent prints a progress line (stderr, tty only) and the
+ * summary (text or --json).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/buf.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "connector/blockhash.h"
+#include "connector/keys.h"
+#include "connector/lookup.h"
+#include "connector/meta.h"
+#include "connector/sched.h"
+#include "connector/worker.h"
+#include "kvpool.h"
+
+#define HL 32            /* sha256_cbor hash length */
+#define VOCAB 50000u
+#define DRAIN_MS 60000u  /* bound on finishing in-flight requests at the end */
+
+typedef struct simcfg {
+    const char *master;
+    int instances, tp, users, turns, sys_tokens, turn_tokens, reply_tokens;
+    int block_size, layers, kv_heads, num_blocks, max_running;
+    uint64_t block_bytes; /* per block, plane and layer */
+    double duration;      /* seconds; 0 = one pass over users x turns */
+    uint64_t seed;
+    int json;
+} simcfg;
+
+/* What an instance reports to the parent (fixed-size pipe record). */
+typedef struct simstats {
+    uint64_t requests, prompt_tokens, lookup_hit_tokens, loaded_tokens, computed_tokens;
+    uint64_t bytes_stored, bytes_loaded, store_ns, load_ns, puts, gets;
+    uint64_t load_errors, mismatches, blocks_verified, steps;
+    int32_t done, failed;
+} simstats;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static uint32_t tok(uint64_t seed, uint64_t a, uint64_t b, uint64_t i)
+{
+    return (uint32_t)(mix64(seed ^ mix64(a * 0x100000001B3ull ^ mix64(b + 7) ^ (i << 20))) %
+                      VOCAB);
+}
+
+/* ------------------------------------------------------------ KV content */
+
+static uint64_t hash_seed(const uint8_t *h)
+{
+    uint64_t s;
+    memcpy(&s, h, sizeof s);
+    return s;
+}
+
+static uint64_t plane_base(uint64_t seed, int layer, int plane, int krank)
+{
+    return mix64(seed ^ mix64((uint64_t)(layer + 1) * 0x51ull) ^
+                 mix64((uint64_t)(plane + 1) * 0x1F3ull + ((uint64_t)(krank + 1) << 32)));
+}
+
+static void plane_fill(uint8_t *dst, uint64_t len, uint64_t base)
+{
+    for (uint64_t i = 0; i < len / 8; i++) {
+        uint64_t w = mix64(base + i);
+        memcpy(dst + i * 8, &w, 8);
+    }
+}
+
+static int plane_check(const uint8_t *src, uint64_t len, uint64_t base)
+{
+    for (uint64_t i = 0; i < len / 8; i++) {
+        uint64_t w = mix64(base + i);
+        if (memcmp(src + i * 8, &w, 8) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------ instance */
+
+/* One rank's work item for a step: verify or compute blocks [from, to). */
+typedef struct action {
+    int verify;
+    const uint32_t *blocks;
+    const uint8_t *hashes; /* hash k seeds block k when k < nfull */
+    uint32_t nfull;
+    uint64_t tail_seed;
+    uint32_t from, to;
+} action;
+
+struct inst;
+
+typedef struct rank {
+    struct inst *in;
+    int r, krank;
+    kvp_worker *w;
+    uint8_t **layer; /* per layer: 2 planes x num_blocks x block_bytes */
+    pthread_t th;
+    uint64_t seen_gen;
+    /* results of the last step */
+    kvp_worker_ids ds, dr;
+    uint32_t *errs;
+    size_t nerrs;
+    int rc;
+    uint64_t mismatches, verified;
+    kvp_arena arena;
+} rank;
+
+typedef struct inst {
+    const simcfg *c;
+    int idx;
+    rank *ranks;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_go, cv_done;
+    uint64_t gen;
+    int ndone, quit;
+    /* the current step */
+    const uint8_t *bytes;
+    size_t len;
+    const char *const *fin;
+    size_t nfin;
+    const action *acts;
+    size_t nacts;
+} inst;
+
+static uint8_t *blk(const rank *k, int layer, int plane, uint32_t b)
+{
+    const simcfg *c = k->in->c;
+    return k->layer[layer] + ((uint64_t)plane * (uint64_t)c->num_blocks + b) * c->block_bytes;
+}
+
+static uint64_t block_seed(const action *a, uint32_t k)
+{
+    return k < a->nfull ? hash_seed(a->hashes + (size_t)k * HL) : mix64(a->tail_seed);
+}
+
+static void run_action(rank *k, const action *a)
+{
+    const simcfg *c = k->in->c;
+    for (uint32_t i = a->from; i < a->to; i++) {
+        uint64_t s = block_seed(a, i);
+        int bad = 0;
+        for (int l = 0; l < c->layers; l++)
+            for (int p = 0; p < 2; p++) {
+                uint64_t base = plane_base(s, l, p, k->krank);
+                if (a->verify)
+                    bad |= !plane_check(blk(k, l, p, a->blocks[i]), c->block_bytes, base);
+                else
+                    plane_fill(blk(k, l, p, a->blocks[i]), c->block_bytes, base);
+            }
+        if (a->verify) {
+            k->verified++;
+            if (bad) {
+                k->mismatches++;
+                fprintf(stderr, "kvpool sim: MISMATCH instance %d rank %d block %u (chunk %u)\n",
+                        k->in->idx, k->r, a->blocks[i], i);
+            }
+        }
+    }
+}
+
+static void *rank_main(void *p)
+{
+    rank *k = p;
+    inst *in = k->in;
+    for (;;) {
+        pthread_mutex_lock(&in->mu);
+        while (!in->quit && in->gen == k->seen_gen)
+            pthread_cond_wait(&in->cv_go, &in->mu);
+        if (in->quit) {
+            pthread_mutex_unlock(&in->mu);
+            return NULL;
+        }
+        k->seen_gen = in->gen;
+        pthread_mutex_unlock(&in->mu);
+
+        for (size_t i = 0; i < in->nacts; i++)
+            if (in->acts[i].verify)
+                run_action(k, &in->acts[i]);
+        for (size_t i = 0; i < in->nacts; i++)
+            if (!in->acts[i].verify)
+                run_action(k, &in->acts[i]);
+        kvp_arena_reset(&k->arena);
+        kvp_meta_step st;
+        int rc = kvp_meta_decode(in->bytes, in->len, &k->arena, &st);
+        if (rc == 0)
+            rc = kvp_worker_get_finished(k->w, in->fin, in->nfin, &st, &k->ds, &k->dr);
+        if (rc == 0)
+            rc = kvp_worker_load_errors(k->w, &k->errs, &k->nerrs);
+        k->rc = rc;
+
+        pthread_mutex_lock(&in->mu);
+        in->ndone++;
+        pthread_cond_signal(&in->cv_done);
+        pthread_mutex_unlock(&in->mu);
+    }
+}
+
+/* Runs one step on every rank and waits for all of them. */
+static void inst_step(inst *in)
+{
+    pthread_mutex_lock(&in->mu);
+    in->ndone = 0;
+    in->gen++;
+    pthread_cond_broadcast(&in->cv_go);
+    while (in->ndone < in->c->tp)
+        pthread_cond_wait(&in->cv_done, &in->mu);
+    pthread_mutex_unlock(&in->mu);
+}
+
+static int lk_lookup(void *arg, uint32_t num_tokens, const uint8_t *hashes, size_t nhashes,
+                     size_t hash_len, int apply_eagle, uint32_t *hit)
+{
+    return kvp_worker_lookup(arg, num_tokens, hashes, nhashes, hash_len, apply_eagle, hit);
+}
+
+static int lk_reset(void *arg) { return kvp_worker_reset(arg) >= 0 ? 0 : -1; }
+
+/* ------------------------------------------------------------ engine */
+
+enum { R_WAIT, R_LOADING, R_READY, R_RAN, R_FINISHING };
+
+typedef struct user {
+    int id;
+    uint32_t *hist;
+    uint32_t nhist, cap;
+    int turn;
+    uint64_t epoch;
+    int busy;
+} user;
+
+typedef struct req {
+    char id[96];
+    user *u;
+    uint32_t *toks, n;
+    uint8_t *hashes;
+    uint32_t nh;
+    uint64_t tail_seed;
+    uint32_t *blocks, nblocks;
+    int state;
+    uint64_t hit, computed;
+    uint32_t first_bad; /* first chunk whose load failed (nblocks: none) */
+    int recv_cnt, send_cnt;
+    kvp_sched_request sr;
+    struct req *next;
+} req;
+
+typedef struct engine {
+    const simcfg *c;
+    inst *in;
+    kvp_sched *s;
+    struct kvp_bh_hash none;
+    uint32_t *freel;
+    uint32_t nfree;
+    uint32_t *sys;
+    user *users;
+    int nusers;
+    req *head;
+    int nactive;
+    simstats st;
+} engine;
+
+static void hist_push(user *u, uint32_t t)
+{
+    if (u->nhist == u->cap) {
+        u->cap = u->cap ? u->cap * 2 : 256;
+        u->hist = kvp_realloc(u->hist, (size_t)u->cap * sizeof *u->hist);
+        if (!u->hist)
+            abort();
+    }
+    u->hist[u->nhist++] = t;
+}
+
+static uint32_t turn_len(const simcfg *c, uint64_t seed, int u, int turn, uint64_t epoch, int base)
+{
+    if (base <= 1)
+        return (uint32_t)(base > 0 ? base : 0);
+    uint64_t r = mix64(seed ^ mix64((uint64_t)u * 1000003u + (uint64_t)turn) ^ (epoch << 40));
+    return (uint32_t)(base / 2 + (int)(r % (uint64_t)base)); /* [base/2, 3*base/2) */
+}
+
+static req *req_new(engine *e, user *u)
+{
+    const simcfg *c = e->c;
+    uint32_t nt = turn_len(c, e->c->seed, u->id, u->turn, u->epoch, c->turn_tokens);
+    req *r = kvp_calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->u = u;
+    snprintf(r->id, sizeof r->id, "i%d-u%d-e%" PRIu64 "-t%d", e->in->idx, u->id, u->epoch,
+             u->turn);
+    r->n = (uint32_t)c->sys_tokens + u->nhist + nt;
+    r->toks = kvp_malloc((size_t)r->n * sizeof *r->toks);
+    int64_t *t64 = kvp_malloc((size_t)r->n * sizeof *t64);
+    r->nh = r->n / (uint32_t)c->block_size;
+    r->hashes = kvp_malloc((size_t)(r->nh ? r->nh : 1) * HL);
+    struct kvp_bh_hash *hh = kvp_malloc((size_t)(r->nh ? r->nh : 1) * sizeof *hh);
+    r->nblocks = (r->n + (uint32_t)c->block_size - 1) / (uint32_t)c->block_size;
+    r->blocks = kvp_malloc((size_t)r->nblocks * sizeof *r->blocks);
+    if (!r->toks || !t64 || !r->hashes || !hh || !r->blocks)
+        abort();
+    uint32_t o = 0;
+    memcpy(r->toks, e->sys, (size_t)c->sys_tokens * sizeof *r->toks);
+    o += (uint32_t)c->sys_tokens;
+    memcpy(r->toks + o, u->hist, (size_t)u->nhist * sizeof *r->toks);
+    o += u->nhist;
+    for (uint32_t i = 0; i < nt; i++)
+        r->toks[o + i] = tok(c->seed, 2 + (uint64_t)u->id * 4096 + (uint64_t)u->turn,
+                             u->epoch, i);
+    for (uint32_t i = 0; i < r->n; i++)
+        t64[i] = r->toks[i];
+    size_t nout = 0;
+    if (kvp_bh_block_hashes(KVP_BH_SHA256_CBOR, &e->none, t64, r->n, (size_t)c->block_size, NULL,
+                            NULL, hh, r->nh ? r->nh : 1, &nout) != 0 || nout != r->nh)
+        abort();
+    for (uint32_t i = 0; i < r->nh; i++)
+        memcpy(r->hashes + (size_t)i * HL, hh[i].b, HL);
+    uint64_t ts = r->n;
+    for (uint32_t i = r->nh * (uint32_t)c->block_size; i < r->n; i++)
+        ts = mix64(ts ^ r->toks[i]);
+    r->tail_seed = ts ^ (r->nh ? hash_seed(r->hashes + (size_t)(r->nh - 1) * HL) : 0);
+    kvp_free(t64);
+    kvp_free(hh);
+    r->first_bad = r->nblocks;
+    r->sr = (kvp_sched_request){
+        .req_id = r->id, .req_id_len = (uint32_t)strlen(r->id), .all_token_ids = r->toks,
+        .num_tokens = r->n, .prompt_token_ids = r->toks, .num_prompt_tokens = r->n,
+        .block_hashes = r->hashes, .nhashes = r->nh, .hash_len = HL,
+    };
+    return r;
+}
+
+static void req_free(req *r)
+{
+    if (!r)
+        return;
+    kvp_free(r->toks);
+    kvp_free(r->hashes);
+    kvp_free(r->blocks);
+    kvp_free(r);
+}
+
+static req *req_find(engine *e, const char *id)
+{
+    for (req *r = e->head; r; r = r->next)
+        if (!strcmp(r->id, id))
+            return r;
+    return NULL;
+}
+
+/* The request is over: blocks back, history grows, the user is idle. */
+static void req_done(engine *e, req *r)
+{
+    const simcfg *c = e->c;
+    for (uint32_t i = 0; i < r->nblocks; i++)
+        e->freel[e->nfree++] = r->blocks[i];
+    user *u = r->u;
+    uint32_t nt = r->n - (uint32_t)c->sys_tokens - u->nhist;
+    for (uint32_t i = 0; i < nt; i++)
+        hist_push(u, r->toks[(uint32_t)c->sys_tokens + u->nhist]);
+    uint32_t nr = (uint32_t)c->reply_tokens;
+    for (uint32_t i = 0; i < nr; i++)
+        hist_push(u, tok(c->seed, 1, ((uint64_t)u->id << 32) ^ (uint64_t)u->turn ^
+                                         (u->epoch << 20), i));
+    u->turn++;
+    if (c->duration > 0 && u->turn >= c->turns) { /* a new conversation */
+        u->turn = 0;
+        u->nhist = 0;
+        u->epoch++;
+    }
+    u->busy = 0;
+    for (req **pp = &e->head; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    e->nactive--;
+    req_free(r);
+}
+
+static void collect_stats(engine *e)
+{
+    for (int i = 0; i < e->c->tp; i++) {
+        kvp_worker_stats ws;
+        if (!e->in->ranks[i].w)
+            continue;
+        kvp_worker_take_stats(e->in->ranks[i].w, &ws);
+        e->st.bytes_stored += ws.op[KVP_WORKER_OP_SAVE_PUT].bytes;
+        e->st.store_ns += ws.op[KVP_WORKER_OP_SAVE_PUT].total_ns;
+        e->st.puts += ws.op[KVP_WORKER_OP_SAVE_PUT].count;
+        e->st.bytes_loaded += ws.op[KVP_WORKER_OP_LOAD_GET].bytes;
+        e->st.load_ns += ws.op[KVP_WORKER_OP_LOAD_GET].total_ns;
+        e->st.gets += ws.op[KVP_WORKER_OP_LOAD_GET].count;
+    }
+    uint64_t mm = 0, ver = 0;
+    for (int i = 0; i < e->c->tp; i++) {
+        mm += e->in->ranks[i].mismatches;
+        ver += e->in->ranks[i].verified;
+    }
+    e->st.mismatches = mm;
+    e->st.blocks_verified = ver;
+}
+
+static void report(int fd, const simstats *st)
+{
+    ssize_t w = write(fd, st, sizeof *st);
+    (void)w; /* the parent may be gone: nothing to do */
+}
+
+/* The scheduler loop of one instance. Returns 0, or -1 on an engine error. */
+static int engine_run(engine *e, int fd)
+{
+    const simcfg *c = e->c;
+    uint64_t t0 = now_ns(), last_report = 0;
+    uint64_t dur_ns = (uint64_t)(c->duration * 1e9);
+    uint64_t drain_deadline = 0;
+    size_t cap = (size_t)c->max_running + 8;
+    kvp_sched_new_req *nr = kvp_calloc(cap, sizeof *nr);
+    kvp_meta_ids *nids = kvp_calloc(cap, sizeof *nids);
+    action *acts = kvp_calloc(cap * 2, sizeof *acts);
+    req **ran = kvp_calloc(cap, sizeof *ran);
+    kvp_meta_str *fin = kvp_calloc(cap, sizeof *fin);
+    const char **finp = kvp_calloc(cap, sizeof *finp);
+    size_t nfin = 0;
+    int ret = 0;
+    if (!nr || !nids || !acts || !ran || !fin || !finp)
+        abort();
+    for (;;) {
+        uint64_t now = now_ns();
+        bool admitting = c->duration > 0 ? now - t0 < dur_ns : true;
+        /* admission: one request per idle user with a turn left */
+        for (int i = 0; admitting && i < e->nusers && e->nactive < c->max_running; i++) {
+            user *u = &e->users[i];
+            if (u->busy || (c->duration <= 0 && u->turn >= c->turns))
+                continue;
+            req *r = req_new(e, u);
+            if (!r)
+                abort();
+            u->busy = 1;
+            r->state = R_WAIT;
+            req **pp = &e->head;
+            while (*pp)
+                pp = &(*pp)->next;
+            *pp = r;
+            e->nactive++;
+        }
+        if (!e->nactive && nfin == 0)
+            break;
+        if (!admitting && !drain_deadline)
+            drain_deadline = now + (uint64_t)DRAIN_MS * 1000000ull;
+        if (drain_deadline && now > drain_deadline) {
+            fprintf(stderr, "kvpool sim: instance %d: %d requests did not finish in time\n",
+                    e->in->idx, e->nactive);
+            ret = -1;
+            break;
+        }
+        /* schedule */
+        size_t nnew = 0, nacts = 0;
+        for (req *r = e->head; r; r = r->next) {
+            if (r->state == R_WAIT) {
+                if (e->nfree < r->nblocks)
+                    continue;
+                uint64_t num_new = 0;
+                bool async = false;
+                int lrc = kvp_sched_get_num_new_matched_tokens(e->s, &r->sr, 0, &num_new, &async);
+                if (lrc == KVP_LOOKUP_PENDING)
+                    continue;
+                if (lrc != 0)
+                    num_new = 0;
+                for (uint32_t i = 0; i < r->nblocks; i++)
+                    r->blocks[i] = e->freel[--e->nfree];
+                kvp_meta_ids ids = {r->blocks, r->nblocks, 0};
+                e->st.lookup_hit_tokens += num_new;
+                if (kvp_sched_update_state_after_alloc(e->s, &r->sr, &ids, 1, num_new) != 0) {
+                    fprintf(stderr, "kvpool sim: update_state_after_alloc failed\n");
+                    ret = -1;
+                    goto out;
+                }
+                r->hit = num_new;
+                if (num_new > 0 && async) {
+                    r->state = R_LOADING;
+                    continue;
+                }
+                r->computed = 0;
+            } else if (r->state == R_READY) {
+                uint64_t ok = r->hit;
+                if ((uint64_t)r->first_bad * (uint64_t)c->block_size < ok)
+                    ok = (uint64_t)r->first_bad * (uint64_t)c->block_size;
+                r->computed = ok;
+                e->st.loaded_tokens += ok;
+                if (ok)
+                    acts[nacts++] = (action){.verify = 1, .blocks = r->blocks,
+                                             .hashes = r->hashes, .nfull = r->nh,
+                                             .tail_seed = r->tail_seed, .from = 0,
+                                             .to = (uint32_t)(ok / (uint64_t)c->block_size)};
+            } else {
+                continue;
+            }
+            /* scheduled as a new request: compute the rest */
+            r->sr.num_computed_tokens = r->computed;
+            acts[nacts++] = (action){.verify = 0, .blocks = r->blocks, .hashes = r->hashes,
+                                     .nfull = r->nh, .tail_seed = r->tail_seed,
+                                     .from = (uint32_t)(r->computed / (uint64_t)c->block_size),
+                                     .to = r->nblocks};
+            nids[nnew] = (kvp_meta_ids){r->blocks, r->nblocks, 0};
+            nr[nnew] = (kvp_sched_new_req){.req = &r->sr,
+                                          .num_scheduled_tokens = r->n - r->computed,
+                                          .block_ids = &nids[nnew], .ngroups = 1};
+            ran[nnew++] = r;
+            r->state = R_RAN;
+            e->st.requests++;
+            e->st.prompt_tokens += r->n;
+            e->st.computed_tokens += r->n - r->computed;
+        }
+        kvp_sched_step step = {.new_reqs = nr, .n_new = (uint32_t)nnew,
+                               .finished = fin, .n_finished = (uint32_t)nfin};
+        const kvp_meta_step *meta;
+        const uint8_t *bytes;
+        size_t len;
+        int rc = kvp_sched_build_meta(e->s, &step, &meta, &bytes, &len);
+        if (rc != 0) {
+            fprintf(stderr, "kvpool sim: build_meta: %s\n", kvp_err_name(rc));
+            ret = -1;
+            goto out;
+        }
+        for (size_t i = 0; i < nfin; i++)
+            finp[i] = fin[i].p;
+        inst *in = e->in;
+        in->bytes = bytes;
+        in->len = len;
+        in->fin = finp;
+        in->nfin = nfin;
+        in->acts = acts;
+        in->nacts = nacts;
+        inst_step(in);
+        e->st.steps++;
+        for (size_t i = 0; i < nfin; i++)
+            kvp_free((void *)fin[i].p);
+        nfin = 0;
+        /* aggregate the ranks' answers: errors first, then finished sets */
+        for (int k = 0; k < c->tp; k++) {
+            rank *rk = &in->ranks[k];
+            if (rk->rc != 0) {
+                fprintf(stderr, "kvpool sim: rank %d: get_finished: %s\n", k,
+                        kvp_err_name(rk->rc));
+                ret = -1;
+            }
+            for (size_t j = 0; j < rk->nerrs; j++) {
+                e->st.load_errors++;
+                for (req *r = e->head; r; r = r->next)
+                    if (r->state == R_LOADING || r->state == R_READY)
+                        for (uint32_t b = 0; b < r->nblocks; b++)
+                            if (r->blocks[b] == rk->errs[j] && b < r->first_bad)
+                                r->first_bad = b;
+            }
+            kvp_free(rk->errs);
+            rk->errs = NULL;
+            rk->nerrs = 0;
+        }
+        for (int k = 0; k < c->tp; k++) {
+            rank *rk = &in->ranks[k];
+            for (size_t j = 0; j < rk->dr.n; j++) {
+                req *r = req_find(e, rk->dr.ids[j]);
+                if (r && r->state == R_LOADING && ++r->recv_cnt == c->tp)
+                    r->state = R_READY;
+            }
+            for (size_t j = 0; j < rk->ds.n; j++) {
+                req *r = req_find(e, rk->ds.ids[j]);
+                if (r && r->state == R_FINISHING && ++r->send_cnt == c->tp)
+                    req_done(e, r);
+            }
+            kvp_worker_ids_free(&rk->ds);
+            kvp_worker_ids_free(&rk->dr);
+        }
+        if (ret)
+            goto out;
+        /* requests computed in this step finish now (one prefill each) */
+        for (size_t i = 0; i < nnew; i++) {
+            req *r = ran[i];
+            kvp_meta_ids ids = {r->blocks, r->nblocks, 0};
+            bool delay = false;
+            if (kvp_sched_request_finished(e->s, r->id, (uint32_t)strlen(r->id), &ids, 1,
+                                           &delay) != 0) {
+                fprintf(stderr, "kvpool sim: request_finished failed\n");
+                ret = -1;
+                goto out;
+            }
+            fin[nfin].p = kvp_strdup(r->id);
+            fin[nfin].len = (uint32_t)strlen(r->id);
+            nfin++;
+            if (delay)
+                r->state = R_FINISHING;
+            else
+                req_done(e, r);
+        }
+        if (nnew == 0 && nfin == 0)
+            usleep(500);
+        if (now - last_report > 200000000ull) {
+            collect_stats(e);
+            report(fd, &e->st);
+            last_report = now;
+        }
+    }
+out:
+    for (size_t i = 0; i < nfin; i++)
+        kvp_free((void *)fin[i].p);
+    kvp_free(nr);
+    kvp_free(nids);
+    kvp_free(acts);
+    kvp_free(ran);
+    kvp_free(fin);
+    kvp_free(finp);
+    return ret;
+}
+
+/* One engine instance (a forked child). Writes simstats records to fd. */
+static int instance_main(const simcfg *c, int idx, int fd)
+{
+    inst in;
+    memset(&in, 0, sizeof in);
+    in.c = c;
+    in.idx = idx;
+    pthread_mutex_init(&in.mu, NULL);
+    pthread_cond_init(&in.cv_go, NULL);
+    pthread_cond_init(&in.cv_done, NULL);
+    engine e;
+    memset(&e, 0, sizeof e);
+    e.c = c;
+    e.in = &in;
+    int ret = 1, nstarted = 0;
+    kvp_lookup_server *srv = NULL;
+    kvp_lookup_client *cli = NULL;
+    char sock[108];
+    snprintf(sock, sizeof sock, "/tmp/kvpool-sim-%d-%d.sock", (int)getpid(), idx);
+    char store_cfg[512];
+    snprintf(store_cfg, sizeof store_cfg,
+             "{\"master\": \"%s\", \"mode\": \"standalone-store\", \"log_level\": \"error\"}",
+             c->master);
+
+    in.ranks = kvp_calloc((size_t)c->tp, sizeof *in.ranks);
+    e.freel = kvp_malloc((size_t)c->num_blocks * sizeof *e.freel);
+    e.sys = kvp_malloc((size_t)(c->sys_tokens ? c->sys_tokens : 1) * sizeof *e.sys);
+    if (!in.ranks || !e.freel || !e.sys)
+        goto done;
+    for (int i = 0; i < c->num_blocks; i++)
+        e.freel[e.nfree++] = (uint32_t)(c->num_blocks - 1 - i);
+    for (int i = 0; i < c->sys_tokens; i++)
+        e.sys[i] = tok(c->seed, 0, 0, (uint64_t)i);
+    if (kvp_bh_none_hash(KVP_BH_SHA256_CBOR, "0", &e.none) != 0)
+        goto done;
+
+    enum kvp_key_spec ks = KVP_KEY_SPEC_ATTENTION;
+    int factor = 1;
+    if (kvp_key_tp_factor(&ks, 1, c->tp, c->kv_heads, 1, &factor) != 0)
+        goto done;
+    kvp_worker_group g = {.spec = {.kind = KVP_COORD_FULL, .block_size = (uint32_t)c->block_size},
+                          .key_spec = KVP_KEY_SPEC_ATTENTION, .num_kv_heads = c->kv_heads};
+    uint64_t plane = (uint64_t)c->num_blocks * c->block_bytes;
+    for (int r = 0; r < c->tp; r++) {
+        rank *k = &in.ranks[r];
+        k->in = &in;
+        k->r = r;
+        k->krank = r / factor;
+        kvp_arena_init(&k->arena, 1 << 16);
+        k->layer = kvp_calloc((size_t)c->layers, sizeof *k->layer);
+        if (!k->layer)
+            goto done;
+        kvp_tdb_tensor t[64];
+        for (int l = 0; l < c->layers; l++) {
+            k->layer[l] = kvp_calloc(1, 2 * plane);
+            if (!k->layer[l])
+                goto done;
+            size_t d = (size_t)(c->block_bytes / (uint64_t)c->block_size);
+            t[l] = (kvp_tdb_tensor){
+                .base = k->layer[l], .storage_len = 2 * plane, .elem_size = 1, .ndim = 4,
+                .shape = {2, (size_t)c->num_blocks, (size_t)c->block_size, d},
+                .stride = {plane, c->block_bytes, d, 1},
+            };
+        }
+        kvp_worker_cfg wc = {
+            .store_config = store_cfg, .model_path = "kvpool/sim-model",
+            .tp_rank = r, .tp_size = c->tp, .pcp_size = 1, .dcp_size = 1, .pp_size = 1,
+            .role = KVP_WORKER_BOTH, .enable_lookup = 1, .groups = &g, .ngroups = 1,
+            .retention_interval = -1, .num_gpu_blocks = (size_t)c->num_blocks,
+            .num_recv_threads = 2,
+        };
+        char err[256] = "";
+        int rc = kvp_worker_create(&wc, &k->w, err, sizeof err);
+        if (rc != 0) {
+            fprintf(stderr, "kvpool sim: instance %d rank %d: %s (%s)\n", idx, r, err,
+                    kvp_err_name(rc));
+            goto done;
+        }
+        if ((rc = kvp_worker_register_kv_caches(k->w, t, (size_t)c->layers)) != 0) {
+            fprintf(stderr, "kvpool sim: register_kv_caches: %s\n", kvp_err_name(rc));
+            goto done;
+        }
+    }
+    kvp_lookup_handler h = {.lookup = lk_lookup, .reset = lk_reset, .arg = in.ranks[0].w};
+    if (kvp_lookup_server_start(sock, &h, &srv) != 0 ||
+        kvp_lookup_client_open(sock, 0, &cli) != 0) {
+        fprintf(stderr, "kvpool sim: cannot start the lookup channel on %s\n", sock);
+        goto done;
+    }
+    kvp_sched_config sc;
+    kvp_sched_config_default(&sc);
+    sc.block_size = (uint32_t)c->block_size;
+    sc.hash_block_size = (uint32_t)c->block_size;
+    kvp_sched_ops_client(cli, &sc.ops);
+    if (kvp_sched_new(&sc, &e.s) != 0)
+        goto done;
+    for (int r = 0; r < c->tp; r++) {
+        if (pthread_create(&in.ranks[r].th, NULL, rank_main, &in.ranks[r]) != 0)
+            goto done;
+        nstarted++;
+    }
+    /* this instance's users: u % instances == idx */
+    e.users = kvp_calloc((size_t)c->users, sizeof *e.users);
+    if (!e.users)
+        goto done;
+    for (int u = idx; u < c->users; u += c->instances)
+        e.users[e.nusers++].id = u;
+    ret = engine_run(&e, fd) == 0 ? 0 : 1;
+done:
+    pthread_mutex_lock(&in.mu);
+    in.quit = 1;
+    pthread_cond_broadcast(&in.cv_go);
+    pthread_mutex_unlock(&in.mu);
+    for (int r = 0; r < nstarted; r++)
+        pthread_join(in.ranks[r].th, NULL);
+    while (e.head)
+        req_done(&e, e.head);
+    kvp_sched_free(e.s);
+    kvp_lookup_client_close(cli);
+    kvp_lookup_server_stop(srv);
+    for (int r = 0; in.ranks && r < c->tp; r++)
+        if (in.ranks[r].w)
+            kvp_worker_drain(in.ranks[r].w);
+    if (in.ranks)
+        collect_stats(&e);
+    for (int r = 0; in.ranks && r < c->tp; r++) {
+        rank *k = &in.ranks[r];
+        kvp_worker_destroy(k->w);
+        kvp_worker_ids_free(&k->ds);
+        kvp_worker_ids_free(&k->dr);
+        kvp_free(k->errs);
+        kvp_arena_free(&k->arena);
+        for (int l = 0; k->layer && l < c->layers; l++)
+            kvp_free(k->layer[l]);
+        kvp_free(k->layer);
+    }
+    for (int i = 0; i < e.nusers; i++)
+        kvp_free(e.users[i].hist);
+    kvp_free(e.users);
+    kvp_free(in.ranks);
+    kvp_free(e.freel);
+    kvp_free(e.sys);
+    e.st.done = 1;
+    e.st.failed = ret != 0 || e.st.mismatches != 0;
+    report(fd, &e.st);
+    return ret;
+}
+
+/* ------------------------------------------------------------ parent */
+
+static void usage(void)
+{
+    printf("usage: kvpool sim [--master HOST:PORT] [--instances N] [--tp N] [--users N]\n"
+           "                  [--turns N] [--system-prompt-tokens N] [--turn-tokens N]\n"
+           "                  [--reply-tokens N] [--duration SECONDS] [--seed N] [--json]\n"
+           "                  [--block-size N] [--layers N] [--block-bytes N] [--num-blocks N]\n"
+           "                  [--kv-heads N] [--max-running N]\n\n"
+           "Simulates engine instances (processes) with TP ranks (threads) driving the\n"
+           "connector against a running pool, checking every loaded block.\n\n"
+           "  --master HOST:PORT          the pool's master (default 127.0.0.1:50051)\n"
+           "  --instances N               engine instances (default 2)\n"
+           "  --tp N                      TP ranks per instance (default 2)\n"
+           "  --users N                   users, user u served by instance u %% N (default 8)\n"
+           "  --turns N                   turns per conversation (default 4)\n"
+           "  --system-prompt-tokens N    shared system prompt (default 512)\n"
+           "  --turn-tokens N             mean new tokens per turn (default 128)\n"
+           "  --reply-tokens N            reply tokens added to the history (default 64)\n"
+           "  --duration SECONDS          keep starting conversations this long; 0 = one\n"
+           "                              pass of users x turns (default 10)\n"
+           "  --seed N                    workload seed (default 1)\n"
+           "  --json                      summary as JSON on stdout\n"
+           "  --block-size N              tokens per KV block (default 16)\n"
+           "  --layers N                  layers (default 2)\n"
+           "  --block-bytes N             bytes per block, plane and layer (default 4096)\n"
+           "  --num-blocks N              KV blocks per rank (default 512)\n"
+           "  --kv-heads N                KV heads (TP factor, default 8)\n"
+           "  --max-running N             concurrent requests per instance (default 8)\n");
+}
+
+static int parse_int(const char *flag, const char *v, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "kvpool sim: --%s \"%s\": expected an integer in [%ld, %ld]\n", flag, v,
+                lo, hi);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, simcfg *c)
+{
+    *c = (simcfg){.master = "127.0.0.1:50051", .instances = 2, .tp = 2, .users = 8, .turns = 4,
+                  .sys_tokens = 512, .turn_tokens = 128, .reply_tokens = 64, .block_size = 16,
+                  .layers = 2, .kv_heads = 8, .num_blocks = 512, .max_running = 8,
+                  .block_bytes = 4096, .duration = 10, .seed = 1};
+    int bb = 4096;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+            return 1;
+        if (!strcmp(a, "--json")) {
+            c->json = 1;
+            continue;
+        }
+        if (strncmp(a, "--", 2) != 0) {
+            fprintf(stderr, "kvpool sim: unexpected argument \"%s\"\n", a);
+            return -1;
+        }
+        const char *name = a + 2, *v;
+        char nb[64];
+        const char *eq = strchr(name, '=');
+        if (eq) {
+            snprintf(nb, sizeof nb, "%.*s", (int)(eq - name), name);
+            name = nb;
+            v = eq + 1;
+        } else {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "kvpool sim: --%s needs a value\n", name);
+                return -1;
+            }
+            v = argv[++i];
+        }
+        struct {
+            const char *n;
+            int *p;
+            long lo, hi;
+        } ints[] = {
+            {"instances", &c->instances, 1, 64}, {"tp", &c->tp, 1, 64},
+            {"users", &c->users, 1, 100000}, {"turns", &c->turns, 1, 100000},
+            {"system-prompt-tokens", &c->sys_tokens, 0, 1 << 20},
+            {"turn-tokens", &c->turn_tokens, 1, 1 << 20},
+            {"reply-tokens", &c->reply_tokens, 0, 1 << 20},
+            {"block-size", &c->block_size, 1, 4096}, {"layers", &c->layers, 1, 64},
+            {"block-bytes", &bb, 8, 1 << 24}, {"num-blocks", &c->num_blocks, 1, 1 << 24},
+            {"kv-heads", &c->kv_heads, 1, 4096}, {"max-running", &c->max_running, 1, 4096},
+        };
+        int found = 0;
+        for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
+            if (!strcmp(name, ints[k].n)) {
+                if (parse_int(name, v, ints[k].lo, ints[k].hi, ints[k].p) != 0)
+                    return -1;
+                found = 1;
+            }
+        if (found)
+            continue;
+        if (!strcmp(name, "master")) {
+            if (!*v || strlen(v) > 200 || !strchr(v, ':')) {
+                fprintf(stderr, "kvpool sim: --master \"%s\": expected HOST:PORT\n", v);
+                return -1;
+            }
+            c->master = v;
+        } else if (!strcmp(name, "duration")) {
+            char *end;
+            errno = 0;
+            double d = strtod(v, &end);
+            if (errno || end == v || *end || !(d >= 0) || d > 86400) {
+                fprintf(stderr, "kvpool sim: --duration \"%s\": expected seconds in [0, 86400]\n",
+                        v);
+                return -1;
+            }
+            c->duration = d;
+        } else if (!strcmp(name, "seed")) {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 10);
+            if (errno || end == v || *end || *v == '-') {
+                fprintf(stderr, "kvpool sim: --seed \"%s\": expected a non-negative integer\n", v);
+                return -1;
+            }
+            c->seed = s;
+        } else {
+            fprintf(stderr, "kvpool sim: unknown flag --%s\n", name);
+            return -1;
+        }
+    }
+    c->block_bytes = (uint64_t)bb;
+    if (c->block_bytes % 8 || c->block_bytes % (uint64_t)c->block_size) {
+        fprintf(stderr, "kvpool sim: --block-bytes %d: must be a multiple of 8 and of "
+                "--block-size %d\n", bb, c->block_size);
+        return -1;
+    }
+    /* the longest prompt (last turn) must fit the KV cache */
+    uint64_t longest = (uint64_t)c->sys_tokens +
+                       (uint64_t)c->turns * ((uint64_t)c->turn_tokens * 3 / 2 + 1 +
+                                             (uint64_t)c->reply_tokens);
+    uint64_t need = (longest + (uint64_t)c->block_size - 1) / (uint64_t)c->block_size;
+    if (need > (uint64_t)c->num_blocks) {
+        fprintf(stderr, "kvpool sim: --num-blocks %d: the longest prompt (%" PRIu64
+                " tokens) needs %" PRIu64 " blocks\n", c->num_blocks, longest, need);
+        return -1;
+    }
+    return 0;
+}
+
+static void sum(simstats *t, const simstats *s)
+{
+    t->requests += s->requests;
+    t->prompt_tokens += s->prompt_tokens;
+    t->lookup_hit_tokens += s->lookup_hit_tokens;
+    t->loaded_tokens += s->loaded_tokens;
+    t->computed_tokens += s->computed_tokens;
+    t->bytes_stored += s->bytes_stored;
+    t->bytes_loaded += s->bytes_loaded;
+    t->store_ns += s->store_ns;
+    t->load_ns += s->load_ns;
+    t->puts += s->puts;
+    t->gets += s->gets;
+    t->load_errors += s->load_errors;
+    t->mismatches += s->mismatches;
+    t->blocks_verified += s->blocks_verified;
+    t->steps += s->steps;
+}
+
+int kvp_cmd_sim(int argc, char **argv)
+{
+    simcfg c;
+    int rc = parse_args(argc, argv, &c);
+    if (rc == 1) {
+        usage();
+        return 0;
+    }
+    if (rc < 0)
+        return 2;
+    signal(SIGPIPE, SIG_IGN);
+    fflush(stdout);
+    fflush(stderr);
+    int n = c.instances;
+    pid_t *pids = kvp_calloc((size_t)n, sizeof *pids);
+    int *fds = kvp_calloc((size_t)n, sizeof *fds);
+    simstats *last = kvp_calloc((size_t)n, sizeof *last);
+    if (!pids || !fds || !last) {
+        fprintf(stderr, "kvpool sim: out of memory\n");
+        return 1;
+    }
+    uint64_t t0 = now_ns();
+    int started = 0, fail = 0;
+    for (int i = 0; i < n; i++) {
+        int p[2];
+        if (pipe(p) != 0) {
+            fail = 1;
+            break;
+        }
+        pid_t pid = fork();
+        if (pid < 0) {
+            close(p[0]);
+            close(p[1]);
+            fail = 1;
+            break;
+        }
+        if (pid == 0) {
+            close(p[0]);
+            for (int j = 0; j < i; j++)
+                close(fds[j]);
+            int r = instance_main(&c, i, p[1]);
+            close(p[1]);
+            kvp_free(pids);
+            kvp_free(fds);
+            kvp_free(last);
+            fflush(stderr);
+            exit(r);
+        }
+        close(p[1]);
+        pids[i] = pid;
+        fds[i] = p[0];
+        started++;
+    }
+    int tty = isatty(2), open_fds = started;
+    while (open_fds > 0) {
+        struct pollfd pf[64];
+        for (int i = 0; i < started; i++)
+            pf[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+        if (poll(pf, (nfds_t)started, 500) < 0 && errno != EINTR)
+            break;
+        for (int i = 0; i < started; i++) {
+            if (fds[i] < 0 || !(pf[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            simstats s;
+            ssize_t r = read(fds[i], &s, sizeof s);
+            if (r == (ssize_t)sizeof s) {
+                last[i] = s;
+                continue;
+            }
+            close(fds[i]);
+            fds[i] = -1;
+            open_fds--;
+        }
+        if (tty) {
+            simstats t = {0};
+            for (int i = 0; i < started; i++)
+                sum(&t, &last[i]);
+            double el = (double)(now_ns() - t0) / 1e9;
+            fprintf(stderr, "\r[%5.1fs] requests %" PRIu64 "  hit %5.1f%%  stored %.1f MiB"
+                    "  loaded %.1f MiB  load errors %" PRIu64 "  mismatches %" PRIu64 "   ",
+                    el, t.requests,
+                    t.prompt_tokens ? 100.0 * (double)t.loaded_tokens / (double)t.prompt_tokens
+                                    : 0.0,
+                    (double)t.bytes_stored / 1048576.0, (double)t.bytes_loaded / 1048576.0,
+                    t.load_errors, t.mismatches);
+        }
+    }
+    if (tty)
+        fprintf(stderr, "\n");
+    int exit_bad = 0;
+    for (int i = 0; i < started; i++) {
+        int st = 0;
+        if (waitpid(pids[i], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0 ||
+            !last[i].done) {
+            fprintf(stderr, "kvpool sim: instance %d failed\n", i);
+            exit_bad = 1;
+        }
+    }
+    double el = (double)(now_ns() - t0) / 1e9;
+    simstats t = {0};
+    for (int i = 0; i < started; i++)
+        sum(&t, &last[i]);
+    double hit = t.prompt_tokens ? (double)t.loaded_tokens / (double)t.prompt_tokens : 0.0;
+    double gbs = el > 0 ? (double)(t.bytes_stored + t.bytes_loaded) / el / 1e9 : 0.0;
+    double load_gbs = t.load_ns ? (double)t.bytes_loaded / (double)t.load_ns : 0.0;
+    double store_gbs = t.store_ns ? (double)t.bytes_stored / (double)t.store_ns : 0.0;
+    if (c.json) {
+        printf("{\"instances\": %d, \"tp\": %d, \"seconds\": %.3f, \"requests\": %" PRIu64
+               ", \"prompt_tokens\": %" PRIu64 ", \"hits\": %" PRIu64
+               ", \"lookup_hit_tokens\": %" PRIu64 ", \"tokens_not_recomputed\": %" PRIu64
+               ", \"computed_tokens\": %" PRIu64 ", \"hit_rate\": %.4f, \"bytes_stored\": %" PRIu64
+               ", \"bytes_loaded\": %" PRIu64 ", \"gb_per_s\": %.3f, \"store_gb_per_s\": %.3f"
+               ", \"load_gb_per_s\": %.3f, \"blocks_verified\": %" PRIu64
+               ", \"load_errors\": %" PRIu64 ", \"mismatches\": %" PRIu64 ", \"ok\": %s}\n",
+               n, c.tp, el, t.requests, t.prompt_tokens, t.loaded_tokens, t.lookup_hit_tokens,
+               t.loaded_tokens, t.computed_tokens, hit, t.bytes_stored, t.bytes_loaded, gbs,
+               store_gbs, load_gbs, t.blocks_verified, t.load_errors, t.mismatches,
+               exit_bad || fail || t.mismatches ? "false" : "true");
+    } else {
+        printf("kvpool sim: %d instances x TP %d, %.1f s\n", n, c.tp, el);
+        printf("  requests              %" PRIu64 "\n", t.requests);
+        printf("  prompt tokens         %" PRIu64 "\n", t.prompt_tokens);
+        printf("  hit rate              %.1f%% (tokens loaded / prompt tokens)\n", hit * 100);
+        printf("  tokens not recomputed %" PRIu64 " (lookup hits %" PRIu64 ")\n",
+               t.loaded_tokens, t.lookup_hit_tokens);
+        printf("  tokens computed       %" PRIu64 "\n", t.computed_tokens);
+        printf("  bytes stored          %.1f MiB (%.2f GB/s per put)\n",
+               (double)t.bytes_stored / 1048576.0, store_gbs);
+        printf("  bytes loaded          %.1f MiB (%.2f GB/s per get)\n",
+               (double)t.bytes_loaded / 1048576.0, load_gbs);
+        printf("  throughput            %.3f GB/s (stored + loaded over wall time)\n", gbs);
+        printf("  blocks verified       %" PRIu64 "\n", t.blocks_verified);
+        printf("  load errors           %" PRIu64 "\n", t.load_errors);
+        printf("  mismatches            %" PRIu64 "\n", t.mismatches);
+        printf("  result                %s\n",
+               exit_bad || fail || t.mismatches ? "FAIL" : "ok");
+    }
+    fflush(stdout);
+    kvp_free(pids);
+    kvp_free(fds);
+    kvp_free(last);
+    return exit_bad || fail || t.mismatches ? 1 : 0;
+}
