@@ -53,6 +53,8 @@ typedef struct simcfg {
     int block_size, layers, kv_heads, num_blocks, max_running;
     uint64_t block_bytes; /* per block, plane and layer */
     double duration;      /* seconds; 0 = one pass over users x turns */
+    int corrupt;          /* self-check: flip a byte of every Nth verified block (0 = never) */
+    int log_level;
     uint64_t seed;
     int json;
 } simcfg;
@@ -183,6 +185,8 @@ static void run_action(rank *k, const action *a)
     for (uint32_t i = a->from; i < a->to; i++) {
         uint64_t s = block_seed(a, i);
         int bad = 0;
+        if (a->verify && c->corrupt && (k->verified + 1) % (uint64_t)c->corrupt == 0)
+            blk(k, 0, 0, a->blocks[i])[0] ^= 0x5A; /* --corrupt: the check must see it */
         for (int l = 0; l < c->layers; l++)
             for (int p = 0; p < 2; p++) {
                 uint64_t base = plane_base(s, l, p, k->krank);
@@ -343,9 +347,11 @@ static req *req_new(engine *e, user *u)
     if (!r->toks || !t64 || !r->hashes || !hh || !r->blocks)
         abort();
     uint32_t o = 0;
-    memcpy(r->toks, e->sys, (size_t)c->sys_tokens * sizeof *r->toks);
+    if (c->sys_tokens)
+        memcpy(r->toks, e->sys, (size_t)c->sys_tokens * sizeof *r->toks);
     o += (uint32_t)c->sys_tokens;
-    memcpy(r->toks + o, u->hist, (size_t)u->nhist * sizeof *r->toks);
+    if (u->nhist)
+        memcpy(r->toks + o, u->hist, (size_t)u->nhist * sizeof *r->toks);
     o += u->nhist;
     for (uint32_t i = 0; i < nt; i++)
         r->toks[o + i] = tok(c->seed, 2 + (uint64_t)u->id * 4096 + (uint64_t)u->turn,
@@ -677,7 +683,7 @@ static int instance_main(const simcfg *c, int idx, int fd)
     snprintf(sock, sizeof sock, "/tmp/kvpool-sim-%d-%d.sock", (int)getpid(), idx);
     char store_cfg[512];
     snprintf(store_cfg, sizeof store_cfg,
-             "{\"master\": \"%s\", \"mode\": \"standalone-store\", \"log_level\": \"error\"}",
+             "{\"master\": \"%s\", \"mode\": \"standalone-store\"}",
              c->master);
 
     in.ranks = kvp_calloc((size_t)c->tp, sizeof *in.ranks);
@@ -832,7 +838,10 @@ static void usage(void)
            "  --block-bytes N             bytes per block, plane and layer (default 4096)\n"
            "  --num-blocks N              KV blocks per rank (default 512)\n"
            "  --kv-heads N                KV heads (TP factor, default 8)\n"
-           "  --max-running N             concurrent requests per instance (default 8)\n");
+           "  --max-running N             concurrent requests per instance (default 8)\n"
+           "  --log-level LEVEL           debug|info|warn|error (default warn)\n"
+           "  --corrupt N                 self-check: damage every Nth loaded block before\n"
+           "                              it is verified (expects mismatches, exit 1)\n");
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi, int *out)
@@ -854,7 +863,7 @@ static int parse_args(int argc, char **argv, simcfg *c)
     *c = (simcfg){.master = "127.0.0.1:50051", .instances = 2, .tp = 2, .users = 8, .turns = 4,
                   .sys_tokens = 512, .turn_tokens = 128, .reply_tokens = 64, .block_size = 16,
                   .layers = 2, .kv_heads = 8, .num_blocks = 512, .max_running = 8,
-                  .block_bytes = 4096, .duration = 10, .seed = 1};
+                  .block_bytes = 4096, .duration = 10, .seed = 1, .log_level = KVP_LOG_WARN};
     int bb = 4096;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -895,6 +904,7 @@ static int parse_args(int argc, char **argv, simcfg *c)
             {"block-size", &c->block_size, 1, 4096}, {"layers", &c->layers, 1, 64},
             {"block-bytes", &bb, 8, 1 << 24}, {"num-blocks", &c->num_blocks, 1, 1 << 24},
             {"kv-heads", &c->kv_heads, 1, 4096}, {"max-running", &c->max_running, 1, 4096},
+            {"corrupt", &c->corrupt, 0, 1 << 30},
         };
         int found = 0;
         for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
@@ -911,6 +921,14 @@ static int parse_args(int argc, char **argv, simcfg *c)
                 return -1;
             }
             c->master = v;
+        } else if (!strcmp(name, "log-level")) {
+            int lv = kvp_log_level_parse(v);
+            if (lv < 0) {
+                fprintf(stderr, "kvpool sim: --log-level \"%s\": expected debug|info|warn|error\n",
+                        v);
+                return -1;
+            }
+            c->log_level = lv;
         } else if (!strcmp(name, "duration")) {
             char *end;
             errno = 0;
@@ -984,6 +1002,7 @@ int kvp_cmd_sim(int argc, char **argv)
     if (rc < 0)
         return 2;
     signal(SIGPIPE, SIG_IGN);
+    kvp_log_set_level(c.log_level);
     fflush(stdout);
     fflush(stderr);
     int n = c.instances;
