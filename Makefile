@@ -4,6 +4,7 @@
 #   make tsan     ThreadSanitizer build, then the threaded tests
 #   make fuzz     bounded run of every libFuzzer target (clang)
 #   make bench    benchmarks against real processes; results in bench/results/
+#   make demo     kvpool serve + kvpool sim (2 instances x TP 2, ~30 s), then stops
 #   make clean
 CC      ?= gcc
 FUZZCC  ?= clang
@@ -33,7 +34,7 @@ A_CFLAGS := $(CFLAGS_BASE) -O1 -fno-omit-frame-pointer -fsanitize=address,undefi
 T := build/tsan
 T_CFLAGS := $(CFLAGS_BASE) -O1 -fsanitize=thread -DKVP_TESTING=1
 
-.PHONY: all deps test tsan fuzz bench clean unit integ
+.PHONY: all deps test tsan fuzz bench clean unit integ demo
 all: deps $(R)/kvpool $(R)/libkvpool.so $(R)/libkvpool.a
 
 deps:
@@ -103,6 +104,9 @@ fuzz: deps $(FUZZ_BINS)
 
 bench: all
 	$(Q)bench/run.sh $(R)
+
+demo: all
+	$(Q)scripts/demo
 
 clean:
 	rm -rf build
