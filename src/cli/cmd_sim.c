@@ -821,7 +821,8 @@ static void usage(void)
            "                  [--kv-heads N] [--max-running N]\n\n"
            "Simulates engine instances (processes) with TP ranks (threads) driving the\n"
            "connector against a running pool, checking every loaded block.\n\n"
-           "  --master HOST:PORT          the pool's master (default 127.0.0.1:50051)\n"
+           "  --master HOST:PORT          the pool's master (default $KVPOOL_MASTER, else\n"
+           "                              127.0.0.1:50051)\n"
            "  --instances N               engine instances (default 2)\n"
            "  --tp N                      TP ranks per instance (default 2)\n"
            "  --users N                   users, user u served by instance u %% N (default 8)\n"
@@ -860,7 +861,8 @@ static int parse_int(const char *flag, const char *v, long lo, long hi, int *out
 
 static int parse_args(int argc, char **argv, simcfg *c)
 {
-    *c = (simcfg){.master = "127.0.0.1:50051", .instances = 2, .tp = 2, .users = 8, .turns = 4,
+    const char *env_master = getenv("KVPOOL_MASTER");
+    *c = (simcfg){.master = env_master && *env_master ? env_master : "127.0.0.1:50051", .instances = 2, .tp = 2, .users = 8, .turns = 4,
                   .sys_tokens = 512, .turn_tokens = 128, .reply_tokens = 64, .block_size = 16,
                   .layers = 2, .kv_heads = 8, .num_blocks = 512, .max_running = 8,
                   .block_bytes = 4096, .duration = 10, .seed = 1, .log_level = KVP_LOG_WARN};
