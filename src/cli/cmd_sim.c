@@ -54,6 +54,7 @@ typedef struct simcfg {
     uint64_t block_bytes; /* per block, plane and layer */
     double duration;      /* seconds; 0 = one pass over users x turns */
     int corrupt;          /* self-check: flip a byte of every Nth verified block (0 = never) */
+    int mla;              /* MLA: one latent plane per layer, identical on every TP rank */
     int log_level;
     uint64_t seed;
     int json;
@@ -188,7 +189,7 @@ static void run_action(rank *k, const action *a)
         if (a->verify && c->corrupt && (k->verified + 1) % (uint64_t)c->corrupt == 0)
             blk(k, 0, 0, a->blocks[i])[0] ^= 0x5A; /* --corrupt: the check must see it */
         for (int l = 0; l < c->layers; l++)
-            for (int p = 0; p < 2; p++) {
+            for (int p = 0; p < (c->mla ? 1 : 2); p++) {
                 uint64_t base = plane_base(s, l, p, k->krank);
                 if (a->verify)
                     bad |= !plane_check(blk(k, l, p, a->blocks[i]), c->block_bytes, base);
@@ -197,11 +198,10 @@ static void run_action(rank *k, const action *a)
             }
         if (a->verify) {
             k->verified++;
-            if (bad) {
-                k->mismatches++;
-                fprintf(stderr, "kvpool sim: MISMATCH instance %d rank %d block %u (chunk %u)\n",
-                        k->in->idx, k->r, a->blocks[i], i);
-            }
+            if (bad && ++k->mismatches <= 5)
+                fprintf(stderr, "kvpool sim: MISMATCH instance %d rank %d block %u (chunk %u)%s\n",
+                        k->in->idx, k->r, a->blocks[i], i,
+                        k->mismatches == 5 ? " (further mismatches of this rank not shown)" : "");
         }
     }
 }
@@ -681,6 +681,11 @@ static int instance_main(const simcfg *c, int idx, int fd)
     kvp_lookup_client *cli = NULL;
     char sock[108];
     snprintf(sock, sizeof sock, "/tmp/kvpool-sim-%d-%d.sock", (int)getpid(), idx);
+    /* the model name carries the cache geometry: runs with another layout
+     * never read each other's blocks */
+    char model[128];
+    snprintf(model, sizeof model, "org/kvpool-sim-%s-l%d-b%d-s%" PRIu64, c->mla ? "mla" : "gqa",
+             c->layers, c->block_size, c->block_bytes);
     char store_cfg[512];
     snprintf(store_cfg, sizeof store_cfg,
              "{\"master\": \"%s\", \"mode\": \"standalone-store\"}",
@@ -698,12 +703,13 @@ static int instance_main(const simcfg *c, int idx, int fd)
     if (kvp_bh_none_hash(KVP_BH_SHA256_CBOR, "0", &e.none) != 0)
         goto done;
 
-    enum kvp_key_spec ks = KVP_KEY_SPEC_ATTENTION;
+    enum kvp_key_spec ks = c->mla ? KVP_KEY_SPEC_MLA : KVP_KEY_SPEC_ATTENTION;
     int factor = 1;
     if (kvp_key_tp_factor(&ks, 1, c->tp, c->kv_heads, 1, &factor) != 0)
         goto done;
     kvp_worker_group g = {.spec = {.kind = KVP_COORD_FULL, .block_size = (uint32_t)c->block_size},
-                          .key_spec = KVP_KEY_SPEC_ATTENTION, .num_kv_heads = c->kv_heads};
+                          .key_spec = ks, .num_kv_heads = c->kv_heads};
+    size_t nplanes = c->mla ? 1 : 2;
     uint64_t plane = (uint64_t)c->num_blocks * c->block_bytes;
     for (int r = 0; r < c->tp; r++) {
         rank *k = &in.ranks[r];
@@ -716,18 +722,24 @@ static int instance_main(const simcfg *c, int idx, int fd)
             goto done;
         kvp_tdb_tensor t[64];
         for (int l = 0; l < c->layers; l++) {
-            k->layer[l] = kvp_calloc(1, 2 * plane);
+            k->layer[l] = kvp_calloc(1, nplanes * plane);
             if (!k->layer[l])
                 goto done;
             size_t d = (size_t)(c->block_bytes / (uint64_t)c->block_size);
             t[l] = (kvp_tdb_tensor){
-                .base = k->layer[l], .storage_len = 2 * plane, .elem_size = 1, .ndim = 4,
+                .base = k->layer[l], .storage_len = nplanes * plane, .elem_size = 1, .ndim = 4,
                 .shape = {2, (size_t)c->num_blocks, (size_t)c->block_size, d},
                 .stride = {plane, c->block_bytes, d, 1},
             };
+            if (c->mla) /* blocks-first (num_blocks, B, latent) */
+                t[l] = (kvp_tdb_tensor){
+                    .base = k->layer[l], .storage_len = plane, .elem_size = 1, .ndim = 3,
+                    .shape = {(size_t)c->num_blocks, (size_t)c->block_size, d},
+                    .stride = {c->block_bytes, d, 1},
+                };
         }
         kvp_worker_cfg wc = {
-            .store_config = store_cfg, .model_path = "kvpool/sim-model",
+            .store_config = store_cfg, .model_path = model,
             .tp_rank = r, .tp_size = c->tp, .pcp_size = 1, .dcp_size = 1, .pp_size = 1,
             .role = KVP_WORKER_BOTH, .enable_lookup = 1, .groups = &g, .ngroups = 1,
             .retention_interval = -1, .num_gpu_blocks = (size_t)c->num_blocks,
@@ -818,7 +830,8 @@ static void usage(void)
            "                  [--turns N] [--system-prompt-tokens N] [--turn-tokens N]\n"
            "                  [--reply-tokens N] [--duration SECONDS] [--seed N] [--json]\n"
            "                  [--block-size N] [--layers N] [--block-bytes N] [--num-blocks N]\n"
-           "                  [--kv-heads N] [--max-running N]\n\n"
+           "                  [--kv-heads N] [--mla] [--max-running N] [--log-level L]\n"
+           "                  [--corrupt N]\n\n"
            "Simulates engine instances (processes) with TP ranks (threads) driving the\n"
            "connector against a running pool, checking every loaded block.\n\n"
            "  --master HOST:PORT          the pool's master (default $KVPOOL_MASTER, else\n"
@@ -839,6 +852,8 @@ static void usage(void)
            "  --block-bytes N             bytes per block, plane and layer (default 4096)\n"
            "  --num-blocks N              KV blocks per rank (default 512)\n"
            "  --kv-heads N                KV heads (TP factor, default 8)\n"
+           "  --mla                       MLA: one latent plane per layer, the same on every\n"
+           "                              TP rank (stored once, loaded by every rank)\n"
            "  --max-running N             concurrent requests per instance (default 8)\n"
            "  --log-level LEVEL           debug|info|warn|error (default error)\n"
            "  --corrupt N                 self-check: damage every Nth loaded block before\n"
@@ -862,7 +877,8 @@ static int parse_int(const char *flag, const char *v, long lo, long hi, int *out
 static int parse_args(int argc, char **argv, simcfg *c)
 {
     const char *env_master = getenv("KVPOOL_MASTER");
-    *c = (simcfg){.master = env_master && *env_master ? env_master : "127.0.0.1:50051", .instances = 2, .tp = 2, .users = 8, .turns = 4,
+    *c = (simcfg){.master = env_master && *env_master ? env_master : "127.0.0.1:50051",
+                  .instances = 2, .tp = 2, .users = 8, .turns = 4,
                   .sys_tokens = 512, .turn_tokens = 128, .reply_tokens = 64, .block_size = 16,
                   .layers = 2, .kv_heads = 8, .num_blocks = 512, .max_running = 8,
                   .block_bytes = 4096, .duration = 10, .seed = 1, .log_level = KVP_LOG_ERROR};
@@ -873,6 +889,10 @@ static int parse_args(int argc, char **argv, simcfg *c)
             return 1;
         if (!strcmp(a, "--json")) {
             c->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--mla")) {
+            c->mla = 1;
             continue;
         }
         if (strncmp(a, "--", 2) != 0) {
@@ -1101,15 +1121,16 @@ int kvp_cmd_sim(int argc, char **argv)
     double load_gbs = t.load_ns ? (double)t.bytes_loaded / (double)t.load_ns : 0.0;
     double store_gbs = t.store_ns ? (double)t.bytes_stored / (double)t.store_ns : 0.0;
     if (c.json) {
-        printf("{\"instances\": %d, \"tp\": %d, \"seconds\": %.3f, \"requests\": %" PRIu64
-               ", \"prompt_tokens\": %" PRIu64 ", \"hits\": %" PRIu64
+        printf("{\"instances\": %d, \"tp\": %d, \"mla\": %s, \"seconds\": %.3f"
+               ", \"requests\": %" PRIu64 ", \"prompt_tokens\": %" PRIu64 ", \"hits\": %" PRIu64
                ", \"lookup_hit_tokens\": %" PRIu64 ", \"tokens_not_recomputed\": %" PRIu64
                ", \"computed_tokens\": %" PRIu64 ", \"hit_rate\": %.4f, \"bytes_stored\": %" PRIu64
                ", \"bytes_loaded\": %" PRIu64 ", \"gb_per_s\": %.3f, \"store_gb_per_s\": %.3f"
                ", \"load_gb_per_s\": %.3f, \"blocks_verified\": %" PRIu64
                ", \"load_errors\": %" PRIu64 ", \"mismatches\": %" PRIu64 ", \"ok\": %s}\n",
-               n, c.tp, el, t.requests, t.prompt_tokens, t.loaded_tokens, t.lookup_hit_tokens,
-               t.loaded_tokens, t.computed_tokens, hit, t.bytes_stored, t.bytes_loaded, gbs,
+               n, c.tp, c.mla ? "true" : "false", el, t.requests, t.prompt_tokens,
+               t.loaded_tokens, t.lookup_hit_tokens, t.loaded_tokens, t.computed_tokens, hit,
+               t.bytes_stored, t.bytes_loaded, gbs,
                store_gbs, load_gbs, t.blocks_verified, t.load_errors, t.mismatches,
                exit_bad || fail || t.mismatches ? "false" : "true");
     } else {

@@ -39,7 +39,8 @@ static int sim(const pool *p, const char *tp, const char *duration, const char *
     const char *argv[] = {tp_kvpool_bin(), "sim", "--master", p->m.addr, "--instances", "2",
                           "--tp", tp, "--duration", duration, "--users", "6", "--turns", "3",
                           "--system-prompt-tokens", "256", "--turn-tokens", "64",
-                          "--reply-tokens", "32", "--json", extra, extra ? "1" : NULL, NULL};
+                          "--reply-tokens", "32", "--json", extra,
+                          extra && !strcmp(extra, "--corrupt") ? "1" : NULL, NULL};
     return tp_run_capture(argv, 1, out, outlen, 60000);
 }
 
@@ -49,7 +50,7 @@ static uint64_t jnum(json_t *j, const char *k)
     return json_is_integer(v) ? (uint64_t)json_integer_value(v) : (uint64_t)-1;
 }
 
-static void run_ok2(const char *tp, const char *duration, const char *segment)
+static void run_ok3(const char *tp, const char *duration, const char *segment, const char *flag)
 {
     pool p;
     if (pool_up2(&p, segment) != 0) {
@@ -57,7 +58,7 @@ static void run_ok2(const char *tp, const char *duration, const char *segment)
         return;
     }
     static char out[8192];
-    int rc = sim(&p, tp, duration, NULL, out, sizeof out);
+    int rc = sim(&p, tp, duration, flag, out, sizeof out);
     CHECK_EQ(rc, 0);
     json_error_t e;
     json_t *j = json_loads(out, 0, &e);
@@ -80,6 +81,11 @@ static void run_ok2(const char *tp, const char *duration, const char *segment)
     pool_down(&p);
 }
 
+static void run_ok2(const char *tp, const char *duration, const char *segment)
+{
+    run_ok3(tp, duration, segment, NULL);
+}
+
 static void run_ok(const char *tp, const char *duration) { run_ok2(tp, duration, "256MiB"); }
 
 TEST(sim_two_instances_tp2_hits_and_no_mismatch) { run_ok("2", "4"); }
@@ -87,6 +93,9 @@ TEST(sim_two_instances_tp2_hits_and_no_mismatch) { run_ok("2", "4"); }
 TEST(sim_two_instances_tp1_hits_and_no_mismatch) { run_ok("1", "3"); }
 
 TEST(sim_single_pass_finishes) { run_ok("2", "0"); }
+
+/* MLA: one latent plane, identical on both ranks (TP factor 2). */
+TEST(sim_mla_tp2_hits_and_no_mismatch) { run_ok3("2", "3", "256MiB", "--mla"); }
 
 /* A pool far smaller than the working set: evictions between lookup and
  * load turn into load errors, which must be recomputed, never mismatch. */
