@@ -347,6 +347,7 @@ struct job {
 struct kvp_lookup_client {
     struct sockaddr_un sa;
     uint64_t deadline_ns;
+    uint64_t reset_deadline_ns; /* resets drain the send queue first */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     struct job *qhead, *qtail;
@@ -568,6 +569,7 @@ int kvp_lookup_client_open(const char *path, uint32_t deadline_ms, kvp_lookup_cl
         return KVP_EINVALID_PARAMS;
     }
     c->deadline_ns = (uint64_t)(deadline_ms ? deadline_ms : KVP_LOOKUP_DEFAULT_DEADLINE_MS) * 1000000u;
+    c->reset_deadline_ns = (uint64_t)KVP_LOOKUP_RESET_DEADLINE_MS * 1000000u;
     c->fd = -1;
     if (pipe2(c->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
         kvp_free(c);
@@ -674,7 +676,7 @@ int kvp_lookup_client_reset(kvp_lookup_client *c, bool *ok)
 {
     if (!c || !ok)
         return KVP_EINVALID_PARAMS;
-    struct job *j = job_new(TAG_RESET, 1, kvp_now_ns() + c->deadline_ns);
+    struct job *j = job_new(TAG_RESET, 1, kvp_now_ns() + c->reset_deadline_ns);
     if (!j)
         return KVP_ENOMEM;
     pthread_mutex_lock(&c->mu);
@@ -688,6 +690,11 @@ int kvp_lookup_client_reset(kvp_lookup_client *c, bool *ok)
     job_unref(j);
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+void kvp_lookup_client_set_reset_deadline(kvp_lookup_client *c, uint32_t ms)
+{
+    c->reset_deadline_ns = (uint64_t)(ms ? ms : KVP_LOOKUP_RESET_DEADLINE_MS) * 1000000ull;
 }
 
 size_t kvp_lookup_client_pending(kvp_lookup_client *c)

@@ -111,6 +111,11 @@ void kvp_lookup_client_discard(kvp_lookup_client *c, const char *req_id, uint32_
  * connection, malformed answer) otherwise, KVP_ENOMEM.
  */
 int kvp_lookup_client_reset(kvp_lookup_client *c, bool *ok);
+/* A reset drains the worker's send queue before wiping the store, so it is
+ * bounded by its own deadline (default KVP_LOOKUP_RESET_DEADLINE_MS), not
+ * the lookup one. 0 = the default. */
+#define KVP_LOOKUP_RESET_DEADLINE_MS 60000u
+void kvp_lookup_client_set_reset_deadline(kvp_lookup_client *c, uint32_t ms);
 /* Number of futures held (tests). */
 size_t kvp_lookup_client_pending(kvp_lookup_client *c);
 /* Stops the thread (interrupting any I/O), frees every future. Must not run

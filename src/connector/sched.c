@@ -263,7 +263,10 @@ int kvp_sched_new(const kvp_sched_config *cfg, kvp_sched **out)
 {
     if (!cfg || !out || cfg->block_size == 0 || cfg->hash_block_size == 0 ||
         cfg->block_size % cfg->hash_block_size != 0 || cfg->kv_role < KVP_SCHED_PRODUCER ||
-        cfg->kv_role > KVP_SCHED_BOTH || (cfg->enable_lookup && !cfg->ops.lookup))
+        cfg->kv_role > KVP_SCHED_BOTH || (cfg->enable_lookup && !cfg->ops.lookup) ||
+        !cfg->load_async) /* the worker loads in the background only (§10.2): a
+                             synchronous load would let the engine compute on
+                             blocks still being written */
         return KVP_EINVALID_PARAMS;
     kvp_sched *s = kvp_calloc(1, sizeof *s);
     if (!s)
@@ -316,9 +319,9 @@ int kvp_sched_get_num_new_matched_tokens(kvp_sched *s, const kvp_sched_request *
                  req->req_id, rc);
         hit = 0;
     }
-    if (hit > req->num_tokens) {
+    if (hit >= req->num_tokens) { /* at least one token must be left to compute (§10.5) */
         /* the worker floors below num_tokens (§10.5); more is a broken peer */
-        KVP_WARN(MOD, "lookup for %.*s answered %u > %u tokens: treated as a miss",
+        KVP_WARN(MOD, "lookup for %.*s answered %u >= %u tokens: treated as a miss",
                  (int)req->req_id_len, req->req_id, hit, req->num_tokens);
         hit = 0;
     }

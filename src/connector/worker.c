@@ -119,6 +119,9 @@ typedef struct sreq {
     uint64_t gen;   /* bumped on preemption: older jobs are dropped */
     int skip;       /* pressure back-off */
     int finished;   /* engine finished it; report once inflight == 0 */
+    int detached;   /* preempted with jobs in flight and not saved since: the
+                       scheduler did not delay its free (§8.5), so it must
+                       never appear in finished_sending; dropped silently */
 } sreq;
 
 struct kvp_worker {
@@ -1197,7 +1200,7 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
         if (!load && !save)
             continue;
         if (r->ngroups != w->ng || r->req_id.len == 0 ||
-            (r->nhashes && r->hash_len == 0)) {
+            (r->nhashes && r->hash_len == 0) || r->hash_len > KVP_META_MAX_HASH_LEN) {
             rc = KVP_EINVALID_PARAMS;
             break;
         }
@@ -1238,6 +1241,7 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
         for (job *j = sh; j; j = j->next) {
             sreq *e = sreq_find(w, j->req_id);
             e->inflight++;
+            e->detached = 0; /* saving again: the scheduler delays its free */
             j->gen = e->gen;
         }
         if (lh) {
@@ -1265,6 +1269,7 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
                     e->gen++;
                     e->saved = 0;
                     e->skip = 0;
+                    e->detached = 1;
                 }
                 break;
             }
@@ -1277,7 +1282,9 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
     /* (b) report every finished request with nothing in flight */
     for (size_t k = 0; k < w->nreqs;) {
         sreq *e = &w->reqs[k];
-        if (e->finished && e->inflight == 0) {
+        if (e->finished && e->inflight == 0 && e->detached) {
+            sreq_del(w, e); /* preempted, then finished: never reported */
+        } else if (e->finished && e->inflight == 0) {
             if (ids_add(done_sending, e->id) != 0) {
                 rc = KVP_ENOMEM;
                 k++;
@@ -1447,5 +1454,5 @@ int64_t kvp_worker_reset(kvp_worker *w)
     while (w->send_busy)
         pthread_cond_wait(&w->idle_cv, &w->lock);
     pthread_mutex_unlock(&w->lock);
-    return kvp_client_remove_all(w->client, 0);
+    return kvp_client_remove_all(w->client, 1 /* force: §9.2 */);
 }

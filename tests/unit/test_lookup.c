@@ -217,6 +217,7 @@ TEST(server_gone_is_a_miss_within_deadline)
     CHECK_EQ(kvp_lookup_client_lookup(c, "q2", 2, 100, hs, 4, 16, false, true, &hit), 0);
     CHECK_EQ(hit, 0);
     CHECK(kvp_now_ms() - t0 < 1000);
+    kvp_lookup_client_set_reset_deadline(c, 300);
     CHECK_EQ(kvp_lookup_client_reset(c, &ok), KVP_ERPC_TIMEOUT);
     atomic_store(&delay_ms, 0);
     kvp_lookup_client_discard(c, "q1", 2);

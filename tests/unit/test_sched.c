@@ -996,3 +996,31 @@ TEST(resumed_partial_tail_keeps_handoff_boundary)
     CHECK_EQ(q->tails[0].boundary_tokens, 52);
     kvp_sched_free(s);
 }
+
+/* Review fixes: a full-prompt hit leaves no token to compute (§10.5), so the
+ * scheduler treats it as a broken answer; synchronous loading is refused
+ * (the worker only loads in the background, §10.2). */
+TEST(full_prompt_hit_is_a_miss_and_sync_load_refused)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    R a;
+    mk(&a, "a", 48, 48, 0, 16);
+    F.hit = 48;
+    uint64_t n = 99;
+    bool async = false;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+    CHECK_EQ(n, 0);
+    kvp_meta_load_spec ls;
+    CHECK(!kvp_sched_load_spec(s, ID(a), &ls));
+    kvp_sched_free(s);
+
+    kvp_sched_config c;
+    kvp_sched_config_default(&c);
+    c.block_size = c.hash_block_size = 16;
+    c.ops = (kvp_sched_lookup_ops){f_lookup, f_discard, f_reset, NULL};
+    c.load_async = false;
+    kvp_sched *t = NULL;
+    CHECK_EQ(kvp_sched_new(&c, &t), KVP_EINVALID_PARAMS);
+    CHECK(t == NULL);
+}
