@@ -1193,38 +1193,59 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
     job *lh = NULL, *lt = NULL, *sh = NULL, *st = NULL;
     size_t nl = 0, ns = 0;
     int rc = 0;
-    for (uint32_t i = 0; meta && i < meta->nreqs; i++) {
+    /* A request that cannot be turned into jobs (malformed, or out of
+     * memory) fails alone: its load finishes at once with every block
+     * invalid (the engine recomputes them), its save is dropped but the
+     * request is still tracked so that finishing it is reported. */
+    char **bad_load = NULL, **bad_save = NULL;
+    size_t nbl = 0, nbs = 0;
+    if (meta && meta->nreqs) {
+        bad_load = kvp_calloc(meta->nreqs, sizeof *bad_load);
+        bad_save = kvp_calloc(meta->nreqs, sizeof *bad_save);
+        if (!bad_load || !bad_save)
+            rc = KVP_ENOMEM;
+    }
+    for (uint32_t i = 0; rc == 0 && meta && i < meta->nreqs; i++) {
         const kvp_meta_req *r = &meta->reqs[i];
         int load = r->load_spec && r->load_spec->can_load;
         int save = r->can_save == KVP_META_TRUE && (w->role & KVP_WORKER_PRODUCER);
         if (!load && !save)
             continue;
-        if (r->ngroups != w->ng || r->req_id.len == 0 ||
-            (r->nhashes && r->hash_len == 0) || r->hash_len > KVP_META_MAX_HASH_LEN) {
-            rc = KVP_EINVALID_PARAMS;
-            break;
-        }
-        for (int pass = 0; pass < 2; pass++) {
-            if (!(pass == 0 ? load : save))
-                continue;
-            job *j = job_from_req(r);
-            if (!j) {
-                rc = KVP_ENOMEM;
-                break;
+        int bad = r->ngroups != w->ng || r->req_id.len == 0 ||
+                  (r->nhashes && r->hash_len == 0) || r->hash_len > KVP_META_MAX_HASH_LEN;
+        job *made[2] = {NULL, NULL};
+        for (int pass = 0; pass < 2 && !bad; pass++)
+            if (pass == 0 ? load : save)
+                bad = (made[pass] = job_from_req(r)) == NULL;
+        if (bad) {
+            job_free(made[0]);
+            job_free(made[1]);
+            KVP_ERROR(MOD, "step request %.*s cannot be served (malformed or out of memory)",
+                      (int)(r->req_id.len > 64 ? 64 : r->req_id.len), (const char *)r->req_id.p);
+            char *id = r->req_id.len ? kvp_strndup((const char *)r->req_id.p, r->req_id.len) : NULL;
+            if (id && load) {
+                for (uint32_t g = 0; g < r->ngroups; g++)
+                    mark_invalid(w, r->block_ids[g].ids, r->block_ids[g].n);
+                bad_load[nbl++] = id;
+                id = save ? kvp_strdup(id) : NULL;
             }
-            if (pass == 0) {
-                j->ls.token_len = j->ls.kvpool_cached_tokens;
-                *(lt ? &lt->next : &lh) = j;
-                lt = j;
-                nl++;
-            } else {
-                *(st ? &st->next : &sh) = j;
-                st = j;
-                ns++;
-            }
+            if (id && save)
+                bad_save[nbs++] = id;
+            else
+                kvp_free(id);
+            continue;
         }
-        if (rc)
-            break;
+        if (made[0]) {
+            made[0]->ls.token_len = made[0]->ls.kvpool_cached_tokens;
+            *(lt ? &lt->next : &lh) = made[0];
+            lt = made[0];
+            nl++;
+        }
+        if (made[1]) {
+            *(st ? &st->next : &sh) = made[1];
+            st = made[1];
+            ns++;
+        }
     }
     pthread_mutex_lock(&w->lock);
     if (rc == 0) {
@@ -1258,6 +1279,18 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
         }
         lh = sh = NULL;
     }
+    for (size_t i = 0; i < nbl; i++) { /* failed alone: finished, all blocks invalid */
+        if (ids_add(&w->recv_done, bad_load[i]) != 0)
+            rc = KVP_ENOMEM;
+        kvp_free(bad_load[i]);
+    }
+    for (size_t i = 0; i < nbs; i++) { /* tracked, so its finish is reported */
+        if (!sreq_get(w, bad_save[i]))
+            rc = KVP_ENOMEM;
+        kvp_free(bad_save[i]);
+    }
+    kvp_free(bad_load);
+    kvp_free(bad_save);
     /* (a) preempted: reset the save state; queued jobs become stale. */
     for (uint32_t i = 0; meta && i < meta->npreempted; i++)
         for (size_t k = 0; k < w->nreqs; k++)

@@ -129,11 +129,14 @@ int kvp_worker_register_kv_caches(kvp_worker *w, const kvp_tdb_tensor *tensors, 
  * send queue (deep copies: meta may be freed on return), then appends the
  * ids finished sending / receiving to the caller's sets. finished: ids the
  * engine finished this step (NUL-terminated). meta may be NULL (no step).
- * Enqueueing is all or nothing: on an error none of the step's jobs is
- * queued, but the finished sets are still produced. Capacity-only: nothing.
- * Errors: KVP_EINVALID_PARAMS (not registered; a request whose group count
- * differs from the worker's, an empty id, hashes without a length),
- * KVP_ENOMEM.
+ * A request that cannot be served (group count differing from the
+ * worker's, hashes without or with too long a length, out of memory) fails
+ * alone and is logged: its load is reported finished with every block id in
+ * kvp_worker_load_errors (the engine recomputes them); its save is dropped
+ * but the request stays tracked, so finishing it is still reported. The
+ * other requests of the step are served. Capacity-only: nothing.
+ * Errors: KVP_EINVALID_PARAMS (not registered), KVP_ENOMEM (bookkeeping;
+ * then, rarely, none of the step's jobs is queued).
  */
 int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t nfinished,
                             const kvp_meta_step *meta, kvp_worker_ids *done_sending,

@@ -845,3 +845,60 @@ TEST(worker_pressure_backoff)
     cache_free(&c);
     env_down(&e);
 }
+
+/* Review fix: a malformed request fails alone. Its load is reported
+ * finished at once with every block invalid; the good request of the same
+ * step is stored; a malformed save is still reported when it finishes. */
+TEST(worker_bad_request_fails_alone)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c;
+    cache_init(&c);
+    kvp_worker *w = worker_open(&e, &c, NULL);
+    CHECK(w != NULL);
+    uint8_t h[NCH * HL];
+    hashes(h, NCH, 21);
+    uint32_t sb[NCH] = {20, 21, 22, 23, 24, 25};
+    uint32_t lb[NCH] = {30, 31, 32, 33, 34, 35};
+    fill(&c, 21, sb, NCH);
+    rq good, badl, bads;
+    rq_save(&good, "ok-a", sb, NCH, h);
+    rq_load(&badl, "bad-l", lb, NCH, h, 0, (uint64_t)NCH * BS);
+    kvp_meta_ids two[2] = {{lb, 3, 0}, {lb + 3, 3, 0}};
+    badl.r.block_ids = two;
+    badl.r.ngroups = 2; /* differs from the worker's single group */
+    rq_save(&bads, "bad-s", sb, NCH, h);
+    bads.r.hash_len = 0; /* hashes without a length */
+    kvp_meta_step s;
+    kvp_meta_step_init(&s);
+    CHECK_EQ(kvp_meta_step_add_req(&s, &good.r), 0);
+    CHECK_EQ(kvp_meta_step_add_req(&s, &bads.r), 0);
+    CHECK_EQ(kvp_meta_step_add_req(&s, &badl.r), 0);
+    kvp_worker_ids ds = {0}, dr = {0};
+    const char *fin[1] = {"bad-s"};
+    CHECK_EQ(kvp_worker_get_finished(w, fin, 1, &s, &ds, &dr), 0);
+    CHECK(kvp_worker_ids_has(&dr, "bad-l"));  /* finished at once */
+    CHECK(kvp_worker_ids_has(&ds, "bad-s"));  /* tracked, nothing in flight */
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+    kvp_meta_step_free(&s);
+    uint32_t errs[64];
+    size_t ne = take_errors(w, errs, 64);
+    CHECK_EQ(ne, NCH);
+    CHECK(has_id(errs, ne, 30) && has_id(errs, ne, 35));
+    int sent = 0;
+    CHECK_EQ(step(w, NULL, "ok-a", &sent, NULL, "ok-a"), 0);
+    for (int i = 0; i < 1000 && !sent; i++) {
+        tp_sleep_ms(5);
+        CHECK_EQ(step(w, NULL, NULL, &sent, NULL, "ok-a"), 0);
+    }
+    CHECK(sent); /* the good request of the same step was stored */
+    kvp_worker_destroy(w);
+    cache_free(&c);
+    env_down(&e);
+}
