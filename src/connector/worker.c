@@ -165,6 +165,8 @@ struct kvp_worker {
     int pressure;
 
     kvp_worker_ids recv_done;
+    job *unreported; /* finished loads whose id could not be recorded (out of
+                        memory): retried by every get_finished, never lost */
     uint32_t *lerr;
     size_t nlerr, caplerr;
 
@@ -731,7 +733,7 @@ static uint64_t staging(const kvp_iov *iov, size_t n)
     return (s + STAGING_ALIGN - 1) / STAGING_ALIGN * STAGING_ALIGN + STAGING_PAD;
 }
 
-static void recv_job(kvp_worker *w, job *j)
+static int recv_job(kvp_worker *w, job *j)
 {
     uint64_t T = j->ls.kvpool_cached_tokens;
     uint64_t mask_num = j->ls.vllm_cached_tokens / w->L * w->L;
@@ -879,14 +881,17 @@ free_rot:
     kvp_free(oniov);
 finish:
     pthread_mutex_lock(&w->lock);
-    if (ids_add(&w->recv_done, j->req_id) != 0)
-        KVP_ERROR(MOD, "out of memory reporting %s finished receiving", j->req_id);
+    int unreported = ids_add(&w->recv_done, j->req_id) != 0;
+    if (unreported)
+        KVP_ERROR(MOD, "out of memory reporting %s finished receiving: retried next step",
+                  j->req_id);
     pthread_mutex_unlock(&w->lock);
     kvp_free(bstart);
     kvp_free(obid);
     kvp_free(ch);
     kvp_free(bits);
     xb_free(&b);
+    return unreported;
 }
 
 static void *recv_main(void *arg)
@@ -903,9 +908,14 @@ static void *recv_main(void *arg)
         if (!w->rq_head)
             w->rq_tail = NULL;
         pthread_mutex_unlock(&w->lock);
-        recv_job(w, j);
-        job_free(j);
+        int keep = recv_job(w, j);
         pthread_mutex_lock(&w->lock);
+        if (keep) { /* report it from a later get_finished */
+            j->next = w->unreported;
+            w->unreported = j;
+        } else {
+            job_free(j);
+        }
         w->recv_busy--;
         pthread_cond_broadcast(&w->idle_cv);
     }
@@ -1165,6 +1175,10 @@ void kvp_worker_destroy(kvp_worker *w)
         kvp_free(w->reqs[i].id);
     kvp_free(w->reqs);
     kvp_worker_ids_free(&w->recv_done);
+    for (job *j = w->unreported, *nx; j; j = nx) {
+        nx = j->next;
+        job_free(j);
+    }
     kvp_free(w->lerr);
     kvp_worker_events_free(w->ev, w->nev);
     pthread_cond_destroy(&w->send_cv);
@@ -1328,11 +1342,28 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
             k++;
         }
     }
-    for (size_t i = 0; i < w->recv_done.n; i++)
-        if (ids_add(done_recving, w->recv_done.ids[i]) != 0)
-            rc = KVP_ENOMEM;
-    if (rc != KVP_ENOMEM)
-        kvp_worker_ids_free(&w->recv_done);
+    for (job **pp = &w->unreported; *pp;) { /* finished loads not yet recorded */
+        job *j = *pp;
+        if (ids_add(&w->recv_done, j->req_id) == 0) {
+            *pp = j->next;
+            job_free(j);
+        } else {
+            pp = &j->next;
+        }
+    }
+    /* hand over what fits; what could not be copied stays for next time
+     * (never reported twice, never lost) */
+    size_t copied = 0;
+    while (copied < w->recv_done.n && ids_add(done_recving, w->recv_done.ids[copied]) == 0)
+        copied++;
+    if (copied < w->recv_done.n)
+        rc = KVP_ENOMEM;
+    for (size_t i = 0; i < copied; i++)
+        kvp_free(w->recv_done.ids[i]);
+    if (copied && copied < w->recv_done.n)
+        memmove(w->recv_done.ids, w->recv_done.ids + copied,
+                (w->recv_done.n - copied) * sizeof *w->recv_done.ids);
+    w->recv_done.n -= copied;
     pthread_mutex_unlock(&w->lock);
     for (job *j = lh, *n; j; j = n) {
         n = j->next;
