@@ -10,6 +10,8 @@ int kvp_cmd_store(int argc, char **argv);
 int kvp_cmd_bench(int argc, char **argv);
 /* `kvpool bench store` (cmd_bench_store.c); argv[0] is "store". */
 int kvp_bench_store(int argc, char **argv);
+/* `kvpool bench connector` (cmd_bench_connector.c); argv[0] is "connector". */
+int kvp_bench_connector(int argc, char **argv);
 int kvp_cmd_stat(int argc, char **argv);
 int kvp_cmd_reset(int argc, char **argv);
 int kvp_cmd_serve(int argc, char **argv);

@@ -1,7 +1,8 @@
 /*
  * cmd_bench.c -- `kvpool bench master`: the master's throughput, latency
  * and memory, against a real master process on loopback. `kvpool bench
- * store` (the data plane) lives in cmd_bench_store.c.
+ * store` (the data plane) lives in cmd_bench_store.c, `kvpool bench
+ * connector` (the connector's CPU overhead) in cmd_bench_connector.c.
  *
  * It starts `kvpool master` itself (same binary, free port) unless --master
  * is given, mounts a segment large enough for every object (the master never
@@ -485,10 +486,15 @@ int kvp_cmd_bench(int argc, char **argv)
         return bench_master(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "store"))
         return kvp_bench_store(argc - 1, argv + 1);
-    fprintf(stderr, "usage: kvpool bench master|store [--json]   (kvpool bench master --help,\n"
-                    "                                            kvpool bench store --help)\n"
+    if (argc >= 2 && !strcmp(argv[1], "connector"))
+        return kvp_bench_connector(argc - 1, argv + 1);
+    fprintf(stderr, "usage: kvpool bench master|store|connector [--json]\n"
+                    "       (kvpool bench master --help, kvpool bench store --help,\n"
+                    "        kvpool bench connector --help)\n"
                     "  master  the master's throughput, latency and memory\n"
                     "  store   batch put/get GB/s: shm and tcp vs memcpy, raw TCP, redis, "
-                    "memcached\n");
+                    "memcached\n"
+                    "  connector  the connector's CPU overhead per step / per 1,000 blocks "
+                    "(in-process)\n");
     return argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? 0 : 2;
 }
