@@ -31,4 +31,13 @@ int kvp_cmd_kv(int argc, char **argv);
  */
 int kvp_cli_parse(int argc, char **argv, kvp_config *cfg, const char *const *own,
                   const char **own_vals);
+/*
+ * Starts this binary (/proc/self/exe) with `kvpool <args...> --listen
+ * 127.0.0.1:0 --port-file F` (args NULL-terminated, e.g. {"serve",
+ * "--segment-size", "1GiB", NULL}), waits up to wait_ms for the port file,
+ * and writes "127.0.0.1:PORT" into addr. The child gets SIGTERM if this
+ * process dies. Returns its pid, or -1 (the child, if any, is killed).
+ */
+#include <sys/types.h>
+pid_t kvp_cli_spawn_self(const char *const *args, int wait_ms, char *addr, size_t addrlen);
 #endif

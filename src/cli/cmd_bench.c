@@ -297,35 +297,8 @@ static double usable_fraction(uint64_t size)
 
 static pid_t spawn_master(char *addr, size_t addrlen)
 {
-    char pf[] = "/tmp/kvpool-bench-XXXXXX";
-    int fd = mkstemp(pf);
-    if (fd < 0)
-        return -1;
-    close(fd);
-    unlink(pf);
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl("/proc/self/exe", "kvpool", "master", "--listen", "127.0.0.1:0", "--port-file", pf,
-              "--log-level", "warn", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 500; i++) {
-        FILE *f = fopen(pf, "r");
-        unsigned port = 0;
-        if (f) {
-            int ok = fscanf(f, "%u", &port) == 1;
-            fclose(f);
-            if (ok) {
-                unlink(pf);
-                snprintf(addr, addrlen, "127.0.0.1:%u", port);
-                return pid;
-            }
-        }
-        usleep(10000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
+    static const char *const args[] = {"master", "--log-level", "warn", NULL};
+    return kvp_cli_spawn_self(args, 5000, addr, addrlen);
 }
 
 static int bench_master(int argc, char **argv)

@@ -967,44 +967,12 @@ static kvp_client *kv_open(sb *b, const char *master, const char *token, int for
 }
 
 /* Starts `kvpool serve` (master + storage node, same binary) on a free
- * loopback port; its address goes into addr. */
+ * loopback port; up to 30 s: the node maps its segment first. */
 static pid_t spawn_serve(char *addr, size_t addrlen)
 {
-    char pf[] = "/tmp/kvpool-bench-XXXXXX";
-    int fd = mkstemp(pf);
-    if (fd < 0)
-        return -1;
-    close(fd);
-    unlink(pf);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        execl("/proc/self/exe", "kvpool", "serve", "--listen", "127.0.0.1:0", "--port-file", pf,
-              "--segment-size", SEGMENT_SIZE, "--log-level", "warn", (char *)NULL);
-        _exit(127);
-    }
-    if (pid < 0)
-        return -1;
-    for (int i = 0; i < 3000; i++) { /* up to 30 s: the node maps its segment first */
-        FILE *f = fopen(pf, "r");
-        unsigned port = 0;
-        if (f) {
-            int ok = fscanf(f, "%u", &port) == 1;
-            fclose(f);
-            if (ok) {
-                unlink(pf);
-                snprintf(addr, addrlen, "127.0.0.1:%u", port);
-                return pid;
-            }
-        }
-        if (waitpid(pid, NULL, WNOHANG) == pid)
-            return -1;
-        usleep(10000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    unlink(pf);
-    return -1;
+    static const char *const args[] = {"serve", "--segment-size", SEGMENT_SIZE, "--log-level",
+                                       "warn", NULL};
+    return kvp_cli_spawn_self(args, 30000, addr, addrlen);
 }
 
 static void bench_kvpool(sb *b, const char *master, const char *token)

@@ -1,7 +1,11 @@
 /* opts.c -- shared flag and config-file handling for subcommands. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "common/log.h"
@@ -105,4 +109,52 @@ int kvp_cli_parse(int argc, char **argv, kvp_config *cfg, const char *const *own
     }
     kvp_log_set_level(cfg->log_level);
     return 0;
+}
+
+pid_t kvp_cli_spawn_self(const char *const *args, int wait_ms, char *addr, size_t addrlen)
+{
+    char pf[] = "/tmp/kvpool-spawn-XXXXXX";
+    int fd = mkstemp(pf);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    unlink(pf);
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = "kvpool";
+    for (int i = 0; args[i] && n < 26; i++)
+        argv[n++] = args[i];
+    argv[n++] = "--listen";
+    argv[n++] = "127.0.0.1:0";
+    argv[n++] = "--port-file";
+    argv[n++] = pf;
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        execv("/proc/self/exe", (char *const *)argv);
+        _exit(127);
+    }
+    if (pid < 0)
+        return -1;
+    for (int t = 0; t < wait_ms; t += 10) {
+        FILE *f = fopen(pf, "r");
+        unsigned port = 0;
+        if (f) {
+            int ok = fscanf(f, "%u", &port) == 1;
+            fclose(f);
+            if (ok) {
+                unlink(pf);
+                snprintf(addr, addrlen, "127.0.0.1:%u", port);
+                return pid;
+            }
+        }
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            return -1;
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    unlink(pf);
+    return -1;
 }

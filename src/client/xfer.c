@@ -119,21 +119,11 @@ static const xops shm_ops, tcp_ops;
 
 /* --------------------------------------------------------- io helpers */
 
+/* kvp_net_wait with this module's error vocabulary. */
 static int wait_fd(int fd, short ev, uint64_t deadline_ms)
 {
-    for (;;) {
-        uint64_t now = kvp_now_ms();
-        if (now >= deadline_ms)
-            return KVP_ERPC_TIMEOUT;
-        struct pollfd p = {fd, ev, 0};
-        int n = poll(&p, 1, (int)(deadline_ms - now));
-        if (n > 0)
-            return 0;
-        if (n == 0)
-            return KVP_ERPC_TIMEOUT;
-        if (errno != EINTR)
-            return KVP_ETRANSFER_FAIL;
-    }
+    int rc = kvp_net_wait(fd, ev, deadline_ms);
+    return rc == KVP_EIO ? KVP_ETRANSFER_FAIL : rc;
 }
 
 static int send_all(int fd, const void *p, size_t len, uint64_t deadline_ms)

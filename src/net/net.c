@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "kvpool.h"
 
 int kvp_net_split(const char *addr, char *host, size_t hostlen, uint16_t *port)
@@ -154,4 +155,21 @@ int kvp_net_connect(const char *addr, int timeout_ms, char *err, size_t errlen)
     kvp_net_set_nonblock(fd, 0);
     kvp_net_set_nodelay(fd);
     return fd;
+}
+
+int kvp_net_wait(int fd, short ev, uint64_t deadline_ms)
+{
+    for (;;) {
+        uint64_t now = kvp_now_ms();
+        if (now >= deadline_ms)
+            return KVP_ERPC_TIMEOUT;
+        struct pollfd p = {fd, ev, 0};
+        int n = poll(&p, 1, (int)(deadline_ms - now));
+        if (n > 0)
+            return 0;
+        if (n == 0)
+            return KVP_ERPC_TIMEOUT;
+        if (errno != EINTR)
+            return KVP_EIO;
+    }
 }

@@ -21,5 +21,8 @@ int kvp_net_listen(const char *addr, int backlog, uint16_t *port_out, char *err,
  * timeout_ms. Returns the fd or KVP_ERPC_FAIL / KVP_ERPC_TIMEOUT / KVP_EINVALID_PARAMS. */
 int kvp_net_connect(const char *addr, int timeout_ms, char *err, size_t errlen);
 int kvp_net_set_nonblock(int fd, int on);
+/* Waits until fd is ready for ev (POLLIN / POLLOUT) or the deadline
+ * (kvp_now_ms clock) passes. 0, KVP_ERPC_TIMEOUT, or KVP_EIO (poll failed). */
+int kvp_net_wait(int fd, short ev, uint64_t deadline_ms);
 void kvp_net_set_nodelay(int fd);
 #endif
