@@ -318,3 +318,55 @@ TEST(load_selects_only_swa_window_chunks)
     kvp_coord_destroy(c);
     kvp_tdb_layout_free(&layout);
 }
+
+/*
+ * §7.3/§7.4 eagle rules with alignment (supports the coordinator item
+ * "eagle pop once"), tautological pool:
+ *  - FA32 + SWA16/W32, H 16, L 32, eagle, max 128: FA pops to 96; SWA
+ *    peeks to 112, needs ceil(31/16) + 1 = 3 blocks, a run may only start
+ *    at a block i with i*16 % 32 == 0, keeps [4..6], pops one -> 96 with
+ *    the window [4, 5]. Without eagle: 128, window [6, 7].
+ *  - FA16 + Mamba16, H 4 (partial hits), eagle, max 60: FA finds 3 full
+ *    blocks plus the fine boundary 60, pops that partial block (hit -= B)
+ *    -> 44; Mamba never pops and lands on 44 (state block 2).
+ */
+TEST(eagle_pop_with_alignment_and_partial_fa_block)
+{
+    struct kvp_coord_group g[] = {G(KVP_COORD_FULL, 32, 0), G(KVP_COORD_SWA, 16, 32)};
+    struct kvp_coord_cfg cfg = {.groups = g, .ngroups = 2, .hash_block_size = 16,
+                                .use_eagle = 1, .retention_interval = -1};
+    struct kvp_coord *c = NULL;
+    CHECK_EQ(kvp_coord_create(&c, &cfg), 0);
+    struct kvp_coord_hashes h = hs(16);
+    reset_masks();
+    size_t hit = 0;
+    CHECK_EQ(kvp_coord_find_longest_cache_hit(c, &h, 128, NULL, 1, M, &hit), 0);
+    CHECK_EQ(hit, 96);
+    CHECK(M[0].len == 3 && M[0].bits[0] && M[0].bits[1] && M[0].bits[2]);
+    CHECK_EQ(M[1].len, 6);
+    for (size_t i = 0; i < 6; i++)
+        CHECK_EQ(M[1].bits[i], i >= 4);
+    reset_masks();
+    CHECK_EQ(kvp_coord_find_longest_cache_hit(c, &h, 128, NULL, 0, M, &hit), 0);
+    CHECK_EQ(hit, 128);
+    CHECK_EQ(M[1].len, 8);
+    for (size_t i = 0; i < 8; i++)
+        CHECK_EQ(M[1].bits[i], i >= 6);
+    kvp_coord_destroy(c);
+
+    struct kvp_coord_group fm[] = {G(KVP_COORD_FULL, 16, 0), G(KVP_COORD_MAMBA, 16, 0)};
+    cfg.groups = fm;
+    cfg.hash_block_size = 4;
+    CHECK_EQ(kvp_coord_create(&c, &cfg), 0);
+    reset_masks();
+    CHECK_EQ(kvp_coord_find_longest_cache_hit(c, &h, 60, NULL, 1, M, &hit), 0);
+    CHECK_EQ(hit, 44);
+    CHECK(M[0].len == 3 && M[0].bits[0] && M[0].bits[1] && M[0].bits[2]);
+    CHECK(M[1].len == 3 && !M[1].bits[0] && !M[1].bits[1] && M[1].bits[2]);
+    /* the receiver re-derives the same masks from 44 without a second pop */
+    reset_masks();
+    CHECK_EQ(kvp_coord_load_mask(c, &h, 44, M, &hit), 0);
+    CHECK_EQ(hit, 44);
+    CHECK(M[0].len == 3 && M[1].len == 3 && M[1].bits[2] && !M[1].bits[1]);
+    kvp_coord_destroy(c);
+}
