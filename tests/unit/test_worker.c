@@ -146,14 +146,17 @@ static void hashes(uint8_t *h, int n, uint32_t seed)
 /* ------------------------------------------------------------ workers */
 
 static int fence_calls;
+static uint64_t fence_steps[64]; /* step argument of each fence call */
 static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
 static int gate_closed, gate_waiting;
 
-static int fence_fn(void *arg)
+static int fence_fn(void *arg, uint64_t st)
 {
     (void)arg;
     pthread_mutex_lock(&gate_mu);
+    if (fence_calls < 64)
+        fence_steps[fence_calls] = st;
     fence_calls++;
     gate_waiting = 1;
     while (gate_closed)
