@@ -5,6 +5,7 @@
  * killed storage node, staging-budget sub-batches with a missing key,
  * zero-key loads, and a request finished while its store is in flight. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,6 +189,11 @@ typedef struct wopts {
     const char *prefix;
     int mamba;        /* groups FA(16) + Mamba(16) with H = 4: partial hits */
     int capacity;     /* consumer without lookup */
+    const kvp_worker_group *groups; /* custom groups (ngroups of them) */
+    size_t ngroups;
+    uint32_t hbs;     /* hash_block_size with custom groups */
+    unsigned recv_threads;
+    int dcp_rank, dcp_size;
 } wopts;
 
 static kvp_worker *worker_open(const env *e, cache *c, const wopts *o)
@@ -206,7 +212,8 @@ static kvp_worker *worker_open(const env *e, cache *c, const wopts *o)
         .cache_prefix = o ? o->prefix : NULL,
         .tp_rank = o ? o->tp_rank : 0,
         .tp_size = o && o->tp_size ? o->tp_size : 1,
-        .pcp_size = 1, .dcp_size = 1, .pp_size = 1,
+        .pcp_size = 1, .dcp_rank = o ? o->dcp_rank : 0,
+        .dcp_size = o && o->dcp_size ? o->dcp_size : 1, .pp_size = 1,
         .role = o && o->capacity ? KVP_WORKER_CONSUMER : KVP_WORKER_BOTH,
         .enable_lookup = !(o && o->capacity),
         .groups = g,
@@ -214,11 +221,16 @@ static kvp_worker *worker_open(const env *e, cache *c, const wopts *o)
         .hash_block_size = mamba ? 4 : 0,
         .retention_interval = -1,
         .num_gpu_blocks = NB,
-        .num_recv_threads = 2,
+        .num_recv_threads = o && o->recv_threads ? o->recv_threads : 2,
         .staging_budget = o ? o->staging : 0,
         .enable_kv_events = 1,
         .fence = fence_fn,
     };
+    if (o && o->groups) {
+        cfg.groups = o->groups;
+        cfg.ngroups = o->ngroups;
+        cfg.hash_block_size = o->hbs;
+    }
     kvp_worker *w = NULL;
     char err[256] = "";
     int rc = kvp_worker_create(&cfg, &w, err, sizeof err);
@@ -903,5 +915,306 @@ TEST(worker_bad_request_fails_alone)
     CHECK(sent); /* the good request of the same step was stored */
     kvp_worker_destroy(w);
     cache_free(&c);
+    env_down(&e);
+}
+
+/* ------------------------------------------------------------ preemption before the forward */
+
+typedef struct hp_arg {
+    kvp_worker *w;
+    const char *id;
+    int done;
+    pthread_mutex_t mu;
+} hp_arg;
+
+static void *hp_main(void *p)
+{
+    hp_arg *a = p;
+    const char *ids[1] = {a->id};
+    kvp_worker_handle_preemptions(a->w, ids, 1);
+    pthread_mutex_lock(&a->mu);
+    a->done = 1;
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+static int hp_done(hp_arg *a)
+{
+    pthread_mutex_lock(&a->mu);
+    int d = a->done;
+    pthread_mutex_unlock(&a->mu);
+    return d;
+}
+
+/* §14: handle_preemptions returns only once the running store of the
+ * request has finished reading engine memory; its queued store is dropped,
+ * another request's queued store is not. Blocks overwritten by the engine
+ * right after the return never reach the store. */
+TEST(worker_handle_preemptions_before_forward)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c, c2;
+    cache_init(&c);
+    cache_init(&c2);
+    kvp_worker *w = worker_open(&e, &c, NULL);
+    kvp_worker *w2 = worker_open(&e, &c2, NULL);
+    CHECK(w && w2);
+    uint8_t h[NCH * HL], hb[NCH * HL];
+    hashes(h, NCH, 31);
+    hashes(hb, NCH, 32);
+    uint32_t sb[NCH] = {2, 4, 6, 8, 10, 12}, ob[NCH] = {20, 21, 22, 23, 24, 25};
+    fill(&c, 31, sb, NCH);
+    fill(&c, 32, ob, NCH);
+    /* nothing in flight: returns at once, unknown ids are fine */
+    const char *none[2] = {"hp-x", NULL};
+    CHECK_EQ(kvp_worker_handle_preemptions(w, none, 2), 0);
+    CHECK_EQ(kvp_worker_handle_preemptions(w, NULL, 1), KVP_EINVALID_PARAMS);
+
+    gate_set(1);
+    rq q;
+    rq_save(&q, "hp-a", sb, 2, h); /* runs, held in the fence */
+    CHECK_EQ(step(w, &q, NULL, NULL, NULL, "hp-a"), 0);
+    for (int i = 0; i < 1000 && !gate_is_waiting(); i++)
+        tp_sleep_ms(2);
+    CHECK(gate_is_waiting());
+    kvp_meta_step s;
+    kvp_meta_step_init(&s);
+    rq q2, q3;
+    rq_save(&q2, "hp-a", sb, NCH, h);  /* queued: must be dropped */
+    rq_save(&q3, "hp-b", ob, NCH, hb); /* queued: another request, kept */
+    kvp_meta_step_add_req(&s, &q2.r);
+    kvp_meta_step_add_req(&s, &q3.r);
+    kvp_worker_ids ds = {0}, dr = {0};
+    CHECK_EQ(kvp_worker_get_finished(w, NULL, 0, &s, &ds, &dr), 0);
+    kvp_meta_step_free(&s);
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+
+    hp_arg a = {.w = w, .id = "hp-a"};
+    pthread_mutex_init(&a.mu, NULL);
+    pthread_t th;
+    CHECK_EQ(pthread_create(&th, NULL, hp_main, &a), 0);
+    tp_sleep_ms(100);
+    CHECK_EQ(hp_done(&a), 0); /* the running put has not read the blocks yet */
+    kvp_worker_stats st;
+    CHECK_EQ(kvp_worker_take_stats(w, &st), 0);
+    gate_set(0);
+    pthread_join(th, NULL);
+    pthread_mutex_destroy(&a.mu);
+    /* on return the running put is complete */
+    CHECK_EQ(kvp_worker_take_stats(w, &st), 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 2);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, 2 * CHUNK_BYTES);
+    /* the engine now reuses hp-a's blocks */
+    fill(&c, 99, sb, NCH);
+    kvp_worker_drain(w);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].count, 1); /* hp-b only: hp-a's queued job dropped */
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, NCH);
+    uint32_t hit = 0;
+    CHECK_EQ(kvp_worker_lookup(w2, NCH * BS + 1, h, NCH, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 2 * BS);
+    uint32_t lb[2] = {40, 41};
+    rq_load(&q, "hp-l", lb, 2, h, 0, 2 * BS);
+    CHECK_EQ(load_wait(w2, &q), 0);
+    CHECK_EQ(block_state(&c2, 31, 40, 0), 1); /* the pre-preemption bytes */
+    CHECK_EQ(block_state(&c2, 31, 41, 1), 1);
+    /* forgotten: finishing it later is not reported (free not delayed) */
+    int sent = 1;
+    CHECK_EQ(step(w, NULL, "hp-a", &sent, NULL, "hp-a"), 0);
+    CHECK_EQ(sent, 0);
+    /* resumed: stores from offset 0 again (chunks 0..1 dedup) */
+    rq_save(&q, "hp-a", sb, NCH, h);
+    fill(&c, 31, sb, NCH);
+    CHECK_EQ(store_wait(w, &q), 0);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, NCH);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].existing_keys, 2);
+    kvp_worker_destroy(w);
+    kvp_worker_destroy(w2);
+    cache_free(&c);
+    cache_free(&c2);
+    env_down(&e);
+}
+
+/* The fence gets the number of the get_finished call that enqueued the job
+ * (its n-th call is step n). */
+TEST(worker_fence_gets_enqueuing_step)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c;
+    cache_init(&c);
+    kvp_worker *w = worker_open(&e, &c, NULL);
+    CHECK(w != NULL);
+    uint8_t h[NCH * HL], h2[NCH * HL];
+    hashes(h, NCH, 33);
+    hashes(h2, NCH, 34);
+    uint32_t sb[NCH] = {2, 4, 6, 8, 10, 12};
+    fill(&c, 33, sb, NCH);
+    pthread_mutex_lock(&gate_mu);
+    fence_calls = 0;
+    pthread_mutex_unlock(&gate_mu);
+    CHECK_EQ(step(w, NULL, NULL, NULL, NULL, "x"), 0); /* step 1 */
+    CHECK_EQ(step(w, NULL, NULL, NULL, NULL, "x"), 0); /* step 2 */
+    rq q;
+    rq_save(&q, "fs-a", sb, 2, h);
+    CHECK_EQ(step(w, &q, NULL, NULL, NULL, "fs-a"), 0); /* step 3 */
+    kvp_worker_drain(w);
+    CHECK_EQ(step(w, NULL, NULL, NULL, NULL, "x"), 0); /* step 4 */
+    rq_save(&q, "fs-a", sb, 4, h);
+    CHECK_EQ(step(w, &q, NULL, NULL, NULL, "fs-a"), 0); /* step 5 */
+    kvp_worker_drain(w);
+    pthread_mutex_lock(&gate_mu);
+    int n = fence_calls;
+    uint64_t s0 = fence_steps[0], s1 = fence_steps[1];
+    pthread_mutex_unlock(&gate_mu);
+    CHECK_EQ(n, 2);
+    CHECK_EQ(s0, 3);
+    CHECK_EQ(s1, 5);
+    kvp_worker_destroy(w);
+    cache_free(&c);
+    env_down(&e);
+}
+
+/* ------------------------------------------------------------ aborted async loads */
+
+/* Runs one get_finished with the given finished ids and load requests. */
+static int step_n(kvp_worker *w, rq **qs, int nq, const char *const *fin, size_t nfin,
+                  kvp_worker_ids *ds, kvp_worker_ids *dr)
+{
+    kvp_meta_step s;
+    kvp_meta_step_init(&s);
+    for (int i = 0; i < nq; i++)
+        kvp_meta_step_add_req(&s, &qs[i]->r);
+    memset(ds, 0, sizeof *ds);
+    memset(dr, 0, sizeof *dr);
+    int rc = kvp_worker_get_finished(w, fin, nfin, &s, ds, dr);
+    kvp_meta_step_free(&s);
+    return rc;
+}
+
+/* Contract with the scheduler: a request finished while its async load is
+ * queued, running, or ended but unreported is reported in done_sending once
+ * (after the load ended), besides done_recving. The storage node is frozen
+ * (SIGSTOP) to hold a load in its GET. */
+TEST(worker_aborted_load_reported_sending)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c1, c2;
+    cache_init(&c1);
+    cache_init(&c2);
+    wopts o = {.recv_threads = 1};
+    kvp_worker *w1 = worker_open(&e, &c1, NULL);
+    kvp_worker *w2 = worker_open(&e, &c2, &o);
+    CHECK(w1 && w2);
+    uint8_t h[NCH * HL];
+    hashes(h, NCH, 35);
+    uint32_t sb[NCH] = {2, 4, 6, 8, 10, 12};
+    fill(&c1, 35, sb, NCH);
+    rq q;
+    rq_save(&q, "al-s", sb, NCH, h);
+    CHECK_EQ(store_wait(w1, &q), 0);
+
+    /* normal: load reported, then finished -> never in done_sending */
+    uint32_t nb[NCH] = {50, 51, 52, 53, 54, 55};
+    rq_load(&q, "al-n", nb, NCH, h, 0, NCH * BS);
+    CHECK_EQ(load_wait(w2, &q), 0);
+    kvp_worker_ids ds, dr;
+    const char *fn[1] = {"al-n"};
+    CHECK_EQ(step_n(w2, NULL, 0, fn, 1, &ds, &dr), 0);
+    CHECK(!kvp_worker_ids_has(&ds, "al-n"));
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+
+    /* ended but not yet reported: both, in the same call */
+    uint32_t eb[NCH] = {56, 57, 58, 59, 60, 61};
+    rq_load(&q, "al-e", eb, NCH, h, 0, NCH * BS);
+    rq *one[1] = {&q};
+    CHECK_EQ(step_n(w2, one, 1, NULL, 0, &ds, &dr), 0);
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+    kvp_worker_drain(w2);
+    const char *fe[1] = {"al-e"};
+    CHECK_EQ(step_n(w2, NULL, 0, fe, 1, &ds, &dr), 0);
+    CHECK(kvp_worker_ids_has(&ds, "al-e"));
+    CHECK(kvp_worker_ids_has(&dr, "al-e"));
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+    CHECK_EQ(step_n(w2, NULL, 0, NULL, 0, &ds, &dr), 0);
+    CHECK_EQ(ds.n + dr.n, 0); /* once */
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+
+    /* running (held in its GET by a frozen node) and queued */
+    CHECK_EQ(kill(e.st.pid, SIGSTOP), 0);
+    uint32_t rb[NCH] = {30, 31, 32, 33, 34, 35}, qb[NCH] = {40, 41, 42, 43, 44, 45};
+    rq qr, qq;
+    rq_load(&qr, "al-r", rb, NCH, h, 0, NCH * BS);
+    rq_load(&qq, "al-q", qb, NCH, h, 0, NCH * BS);
+    rq *two[2] = {&qr, &qq};
+    CHECK_EQ(step_n(w2, two, 2, NULL, 0, &ds, &dr), 0);
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+    tp_sleep_ms(100); /* the single receive thread is inside al-r's GET */
+    const char *fin[2] = {"al-r", "al-q"};
+    CHECK_EQ(step_n(w2, NULL, 0, fin, 2, &ds, &dr), 0);
+    CHECK(kvp_worker_ids_has(&ds, "al-q")); /* dropped unexecuted: ended */
+    CHECK(kvp_worker_ids_has(&dr, "al-q"));
+    CHECK(!kvp_worker_ids_has(&ds, "al-r")); /* still running */
+    CHECK(!kvp_worker_ids_has(&dr, "al-r"));
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+    CHECK_EQ(step_n(w2, NULL, 0, NULL, 0, &ds, &dr), 0);
+    CHECK(!kvp_worker_ids_has(&ds, "al-r"));
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+    CHECK_EQ(kill(e.st.pid, SIGCONT), 0);
+    int sent = 0, recvd = 0;
+    for (int i = 0; i < 2000 && !sent; i++) {
+        tp_sleep_ms(5);
+        CHECK_EQ(step_n(w2, NULL, 0, NULL, 0, &ds, &dr), 0);
+        sent = kvp_worker_ids_has(&ds, "al-r");
+        recvd |= kvp_worker_ids_has(&dr, "al-r");
+        kvp_worker_ids_free(&ds);
+        kvp_worker_ids_free(&dr);
+    }
+    CHECK(sent);
+    CHECK(recvd); /* never later than done_sending */
+    /* after done_sending no block of either request changes any more */
+    uint8_t snap[NCH][2];
+    for (int k = 0; k < NCH; k++) {
+        snap[k][0] = slot(&c2, 0, 0, rb[k], 0)[0];
+        snap[k][1] = slot(&c2, 0, 0, qb[k], 0)[0];
+        CHECK_EQ(block_state(&c2, 35, qb[k], k), 0); /* the queued load never ran */
+    }
+    kvp_worker_drain(w2);
+    tp_sleep_ms(50);
+    for (int k = 0; k < NCH; k++) {
+        CHECK_EQ(slot(&c2, 0, 0, rb[k], 0)[0], snap[k][0]);
+        CHECK_EQ(slot(&c2, 0, 0, qb[k], 0)[0], snap[k][1]);
+    }
+    CHECK_EQ(step_n(w2, NULL, 0, NULL, 0, &ds, &dr), 0);
+    CHECK_EQ(ds.n + dr.n, 0); /* exactly once */
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+    kvp_worker_destroy(w1);
+    kvp_worker_destroy(w2);
+    cache_free(&c1);
+    cache_free(&c2);
     env_down(&e);
 }
