@@ -1218,3 +1218,175 @@ TEST(worker_aborted_load_reported_sending)
     cache_free(&c2);
     env_down(&e);
 }
+
+/* ------------------------------------------------------------ hybrid groups */
+
+/* FA (B = 32) + SWA (B = 8, window 8): L = 32, H = 8. */
+static const kvp_worker_group fa_swa[2] = {
+    {.spec = {.kind = KVP_COORD_FULL, .block_size = 32},
+     .key_spec = KVP_KEY_SPEC_ATTENTION, .num_kv_heads = 1},
+    {.spec = {.kind = KVP_COORD_SWA, .block_size = 8, .window = 8, .spec_tag = 1},
+     .key_spec = KVP_KEY_SPEC_ATTENTION, .num_kv_heads = 1},
+};
+
+typedef struct rq2 {
+    kvp_meta_ids ids[2];
+    kvp_meta_load_spec ls;
+    kvp_meta_req r;
+} rq2;
+
+/* A save of the first `tokens` tokens over two groups (hashes at H). */
+static void rq2_save(rq2 *q, const char *id, uint32_t *g0, uint32_t n0, uint32_t *g1, uint32_t n1,
+                     const uint8_t *h, uint32_t nh, uint64_t tokens, const uint32_t *toks,
+                     uint32_t ntoks)
+{
+    memset(q, 0, sizeof *q);
+    q->ids[0] = (kvp_meta_ids){g0, n0, 0};
+    q->ids[1] = (kvp_meta_ids){g1, n1, 0};
+    q->r = (kvp_meta_req){
+        .req_id = {id, (uint32_t)strlen(id)}, .kind = KVP_META_NEW, .token_len_chunk = tokens,
+        .block_ids = q->ids, .ngroups = 2, .block_hashes = h, .nhashes = nh, .hash_len = HL,
+        .can_save = KVP_META_TRUE, .is_last_chunk = KVP_META_UNSET, .token_ids = toks,
+        .n_token_ids = ntoks,
+    };
+}
+
+static void rq2_load(rq2 *q, const char *id, uint32_t *g0, uint32_t n0, uint32_t *g1, uint32_t n1,
+                     const uint8_t *h, uint32_t nh, uint64_t local, uint64_t hit)
+{
+    rq2_save(q, id, g0, n0, g1, n1, h, nh, 0, NULL, 0);
+    q->r.kind = KVP_META_LOAD;
+    q->r.can_save = KVP_META_UNSET;
+    q->ls = (kvp_meta_load_spec){.vllm_cached_tokens = local, .kvpool_cached_tokens = hit,
+                                 .can_load = true};
+    q->r.load_spec = &q->ls;
+}
+
+/* Stores a request and waits until it is reported finished sending. */
+static int store2_wait(kvp_worker *w, rq2 *q)
+{
+    rq tmp = {.id = q->r.req_id.p, .r = q->r};
+    return store_wait(w, &tmp);
+}
+
+/* Event of (group, start) in ev, or NULL. */
+static const kvp_worker_event *ev_find(const kvp_worker_event *ev, size_t n, uint32_t g,
+                                       uint64_t start)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].group == g && ev[i].start == start)
+            return &ev[i];
+    return NULL;
+}
+
+/* Checks one BlockStored event: group, B_g, token range and slice, and the
+ * last sub-hash of the chunk (H < B). */
+static int ev_ok(const kvp_worker_event *e, uint32_t g, uint32_t B, uint64_t start,
+                 const uint8_t *h, const uint32_t *toks)
+{
+    REQUIRE(e != NULL);
+    REQUIRE(e->group == g);
+    REQUIRE(e->block_size == B);
+    REQUIRE(e->start == start && e->end == start + B);
+    REQUIRE(e->hash_len == HL);
+    REQUIRE(memcmp(e->hash, h + ((start + B) / 8 - 1) * HL, HL) == 0);
+    REQUIRE(e->n_token_ids == B && e->token_ids != NULL);
+    REQUIRE(memcmp(e->token_ids, toks + start, B * sizeof *toks) == 0);
+    return 0;
+}
+
+/* §10.3 golden over FA32 + SWA8/W8: T = 64 stores FA hs3, hs7 and SWA only
+ * the in-window chunks hs3, hs7; a delta save from saved offset 32 stores FA
+ * hs7 and SWA hs7 only. KV events carry group, B_g, token slice and the last
+ * sub-hash (H = 8 < B = 32). */
+TEST(worker_hybrid_delta_save_swa_window_events)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c, c2;
+    cache_init(&c);
+    cache_init(&c2);
+    wopts o = {.groups = fa_swa, .ngroups = 2, .hbs = 8};
+    kvp_worker *w = worker_open(&e, &c, &o);
+    kvp_worker *w2 = worker_open(&e, &c2, &o);
+    CHECK(w && w2);
+    uint8_t h[8 * HL], h2[8 * HL];
+    hashes(h, 8, 41);
+    hashes(h2, 8, 42);
+    uint32_t toks[64];
+    for (int i = 0; i < 64; i++)
+        toks[i] = 1000u + (uint32_t)i * 7u;
+    uint32_t fa[2] = {1, 2}, swa[8] = {10, 11, 12, 13, 14, 15, 16, 17};
+    fill(&c, 41, fa, 2);
+    fill(&c, 42, swa, 8);
+    kvp_worker_stats st;
+    kvp_worker_event *ev = NULL;
+    size_t nev = 0;
+
+    /* whole 64 tokens at once: SWA only in the window before each boundary */
+    rq2 q;
+    rq2_save(&q, "hy-w", fa, 2, swa, 8, h2, 8, 64, toks, 64);
+    CHECK_EQ(store2_wait(w, &q), 0);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 4);
+    CHECK_EQ(kvp_worker_take_events(w, &ev, &nev), 0);
+    CHECK_EQ(nev, 4);
+    CHECK_EQ(ev_ok(ev_find(ev, nev, 0, 0), 0, 32, 0, h2, toks), 0);
+    CHECK_EQ(ev_ok(ev_find(ev, nev, 0, 32), 0, 32, 32, h2, toks), 0);
+    CHECK_EQ(ev_ok(ev_find(ev, nev, 1, 24), 1, 8, 24, h2, toks), 0);
+    CHECK_EQ(ev_ok(ev_find(ev, nev, 1, 56), 1, 8, 56, h2, toks), 0);
+    const kvp_worker_event *p = ev_find(ev, nev, 1, 56);
+    CHECK(p && p->has_parent && memcmp(p->parent, h2 + 3 * HL, HL) == 0); /* same group */
+    kvp_worker_events_free(ev, nev);
+
+    /* delta: 32 tokens, then 64 from saved offset 32 */
+    rq2_save(&q, "hy-d", fa, 2, swa, 8, h, 8, 32, toks, 64);
+    CHECK_EQ(step(w, &(rq){.id = "hy-d", .r = q.r}, NULL, NULL, NULL, "hy-d"), 0);
+    kvp_worker_drain(w);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 2);
+    CHECK_EQ(kvp_worker_take_events(w, &ev, &nev), 0);
+    CHECK_EQ(nev, 2);
+    CHECK_EQ(ev_ok(ev_find(ev, nev, 0, 0), 0, 32, 0, h, toks), 0);
+    CHECK_EQ(ev_ok(ev_find(ev, nev, 1, 24), 1, 8, 24, h, toks), 0);
+    kvp_worker_events_free(ev, nev);
+    rq2_save(&q, "hy-d", fa, 2, swa, 8, h, 8, 64, toks, 64);
+    CHECK_EQ(store2_wait(w, &q), 0);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 2); /* not re-checking 0..32 */
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].existing_keys, 0);
+    CHECK_EQ(kvp_worker_take_events(w, &ev, &nev), 0);
+    CHECK_EQ(nev, 2);
+    CHECK_EQ(ev_ok(ev_find(ev, nev, 0, 32), 0, 32, 32, h, toks), 0);
+    CHECK_EQ(ev_ok(ev_find(ev, nev, 1, 56), 1, 8, 56, h, toks), 0);
+    kvp_worker_events_free(ev, nev);
+
+    /* another instance: lookup 65 -> 64; load 64 writes FA blocks and only
+     * the SWA blocks inside the window (§18 hma: recv skips SWA blocks
+     * before the window) */
+    uint32_t hit = 0;
+    CHECK_EQ(kvp_worker_lookup(w2, 65, h, 8, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 64);
+    uint32_t lfa[2] = {30, 31}, lswa[8] = {40, 41, 42, 43, 44, 45, 46, 47};
+    rq2 l;
+    rq2_load(&l, "hy-l", lfa, 2, lswa, 8, h, 8, 0, 64);
+    rq lt = {.id = "hy-l", .r = l.r};
+    CHECK_EQ(load_wait(w2, &lt), 0);
+    uint32_t errs[NB];
+    CHECK_EQ(take_errors(w2, errs, NB), 0);
+    CHECK_EQ(block_state(&c2, 41, 30, 0), 1);
+    CHECK_EQ(block_state(&c2, 41, 31, 1), 1);
+    for (int k = 0; k < 8; k++)
+        CHECK_EQ(block_state(&c2, 42, lswa[k], k), k == 7 ? 1 : 0);
+    kvp_worker_take_stats(w2, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].keys, 3);
+    kvp_worker_destroy(w);
+    kvp_worker_destroy(w2);
+    cache_free(&c);
+    cache_free(&c2);
+    env_down(&e);
+}
