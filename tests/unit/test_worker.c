@@ -1390,3 +1390,134 @@ TEST(worker_hybrid_delta_save_swa_window_events)
     cache_free(&c2);
     env_down(&e);
 }
+
+/* §4.5 over two groups: TP 2, one KV head (factor 2 for FA32 and SWA8/W8).
+ * Rank r stores chunk c of group g iff c % 2 == (r + g) % 2 on the ABSOLUTE
+ * chunk index, also for a delta save from saved offset 64; together the
+ * ranks cover every needed chunk once, so both find the whole prefix and
+ * load it without errors. */
+TEST(worker_striding_phase_by_rank_two_groups)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    uint8_t h[16 * HL];
+    hashes(h, 16, 43);
+    uint32_t fa[4] = {1, 2, 3, 4}, swa[16];
+    for (int i = 0; i < 16; i++)
+        swa[i] = 10u + (uint32_t)i;
+    cache c[2];
+    kvp_worker *w[2];
+    for (int r = 0; r < 2; r++) {
+        cache_init(&c[r]);
+        wopts o = {.tp_rank = r, .tp_size = 2, .groups = fa_swa, .ngroups = 2, .hbs = 8};
+        w[r] = worker_open(&e, &c[r], &o);
+        CHECK(w[r] != NULL);
+        fill(&c[r], 43, fa, 4);
+        fill(&c[r], 44, swa, 16);
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        uint64_t T = pass ? 128 : 64;
+        for (int r = 0; r < 2; r++) {
+            rq2 q;
+            rq2_save(&q, "st-a", fa, 4, swa, 16, h, 16, T, NULL, 0);
+            if (pass)
+                CHECK_EQ(store2_wait(w[r], &q), 0);
+            else {
+                rq t = {.id = "st-a", .r = q.r};
+                CHECK_EQ(step(w[r], &t, NULL, NULL, NULL, "st-a"), 0);
+                kvp_worker_drain(w[r]);
+            }
+            kvp_worker_event *ev = NULL;
+            size_t nev = 0;
+            kvp_worker_take_events(w[r], &ev, &nev);
+            uint64_t lo = pass ? 64 : 0;
+            if (r == 0) { /* FA even chunks, SWA odd (= every in-window chunk) */
+                CHECK_EQ(nev, 3);
+                CHECK(ev_find(ev, nev, 0, lo) != NULL);
+                CHECK(ev_find(ev, nev, 1, lo + 24) != NULL);
+                CHECK(ev_find(ev, nev, 1, lo + 56) != NULL);
+            } else { /* FA odd chunks, no SWA chunk has its phase */
+                CHECK_EQ(nev, 1);
+                CHECK(ev_find(ev, nev, 0, lo + 32) != NULL);
+            }
+            kvp_worker_events_free(ev, nev);
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        uint32_t hit = 0;
+        CHECK_EQ(kvp_worker_lookup(w[r], 129, h, 16, HL, 1, &hit), 0);
+        CHECK_EQ(hit, 128);
+        uint32_t lfa[4] = {30, 31, 32, 33}, lswa[16];
+        for (int i = 0; i < 16; i++)
+            lswa[i] = 40u + (uint32_t)i;
+        rq2 l;
+        rq2_load(&l, "st-l", lfa, 4, lswa, 16, h, 16, 0, 128);
+        rq lt = {.id = "st-l", .r = l.r};
+        CHECK_EQ(load_wait(w[r], &lt), 0);
+        uint32_t errs[NB];
+        CHECK_EQ(take_errors(w[r], errs, NB), 0);
+        for (int k = 0; k < 4; k++)
+            CHECK_EQ(block_state(&c[r], 43, lfa[k], k), 1);
+        CHECK_EQ(block_state(&c[r], 44, lswa[15], 15), 1);
+    }
+    for (int r = 0; r < 2; r++) {
+        kvp_worker_destroy(w[r]);
+        cache_free(&c[r]);
+    }
+    env_down(&e);
+}
+
+/* DCP 2 (TP 2, factor 1): every rank stores every chunk in its own
+ * namespace; a lookup needs both namespaces; each rank loads its own bytes
+ * with no error (the put covers every rank's GET namespace). */
+TEST(worker_dcp2_namespaces)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    uint8_t h[NCH * HL];
+    hashes(h, NCH, 45);
+    uint32_t sb[NCH] = {1, 2, 3, 4, 5, 6}, lb[NCH] = {30, 31, 32, 33, 34, 35};
+    cache c[2];
+    kvp_worker *w[2];
+    for (int r = 0; r < 2; r++) {
+        cache_init(&c[r]);
+        wopts o = {.tp_rank = r, .tp_size = 2, .heads = 1, .dcp_rank = r, .dcp_size = 2};
+        w[r] = worker_open(&e, &c[r], &o);
+        CHECK(w[r] != NULL);
+        fill(&c[r], 45 + (uint32_t)r, sb, NCH);
+    }
+    uint32_t hit = 9;
+    for (int r = 0; r < 2; r++) {
+        rq q;
+        rq_save(&q, "dcp-a", sb, NCH, h);
+        CHECK_EQ(store_wait(w[r], &q), 0);
+        kvp_worker_stats st;
+        kvp_worker_take_stats(w[r], &st);
+        CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, NCH); /* no striding */
+        CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, NCH * CHUNK_BYTES);
+        CHECK_EQ(kvp_worker_lookup(w[0], NCH * BS + 1, h, NCH, HL, 1, &hit), 0);
+        CHECK_EQ(hit, r == 0 ? 0u : (uint32_t)(NCH * BS)); /* every DCP namespace needed */
+    }
+    for (int r = 0; r < 2; r++) {
+        rq q;
+        rq_load(&q, "dcp-l", lb, NCH, h, 0, NCH * BS);
+        CHECK_EQ(load_wait(w[r], &q), 0);
+        uint32_t errs[NB];
+        CHECK_EQ(take_errors(w[r], errs, NB), 0);
+        for (int k = 0; k < NCH; k++)
+            CHECK_EQ(block_state(&c[r], 45 + (uint32_t)r, lb[k], k), 1);
+    }
+    for (int r = 0; r < 2; r++) {
+        kvp_worker_destroy(w[r]);
+        cache_free(&c[r]);
+    }
+    env_down(&e);
+}
