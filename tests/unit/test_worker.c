@@ -1521,3 +1521,127 @@ TEST(worker_dcp2_namespaces)
     }
     env_down(&e);
 }
+
+/* ------------------------------------------------------------ loads §10.6 / §10.7 */
+
+/* Loads NCH chunks of hashes h into blocks lb with a worker at TP rank 1 of
+ * 2 (one KV head: the shared namespace) and the given staging budget;
+ * returns the load-error ids in errs (*ne) and the load_get stats. */
+static int load_rank1(env *e, cache *c, uint64_t budget, const uint8_t *h, uint32_t *lb,
+                      uint32_t *errs, size_t *ne, kvp_worker_stats *st)
+{
+    wopts o = {.tp_rank = 1, .tp_size = 2, .heads = 1, .staging = budget};
+    kvp_worker *w = worker_open(e, c, &o);
+    REQUIRE(w != NULL);
+    rq q;
+    rq_load(&q, "rot-l", lb, NCH, h, 0, NCH * BS);
+    int rc = load_wait(w, &q);
+    *ne = take_errors(w, errs, NB);
+    kvp_worker_take_stats(w, st);
+    kvp_worker_destroy(w);
+    return rc;
+}
+
+/* Rotation at tp_rank 1 (order: chunks 1..5, 0), staging split, stop after
+ * the first failing sub-batch, oversized key. Staging per key = 12288. */
+TEST(worker_load_rotation_split_stop_oversize)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache cs;
+    cache_init(&cs);
+    kvp_worker *ws = worker_open(&e, &cs, &(wopts){.heads = 1});
+    CHECK(ws != NULL);
+    uint8_t hm[NCH * HL], hk[NCH * HL];
+    hashes(hm, NCH, 46);
+    hashes(hk, NCH, 47);
+    uint32_t sb[NCH] = {1, 2, 3, 4, 5, 6}, sb2[NCH] = {7, 8, 9, 10, 11, 12};
+    fill(&cs, 46, sb, NCH);
+    fill(&cs, 47, sb2, NCH);
+    rq q;
+    rq_save(&q, "rot-m", sb, NCH, hm);
+    CHECK_EQ(store_wait(ws, &q), 0);
+    rq_save(&q, "rot-k", sb2, NCH, hk);
+    CHECK_EQ(store_wait(ws, &q), 0);
+    /* chunk 2 of hm removed between save and load */
+    kvp_client *cl = NULL;
+    CHECK_EQ(kvp_client_open(e.cfg, &cl, NULL, 0), 0);
+    struct kvp_key_meta md;
+    CHECK_EQ(kvp_key_meta_init(&md, MODEL, NULL, 0, 0, 0, 0, 0), 0);
+    char key[256];
+    size_t klen;
+    CHECK_EQ(kvp_key_build(&md, hm + 2 * HL, HL, key, sizeof key, &klen), 0);
+    CHECK_EQ(kvp_client_remove(cl, key, 1), 0);
+    kvp_client_close(cl);
+
+    uint32_t lb[NCH] = {20, 21, 22, 23, 24, 25}, errs[NB];
+    size_t ne = 0;
+    kvp_worker_stats st;
+    const uint64_t two = (2 * 12288 * 10 + 8) / 9; /* usable = 2 keys */
+
+    /* A: no budget: one GET of every key; only chunk 2 invalid */
+    cache c;
+    cache_init(&c);
+    CHECK_EQ(load_rank1(&e, &c, 0, hm, lb, errs, &ne, &st), 0);
+    CHECK_EQ(ne, 1);
+    CHECK(has_id(errs, ne, lb[2]));
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].count, 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].keys, NCH);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].failed_keys, 1);
+    for (int k = 0; k < NCH; k++)
+        CHECK_EQ(block_state(&c, 46, lb[k], k), k == 2 ? 0 : 1);
+    cache_free(&c);
+
+    /* B: budget of 2 keys: batches {1,2} {3,4} {5,0}: the first fails at
+     * chunk 2, the later ones are not attempted and reported invalid */
+    cache_init(&c);
+    CHECK_EQ(load_rank1(&e, &c, two, hm, lb, errs, &ne, &st), 0);
+    CHECK_EQ(ne, NCH - 1);
+    for (int k = 0; k < NCH; k++)
+        CHECK_EQ(has_id(errs, ne, lb[k]), k != 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].count, 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].keys, 2);
+    CHECK_EQ(block_state(&c, 46, lb[1], 1), 1);
+    for (int k = 0; k < NCH; k++)
+        if (k != 1)
+            CHECK_EQ(block_state(&c, 46, lb[k], k), 0);
+    cache_free(&c);
+
+    /* C: budget of 2 keys, all present: 3 GETs of 2 keys, every byte right */
+    cache_init(&c);
+    CHECK_EQ(load_rank1(&e, &c, two, hk, lb, errs, &ne, &st), 0);
+    CHECK_EQ(ne, 0);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].count, 3);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].keys, NCH);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].bytes, NCH * CHUNK_BYTES);
+    for (int k = 0; k < NCH; k++)
+        CHECK_EQ(block_state(&c, 47, lb[k], k), 1);
+    CHECK(others_zero(&c, lb, NCH));
+    cache_free(&c);
+
+    /* D: the budget holds all: no split */
+    cache_init(&c);
+    CHECK_EQ(load_rank1(&e, &c, (NCH * 12288 * 10 + 8) / 9, hk, lb, errs, &ne, &st), 0);
+    CHECK_EQ(ne, 0);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].count, 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].keys, NCH);
+    for (int k = 0; k < NCH; k++)
+        CHECK_EQ(block_state(&c, 47, lb[k], k), 1);
+    cache_free(&c);
+
+    /* E: a key larger than the raw budget: no GET, every block invalid */
+    cache_init(&c);
+    CHECK_EQ(load_rank1(&e, &c, 12287, hk, lb, errs, &ne, &st), 0);
+    CHECK_EQ(ne, NCH);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].count, 0);
+    CHECK(others_zero(&c, NULL, 0));
+    cache_free(&c);
+
+    kvp_worker_destroy(ws);
+    cache_free(&cs);
+    env_down(&e);
+}
