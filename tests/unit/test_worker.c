@@ -1645,3 +1645,56 @@ TEST(worker_load_rotation_split_stop_oversize)
     cache_free(&cs);
     env_down(&e);
 }
+
+/* §10.3: only NO_AVAILABLE_HANDLE (-200) backs a request off. A storage
+ * node that died while still mounted fails the transfer with another code:
+ * the request's next job is attempted again. */
+TEST(worker_only_no_handle_backs_off)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c;
+    cache_init(&c);
+    kvp_worker *w = worker_open(&e, &c, NULL);
+    CHECK(w != NULL);
+    uint8_t h[NCH * HL];
+    hashes(h, NCH, 48);
+    uint32_t sb[NCH] = {1, 2, 3, 4, 5, 6};
+    fill(&c, 48, sb, NCH);
+    tp_store_kill(&e.st);
+    kvp_worker_stats st;
+    rq q;
+    rq_save(&q, "nh-a", sb, 2, h);
+    CHECK_EQ(step(w, &q, NULL, NULL, NULL, "nh-a"), 0);
+    kvp_worker_drain(w);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].count, 1);
+    CHECK(st.op[KVP_WORKER_OP_SAVE_PUT].failed_keys + st.op[KVP_WORKER_OP_SAVE_PUT].errors > 0);
+    rq_save(&q, "nh-a", sb, 4, h); /* not backed off: attempted, from offset 0 */
+    CHECK_EQ(step(w, &q, NULL, NULL, NULL, "nh-a"), 0);
+    kvp_worker_drain(w);
+    CHECK_EQ(kvp_worker_take_stats(w, &st), 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].count, 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 4);
+    /* what the store still answers after the worker's puts (a node that
+     * is unmounted stays so: the puts above saw no -200 either) */
+    kvp_client *cl = NULL;
+    CHECK_EQ(kvp_client_open(e.cfg, &cl, NULL, 0), 0);
+    uint8_t buf[64] = {1};
+    kvp_iov iv = {buf, sizeof buf};
+    const kvp_iov *ivp[1] = {&iv};
+    size_t niv = 1;
+    const char *k[1] = {"probe-key"};
+    int64_t res = 0;
+    int prc = kvp_client_batch_put_from_multi_buffers(cl, k, ivp, &niv, 1, &res);
+    fprintf(stderr, "    probe put: rc %d result %lld\n", prc, (long long)res);
+    CHECK(prc < 0 || (res < 0 && res != KVP_ENO_AVAILABLE_HANDLE));
+    kvp_client_close(cl);
+    kvp_worker_destroy(w);
+    cache_free(&c);
+    env_down(&e);
+}
