@@ -1698,3 +1698,97 @@ TEST(worker_only_no_handle_backs_off)
     cache_free(&c);
     env_down(&e);
 }
+
+/* §10.4 partial tail (FA16 + Mamba16, H = 4, boundary 20): with no segment
+ * the tail put fails with NO_AVAILABLE_HANDLE, activates the gate and
+ * leaves the saved offset at 0 (the normal save of that job is not done);
+ * the next tail job of the request honours the gate; after another
+ * request's success the request saves from offset 0. A NULL source block
+ * is skipped. */
+TEST(worker_partial_tail_pressure_and_null)
+{
+    env e;
+    if (env_up2(&e, 0) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c;
+    cache_init(&c);
+    wopts o = {.mamba = 1};
+    kvp_worker *w = worker_open(&e, &c, &o);
+    CHECK(w != NULL);
+    uint8_t h[8 * HL], hb[8 * HL], hc[8 * HL];
+    hashes(h, 8, 51);
+    hashes(hb, 8, 52);
+    hashes(hc, 8, 53);
+    uint32_t fa[2] = {3, 5}, mb[2] = {0, 9}, cow[1] = {7};
+    fill(&c, 51, fa, 2);
+    fill(&c, 52, cow, 1);
+    kvp_meta_tail tail = {.group_id = 1, .cow_block_id = 7, .boundary_tokens = 20};
+    rq2 q;
+    rq2_save(&q, "tl-a", fa, 2, mb, 2, h, 5, 16, NULL, 0);
+    q.r.tails = &tail;
+    q.r.ntails = 1;
+    q.r.kind = KVP_META_TAIL;
+    kvp_worker_stats st;
+    CHECK_EQ(step(w, &(rq){.id = "tl-a", .r = q.r}, NULL, NULL, NULL, "tl-a"), 0);
+    kvp_worker_drain(w);
+    CHECK_EQ(kvp_worker_take_stats(w, &st), 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].count, 1); /* the tail put only */
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 3);  /* Mamba chunk 0 is NULL: skipped */
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].failed_keys, 3);
+    /* gate active: the request's next (tail) job is skipped entirely */
+    CHECK_EQ(step(w, &(rq){.id = "tl-a", .r = q.r}, NULL, NULL, NULL, "tl-a"), 0);
+    kvp_worker_drain(w);
+    CHECK_EQ(kvp_worker_take_stats(w, &st), 0);
+
+    /* a node joins; another request's put fully succeeds: gate cleared */
+    CHECK_EQ(store_up(&e), 0);
+    uint32_t fb[1] = {20}, mbb[1] = {0};
+    fill(&c, 53, fb, 1);
+    rq2 qb;
+    rq2_save(&qb, "tl-b", fb, 1, mbb, 1, hb, 4, 16, NULL, 0);
+    CHECK_EQ(store2_wait(w, &qb), 0);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].failed_keys, 0);
+    kvp_worker_event *ev = NULL;
+    size_t nev = 0;
+    kvp_worker_take_events(w, &ev, &nev);
+    kvp_worker_events_free(ev, nev);
+    /* tl-a resumes: its offset is still 0, so FA chunks 0 and 1 are saved */
+    rq2_save(&q, "tl-a", fa, 2, mb, 2, h, 8, 32, NULL, 0);
+    CHECK_EQ(store2_wait(w, &q), 0);
+    kvp_worker_take_events(w, &ev, &nev);
+    CHECK(ev_find(ev, nev, 0, 0) != NULL);
+    CHECK(ev_find(ev, nev, 0, 16) != NULL);
+    kvp_worker_events_free(ev, nev);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].failed_keys, 0);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, 2 * CHUNK_BYTES); /* FA chunks 0, 1 */
+
+    /* tail alone with the store up: 3 keys, NULL Mamba block 0 skipped */
+    uint32_t fc[2] = {30, 31}, mc[2] = {0, 32};
+    fill(&c, 54, fc, 2);
+    rq2 qc;
+    rq2_save(&qc, "tl-c", fc, 2, mc, 2, hc, 5, 0, NULL, 0);
+    qc.r.tails = &tail;
+    qc.r.ntails = 1;
+    qc.r.kind = KVP_META_TAIL;
+    CHECK_EQ(store2_wait(w, &qc), 0);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 3);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, 3 * CHUNK_BYTES);
+    kvp_worker_take_events(w, &ev, &nev);
+    CHECK_EQ(nev, 3);
+    CHECK(ev_find(ev, nev, 0, 0) != NULL);
+    const kvp_worker_event *t = ev_find(ev, nev, 0, 16);
+    CHECK(t && t->end == 20 && memcmp(t->hash, hc + 4 * HL, HL) == 0);
+    t = ev_find(ev, nev, 1, 16);
+    CHECK(t && t->end == 20 && memcmp(t->hash, hc + 4 * HL, HL) == 0);
+    CHECK(ev_find(ev, nev, 1, 0) == NULL);
+    kvp_worker_events_free(ev, nev);
+    kvp_worker_destroy(w);
+    cache_free(&c);
+    env_down(&e);
+}
