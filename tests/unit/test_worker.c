@@ -151,6 +151,7 @@ static uint64_t fence_steps[64]; /* step argument of each fence call */
 static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
 static int gate_closed, gate_waiting;
+static int fence_fail; /* the engine cannot fence: abandon the put */
 
 static int fence_fn(void *arg, uint64_t st)
 {
@@ -163,8 +164,9 @@ static int fence_fn(void *arg, uint64_t st)
     while (gate_closed)
         pthread_cond_wait(&gate_cv, &gate_mu);
     gate_waiting = 0;
+    int fail = fence_fail;
     pthread_mutex_unlock(&gate_mu);
-    return 0;
+    return fail;
 }
 
 static void gate_set(int closed)
@@ -1543,7 +1545,8 @@ static int load_rank1(env *e, cache *c, uint64_t budget, const uint8_t *h, uint3
 }
 
 /* Rotation at tp_rank 1 (order: chunks 1..5, 0), staging split, stop after
- * the first failing sub-batch, oversized key. Staging per key = 12288. */
+ * the first failing sub-batch, oversized key, a dead node (all blocks
+ * invalid). Staging per key = 12288. */
 TEST(worker_load_rotation_split_stop_oversize)
 {
     env e;
@@ -1639,6 +1642,17 @@ TEST(worker_load_rotation_split_stop_oversize)
     CHECK_EQ(ne, NCH);
     CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].count, 0);
     CHECK(others_zero(&c, NULL, 0));
+    cache_free(&c);
+
+    /* F: the storage node died: every block of the load is reported */
+    tp_store_kill(&e.st);
+    cache_init(&c);
+    CHECK_EQ(load_rank1(&e, &c, 0, hk, lb, errs, &ne, &st), 0);
+    CHECK_EQ(ne, NCH);
+    for (int k = 0; k < NCH; k++) {
+        CHECK(has_id(errs, ne, lb[k]));
+        CHECK(block_state(&c, 47, lb[k], k) >= 0); /* loaded or untouched */
+    }
     cache_free(&c);
 
     kvp_worker_destroy(ws);
@@ -1788,6 +1802,74 @@ TEST(worker_partial_tail_pressure_and_null)
     CHECK(t && t->end == 20 && memcmp(t->hash, hc + 4 * HL, HL) == 0);
     CHECK(ev_find(ev, nev, 1, 0) == NULL);
     kvp_worker_events_free(ev, nev);
+    kvp_worker_destroy(w);
+    cache_free(&c);
+    env_down(&e);
+}
+
+/* §10.3: token_len_chunk is floored to L (33 -> 2 keys; 15 -> no RPC at
+ * all, the pin released and the request reported); a put the engine
+ * cannot fence is abandoned (save_put error), the pin is released and the
+ * range is retried by the next job (offset not advanced). */
+TEST(worker_clamp_to_L_and_failed_fence)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c;
+    cache_init(&c);
+    kvp_worker *w = worker_open(&e, &c, NULL);
+    CHECK(w != NULL);
+    uint8_t h[NCH * HL];
+    hashes(h, NCH, 55);
+    uint32_t sb[NCH] = {1, 2, 3, 4, 5, 6};
+    fill(&c, 55, sb, NCH);
+    kvp_worker_stats st;
+    rq q;
+    rq_save(&q, "cl-a", sb, 1, h);
+    q.r.token_len_chunk = 15;
+    CHECK_EQ(store_wait(w, &q), 0);
+    CHECK_EQ(kvp_worker_take_stats(w, &st), 0); /* no RPC below L */
+    rq_save(&q, "cl-b", sb, 3, h);
+    q.r.token_len_chunk = 33;
+    CHECK_EQ(store_wait(w, &q), 0);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 2);
+
+    uint8_t h2[NCH * HL];
+    hashes(h2, NCH, 56);
+    pthread_mutex_lock(&gate_mu);
+    fence_fail = 1;
+    pthread_mutex_unlock(&gate_mu);
+    rq_save(&q, "cl-c", sb, 2, h2);
+    CHECK_EQ(store_wait(w, &q), 0); /* pin released: reported */
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].errors, 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, 0);
+    pthread_mutex_lock(&gate_mu);
+    fence_fail = 0;
+    pthread_mutex_unlock(&gate_mu);
+    /* a failed job of the same request: the next job retries its range */
+    pthread_mutex_lock(&gate_mu);
+    fence_fail = 1;
+    pthread_mutex_unlock(&gate_mu);
+    uint8_t h3[NCH * HL];
+    hashes(h3, NCH, 57);
+    rq_save(&q, "cl-e", sb, 2, h3);
+    CHECK_EQ(step(w, &q, NULL, NULL, NULL, "cl-e"), 0);
+    kvp_worker_drain(w);
+    pthread_mutex_lock(&gate_mu);
+    fence_fail = 0;
+    pthread_mutex_unlock(&gate_mu);
+    rq_save(&q, "cl-e", sb, 4, h3);
+    CHECK_EQ(store_wait(w, &q), 0);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].errors, 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].count, 2);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].bytes, 4 * CHUNK_BYTES); /* 0..1 retried */
     kvp_worker_destroy(w);
     cache_free(&c);
     env_down(&e);
