@@ -1874,3 +1874,59 @@ TEST(worker_clamp_to_L_and_failed_fence)
     cache_free(&c);
     env_down(&e);
 }
+
+/* §18 hma e2e: FA16 + SWA16/W32 saves 64 tokens; lookup(65) = 64,
+ * lookup(64) = 48 (re-derived below the prompt). After SWA chunks 0-1 are
+ * evicted from the store: lookup(65) = 64 still (only the window is
+ * needed), lookup(64) = 0 (no lower boundary has its window). */
+TEST(worker_fa_swa_lookup_after_eviction)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    static const kvp_worker_group g[2] = {
+        {.spec = {.kind = KVP_COORD_FULL, .block_size = 16},
+         .key_spec = KVP_KEY_SPEC_ATTENTION, .num_kv_heads = 8},
+        {.spec = {.kind = KVP_COORD_SWA, .block_size = 16, .window = 32, .spec_tag = 1},
+         .key_spec = KVP_KEY_SPEC_ATTENTION, .num_kv_heads = 8},
+    };
+    cache c;
+    cache_init(&c);
+    wopts o = {.groups = g, .ngroups = 2};
+    kvp_worker *w = worker_open(&e, &c, &o);
+    CHECK(w != NULL);
+    uint8_t h[4 * HL];
+    hashes(h, 4, 58);
+    uint32_t fa[4] = {1, 2, 3, 4}, swa[4] = {5, 6, 7, 8};
+    fill(&c, 58, fa, 4);
+    fill(&c, 59, swa, 4);
+    rq2 q;
+    rq2_save(&q, "fs-a", fa, 4, swa, 4, h, 4, 64, NULL, 0);
+    CHECK_EQ(store2_wait(w, &q), 0);
+    uint32_t hit = 0;
+    CHECK_EQ(kvp_worker_lookup(w, 65, h, 4, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 64);
+    CHECK_EQ(kvp_worker_lookup(w, 64, h, 4, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 48);
+    kvp_client *cl = NULL;
+    CHECK_EQ(kvp_client_open(e.cfg, &cl, NULL, 0), 0);
+    struct kvp_key_meta md;
+    CHECK_EQ(kvp_key_meta_init(&md, MODEL, NULL, 0, 0, 0, 0, 1), 0);
+    for (int k = 0; k < 2; k++) {
+        char key[256];
+        size_t klen;
+        CHECK_EQ(kvp_key_build(&md, h + (size_t)k * HL, HL, key, sizeof key, &klen), 0);
+        CHECK_EQ(kvp_client_remove(cl, key, 1), 0);
+    }
+    kvp_client_close(cl);
+    CHECK_EQ(kvp_worker_lookup(w, 65, h, 4, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 64);
+    CHECK_EQ(kvp_worker_lookup(w, 64, h, 4, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 0);
+    kvp_worker_destroy(w);
+    cache_free(&c);
+    env_down(&e);
+}
