@@ -7,6 +7,12 @@
  *   - a send job exists only while its request's entry counts it in
  *     `inflight`; the entry lives until the request is reported finished
  *     (or preempted with nothing in flight).
+ *   - send_cur is the job the send thread runs; rrun lists the load jobs the
+ *     receive threads run (both set and cleared under the lock), so
+ *     handle_preemptions and the aborted-load rule can wait for them.
+ *   - an id is in `aborted` from the get_finished that saw it finished with
+ *     its load pending until the get_finished that reports it in
+ *     done_sending; the store rule skips such ids (reported exactly once).
  *   - jobs own deep copies of everything they read from the step metadata.
  */
 #include "connector/worker.h"

@@ -35,8 +35,11 @@
  * preempted requests. For each id it drops the request's queued (not yet
  * started) store jobs and waits for a store job of it that the send thread
  * is running (bound: that one job, i.e. at most its partial-tail put and
- * its normal-save put, including their fence waits), then resets its saved
- * offset and back-off flag. On return no store of these requests reads
+ * its normal-save put, each bounded by its fence wait plus the client's RPC
+ * timeout), then resets its saved offset and back-off flag. The fence of a
+ * step must therefore be satisfiable without further engine action (the
+ * step's event was recorded before its get_finished), or handle_preemptions
+ * would wait for it forever. On return no store of these requests reads
  * engine memory any more. Loads are not touched (a request waiting for
  * remote KV is not running, so it cannot be preempted). The preempted ids
  * of the step metadata are still honoured by get_finished (same reset;
@@ -75,8 +78,9 @@
  *     reported invalid as well (they were never loaded).
  *   - KV events are emitted for chunks whose put actually moved bytes.
  *
- * Thread-safety: get_finished, load_errors, lookup, reset, take_stats and
- * take_events may be called from any thread, concurrently. create, register
+ * Thread-safety: get_finished, handle_preemptions, load_errors, lookup,
+ * reset, take_stats and take_events may be called from any thread,
+ * concurrently. create, register
  * and destroy must not race with anything else.
  * All memory comes from common/mem.h.
  */

@@ -3,7 +3,11 @@
  * cache (2 layers, K/V planes, 64 blocks of 16 tokens), dedup through the
  * put answer, lookup hit lengths, TP 2 put striding and namespaces, a
  * killed storage node, staging-budget sub-batches with a missing key,
- * zero-key loads, and a request finished while its store is in flight. */
+ * zero-key loads, a request finished while its store is in flight,
+ * handle_preemptions before the forward, per-step fences, aborted async
+ * loads, hybrid FA+SWA saves (delta, window, striding phase by rank, KV
+ * events), DCP namespaces, load rotation / staging split / stop / oversize,
+ * the -200-only back-off, partial tails under pressure and L clamping. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
