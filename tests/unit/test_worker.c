@@ -1934,3 +1934,65 @@ TEST(worker_fa_swa_lookup_after_eviction)
     cache_free(&c);
     env_down(&e);
 }
+
+/* A running load of a request the engine finished stops after its current
+ * sub-batch (budget: 2 keys per GET; the first GET is held by a frozen
+ * node): one GET only, later blocks untouched, reported once in both sets. */
+TEST(worker_aborted_load_stops_after_sub_batch)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c1, c2;
+    cache_init(&c1);
+    cache_init(&c2);
+    wopts o = {.recv_threads = 1, .staging = (2 * 12288 * 10 + 8) / 9};
+    kvp_worker *w1 = worker_open(&e, &c1, NULL);
+    kvp_worker *w2 = worker_open(&e, &c2, &o);
+    CHECK(w1 && w2);
+    uint8_t h[NCH * HL];
+    hashes(h, NCH, 61);
+    uint32_t sb[NCH] = {2, 4, 6, 8, 10, 12};
+    fill(&c1, 61, sb, NCH);
+    rq q;
+    rq_save(&q, "as-s", sb, NCH, h);
+    CHECK_EQ(store_wait(w1, &q), 0);
+    CHECK_EQ(kill(e.st.pid, SIGSTOP), 0);
+    uint32_t lb[NCH] = {30, 31, 32, 33, 34, 35};
+    rq_load(&q, "as-l", lb, NCH, h, 0, NCH * BS);
+    kvp_worker_ids ds, dr;
+    rq *one[1] = {&q};
+    CHECK_EQ(step_n(w2, one, 1, NULL, 0, &ds, &dr), 0);
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+    tp_sleep_ms(100);
+    const char *fin[1] = {"as-l"};
+    CHECK_EQ(step_n(w2, NULL, 0, fin, 1, &ds, &dr), 0);
+    CHECK_EQ(ds.n + dr.n, 0); /* still in its first GET */
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+    CHECK_EQ(kill(e.st.pid, SIGCONT), 0);
+    kvp_worker_drain(w2);
+    CHECK_EQ(step_n(w2, NULL, 0, NULL, 0, &ds, &dr), 0);
+    CHECK(kvp_worker_ids_has(&ds, "as-l"));
+    CHECK(kvp_worker_ids_has(&dr, "as-l"));
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+    kvp_worker_stats st;
+    kvp_worker_take_stats(w2, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].count, 1);
+    for (int k = 2; k < NCH; k++)
+        CHECK_EQ(block_state(&c2, 61, lb[k], k), 0);
+    CHECK_EQ(step_n(w2, NULL, 0, NULL, 0, &ds, &dr), 0);
+    CHECK_EQ(ds.n + dr.n, 0);
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
+    kvp_worker_destroy(w1);
+    kvp_worker_destroy(w2);
+    cache_free(&c1);
+    cache_free(&c2);
+    env_down(&e);
+}
