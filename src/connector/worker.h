@@ -21,8 +21,8 @@
  *
  * Engine memory fence: instead of a CUDA event, the engine supplies a fence
  * callback fence(arg, step). Steps are numbered by get_finished: its n-th
- * call (counting from 1) is step n, and every store job it enqueues carries
- * that number. The engine records a fence per step (e.g. a CUDA event
+ * call on a registered worker (counting from 1, whatever it returns) is
+ * step n, and every store job it enqueues carries that number. The engine records a fence per step (e.g. a CUDA event
  * recorded after that step's forward pass, before it calls get_finished);
  * the send thread calls fence(arg, step of the job) right before it reads
  * engine memory for a put (normal save and partial tail). The callback must
