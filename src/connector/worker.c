@@ -169,7 +169,10 @@ struct kvp_worker {
     uint64_t step;  /* get_finished calls so far */
     job *send_cur;  /* the store job the send thread runs, or NULL */
     job *rrun;      /* load jobs the receive threads run (linked by next) */
-    kvp_worker_ids aborted; /* finished while a load was pending: reported
+    kvp_worker_ids had_load; /* live requests a step asked to load (every
+                                rank sees the same steps, so every rank
+                                agrees on this set) */
+    kvp_worker_ids aborted; /* finished after a load was asked for: reported
                                in done_sending once that load ended */
 
     sreq *reqs;
@@ -205,6 +208,18 @@ int kvp_worker_ids_has(const kvp_worker_ids *s, const char *id)
     for (size_t i = 0; i < s->n; i++)
         if (strcmp(s->ids[i], id) == 0)
             return 1;
+    return 0;
+}
+
+/* Removes id if present; 1 if it was there. */
+static int ids_take(kvp_worker_ids *s, const char *id)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->ids[i], id) == 0) {
+            kvp_free(s->ids[i]);
+            s->ids[i] = s->ids[--s->n];
+            return 1;
+        }
     return 0;
 }
 
@@ -1209,6 +1224,7 @@ void kvp_worker_destroy(kvp_worker *w)
     kvp_free(w->reqs);
     kvp_worker_ids_free(&w->recv_done);
     kvp_worker_ids_free(&w->aborted);
+    kvp_worker_ids_free(&w->had_load);
     for (job *j = w->unreported, *nx; j; j = nx) {
         nx = j->next;
         job_free(j);
@@ -1401,6 +1417,14 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
     }
     pthread_mutex_lock(&w->lock);
     uint64_t step_no = ++w->step;
+    /* every request this step asks to load, served or failed alone */
+    for (uint32_t i = 0; rc == 0 && meta && i < meta->nreqs; i++) {
+        const kvp_meta_req *r = &meta->reqs[i];
+        if (r->load_spec && r->load_spec->can_load && ids_add(&w->had_load, r->req_id.p) != 0) {
+            KVP_ERROR(MOD, "out of memory recording the load of %s", r->req_id.p);
+            rc = KVP_ENOMEM;
+        }
+    }
     if (rc == 0) {
         /* in-flight counter += 1 before the job is visible to the thread */
         for (job *j = sh; j; j = j->next) {
@@ -1453,14 +1477,17 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
                 break;
             }
     /* (c) this step's finished ids: remember those with stores in flight;
-     * those with a load not yet reported finished are "aborted loads" */
+     * those a step asked to load go to `aborted` (reported in done_sending
+     * once the load ended, whether it ended long ago or is still running) */
     for (size_t i = 0; i < nfinished; i++) {
         if (!finished || !finished[i])
             continue;
         sreq *e = sreq_find(w, finished[i]);
         if (e)
             e->finished = 1;
-        if (load_pending_locked(w, finished[i]) && ids_add(&w->aborted, finished[i]) != 0) {
+        int pend = load_pending_locked(w, finished[i]);
+        int had = ids_take(&w->had_load, finished[i]);
+        if ((pend || had) && ids_add(&w->aborted, finished[i]) != 0) {
             KVP_ERROR(MOD, "out of memory recording the aborted load of %s", finished[i]);
             rc = KVP_ENOMEM;
         }

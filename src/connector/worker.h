@@ -45,20 +45,22 @@
  * of the step metadata are still honoured by get_finished (same reset;
  * idempotent).
  *
- * Aborted async loads (contract with the scheduler, whose request_finished
- * returns delay_free = true for a request whose async load was emitted but
- * not yet seen in finished_recving): every id in get_finished's `finished`
- * list that, at that call, has a load job queued or running, or whose load
- * has ended but was not yet reported in done_recving, is reported in
- * done_sending exactly once, by the first get_finished (this one or a later
- * one) at which its load job has ended and no store job of it is in flight
- * -- in addition to its done_recving report (never later than the
- * done_sending one). A queued load of such a request is dropped unexecuted
- * (reported in done_recving, no block marked invalid); a running one stops
- * after its current sub-batch. No load job writes engine blocks after its
- * id was reported in done_sending. A request whose load was reported in
- * done_recving before it finished is not reported by this rule (only by
- * the store rule, if it saved).
+ * Requests that loaded (contract with the scheduler, whose request_finished
+ * returns delay_free = true for every request a step asked to load, so that
+ * an aborted request's blocks are never freed under a running load): the
+ * rule must give the same answer on every rank, so it depends only on the
+ * steps, which every rank sees identically -- never on when this rank's
+ * load happened to end. Every id in get_finished's `finished` list that a
+ * step's metadata asked to load (load spec with can_load, served or failed)
+ * since it was last reported is reported in done_sending exactly once, by
+ * the first get_finished (this one or a later one) at which its load job
+ * has ended and no store job of it is in flight -- in addition to its
+ * done_recving report (never later than the done_sending one). A queued
+ * load of such a request is dropped unexecuted (reported in done_recving,
+ * no block marked invalid); a running one stops after its current
+ * sub-batch. No load job writes engine blocks after its id was reported in
+ * done_sending. For a normal request whose load ended long before it
+ * finished, this costs one step of delay before its blocks are freed.
  *
  * Deliberate differences from the Python connector (spec defects, §10):
  *   - dedup: no separate exist round trip; the batch put answers 0 bytes for
@@ -69,8 +71,9 @@
  *     count (jobs enqueued before the preemption are dropped unexecuted via
  *     a generation number); handle_preemptions (not implemented by the
  *     Python connector) drops them and waits for the running one.
- *   - a request finished while its async load is pending is reported in
- *     done_sending once the load ended (aborted-load rule above).
+ *   - a request that loaded is reported in done_sending once it finished
+ *     and its load ended (rule above), so an aborted request's blocks are
+ *     never freed under a running load.
  *   - the fence is per step (a callback with the step number) instead of
  *     one CUDA event object carried by each request.
  *   - a load with zero keys finishes (no division by zero);
