@@ -24,6 +24,18 @@ enum {
 #define MIN_REQ (MIN_STR + 1 + 1 + 8 + 4 + 1 + 4 + 4)
 #define TAIL_SIZE 16u
 
+/* A NUL-terminated copy of n bytes that may themselves hold NULs (request
+ * ids are byte strings; kvp_strndup would stop at the first NUL). */
+static char *id_dup(const char *p, uint32_t n)
+{
+    char *d = kvp_malloc((size_t)n + 1);
+    if (d) {
+        memcpy(d, p, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
 /* ------------------------------------------------------------ step */
 
 void kvp_meta_step_init(kvp_meta_step *s) { memset(s, 0, sizeof *s); }
@@ -90,7 +102,7 @@ int kvp_meta_tracker_init(kvp_meta_tracker *t, const char *req_id, uint32_t req_
     if (!req_id || req_id_len == 0 || req_id_len > KVP_META_MAX_ID || ngroups == 0 ||
         ngroups > KVP_META_MAX_GROUPS)
         return KVP_EINVALID_PARAMS;
-    t->req_id = kvp_strndup(req_id, req_id_len);
+    t->req_id = id_dup(req_id, req_id_len);
     t->block_ids = kvp_calloc(ngroups, sizeof *t->block_ids);
     if (!t->req_id || !t->block_ids) {
         kvp_free(t->req_id);
@@ -324,7 +336,8 @@ static void put_req(kvp_buf *b, const kvp_meta_req *r, const kvp_meta_base *d)
         uint32_t base = d->groups ? d->groups[g] : 0;
         kvp_buf_u32(b, base);
         kvp_buf_u32(b, r->block_ids[g].n - base);
-        put_u32s(b, r->block_ids[g].ids + base, r->block_ids[g].n - base);
+        if (r->block_ids[g].n > base) /* (ids may be NULL when empty) */
+            put_u32s(b, r->block_ids[g].ids + base, r->block_ids[g].n - base);
     }
     kvp_buf_u8(b, r->hash_len);
     kvp_buf_u32(b, d->hashes);
@@ -542,7 +555,7 @@ static ment *ment_get(kvp_meta_mirror *m, const uint8_t *id, uint32_t n)
     e = kvp_calloc(1, sizeof *e);
     if (!e)
         return NULL;
-    e->id = kvp_strndup((const char *)id, n);
+    e->id = id_dup((const char *)id, n);
     if (!e->id) {
         kvp_free(e);
         return NULL;
@@ -726,7 +739,8 @@ static void get_group(dec *d, ment *e, bool shared, uint32_t g, kvp_meta_ids *vi
     }
     gr->ids = buf;
     gr->cap = (uint32_t)(cap / 4);
-    copy_u32s(gr->ids + base, src, n);
+    if (n)
+        copy_u32s(gr->ids + base, src, n);
     gr->n = base + n;
     view->ids = gr->ids;
     view->n = gr->n;

@@ -67,6 +67,18 @@ struct kvp_sched {
     kvp_buf bytes;
 };
 
+/* A NUL-terminated copy of n bytes that may themselves hold NULs (request
+ * ids are byte strings; kvp_strndup would stop at the first NUL). */
+static char *id_dup(const char *p, uint32_t n)
+{
+    char *d = kvp_malloc((size_t)n + 1);
+    if (d) {
+        memcpy(d, p, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
 /* --------------------------------------------------------------- ops */
 
 static int client_lookup(void *arg, const char *req_id, uint32_t id_len, uint32_t num_tokens,
@@ -130,7 +142,7 @@ static struct ent *ent_get(kvp_sched *s, const char *id, uint32_t n)
     e = kvp_calloc(1, sizeof *e);
     if (!e)
         return NULL;
-    e->id = kvp_strndup(id, n);
+    e->id = id_dup(id, n);
     if (!e->id) {
         kvp_free(e);
         return NULL;
@@ -214,7 +226,7 @@ static void drop_push(kvp_sched *s, struct ent *e)
         s->drops = p;
         s->drops_cap = nc;
     }
-    char *id = kvp_strndup(e->id, e->id_len);
+    char *id = id_dup(e->id, e->id_len);
     if (!id) {
         KVP_WARN(MOD, "out of memory: the workers keep a mirror entry for %s", e->id);
         return;
