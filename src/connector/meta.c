@@ -286,18 +286,59 @@ static int req_check(const kvp_meta_req *r)
     return 0;
 }
 
-static void put_str(kvp_buf *b, const kvp_meta_str *s) { kvp_buf_bytes(b, s->p, s->len); }
+/*
+ * The encoder writes through a cursor into space reserved up front (one
+ * kvp_buf_reserve per request or id list instead of one per field).
+ */
+static inline void w8(uint8_t **p, uint8_t v) { *(*p)++ = v; }
+
+static inline void w32(uint8_t **p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        (*p)[i] = (uint8_t)(v >> (8 * i));
+    *p += 4;
+}
+
+static inline void w64(uint8_t **p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        (*p)[i] = (uint8_t)(v >> (8 * i));
+    *p += 8;
+}
+
+static inline void wraw(uint8_t **p, const void *src, size_t n)
+{
+    if (n)
+        memcpy(*p, src, n);
+    *p += n;
+}
 
 /* n u32 values, little-endian (one copy on a little-endian host). */
-static void put_u32s(kvp_buf *b, const uint32_t *v, uint32_t n)
+static void w32s(uint8_t **p, const uint32_t *v, uint32_t n)
 {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    if (n)
-        kvp_buf_put(b, v, (size_t)n * sizeof *v);
+    wraw(p, v, (size_t)n * sizeof *v);
 #else
     for (uint32_t i = 0; i < n; i++)
-        kvp_buf_u32(b, v[i]);
+        w32(p, v[i]);
 #endif
+}
+
+/* A list of ids: u32 count, then each as u32 len | bytes. */
+static void put_strs(kvp_buf *b, const kvp_meta_str *v, uint32_t n)
+{
+    size_t size = 4;
+    for (uint32_t i = 0; i < n; i++)
+        size += 4 + (size_t)v[i].len;
+    if (kvp_buf_reserve(b, size))
+        return;
+    uint8_t *p = b->data + b->len;
+    w32(&p, n);
+    for (uint32_t i = 0; i < n; i++) {
+        w32(&p, v[i].len);
+        wraw(&p, v[i].p, v[i].len);
+    }
+    b->len += size;
 }
 
 static const kvp_meta_base NO_BASE = {NULL, 0, 0};
@@ -312,7 +353,7 @@ static int base_check(const kvp_meta_req *r, const kvp_meta_base *d)
     return 0;
 }
 
-static void put_req(kvp_buf *b, const kvp_meta_req *r, const kvp_meta_base *d)
+static uint8_t req_flags(const kvp_meta_req *r)
 {
     uint8_t f = 0;
     if (r->can_save != KVP_META_UNSET)
@@ -327,45 +368,75 @@ static void put_req(kvp_buf *b, const kvp_meta_req *r, const kvp_meta_base *d)
         f |= F_PROMPT;
     if (r->tails)
         f |= F_TAILS;
-    put_str(b, &r->req_id);
-    kvp_buf_u8(b, r->kind);
-    kvp_buf_u8(b, f);
-    kvp_buf_u64(b, r->token_len_chunk);
-    kvp_buf_u32(b, r->ngroups);
+    return f;
+}
+
+/* Bytes of one encoded request (the layout in meta.h). */
+static size_t req_size(const kvp_meta_req *r, const kvp_meta_base *d, uint8_t f)
+{
+    size_t n = 4 + (size_t)r->req_id.len + 1 + 1 + 8 + 4;
+    for (uint32_t g = 0; g < r->ngroups; g++)
+        n += 8 + 4 * (size_t)(r->block_ids[g].n - (d->groups ? d->groups[g] : 0));
+    n += 1 + 4 + 4 + (size_t)(r->nhashes - d->hashes) * r->hash_len;
+    if (f & F_LOAD)
+        n += 8 + 8 + 8 + 1;
+    if (f & F_TOKENS)
+        n += 8 + 4 * (size_t)(r->n_token_ids - d->tokens);
+    if (f & F_PROMPT)
+        n += 8;
+    if (f & F_TAILS)
+        n += 4 + (size_t)TAIL_SIZE * r->ntails;
+    return n;
+}
+
+static void put_req(kvp_buf *b, const kvp_meta_req *r, const kvp_meta_base *d)
+{
+    uint8_t f = req_flags(r);
+    size_t size = req_size(r, d, f);
+    if (kvp_buf_reserve(b, size))
+        return;
+    uint8_t *p = b->data + b->len;
+    w32(&p, r->req_id.len);
+    wraw(&p, r->req_id.p, r->req_id.len);
+    w8(&p, r->kind);
+    w8(&p, f);
+    w64(&p, r->token_len_chunk);
+    w32(&p, r->ngroups);
     for (uint32_t g = 0; g < r->ngroups; g++) {
         uint32_t base = d->groups ? d->groups[g] : 0;
-        kvp_buf_u32(b, base);
-        kvp_buf_u32(b, r->block_ids[g].n - base);
+        w32(&p, base);
+        w32(&p, r->block_ids[g].n - base);
         if (r->block_ids[g].n > base) /* (ids may be NULL when empty) */
-            put_u32s(b, r->block_ids[g].ids + base, r->block_ids[g].n - base);
+            w32s(&p, r->block_ids[g].ids + base, r->block_ids[g].n - base);
     }
-    kvp_buf_u8(b, r->hash_len);
-    kvp_buf_u32(b, d->hashes);
-    kvp_buf_u32(b, r->nhashes - d->hashes);
+    w8(&p, r->hash_len);
+    w32(&p, d->hashes);
+    w32(&p, r->nhashes - d->hashes);
     if (r->nhashes > d->hashes)
-        kvp_buf_put(b, r->block_hashes + (size_t)d->hashes * r->hash_len,
-                    (size_t)(r->nhashes - d->hashes) * r->hash_len);
-    if (r->load_spec) {
-        kvp_buf_u64(b, r->load_spec->vllm_cached_tokens);
-        kvp_buf_u64(b, r->load_spec->kvpool_cached_tokens);
-        kvp_buf_u64(b, r->load_spec->token_len);
-        kvp_buf_u8(b, r->load_spec->can_load ? 1 : 0);
+        wraw(&p, r->block_hashes + (size_t)d->hashes * r->hash_len,
+             (size_t)(r->nhashes - d->hashes) * r->hash_len);
+    if (f & F_LOAD) {
+        w64(&p, r->load_spec->vllm_cached_tokens);
+        w64(&p, r->load_spec->kvpool_cached_tokens);
+        w64(&p, r->load_spec->token_len);
+        w8(&p, r->load_spec->can_load ? 1 : 0);
     }
     if (f & F_TOKENS) {
-        kvp_buf_u32(b, d->tokens);
-        kvp_buf_u32(b, r->n_token_ids - d->tokens);
-        put_u32s(b, r->token_ids + d->tokens, r->n_token_ids - d->tokens);
+        w32(&p, d->tokens);
+        w32(&p, r->n_token_ids - d->tokens);
+        w32s(&p, r->token_ids + d->tokens, r->n_token_ids - d->tokens);
     }
     if (f & F_PROMPT)
-        kvp_buf_u64(b, r->num_prompt_tokens);
+        w64(&p, r->num_prompt_tokens);
     if (f & F_TAILS) {
-        kvp_buf_u32(b, r->ntails);
+        w32(&p, r->ntails);
         for (uint32_t i = 0; i < r->ntails; i++) {
-            kvp_buf_u32(b, r->tails[i].group_id);
-            kvp_buf_u32(b, r->tails[i].cow_block_id);
-            kvp_buf_u64(b, r->tails[i].boundary_tokens);
+            w32(&p, r->tails[i].group_id);
+            w32(&p, r->tails[i].cow_block_id);
+            w64(&p, r->tails[i].boundary_tokens);
         }
     }
+    b->len += size;
 }
 
 int kvp_meta_encode_delta(kvp_buf *b, const kvp_meta_step *s, const kvp_meta_base *bases,
@@ -392,18 +463,12 @@ int kvp_meta_encode_delta(kvp_buf *b, const kvp_meta_step *s, const kvp_meta_bas
             return KVP_EINVALID_PARAMS;
     kvp_buf_u32(b, KVP_META_MAGIC);
     kvp_buf_u8(b, KVP_META_VERSION);
-    kvp_buf_u32(b, ndrops);
-    for (uint32_t i = 0; i < ndrops; i++)
-        put_str(b, &drops[i]);
+    put_strs(b, drops, ndrops);
     kvp_buf_u32(b, s->nreqs);
     for (uint32_t i = 0; i < s->nreqs; i++)
         put_req(b, &s->reqs[i], bases ? &bases[i] : &NO_BASE);
-    kvp_buf_u32(b, s->nunfinished);
-    for (uint32_t i = 0; i < s->nunfinished; i++)
-        put_str(b, &s->unfinished[i]);
-    kvp_buf_u32(b, s->npreempted);
-    for (uint32_t i = 0; i < s->npreempted; i++)
-        put_str(b, &s->preempted[i]);
+    put_strs(b, s->unfinished, s->nunfinished);
+    put_strs(b, s->preempted, s->npreempted);
     return b->err;
 }
 
