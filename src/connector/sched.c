@@ -30,6 +30,7 @@ struct ent {
     bool has_ls;
     bool has_tr;
     bool seen_this_step;       /* new or cached in the step being built */
+    uint32_t save_meta;        /* 1 + index of its first saving meta in the step, 0: none */
     kvp_meta_load_spec ls;
     kvp_meta_tracker tr;
     kvp_meta_ids *alloc;       /* block ids recorded at alloc (owned) */
@@ -512,6 +513,8 @@ static int push_meta(kvp_sched *s, struct ent *e, const kvp_meta_req *m)
     if (rc)
         return rc;
     s->bases[s->step.nreqs - 1] = b;
+    if (m->can_save == KVP_META_TRUE && !e->save_meta)
+        e->save_meta = s->step.nreqs; /* phase 6 attaches partial tails to it */
     e->sent = true;
     e->sent_ngroups = m->ngroups;
     for (uint32_t g = 0; g < m->ngroups; g++)
@@ -669,18 +672,11 @@ static int phase_tails(kvp_sched *s, const kvp_sched_step *st)
             return KVP_ENOMEM;
         memcpy(copy, tr->tails, (size_t)tr->ntails * sizeof *copy);
         struct ent *e = ent_find(s, tr->req_id, tr->req_id_len);
-        bool attached = false;
-        for (uint32_t m = 0; m < s->step.nreqs && !attached; m++) {
-            kvp_meta_req *q = &s->step.reqs[m];
-            if (q->can_save == KVP_META_TRUE && q->req_id.len == tr->req_id_len &&
-                memcmp(q->req_id.p, tr->req_id, tr->req_id_len) == 0) {
-                q->tails = copy;
-                q->ntails = tr->ntails;
-                attached = true;
-            }
-        }
-        if (attached) {
-            if (e && e->has_tr)
+        if (e && e->save_meta) { /* rides the request's save meta of this step */
+            kvp_meta_req *q = &s->step.reqs[e->save_meta - 1];
+            q->tails = copy;
+            q->ntails = tr->ntails;
+            if (e->has_tr)
                 e->tr.has_pending_offload = true;
             continue;
         }
@@ -823,6 +819,7 @@ int kvp_sched_build_meta(kvp_sched *s, const kvp_sched_step *st, const kvp_meta_
     for (struct ent *e = s->ahead, *nx; e; e = nx) {
         nx = e->anext;
         e->seen_this_step = false;
+        e->save_meta = 0;
         if (e->load_step && rc == 0) {
             e->load_emitted = true;
             e->load_recv_seen = false;
