@@ -910,3 +910,48 @@ TEST(meta_delta_drops_and_repeats)
     kvp_meta_mirror_free(mir);
     kvp_buf_free(&b);
 }
+
+/* Out of memory anywhere in a delta decode: KVP_ENOMEM, the mirror emptied
+ * (never half-assembled), and the full resend that follows decodes. */
+TEST(meta_delta_oom_empties_mirror)
+{
+    uint32_t ids[16], toks[8];
+    kvp_buf m1, m2;
+    two_msgs(&m1, &m2, ids, toks);
+    kvp_arena a;
+    kvp_arena_init(&a, ARENA_CAP);
+    kvp_meta_step d, want;
+    kvp_arena a0;
+    kvp_arena_init(&a0, ARENA_CAP);
+    kvp_meta_mirror *mir0 = kvp_meta_mirror_new(), *mir = kvp_meta_mirror_new();
+    CHECK(mir0 && mir);
+    CHECK_EQ(kvp_meta_decode_delta(mir0, m1.data, m1.len, &a0, &d), 0);
+    CHECK_EQ(kvp_meta_decode_delta(mir0, m2.data, m2.len, &a0, &want), 0);
+    int failed = 0;
+    for (uint64_t n = 1; n < 40; n++) {
+        kvp_meta_mirror_free(mir);
+        mir = kvp_meta_mirror_new();
+        CHECK(mir);
+        kvp_arena_reset(&a);
+        kvp_mem_fail_nth(n, 0);
+        int r1 = kvp_meta_decode_delta(mir, m1.data, m1.len, &a, &d);
+        int r2 = r1 == 0 ? kvp_meta_decode_delta(mir, m2.data, m2.len, &a, &d) : r1;
+        kvp_mem_fail_nth(0, 0);
+        CHECK(r2 == 0 || r2 == KVP_ENOMEM);
+        if (r2 != 0) {
+            failed++;
+            CHECK_EQ(kvp_meta_mirror_count(mir), 0);
+            /* a full resend, then the delta: fine again */
+            CHECK_EQ(kvp_meta_decode_delta(mir, m1.data, m1.len, &a, &d), 0);
+            CHECK_EQ(kvp_meta_decode_delta(mir, m2.data, m2.len, &a, &d), 0);
+        }
+        CHECK(kvp_meta_step_equal(&want, &d));
+    }
+    CHECK(failed > 0);
+    kvp_arena_free(&a);
+    kvp_arena_free(&a0);
+    kvp_meta_mirror_free(mir);
+    kvp_meta_mirror_free(mir0);
+    kvp_buf_free(&m1);
+    kvp_buf_free(&m2);
+}
