@@ -219,6 +219,15 @@ int kvp_sched_build_meta(kvp_sched *s, const kvp_sched_step *st, const kvp_meta_
  * appeared in `finished` -- once that load job has ended. Both sides
  * decide on the same facts (load sent, recving reported before the
  * finish), so an id is delayed exactly when the worker will report it.
+ * The engine must therefore call kvp_sched_update_connector_output with
+ * every step's output BEFORE request_finished of a later step.
+ * Known gap with several workers: the engine reports an id in
+ * finished_recving only once EVERY worker did; if one worker reported its
+ * done_recving a step before the others and the request is finished in
+ * between, that worker will not report done_sending, so an aggregated
+ * finished_sending (all workers) never completes for it. A race-free
+ * variant: the worker reports done_sending for every finished request that
+ * had a load job (once it ended) and rule (b) drops the recving condition.
  */
 int kvp_sched_request_finished(kvp_sched *s, const char *req_id, uint32_t id_len,
                                const kvp_meta_ids *block_ids, uint32_t ngroups,
