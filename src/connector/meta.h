@@ -38,7 +38,9 @@
  * array), followed by the n appended items; the mirror entry (created on
  * first use) then holds the full array. A group the mirror entry does not
  * have counts 0 items. Token ids absent (no TOKENS flag) = an empty array;
- * hash_len 0 = no hashes (then base and n are 0).
+ * hash_len 0 = no hashes (then base and n are 0). A request named twice in
+ * one step applies both entries in order; the first entry's view keeps
+ * showing the arrays as they were after it.
  * Desynchronisation (a base count that differs from what the mirror holds:
  * a missed step or a protocol bug) and every other decode error are
  * KVP_EPROTOCOL for the whole step, and the mirror is then EMPTIED (every
@@ -262,6 +264,7 @@ uint32_t kvp_meta_mirror_count(const kvp_meta_mirror *m);
  * tables, hashes and token ids point into the mirror's arrays, everything
  * else into the arena; valid until the next decode on this mirror (or its
  * free) and until the arena is reset. On an error the mirror is emptied.
+ * m NULL: KVP_EINVALID_PARAMS.
  */
 int kvp_meta_decode_delta(kvp_meta_mirror *m, const void *p, size_t len, kvp_arena *a,
                           kvp_meta_step *out);
