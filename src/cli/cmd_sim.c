@@ -150,6 +150,7 @@ typedef struct rank {
     int rc;
     uint64_t mismatches, verified;
     kvp_arena arena;
+    kvp_meta_mirror *mirror; /* this rank's view of the delta-encoded metas */
 } rank;
 
 typedef struct inst {
@@ -229,7 +230,7 @@ static void *rank_main(void *p)
                 run_action(k, &in->acts[i]);
         kvp_arena_reset(&k->arena);
         kvp_meta_step st;
-        int rc = kvp_meta_decode(in->bytes, in->len, &k->arena, &st);
+        int rc = kvp_meta_decode_delta(k->mirror, in->bytes, in->len, &k->arena, &st);
         if (rc == 0)
             rc = kvp_worker_get_finished(k->w, in->fin, in->nfin, &st, &k->ds, &k->dr);
         if (rc == 0)
@@ -717,8 +718,9 @@ static int instance_main(const simcfg *c, int idx, int fd)
         k->r = r;
         k->krank = r / factor;
         kvp_arena_init(&k->arena, 1 << 16);
+        k->mirror = kvp_meta_mirror_new();
         k->layer = kvp_calloc((size_t)c->layers, sizeof *k->layer);
-        if (!k->layer)
+        if (!k->layer || !k->mirror)
             goto done;
         kvp_tdb_tensor t[64];
         for (int l = 0; l < c->layers; l++) {
@@ -806,6 +808,7 @@ done:
         kvp_worker_ids_free(&k->dr);
         kvp_free(k->errs);
         kvp_arena_free(&k->arena);
+        kvp_meta_mirror_free(k->mirror);
         for (int l = 0; k->layer && l < c->layers; l++)
             kvp_free(k->layer[l]);
         kvp_free(k->layer);

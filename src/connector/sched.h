@@ -29,6 +29,21 @@
  *    num_publishable_block_hashes, which is eagle drafter state this API
  *    does not model; lookups are always sent with apply_eagle = 1 (the
  *    spec's value when that mode is off), saves are never capped.
+ *  - The per-step byte string is a DELTA (meta.h, version 2): per request
+ *    only the block ids, hashes and token ids appended since the last
+ *    message that carried the request, plus a drop list (finished and
+ *    preempted requests the workers' mirrors must forget). The workers
+ *    decode it with kvp_meta_decode_delta into a mirror; the decoded step
+ *    equals the full view *meta field by field. CONTRACT: every message
+ *    build_meta returns must reach every worker mirror, in order (a lost
+ *    message makes the next delta of the affected requests fail to decode
+ *    with KVP_EPROTOCOL). After a build error nothing was sent, and every
+ *    later meta is a full send.
+ *  - Aborted async loads (kvp_sched_update_connector_output): a request
+ *    finished while a load into its blocks may still run keeps its blocks
+ *    (delay_free), also for a consumer; the spec frees them.
+ *  - reset_cache (kvp_sched_reset_cache) has no KV-event buffer to clear
+ *    (KV events are not produced).
  */
 #ifndef KVP_SCHED_H
 #define KVP_SCHED_H
@@ -177,9 +192,10 @@ int kvp_sched_update_state_after_alloc(kvp_sched *s, const kvp_sched_request *re
                                        uint64_t num_external_tokens);
 
 /*
- * build_connector_meta (§8.4), all phases. On success *meta (a view) and
- * *bytes / *len (its kvp_meta_encode string) stay valid until the next call
- * on s. Errors: KVP_EINVALID_PARAMS (a cached request unknown to the
+ * build_connector_meta (§8.4), all phases. On success *meta (the FULL view,
+ * for introspection) and *bytes / *len (the message to send: the delta
+ * encoding of *meta, kvp_meta_encode_delta, against what the workers'
+ * mirrors hold, with the drop list) stay valid until the next call on s. Errors: KVP_EINVALID_PARAMS (a cached request unknown to the
  * scheduler, a tracker group-count mismatch, partial tails with two
  * boundaries, ids over the limits), KVP_ENOMEM; after an error the state
  * may be partly advanced (these are engine bugs or OOM, as the spec's
@@ -190,15 +206,53 @@ int kvp_sched_build_meta(kvp_sched *s, const kvp_sched_step *st, const kvp_meta_
 
 /*
  * request_finished (§8.5): *delay_free = true when the engine must keep the
- * request's blocks until the worker reports it in finished_sending.
+ * request's blocks until the worker reports it in finished_sending:
+ *   (a) the spec's save rule (not a consumer, a tracker with saved tokens
+ *       or a pending partial-tail offload, and some blocks), or
+ *   (b) an ASYNC LOAD is pending: a meta with a load spec (can_load true)
+ *       for this request was returned by build_meta (so the workers got
+ *       it) and kvp_sched_update_connector_output has not yet reported the
+ *       request in finished_recving. Any role; regardless of block counts.
+ * Worker side of (b) (worker.c implements it): the worker reports in
+ * done_sending every finished request that had a load job whose
+ * completion was NOT yet reported in done_recving before the request
+ * appeared in `finished` -- once that load job has ended. Both sides
+ * decide on the same facts (load sent, recving reported before the
+ * finish), so an id is delayed exactly when the worker will report it.
+ * The engine must therefore call kvp_sched_update_connector_output with
+ * every step's output BEFORE request_finished of a later step.
+ * Known gap with several workers: the engine reports an id in
+ * finished_recving only once EVERY worker did; if one worker reported its
+ * done_recving a step before the others and the request is finished in
+ * between, that worker will not report done_sending, so an aggregated
+ * finished_sending (all workers) never completes for it. A race-free
+ * variant: the worker reports done_sending for every finished request that
+ * had a load job (once it ended) and rule (b) drops the recving condition.
  */
 int kvp_sched_request_finished(kvp_sched *s, const char *req_id, uint32_t id_len,
                                const kvp_meta_ids *block_ids, uint32_t ngroups,
                                bool *delay_free);
 
+/*
+ * update_connector_output (§14): the engine calls it after every step with
+ * the workers' aggregated finished_sending / finished_recving ids
+ * (borrowed). A finished_recving id ends rule (b) of request_finished for
+ * the load emitted so far. Unknown ids are ignored. KVP_EINVALID_PARAMS
+ * (NULL arrays with counts, ids over the limits).
+ */
+int kvp_sched_update_connector_output(kvp_sched *s, const kvp_meta_str *finished_sending,
+                                      uint32_t n_sending, const kvp_meta_str *finished_recving,
+                                      uint32_t n_recving);
+
 /* reset_store (§8.6): true only on the worker's ok. The caller must have
  * paused generation. */
 bool kvp_sched_reset_store(kvp_sched *s);
+
+/* reset_cache (§13, the facade's scheduler role): drops every load spec and
+ * the block table recorded for a pending async load (no load is emitted for
+ * them any more), then returns kvp_sched_reset_store(s). Loads already sent
+ * to the workers keep their delay-free rule. */
+bool kvp_sched_reset_cache(kvp_sched *s);
 
 /* Introspection (tests, diagnostics); pointers valid until the next call. */
 bool kvp_sched_load_spec(kvp_sched *s, const char *req_id, uint32_t id_len,
