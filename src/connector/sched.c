@@ -48,10 +48,9 @@ struct ent {
     uint32_t sent_hashes;
     uint8_t sent_hash_len;
     uint32_t sent_tokens;
-    /* aborted async loads (sched.h, kvp_sched_update_connector_output) */
+    /* requests that loaded (sched.h, request_finished rule b) */
     bool load_step;            /* a load meta is in the step being built */
-    bool load_emitted;         /* a load meta reached the workers ... */
-    bool load_recv_seen;       /* ... and its finished_recving was seen */
+    bool load_emitted;         /* a load meta reached the workers */
 };
 
 struct kvp_sched {
@@ -820,10 +819,8 @@ int kvp_sched_build_meta(kvp_sched *s, const kvp_sched_step *st, const kvp_meta_
         nx = e->anext;
         e->seen_this_step = false;
         e->save_meta = 0;
-        if (e->load_step && rc == 0) {
+        if (e->load_step && rc == 0)
             e->load_emitted = true;
-            e->load_recv_seen = false;
-        }
         e->load_step = false;
         if (rc)
             /* metas counted as sent never left: every later send of a
@@ -850,8 +847,8 @@ int kvp_sched_request_finished(kvp_sched *s, const char *req_id, uint32_t id_len
         return KVP_EINVALID_PARAMS;
     *delay_free = false;
     struct ent *e = ent_find(s, req_id, id_len);
-    if (e && e->load_emitted && !e->load_recv_seen) {
-        /* an async load may still be writing into the blocks: the worker
+    if (e && e->load_emitted) {
+        /* a load may still be writing into the blocks: every worker
          * reports the id in finished_sending once its load job ended */
         *delay_free = true;
         return 0;
@@ -865,26 +862,6 @@ int kvp_sched_request_finished(kvp_sched *s, const char *req_id, uint32_t id_len
     for (uint32_t g = 0; g < ngroups; g++)
         total += block_ids[g].n;
     *delay_free = total > 0; /* kept until the worker reports finished_sending */
-    return 0;
-}
-
-int kvp_sched_update_connector_output(kvp_sched *s, const kvp_meta_str *finished_sending,
-                                      uint32_t n_sending, const kvp_meta_str *finished_recving,
-                                      uint32_t n_recving)
-{
-    if (!s || (n_sending && !finished_sending) || (n_recving && !finished_recving))
-        return KVP_EINVALID_PARAMS;
-    for (uint32_t i = 0; i < n_sending; i++)
-        if (!id_ok(finished_sending[i].p, finished_sending[i].len))
-            return KVP_EINVALID_PARAMS;
-    for (uint32_t i = 0; i < n_recving; i++)
-        if (!id_ok(finished_recving[i].p, finished_recving[i].len))
-            return KVP_EINVALID_PARAMS;
-    for (uint32_t i = 0; i < n_recving; i++) {
-        struct ent *e = ent_find(s, finished_recving[i].p, finished_recving[i].len);
-        if (e && e->load_emitted)
-            e->load_recv_seen = true;
-    }
     return 0;
 }
 

@@ -39,9 +39,10 @@
  *    message makes the next delta of the affected requests fail to decode
  *    with KVP_EPROTOCOL). After a build error nothing was sent, and every
  *    later meta is a full send.
- *  - Aborted async loads (kvp_sched_update_connector_output): a request
- *    finished while a load into its blocks may still run keeps its blocks
- *    (delay_free), also for a consumer; the spec frees them.
+ *  - A request that loaded keeps its blocks when it finishes (delay_free,
+ *    also for a consumer) until the workers report it in finished_sending,
+ *    so an aborted request's blocks are never freed under a running load;
+ *    the spec frees them at once.
  *  - reset_cache (kvp_sched_reset_cache) has no KV-event buffer to clear
  *    (KV events are not produced).
  */
@@ -209,40 +210,23 @@ int kvp_sched_build_meta(kvp_sched *s, const kvp_sched_step *st, const kvp_meta_
  * request's blocks until the worker reports it in finished_sending:
  *   (a) the spec's save rule (not a consumer, a tracker with saved tokens
  *       or a pending partial-tail offload, and some blocks), or
- *   (b) an ASYNC LOAD is pending: a meta with a load spec (can_load true)
- *       for this request was returned by build_meta (so the workers got
- *       it) and kvp_sched_update_connector_output has not yet reported the
- *       request in finished_recving. Any role; regardless of block counts.
- * Worker side of (b) (worker.c implements it): the worker reports in
- * done_sending every finished request that had a load job whose
- * completion was NOT yet reported in done_recving before the request
- * appeared in `finished` -- once that load job has ended. Both sides
- * decide on the same facts (load sent, recving reported before the
- * finish), so an id is delayed exactly when the worker will report it.
- * The engine must therefore call kvp_sched_update_connector_output with
- * every step's output BEFORE request_finished of a later step.
- * Known gap with several workers: the engine reports an id in
- * finished_recving only once EVERY worker did; if one worker reported its
- * done_recving a step before the others and the request is finished in
- * between, that worker will not report done_sending, so an aggregated
- * finished_sending (all workers) never completes for it. A race-free
- * variant: the worker reports done_sending for every finished request that
- * had a load job (once it ended) and rule (b) drops the recving condition.
+ *   (b) the request LOADED: a meta with a load spec (can_load true) for
+ *       it was returned by build_meta since it was scheduled (so every
+ *       worker got it). Any role; regardless of block counts.
+ * Worker side of (b) (worker.h, "Requests that loaded"): every worker
+ * reports in done_sending each finished request that a step asked to load,
+ * once its load job has ended. The rule depends only on the step messages,
+ * which every worker sees identically, so every rank reports exactly the
+ * ids the scheduler delayed (an aggregated finished_sending completes; an
+ * engine that asserts on unexpected finished_sending ids never sees one).
+ * A rule on "finished_recving not seen yet" would not: ranks finish their
+ * loads at different steps, and one that reported done_recving before the
+ * finish would never report done_sending. The cost: a request that loaded
+ * gets its blocks back one step after it finished.
  */
 int kvp_sched_request_finished(kvp_sched *s, const char *req_id, uint32_t id_len,
                                const kvp_meta_ids *block_ids, uint32_t ngroups,
                                bool *delay_free);
-
-/*
- * update_connector_output (§14): the engine calls it after every step with
- * the workers' aggregated finished_sending / finished_recving ids
- * (borrowed). A finished_recving id ends rule (b) of request_finished for
- * the load emitted so far. Unknown ids are ignored. KVP_EINVALID_PARAMS
- * (NULL arrays with counts, ids over the limits).
- */
-int kvp_sched_update_connector_output(kvp_sched *s, const kvp_meta_str *finished_sending,
-                                      uint32_t n_sending, const kvp_meta_str *finished_recving,
-                                      uint32_t n_recving);
 
 /* reset_store (§8.6): true only on the worker's ok. The caller must have
  * paused generation. */
