@@ -11,8 +11,8 @@
  *   get_num_new_matched_tokens  --lookup (unix socket)-->  rank 0 answers
  *   update_state_after_alloc
  *   build_meta  ==== step bytes (carried by the engine) ===>  get_finished
- *   update_connector_output  <== finished ids, load errors ==  (per rank)
- *   request_finished                     load_errors, take_stats/events
+ *   request_finished  <== finished ids (all ranks agree) ==  (per rank)
+ *                                        load_errors, take_stats/events
  *
  * Per engine step: the scheduler calls get_num_new_matched_tokens for each
  * waiting request (an asynchronous lookup may answer KVP_CONN_PENDING: ask
@@ -23,8 +23,10 @@
  * forward pass, then get_finished with the step's bytes: that is where the
  * step's loads and stores are queued (the connector moves bytes on its own
  * threads) and where finished ids come back. The engine aggregates the
- * ranks' answers (a request is finished when EVERY rank reported it) and
- * hands them to update_connector_output.
+ * ranks' answers: a request is finished sending / receiving when EVERY rank
+ * reported it. The ranks' answers depend only on the step bytes and the
+ * finished lists, so every rank reports exactly the ids the scheduler's
+ * request_finished delayed.
  *
  * The step bytes are a compact, versioned string (magic "KVCM" + version)
  * and are INCREMENTAL: each step only carries what is new for a request
@@ -255,15 +257,11 @@ int kvp_conn_update_state_after_alloc(kvp_conn_sched *s, const kvp_conn_request 
 int kvp_conn_build_meta(kvp_conn_sched *s, const kvp_conn_step *st, const uint8_t **bytes,
                         size_t *len);
 
-/* The workers' aggregated answers of a step (ids every rank reported). */
-int kvp_conn_update_connector_output(kvp_conn_sched *s, const kvp_conn_str *finished_sending,
-                                     uint32_t n_sending, const kvp_conn_str *finished_recving,
-                                     uint32_t n_recving);
-
 /*
  * The engine finished (or aborted) a request. *delay_free true: keep its
- * blocks until its id is in finished_sending (a store or load of them is
- * still in flight).
+ * blocks until its id is in finished_sending: it has stores to finish, or
+ * it loaded (a load may still be writing into its blocks; every rank
+ * reports it once its load ended, usually at the next step).
  */
 int kvp_conn_request_finished(kvp_conn_sched *s, kvp_conn_str id, const kvp_conn_blocks *blocks,
                               uint32_t ngroups, bool *delay_free);
@@ -326,8 +324,9 @@ int kvp_conn_get_finished(kvp_conn_worker *w, const uint8_t *bytes, size_t len,
                           const char *const *finished, size_t nfinished,
                           kvp_conn_ids *done_sending, kvp_conn_ids *done_recving);
 
-/* Sequence number of the next get_finished (the fence's `step`). */
-uint64_t kvp_conn_worker_step(const kvp_conn_worker *w);
+/* The step number the next get_finished gives its stores (the fence's
+ * `step`; 1 for the first call): record the step's fence under it. */
+uint64_t kvp_conn_worker_step(kvp_conn_worker *w);
 
 /* Takes the block ids whose load failed (*ids freed with kvp_conn_free). */
 int kvp_conn_load_errors(kvp_conn_worker *w, uint32_t **ids, size_t *n);

@@ -15,7 +15,6 @@
  */
 #include "kvpool_connector.h"
 
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -293,15 +292,6 @@ int kvp_conn_build_meta(kvp_conn_sched *s, const kvp_conn_step *st, const uint8_
     return kvp_sched_build_meta(s->s, &ss, &m, bytes, len);
 }
 
-int kvp_conn_update_connector_output(kvp_conn_sched *s, const kvp_conn_str *finished_sending,
-                                     uint32_t n_sending, const kvp_conn_str *finished_recving,
-                                     uint32_t n_recving)
-{
-    return kvp_sched_update_connector_output(s->s, (const kvp_meta_str *)finished_sending,
-                                             n_sending, (const kvp_meta_str *)finished_recving,
-                                             n_recving);
-}
-
 int kvp_conn_request_finished(kvp_conn_sched *s, kvp_conn_str id, const kvp_conn_blocks *blocks,
                               uint32_t ngroups, bool *delay_free)
 {
@@ -322,7 +312,6 @@ struct kvp_conn_worker {
     kvp_lookup_server *srv; /* rank 0 only */
     kvp_meta_mirror *mirror;
     kvp_arena arena;        /* the decoded step */
-    _Atomic uint64_t step;  /* next get_finished's sequence number */
 };
 
 static int lk_lookup(void *arg, uint32_t num_tokens, const uint8_t *hashes, size_t nhashes,
@@ -367,7 +356,6 @@ int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *
     if (!x)
         return KVP_ENOMEM;
     kvp_arena_init(&x->arena, 1u << 16);
-    atomic_init(&x->step, 0);
     kvp_worker_cfg wc = {
         .store_config = c->store_config, .model_path = c->model, .cache_prefix = c->cache_prefix,
         .tp_rank = c->tp_rank, .tp_size = c->tp_size, .pcp_rank = c->pcp_rank,
@@ -382,9 +370,11 @@ int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *
     rc = kvp_worker_create(&wc, &x->w, err, errlen);
     if (rc != 0)
         goto bad;
-    rc = kvp_meta_mirror_new(&x->mirror);
-    if (rc != 0)
+    x->mirror = kvp_meta_mirror_new();
+    if (!x->mirror) {
+        rc = KVP_ENOMEM;
         goto bad;
+    }
     if (c->enable_lookup && rank0 && !kvp_worker_capacity_only(x->w)) {
         kvp_lookup_handler h = {.lookup = lk_lookup, .reset = lk_reset, .arg = x->w};
         rc = kvp_lookup_server_start(c->lookup_socket, &h, &x->srv);
@@ -448,21 +438,17 @@ int kvp_conn_get_finished(kvp_conn_worker *w, const uint8_t *bytes, size_t len,
     kvp_meta_step st, *stp = NULL;
     kvp_arena_reset(&w->arena);
     if (bytes) {
-        int rc = kvp_meta_mirror_decode(w->mirror, bytes, len, &w->arena, &st);
+        int rc = kvp_meta_decode_delta(w->mirror, bytes, len, &w->arena, &st);
         if (rc != 0)
             return rc;
         stp = &st;
     }
-    atomic_fetch_add(&w->step, 1);
     return kvp_worker_get_finished(w->w, finished, nfinished, stp,
                                    (kvp_worker_ids *)done_sending,
                                    (kvp_worker_ids *)done_recving);
 }
 
-uint64_t kvp_conn_worker_step(const kvp_conn_worker *w)
-{
-    return atomic_load(&((kvp_conn_worker *)w)->step);
-}
+uint64_t kvp_conn_worker_step(kvp_conn_worker *w) { return kvp_worker_next_step(w->w); }
 
 void kvp_conn_ids_free(kvp_conn_ids *s) { kvp_worker_ids_free((kvp_worker_ids *)s); }
 

@@ -1562,6 +1562,14 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
     return rc;
 }
 
+uint64_t kvp_worker_next_step(kvp_worker *w)
+{
+    pthread_mutex_lock(&w->lock);
+    uint64_t n = w->step + 1;
+    pthread_mutex_unlock(&w->lock);
+    return n;
+}
+
 int kvp_worker_load_errors(kvp_worker *w, uint32_t **ids, size_t *n)
 {
     pthread_mutex_lock(&w->lock);

@@ -156,6 +156,10 @@ int kvp_worker_ids_has(const kvp_worker_ids *s, const char *id);
  * KVP_ECONFIG (message in err), the client's open error, KVP_ENOMEM.
  */
 int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, size_t errlen);
+/* The step number get_finished's next call gives its store jobs (the
+ * fence's `step`): the calls so far + 1. */
+uint64_t kvp_worker_next_step(kvp_worker *w);
+
 /* Drains the queued jobs, joins the threads, closes the client. NULL ok. */
 void kvp_worker_destroy(kvp_worker *w);
 /* 1 for a capacity-only worker (no transfers, lookup 0). */
