@@ -825,7 +825,7 @@ TEST(preferred_segment_config_and_env)
     CHECK(names[1][0] != 0);
 
     for (int w = 0; w < 2; w++) {
-        char extra[400];
+        char extra[800];
         snprintf(extra, sizeof extra, ", \"preferred_segment\": \" %s \"", names[w]);
         c = client_open(e.m.addr, extra);
         CHECK(c != NULL);
@@ -839,7 +839,7 @@ TEST(preferred_segment_config_and_env)
     CHECK(c != NULL);
     CHECK_EQ(count_on(c, "env", names[1]), 8);
     kvp_client_close(c);
-    char extra[400];
+    char extra[800];
     snprintf(extra, sizeof extra, ", \"preferred_segment\": \"%s\"", names[0]);
     c = client_open(e.m.addr, extra); /* the explicit override wins */
     CHECK(c != NULL);
@@ -847,7 +847,7 @@ TEST(preferred_segment_config_and_env)
     kvp_client_close(c);
     unsetenv("MOONCAKE_PREFERRED_SEGMENT");
 
-    char cfg[400], err[256] = "";
+    char cfg[800], err[256] = "";
     snprintf(cfg, sizeof cfg, "{\"master\": \"%s\", \"mode\": \"standalone-store\", "
              "\"preferred_segment\": \"  \"}", e.m.addr);
     kvp_client *bad = NULL;
