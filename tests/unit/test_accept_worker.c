@@ -194,6 +194,10 @@ static int gate_wait_entered(void)
 typedef struct wopts {
     enum kvp_worker_role role; /* 0 = BOTH */
     uint64_t staging;
+    const kvp_worker_group *groups; /* NULL = one FA group of BS, 8 heads */
+    size_t ngroups;
+    uint32_t hbs;
+    int tp_rank, tp_size;
 } wopts;
 
 static kvp_worker *worker_open(const env *e, cache *c, const wopts *o)
@@ -202,12 +206,19 @@ static kvp_worker *worker_open(const env *e, cache *c, const wopts *o)
                           .key_spec = KVP_KEY_SPEC_ATTENTION, .num_kv_heads = 8};
     kvp_worker_cfg cfg = {
         .store_config = e->cfg, .model_path = MODEL,
-        .tp_size = 1, .pcp_size = 1, .dcp_size = 1, .pp_size = 1,
+        .tp_rank = o ? o->tp_rank : 0, .tp_size = o && o->tp_size ? o->tp_size : 1,
+        .pcp_size = 1, .dcp_size = 1, .pp_size = 1,
         .role = o && o->role ? o->role : KVP_WORKER_BOTH,
-        .enable_lookup = 1, .groups = &g, .ngroups = 1, .retention_interval = -1,
+        .enable_lookup = 1, .groups = &g, .ngroups = 1,
+        .retention_interval = -1,
         .num_gpu_blocks = NB, .num_recv_threads = 1,
         .staging_budget = o ? o->staging : 0, .enable_kv_events = 1, .fence = fence_fn,
     };
+    if (o && o->groups) {
+        cfg.groups = o->groups;
+        cfg.ngroups = o->ngroups;
+        cfg.hash_block_size = o->hbs;
+    }
     kvp_worker *w = NULL;
     char err[256] = "";
     int rc = kvp_worker_create(&cfg, &w, err, sizeof err);
@@ -768,5 +779,164 @@ TEST(accept_destroy_with_dead_store)
     CHECK(ms < 10000); /* two RPCs of at most rpc_timeout (2 s) each */
     CHECK_EQ(block_state(&c, 9, lb[0], 0), 0); /* nothing loaded */
     cache_free(&c);
+    env_down(&e);
+}
+
+/* ------------------------------------------------------------ lookup §10.5 */
+
+/* A save over two groups of the first `tokens` tokens. */
+typedef struct rq2 {
+    kvp_meta_ids ids[2];
+    kvp_meta_req r;
+} rq2;
+
+static void rq2_save(rq2 *q, const char *id, uint32_t *g0, uint32_t n0, uint32_t *g1,
+                     uint32_t n1, const uint8_t *h, uint32_t nh, uint64_t tokens)
+{
+    memset(q, 0, sizeof *q);
+    q->ids[0] = (kvp_meta_ids){g0, n0, 0};
+    q->ids[1] = (kvp_meta_ids){g1, n1, 0};
+    q->r = (kvp_meta_req){
+        .req_id = {id, (uint32_t)strlen(id)}, .kind = KVP_META_NEW, .token_len_chunk = tokens,
+        .block_ids = q->ids, .ngroups = 2, .block_hashes = h, .nhashes = nh, .hash_len = HL,
+        .can_save = KVP_META_TRUE, .is_last_chunk = KVP_META_UNSET,
+    };
+}
+
+static int run2(kvp_worker *w, rq2 *q)
+{
+    rq t = {.id = q->r.req_id.p, .r = q->r};
+    return run(w, &t);
+}
+
+/* W39 "no 2nd RPC": a hit covering the whole prompt is re-derived one
+ * boundary lower from the same exist answer (one lookup_exists operation).
+ * W40 at the worker: FA32 + SWA8/W8, H 8, 96 tokens (the lookup mask has no
+ * retention): the one exist batch probes the 3 FA chunks and only SWA
+ * chunks 3, 7, 11 (6 keys, not 3 + 12); with FA chunk 0 and SWA chunk 3
+ * stored (a 32-token save) the hit is 32. */
+TEST(accept_lookup_one_rpc_and_reachable_swa_probes)
+{
+    env e;
+    ENV_UP(&e);
+    cache c;
+    cache_init(&c);
+    kvp_worker *w = worker_open(&e, &c, NULL);
+    CHECK(w != NULL);
+    uint8_t h[2 * HL];
+    hashes(h, 2, 10);
+    uint32_t sb[2] = {1, 2};
+    fill(&c, 10, sb, 2);
+    rq q;
+    rq_save(&q, "l-a", sb, 2, h);
+    CHECK_EQ(run(w, &q), 0);
+    kvp_worker_stats st;
+    kvp_worker_take_stats(w, &st);
+    uint32_t hit = 0;
+    CHECK_EQ(kvp_worker_lookup(w, 32, h, 2, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 16);
+    CHECK_EQ(kvp_worker_take_stats(w, &st), 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOOKUP_EXISTS].count, 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOOKUP_EXISTS].keys, 2);
+    kvp_worker_destroy(w);
+
+    static const kvp_worker_group fs[2] = {
+        {.spec = {.kind = KVP_COORD_FULL, .block_size = 32},
+         .key_spec = KVP_KEY_SPEC_ATTENTION, .num_kv_heads = 8},
+        {.spec = {.kind = KVP_COORD_SWA, .block_size = 8, .window = 8, .spec_tag = 1},
+         .key_spec = KVP_KEY_SPEC_ATTENTION, .num_kv_heads = 8},
+    };
+    wopts o = {.groups = fs, .ngroups = 2, .hbs = 8};
+    w = worker_open(&e, &c, &o);
+    CHECK(w != NULL);
+    uint8_t h12[12 * HL];
+    hashes(h12, 12, 11);
+    uint32_t fa[1] = {1}, swa[4] = {10, 11, 12, 13};
+    fill(&c, 11, fa, 1);
+    fill(&c, 12, swa, 4);
+    rq2 q2;
+    rq2_save(&q2, "l-b", fa, 1, swa, 4, h12, 4, 32);
+    CHECK_EQ(run2(w, &q2), 0);
+    CHECK_EQ(kvp_worker_take_stats(w, &st), 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 2); /* FA chunk 0, SWA chunk 3 */
+    CHECK_EQ(kvp_worker_lookup(w, 97, h12, 12, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 32);
+    CHECK_EQ(kvp_worker_take_stats(w, &st), 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOOKUP_EXISTS].count, 1);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOOKUP_EXISTS].keys, 6);
+    kvp_worker_destroy(w);
+    cache_free(&c);
+    env_down(&e);
+}
+
+/* W35: FA16 (one KV head: shared between the 2 TP ranks) + Mamba16 (state
+ * private to each rank): a boundary is a hit only when BOTH ranks' Mamba
+ * shards of it are stored. Both ranks save 32 tokens of FA (normal saves
+ * never store Mamba: its state is stored by partial-tail offloads, so the
+ * Mamba objects are put directly under each rank's keys): lookup(33) = 32
+ * on either rank; rank 1's Mamba shard at boundary 32 removed: 16; its
+ * shard at 16 removed too: 0. */
+TEST(accept_lookup_needs_every_mamba_shard)
+{
+    env e;
+    ENV_UP(&e);
+    static const kvp_worker_group fm[2] = {
+        {.spec = {.kind = KVP_COORD_FULL, .block_size = BS},
+         .key_spec = KVP_KEY_SPEC_ATTENTION, .num_kv_heads = 1},
+        {.spec = {.kind = KVP_COORD_MAMBA, .block_size = BS, .spec_tag = 1},
+         .key_spec = KVP_KEY_SPEC_MAMBA},
+    };
+    uint8_t h[2 * HL];
+    hashes(h, 2, 13);
+    cache c[2];
+    kvp_worker *w[2];
+    kvp_client *cl = NULL;
+    CHECK_EQ(kvp_client_open(e.cfg, &cl, NULL, 0), 0);
+    uint8_t state[64];
+    memset(state, 0x5c, sizeof state);
+    char key[256];
+    size_t klen;
+    struct kvp_key_meta md[2];
+    uint64_t fa_keys = 0;
+    for (int r = 0; r < 2; r++) {
+        cache_init(&c[r]);
+        wopts o = {.groups = fm, .ngroups = 2, .tp_rank = r, .tp_size = 2};
+        w[r] = worker_open(&e, &c[r], &o);
+        CHECK(w[r] != NULL);
+        uint32_t fa[2] = {1, 2}, mb[2] = {3, 4};
+        fill(&c[r], 13, fa, 2);
+        rq2 q;
+        rq2_save(&q, "mb-a", fa, 2, mb, 2, h, 2, 32);
+        CHECK_EQ(run2(w[r], &q), 0);
+        kvp_worker_stats st;
+        kvp_worker_take_stats(w[r], &st);
+        fa_keys += st.op[KVP_WORKER_OP_SAVE_PUT].keys;
+        CHECK_EQ(kvp_key_meta_init(&md[r], MODEL, NULL, r, 0, 0, 0, 1), 0);
+        for (int k = 0; k < 2; k++) {
+            CHECK_EQ(kvp_key_build(&md[r], h + (size_t)k * HL, HL, key, sizeof key, &klen), 0);
+            CHECK_EQ(kvp_client_put(cl, key, state, sizeof state), 0);
+        }
+    }
+    CHECK_EQ(fa_keys, 2); /* FA striding: one chunk per rank */
+    uint32_t hit = 0;
+    for (int r = 0; r < 2; r++) {
+        CHECK_EQ(kvp_worker_lookup(w[r], 33, h, 2, HL, 1, &hit), 0);
+        CHECK_EQ(hit, 32);
+    }
+    CHECK_EQ(kvp_key_build(&md[1], h + HL, HL, key, sizeof key, &klen), 0);
+    CHECK_EQ(kvp_client_remove(cl, key, 1), 0);
+    for (int r = 0; r < 2; r++) {
+        CHECK_EQ(kvp_worker_lookup(w[r], 33, h, 2, HL, 1, &hit), 0);
+        CHECK_EQ(hit, 16);
+    }
+    CHECK_EQ(kvp_key_build(&md[1], h, HL, key, sizeof key, &klen), 0);
+    CHECK_EQ(kvp_client_remove(cl, key, 1), 0);
+    CHECK_EQ(kvp_worker_lookup(w[0], 33, h, 2, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 0);
+    kvp_client_close(cl);
+    for (int r = 0; r < 2; r++) {
+        kvp_worker_destroy(w[r]);
+        cache_free(&c[r]);
+    }
     env_down(&e);
 }
