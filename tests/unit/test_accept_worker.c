@@ -4,8 +4,10 @@
  * numbers (2 keys, 512 bytes), stats reset after read, lookup metrics,
  * load_get partial-failure metrics and read leases given back, the staging
  * size of a 256-byte key (12288) and the ratio-scaled split, reset draining
- * the send queue before remove_all (with and without a send thread), and
- * destroy draining queued jobs and surviving a dead store.
+ * the send queue before remove_all (with and without a send thread),
+ * destroy draining queued jobs and surviving a dead store, and lookups:
+ * one exist batch for a re-derived full hit, only reachable SWA chunks
+ * probed, every rank's Mamba shard needed.
  *
  * Engine memory: 2 layers, K/V planes, 32 blocks of 16 tokens, 4 bytes per
  * token per plane, so one chunk (key) is 4 pieces of 64 = 256 bytes, the
