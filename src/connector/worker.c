@@ -1671,7 +1671,13 @@ int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes,
     size_t failed = 0;
     for (size_t i = 0; i < nk; i++)
         failed += res[i] < 0;
-    stat_rec(w, KVP_WORKER_OP_LOOKUP_EXISTS, t0, nk, 0, failed, 0, 0);
+    /* The client folds a failed exist RPC (master unreachable, timeout)
+     * into a negative code per key, and "absent" is 0, never < 0: every
+     * key failed is a store error (§12: a lookup_exists error), not a
+     * partial result. */
+    stat_rec(w, KVP_WORKER_OP_LOOKUP_EXISTS, t0, nk, 0, failed, 0, failed == nk);
+    if (failed == nk)
+        KVP_WARN(MOD, "lookup exist of %zu keys failed: %s", nk, kvp_err_name(res[0]));
     if ((rc = kvp_coord_pool_create(&pool, hash_len, nm)) != 0)
         goto out;
     size_t r = 0;

@@ -211,14 +211,17 @@ int kvp_worker_load_errors(kvp_worker *w, uint32_t **ids, size_t *n);
  * hashes[0..nhashes) (hash_len bytes each, packed, at the H granularity),
  * probing every rank namespace and group with ONE exist batch; a hit
  * covering the whole prompt is re-derived one boundary lower. A store error
- * is a 0 hit (recorded as a lookup_exists error). Returns 0 with *hit set,
+ * (the exist call failed, or every key answered < 0) is a 0 hit, recorded as
+ * a lookup_exists error. Returns 0 with *hit set,
  * or KVP_EINVALID_PARAMS / KVP_ENOMEM.
  */
 int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes, size_t nhashes,
                       size_t hash_len, int apply_eagle, uint32_t *hit);
 
 /* Waits until every enqueued store job has run, then removes every object
- * of the store (remove_all, not forced). Objects removed (>= 0) or < 0. */
+ * of the store (remove_all with force, §9.2: leased and pinned objects
+ * too). Objects removed (>= 0) or < 0. Without a send thread (consumer,
+ * capacity-only, not registered) it does not wait. */
 int64_t kvp_worker_reset(kvp_worker *w);
 
 /* Waits until every enqueued store and load job has run (tests, shutdown). */
