@@ -56,6 +56,8 @@ typedef struct simcfg {
     int corrupt;          /* self-check: flip a byte of every Nth verified block (0 = never) */
     int mla;              /* MLA: one latent plane per layer, identical on every TP rank */
     int sample;           /* --verify sample: check the first and last 64 bytes of a plane */
+    int chunk;            /* chunked prefill: at most this many prompt tokens a step (0 = all) */
+    int decode;           /* decode steps generate the reply tokens, one a step */
     int pp;               /* pipeline stages: an instance has pp x tp workers */
     int swa;              /* sliding window (tokens) of group 1; 0 = one full-attention group */
     int nroles;           /* 0: every instance is kv_both; else roles[i % nroles] */
@@ -88,6 +90,8 @@ typedef struct simstats {
     uint64_t load_errors, mismatches, blocks_verified, steps;
     uint64_t blocks_recomputed, load_error_reqs; /* loads cut short by an error, recomputed */
     uint64_t swa_verified;                       /* of blocks_verified: group 1 (SWA) blocks */
+    uint64_t decode_tokens;                      /* tokens computed by decode steps */
+    uint64_t prefill_chunks;                     /* prefill schedulings (> requests: chunked) */
     uint64_t workers, workers_verified;          /* workers; those that verified a block */
     int32_t done, failed, role;
 } simstats;
@@ -341,7 +345,7 @@ static int lk_reset(void *arg) { return kvp_worker_reset(arg) >= 0 ? 0 : -1; }
 
 /* ------------------------------------------------------------ engine */
 
-enum { R_WAIT, R_LOADING, R_READY, R_RAN, R_FINISHING };
+enum { R_WAIT, R_LOADING, R_READY, R_RUN, R_FINISHING };
 
 typedef struct user {
     int id;
@@ -355,11 +359,14 @@ typedef struct user {
 typedef struct req {
     char id[96];
     user *u;
-    uint32_t *toks, n;
+    uint32_t *toks, n, ntok; /* n prompt tokens; ntok = n + reply tokens sampled so far */
+    uint32_t gen;            /* reply tokens sampled (--decode) */
     uint8_t *hashes;
     uint32_t nh;
     uint64_t tail_seed;
     uint32_t *blocks[2], nblocks; /* per group; SWA chunks outside the window: 0 */
+    uint32_t nalloc;              /* of nblocks (reserved at admission): in the table so far */
+    int scheduled;                /* scheduled before: later steps are cached requests */
     int state;
     uint64_t hit, computed;
     uint32_t first_bad; /* first chunk whose load failed (nblocks: none) */
@@ -402,9 +409,52 @@ static uint32_t turn_len(const simcfg *c, uint64_t seed, int u, int turn, uint64
     return (uint32_t)(base / 2 + (int)(r % (uint64_t)base)); /* [base/2, 3*base/2) */
 }
 
+/* Reply token i of the user's current turn (decode samples these; the
+ * history gets the same ones). */
+static uint32_t reply_tok(const simcfg *c, const user *u, uint32_t i)
+{
+    return tok(c->seed, 1, ((uint64_t)u->id << 32) ^ (uint64_t)u->turn ^ (u->epoch << 20), i);
+}
+
+/* Block hashes of the request's ntok tokens (one per full block) and the
+ * seed of its partial tail block; refreshes the scheduler's view. */
+static void req_rehash(engine *e, req *r)
+{
+    const simcfg *c = e->c;
+    uint32_t B = (uint32_t)c->block_size, nh = r->ntok / B;
+    if (nh != r->nh || !r->sr.req_id) {
+        int64_t *t64 = kvp_malloc((size_t)(r->ntok ? r->ntok : 1) * sizeof *t64);
+        struct kvp_bh_hash *hh = kvp_malloc((size_t)(nh ? nh : 1) * sizeof *hh);
+        if (!t64 || !hh)
+            abort();
+        for (uint32_t i = 0; i < r->ntok; i++)
+            t64[i] = r->toks[i];
+        size_t nout = 0;
+        if (kvp_bh_block_hashes(KVP_BH_SHA256_CBOR, &e->none, t64, r->ntok, B, NULL, NULL, hh,
+                                nh ? nh : 1, &nout) != 0 || nout != nh)
+            abort();
+        for (uint32_t i = 0; i < nh; i++)
+            memcpy(r->hashes + (size_t)i * HL, hh[i].b, HL);
+        r->nh = nh;
+        kvp_free(t64);
+        kvp_free(hh);
+    }
+    uint64_t ts = r->ntok;
+    for (uint32_t i = r->nh * B; i < r->ntok; i++)
+        ts = mix64(ts ^ r->toks[i]);
+    r->tail_seed = ts ^ (r->nh ? hash_seed(r->hashes + (size_t)(r->nh - 1) * HL) : 0);
+    r->sr = (kvp_sched_request){
+        .req_id = r->id, .req_id_len = (uint32_t)strlen(r->id), .all_token_ids = r->toks,
+        .num_tokens = r->ntok, .prompt_token_ids = r->toks, .num_prompt_tokens = r->n,
+        .num_computed_tokens = r->sr.num_computed_tokens, .block_hashes = r->hashes,
+        .nhashes = r->nh, .hash_len = HL,
+    };
+}
+
 static req *req_new(engine *e, user *u)
 {
     const simcfg *c = e->c;
+    uint32_t B = (uint32_t)c->block_size;
     uint32_t nt = turn_len(c, e->c->seed, u->id, u->turn, u->epoch, c->turn_tokens);
     req *r = kvp_calloc(1, sizeof *r);
     if (!r)
@@ -412,17 +462,17 @@ static req *req_new(engine *e, user *u)
     r->u = u;
     snprintf(r->id, sizeof r->id, "i%d-u%d-e%" PRIu64 "-t%d", e->in->idx, u->id, u->epoch,
              u->turn);
-    r->n = (uint32_t)c->sys_tokens + u->nhist + nt;
-    r->toks = kvp_malloc((size_t)r->n * sizeof *r->toks);
-    int64_t *t64 = kvp_malloc((size_t)r->n * sizeof *t64);
-    r->nh = r->n / (uint32_t)c->block_size;
-    r->hashes = kvp_malloc((size_t)(r->nh ? r->nh : 1) * HL);
-    struct kvp_bh_hash *hh = kvp_malloc((size_t)(r->nh ? r->nh : 1) * sizeof *hh);
-    r->nblocks = (r->n + (uint32_t)c->block_size - 1) / (uint32_t)c->block_size;
+    r->n = r->ntok = (uint32_t)c->sys_tokens + u->nhist + nt;
+    /* room for the reply tokens decode appends */
+    uint32_t cap = r->n + (c->decode ? (uint32_t)c->reply_tokens : 0);
+    r->toks = kvp_malloc((size_t)cap * sizeof *r->toks);
+    r->hashes = kvp_malloc((size_t)(cap / B + 1) * HL);
+    r->nblocks = (cap + B - 1) / B;
+    r->nalloc = (r->n + B - 1) / B;
     for (int g = 0; g < sim_groups(c); g++)
         if (!(r->blocks[g] = kvp_calloc((size_t)r->nblocks, sizeof *r->blocks[g])))
             abort();
-    if (!r->toks || !t64 || !r->hashes || !hh)
+    if (!r->toks || !r->hashes)
         abort();
     uint32_t o = 0;
     if (c->sys_tokens)
@@ -434,26 +484,8 @@ static req *req_new(engine *e, user *u)
     for (uint32_t i = 0; i < nt; i++)
         r->toks[o + i] = tok(c->seed, 2 + (uint64_t)u->id * 4096 + (uint64_t)u->turn,
                              u->epoch, i);
-    for (uint32_t i = 0; i < r->n; i++)
-        t64[i] = r->toks[i];
-    size_t nout = 0;
-    if (kvp_bh_block_hashes(KVP_BH_SHA256_CBOR, &e->none, t64, r->n, (size_t)c->block_size, NULL,
-                            NULL, hh, r->nh ? r->nh : 1, &nout) != 0 || nout != r->nh)
-        abort();
-    for (uint32_t i = 0; i < r->nh; i++)
-        memcpy(r->hashes + (size_t)i * HL, hh[i].b, HL);
-    uint64_t ts = r->n;
-    for (uint32_t i = r->nh * (uint32_t)c->block_size; i < r->n; i++)
-        ts = mix64(ts ^ r->toks[i]);
-    r->tail_seed = ts ^ (r->nh ? hash_seed(r->hashes + (size_t)(r->nh - 1) * HL) : 0);
-    kvp_free(t64);
-    kvp_free(hh);
+    req_rehash(e, r);
     r->first_bad = r->nblocks;
-    r->sr = (kvp_sched_request){
-        .req_id = r->id, .req_id_len = (uint32_t)strlen(r->id), .all_token_ids = r->toks,
-        .num_tokens = r->n, .prompt_token_ids = r->toks, .num_prompt_tokens = r->n,
-        .block_hashes = r->hashes, .nhashes = r->nh, .hash_len = HL,
-    };
     return r;
 }
 
@@ -490,8 +522,7 @@ static void req_done(engine *e, req *r)
         hist_push(u, r->toks[(uint32_t)c->sys_tokens + u->nhist]);
     uint32_t nr = (uint32_t)c->reply_tokens;
     for (uint32_t i = 0; i < nr; i++)
-        hist_push(u, tok(c->seed, 1, ((uint64_t)u->id << 32) ^ (uint64_t)u->turn ^
-                                         (u->epoch << 20), i));
+        hist_push(u, reply_tok(c, u, i));
     u->turn++;
     if (c->duration > 0 && u->turn >= c->turns) { /* a new conversation */
         u->turn = 0;
@@ -553,14 +584,17 @@ static int engine_run(engine *e, int fd)
     int ng = sim_groups(c), nw = sim_workers(c);
     uint32_t B = (uint32_t)c->block_size;
     kvp_sched_new_req *nr = kvp_calloc(cap, sizeof *nr);
+    kvp_sched_cached_req *cr = kvp_calloc(cap, sizeof *cr);
     kvp_meta_ids *nids = kvp_calloc(cap * 2, sizeof *nids);
+    kvp_meta_ids *cids = kvp_calloc(cap * 2, sizeof *cids);
+    uint64_t *sched_k = kvp_calloc(cap, sizeof *sched_k);
     action *acts = kvp_calloc(cap * 6, sizeof *acts);
     req **ran = kvp_calloc(cap, sizeof *ran);
     kvp_meta_str *fin = kvp_calloc(cap, sizeof *fin);
     const char **finp = kvp_calloc(cap, sizeof *finp);
     size_t nfin = 0;
     int ret = 0;
-    if (!nr || !nids || !acts || !ran || !fin || !finp)
+    if (!nr || !cr || !nids || !cids || !sched_k || !acts || !ran || !fin || !finp)
         abort();
     for (;;) {
         uint64_t now = now_ns();
@@ -592,7 +626,7 @@ static int engine_run(engine *e, int fd)
             break;
         }
         /* schedule */
-        size_t nnew = 0, nacts = 0;
+        size_t nnew = 0, ncached = 0, nran = 0, nacts = 0;
         for (req *r = e->head; r; r = r->next) {
             if (r->state == R_WAIT) {
                 if (e->nfree < r->nblocks * (uint32_t)ng)
@@ -604,13 +638,15 @@ static int engine_run(engine *e, int fd)
                     continue;
                 if (lrc != 0)
                     num_new = 0;
-                /* SWA: chunks before the window of the hit stay the null block */
+                /* every block the request will need is reserved now; the
+                 * table grows as decode needs them (nalloc). SWA: chunks
+                 * before the window of the hit stay the null block. */
                 uint32_t skip = swa_skip(c, (uint32_t)(num_new / B));
                 for (int g = 0; g < ng; g++)
                     for (uint32_t i = 0; i < r->nblocks; i++)
                         r->blocks[g][i] = g == 1 && i < skip ? 0 : e->freel[--e->nfree];
-                kvp_meta_ids ids[2] = {{r->blocks[0], r->nblocks, 0},
-                                       {r->blocks[1], r->nblocks, 0}};
+                kvp_meta_ids ids[2] = {{r->blocks[0], r->nalloc, 0},
+                                       {r->blocks[1], r->nalloc, 0}};
                 e->st.lookup_hit_tokens += num_new;
                 if (kvp_sched_update_state_after_alloc(e->s, &r->sr, ids, (uint32_t)ng,
                                                        num_new) != 0) {
@@ -649,30 +685,59 @@ static int engine_run(engine *e, int fd)
                                              .blocks = r->blocks[g], .hashes = r->hashes,
                                              .nfull = r->nh, .tail_seed = r->tail_seed,
                                              .from = g ? swa_skip(c, okb) : 0, .to = okb};
-            } else {
+            } else if (r->state != R_RUN) {
                 continue;
             }
-            /* scheduled as a new request: compute the rest */
+            /* this step: a prefill chunk (--chunk, else the whole rest of the
+             * prompt) or one decode token (the last one sampled) */
+            uint64_t k = r->computed < r->n ? r->n - r->computed : 1;
+            if (c->chunk && r->computed < r->n && k > (uint64_t)c->chunk)
+                k = (uint64_t)c->chunk;
+            uint32_t newb = 0; /* decode: the table grows by a block */
+            while ((r->computed + k + B - 1) / B > r->nalloc && r->nalloc < r->nblocks) {
+                r->nalloc++;
+                newb++;
+            }
             r->sr.num_computed_tokens = r->computed;
-            for (int g = 0; g < ng; g++) {
+            for (int g = 0; g < ng; g++)
                 acts[nacts++] = (action){.kind = A_COMPUTE, .group = g, .blocks = r->blocks[g],
                                          .hashes = r->hashes, .nfull = r->nh,
                                          .tail_seed = r->tail_seed,
-                                         .from = (uint32_t)(r->computed / B), .to = r->nblocks};
-                nids[nnew * 2 + (size_t)g] = (kvp_meta_ids){r->blocks[g], r->nblocks, 0};
+                                         .from = (uint32_t)(r->computed / B),
+                                         .to = (uint32_t)((r->computed + k + B - 1) / B)};
+            if (!r->scheduled) { /* scheduled_new_reqs: the whole table */
+                for (int g = 0; g < ng; g++)
+                    nids[nnew * 2 + (size_t)g] = (kvp_meta_ids){r->blocks[g], r->nalloc, 0};
+                nr[nnew] = (kvp_sched_new_req){.req = &r->sr, .num_scheduled_tokens = k,
+                                               .block_ids = &nids[nnew * 2],
+                                               .ngroups = (uint32_t)ng};
+                nnew++;
+                r->scheduled = 1;
+                r->state = R_RUN;
+                e->st.requests++;
+                e->st.prompt_tokens += r->n;
+            } else { /* scheduled_cached_reqs, running: this step's new blocks */
+                for (int g = 0; g < ng; g++)
+                    cids[ncached * 2 + (size_t)g] =
+                        (kvp_meta_ids){r->blocks[g] + r->nalloc - newb, newb, 0};
+                cr[ncached] = (kvp_sched_cached_req){
+                    .req = &r->sr, .num_scheduled_tokens = k,
+                    .new_block_ids = newb ? &cids[ncached * 2] : NULL,
+                    .ngroups = newb ? (uint32_t)ng : 0};
+                ncached++;
             }
-            nr[nnew] = (kvp_sched_new_req){.req = &r->sr,
-                                          .num_scheduled_tokens = r->n - r->computed,
-                                          .block_ids = &nids[nnew * 2],
-                                          .ngroups = (uint32_t)ng};
-            ran[nnew++] = r;
-            r->state = R_RAN;
-            e->st.requests++;
-            e->st.prompt_tokens += r->n;
-            e->st.computed_tokens += r->n - r->computed;
+            if (r->computed < r->n) {
+                e->st.computed_tokens += k;
+                e->st.prefill_chunks++;
+            } else {
+                e->st.decode_tokens += k;
+            }
+            sched_k[nran] = k;
+            ran[nran++] = r;
         }
-        kvp_sched_step step = {.new_reqs = nr, .n_new = (uint32_t)nnew,
-                               .finished = fin, .n_finished = (uint32_t)nfin};
+        kvp_sched_step step = {.new_reqs = nr, .n_new = (uint32_t)nnew, .cached = cr,
+                               .n_cached = (uint32_t)ncached, .finished = fin,
+                               .n_finished = (uint32_t)nfin};
         const kvp_meta_step *meta;
         const uint8_t *bytes;
         size_t len;
@@ -735,10 +800,19 @@ static int engine_run(engine *e, int fd)
         }
         if (ret)
             goto out;
-        /* requests computed in this step finish now (one prefill each) */
-        for (size_t i = 0; i < nnew; i++) {
+        /* advance the requests run in this step: sample a reply token
+         * (--decode) or finish once the prompt is done */
+        for (size_t i = 0; i < nran; i++) {
             req *r = ran[i];
-            kvp_meta_ids ids[2] = {{r->blocks[0], r->nblocks, 0}, {r->blocks[1], r->nblocks, 0}};
+            r->computed += sched_k[i];
+            if (r->computed < r->n)
+                continue; /* chunked prefill goes on */
+            if (c->decode && r->gen < (uint32_t)c->reply_tokens) {
+                r->toks[r->ntok++] = reply_tok(c, r->u, r->gen++);
+                req_rehash(e, r);
+                continue;
+            }
+            kvp_meta_ids ids[2] = {{r->blocks[0], r->nalloc, 0}, {r->blocks[1], r->nalloc, 0}};
             bool delay = false;
             if (kvp_sched_request_finished(e->s, r->id, (uint32_t)strlen(r->id), ids,
                                            (uint32_t)ng, &delay) != 0) {
@@ -754,7 +828,7 @@ static int engine_run(engine *e, int fd)
             else
                 req_done(e, r);
         }
-        if (nnew == 0 && nfin == 0)
+        if (nran == 0 && nfin == 0)
             usleep(500);
         if (now - last_report > 200000000ull) {
             collect_stats(e);
@@ -766,7 +840,10 @@ out:
     for (size_t i = 0; i < nfin; i++)
         kvp_free((void *)fin[i].p);
     kvp_free(nr);
+    kvp_free(cr);
     kvp_free(nids);
+    kvp_free(cids);
+    kvp_free(sched_k);
     kvp_free(acts);
     kvp_free(ran);
     kvp_free(fin);
@@ -970,7 +1047,7 @@ static void usage(void)
            "                  [--block-size N] [--layers N] [--block-bytes N] [--num-blocks N]\n"
            "                  [--kv-heads N] [--mla] [--max-running N] [--log-level L]\n"
            "                  [--corrupt N] [--pp N] [--swa WINDOW] [--roles LIST]\n"
-           "                  [--verify full|sample]\n\n"
+           "                  [--verify full|sample] [--chunk N] [--decode]\n\n"
            "Simulates engine instances (processes) with TP ranks (threads) driving the\n"
            "connector against a running pool, checking every loaded block.\n\n"
            "  --master HOST:PORT          the pool's master (default $KVPOOL_MASTER, else\n"
@@ -1007,7 +1084,12 @@ static void usage(void)
            "                              never store (disaggregated prefill)\n"
            "  --verify full|sample        check every loaded byte (default), or the first\n"
            "                              and last 64 bytes of every block, plane and layer\n"
-           "                              (a wrong, skipped or short block; benchmarks)\n");
+           "                              (a wrong, skipped or short block; benchmarks)\n"
+           "  --chunk N                   chunked prefill: at most N prompt tokens per request\n"
+           "                              and step, saved as they complete (default 0: all)\n"
+           "  --decode                    decode steps: the reply tokens are generated one per\n"
+           "                              step (KV computed, new blocks as needed) before the\n"
+           "                              request finishes; else they only join the history\n");
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi, int *out)
@@ -1046,6 +1128,10 @@ static int parse_args(int argc, char **argv, simcfg *c)
             c->mla = 1;
             continue;
         }
+        if (!strcmp(a, "--decode")) {
+            c->decode = 1;
+            continue;
+        }
         if (strncmp(a, "--", 2) != 0) {
             fprintf(stderr, "kvpool sim: unexpected argument \"%s\"\n", a);
             return -1;
@@ -1078,7 +1164,7 @@ static int parse_args(int argc, char **argv, simcfg *c)
             {"block-bytes", &bb, 8, 1 << 24}, {"num-blocks", &c->num_blocks, 1, 1 << 24},
             {"kv-heads", &c->kv_heads, 1, 4096}, {"max-running", &c->max_running, 1, 4096},
             {"corrupt", &c->corrupt, 0, 1 << 30}, {"pp", &c->pp, 1, 8},
-            {"swa", &c->swa, 0, 1 << 20},
+            {"swa", &c->swa, 0, 1 << 20}, {"chunk", &c->chunk, 0, 1 << 20},
         };
         int found = 0;
         for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
@@ -1210,6 +1296,8 @@ static void sum(simstats *t, const simstats *s)
     t->blocks_recomputed += s->blocks_recomputed;
     t->load_error_reqs += s->load_error_reqs;
     t->swa_verified += s->swa_verified;
+    t->decode_tokens += s->decode_tokens;
+    t->prefill_chunks += s->prefill_chunks;
     t->workers += s->workers;
     t->workers_verified += s->workers_verified;
 }
@@ -1368,7 +1456,10 @@ int kvp_cmd_sim(int argc, char **argv)
                ", \"roles\": \"%s\", \"verify\": \"%s\", \"seconds\": %.3f"
                ", \"requests\": %" PRIu64 ", \"prompt_tokens\": %" PRIu64 ", \"hits\": %" PRIu64
                ", \"lookup_hit_tokens\": %" PRIu64 ", \"tokens_not_recomputed\": %" PRIu64
-               ", \"computed_tokens\": %" PRIu64 ", \"hit_rate\": %.4f, \"bytes_stored\": %" PRIu64
+               ", \"computed_tokens\": %" PRIu64 ", \"decode_tokens\": %" PRIu64
+               ", \"prefill_chunks\": %" PRIu64 ", \"steps\": %" PRIu64 ", \"puts\": %" PRIu64
+               ", \"chunk\": %d, \"decode\": %s"
+               ", \"hit_rate\": %.4f, \"bytes_stored\": %" PRIu64
                ", \"bytes_loaded\": %" PRIu64 ", \"gb_per_s\": %.3f, \"store_gb_per_s\": %.3f"
                ", \"load_gb_per_s\": %.3f, \"blocks_verified\": %" PRIu64
                ", \"swa_blocks_verified\": %" PRIu64 ", \"workers\": %" PRIu64
@@ -1381,7 +1472,9 @@ int kvp_cmd_sim(int argc, char **argv)
                n, c.tp, c.pp, c.mla ? "true" : "false", c.swa, roles,
                c.sample ? "sample" : "full", el, t.requests,
                t.prompt_tokens, t.loaded_tokens, t.lookup_hit_tokens, t.loaded_tokens,
-               t.computed_tokens, hit, t.bytes_stored, t.bytes_loaded, gbs, store_gbs, load_gbs,
+               t.computed_tokens, t.decode_tokens, t.prefill_chunks, t.steps, t.puts, c.chunk,
+               c.decode ? "true" : "false", hit, t.bytes_stored, t.bytes_loaded, gbs, store_gbs,
+               load_gbs,
                t.blocks_verified, t.swa_verified, t.workers, t.workers_verified, t.load_errors,
                t.load_error_reqs, t.blocks_recomputed,
                t.mismatches, tc.requests, tc.prompt_tokens, tc.loaded_tokens, chit,
@@ -1394,7 +1487,9 @@ int kvp_cmd_sim(int argc, char **argv)
         printf("  hit rate              %.1f%% (tokens loaded / prompt tokens)\n", hit * 100);
         printf("  tokens not recomputed %" PRIu64 " (lookup hits %" PRIu64 ")\n",
                t.loaded_tokens, t.lookup_hit_tokens);
-        printf("  tokens computed       %" PRIu64 "\n", t.computed_tokens);
+        printf("  tokens computed       %" PRIu64 " prefill in %" PRIu64 " chunks, %" PRIu64
+               " decode; %" PRIu64 " steps\n", t.computed_tokens, t.prefill_chunks,
+               t.decode_tokens, t.steps);
         printf("  bytes stored          %.1f MiB (%.2f GB/s per put)\n",
                (double)t.bytes_stored / 1048576.0, store_gbs);
         printf("  bytes loaded          %.1f MiB (%.2f GB/s per get)\n",
