@@ -2,21 +2,55 @@
  * cmd_sim.c -- `kvpool sim`: an engine simulator driving the connector.
  *
  * N engine instances (forked processes), each with one scheduler (the
- * main thread: kvp_sched + a kvp_lookup client) and TP rank threads (one
- * kvp_worker each; rank 0 also serves the lookup channel). Each rank owns a
- * paged KV cache in host memory: per layer a (2, num_blocks, B, D) byte
- * tensor (K/V planes). The content of a full block is a deterministic
- * function of (block hash = the tokens up to its end, layer, plane, key
- * rank), so every block loaded from the pool can be checked against what
- * computing it would give; a mismatch is a failure (exit 1).
+ * main thread: kvp_sched + a kvp_lookup client) and pp x tp workers
+ * (threads, one kvp_worker each, worker pp_rank * tp + tp_rank; worker 0
+ * also serves the lookup channel). With --pp the layers are split between
+ * the stages: each worker registers only its stage's layers and keys carry
+ * its pp_rank. Each worker owns a paged KV cache in host memory: per layer
+ * a (2, num_blocks, B, D) byte tensor (K/V planes; MLA: one latent plane).
+ * Block 0 is the null block (never allocated). The content of a block is a
+ * deterministic function of (block hash = the tokens up to its end, or the
+ * tokens of a partial tail, layer, plane, key tp rank, KV-cache group), so
+ * every block loaded from the pool is checked against what computing it
+ * would give (every byte, or with --verify sample the first and last 64
+ * bytes of each plane); a mismatch is a failure (exit 1). Blocks a load
+ * will fill are poisoned first, so a block the load skipped cannot pass.
  *
- * Workload: U users (user u is served by instance u % N), T turns each; a
- * prompt = shared system prompt + the user's history + the new turn. The
- * engine model: one prefill per request, no local prefix cache, async
- * loads; blocks are freed once the worker reports the request finished
- * sending (delay_free). Each instance reports its counters to the parent
- * over a pipe; the parent prints a progress line (stderr, tty only) and the
- * summary (text or --json).
+ * KV-cache groups: group 0 full attention; with --swa W a group 1 sliding
+ * window of W tokens (same block size) with its own block table in the
+ * same tensors. A hit of h blocks leaves group 1's chunks before the
+ * window (h - ceil((W-1)/B)) as the null block, as vLLM does; the loaded
+ * window is verified.
+ *
+ * Workload: U users, T turns each; a prompt = shared system prompt + the
+ * user's history (earlier prompts and replies) + the new turn. Users are
+ * dealt among the instances of a phase (u % n == slot). --roles gives each
+ * instance a role (kv_both / kv_producer / kv_consumer in the scheduler and
+ * the worker); consumers run in a second phase after every other instance
+ * finished and replay the same users' prompts (disaggregated prefill).
+ *
+ * The engine model, per step: admission (one request per idle user),
+ * lookup, allocation of every block the request will need (the table the
+ * scheduler sees grows as decode needs blocks), async loads, then a
+ * prefill chunk per running request (--chunk N tokens, else the whole
+ * rest), or with --decode one token per step until the reply is generated
+ * (the sampled tokens are the ones the history gets). No local prefix
+ * cache. A finished request's blocks are freed once the worker reports it
+ * finished sending (delay_free). Loads that failed (kvp_worker_load_errors)
+ * are recomputed from the first failed chunk (everything, with SWA, whose
+ * window before that chunk was never loaded) and counted.
+ * --preempt-every N preempts the oldest running request every Nth step
+ * (recompute mode): its blocks are freed at once (--preempt-free now, as
+ * vLLM; a save of it still in flight then reads reused blocks, which the
+ * verification reports) or only when it ends (deferred); it is resumed
+ * later with a lookup, a load and a resumed cached request whose new table
+ * replaces the old one.
+ *
+ * Each instance reports its counters to the parent over a pipe; the parent
+ * prints a progress line (stderr, tty only) and the summary (text or
+ * --json): hit rate, tokens loaded / computed / decoded, bytes stored and
+ * loaded, GB/s, blocks verified, load errors and blocks recomputed,
+ * preemptions, the consumers' own figures, mismatches.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -58,6 +92,8 @@ typedef struct simcfg {
     int sample;           /* --verify sample: check the first and last 64 bytes of a plane */
     int chunk;            /* chunked prefill: at most this many prompt tokens a step (0 = all) */
     int decode;           /* decode steps generate the reply tokens, one a step */
+    int preempt_every;    /* every Nth step preempt a running request (0 = never) */
+    int preempt_deferred; /* preempted blocks kept out of reuse until the request ends */
     int pp;               /* pipeline stages: an instance has pp x tp workers */
     int swa;              /* sliding window (tokens) of group 1; 0 = one full-attention group */
     int nroles;           /* 0: every instance is kv_both; else roles[i % nroles] */
@@ -92,6 +128,9 @@ typedef struct simstats {
     uint64_t swa_verified;                       /* of blocks_verified: group 1 (SWA) blocks */
     uint64_t decode_tokens;                      /* tokens computed by decode steps */
     uint64_t prefill_chunks;                     /* prefill schedulings (> requests: chunked) */
+    uint64_t preemptions, resumed;               /* requests preempted; resumed afterwards */
+    uint64_t replayed_tokens;                    /* recomputed after a preemption */
+    uint64_t replay_loaded_tokens;               /* loaded again after a preemption */
     uint64_t workers, workers_verified;          /* workers; those that verified a block */
     int32_t done, failed, role;
 } simstats;
@@ -367,6 +406,9 @@ typedef struct req {
     uint32_t *blocks[2], nblocks; /* per group; SWA chunks outside the window: 0 */
     uint32_t nalloc;              /* of nblocks (reserved at admission): in the table so far */
     int scheduled;                /* scheduled before: later steps are cached requests */
+    int resume;                   /* preempted: its next scheduling is a resumed one */
+    int replaying;                /* recomputing after a preemption (until computed = ntok) */
+    uint32_t *parked[2];          /* --preempt-free deferred: the blocks it held when preempted */
     int state;
     uint64_t hit, computed;
     uint32_t first_bad; /* first chunk whose load failed (nblocks: none) */
@@ -497,6 +539,8 @@ static void req_free(req *r)
     kvp_free(r->hashes);
     kvp_free(r->blocks[0]);
     kvp_free(r->blocks[1]);
+    kvp_free(r->parked[0]);
+    kvp_free(r->parked[1]);
     kvp_free(r);
 }
 
@@ -514,8 +558,11 @@ static void req_done(engine *e, req *r)
     const simcfg *c = e->c;
     for (int g = 0; g < sim_groups(c); g++)
         for (uint32_t i = 0; i < r->nblocks; i++)
-            if (r->blocks[g][i]) /* allocated, not the null block */
-                e->freel[e->nfree++] = r->blocks[g][i];
+            for (int k = 0; k < 2; k++) {
+                uint32_t b = k ? (r->parked[g] ? r->parked[g][i] : 0) : r->blocks[g][i];
+                if (b) /* allocated, not the null block */
+                    e->freel[e->nfree++] = b;
+            }
     user *u = r->u;
     uint32_t nt = r->n - (uint32_t)c->sys_tokens - u->nhist;
     for (uint32_t i = 0; i < nt; i++)
@@ -625,12 +672,43 @@ static int engine_run(engine *e, int fd)
             ret = -1;
             break;
         }
+        /* preemption (recompute mode): every --preempt-every steps the
+         * oldest running request loses its blocks at once (no delay, as in
+         * vLLM) and waits to be resumed */
+        kvp_meta_str pre = {NULL, 0};
+        if (c->preempt_every && (e->st.steps + 1) % (uint64_t)c->preempt_every == 0)
+            for (req *r = e->head; r; r = r->next) {
+                /* deferred: once per request (one parked set at most) */
+                if (r->state != R_RUN || (c->preempt_deferred && r->parked[0]))
+                    continue;
+                for (int g = 0; c->preempt_deferred && g < ng; g++) {
+                    r->parked[g] = r->blocks[g];
+                    if (!(r->blocks[g] = kvp_calloc(r->nblocks, sizeof *r->blocks[g])))
+                        abort();
+                }
+                for (int g = 0; !c->preempt_deferred && g < ng; g++)
+                    for (uint32_t i = 0; i < r->nblocks; i++) {
+                        if (r->blocks[g][i])
+                            e->freel[e->nfree++] = r->blocks[g][i];
+                        r->blocks[g][i] = 0;
+                    }
+                r->state = R_WAIT;
+                r->resume = 1;
+                r->computed = r->hit = 0;
+                r->recv_cnt = 0;
+                r->first_bad = r->nblocks;
+                r->sr.num_computed_tokens = 0;
+                r->nalloc = (r->ntok + B - 1) / B;
+                pre = (kvp_meta_str){r->id, (uint32_t)strlen(r->id)};
+                e->st.preemptions++;
+                break;
+            }
         /* schedule */
         size_t nnew = 0, ncached = 0, nran = 0, nacts = 0;
         for (req *r = e->head; r; r = r->next) {
             if (r->state == R_WAIT) {
-                if (e->nfree < r->nblocks * (uint32_t)ng)
-                    continue;
+                if (e->nfree < r->nblocks * (uint32_t)ng || pre.p == r->id)
+                    continue; /* no room, or preempted in this very step */
                 uint64_t num_new = 0;
                 bool async = false;
                 int lrc = kvp_sched_get_num_new_matched_tokens(e->s, &r->sr, 0, &num_new, &async);
@@ -678,7 +756,10 @@ static int engine_run(engine *e, int fd)
                     }
                 }
                 r->computed = ok;
-                e->st.loaded_tokens += ok;
+                if (r->resume)
+                    e->st.replay_loaded_tokens += ok;
+                else
+                    e->st.loaded_tokens += ok;
                 uint32_t okb = (uint32_t)(ok / B);
                 for (int g = 0; ok && g < ng; g++)
                     acts[nacts++] = (action){.kind = A_VERIFY, .group = g,
@@ -689,9 +770,10 @@ static int engine_run(engine *e, int fd)
                 continue;
             }
             /* this step: a prefill chunk (--chunk, else the whole rest of the
-             * prompt) or one decode token (the last one sampled) */
-            uint64_t k = r->computed < r->n ? r->n - r->computed : 1;
-            if (c->chunk && r->computed < r->n && k > (uint64_t)c->chunk)
+             * prompt; after a preemption, of every token so far) or one
+             * decode token (the last one sampled) */
+            uint64_t k = r->ntok - r->computed;
+            if (c->chunk && k > (uint64_t)c->chunk)
                 k = (uint64_t)c->chunk;
             uint32_t newb = 0; /* decode: the table grows by a block */
             while ((r->computed + k + B - 1) / B > r->nalloc && r->nalloc < r->nblocks) {
@@ -716,6 +798,17 @@ static int engine_run(engine *e, int fd)
                 r->state = R_RUN;
                 e->st.requests++;
                 e->st.prompt_tokens += r->n;
+            } else if (r->resume) { /* scheduled_cached_reqs, resumed: the full table */
+                for (int g = 0; g < ng; g++)
+                    cids[ncached * 2 + (size_t)g] = (kvp_meta_ids){r->blocks[g], r->nalloc, 0};
+                cr[ncached] = (kvp_sched_cached_req){
+                    .req = &r->sr, .resumed = true, .num_scheduled_tokens = k,
+                    .new_block_ids = &cids[ncached * 2], .ngroups = (uint32_t)ng};
+                ncached++;
+                r->resume = 0;
+                r->replaying = 1;
+                r->state = R_RUN;
+                e->st.resumed++;
             } else { /* scheduled_cached_reqs, running: this step's new blocks */
                 for (int g = 0; g < ng; g++)
                     cids[ncached * 2 + (size_t)g] =
@@ -726,7 +819,9 @@ static int engine_run(engine *e, int fd)
                     .ngroups = newb ? (uint32_t)ng : 0};
                 ncached++;
             }
-            if (r->computed < r->n) {
+            if (r->replaying) {
+                e->st.replayed_tokens += k;
+            } else if (r->computed < r->n) {
                 e->st.computed_tokens += k;
                 e->st.prefill_chunks++;
             } else {
@@ -736,7 +831,8 @@ static int engine_run(engine *e, int fd)
             ran[nran++] = r;
         }
         kvp_sched_step step = {.new_reqs = nr, .n_new = (uint32_t)nnew, .cached = cr,
-                               .n_cached = (uint32_t)ncached, .finished = fin,
+                               .n_cached = (uint32_t)ncached, .preempted = pre.p ? &pre : NULL,
+                               .n_preempted = pre.p ? 1 : 0, .finished = fin,
                                .n_finished = (uint32_t)nfin};
         const kvp_meta_step *meta;
         const uint8_t *bytes;
@@ -805,8 +901,9 @@ static int engine_run(engine *e, int fd)
         for (size_t i = 0; i < nran; i++) {
             req *r = ran[i];
             r->computed += sched_k[i];
-            if (r->computed < r->n)
-                continue; /* chunked prefill goes on */
+            if (r->computed < r->ntok)
+                continue; /* chunked prefill (or the replay) goes on */
+            r->replaying = 0;
             if (c->decode && r->gen < (uint32_t)c->reply_tokens) {
                 r->toks[r->ntok++] = reply_tok(c, r->u, r->gen++);
                 req_rehash(e, r);
@@ -1047,7 +1144,8 @@ static void usage(void)
            "                  [--block-size N] [--layers N] [--block-bytes N] [--num-blocks N]\n"
            "                  [--kv-heads N] [--mla] [--max-running N] [--log-level L]\n"
            "                  [--corrupt N] [--pp N] [--swa WINDOW] [--roles LIST]\n"
-           "                  [--verify full|sample] [--chunk N] [--decode]\n\n"
+           "                  [--verify full|sample] [--chunk N] [--decode]\n"
+           "                  [--preempt-every N] [--preempt-free now|deferred]\n\n"
            "Simulates engine instances (processes) with TP ranks (threads) driving the\n"
            "connector against a running pool, checking every loaded block.\n\n"
            "  --master HOST:PORT          the pool's master (default $KVPOOL_MASTER, else\n"
@@ -1089,7 +1187,13 @@ static void usage(void)
            "                              and step, saved as they complete (default 0: all)\n"
            "  --decode                    decode steps: the reply tokens are generated one per\n"
            "                              step (KV computed, new blocks as needed) before the\n"
-           "                              request finishes; else they only join the history\n");
+           "                              request finishes; else they only join the history\n"
+           "  --preempt-every N           every Nth step preempt the oldest running request\n"
+           "                              (blocks freed at once; resumed later: lookup, load,\n"
+           "                              recompute of the rest) (default 0: never)\n"
+           "  --preempt-free now|deferred now (default, as vLLM): a preempted request's\n"
+           "                              blocks are reused at once; deferred: only after\n"
+           "                              the request ends (each request preempted once)\n");
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi, int *out)
@@ -1165,6 +1269,7 @@ static int parse_args(int argc, char **argv, simcfg *c)
             {"kv-heads", &c->kv_heads, 1, 4096}, {"max-running", &c->max_running, 1, 4096},
             {"corrupt", &c->corrupt, 0, 1 << 30}, {"pp", &c->pp, 1, 8},
             {"swa", &c->swa, 0, 1 << 20}, {"chunk", &c->chunk, 0, 1 << 20},
+            {"preempt-every", &c->preempt_every, 0, 1 << 30},
         };
         int found = 0;
         for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
@@ -1207,6 +1312,12 @@ static int parse_args(int argc, char **argv, simcfg *c)
                 return -1;
             }
             c->sample = !strcmp(v, "sample");
+        } else if (!strcmp(name, "preempt-free")) {
+            if (strcmp(v, "now") && strcmp(v, "deferred")) {
+                fprintf(stderr, "kvpool sim: --preempt-free \"%s\": expected now|deferred\n", v);
+                return -1;
+            }
+            c->preempt_deferred = !strcmp(v, "deferred");
         } else if (!strcmp(name, "log-level")) {
             int lv = kvp_log_level_parse(v);
             if (lv < 0) {
@@ -1298,6 +1409,10 @@ static void sum(simstats *t, const simstats *s)
     t->swa_verified += s->swa_verified;
     t->decode_tokens += s->decode_tokens;
     t->prefill_chunks += s->prefill_chunks;
+    t->preemptions += s->preemptions;
+    t->resumed += s->resumed;
+    t->replayed_tokens += s->replayed_tokens;
+    t->replay_loaded_tokens += s->replay_loaded_tokens;
     t->workers += s->workers;
     t->workers_verified += s->workers_verified;
 }
@@ -1458,7 +1573,9 @@ int kvp_cmd_sim(int argc, char **argv)
                ", \"lookup_hit_tokens\": %" PRIu64 ", \"tokens_not_recomputed\": %" PRIu64
                ", \"computed_tokens\": %" PRIu64 ", \"decode_tokens\": %" PRIu64
                ", \"prefill_chunks\": %" PRIu64 ", \"steps\": %" PRIu64 ", \"puts\": %" PRIu64
-               ", \"chunk\": %d, \"decode\": %s"
+               ", \"chunk\": %d, \"decode\": %s, \"preemptions\": %" PRIu64
+               ", \"resumed\": %" PRIu64 ", \"replayed_tokens\": %" PRIu64
+               ", \"replay_loaded_tokens\": %" PRIu64
                ", \"hit_rate\": %.4f, \"bytes_stored\": %" PRIu64
                ", \"bytes_loaded\": %" PRIu64 ", \"gb_per_s\": %.3f, \"store_gb_per_s\": %.3f"
                ", \"load_gb_per_s\": %.3f, \"blocks_verified\": %" PRIu64
@@ -1473,7 +1590,8 @@ int kvp_cmd_sim(int argc, char **argv)
                c.sample ? "sample" : "full", el, t.requests,
                t.prompt_tokens, t.loaded_tokens, t.lookup_hit_tokens, t.loaded_tokens,
                t.computed_tokens, t.decode_tokens, t.prefill_chunks, t.steps, t.puts, c.chunk,
-               c.decode ? "true" : "false", hit, t.bytes_stored, t.bytes_loaded, gbs, store_gbs,
+               c.decode ? "true" : "false", t.preemptions, t.resumed, t.replayed_tokens,
+               t.replay_loaded_tokens, hit, t.bytes_stored, t.bytes_loaded, gbs, store_gbs,
                load_gbs,
                t.blocks_verified, t.swa_verified, t.workers, t.workers_verified, t.load_errors,
                t.load_error_reqs, t.blocks_recomputed,
@@ -1490,6 +1608,10 @@ int kvp_cmd_sim(int argc, char **argv)
         printf("  tokens computed       %" PRIu64 " prefill in %" PRIu64 " chunks, %" PRIu64
                " decode; %" PRIu64 " steps\n", t.computed_tokens, t.prefill_chunks,
                t.decode_tokens, t.steps);
+        if (t.preemptions)
+            printf("  preemptions           %" PRIu64 " (%" PRIu64 " resumed; %" PRIu64
+                   " tokens loaded again, %" PRIu64 " recomputed)\n", t.preemptions, t.resumed,
+                   t.replay_loaded_tokens, t.replayed_tokens);
         printf("  bytes stored          %.1f MiB (%.2f GB/s per put)\n",
                (double)t.bytes_stored / 1048576.0, store_gbs);
         printf("  bytes loaded          %.1f MiB (%.2f GB/s per get)\n",

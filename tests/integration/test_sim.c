@@ -289,6 +289,44 @@ TEST(sim_storage_node_killed_mid_run_recomputes)
     CHECK(rec > 0 && rec != (uint64_t)-1);
 }
 
+/* Chunked prefill (32 tokens a step, saved as blocks complete) and decode
+ * (the 32 reply tokens generated one per step; the next turn's prompt holds
+ * them). One pass: every request decodes exactly its reply. */
+TEST(sim_chunked_prefill_and_decode)
+{
+    json_t *j = run_json("2", "0", (const char *const[]){"--chunk", "32", "--decode", NULL});
+    CHECK(j != NULL);
+    uint64_t req = jnum(j, "requests"), dec = jnum(j, "decode_tokens"),
+             chunks = jnum(j, "prefill_chunks"), comp = jnum(j, "computed_tokens"),
+             steps = jnum(j, "steps");
+    json_decref(j);
+    CHECK_EQ(req, 18);
+    CHECK_EQ(dec, 18 * 32);
+    /* every prefill is cut into chunks of at most 32 tokens */
+    CHECK(chunks >= comp / 32 && chunks > req);
+    CHECK(steps >= 32);
+}
+
+/* Preemption (recompute mode) every 4th step, on top of chunked prefill and
+ * decode: a preempted request loses its blocks, is looked up and loaded
+ * again, and is scheduled as a resumed request with a new table. The
+ * preempted blocks are reused only after the request ends (deferred): with
+ * immediate reuse a save still reading them stores another request's bytes
+ * (see the worker's preemption handling). */
+TEST(sim_preemption_resumes_and_reloads)
+{
+    json_t *j = run_json("2", "2", (const char *const[]){"--chunk", "32", "--decode",
+                                                         "--preempt-every", "4", "--preempt-free",
+                                                         "deferred", NULL});
+    CHECK(j != NULL);
+    uint64_t pre = jnum(j, "preemptions"), res = jnum(j, "resumed"),
+             rl = jnum(j, "replay_loaded_tokens");
+    json_decref(j);
+    CHECK(pre > 0 && pre != (uint64_t)-1);
+    CHECK_EQ(res, pre);
+    CHECK(rl > 0 && rl != (uint64_t)-1);
+}
+
 TEST(sim_corruption_is_caught)
 {
     pool p;
@@ -340,6 +378,12 @@ TEST(sim_bad_flags_are_named)
                         "3", NULL};
     CHECK_EQ(tp_run_capture(a9, 2, err, sizeof err, 10000), 2);
     CHECK(strstr(err, "--roles") != NULL);
+    const char *a10[] = {tp_kvpool_bin(), "sim", "--preempt-free", "later", NULL};
+    CHECK_EQ(tp_run_capture(a10, 2, err, sizeof err, 10000), 2);
+    CHECK(strstr(err, "--preempt-free") != NULL);
+    const char *a11[] = {tp_kvpool_bin(), "sim", "--verify", "some", NULL};
+    CHECK_EQ(tp_run_capture(a11, 2, err, sizeof err, 10000), 2);
+    CHECK(strstr(err, "--verify") != NULL);
     const char *a5[] = {tp_kvpool_bin(), "sim", "--help", NULL};
     CHECK_EQ(tp_run_capture(a5, 1, err, sizeof err, 10000), 0);
     CHECK(strstr(err, "usage: kvpool sim") != NULL);
