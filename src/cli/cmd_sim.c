@@ -174,18 +174,18 @@ static uint64_t plane_base(uint64_t seed, int layer, int plane, int krank, int g
 
 /* Word i of a plane is base ^ (i * GOLDEN): every byte depends on the block
  * seed, neighbouring words differ, and fill and check run at memory speed
- * (four words per vector step), so verifying every loaded byte stays cheap
+ * (two words per SSE2 vector), so verifying every loaded byte stays cheap
  * next to the transfer it checks. */
 #define GOLDEN 0x9E3779B97F4A7C15ull
-typedef uint64_t v4u64 __attribute__((vector_size(32)));
+typedef uint64_t v2u64 __attribute__((vector_size(16))); /* SSE2: no spills */
 
 static void plane_fill(uint8_t *dst, uint64_t len, uint64_t base)
 {
     uint64_t n = len / 8, i = 0;
-    v4u64 acc = {0, GOLDEN, 2 * GOLDEN, 3 * GOLDEN}, b = {base, base, base, base};
-    const v4u64 step = {4 * GOLDEN, 4 * GOLDEN, 4 * GOLDEN, 4 * GOLDEN};
-    for (; i + 4 <= n; i += 4, acc += step) {
-        v4u64 w = b ^ acc;
+    v2u64 acc = {0, GOLDEN}, b = {base, base};
+    const v2u64 step = {2 * GOLDEN, 2 * GOLDEN};
+    for (; i + 2 <= n; i += 2, acc += step) {
+        v2u64 w = b ^ acc;
         memcpy(dst + i * 8, &w, sizeof w);
     }
     for (uint64_t a = i * GOLDEN; i < n; i++, a += GOLDEN) {
@@ -198,15 +198,18 @@ static void plane_fill(uint8_t *dst, uint64_t len, uint64_t base)
 static int plane_check_at(const uint8_t *src, uint64_t len, uint64_t base, uint64_t w0)
 {
     uint64_t n = len / 8, i = 0, a0 = w0 * GOLDEN;
-    v4u64 acc = {a0, a0 + GOLDEN, a0 + 2 * GOLDEN, a0 + 3 * GOLDEN},
-          b = {base, base, base, base}, diff = {0};
-    const v4u64 step = {4 * GOLDEN, 4 * GOLDEN, 4 * GOLDEN, 4 * GOLDEN};
-    for (; i + 4 <= n; i += 4, acc += step) {
-        v4u64 w;
-        memcpy(&w, src + i * 8, sizeof w);
-        diff |= w ^ b ^ acc;
+    v2u64 acc0 = {a0, a0 + GOLDEN}, acc1 = {a0 + 2 * GOLDEN, a0 + 3 * GOLDEN};
+    v2u64 b = {base, base}, d0 = {0, 0}, d1 = {0, 0};
+    const v2u64 step = {4 * GOLDEN, 4 * GOLDEN};
+    for (; i + 4 <= n; i += 4, acc0 += step, acc1 += step) {
+        v2u64 w0v, w1v;
+        memcpy(&w0v, src + i * 8, sizeof w0v);
+        memcpy(&w1v, src + i * 8 + 16, sizeof w1v);
+        d0 |= w0v ^ b ^ acc0;
+        d1 |= w1v ^ b ^ acc1;
     }
-    uint64_t d = diff[0] | diff[1] | diff[2] | diff[3];
+    d0 |= d1;
+    uint64_t d = d0[0] | d0[1];
     for (uint64_t a = a0 + i * GOLDEN; i < n; i++, a += GOLDEN) {
         uint64_t w;
         memcpy(&w, src + i * 8, 8);
