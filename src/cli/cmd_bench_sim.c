@@ -22,7 +22,8 @@
  *     512-token system prompt); its GB/s = bytes stored + loaded by the
  *     workers / wall time of the whole run (start-up included). Run twice:
  *     --verify full (every loaded byte compared: the simulator proper) and
- *     --verify sample (64 bytes at both ends of every piece), which shows
+ *     --verify sample (64 bytes at both ends of every piece; another
+ *     seed, so it does not load the first run's blocks), which shows
  *     how much of the gap is the simulator's own checking (a second pass
  *     over every loaded byte) rather than the connector's data path.
  *  3. raw store again. On a shared host the two raw figures can differ a
@@ -212,10 +213,11 @@ static double jnum(const char *s, const char *key)
     return end == p + strlen(pat) ? -1 : v;
 }
 
-static void bench_sim(const char *master, const char *duration, const char *verify, simres *r)
+static void bench_sim(const char *master, const char *duration, const char *verify,
+                      const char *seed, simres *r)
 {
     const char *argv[] = {"kvpool", "sim", "--master", master, "--json", "--duration", duration,
-                          "--verify", verify,
+                          "--verify", verify, "--seed", seed,
                           "--instances", "2", "--tp", "2", "--layers", "4", "--block-bytes",
                           "16384", "--num-blocks", "256", "--users", "16", "--turns", "4",
                           "--system-prompt-tokens", "512", "--turn-tokens", "128",
@@ -338,8 +340,9 @@ int kvp_bench_sim(int argc, char **argv)
     simres sim = {0}, sam = {0};
     bench_raw(addr, &raw);
     if (raw.ok) {
-        bench_sim(addr, duration, "full", &sim);
-        bench_sim(addr, duration, "sample", &sam);
+        /* another seed: the second run must not find the first one's blocks */
+        bench_sim(addr, duration, "full", "1", &sim);
+        bench_sim(addr, duration, "sample", "2", &sam);
         bench_raw(addr, &raw2);
         if (!raw2.ok)
             raw = raw2; /* a failure is reported */
