@@ -218,6 +218,30 @@ TEST(sim_disaggregated_prefill_consumer_loads_never_stores)
     CHECK(chit > 0.9);
 }
 
+/* 1 once the master at addr counts load hits and every one of its nsegs
+ * segments holds objects (the simulator is storing and loading on both). */
+static int pool_busy(const char *addr, int nsegs)
+{
+    static char out[8192];
+    const char *argv[] = {tp_kvpool_bin(), "stat", "--json", "--master", addr, NULL};
+    if (tp_run_capture(argv, 1, out, sizeof out, 5000) != 0)
+        return 0;
+    json_error_t e;
+    json_t *j = json_loads(out, 0, &e);
+    if (!j)
+        return 0;
+    json_t *segs = json_object_get(j, "segments");
+    uint64_t hits = jnum(json_object_get(j, "counters"), "hits");
+    int busy = hits > 0 && hits != (uint64_t)-1 && json_is_array(segs) &&
+               (int)json_array_size(segs) == nsegs;
+    for (size_t i = 0; busy && i < json_array_size(segs); i++) {
+        uint64_t o = jnum(json_array_get(segs, i), "objects");
+        busy = o > 0 && o != (uint64_t)-1;
+    }
+    json_decref(j);
+    return busy;
+}
+
 /*
  * A storage node killed (SIGKILL) mid-run: master + two nodes, the
  * simulator over TCP (KVPOOL_FORCE_TCP: a same-host client would keep
@@ -246,13 +270,18 @@ TEST(sim_storage_node_killed_mid_run_recomputes)
         static char o[8192];
         close(pfd[0]);
         setenv("KVPOOL_FORCE_TCP", "1", 1);
-        int rc = sim_at(m.addr, "2", "5", NULL, o, sizeof o);
+        int rc = sim_at(m.addr, "2", "6", NULL, o, sizeof o);
         ssize_t w = write(pfd[1], o, strlen(o));
         (void)w;
         _exit(rc < 0 ? 255 : rc);
     }
     close(pfd[1]);
-    tp_sleep_ms(2000);
+    /* kill once both nodes hold objects and loads hit (bounded: a slow
+     * start still leaves the run seconds with the node gone) */
+    uint64_t t0 = tp_now_ms();
+    while (tp_now_ms() - t0 < 4000 && !pool_busy(m.addr, 2))
+        tp_sleep_ms(100);
+    tp_sleep_ms(300);
     tp_store_kill(&s2);
     static char out[8192];
     size_t len = 0;
