@@ -263,6 +263,7 @@ typedef struct rank {
     int rc;
     uint64_t mismatches, verified, verified_swa;
     kvp_arena arena;
+    kvp_meta_mirror *mirror; /* this rank's view of the delta-encoded metas */
 } rank;
 
 typedef struct inst {
@@ -351,7 +352,7 @@ static void *rank_main(void *p)
                     run_action(k, &in->acts[i]);
         kvp_arena_reset(&k->arena);
         kvp_meta_step st;
-        int rc = kvp_meta_decode(in->bytes, in->len, &k->arena, &st);
+        int rc = kvp_meta_decode_delta(k->mirror, in->bytes, in->len, &k->arena, &st);
         if (rc == 0)
             rc = kvp_worker_get_finished(k->w, in->fin, in->nfin, &st, &k->ds, &k->dr);
         if (rc == 0)
@@ -1024,8 +1025,9 @@ static int instance_main(const simcfg *c, int idx, int slot, int nslots, int fd)
         k->l0 = c->layers * pp / c->pp;
         k->nl = c->layers * (pp + 1) / c->pp - k->l0;
         kvp_arena_init(&k->arena, 1 << 16);
+        k->mirror = kvp_meta_mirror_new();
         k->layer = kvp_calloc((size_t)k->nl, sizeof *k->layer);
-        if (!k->layer)
+        if (!k->layer || !k->mirror)
             goto done;
         kvp_tdb_tensor t[64];
         for (int l = 0; l < k->nl; l++) {
@@ -1121,6 +1123,7 @@ done:
         kvp_worker_ids_free(&k->dr);
         kvp_free(k->errs);
         kvp_arena_free(&k->arena);
+        kvp_meta_mirror_free(k->mirror);
         for (int l = 0; k->layer && l < k->nl; l++)
             kvp_free(k->layer[l]);
         kvp_free(k->layer);

@@ -411,6 +411,37 @@ static int env_force_tcp(void)
     return v && *v && strcmp(v, "0") != 0;
 }
 
+/* s without leading and trailing white space into out ("" if none). */
+static void copy_trimmed(char *out, size_t cap, const char *s)
+{
+    static const char ws[] = " \t\r\n";
+    s += strspn(s, ws);
+    size_t n = strlen(s);
+    while (n && strchr(ws, s[n - 1]))
+        n--;
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(out, s, n);
+    out[n] = 0;
+}
+
+/*
+ * The segment puts prefer (spec §3.3): the config's preferred_segment (an
+ * explicit override, validated non-blank), else $MOONCAKE_PREFERRED_SEGMENT
+ * (blank = unset), else the client's own embedded segment. The master
+ * places the first copy there when it has room, elsewhere otherwise.
+ */
+static void choose_preferred(kvp_client *c)
+{
+    const char *env = getenv("MOONCAKE_PREFERRED_SEGMENT");
+    if (c->cfg.preferred_segment[0])
+        copy_trimmed(c->pref_name, sizeof c->pref_name, c->cfg.preferred_segment);
+    else if (env)
+        copy_trimmed(c->pref_name, sizeof c->pref_name, env);
+    if (!c->pref_name[0])
+        snprintf(c->pref_name, sizeof c->pref_name, "%s", c->seg_name);
+}
+
 int kvp_client_open(const char *config, kvp_client **out, char *err, size_t errlen)
 {
     char ebuf[KVP_CONFIG_ERRLEN];
@@ -493,6 +524,7 @@ int kvp_client_open(const char *config, kvp_client **out, char *err, size_t errl
         snprintf(c->seg_name, sizeof c->seg_name, "%s:%u", c->cfg.local_hostname,
                  (unsigned)kvp_node_port(c->node));
     }
+    choose_preferred(c);
     if (pthread_create(&c->hb_thread, NULL, hb_main, c) != 0) {
         seterr(err, errlen, "cannot start the heartbeat thread: %s%s", strerror(errno), "");
         client_free(c);
@@ -557,7 +589,7 @@ static void put_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
 {
     scratch_reset(s);
     kvp_msg_put_start ps = {{NULL, 0}, (uint32_t)c->cfg.replica_num, 0,
-                            {(const uint8_t *)c->seg_name, (uint32_t)strlen(c->seg_name)},
+                            {(const uint8_t *)c->pref_name, (uint32_t)strlen(c->pref_name)},
                             (uint32_t)m, (kvp_bytes *)k, (uint64_t *)sizes};
     kvp_enc_put_start(&s->req, &ps);
     int rc = mcall(c, KVP_OP_PUT_START, &s->req, RETRY_IF_NEW_MASTER, &s->resp);

@@ -50,7 +50,9 @@ struct kvp_client {
 
     kvp_xfer *xfer;           /* data plane */
     kvp_node *node;           /* embedded segment, NULL in standalone-store mode */
-    char seg_name[300];       /* embedded segment's name "host:port" (preferred), "" if none */
+    char seg_name[300];       /* embedded segment's name "host:port", "" if none */
+    char pref_name[300];      /* segment puts prefer: preferred_segment, else
+                                 $MOONCAKE_PREFERRED_SEGMENT, else seg_name; "" = none */
 
     pthread_mutex_t reg_mu;
     kvp_creg *regs;           /* sorted by base, non-overlapping */

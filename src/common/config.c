@@ -133,6 +133,9 @@ static const struct key_def keys[] = {
      .max = DUR_MAX_MS, .def = "10s", .help = "client: timeout of one request to the master"},
     {.name = "replica_num", .type = KT_UINT, F_U64(replica_num), .min = 1, .max = 3, .def = "1",
      .help = "client: copies of each value a put writes (on distinct segments)"},
+    {.name = "preferred_segment", .type = KT_STRING, F_STR(preferred_segment), .def = "",
+     .help = "client: segment (host:port) puts place their first copy on when it has room; "
+             "\"\" = $MOONCAKE_PREFERRED_SEGMENT, else this client's own segment"},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
@@ -984,6 +987,11 @@ int kvp_config_validate(const kvp_config *c, char *err, size_t errlen)
                        "leases of a dropped client must have expired when it is dropped",
                        a, b);
     }
+    if (c->preferred_segment[0] && strspn(c->preferred_segment, " \t\r\n") ==
+                                       strlen(c->preferred_segment))
+        return invalid(err, errlen,
+                       "key \"preferred_segment\" must be a non-empty host:port (it is only "
+                       "white space)");
     if (c->max_key >= c->max_frame)
         return invalid(err, errlen,
                        "key \"max_key_size\" (%llu) must be less than key \"max_frame_size\" "

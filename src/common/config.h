@@ -19,7 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define KVP_CONFIG_ERRLEN 512
+#define KVP_CONFIG_ERRLEN 640
 
 typedef struct kvp_config {
     /* ---- master ---- */
@@ -48,6 +48,7 @@ typedef struct kvp_config {
     int enable_offload;           /* "enable_offload": bool (false) */
     uint64_t rpc_timeout_ms;      /* "rpc_timeout": 10 s */
     uint64_t replica_num;         /* "replica_num": copies written per put (1); 1 .. 3 */
+    char preferred_segment[256];  /* "preferred_segment": host:port puts prefer ("" = unset) */
 } kvp_config;
 
 /* Fills the defaults above. */

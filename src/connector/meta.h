@@ -8,35 +8,65 @@
  *   kvp_meta_tracker    RequestTracker (§6.2): scheduler-side, owns its memory
  *   kvp_meta_req        ReqMeta (§6.3): a VIEW; its arrays are borrowed
  *                       (from a tracker when built by kvp_meta_from_tracker,
- *                       from the decode arena when decoded)
+ *                       from the decode arena / the mirror when decoded)
  *   kvp_meta_step       MooncakeStoreConnectorMetadata (§6.4): the requests of
  *                       one step plus the unfinished and preempted id sets
  *
- * Encoding (all integers little-endian, kvp_buf/kvp_rd):
- *   step   := magic u32 = KVP_META_MAGIC ("KVCM") | version u8 = 1
+ * Encoding, version 2 (all integers little-endian, kvp_buf/kvp_rd). A step
+ * is sent as a DELTA against what the receiving worker already holds for
+ * each request (its kvp_meta_mirror): the block table (per group), the
+ * block hashes and the token ids are each "base count + appended items".
+ *   step   := magic u32 = KVP_META_MAGIC ("KVCM") | version u8 = 2
+ *             | u32 ndrop, str*ndrop
  *             | u32 nreq, req*nreq | u32 nunfin, str*nunfin | u32 npre, str*npre
  *   str    := u32 len | len bytes                       (1 <= len <= KVP_META_MAX_ID)
  *   req    := str req_id | u8 kind | u8 flags | u64 token_len_chunk
- *             | u32 ngroups, (u32 n, u32 block_id*n)*ngroups
- *             | u8 hash_len | u32 nhashes | nhashes*hash_len bytes
+ *             | u32 ngroups, (u32 base | u32 n, u32 block_id*n)*ngroups
+ *             | u8 hash_len | u32 base | u32 n | n*hash_len bytes
  *             | [flags&LOAD]   u64 vllm_cached | u64 kvpool_cached | u64 token_len | u8 can_load
- *             | [flags&TOKENS] u32 n, u32 token_id*n
+ *             | [flags&TOKENS] u32 base | u32 n, u32 token_id*n
  *             | [flags&PROMPT] u64 num_prompt_tokens
  *             | [flags&TAILS]  u32 n, (u32 group | u32 cow_block | u64 boundary)*n
  *   flags  := bit0 has can_save, bit1 can_save, bit2 has is_last_chunk,
  *             bit3 is_last_chunk, bit4 LOAD, bit5 TOKENS, bit6 PROMPT, bit7 TAILS
+ * Delta semantics (kvp_meta_decode_delta): first every id of the drop list
+ * is removed from the mirror (finished / preempted requests; an id the
+ * mirror does not hold is ignored), then the requests are applied in
+ * order. For each array, the full array = the mirror's array when base > 0
+ * (the mirror must hold EXACTLY base items, and for hashes the same
+ * hash_len) or nothing when base == 0 (a full send, replacing the mirror's
+ * array), followed by the n appended items; the mirror entry (created on
+ * first use) then holds the full array. A group the mirror entry does not
+ * have counts 0 items. Token ids absent (no TOKENS flag) = an empty array;
+ * hash_len 0 = no hashes (then base and n are 0). A request named twice in
+ * one step applies both entries in order; the first entry's view keeps
+ * showing the arrays as they were after it.
+ * Desynchronisation (a base count that differs from what the mirror holds:
+ * a missed step or a protocol bug) and every other decode error are
+ * KVP_EPROTOCOL for the whole step, and the mirror is then EMPTIED (every
+ * entry dropped): nothing is half-assembled, and every later delta entry of
+ * a request the scheduler does not resend in full fails the same way.
+ * Version 1 (no bases, no drop list) is no longer decoded: a v1 message is
+ * KVP_EINVALID_VERSION.
+ * kvp_meta_encode / kvp_meta_decode are the stateless forms: every base 0,
+ * no drop list; kvp_meta_decode rejects a non-zero base or a non-empty
+ * drop list (KVP_EPROTOCOL) because it has no mirror to resolve them.
  * The encoding is canonical: a decoder accepts exactly what the encoder
- * produces (value bits without their "has" bit, hash_len != 0 with no hashes,
- * can_load not 0/1, unknown kind, trailing bytes ... are KVP_EPROTOCOL), so
+ * produces (value bits without their "has" bit, hash_len 0 with hashes or
+ * a non-zero hash base, hash_len != 0 with no hashes in total, a TOKENS
+ * flag with no tokens in total, can_load not 0/1, unknown kind, trailing
+ * bytes ... are KVP_EPROTOCOL), so for the stateless forms
  * decode(encode(x)) == x and encode(decode(b)) == b.
  * Semantic invariants checked on both sides: a request never carries both a
  * save (can_save true) and a load spec (§16); tail group ids < ngroups;
  * counts within the limits below.
  *
- * Errors: encode: KVP_EINVALID_PARAMS (invariant or limit violated; nothing
- * useful in the buffer), the buffer's sticky error (KVP_ENOMEM/ETOO_LARGE).
+ * Errors: encode: KVP_EINVALID_PARAMS (invariant or limit violated, a base
+ * larger than its array; nothing useful in the buffer), the buffer's
+ * sticky error (KVP_ENOMEM/ETOO_LARGE).
  * decode: bad magic or malformed -> KVP_EPROTOCOL; known magic with another
- * version -> KVP_EINVALID_VERSION; arena exhausted -> KVP_ENOMEM.
+ * version -> KVP_EINVALID_VERSION; arena (or, for the mirror, heap)
+ * exhausted -> KVP_ENOMEM (the mirror is emptied as for KVP_EPROTOCOL).
  */
 #ifndef KVP_META_H
 #define KVP_META_H
@@ -49,7 +79,7 @@
 #include "kvpool.h"
 
 #define KVP_META_MAGIC 0x4D43564Bu /* "KVCM" as little-endian bytes */
-#define KVP_META_VERSION 1
+#define KVP_META_VERSION 2
 #define KVP_META_MAX_ID 4096u       /* bytes of a request id */
 #define KVP_META_MAX_GROUPS 64u     /* KV-cache groups */
 #define KVP_META_MAX_HASH_LEN 64u   /* bytes of one block hash (sha256: 32) */
@@ -124,7 +154,8 @@ typedef struct kvp_meta_req {
 /*
  * One step's metadata. Built with kvp_meta_step_add_* (the step owns the
  * arrays of views, not what they point to) or filled by kvp_meta_decode
- * (everything in the arena; do not call kvp_meta_step_free on it).
+ * (everything in the arena) / kvp_meta_decode_delta (arena and mirror); do
+ * not call kvp_meta_step_free on a decoded step.
  */
 typedef struct kvp_meta_step {
     kvp_meta_req *reqs;
@@ -191,8 +222,52 @@ int kvp_meta_from_tracker(kvp_meta_tracker *t, uint64_t L, const kvp_meta_load_s
                           uint8_t kind, kvp_meta_req *out);
 
 /* ---------------------------------------------------------- wire format */
+
+/*
+ * Per-request delta for kvp_meta_encode_delta: how many leading items of
+ * each array the receiving mirror already holds for this request (0 =
+ * send the whole array; it replaces the mirror's). groups: ngroups counts
+ * (NULL = all 0). The caller (the scheduler) keeps track of what it sent;
+ * a base must not exceed its array (KVP_EINVALID_PARAMS).
+ */
+typedef struct kvp_meta_base {
+    const uint32_t *groups;
+    uint32_t hashes;
+    uint32_t tokens;
+} kvp_meta_base;
+
+/* Stateless: every base 0, no drop list. */
 int kvp_meta_encode(kvp_buf *b, const kvp_meta_step *s);
+/* bases: s->nreqs entries (NULL = all full sends); drops: ids whose mirror
+ * entries the workers drop before applying the requests. */
+int kvp_meta_encode_delta(kvp_buf *b, const kvp_meta_step *s, const kvp_meta_base *bases,
+                          const kvp_meta_str *drops, uint32_t ndrops);
+/* Stateless: a message with a non-zero base or a drop is KVP_EPROTOCOL.
+ * Everything lands in the arena. */
 int kvp_meta_decode(const void *p, size_t len, kvp_arena *a, kvp_meta_step *out);
+
+/*
+ * The worker side's per-request mirror of what it has received: one
+ * mirror per decoding thread (every TP rank decodes the same bytes into its
+ * own mirror), fed every step's message in order. Not thread-safe.
+ * Memory is bounded by the requests the scheduler has not dropped yet.
+ */
+typedef struct kvp_meta_mirror kvp_meta_mirror;
+kvp_meta_mirror *kvp_meta_mirror_new(void); /* NULL on KVP_ENOMEM */
+void kvp_meta_mirror_free(kvp_meta_mirror *m);
+/* Number of requests the mirror holds. */
+uint32_t kvp_meta_mirror_count(const kvp_meta_mirror *m);
+
+/*
+ * Decodes one step through the mirror (delta semantics above). On success
+ * *out is the FULL step, exactly as the scheduler's non-delta view: block
+ * tables, hashes and token ids point into the mirror's arrays, everything
+ * else into the arena; valid until the next decode on this mirror (or its
+ * free) and until the arena is reset. On an error the mirror is emptied.
+ * m NULL: KVP_EINVALID_PARAMS.
+ */
+int kvp_meta_decode_delta(kvp_meta_mirror *m, const void *p, size_t len, kvp_arena *a,
+                          kvp_meta_step *out);
 
 /* Field-by-field equality of two steps (tests, fuzzing). */
 bool kvp_meta_step_equal(const kvp_meta_step *x, const kvp_meta_step *y);

@@ -30,6 +30,7 @@ struct ent {
     bool has_ls;
     bool has_tr;
     bool seen_this_step;       /* new or cached in the step being built */
+    uint32_t save_meta;        /* 1 + index of its first saving meta in the step, 0: none */
     kvp_meta_load_spec ls;
     kvp_meta_tracker tr;
     kvp_meta_ids *alloc;       /* block ids recorded at alloc (owned) */
@@ -38,6 +39,18 @@ struct ent {
     uint32_t nhashes;
     uint8_t hash_len;
     size_t hcap;
+    /* delta encoding: what every worker's mirror holds for this request
+     * (counts of the arrays last sent; a prefix of the current arrays,
+     * zeroed wherever an array is replaced rather than appended to) */
+    bool sent;                 /* the mirrors hold an entry (drop it when gone) */
+    uint32_t *sent_groups;     /* sent_ngroups counts (owned, sent_gcap slots) */
+    uint32_t sent_ngroups, sent_gcap;
+    uint32_t sent_hashes;
+    uint8_t sent_hash_len;
+    uint32_t sent_tokens;
+    /* requests that loaded (sched.h, request_finished rule b) */
+    bool load_step;            /* a load meta is in the step being built */
+    bool load_emitted;         /* a load meta reached the workers */
 };
 
 struct kvp_sched {
@@ -45,10 +58,26 @@ struct kvp_sched {
     struct ent *tab[NBUCKETS];
     struct ent *ahead, *atail;
     struct ent *uhead, *utail;
-    kvp_meta_step step; /* the last build's output */
+    kvp_meta_step step; /* the last build's output (arrays reused) */
+    kvp_meta_base *bases; /* step.reqs' delta bases (parallel array) */
+    uint32_t bases_cap;
+    kvp_meta_str *drops;  /* mirror entries to drop with the next message (owned ids) */
+    uint32_t ndrops, drops_cap;
     kvp_arena arena;    /* the last build's copies */
     kvp_buf bytes;
 };
+
+/* A NUL-terminated copy of n bytes that may themselves hold NULs (request
+ * ids are byte strings; kvp_strndup would stop at the first NUL). */
+static char *id_dup(const char *p, uint32_t n)
+{
+    char *d = kvp_malloc((size_t)n + 1);
+    if (d) {
+        memcpy(d, p, n);
+        d[n] = '\0';
+    }
+    return d;
+}
 
 /* --------------------------------------------------------------- ops */
 
@@ -113,7 +142,7 @@ static struct ent *ent_get(kvp_sched *s, const char *id, uint32_t n)
     e = kvp_calloc(1, sizeof *e);
     if (!e)
         return NULL;
-    e->id = kvp_strndup(id, n);
+    e->id = id_dup(id, n);
     if (!e->id) {
         kvp_free(e);
         return NULL;
@@ -178,8 +207,43 @@ static void tracker_drop(struct ent *e)
     e->has_tr = false;
 }
 
+/* Queues e's id for the next message's drop list (the workers' mirrors
+ * forget it). KVP_ENOMEM leaves the entry behind in the mirrors (memory
+ * only: a later send of that id is a full one). */
+static void drop_push(kvp_sched *s, struct ent *e)
+{
+    if (!e->sent)
+        return;
+    e->sent = false;
+    e->sent_ngroups = e->sent_hashes = e->sent_tokens = 0;
+    if (s->ndrops == s->drops_cap) {
+        uint32_t nc = s->drops_cap ? s->drops_cap * 2 : 16;
+        kvp_meta_str *p = kvp_realloc(s->drops, (size_t)nc * sizeof *p);
+        if (!p) {
+            KVP_WARN(MOD, "out of memory: the workers keep a mirror entry for %s", e->id);
+            return;
+        }
+        s->drops = p;
+        s->drops_cap = nc;
+    }
+    char *id = id_dup(e->id, e->id_len);
+    if (!id) {
+        KVP_WARN(MOD, "out of memory: the workers keep a mirror entry for %s", e->id);
+        return;
+    }
+    s->drops[s->ndrops++] = (kvp_meta_str){id, e->id_len};
+}
+
+static void drops_clear(kvp_sched *s)
+{
+    for (uint32_t i = 0; i < s->ndrops; i++)
+        kvp_free((char *)s->drops[i].p);
+    s->ndrops = 0;
+}
+
 static void ent_destroy(kvp_sched *s, struct ent *e)
 {
+    drop_push(s, e);
     ureq_remove(s, e);
     tracker_drop(e);
     struct ent **pp = &s->tab[id_hash(e->id, e->id_len)];
@@ -195,6 +259,7 @@ static void ent_destroy(kvp_sched *s, struct ent *e)
     else
         s->atail = e->aprev;
     kvp_free(e->hashes);
+    kvp_free(e->sent_groups);
     kvp_free(e->id);
     kvp_free(e);
 }
@@ -219,6 +284,7 @@ static int ent_set_hashes(struct ent *e, const kvp_sched_request *r)
     if (n == 0) {
         e->nhashes = 0;
         e->hash_len = 0;
+        e->sent_hashes = 0;
         return 0;
     }
     size_t need = (size_t)n * r->hash_len;
@@ -233,6 +299,8 @@ static int ent_set_hashes(struct ent *e, const kvp_sched_request *r)
         e->hashes = p;
         e->hcap = cap;
     }
+    if (keep == 0)
+        e->sent_hashes = 0; /* replaced, not appended: the next send is a full one */
     size_t off = (size_t)keep * r->hash_len;
     memcpy(e->hashes + off, r->block_hashes + off, need - off);
     e->nhashes = n;
@@ -285,6 +353,9 @@ void kvp_sched_free(kvp_sched *s)
         return;
     while (s->ahead)
         ent_destroy(s, s->ahead);
+    drops_clear(s);
+    kvp_free(s->drops);
+    kvp_free(s->bases);
     kvp_meta_step_free(&s->step);
     kvp_arena_free(&s->arena);
     kvp_buf_free(&s->bytes);
@@ -399,7 +470,63 @@ oom:
 
 /* ------------------------------------------------------------ §8.4 */
 
-static int add_meta(kvp_sched *s, kvp_meta_req *m)
+/*
+ * Appends m (a meta of e) to the step with its delta base: what the
+ * workers' mirrors hold of e's arrays (e->sent_*) when that is still a
+ * prefix of m's arrays, else 0 (a full send). Then records m's counts as
+ * sent.
+ */
+static int push_meta(kvp_sched *s, struct ent *e, const kvp_meta_req *m)
+{
+    if (s->step.nreqs == s->bases_cap) {
+        uint32_t nc = s->bases_cap ? s->bases_cap * 2 : 64;
+        kvp_meta_base *p = kvp_realloc(s->bases, (size_t)nc * sizeof *p);
+        if (!p)
+            return KVP_ENOMEM;
+        s->bases = p;
+        s->bases_cap = nc;
+    }
+    if (m->ngroups > e->sent_gcap) {
+        uint32_t *p = kvp_realloc(e->sent_groups, (size_t)m->ngroups * sizeof *p);
+        if (!p)
+            return KVP_ENOMEM;
+        e->sent_groups = p;
+        e->sent_gcap = m->ngroups;
+    }
+    kvp_meta_base b = {NULL, 0, 0};
+    if (e->sent) {
+        if (m->ngroups && m->ngroups == e->sent_ngroups) {
+            uint32_t *gb = kvp_arena_alloc(&s->arena, (size_t)m->ngroups * sizeof *gb);
+            if (!gb)
+                return KVP_ENOMEM;
+            for (uint32_t g = 0; g < m->ngroups; g++)
+                gb[g] = e->sent_groups[g] <= m->block_ids[g].n ? e->sent_groups[g] : 0;
+            b.groups = gb;
+        }
+        if (m->hash_len == e->sent_hash_len && e->sent_hashes <= m->nhashes)
+            b.hashes = e->sent_hashes;
+        if (e->sent_tokens <= m->n_token_ids)
+            b.tokens = e->sent_tokens;
+    }
+    int rc = kvp_meta_step_add_req(&s->step, m);
+    if (rc)
+        return rc;
+    s->bases[s->step.nreqs - 1] = b;
+    if (m->can_save == KVP_META_TRUE && !e->save_meta)
+        e->save_meta = s->step.nreqs; /* phase 6 attaches partial tails to it */
+    e->sent = true;
+    e->sent_ngroups = m->ngroups;
+    for (uint32_t g = 0; g < m->ngroups; g++)
+        e->sent_groups[g] = m->block_ids[g].n;
+    e->sent_hashes = m->nhashes;
+    e->sent_hash_len = m->hash_len;
+    e->sent_tokens = m->n_token_ids;
+    if (m->load_spec)
+        e->load_step = true;
+    return 0;
+}
+
+static int add_meta(kvp_sched *s, struct ent *e, kvp_meta_req *m)
 {
     /* the view must not point at the record's load spec (it is popped):
      * copy it into the step arena */
@@ -410,7 +537,7 @@ static int add_meta(kvp_sched *s, kvp_meta_req *m)
         *ls = *m->load_spec;
         m->load_spec = ls;
     }
-    return kvp_meta_step_add_req(&s->step, m);
+    return push_meta(s, e, m);
 }
 
 /* New tracker for e (new or resumed request), replacing any old one. */
@@ -420,6 +547,8 @@ static int tracker_fresh(struct ent *e, uint64_t T, const kvp_meta_ids *ids, uin
     if (ngroups < 1 || !ids_ok(ids, ngroups))
         return KVP_EINVALID_PARAMS;
     tracker_drop(e);
+    e->sent_ngroups = 0; /* a new table and token list: the next send is a full one */
+    e->sent_tokens = 0;
     int rc = kvp_meta_tracker_init(&e->tr, e->id, e->id_len, ngroups);
     if (rc)
         return rc;
@@ -448,7 +577,7 @@ static int emit(kvp_sched *s, struct ent *e, const kvp_meta_load_spec *ls, bool 
                                    e->nhashes, e->hash_len, is_last, -1, kind, &m);
     if (rc <= 0)
         return rc;
-    return add_meta(s, &m);
+    return add_meta(s, e, &m);
 }
 
 /* New request (phase 3) or resumed request (phase 4): same shape. */
@@ -542,18 +671,11 @@ static int phase_tails(kvp_sched *s, const kvp_sched_step *st)
             return KVP_ENOMEM;
         memcpy(copy, tr->tails, (size_t)tr->ntails * sizeof *copy);
         struct ent *e = ent_find(s, tr->req_id, tr->req_id_len);
-        bool attached = false;
-        for (uint32_t m = 0; m < s->step.nreqs && !attached; m++) {
-            kvp_meta_req *q = &s->step.reqs[m];
-            if (q->can_save == KVP_META_TRUE && q->req_id.len == tr->req_id_len &&
-                memcmp(q->req_id.p, tr->req_id, tr->req_id_len) == 0) {
-                q->tails = copy;
-                q->ntails = tr->ntails;
-                attached = true;
-            }
-        }
-        if (attached) {
-            if (e && e->has_tr)
+        if (e && e->save_meta) { /* rides the request's save meta of this step */
+            kvp_meta_req *q = &s->step.reqs[e->save_meta - 1];
+            q->tails = copy;
+            q->ntails = tr->ntails;
+            if (e->has_tr)
                 e->tr.has_pending_offload = true;
             continue;
         }
@@ -580,7 +702,7 @@ static int phase_tails(kvp_sched *s, const kvp_sched_step *st)
         m.num_prompt_tokens = e->tr.prefill_end_tokens;
         m.tails = copy;
         m.ntails = tr->ntails;
-        int rc = kvp_meta_step_add_req(&s->step, &m);
+        int rc = push_meta(s, e, &m);
         if (rc)
             return rc;
     }
@@ -628,6 +750,7 @@ static int build(kvp_sched *s, const kvp_sched_step *st)
         e->has_ls = false;
         if (e->has_tr)
             kvp_meta_tracker_reset(&e->tr);
+        drop_push(s, e); /* the workers' mirrors forget it; a resume is a full send */
         ureq_remove(s, e);
     }
     /* 3. new requests */
@@ -672,6 +795,11 @@ static int build(kvp_sched *s, const kvp_sched_step *st)
     return 0;
 }
 
+static void step_clear(kvp_sched *s)
+{
+    s->step.nreqs = s->step.nunfinished = s->step.npreempted = 0;
+}
+
 int kvp_sched_build_meta(kvp_sched *s, const kvp_sched_step *st, const kvp_meta_step **meta,
                          const uint8_t **bytes, size_t *len)
 {
@@ -679,23 +807,29 @@ int kvp_sched_build_meta(kvp_sched *s, const kvp_sched_step *st, const kvp_meta_
         (st->n_cached && !st->cached) || (st->n_preempted && !st->preempted) ||
         (st->n_finished && !st->finished) || (st->n_tails && !st->tails))
         return KVP_EINVALID_PARAMS;
-    kvp_meta_step_free(&s->step);
-    kvp_meta_step_init(&s->step);
+    step_clear(s);
     kvp_arena_reset(&s->arena);
     kvp_buf_reset(&s->bytes);
-    for (struct ent *e = s->ahead; e; e = e->anext)
-        e->seen_this_step = false;
     int rc = build(s, st);
+    if (rc == 0)
+        rc = kvp_meta_encode_delta(&s->bytes, &s->step, s->bases, s->drops, s->ndrops);
+    if (rc == 0)
+        drops_clear(s); /* they are in the bytes */
     for (struct ent *e = s->ahead, *nx; e; e = nx) {
         nx = e->anext;
         e->seen_this_step = false;
+        e->save_meta = 0;
+        if (e->load_step && rc == 0)
+            e->load_emitted = true;
+        e->load_step = false;
+        if (rc)
+            /* metas counted as sent never left: every later send of a
+             * request the mirrors may hold is a full one */
+            e->sent_ngroups = e->sent_hashes = e->sent_tokens = 0;
         ent_maybe_free(s, e);
     }
-    if (rc == 0)
-        rc = kvp_meta_encode(&s->bytes, &s->step);
     if (rc) {
-        kvp_meta_step_free(&s->step);
-        kvp_meta_step_init(&s->step);
+        step_clear(s);
         return rc;
     }
     *meta = &s->step;
@@ -712,9 +846,15 @@ int kvp_sched_request_finished(kvp_sched *s, const char *req_id, uint32_t id_len
     if (!s || !id_ok(req_id, id_len) || !delay_free || !ids_ok(block_ids, ngroups))
         return KVP_EINVALID_PARAMS;
     *delay_free = false;
+    struct ent *e = ent_find(s, req_id, id_len);
+    if (e && e->load_emitted) {
+        /* a load may still be writing into the blocks: every worker
+         * reports the id in finished_sending once its load job ended */
+        *delay_free = true;
+        return 0;
+    }
     if (s->cfg.kv_role == KVP_SCHED_CONSUMER)
         return 0;
-    struct ent *e = ent_find(s, req_id, id_len);
     /* no tracker: aborted before it was scheduled; reset tracker: preempted */
     if (!e || !e->has_tr || (e->tr.num_saved_tokens == 0 && !e->tr.has_pending_offload))
         return 0;
@@ -742,6 +882,19 @@ bool kvp_sched_reset_store(kvp_sched *s)
     else
         KVP_WARN(MOD, "store reset refused by the worker");
     return ok;
+}
+
+bool kvp_sched_reset_cache(kvp_sched *s)
+{
+    if (!s)
+        return false;
+    for (struct ent *e = s->ahead, *nx; e; e = nx) {
+        nx = e->anext;
+        e->has_ls = false;
+        alloc_free(e); /* the block table of a pending async load */
+        ent_maybe_free(s, e);
+    }
+    return kvp_sched_reset_store(s);
 }
 
 /* ---------------------------------------------------- introspection */

@@ -29,6 +29,22 @@
  *    num_publishable_block_hashes, which is eagle drafter state this API
  *    does not model; lookups are always sent with apply_eagle = 1 (the
  *    spec's value when that mode is off), saves are never capped.
+ *  - The per-step byte string is a DELTA (meta.h, version 2): per request
+ *    only the block ids, hashes and token ids appended since the last
+ *    message that carried the request, plus a drop list (finished and
+ *    preempted requests the workers' mirrors must forget). The workers
+ *    decode it with kvp_meta_decode_delta into a mirror; the decoded step
+ *    equals the full view *meta field by field. CONTRACT: every message
+ *    build_meta returns must reach every worker mirror, in order (a lost
+ *    message makes the next delta of the affected requests fail to decode
+ *    with KVP_EPROTOCOL). After a build error nothing was sent, and every
+ *    later meta is a full send.
+ *  - A request that loaded keeps its blocks when it finishes (delay_free,
+ *    also for a consumer) until the workers report it in finished_sending,
+ *    so an aborted request's blocks are never freed under a running load;
+ *    the spec frees them at once.
+ *  - reset_cache (kvp_sched_reset_cache) has no KV-event buffer to clear
+ *    (KV events are not produced).
  */
 #ifndef KVP_SCHED_H
 #define KVP_SCHED_H
@@ -177,9 +193,10 @@ int kvp_sched_update_state_after_alloc(kvp_sched *s, const kvp_sched_request *re
                                        uint64_t num_external_tokens);
 
 /*
- * build_connector_meta (§8.4), all phases. On success *meta (a view) and
- * *bytes / *len (its kvp_meta_encode string) stay valid until the next call
- * on s. Errors: KVP_EINVALID_PARAMS (a cached request unknown to the
+ * build_connector_meta (§8.4), all phases. On success *meta (the FULL view,
+ * for introspection) and *bytes / *len (the message to send: the delta
+ * encoding of *meta, kvp_meta_encode_delta, against what the workers'
+ * mirrors hold, with the drop list) stay valid until the next call on s. Errors: KVP_EINVALID_PARAMS (a cached request unknown to the
  * scheduler, a tracker group-count mismatch, partial tails with two
  * boundaries, ids over the limits), KVP_ENOMEM; after an error the state
  * may be partly advanced (these are engine bugs or OOM, as the spec's
@@ -190,7 +207,22 @@ int kvp_sched_build_meta(kvp_sched *s, const kvp_sched_step *st, const kvp_meta_
 
 /*
  * request_finished (§8.5): *delay_free = true when the engine must keep the
- * request's blocks until the worker reports it in finished_sending.
+ * request's blocks until the worker reports it in finished_sending:
+ *   (a) the spec's save rule (not a consumer, a tracker with saved tokens
+ *       or a pending partial-tail offload, and some blocks), or
+ *   (b) the request LOADED: a meta with a load spec (can_load true) for
+ *       it was returned by build_meta since it was scheduled (so every
+ *       worker got it). Any role; regardless of block counts.
+ * Worker side of (b) (worker.h, "Requests that loaded"): every worker
+ * reports in done_sending each finished request that a step asked to load,
+ * once its load job has ended. The rule depends only on the step messages,
+ * which every worker sees identically, so every rank reports exactly the
+ * ids the scheduler delayed (an aggregated finished_sending completes; an
+ * engine that asserts on unexpected finished_sending ids never sees one).
+ * A rule on "finished_recving not seen yet" would not: ranks finish their
+ * loads at different steps, and one that reported done_recving before the
+ * finish would never report done_sending. The cost: a request that loaded
+ * gets its blocks back one step after it finished.
  */
 int kvp_sched_request_finished(kvp_sched *s, const char *req_id, uint32_t id_len,
                                const kvp_meta_ids *block_ids, uint32_t ngroups,
@@ -199,6 +231,12 @@ int kvp_sched_request_finished(kvp_sched *s, const char *req_id, uint32_t id_len
 /* reset_store (§8.6): true only on the worker's ok. The caller must have
  * paused generation. */
 bool kvp_sched_reset_store(kvp_sched *s);
+
+/* reset_cache (§13, the facade's scheduler role): drops every load spec and
+ * the block table recorded for a pending async load (no load is emitted for
+ * them any more), then returns kvp_sched_reset_store(s). Loads already sent
+ * to the workers keep their delay-free rule. */
+bool kvp_sched_reset_cache(kvp_sched *s);
 
 /* Introspection (tests, diagnostics); pointers valid until the next call. */
 bool kvp_sched_load_spec(kvp_sched *s, const char *req_id, uint32_t id_len,

@@ -7,6 +7,12 @@
  *   - a send job exists only while its request's entry counts it in
  *     `inflight`; the entry lives until the request is reported finished
  *     (or preempted with nothing in flight).
+ *   - send_cur is the job the send thread runs; rrun lists the load jobs the
+ *     receive threads run (both set and cleared under the lock), so
+ *     handle_preemptions and the aborted-load rule can wait for them.
+ *   - an id is in `aborted` from the get_finished that saw it finished with
+ *     its load pending until the get_finished that reports it in
+ *     done_sending; the store rule skips such ids (reported exactly once).
  *   - jobs own deep copies of everything they read from the step metadata.
  */
 #include "connector/worker.h"
@@ -28,7 +34,8 @@
 typedef struct job {
     struct job *next;
     char *req_id;
-    uint64_t gen; /* send jobs: the request entry's generation at enqueue */
+    uint64_t gen;  /* send jobs: the request entry's generation at enqueue */
+    uint64_t step; /* the get_finished call that enqueued it (fence argument) */
     uint64_t token_len_chunk;
     uint32_t ngroups;
     uint32_t **bids; /* ngroups arrays */
@@ -159,6 +166,14 @@ struct kvp_worker {
     int send_started;
     pthread_t *recv_th;
     unsigned recv_started;
+    uint64_t step;  /* get_finished calls so far */
+    job *send_cur;  /* the store job the send thread runs, or NULL */
+    job *rrun;      /* load jobs the receive threads run (linked by next) */
+    kvp_worker_ids had_load; /* live requests a step asked to load (every
+                                rank sees the same steps, so every rank
+                                agrees on this set) */
+    kvp_worker_ids aborted; /* finished after a load was asked for: reported
+                               in done_sending once that load ended */
 
     sreq *reqs;
     size_t nreqs, capreqs;
@@ -193,6 +208,18 @@ int kvp_worker_ids_has(const kvp_worker_ids *s, const char *id)
     for (size_t i = 0; i < s->n; i++)
         if (strcmp(s->ids[i], id) == 0)
             return 1;
+    return 0;
+}
+
+/* Removes id if present; 1 if it was there. */
+static int ids_take(kvp_worker_ids *s, const char *id)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->ids[i], id) == 0) {
+            kvp_free(s->ids[i]);
+            s->ids[i] = s->ids[--s->n];
+            return 1;
+        }
     return 0;
 }
 
@@ -440,12 +467,13 @@ static size_t chunks_upper(kvp_worker *w, uint64_t tokens)
     return n;
 }
 
-/* Fences engine memory; 0 or KVP_EINTERNAL_ERROR. */
-static int fence(kvp_worker *w)
+/* Fences engine memory for the writes of job j's step; 0 or
+ * KVP_EINTERNAL_ERROR. */
+static int fence(kvp_worker *w, const job *j)
 {
     if (!w->fence)
         return 0;
-    return w->fence(w->fence_arg) == 0 ? 0 : KVP_EINTERNAL_ERROR;
+    return w->fence(w->fence_arg, j->step) == 0 ? 0 : KVP_EINTERNAL_ERROR;
 }
 
 static void clear_pressure(kvp_worker *w)
@@ -492,7 +520,7 @@ static void record_saved(kvp_worker *w, const job *j, uint64_t T)
 static int put_batch(kvp_worker *w, const job *j, xb *b)
 {
     uint64_t t0 = kvp_now_ns();
-    int rc = fence(w);
+    int rc = fence(w, j);
     if (rc == 0)
         rc = kvp_client_batch_put_from_multi_buffers(w->client, (const char *const *)b->keys,
                                                      (const kvp_iov *const *)b->iovp, b->niov,
@@ -707,9 +735,11 @@ static void *send_main(void *arg)
         w->sq_head = j->next;
         if (!w->sq_head)
             w->sq_tail = NULL;
+        w->send_cur = j;
         pthread_mutex_unlock(&w->lock);
         send_job(w, j);
         pthread_mutex_lock(&w->lock);
+        w->send_cur = NULL;
         sreq *e = sreq_find(w, j->req_id); /* finally: always release the pin */
         if (e && e->inflight)
             e->inflight--;
@@ -731,6 +761,15 @@ static uint64_t staging(const kvp_iov *iov, size_t n)
     for (size_t i = 0; i < n; i++)
         s += iov[i].len;
     return (s + STAGING_ALIGN - 1) / STAGING_ALIGN * STAGING_ALIGN + STAGING_PAD;
+}
+
+/* 1 if the engine finished request id while its load was pending. */
+static int load_aborted(kvp_worker *w, const char *id)
+{
+    pthread_mutex_lock(&w->lock);
+    int r = kvp_worker_ids_has(&w->aborted, id);
+    pthread_mutex_unlock(&w->lock);
+    return r;
 }
 
 static int recv_job(kvp_worker *w, job *j)
@@ -847,6 +886,8 @@ static int recv_job(kvp_worker *w, job *j)
     }
     for (size_t bi = 0; bi < nb; bi++) {
         size_t s = bstart[bi], n = bstart[bi + 1] - s;
+        if (bi > 0 && load_aborted(w, j->req_id)) /* the engine finished it: its */
+            break;                                 /* blocks are not needed any more */
         uint64_t t0 = kvp_now_ns();
         rc = kvp_client_batch_get_into_multi_buffers(w->client, (const char *const *)okeys + s,
                                                      (const kvp_iov *const *)oiov + s,
@@ -907,9 +948,16 @@ static void *recv_main(void *arg)
         w->rq_head = j->next;
         if (!w->rq_head)
             w->rq_tail = NULL;
+        j->next = w->rrun;
+        w->rrun = j;
         pthread_mutex_unlock(&w->lock);
         int keep = recv_job(w, j);
         pthread_mutex_lock(&w->lock);
+        for (job **pp = &w->rrun; *pp; pp = &(*pp)->next)
+            if (*pp == j) {
+                *pp = j->next;
+                break;
+            }
         if (keep) { /* report it from a later get_finished */
             j->next = w->unreported;
             w->unreported = j;
@@ -1175,6 +1223,8 @@ void kvp_worker_destroy(kvp_worker *w)
         kvp_free(w->reqs[i].id);
     kvp_free(w->reqs);
     kvp_worker_ids_free(&w->recv_done);
+    kvp_worker_ids_free(&w->aborted);
+    kvp_worker_ids_free(&w->had_load);
     for (job *j = w->unreported, *nx; j; j = nx) {
         nx = j->next;
         job_free(j);
@@ -1193,6 +1243,110 @@ void kvp_worker_destroy(kvp_worker *w)
 static int str_eq(const kvp_meta_str *s, const char *id)
 {
     return strlen(id) == s->len && memcmp(s->p, id, s->len) == 0;
+}
+
+/* Preemption of a tracked request (caller holds w->lock): its save state
+ * is reset; jobs still queued become stale (generation) and a request with
+ * nothing in flight is forgotten. */
+static void preempt_locked(kvp_worker *w, sreq *e)
+{
+    if (e->inflight == 0 && !e->finished) {
+        sreq_del(w, e);
+    } else {
+        e->gen++;
+        e->saved = 0;
+        e->skip = 0;
+        e->detached = 1;
+    }
+}
+
+/* Caller holds w->lock: 1 if a receive thread runs a load of id. */
+static int load_running_locked(kvp_worker *w, const char *id)
+{
+    for (const job *j = w->rrun; j; j = j->next)
+        if (strcmp(j->req_id, id) == 0)
+            return 1;
+    return 0;
+}
+
+/*
+ * Caller holds w->lock. 1 if the load of id has not been reported in
+ * done_recving yet: queued (the job is dropped now -- the engine finished
+ * the request, its blocks are not needed -- and its id is recorded as
+ * finished receiving, no block marked invalid), running, or ended but not
+ * yet handed over.
+ */
+static int load_pending_locked(kvp_worker *w, const char *id)
+{
+    int pending = 0;
+    job *prev = NULL;
+    for (job *j = w->rq_head, *nx; j; j = nx) {
+        nx = j->next;
+        if (strcmp(j->req_id, id) != 0) {
+            prev = j;
+            continue;
+        }
+        *(prev ? &prev->next : &w->rq_head) = nx;
+        if (w->rq_tail == j)
+            w->rq_tail = prev;
+        w->recv_busy--;
+        pending = 1;
+        if (ids_add(&w->recv_done, j->req_id) != 0) {
+            j->next = w->unreported; /* reported by a later get_finished */
+            w->unreported = j;
+        } else {
+            job_free(j);
+        }
+    }
+    if (pending)
+        pthread_cond_broadcast(&w->idle_cv);
+    if (load_running_locked(w, id) || kvp_worker_ids_has(&w->recv_done, id))
+        pending = 1;
+    for (const job *j = w->unreported; j && !pending; j = j->next)
+        pending = strcmp(j->req_id, id) == 0;
+    return pending;
+}
+
+int kvp_worker_handle_preemptions(kvp_worker *w, const char *const *ids, size_t n)
+{
+    if (w->capacity_only || n == 0)
+        return 0;
+    if (!ids)
+        return KVP_EINVALID_PARAMS;
+    pthread_mutex_lock(&w->lock);
+    for (size_t i = 0; i < n; i++) {
+        if (!ids[i])
+            continue;
+        for (;;) {
+            /* drop its queued (not started) store jobs */
+            job *prev = NULL;
+            for (job *j = w->sq_head, *nx; j; j = nx) {
+                nx = j->next;
+                if (strcmp(j->req_id, ids[i]) != 0) {
+                    prev = j;
+                    continue;
+                }
+                *(prev ? &prev->next : &w->sq_head) = nx;
+                if (w->sq_tail == j)
+                    w->sq_tail = prev;
+                sreq *e = sreq_find(w, ids[i]);
+                if (e && e->inflight)
+                    e->inflight--;
+                w->send_busy--;
+                job_free(j);
+                pthread_cond_broadcast(&w->idle_cv);
+            }
+            /* wait for the one it runs, if any: at most that job's puts */
+            if (!w->send_cur || strcmp(w->send_cur->req_id, ids[i]) != 0)
+                break;
+            pthread_cond_wait(&w->idle_cv, &w->lock);
+        }
+        sreq *e = sreq_find(w, ids[i]);
+        if (e)
+            preempt_locked(w, e);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return 0;
 }
 
 int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t nfinished,
@@ -1262,6 +1416,15 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
         }
     }
     pthread_mutex_lock(&w->lock);
+    uint64_t step_no = ++w->step;
+    /* every request this step asks to load, served or failed alone */
+    for (uint32_t i = 0; rc == 0 && meta && i < meta->nreqs; i++) {
+        const kvp_meta_req *r = &meta->reqs[i];
+        if (r->load_spec && r->load_spec->can_load && ids_add(&w->had_load, r->req_id.p) != 0) {
+            KVP_ERROR(MOD, "out of memory recording the load of %s", r->req_id.p);
+            rc = KVP_ENOMEM;
+        }
+    }
     if (rc == 0) {
         /* in-flight counter += 1 before the job is visible to the thread */
         for (job *j = sh; j; j = j->next) {
@@ -1278,6 +1441,7 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
             e->inflight++;
             e->detached = 0; /* saving again: the scheduler delays its free */
             j->gen = e->gen;
+            j->step = step_no;
         }
         if (lh) {
             *(w->rq_tail ? &w->rq_tail->next : &w->rq_head) = lh;
@@ -1309,27 +1473,49 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
     for (uint32_t i = 0; meta && i < meta->npreempted; i++)
         for (size_t k = 0; k < w->nreqs; k++)
             if (str_eq(&meta->preempted[i], w->reqs[k].id)) {
-                sreq *e = &w->reqs[k];
-                if (e->inflight == 0 && !e->finished) {
-                    sreq_del(w, e);
-                } else {
-                    e->gen++;
-                    e->saved = 0;
-                    e->skip = 0;
-                    e->detached = 1;
-                }
+                preempt_locked(w, &w->reqs[k]);
                 break;
             }
-    /* (c) this step's finished ids: remember those with stores in flight */
+    /* (c) this step's finished ids: remember those with stores in flight;
+     * those a step asked to load go to `aborted` (reported in done_sending
+     * once the load ended, whether it ended long ago or is still running) */
     for (size_t i = 0; i < nfinished; i++) {
+        if (!finished || !finished[i])
+            continue;
         sreq *e = sreq_find(w, finished[i]);
         if (e)
             e->finished = 1;
+        int pend = load_pending_locked(w, finished[i]);
+        int had = ids_take(&w->had_load, finished[i]);
+        if ((pend || had) && ids_add(&w->aborted, finished[i]) != 0) {
+            KVP_ERROR(MOD, "out of memory recording the aborted load of %s", finished[i]);
+            rc = KVP_ENOMEM;
+        }
+    }
+    /* aborted loads whose job ended (and no store in flight): done sending */
+    for (size_t i = 0; i < w->aborted.n;) {
+        char *id = w->aborted.ids[i];
+        sreq *e = sreq_find(w, id);
+        if (load_running_locked(w, id) || (e && e->inflight)) {
+            i++;
+            continue;
+        }
+        if (ids_add(done_sending, id) != 0) {
+            rc = KVP_ENOMEM;
+            i++;
+            continue;
+        }
+        if (e)
+            sreq_del(w, e);
+        kvp_free(id);
+        w->aborted.ids[i] = w->aborted.ids[--w->aborted.n];
     }
     /* (b) report every finished request with nothing in flight */
     for (size_t k = 0; k < w->nreqs;) {
         sreq *e = &w->reqs[k];
-        if (e->finished && e->inflight == 0 && e->detached) {
+        if (e->finished && kvp_worker_ids_has(&w->aborted, e->id)) {
+            k++; /* reported by the aborted-load rule once its load ended */
+        } else if (e->finished && e->inflight == 0 && e->detached) {
             sreq_del(w, e); /* preempted, then finished: never reported */
         } else if (e->finished && e->inflight == 0) {
             if (ids_add(done_sending, e->id) != 0) {
@@ -1374,6 +1560,14 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
         job_free(j);
     }
     return rc;
+}
+
+uint64_t kvp_worker_next_step(kvp_worker *w)
+{
+    pthread_mutex_lock(&w->lock);
+    uint64_t n = w->step + 1;
+    pthread_mutex_unlock(&w->lock);
+    return n;
 }
 
 int kvp_worker_load_errors(kvp_worker *w, uint32_t **ids, size_t *n)

@@ -9,6 +9,8 @@
  * Lifecycle:
  *   kvp_worker_create(cfg)          §10.1 (capacity-only stops after the client)
  *   kvp_worker_register_kv_caches   §6.7: engine tensors -> layout; starts threads
+ *   kvp_worker_handle_preemptions   §14, before the forward pass of a step whose
+ *                                   scheduler preempted requests: stops their saves
  *   kvp_worker_get_finished         §10.2, once per engine step: enqueues this
  *                                   step's loads and stores, reports finished ids
  *   kvp_worker_load_errors          block ids whose load failed (take & clear)
@@ -18,26 +20,70 @@
  *   kvp_worker_destroy              drains queued jobs, joins threads, closes
  *
  * Engine memory fence: instead of a CUDA event, the engine supplies a fence
- * callback. The send thread calls it right before it reads engine memory
- * for a put (normal save and partial tail), from the send thread; it must
- * return 0 once every write the engine issued before the matching
- * get_finished is visible, or non-zero to abandon that put (recorded as a
- * save_put error; the range is retried by a later job).
+ * callback fence(arg, step). Steps are numbered by get_finished: its n-th
+ * call on a registered worker (counting from 1, whatever it returns) is
+ * step n, and every store job it enqueues carries that number. The engine records a fence per step (e.g. a CUDA event
+ * recorded after that step's forward pass, before it calls get_finished);
+ * the send thread calls fence(arg, step of the job) right before it reads
+ * engine memory for a put (normal save and partial tail). The callback must
+ * return 0 once every write of that step (and earlier ones) is visible, or
+ * non-zero to abandon that put (recorded as a save_put error; the range is
+ * retried by a later job). It runs on the send thread.
+ *
+ * Preemption (§14 handle_preemptions): the engine calls
+ * kvp_worker_handle_preemptions(ids) BEFORE it overwrites the blocks of the
+ * preempted requests. For each id it drops the request's queued (not yet
+ * started) store jobs and waits for a store job of it that the send thread
+ * is running (bound: that one job, i.e. at most its partial-tail put and
+ * its normal-save put, each bounded by its fence wait plus the client's RPC
+ * timeout), then resets its saved offset and back-off flag. The fence of a
+ * step must therefore be satisfiable without further engine action (the
+ * step's event was recorded before its get_finished), or handle_preemptions
+ * would wait for it forever. On return no store of these requests reads
+ * engine memory any more. Loads are not touched (a request waiting for
+ * remote KV is not running, so it cannot be preempted). The preempted ids
+ * of the step metadata are still honoured by get_finished (same reset;
+ * idempotent).
+ *
+ * Requests that loaded (contract with the scheduler, whose request_finished
+ * returns delay_free = true for every request a step asked to load, so that
+ * an aborted request's blocks are never freed under a running load): the
+ * rule must give the same answer on every rank, so it depends only on the
+ * steps, which every rank sees identically -- never on when this rank's
+ * load happened to end. Every id in get_finished's `finished` list that a
+ * step's metadata asked to load (load spec with can_load, served or failed)
+ * since it was last reported is reported in done_sending exactly once, by
+ * the first get_finished (this one or a later one) at which its load job
+ * has ended and no store job of it is in flight -- in addition to its
+ * done_recving report (never later than the done_sending one). A queued
+ * load of such a request is dropped unexecuted (reported in done_recving,
+ * no block marked invalid); a running one stops after its current
+ * sub-batch. No load job writes engine blocks after its id was reported in
+ * done_sending. For a normal request whose load ended long before it
+ * finished, this costs one step of delay before its blocks are freed.
  *
  * Deliberate differences from the Python connector (spec defects, §10):
  *   - dedup: no separate exist round trip; the batch put answers 0 bytes for
  *     a key that already exists ("already there"), counted in existing_keys.
  *   - a request is reported finished-sending only once it finished AND no
- *     store job of it is in flight; preemption resets its saved offset and
- *     back-off flag but keeps the in-flight count (jobs enqueued before the
- *     preemption are dropped unexecuted via a generation number).
+ *     store job of it is in flight; preemption through the step metadata
+ *     resets its saved offset and back-off flag but keeps the in-flight
+ *     count (jobs enqueued before the preemption are dropped unexecuted via
+ *     a generation number); handle_preemptions (not implemented by the
+ *     Python connector) drops them and waits for the running one.
+ *   - a request that loaded is reported in done_sending once it finished
+ *     and its load ended (rule above), so an aborted request's blocks are
+ *     never freed under a running load.
+ *   - the fence is per step (a callback with the step number) instead of
+ *     one CUDA event object carried by each request.
  *   - a load with zero keys finishes (no division by zero);
  *   - after a failed load sub-batch, the blocks of every later sub-batch are
  *     reported invalid as well (they were never loaded).
  *   - KV events are emitted for chunks whose put actually moved bytes.
  *
- * Thread-safety: get_finished, load_errors, lookup, reset, take_stats and
- * take_events may be called from any thread, concurrently. create, register
+ * Thread-safety: get_finished, handle_preemptions, load_errors, lookup,
+ * reset, take_stats and take_events may be called from any thread,
+ * concurrently. create, register
  * and destroy must not race with anything else.
  * All memory comes from common/mem.h.
  */
@@ -59,8 +105,9 @@ enum kvp_worker_role {
     KVP_WORKER_BOTH = 3,     /* kv_both */
 };
 
-/* Returns 0 when engine writes are visible to the send thread (see above). */
-typedef int (*kvp_worker_fence_fn)(void *arg);
+/* Returns 0 when the engine writes of `step` (and earlier) are visible to
+ * the send thread (see above). */
+typedef int (*kvp_worker_fence_fn)(void *arg, uint64_t step);
 
 /* One KV-cache group: the coordinator spec plus what the TP factor needs. */
 typedef struct kvp_worker_group {
@@ -109,6 +156,10 @@ int kvp_worker_ids_has(const kvp_worker_ids *s, const char *id);
  * KVP_ECONFIG (message in err), the client's open error, KVP_ENOMEM.
  */
 int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, size_t errlen);
+/* The step number get_finished's next call gives its store jobs (the
+ * fence's `step`): the calls so far + 1. */
+uint64_t kvp_worker_next_step(kvp_worker *w);
+
 /* Drains the queued jobs, joins the threads, closes the client. NULL ok. */
 void kvp_worker_destroy(kvp_worker *w);
 /* 1 for a capacity-only worker (no transfers, lookup 0). */
@@ -141,6 +192,15 @@ int kvp_worker_register_kv_caches(kvp_worker *w, const kvp_tdb_tensor *tensors, 
 int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t nfinished,
                             const kvp_meta_step *meta, kvp_worker_ids *done_sending,
                             kvp_worker_ids *done_recving);
+
+/*
+ * §14 handle_preemptions (see the header comment): ids[0..n) are request
+ * ids (NUL-terminated; NULL entries skipped). Returns once no store job of
+ * them is queued or running. May block for the running store job of one of
+ * them. 0 (also capacity-only / n == 0) or KVP_EINVALID_PARAMS (ids NULL
+ * with n > 0).
+ */
+int kvp_worker_handle_preemptions(kvp_worker *w, const char *const *ids, size_t n);
 
 /* Takes (and clears) the block ids whose load failed; *ids is kvp_free'd
  * by the caller (NULL when *n == 0). 0 or KVP_ENOMEM. */

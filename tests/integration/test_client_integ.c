@@ -763,3 +763,96 @@ TEST(master_unreachable_fails_within_deadline)
         kill(e.m.pid, SIGCONT);
     env_down(&e);
 }
+
+/* The segment name of key's first replica from kvp_client_describe's
+ * "... (host:port) ..." into out; 0 or -1. */
+static int first_segment(kvp_client *c, const char *key, char *out, size_t cap)
+{
+    char d[512];
+    if (kvp_client_describe(c, key, d, sizeof d) < 0)
+        return -1;
+    const char *a = strchr(d, '('), *b = a ? strchr(a, ')') : NULL;
+    if (!a || !b || (size_t)(b - a - 1) >= cap)
+        return -1;
+    memcpy(out, a + 1, (size_t)(b - a - 1));
+    out[b - a - 1] = 0;
+    return 0;
+}
+
+/* Puts 8 keys named tag-i and returns how many landed on segment `want`. */
+static int count_on(kvp_client *c, const char *tag, const char *want)
+{
+    static uint8_t v[4096];
+    int on = 0;
+    for (int i = 0; i < 8; i++) {
+        char key[64], seg[300];
+        snprintf(key, sizeof key, "%s-%d", tag, i);
+        if (kvp_client_put(c, key, v, sizeof v) != 0)
+            return -1;
+        if (first_segment(c, key, seg, sizeof seg) == 0 && strcmp(seg, want) == 0)
+            on++;
+    }
+    return on;
+}
+
+/* preferred_segment (config) and $MOONCAKE_PREFERRED_SEGMENT: puts place
+ * their copy on the named segment; the config wins over the environment;
+ * a blank override is a configuration error. */
+TEST(preferred_segment_config_and_env)
+{
+    env e;
+    if (env_up(&e, 2, "64MiB", NULL) != 0) {
+        th_fail(__FILE__, __LINE__, "env_up");
+        env_down(&e);
+        return;
+    }
+    /* learn the two segment names from where unpreferred puts land */
+    kvp_client *c = client_open(e.m.addr, "");
+    CHECK(c != NULL);
+    char names[2][300] = {"", ""};
+    static uint8_t v[4096];
+    for (int i = 0; i < 64 && !names[1][0]; i++) {
+        char key[32], seg[300];
+        snprintf(key, sizeof key, "probe-%d", i);
+        CHECK(kvp_client_put(c, key, v, sizeof v) == 0);
+        CHECK(first_segment(c, key, seg, sizeof seg) == 0);
+        if (!names[0][0])
+            snprintf(names[0], sizeof names[0], "%s", seg);
+        else if (strcmp(seg, names[0]) != 0)
+            snprintf(names[1], sizeof names[1], "%s", seg);
+    }
+    kvp_client_close(c);
+    CHECK(names[1][0] != 0);
+
+    for (int w = 0; w < 2; w++) {
+        char extra[400];
+        snprintf(extra, sizeof extra, ", \"preferred_segment\": \" %s \"", names[w]);
+        c = client_open(e.m.addr, extra);
+        CHECK(c != NULL);
+        char tag[16];
+        snprintf(tag, sizeof tag, "cfg%d", w);
+        CHECK_EQ(count_on(c, tag, names[w]), 8);
+        kvp_client_close(c);
+    }
+    setenv("MOONCAKE_PREFERRED_SEGMENT", names[1], 1);
+    c = client_open(e.m.addr, "");
+    CHECK(c != NULL);
+    CHECK_EQ(count_on(c, "env", names[1]), 8);
+    kvp_client_close(c);
+    char extra[400];
+    snprintf(extra, sizeof extra, ", \"preferred_segment\": \"%s\"", names[0]);
+    c = client_open(e.m.addr, extra); /* the explicit override wins */
+    CHECK(c != NULL);
+    CHECK_EQ(count_on(c, "both", names[0]), 8);
+    kvp_client_close(c);
+    unsetenv("MOONCAKE_PREFERRED_SEGMENT");
+
+    char cfg[400], err[256] = "";
+    snprintf(cfg, sizeof cfg, "{\"master\": \"%s\", \"mode\": \"standalone-store\", "
+             "\"preferred_segment\": \"  \"}", e.m.addr);
+    kvp_client *bad = NULL;
+    CHECK_EQ(kvp_client_open(cfg, &bad, err, sizeof err), KVP_ECONFIG);
+    CHECK(strstr(err, "preferred_segment") != NULL);
+    CHECK(bad == NULL);
+    env_down(&e);
+}

@@ -2,6 +2,7 @@
  * step metadata encoding: round trips, truncation, trailing bytes, hostile
  * counts, canonicity, version mismatch, allocation limits. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -291,7 +292,10 @@ TEST(meta_version_and_magic)
     kvp_buf b;
     CHECK_EQ(enc_sample(1, &b), 0);
     CHECK_EQ(b.data[4], KVP_META_VERSION);
-    b.data[4] = 2;
+    CHECK_EQ(KVP_META_VERSION, 2);
+    b.data[4] = 1; /* version 1 (no delta) is no longer decoded */
+    CHECK_EQ(dec(b.data, b.len), KVP_EINVALID_VERSION);
+    b.data[4] = 3;
     CHECK_EQ(dec(b.data, b.len), KVP_EINVALID_VERSION);
     b.data[4] = 0;
     CHECK_EQ(dec(b.data, b.len), KVP_EINVALID_VERSION);
@@ -339,9 +343,12 @@ TEST(meta_hostile_counts)
                 kvp_arena_free(&a);
             }
         }
-        /* the request count itself */
+        /* the drop count and the request count themselves */
         memcpy(m, b.data, b.len);
         patch32(m + 5, 0xFFFFFFFFu);
+        CHECK_EQ(dec(m, b.len), KVP_EPROTOCOL);
+        memcpy(m, b.data, b.len);
+        patch32(m + 9, 0xFFFFFFFFu);
         CHECK_EQ(dec(m, b.len), KVP_EPROTOCOL);
         kvp_free(m);
         kvp_buf_free(&b);
@@ -380,11 +387,12 @@ TEST(meta_byte_flips_canonical)
 }
 
 /*
- * Offsets in sample 3 (one request "L"): header 0..8 (magic, version,
- * nreqs); req: id len 9..12, 'L' 13, kind 14, flags 15, token_len_chunk
- * 16..23, ngroups 24..27, group0 n 28..31, id 32..35, hash_len 36,
- * nhashes 37..40, hashes 41..104, load spec 105..129 (can_load at 129),
- * num_prompt 130..137, nunfinished 138..141, npreempted 142..145, ...
+ * Offsets in sample 3 (one request "L"): header 0..12 (magic, version,
+ * ndrop, nreqs); req: id len 13..16, 'L' 17, kind 18, flags 19,
+ * token_len_chunk 20..27, ngroups 28..31, group0 base 32..35, n 36..39,
+ * id 40..43, hash_len 44, hash base 45..48, n 49..52, hashes 53..116,
+ * load spec 117..141 (can_load at 141), num_prompt 142..149, nunfinished
+ * 150..153, npreempted 154..157, ...
  */
 TEST(meta_non_canonical_rejected)
 {
@@ -392,9 +400,9 @@ TEST(meta_non_canonical_rejected)
     CHECK_EQ(enc_sample(3, &b), 0);
     uint8_t *m = kvp_malloc(b.len + 64);
     CHECK(m);
-    CHECK_EQ(b.data[13], 'L');
-    CHECK_EQ(b.data[36], 16);
-    CHECK_EQ(b.data[129], 1);
+    CHECK_EQ(b.data[17], 'L');
+    CHECK_EQ(b.data[44], 16);
+    CHECK_EQ(b.data[141], 1);
 #define MUT(stmt, want)                                                        \
     do {                                                                       \
         memcpy(m, b.data, b.len);                                              \
@@ -402,15 +410,17 @@ TEST(meta_non_canonical_rejected)
         CHECK_EQ(dec(m, b.len), want);                                         \
     } while (0)
     MUT((void)0, 0);
-    MUT(m[14] = KVP_META_KIND_COUNT, KVP_EPROTOCOL);  /* unknown kind */
-    MUT(m[15] = (uint8_t)(m[15] & ~1u) | 2u, KVP_EPROTOCOL); /* value bit w/o has bit */
-    MUT(m[15] |= 2u, KVP_EPROTOCOL);                  /* save together with load */
-    MUT(m[36] = 0, KVP_EPROTOCOL);                    /* hashes with hash_len 0 */
-    MUT(m[36] = 65, KVP_EPROTOCOL);                   /* hash_len over the limit */
-    MUT(m[129] = 2, KVP_EPROTOCOL);                   /* can_load not 0/1 */
-    MUT(m[129] = 0, 0);                               /* can_load false is a value */
-    MUT(patch32(m + 9, 0), KVP_EPROTOCOL);            /* empty request id */
-    MUT(patch32(m + 24, KVP_META_MAX_GROUPS + 1), KVP_EPROTOCOL);
+    MUT(m[18] = KVP_META_KIND_COUNT, KVP_EPROTOCOL);  /* unknown kind */
+    MUT(m[19] = (uint8_t)(m[19] & ~1u) | 2u, KVP_EPROTOCOL); /* value bit w/o has bit */
+    MUT(m[19] |= 2u, KVP_EPROTOCOL);                  /* save together with load */
+    MUT(m[44] = 0, KVP_EPROTOCOL);                    /* hashes with hash_len 0 */
+    MUT(m[44] = 65, KVP_EPROTOCOL);                   /* hash_len over the limit */
+    MUT(m[141] = 2, KVP_EPROTOCOL);                   /* can_load not 0/1 */
+    MUT(m[141] = 0, 0);                               /* can_load false is a value */
+    MUT(patch32(m + 13, 0), KVP_EPROTOCOL);           /* empty request id */
+    MUT(patch32(m + 28, KVP_META_MAX_GROUPS + 1), KVP_EPROTOCOL);
+    MUT(patch32(m + 32, 1), KVP_EPROTOCOL);           /* a base without a mirror */
+    MUT(patch32(m + 45, 1), KVP_EPROTOCOL);           /* a hash base without a mirror */
     kvp_free(m);
     kvp_buf_free(&b);
 
@@ -441,12 +451,13 @@ TEST(meta_non_canonical_rejected)
     s.reqs[0].n_token_ids = 0;
     CHECK_EQ(kvp_meta_encode(&e, &s), 0);
     CHECK_EQ(dec(e.data, e.len), 0);
-    /* set the TOKENS flag and splice in a zero count before num_prompt */
+    /* set the TOKENS flag and splice in base 0, count 0 before num_prompt */
     kvp_buf f;
     kvp_buf_init(&f, 1u << 20);
-    size_t fl = 9 + 4 + 13 + 1;
+    size_t fl = 13 + 4 + 13 + 1;
     CHECK_EQ(e.data[fl] & 0x20, 0);
     kvp_buf_put(&f, e.data, e.len - 8 - 8);
+    kvp_buf_u32(&f, 0);
     kvp_buf_u32(&f, 0);
     kvp_buf_put(&f, e.data + e.len - 16, 16);
     f.data[fl] |= 0x20;
@@ -497,4 +508,450 @@ TEST(meta_arena_limit)
     CHECK_EQ(kvp_meta_decode(b.data, b.len, &a, &d), KVP_ENOMEM);
     kvp_arena_free(&a);
     kvp_buf_free(&b);
+}
+
+/* ------------------------------------------------------- delta (v2) */
+
+/*
+ * A model of the scheduler's requests for the delta property test: full
+ * arrays in fixed-capacity buffers (appends never move them, so a view
+ * taken earlier in a step stays valid), and what the sender has sent.
+ */
+#define PM_REQS 12
+#define PM_MAXB 1024
+#define PM_MAXT 4096
+#define PM_MAXG 3
+
+typedef struct pm_req {
+    char id[16];
+    bool live;        /* exists (new or running) */
+    bool preempted;   /* waits for a resume (a replacing send) */
+    uint32_t ngroups;
+    uint32_t ids[PM_MAXG][PM_MAXB];
+    kvp_meta_ids g[PM_MAXG];
+    uint8_t hash_len;
+    uint8_t hs[PM_MAXB * 32];
+    uint32_t nh;
+    uint32_t toks[PM_MAXT];
+    uint32_t nt;
+    /* sender state */
+    bool sent;
+    uint32_t sent_g[PM_MAXG], sent_ng, sent_h, sent_t;
+    uint8_t sent_hl;
+} pm_req;
+
+static uint64_t pm_rng;
+static uint32_t pm_rand(uint32_t n)
+{
+    pm_rng ^= pm_rng << 13;
+    pm_rng ^= pm_rng >> 7;
+    pm_rng ^= pm_rng << 17;
+    return (uint32_t)(pm_rng % n);
+}
+
+/* Replaces the request's arrays (new / resumed): the next send is full. */
+static void pm_fill(pm_req *q)
+{
+    q->ngroups = 1 + pm_rand(PM_MAXG);
+    for (uint32_t g = 0; g < q->ngroups; g++) {
+        uint32_t n = pm_rand(40);
+        for (uint32_t i = 0; i < n; i++)
+            q->ids[g][i] = pm_rand(100000);
+        q->g[g] = (kvp_meta_ids){q->ids[g], n, 0};
+    }
+    q->hash_len = pm_rand(4) == 0 ? 0 : (pm_rand(2) ? 32 : 16);
+    q->nh = q->hash_len ? pm_rand(40) : 0;
+    for (uint32_t i = 0; i < q->nh * q->hash_len; i++)
+        q->hs[i] = (uint8_t)pm_rand(256);
+    q->nt = pm_rand(3) == 0 ? 0 : pm_rand(600);
+    for (uint32_t i = 0; i < q->nt; i++)
+        q->toks[i] = pm_rand(0xFFFFFFFFu);
+    q->sent_ng = q->sent_h = q->sent_t = 0;
+}
+
+/* Appends blocks / hashes / tokens (a running request). */
+static void pm_append(pm_req *q)
+{
+    for (uint32_t g = 0; g < q->ngroups; g++) {
+        uint32_t n = pm_rand(3);
+        for (uint32_t i = 0; i < n && q->g[g].n < PM_MAXB; i++)
+            q->ids[g][q->g[g].n++] = pm_rand(100000);
+    }
+    if (q->hash_len) {
+        uint32_t n = pm_rand(3);
+        for (uint32_t i = 0; i < n && q->nh < PM_MAXB; i++, q->nh++)
+            for (uint32_t k = 0; k < q->hash_len; k++)
+                q->hs[q->nh * q->hash_len + k] = (uint8_t)pm_rand(256);
+    }
+    if (q->nt) {
+        uint32_t n = pm_rand(20);
+        for (uint32_t i = 0; i < n && q->nt < PM_MAXT; i++)
+            q->toks[q->nt++] = pm_rand(0xFFFFFFFFu);
+    }
+}
+
+/* A meta of q (random scalars) with the sender's delta base. */
+static void pm_meta(pm_req *q, kvp_meta_req *r, kvp_meta_base *b, uint32_t *gb,
+                    kvp_meta_ids *gd, kvp_meta_load_spec *ls, kvp_meta_tail *tl)
+{
+    memset(r, 0, sizeof *r);
+    memcpy(gd, q->g, sizeof q->g); /* this meta's counts (q->g grows later) */
+    r->req_id = (kvp_meta_str){q->id, (uint32_t)strlen(q->id)};
+    r->kind = (uint8_t)pm_rand(KVP_META_KIND_COUNT);
+    r->token_len_chunk = pm_rand(5000);
+    r->block_ids = gd;
+    r->ngroups = q->ngroups;
+    r->block_hashes = q->nh ? q->hs : NULL;
+    r->nhashes = q->nh;
+    r->hash_len = q->nh ? q->hash_len : 0;
+    r->can_save = (int8_t)pm_rand(3) - 1;
+    r->is_last_chunk = (int8_t)pm_rand(3) - 1;
+    if (r->can_save != KVP_META_TRUE && pm_rand(3) == 0) {
+        *ls = (kvp_meta_load_spec){pm_rand(100), pm_rand(1000), pm_rand(1000), true};
+        r->load_spec = ls;
+    }
+    r->token_ids = q->nt ? q->toks : NULL;
+    r->n_token_ids = q->nt;
+    r->has_num_prompt_tokens = pm_rand(2);
+    r->num_prompt_tokens = r->has_num_prompt_tokens ? pm_rand(9000) : 0;
+    if (pm_rand(4) == 0) {
+        r->ntails = pm_rand(3);
+        for (uint32_t i = 0; i < r->ntails; i++)
+            tl[i] = (kvp_meta_tail){pm_rand(q->ngroups), pm_rand(500), 48};
+        r->tails = tl;
+    }
+    /* the sender: what the mirrors hold, when still a prefix */
+    *b = (kvp_meta_base){NULL, 0, 0};
+    if (q->sent) {
+        if (q->sent_ng == r->ngroups) {
+            for (uint32_t g = 0; g < r->ngroups; g++)
+                gb[g] = q->sent_g[g];
+            b->groups = gb;
+        }
+        if (q->sent_hl == r->hash_len)
+            b->hashes = q->sent_h;
+        b->tokens = q->sent_t;
+    }
+    q->sent = true;
+    q->sent_ng = r->ngroups;
+    for (uint32_t g = 0; g < r->ngroups; g++)
+        q->sent_g[g] = r->block_ids[g].n;
+    q->sent_h = r->nhashes;
+    q->sent_hl = r->hash_len;
+    q->sent_t = r->n_token_ids;
+}
+
+/*
+ * Property: a random sequence of steps (new, running with appended
+ * blocks / hashes / tokens, resumed replacing everything, preempted,
+ * finished, requests without a meta, a request twice in one step, loads,
+ * tails), delta-encoded and decoded through ONE mirror, equals the full
+ * steps field by field at every step; the delta is never larger than the
+ * full encoding; the mirror is empty once every request finished.
+ */
+TEST(meta_delta_property_random)
+{
+    pm_req *q = kvp_calloc(PM_REQS, sizeof *q);
+    CHECK(q);
+    kvp_meta_mirror *mir = kvp_meta_mirror_new();
+    CHECK(mir);
+    kvp_arena a;
+    kvp_arena_init(&a, 64u << 20);
+    kvp_buf b, full;
+    kvp_buf_init(&b, 64u << 20);
+    kvp_buf_init(&full, 64u << 20);
+    enum { MAXM = 2 * PM_REQS };
+    kvp_meta_req reqs[MAXM];
+    kvp_meta_base bases[MAXM];
+    uint32_t gb[MAXM][PM_MAXG];
+    kvp_meta_ids gd[MAXM][PM_MAXG];
+    kvp_meta_load_spec ls[MAXM];
+    kvp_meta_tail tl[MAXM][3];
+    kvp_meta_str unfin[PM_REQS], pre[PM_REQS], drops[PM_REQS];
+    size_t delta_bytes = 0, full_bytes = 0;
+    int failures = 0;
+    for (uint64_t seed = 1; seed <= 4; seed++) {
+        pm_rng = 0x9E3779B97F4A7C15ull * seed;
+        for (int i = 0; i < PM_REQS; i++)
+            snprintf(q[i].id, sizeof q[i].id, "s%llu-r%d", (unsigned long long)seed, i);
+        for (int step = 0; step < 250; step++) {
+            bool last = step == 249;
+            uint32_t nm = 0, np = 0, nd = 0, nu = 0;
+            for (int i = 0; i < PM_REQS; i++) {
+                pm_req *x = &q[i];
+                uint32_t act = last ? 0 : pm_rand(20);
+                if (last || (x->live && act == 0)) { /* finished */
+                    if (x->sent)
+                        drops[nd++] = (kvp_meta_str){x->id, (uint32_t)strlen(x->id)};
+                    x->sent = false;
+                    x->live = x->preempted = false;
+                    continue;
+                }
+                if (!x->live) {
+                    if (act < 6) { /* a new request */
+                        pm_fill(x);
+                        x->live = true;
+                        pm_meta(x, &reqs[nm], &bases[nm], gb[nm], gd[nm], &ls[nm], tl[nm]);
+                        nm++;
+                    }
+                    continue;
+                }
+                if (x->preempted) {
+                    if (act < 8) { /* resumed: the table is REPLACED */
+                        pm_fill(x);
+                        x->preempted = false;
+                        pm_meta(x, &reqs[nm], &bases[nm], gb[nm], gd[nm], &ls[nm], tl[nm]);
+                        nm++;
+                    }
+                    continue;
+                }
+                if (act == 1) { /* preempted: dropped from the mirrors */
+                    pre[np++] = (kvp_meta_str){x->id, (uint32_t)strlen(x->id)};
+                    if (x->sent)
+                        drops[nd++] = (kvp_meta_str){x->id, (uint32_t)strlen(x->id)};
+                    x->sent = false;
+                    x->preempted = true;
+                    continue;
+                }
+                pm_append(x); /* running: always grows, with or without a meta */
+                if (act < 12) {
+                    pm_meta(x, &reqs[nm], &bases[nm], gb[nm], gd[nm], &ls[nm], tl[nm]);
+                    nm++;
+                    if (act == 2) { /* the same request again in this step */
+                        pm_append(x);
+                        pm_meta(x, &reqs[nm], &bases[nm], gb[nm], gd[nm], &ls[nm], tl[nm]);
+                        nm++;
+                    }
+                }
+            }
+            for (int i = 0; i < PM_REQS; i++)
+                if (q[i].live)
+                    unfin[nu++] = (kvp_meta_str){q[i].id, (uint32_t)strlen(q[i].id)};
+            kvp_meta_step s = {.reqs = reqs, .nreqs = nm, .unfinished = unfin,
+                               .nunfinished = nu, .preempted = pre, .npreempted = np};
+            kvp_buf_reset(&b);
+            kvp_buf_reset(&full);
+            CHECK_EQ(kvp_meta_encode_delta(&b, &s, bases, drops, nd), 0);
+            CHECK_EQ(kvp_meta_encode(&full, &s), 0);
+            delta_bytes += b.len;
+            full_bytes += full.len;
+            kvp_arena_reset(&a);
+            kvp_meta_step d;
+            int rc = kvp_meta_decode_delta(mir, b.data, b.len, &a, &d);
+            if (rc != 0 || !kvp_meta_step_equal(&s, &d)) {
+                if (failures++ < 3)
+                    fprintf(stderr, "seed %llu step %d: rc %d, not equal\n",
+                            (unsigned long long)seed, step, rc);
+            }
+        }
+        CHECK_EQ(kvp_meta_mirror_count(mir), 0);
+    }
+    CHECK_EQ(failures, 0);
+    CHECK(delta_bytes * 3 < full_bytes); /* deltas are much smaller */
+    kvp_buf_free(&b);
+    kvp_buf_free(&full);
+    kvp_arena_free(&a);
+    kvp_meta_mirror_free(mir);
+    kvp_free(q);
+}
+
+/* Two messages for one request: a full send, then a delta. */
+static void two_msgs(kvp_buf *m1, kvp_buf *m2, uint32_t *ids, uint32_t *toks)
+{
+    kvp_meta_step s;
+    ms_sample(1, &s); /* "cmpl-0001-new": 2 groups (3, 2 ids), 8 hashes, 5 tokens */
+    kvp_meta_req r = s.reqs[0];
+    kvp_meta_ids g[2] = {{ids, 3, 0}, {ids + 8, 2, 0}};
+    for (uint32_t i = 0; i < 16; i++)
+        ids[i] = 100 + i;
+    for (uint32_t i = 0; i < 8; i++)
+        toks[i] = 7 * i;
+    r.block_ids = g;
+    r.token_ids = toks;
+    r.nhashes = 6;
+    s.reqs = &r;
+    kvp_buf_init(m1, 1u << 20);
+    kvp_buf_init(m2, 1u << 20);
+    kvp_meta_encode_delta(m1, &s, NULL, NULL, 0);
+    uint32_t gb[2] = {3, 2};
+    kvp_meta_base base = {gb, 6, 5};
+    g[0].n = 5;
+    r.nhashes = 8;
+    r.n_token_ids = 8;
+    kvp_meta_encode_delta(m2, &s, &base, NULL, 0);
+}
+
+/* A base that differs from what the mirror holds (a missed step) fails the
+ * step with KVP_EPROTOCOL and empties the mirror; nothing crashes. */
+TEST(meta_delta_out_of_step_fails_and_empties)
+{
+    uint32_t ids[16], toks[8];
+    kvp_buf m1, m2;
+    two_msgs(&m1, &m2, ids, toks);
+    kvp_arena a;
+    kvp_arena_init(&a, ARENA_CAP);
+    kvp_meta_step d;
+    kvp_meta_mirror *mir = kvp_meta_mirror_new();
+    CHECK(mir);
+    /* in order: the delta rebuilds the full arrays */
+    CHECK_EQ(kvp_meta_decode_delta(mir, m1.data, m1.len, &a, &d), 0);
+    CHECK_EQ(kvp_meta_mirror_count(mir), 1);
+    CHECK_EQ(d.reqs[0].block_ids[0].n, 3);
+    CHECK_EQ(kvp_meta_decode_delta(mir, m2.data, m2.len, &a, &d), 0);
+    CHECK_EQ(d.reqs[0].block_ids[0].n, 5);
+    CHECK_EQ(d.reqs[0].block_ids[0].ids[4], 104);
+    CHECK_EQ(d.reqs[0].block_ids[1].n, 2);
+    CHECK_EQ(d.reqs[0].nhashes, 8);
+    CHECK(memcmp(d.reqs[0].block_hashes, ms_hash32, 8 * 32) == 0);
+    CHECK_EQ(d.reqs[0].n_token_ids, 8);
+    CHECK_EQ(d.reqs[0].token_ids[7], 49);
+    /* the same delta again: the mirror holds 5 ids, the base says 3 */
+    CHECK_EQ(kvp_meta_decode_delta(mir, m2.data, m2.len, &a, &d), KVP_EPROTOCOL);
+    CHECK_EQ(kvp_meta_mirror_count(mir), 0);
+    /* a delta without the full send before it (a fresh / emptied mirror) */
+    CHECK_EQ(kvp_meta_decode_delta(mir, m2.data, m2.len, &a, &d), KVP_EPROTOCOL);
+    CHECK_EQ(kvp_meta_mirror_count(mir), 0);
+    /* the stateless decoder has no mirror for a base */
+    CHECK_EQ(kvp_meta_decode(m2.data, m2.len, &a, &d), KVP_EPROTOCOL);
+    CHECK_EQ(kvp_meta_decode(m1.data, m1.len, &a, &d), 0);
+    /* a full resend resynchronises */
+    CHECK_EQ(kvp_meta_decode_delta(mir, m1.data, m1.len, &a, &d), 0);
+    CHECK_EQ(kvp_meta_decode_delta(mir, m2.data, m2.len, &a, &d), 0);
+    CHECK_EQ(d.reqs[0].block_ids[0].n, 5);
+    /* every truncation of the delta fails cleanly */
+    for (size_t n = 0; n < m2.len; n++) {
+        CHECK_EQ(kvp_meta_decode_delta(mir, m1.data, m1.len, &a, &d), 0);
+        CHECK_EQ(kvp_meta_decode_delta(mir, m2.data, n, &a, &d), KVP_EPROTOCOL);
+        CHECK_EQ(kvp_meta_mirror_count(mir), 0);
+    }
+    /* a hash base with another hash_len than the mirror's (32) */
+    CHECK_EQ(kvp_meta_decode_delta(mir, m1.data, m1.len, &a, &d), 0);
+    kvp_meta_step s3;
+    ms_sample(1, &s3);
+    s3.reqs[0].hash_len = 16;
+    kvp_meta_base b3 = {NULL, 6, 0};
+    kvp_buf m3;
+    kvp_buf_init(&m3, 1u << 20);
+    CHECK_EQ(kvp_meta_encode_delta(&m3, &s3, &b3, NULL, 0), 0);
+    CHECK_EQ(kvp_meta_decode_delta(mir, m3.data, m3.len, &a, &d), KVP_EPROTOCOL);
+    CHECK_EQ(kvp_meta_mirror_count(mir), 0);
+    b3.hashes = 0; /* a full hash send with the new length is fine */
+    kvp_buf_reset(&m3);
+    CHECK_EQ(kvp_meta_encode_delta(&m3, &s3, &b3, NULL, 0), 0);
+    CHECK_EQ(kvp_meta_decode_delta(mir, m1.data, m1.len, &a, &d), 0);
+    CHECK_EQ(kvp_meta_decode_delta(mir, m3.data, m3.len, &a, &d), 0);
+    CHECK(kvp_meta_step_equal(&s3, &d));
+    kvp_buf_free(&m3);
+    kvp_arena_free(&a);
+    kvp_meta_mirror_free(mir);
+    kvp_buf_free(&m1);
+    kvp_buf_free(&m2);
+}
+
+/* The drop list empties mirror entries; the stateless decoder refuses it;
+ * a request named twice in one step keeps both views intact (the second
+ * replaces the arrays the first views). */
+TEST(meta_delta_drops_and_repeats)
+{
+    uint32_t a1[4] = {1, 2, 3, 4}, a2[2] = {9, 8};
+    kvp_meta_ids g1 = {a1, 4, 0}, g2 = {a2, 2, 0};
+    kvp_meta_req r[2];
+    memset(r, 0, sizeof r);
+    for (int i = 0; i < 2; i++) {
+        r[i].req_id = (kvp_meta_str){"x", 1};
+        r[i].ngroups = 1;
+        r[i].can_save = r[i].is_last_chunk = KVP_META_UNSET;
+        r[i].token_ids = a1;
+        r[i].n_token_ids = 4;
+    }
+    r[0].block_ids = &g1;
+    r[1].block_ids = &g2;     /* replaced table: base 0 */
+    r[1].token_ids = a1;      /* tokens: appended to what r[0] sent */
+    r[1].n_token_ids = 4;
+    uint32_t gbase0 = 0;
+    kvp_meta_base bases[2] = {{NULL, 0, 0}, {&gbase0, 0, 2}};
+    r[0].n_token_ids = 2;
+    kvp_meta_step s = {.reqs = r, .nreqs = 2};
+    kvp_buf b;
+    kvp_buf_init(&b, 1u << 20);
+    CHECK_EQ(kvp_meta_encode_delta(&b, &s, bases, NULL, 0), 0);
+    kvp_arena a;
+    kvp_arena_init(&a, ARENA_CAP);
+    kvp_meta_step d;
+    kvp_meta_mirror *mir = kvp_meta_mirror_new();
+    CHECK(mir);
+    CHECK_EQ(kvp_meta_decode_delta(mir, b.data, b.len, &a, &d), 0);
+    CHECK(kvp_meta_step_equal(&s, &d));
+    CHECK_EQ(d.reqs[0].block_ids[0].n, 4);
+    CHECK_EQ(d.reqs[0].block_ids[0].ids[3], 4); /* not overwritten by the second */
+    CHECK_EQ(d.reqs[1].block_ids[0].ids[0], 9);
+    CHECK_EQ(d.reqs[0].n_token_ids, 2);
+    CHECK_EQ(d.reqs[1].n_token_ids, 4);
+    CHECK_EQ(kvp_meta_mirror_count(mir), 1);
+    /* a base over the array is refused by the encoder */
+    bases[1].tokens = 5;
+    kvp_buf_reset(&b);
+    CHECK_EQ(kvp_meta_encode_delta(&b, &s, bases, NULL, 0), KVP_EINVALID_PARAMS);
+    /* drop "x" (and an unknown id): the mirror is empty */
+    kvp_meta_str drops[2] = {{"x", 1}, {"never-sent", 10}};
+    kvp_meta_step empty = {0};
+    kvp_buf_reset(&b);
+    CHECK_EQ(kvp_meta_encode_delta(&b, &empty, NULL, drops, 2), 0);
+    CHECK_EQ(kvp_meta_decode(b.data, b.len, &a, &d), KVP_EPROTOCOL);
+    CHECK_EQ(kvp_meta_decode_delta(mir, b.data, b.len, &a, &d), 0);
+    CHECK_EQ(d.nreqs, 0);
+    CHECK_EQ(kvp_meta_mirror_count(mir), 0);
+    /* an empty id in the drop list is malformed */
+    drops[0].len = 0;
+    kvp_buf_reset(&b);
+    CHECK_EQ(kvp_meta_encode_delta(&b, &empty, NULL, drops, 1), KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_meta_decode_delta(NULL, b.data, b.len, &a, &d), KVP_EINVALID_PARAMS);
+    kvp_arena_free(&a);
+    kvp_meta_mirror_free(mir);
+    kvp_buf_free(&b);
+}
+
+/* Out of memory anywhere in a delta decode: KVP_ENOMEM, the mirror emptied
+ * (never half-assembled), and the full resend that follows decodes. */
+TEST(meta_delta_oom_empties_mirror)
+{
+    uint32_t ids[16], toks[8];
+    kvp_buf m1, m2;
+    two_msgs(&m1, &m2, ids, toks);
+    kvp_arena a;
+    kvp_arena_init(&a, ARENA_CAP);
+    kvp_meta_step d, want;
+    kvp_arena a0;
+    kvp_arena_init(&a0, ARENA_CAP);
+    kvp_meta_mirror *mir0 = kvp_meta_mirror_new(), *mir = kvp_meta_mirror_new();
+    CHECK(mir0 && mir);
+    CHECK_EQ(kvp_meta_decode_delta(mir0, m1.data, m1.len, &a0, &d), 0);
+    CHECK_EQ(kvp_meta_decode_delta(mir0, m2.data, m2.len, &a0, &want), 0);
+    int failed = 0;
+    for (uint64_t n = 1; n < 40; n++) {
+        kvp_meta_mirror_free(mir);
+        mir = kvp_meta_mirror_new();
+        CHECK(mir);
+        kvp_arena_reset(&a);
+        kvp_mem_fail_nth(n, 0);
+        int r1 = kvp_meta_decode_delta(mir, m1.data, m1.len, &a, &d);
+        int r2 = r1 == 0 ? kvp_meta_decode_delta(mir, m2.data, m2.len, &a, &d) : r1;
+        kvp_mem_fail_nth(0, 0);
+        CHECK(r2 == 0 || r2 == KVP_ENOMEM);
+        if (r2 != 0) {
+            failed++;
+            CHECK_EQ(kvp_meta_mirror_count(mir), 0);
+            /* a full resend, then the delta: fine again */
+            CHECK_EQ(kvp_meta_decode_delta(mir, m1.data, m1.len, &a, &d), 0);
+            CHECK_EQ(kvp_meta_decode_delta(mir, m2.data, m2.len, &a, &d), 0);
+        }
+        CHECK(kvp_meta_step_equal(&want, &d));
+    }
+    CHECK(failed > 0);
+    kvp_arena_free(&a);
+    kvp_arena_free(&a0);
+    kvp_meta_mirror_free(mir);
+    kvp_meta_mirror_free(mir0);
+    kvp_buf_free(&m1);
+    kvp_buf_free(&m2);
 }

@@ -110,18 +110,40 @@ static kvp_meta_ids G(uint32_t *ids, uint32_t n)
     return (kvp_meta_ids){.ids = ids, .n = n, .cap = 0};
 }
 
-/* Builds a step and checks that its byte string decodes to the same step. */
+/* The worker side of the scheduler under test: one mirror fed every
+ * message in order (a new scheduler gets a fresh mirror). */
+static struct {
+    kvp_sched *s;
+    kvp_meta_mirror *m;
+    size_t last_len;
+} W;
+
+static kvp_meta_mirror *mirror_of(kvp_sched *s)
+{
+    if (W.s != s || !W.m) {
+        kvp_meta_mirror_free(W.m);
+        W.m = kvp_meta_mirror_new();
+        W.s = s;
+    }
+    return W.m;
+}
+
+/* Builds a step and checks that its byte string, decoded through the
+ * workers' mirror (delta), gives exactly the same (full) step. */
 static int build(kvp_sched *s, const kvp_sched_step *st, const kvp_meta_step **m)
 {
     const uint8_t *b;
     size_t len;
     REQUIRE(kvp_sched_build_meta(s, st, m, &b, &len) == 0);
+    kvp_meta_mirror *mir = mirror_of(s);
+    REQUIRE(mir);
     kvp_arena a;
     kvp_arena_init(&a, 1 << 20);
     kvp_meta_step d;
-    int rc = kvp_meta_decode(b, len, &a, &d);
+    int rc = kvp_meta_decode_delta(mir, b, len, &a, &d);
     bool eq = rc == 0 && kvp_meta_step_equal(&d, *m);
     kvp_arena_free(&a);
+    W.last_len = len;
     REQUIRE(rc == 0);
     REQUIRE(eq);
     return 0;
@@ -501,10 +523,16 @@ TEST(pending_load_meta_never_saves)
     CHECK_EQ(q->nhashes, 3);
     CHECK_EQ(kvp_sched_tracker(s, ID(a))->num_saved_tokens, 0); /* watermark stays 0 */
     CHECK(!kvp_sched_load_spec(s, ID(a), NULL));               /* popped */
-    /* request_finished frees immediately */
-    bool delay = true;
-    CHECK_EQ(kvp_sched_request_finished(s, ID(a), &q->block_ids[0], 1, &delay), 0);
-    CHECK(!delay);
+    /* nothing saved, but the async load sent to the workers may still write
+     * into the blocks: kept until the worker reports it (sched.h rule b) */
+    bool delay = false;
+    uint32_t ids0[] = {5, 6};
+    kvp_meta_ids g0 = G(ids0, 2);
+    CHECK_EQ(kvp_sched_request_finished(s, ID(a), &g0, 1, &delay), 0);
+    CHECK(delay);
+    /* asked again (the engine's finish is idempotent): same answer */
+    CHECK_EQ(kvp_sched_request_finished(s, ID(a), &g0, 1, &delay), 0);
+    CHECK(delay);
     /* the next step emits no second load */
     CHECK_EQ(build(s, &st, &m), 0);
     CHECK_EQ(m->nreqs, 0);
@@ -841,7 +869,86 @@ TEST(request_finished_delay_rules)
     kvp_sched_free(s);
 }
 
+/* A load sent to the workers, then the request finished or aborted:
+ * delay_free (any role, with or without blocks); not before the load was
+ * sent; still after a preemption and a second load. */
+TEST(loaded_request_delays_free)
+{
+    for (int role = KVP_SCHED_PRODUCER; role <= KVP_SCHED_BOTH; role++) {
+        kvp_sched *s = mk_sched(role, 16, 16, false);
+        CHECK(s);
+        static R a;
+        CHECK_EQ(pending_load(s, &a), 0);
+        uint32_t b[] = {5, 6};
+        kvp_meta_ids g = G(b, 2);
+        bool delay = true;
+        /* load spec recorded, no meta built yet: nothing was sent */
+        CHECK_EQ(kvp_sched_request_finished(s, ID(a), &g, 1, &delay), 0);
+        CHECK(!delay);
+        kvp_sched_step st = {0};
+        const kvp_meta_step *m;
+        CHECK_EQ(build(s, &st, &m), 0);
+        CHECK_EQ(m->nreqs, 1);
+        CHECK(m->reqs[0].load_spec != NULL);
+        /* aborted before finished_recving: delayed, even without blocks */
+        CHECK_EQ(kvp_sched_request_finished(s, ID(a), &g, 1, &delay), 0);
+        CHECK(delay);
+        CHECK_EQ(kvp_sched_request_finished(s, ID(a), NULL, 0, &delay), 0);
+        CHECK(delay);
+        /* another request that never loaded is not delayed */
+        CHECK_EQ(kvp_sched_request_finished(s, "zz", 2, &g, 1, &delay), 0);
+        CHECK(!delay);
+        /* preempted, a second load is sent: armed again */
+        kvp_meta_str pre = {a.id, 1};
+        kvp_sched_step sp = {.preempted = &pre, .n_preempted = 1};
+        CHECK_EQ(build(s, &sp, &m), 0);
+        F.hit = 32;
+        uint64_t n;
+        bool async;
+        CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+        CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 32), 0);
+        CHECK_EQ(build(s, &st, &m), 0);
+        CHECK_EQ(m->nreqs, 1);
+        CHECK_EQ(kvp_sched_request_finished(s, ID(a), &g, 1, &delay), 0);
+        CHECK(delay);
+        kvp_sched_free(s);
+    }
+}
+
 /* ================================================================ §8.6 */
+
+/* reset_cache (§13): load specs and pending load tables dropped, then
+ * reset_store's answer. */
+TEST(reset_cache_clears_load_specs)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    CHECK_EQ(pending_load(s, &a), 0);
+    CHECK(kvp_sched_load_spec(s, ID(a), NULL));
+    F.reset_ok = true;
+    CHECK(kvp_sched_reset_cache(s));
+    CHECK(!kvp_sched_load_spec(s, ID(a), NULL));
+    kvp_sched_step st = {0};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 0); /* no pending-load meta any more */
+    /* a lookup-only record (spec, no allocation) is gone entirely */
+    static R c;
+    mk(&c, "q", 48, 48, 0, 16);
+    uint64_t n;
+    bool async;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &c.r, 0, &n, &async), 0);
+    CHECK_EQ(n, 32);
+    F.reset_ok = false;
+    CHECK(!kvp_sched_reset_cache(s)); /* the worker refused: false, specs still cleared */
+    CHECK(!kvp_sched_load_spec(s, ID(c), NULL));
+    bool in_ids = true;
+    CHECK(!kvp_sched_is_unfinished(s, ID(c), &in_ids));
+    CHECK(!in_ids);
+    CHECK(!kvp_sched_reset_cache(NULL));
+    kvp_sched_free(s);
+}
 
 TEST(reset_store_results)
 {
@@ -950,6 +1057,107 @@ TEST(many_requests_lifecycle_and_oom)
         }
         kvp_sched_free(s);
     }
+}
+
+/* Decodes the last build's bytes through the test mirror (after a direct
+ * kvp_sched_build_meta call). */
+static int mirror_check(kvp_sched *s, const kvp_meta_step *m, const uint8_t *b, size_t len)
+{
+    kvp_arena a;
+    kvp_arena_init(&a, 1 << 20);
+    kvp_meta_step d;
+    int rc = kvp_meta_decode_delta(mirror_of(s), b, len, &a, &d);
+    bool eq = rc == 0 && kvp_meta_step_equal(&d, m);
+    kvp_arena_free(&a);
+    REQUIRE(rc == 0);
+    REQUIRE(eq);
+    return 0;
+}
+
+/*
+ * The delta message: a chunked prefill sends only the new blocks (much
+ * less than the full encoding) and the worker still sees the full step;
+ * failed builds (out of memory) are followed by full sends the mirror
+ * accepts; preemption and finish drop the mirror entry (count back to 0);
+ * a resume is a full send of the replaced table.
+ */
+TEST(sched_delta_messages_and_mirror)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    mk(&a, "d", 256, 256, 0, 16);
+    uint32_t blocks[16];
+    for (uint32_t i = 0; i < 16; i++)
+        blocks[i] = 40 + i;
+    kvp_meta_ids g = G(blocks, 2);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 0), 0);
+    kvp_sched_new_req nr = {.req = &a.r, .num_scheduled_tokens = 32, .block_ids = &g,
+                            .ngroups = 1};
+    kvp_sched_step st = {.new_reqs = &nr, .n_new = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->reqs[0].n_token_ids, 32);
+    CHECK_EQ(kvp_meta_mirror_count(W.m), 1);
+    kvp_buf full;
+    kvp_buf_init(&full, 1 << 20);
+    uint64_t computed = 32;
+    for (uint32_t k = 2; k < 10; k++) { /* 16-token chunks, one new block each */
+        a.r.num_computed_tokens = computed;
+        kvp_meta_ids ng = G(blocks + k, 1);
+        kvp_sched_cached_req cr = {.req = &a.r, .num_scheduled_tokens = 16,
+                                   .new_block_ids = &ng, .ngroups = 1};
+        kvp_sched_step sc = {.cached = &cr, .n_cached = 1};
+        if (k == 5) { /* out-of-memory builds in between: nothing sent */
+            const uint8_t *b;
+            size_t len;
+            for (uint64_t fail = 1; fail < 8; fail++) {
+                kvp_mem_fail_nth(fail, 0);
+                kvp_sched_cached_req none = cr;
+                none.num_scheduled_tokens = 0;
+                none.new_block_ids = NULL;
+                none.ngroups = 0;
+                kvp_sched_step s0 = {.cached = &none, .n_cached = 1};
+                int rc = kvp_sched_build_meta(s, &s0, &m, &b, &len);
+                kvp_mem_fail_nth(0, 0);
+                CHECK(rc == 0 || rc == KVP_ENOMEM);
+                if (rc == 0)
+                    CHECK_EQ(mirror_check(s, m, b, len), 0);
+            }
+        }
+        CHECK_EQ(build(s, &sc, &m), 0);
+        CHECK_EQ(m->nreqs, 1);
+        CHECK_EQ(m->reqs[0].block_ids[0].n, k + 1);
+        CHECK_EQ(m->reqs[0].token_len_chunk, computed + 16);
+        kvp_buf_reset(&full);
+        CHECK_EQ(kvp_meta_encode(&full, m), 0);
+        if (k != 5)
+            CHECK(W.last_len * 2 < full.len); /* the 32 tokens, 16 hashes are not resent */
+        computed += 16;
+    }
+    /* preempted: the mirrors drop it */
+    kvp_meta_str pre = {a.id, 1};
+    kvp_sched_step sp = {.preempted = &pre, .n_preempted = 1};
+    CHECK_EQ(build(s, &sp, &m), 0);
+    CHECK_EQ(kvp_meta_mirror_count(W.m), 0);
+    /* resumed with a new, shorter table: a full send */
+    a.r.num_computed_tokens = 0;
+    kvp_meta_ids rg = G(blocks + 12, 3);
+    kvp_sched_cached_req rc = {.req = &a.r, .resumed = true, .num_scheduled_tokens = 48,
+                               .new_block_ids = &rg, .ngroups = 1};
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &rg, 1, 0), 0);
+    kvp_sched_step sr = {.cached = &rc, .n_cached = 1};
+    CHECK_EQ(build(s, &sr, &m), 0);
+    CHECK_EQ(m->nreqs, 1);
+    CHECK_EQ(m->reqs[0].block_ids[0].n, 3);
+    CHECK_EQ(m->reqs[0].block_ids[0].ids[0], 52);
+    CHECK_EQ(kvp_meta_mirror_count(W.m), 1);
+    /* finished: dropped */
+    kvp_sched_step sf = {.finished = &pre, .n_finished = 1};
+    CHECK_EQ(build(s, &sf, &m), 0);
+    CHECK_EQ(kvp_meta_mirror_count(W.m), 0);
+    kvp_buf_free(&full);
+    kvp_sched_free(s);
 }
 
 TEST(hit_beyond_num_tokens_is_a_miss)
