@@ -41,10 +41,12 @@
  * window before that chunk was never loaded) and counted.
  * --preempt-every N preempts the oldest running request every Nth step
  * (recompute mode): its blocks are freed at once (--preempt-free now, as
- * vLLM; a save of it still in flight then reads reused blocks, which the
- * verification reports) or only when it ends (deferred); it is resumed
- * later with a lookup, a load and a resumed cached request whose new table
- * replaces the old one.
+ * vLLM) or only when it ends (deferred); every worker calls
+ * kvp_worker_handle_preemptions before the step's actions reuse them
+ * (§14; --no-handle-preemptions skips it, and a save still in flight then
+ * stores reused bytes, which later loads report). It is resumed later with
+ * a lookup, a load and a resumed cached request whose new table replaces
+ * the old one.
  *
  * Each instance reports its counters to the parent over a pipe; the parent
  * prints a progress line (stderr, tty only) and the summary (text or
@@ -94,6 +96,7 @@ typedef struct simcfg {
     int decode;           /* decode steps generate the reply tokens, one a step */
     int preempt_every;    /* every Nth step preempt a running request (0 = never) */
     int preempt_deferred; /* preempted blocks kept out of reuse until the request ends */
+    int no_handle_preemptions; /* diagnosis: skip kvp_worker_handle_preemptions */
     int pp;               /* pipeline stages: an instance has pp x tp workers */
     int swa;              /* sliding window (tokens) of group 1; 0 = one full-attention group */
     int nroles;           /* 0: every instance is kv_both; else roles[i % nroles] */
@@ -279,6 +282,8 @@ typedef struct inst {
     size_t len;
     const char *const *fin;
     size_t nfin;
+    const char *const *pre; /* requests preempted by this step's scheduler */
+    size_t npre;
     const action *acts;
     size_t nacts;
 } inst;
@@ -346,6 +351,11 @@ static void *rank_main(void *p)
         k->seen_gen = in->gen;
         pthread_mutex_unlock(&in->mu);
 
+        /* §14: no save of a preempted request may read its blocks once the
+         * engine reuses them (the actions below) */
+        int prc = in->npre && !in->c->no_handle_preemptions
+                      ? kvp_worker_handle_preemptions(k->w, in->pre, in->npre)
+                      : 0;
         for (int kind = A_VERIFY; kind <= A_POISON; kind++)
             for (size_t i = 0; i < in->nacts; i++)
                 if (in->acts[i].kind == kind)
@@ -357,7 +367,7 @@ static void *rank_main(void *p)
             rc = kvp_worker_get_finished(k->w, in->fin, in->nfin, &st, &k->ds, &k->dr);
         if (rc == 0)
             rc = kvp_worker_load_errors(k->w, &k->errs, &k->nerrs);
-        k->rc = rc;
+        k->rc = rc ? rc : prc;
 
         pthread_mutex_lock(&in->mu);
         in->ndone++;
@@ -854,6 +864,9 @@ static int engine_run(engine *e, int fd)
         in->len = len;
         in->fin = finp;
         in->nfin = nfin;
+        const char *pre_ids[1] = {pre.p};
+        in->pre = pre_ids;
+        in->npre = pre.p ? 1 : 0;
         in->acts = acts;
         in->nacts = nacts;
         inst_step(in);
@@ -1151,7 +1164,8 @@ static void usage(void)
            "                  [--kv-heads N] [--mla] [--max-running N] [--log-level L]\n"
            "                  [--corrupt N] [--pp N] [--swa WINDOW] [--roles LIST]\n"
            "                  [--verify full|sample] [--chunk N] [--decode]\n"
-           "                  [--preempt-every N] [--preempt-free now|deferred]\n\n"
+           "                  [--preempt-every N] [--preempt-free now|deferred]\n"
+           "                  [--no-handle-preemptions]\n\n"
            "Simulates engine instances (processes) with TP ranks (threads) driving the\n"
            "connector against a running pool, checking every loaded block.\n\n"
            "  --master HOST:PORT          the pool's master (default $KVPOOL_MASTER, else\n"
@@ -1199,7 +1213,11 @@ static void usage(void)
            "                              recompute of the rest) (default 0: never)\n"
            "  --preempt-free now|deferred now (default, as vLLM): a preempted request's\n"
            "                              blocks are reused at once; deferred: only after\n"
-           "                              the request ends (each request preempted once)\n");
+           "                              the request ends (each request preempted once)\n"
+           "  --no-handle-preemptions     diagnosis: do not call kvp_worker_handle_preemptions\n"
+           "                              before reusing a preempted request's blocks (a save\n"
+           "                              still reading them then stores wrong bytes, which\n"
+           "                              later loads report as mismatches)\n");
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi, int *out)
@@ -1240,6 +1258,10 @@ static int parse_args(int argc, char **argv, simcfg *c)
         }
         if (!strcmp(a, "--decode")) {
             c->decode = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-handle-preemptions")) {
+            c->no_handle_preemptions = 1;
             continue;
         }
         if (strncmp(a, "--", 2) != 0) {

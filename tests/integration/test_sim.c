@@ -337,16 +337,14 @@ TEST(sim_chunked_prefill_and_decode)
 }
 
 /* Preemption (recompute mode) every 4th step, on top of chunked prefill and
- * decode: a preempted request loses its blocks, is looked up and loaded
- * again, and is scheduled as a resumed request with a new table. The
- * preempted blocks are reused only after the request ends (deferred): with
- * immediate reuse a save still reading them stores another request's bytes
- * (see the worker's preemption handling). */
+ * decode: a preempted request's blocks are reused at once (as vLLM does),
+ * after every worker's kvp_worker_handle_preemptions (§14) stopped its
+ * saves; it is looked up and loaded again and scheduled as a resumed
+ * request with a new table. Nothing stored may be corrupted. */
 TEST(sim_preemption_resumes_and_reloads)
 {
     json_t *j = run_json("2", "2", (const char *const[]){"--chunk", "32", "--decode",
-                                                         "--preempt-every", "4", "--preempt-free",
-                                                         "deferred", NULL});
+                                                         "--preempt-every", "4", NULL});
     CHECK(j != NULL);
     uint64_t pre = jnum(j, "preemptions"), res = jnum(j, "resumed"),
              rl = jnum(j, "replay_loaded_tokens");
@@ -354,6 +352,23 @@ TEST(sim_preemption_resumes_and_reloads)
     CHECK(pre > 0 && pre != (uint64_t)-1);
     CHECK_EQ(res, pre);
     CHECK(rl > 0 && rl != (uint64_t)-1);
+}
+
+/* The same with the preempted blocks kept until the request ends, two
+ * pipeline stages and the sliding-window group. */
+TEST(sim_preemption_deferred_free_pp2_swa)
+{
+    json_t *j = run_json("2", "2", (const char *const[]){"--chunk", "32", "--decode",
+                                                         "--preempt-every", "4", "--preempt-free",
+                                                         "deferred", "--pp", "2", "--swa", "40",
+                                                         NULL});
+    CHECK(j != NULL);
+    uint64_t pre = jnum(j, "preemptions"), res = jnum(j, "resumed"),
+             swa = jnum(j, "swa_blocks_verified");
+    json_decref(j);
+    CHECK(pre > 0 && pre != (uint64_t)-1);
+    CHECK_EQ(res, pre);
+    CHECK(swa > 0 && swa != (uint64_t)-1);
 }
 
 TEST(sim_corruption_is_caught)
