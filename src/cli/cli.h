@@ -12,6 +12,8 @@ int kvp_cmd_bench(int argc, char **argv);
 int kvp_bench_store(int argc, char **argv);
 /* `kvpool bench connector` (cmd_bench_connector.c); argv[0] is "connector". */
 int kvp_bench_connector(int argc, char **argv);
+/* `kvpool bench sim` (cmd_bench_sim.c); argv[0] is "sim". */
+int kvp_bench_sim(int argc, char **argv);
 int kvp_cmd_stat(int argc, char **argv);
 int kvp_cmd_reset(int argc, char **argv);
 int kvp_cmd_serve(int argc, char **argv);

@@ -2,7 +2,8 @@
  * cmd_bench.c -- `kvpool bench master`: the master's throughput, latency
  * and memory, against a real master process on loopback. `kvpool bench
  * store` (the data plane) lives in cmd_bench_store.c, `kvpool bench
- * connector` (the connector's CPU overhead) in cmd_bench_connector.c.
+ * connector` (the connector's CPU overhead) in cmd_bench_connector.c, `kvpool
+ * bench sim` (the simulator against the raw store) in cmd_bench_sim.c.
  *
  * It starts `kvpool master` itself (same binary, free port) unless --master
  * is given, mounts a segment large enough for every object (the master never
@@ -461,13 +462,17 @@ int kvp_cmd_bench(int argc, char **argv)
         return kvp_bench_store(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "connector"))
         return kvp_bench_connector(argc - 1, argv + 1);
-    fprintf(stderr, "usage: kvpool bench master|store|connector [--json]\n"
+    if (argc >= 2 && !strcmp(argv[1], "sim"))
+        return kvp_bench_sim(argc - 1, argv + 1);
+    fprintf(stderr, "usage: kvpool bench master|store|connector|sim [--json]\n"
                     "       (kvpool bench master --help, kvpool bench store --help,\n"
-                    "        kvpool bench connector --help)\n"
+                    "        kvpool bench connector --help, kvpool bench sim --help)\n"
                     "  master  the master's throughput, latency and memory\n"
                     "  store   batch put/get GB/s: shm and tcp vs memcpy, raw TCP, redis, "
                     "memcached\n"
                     "  connector  the connector's CPU overhead per step / per 1,000 blocks "
-                    "(in-process)\n");
+                    "(in-process)\n"
+                    "  sim     the engine simulator's GB/s as a fraction of the raw store's\n"
+                    "          batch bandwidth (same run, same pool)\n");
     return argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? 0 : 2;
 }

@@ -1,11 +1,17 @@
 /* test_sim.c -- `kvpool sim` against a real master + storage node: every
  * loaded block is verified by the simulator; the JSON summary must show
- * hits and no mismatch. Also: the self-check (--corrupt) is caught, and
- * bad flags are named. */
+ * hits and no mismatch. Scenarios: TP 1, TP 2 (GQA striding), MLA, hybrid
+ * full + sliding-window attention, PP 2, eviction pressure, disaggregated
+ * prefill (producer then consumer on one pool), a storage node killed
+ * mid-run (load errors recomputed, nothing corrupted). Also: the
+ * self-check (--corrupt) is caught, and bad flags are named. */
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "proc.h"
@@ -32,22 +38,80 @@ static void pool_down(pool *p)
     CHECK_EQ(tp_master_stop(&p->m), 0);
 }
 
-/* Runs the simulator with the workload below; out gets stdout. */
+/* Runs the simulator on the master at addr with the workload below plus
+ * extra flags (NULL-terminated, may be NULL); out gets stdout. */
+static int sim_at(const char *addr, const char *tp, const char *duration,
+                  const char *const *extra, char *out, size_t outlen)
+{
+    const char *argv[40] = {tp_kvpool_bin(), "sim", "--master", addr, "--instances", "2",
+                            "--tp", tp, "--duration", duration, "--users", "6", "--turns", "3",
+                            "--system-prompt-tokens", "256", "--turn-tokens", "64",
+                            "--reply-tokens", "32", "--json"};
+    size_t n = 0;
+    while (argv[n])
+        n++;
+    for (size_t i = 0; extra && extra[i] && n + 1 < sizeof argv / sizeof argv[0]; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    return tp_run_capture(argv, 1, out, outlen, 60000);
+}
+
 static int sim(const pool *p, const char *tp, const char *duration, const char *extra,
                char *out, size_t outlen)
 {
-    const char *argv[] = {tp_kvpool_bin(), "sim", "--master", p->m.addr, "--instances", "2",
-                          "--tp", tp, "--duration", duration, "--users", "6", "--turns", "3",
-                          "--system-prompt-tokens", "256", "--turn-tokens", "64",
-                          "--reply-tokens", "32", "--json", extra,
-                          extra && !strcmp(extra, "--corrupt") ? "1" : NULL, NULL};
-    return tp_run_capture(argv, 1, out, outlen, 60000);
+    const char *ex[] = {extra, extra && !strcmp(extra, "--corrupt") ? "1" : NULL, NULL};
+    return sim_at(p->m.addr, tp, duration, ex, out, outlen);
 }
 
 static uint64_t jnum(json_t *j, const char *k)
 {
     json_t *v = json_object_get(j, k);
     return json_is_integer(v) ? (uint64_t)json_integer_value(v) : (uint64_t)-1;
+}
+
+static double jreal(json_t *j, const char *k)
+{
+    json_t *v = json_object_get(j, k);
+    return json_is_number(v) ? json_number_value(v) : -1.0;
+}
+
+/* The facts every successful run shares: requests served, hits, verified
+ * blocks, bytes both ways, no mismatch, "ok". */
+static int common_ok(json_t *j)
+{
+    uint64_t req = jnum(j, "requests"), hits = jnum(j, "hits"), ver = jnum(j, "blocks_verified"),
+             mm = jnum(j, "mismatches"), st = jnum(j, "bytes_stored"),
+             ld = jnum(j, "bytes_loaded");
+    REQUIRE(req > 0 && req != (uint64_t)-1);
+    REQUIRE(hits > 0 && hits != (uint64_t)-1);
+    REQUIRE(ver > 0 && ver != (uint64_t)-1);
+    REQUIRE(mm == 0);
+    REQUIRE(st > 0 && st != (uint64_t)-1 && ld > 0 && ld != (uint64_t)-1);
+    REQUIRE(json_is_true(json_object_get(j, "ok")));
+    return 0;
+}
+
+/* Starts a 256 MiB pool, runs the simulator with extra flags, and returns
+ * its parsed summary after checking the exit status and common_ok (NULL on
+ * failure, already reported). Stops the pool. */
+static json_t *run_json(const char *tp, const char *duration, const char *const *extra)
+{
+    pool p;
+    if (pool_up(&p) != 0) {
+        th_fail(__FILE__, __LINE__, "pool up");
+        return NULL;
+    }
+    static char out[8192];
+    int rc = sim_at(p.m.addr, tp, duration, extra, out, sizeof out);
+    pool_down(&p);
+    json_error_t e;
+    json_t *j = json_loads(out, 0, &e);
+    if (rc != 0 || !j || common_ok(j) != 0) {
+        th_fail(__FILE__, __LINE__, "sim exit %d, output: %s", rc, out);
+        json_decref(j);
+        return NULL;
+    }
+    return j;
 }
 
 static void run_ok3(const char *tp, const char *duration, const char *segment, const char *flag)
@@ -64,16 +128,8 @@ static void run_ok3(const char *tp, const char *duration, const char *segment, c
     json_t *j = json_loads(out, 0, &e);
     CHECK(j != NULL);
     if (j) {
-        uint64_t req = jnum(j, "requests"), hits = jnum(j, "hits"),
-                 ver = jnum(j, "blocks_verified"), mm = jnum(j, "mismatches"),
-                 st = jnum(j, "bytes_stored"), ld = jnum(j, "bytes_loaded");
-        int ok = json_is_true(json_object_get(j, "ok"));
+        int ok = common_ok(j) == 0;
         json_decref(j);
-        CHECK(req > 0 && req != (uint64_t)-1);
-        CHECK(hits > 0 && hits != (uint64_t)-1);
-        CHECK(ver > 0 && ver != (uint64_t)-1);
-        CHECK_EQ(mm, 0);
-        CHECK(st > 0 && ld > 0);
         CHECK(ok);
     } else {
         fprintf(stderr, "    sim output: %s\n", out);
@@ -100,6 +156,220 @@ TEST(sim_mla_tp2_hits_and_no_mismatch) { run_ok3("2", "3", "256MiB", "--mla"); }
 /* A pool far smaller than the working set: evictions between lookup and
  * load turn into load errors, which must be recomputed, never mismatch. */
 TEST(sim_under_eviction_pressure_no_mismatch) { run_ok2("2", "3", "8MiB"); }
+
+/* Hybrid model: group 0 full attention, group 1 a 40-token sliding window
+ * (3 blocks of 16). Loads of both groups are verified; a hit loads only the
+ * window of group 1 (the chunks before it are the null block), so fewer
+ * SWA blocks are verified than full-attention ones, but some are. */
+TEST(sim_hybrid_swa_tp2_both_groups_verified)
+{
+    json_t *j = run_json("2", "3", (const char *const[]){"--swa", "40", NULL});
+    CHECK(j != NULL);
+    uint64_t swa = jnum(j, "swa_blocks_verified"), ver = jnum(j, "blocks_verified"),
+             win = jnum(j, "swa_window");
+    json_decref(j);
+    CHECK_EQ(win, 40);
+    CHECK(swa > 0 && swa != (uint64_t)-1);
+    /* per loaded request: every hit chunk of group 0, at most 3 of group 1 */
+    CHECK(swa < ver - swa);
+}
+
+/* Pipeline parallel: 2 stages x TP 2 = 4 workers per instance, each with
+ * its stage's layers and pp_rank in its keys; every worker verifies. */
+TEST(sim_pp2_tp2_every_worker_verifies)
+{
+    json_t *j = run_json("2", "3", (const char *const[]){"--pp", "2", "--layers", "4", NULL});
+    CHECK(j != NULL);
+    uint64_t pp = jnum(j, "pp"), w = jnum(j, "workers"), wv = jnum(j, "workers_verified");
+    json_decref(j);
+    CHECK_EQ(pp, 2);
+    CHECK_EQ(w, 8);
+    CHECK_EQ(wv, 8);
+}
+
+/* PP 2 with MLA and the sliding window together. */
+TEST(sim_pp2_mla_swa_no_mismatch)
+{
+    json_t *j = run_json("2", "2", (const char *const[]){"--pp", "2", "--layers", "2", "--mla",
+                                                         "--swa", "64", NULL});
+    CHECK(j != NULL);
+    uint64_t swa = jnum(j, "swa_blocks_verified"), wv = jnum(j, "workers_verified");
+    json_decref(j);
+    CHECK(swa > 0 && swa != (uint64_t)-1);
+    CHECK_EQ(wv, 8);
+}
+
+/* Disaggregated prefill: the producer computes and stores every prompt of
+ * one pass; the consumer then serves the same users, loads the stored
+ * prefixes (all but the partial tail) and never stores. */
+TEST(sim_disaggregated_prefill_consumer_loads_never_stores)
+{
+    json_t *j = run_json("2", "0", (const char *const[]){"--roles", "producer,consumer", NULL});
+    CHECK(j != NULL);
+    json_t *cons = json_object_get(j, "consumer");
+    uint64_t creq = jnum(cons, "requests"), cst = jnum(cons, "bytes_stored"),
+             cld = jnum(cons, "bytes_loaded"), req = jnum(j, "requests");
+    double chit = jreal(cons, "hit_rate");
+    json_decref(j);
+    CHECK_EQ(creq, 18); /* 6 users x 3 turns, replayed */
+    CHECK_EQ(req, 36);
+    CHECK_EQ(cst, 0);
+    CHECK(cld > 0 && cld != (uint64_t)-1);
+    CHECK(chit > 0.9);
+}
+
+/* 1 once the master at addr counts load hits and every one of its nsegs
+ * segments holds objects (the simulator is storing and loading on both). */
+static int pool_busy(const char *addr, int nsegs)
+{
+    static char out[8192];
+    const char *argv[] = {tp_kvpool_bin(), "stat", "--json", "--master", addr, NULL};
+    if (tp_run_capture(argv, 1, out, sizeof out, 5000) != 0)
+        return 0;
+    json_error_t e;
+    json_t *j = json_loads(out, 0, &e);
+    if (!j)
+        return 0;
+    json_t *segs = json_object_get(j, "segments");
+    uint64_t hits = jnum(json_object_get(j, "counters"), "hits");
+    int busy = hits > 0 && hits != (uint64_t)-1 && json_is_array(segs) &&
+               (int)json_array_size(segs) == nsegs;
+    for (size_t i = 0; busy && i < json_array_size(segs); i++) {
+        uint64_t o = jnum(json_array_get(segs, i), "objects");
+        busy = o > 0 && o != (uint64_t)-1;
+    }
+    json_decref(j);
+    return busy;
+}
+
+/*
+ * A storage node killed (SIGKILL) mid-run: master + two nodes, the
+ * simulator over TCP (KVPOOL_FORCE_TCP: a same-host client would keep
+ * reading the dead node's shared segment). Until the master drops the node
+ * (client_ttl), lookups still find its objects and their loads fail: the
+ * simulator must count load errors, recompute those blocks, exit 0 and
+ * see no mismatch.
+ */
+TEST(sim_storage_node_killed_mid_run_recomputes)
+{
+    tp_master m;
+    tp_store s1 = {0}, s2 = {0};
+    if (tp_master_start(&m, NULL) != 0 ||
+        tp_store_start(&s1, m.addr, (const char *const[]){"--segment-size", "64MiB", NULL}) ||
+        tp_store_start(&s2, m.addr, (const char *const[]){"--segment-size", "64MiB", NULL})) {
+        CHECK(!"pool up");
+        return;
+    }
+    int pfd[2];
+    CHECK(pipe(pfd) == 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) { /* runs the simulator, hands its output back */
+        static char o[8192];
+        close(pfd[0]);
+        setenv("KVPOOL_FORCE_TCP", "1", 1);
+        int rc = sim_at(m.addr, "2", "6", NULL, o, sizeof o);
+        ssize_t w = write(pfd[1], o, strlen(o));
+        (void)w;
+        _exit(rc < 0 ? 255 : rc);
+    }
+    close(pfd[1]);
+    /* kill once both nodes hold objects and loads hit (bounded: a slow
+     * start still leaves the run seconds with the node gone) */
+    uint64_t t0 = tp_now_ms();
+    while (tp_now_ms() - t0 < 4000 && !pool_busy(m.addr, 2))
+        tp_sleep_ms(100);
+    tp_sleep_ms(300);
+    tp_store_kill(&s2);
+    static char out[8192];
+    size_t len = 0;
+    for (;;) {
+        ssize_t r = read(pfd[0], out + len, sizeof out - 1 - len);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+    }
+    out[len] = 0;
+    close(pfd[0]);
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    CHECK_EQ(tp_store_stop(&s1), 0);
+    CHECK_EQ(tp_master_stop(&m), 0);
+    CHECK(WIFEXITED(st));
+    CHECK_EQ(WEXITSTATUS(st), 0);
+    json_error_t e;
+    json_t *j = json_loads(out, 0, &e);
+    CHECK(j != NULL);
+    uint64_t req = jnum(j, "requests"), mm = jnum(j, "mismatches"), le = jnum(j, "load_errors"),
+             rec = jnum(j, "blocks_recomputed"), ler = jnum(j, "load_error_requests"),
+             ver = jnum(j, "blocks_verified");
+    int ok = json_is_true(json_object_get(j, "ok"));
+    json_decref(j);
+    if (!le || le == (uint64_t)-1)
+        fprintf(stderr, "    sim output: %s\n", out);
+    CHECK(req > 0 && req != (uint64_t)-1);
+    CHECK_EQ(mm, 0);
+    CHECK(ok);
+    CHECK(ver > 0 && ver != (uint64_t)-1);
+    CHECK(le > 0 && le != (uint64_t)-1);
+    CHECK(ler > 0 && ler != (uint64_t)-1);
+    CHECK(rec > 0 && rec != (uint64_t)-1);
+}
+
+/* Chunked prefill (32 tokens a step, saved as blocks complete) and decode
+ * (the 32 reply tokens generated one per step; the next turn's prompt holds
+ * them). One pass: every request decodes exactly its reply. */
+TEST(sim_chunked_prefill_and_decode)
+{
+    json_t *j = run_json("2", "0", (const char *const[]){"--chunk", "32", "--decode", NULL});
+    CHECK(j != NULL);
+    uint64_t req = jnum(j, "requests"), dec = jnum(j, "decode_tokens"),
+             chunks = jnum(j, "prefill_chunks"), comp = jnum(j, "computed_tokens"),
+             steps = jnum(j, "steps");
+    json_decref(j);
+    CHECK_EQ(req, 18);
+    CHECK_EQ(dec, 18 * 32);
+    /* every prefill is cut into chunks of at most 32 tokens */
+    CHECK(chunks >= comp / 32 && chunks > req);
+    CHECK(steps >= 32);
+}
+
+/* Preemption (recompute mode) every 4th step, on top of chunked prefill and
+ * decode: a preempted request's blocks are reused at once (as vLLM does),
+ * after every worker's kvp_worker_handle_preemptions (§14) stopped its
+ * saves; it is looked up and loaded again and scheduled as a resumed
+ * request with a new table. Nothing stored may be corrupted. */
+TEST(sim_preemption_resumes_and_reloads)
+{
+    json_t *j = run_json("2", "2", (const char *const[]){"--chunk", "32", "--decode",
+                                                         "--preempt-every", "4", NULL});
+    CHECK(j != NULL);
+    uint64_t pre = jnum(j, "preemptions"), res = jnum(j, "resumed"),
+             rl = jnum(j, "replay_loaded_tokens");
+    json_decref(j);
+    CHECK(pre > 0 && pre != (uint64_t)-1);
+    CHECK_EQ(res, pre);
+    CHECK(rl > 0 && rl != (uint64_t)-1);
+}
+
+/* The same with the preempted blocks kept until the request ends, two
+ * pipeline stages and the sliding-window group. */
+TEST(sim_preemption_deferred_free_pp2_swa)
+{
+    json_t *j = run_json("2", "2", (const char *const[]){"--chunk", "32", "--decode",
+                                                         "--preempt-every", "4", "--preempt-free",
+                                                         "deferred", "--pp", "2", "--swa", "40",
+                                                         NULL});
+    CHECK(j != NULL);
+    uint64_t pre = jnum(j, "preemptions"), res = jnum(j, "resumed"),
+             swa = jnum(j, "swa_blocks_verified");
+    json_decref(j);
+    CHECK(pre > 0 && pre != (uint64_t)-1);
+    CHECK_EQ(res, pre);
+    CHECK(swa > 0 && swa != (uint64_t)-1);
+}
 
 TEST(sim_corruption_is_caught)
 {
@@ -139,6 +409,25 @@ TEST(sim_bad_flags_are_named)
     const char *a4[] = {tp_kvpool_bin(), "sim", "--num-blocks", "4", NULL};
     CHECK_EQ(tp_run_capture(a4, 2, err, sizeof err, 10000), 2);
     CHECK(strstr(err, "--num-blocks") != NULL);
+    const char *a6[] = {tp_kvpool_bin(), "sim", "--roles", "producer,server", NULL};
+    CHECK_EQ(tp_run_capture(a6, 2, err, sizeof err, 10000), 2);
+    CHECK(strstr(err, "--roles") != NULL);
+    const char *a7[] = {tp_kvpool_bin(), "sim", "--pp", "3", "--layers", "2", NULL};
+    CHECK_EQ(tp_run_capture(a7, 2, err, sizeof err, 10000), 2);
+    CHECK(strstr(err, "--pp") != NULL);
+    const char *a8[] = {tp_kvpool_bin(), "sim", "--swa", "1", NULL};
+    CHECK_EQ(tp_run_capture(a8, 2, err, sizeof err, 10000), 2);
+    CHECK(strstr(err, "--swa") != NULL);
+    const char *a9[] = {tp_kvpool_bin(), "sim", "--roles", "producer,consumer", "--instances",
+                        "3", NULL};
+    CHECK_EQ(tp_run_capture(a9, 2, err, sizeof err, 10000), 2);
+    CHECK(strstr(err, "--roles") != NULL);
+    const char *a10[] = {tp_kvpool_bin(), "sim", "--preempt-free", "later", NULL};
+    CHECK_EQ(tp_run_capture(a10, 2, err, sizeof err, 10000), 2);
+    CHECK(strstr(err, "--preempt-free") != NULL);
+    const char *a11[] = {tp_kvpool_bin(), "sim", "--verify", "some", NULL};
+    CHECK_EQ(tp_run_capture(a11, 2, err, sizeof err, 10000), 2);
+    CHECK(strstr(err, "--verify") != NULL);
     const char *a5[] = {tp_kvpool_bin(), "sim", "--help", NULL};
     CHECK_EQ(tp_run_capture(a5, 1, err, sizeof err, 10000), 0);
     CHECK(strstr(err, "usage: kvpool sim") != NULL);
