@@ -698,6 +698,14 @@ static void send_job(kvp_worker *w, job *j)
                                     m[g].all ? NULL : m[g].bits, m[g].all ? 0 : m[g].len,
                                     (uint32_t)step, (uint32_t)((w->tp_rank + (int)g) % step),
                                     ch, b.cap - b.n, &nc);
+        /* NULL_BLOCK_ID (0) holds no KV of this request (a sliding-window
+         * block outside the window after a hit, a Mamba interior block):
+         * never stored -- its bytes are not this key's (§16 item 14). */
+        size_t kept = 0;
+        for (size_t i = 0; rc == 0 && i < nc; i++)
+            if (ch[i].index >= j->nbids[g] || j->bids[g][ch[i].index] != 0)
+                ch[kept++] = ch[i];
+        nc = kept;
         if (rc == 0 && nc)
             rc = kvp_tdb_prepare_values(&w->tdb[g], ch, nc, j->bids[g], j->nbids[g],
                                         b.iov + b.n * b.nsegs, (b.cap - b.n) * b.nsegs,
