@@ -24,16 +24,11 @@ enum {
 #define MIN_REQ (MIN_STR + 1 + 1 + 8 + 4 + 1 + 4 + 4)
 #define TAIL_SIZE 16u
 
-/* A NUL-terminated copy of n bytes that may themselves hold NULs (request
- * ids are byte strings; kvp_strndup would stop at the first NUL). */
-static char *id_dup(const char *p, uint32_t n)
+/* A request id: 1..KVP_META_MAX_ID bytes, none of them NUL (engines and
+ * the worker's finished lists carry ids as C strings). */
+static bool id_bytes_ok(const void *p, uint32_t n)
 {
-    char *d = kvp_malloc((size_t)n + 1);
-    if (d) {
-        memcpy(d, p, n);
-        d[n] = '\0';
-    }
-    return d;
+    return p && n >= 1 && n <= KVP_META_MAX_ID && !memchr(p, 0, n);
 }
 
 /* ------------------------------------------------------------ step */
@@ -99,10 +94,10 @@ int kvp_meta_tracker_init(kvp_meta_tracker *t, const char *req_id, uint32_t req_
                           uint32_t ngroups)
 {
     memset(t, 0, sizeof *t);
-    if (!req_id || req_id_len == 0 || req_id_len > KVP_META_MAX_ID || ngroups == 0 ||
+    if (!id_bytes_ok(req_id, req_id_len) || ngroups == 0 ||
         ngroups > KVP_META_MAX_GROUPS)
         return KVP_EINVALID_PARAMS;
-    t->req_id = id_dup(req_id, req_id_len);
+    t->req_id = kvp_strndup(req_id, req_id_len);
     t->block_ids = kvp_calloc(ngroups, sizeof *t->block_ids);
     if (!t->req_id || !t->block_ids) {
         kvp_free(t->req_id);
@@ -263,7 +258,7 @@ static bool tri_ok(int8_t v) { return v >= KVP_META_UNSET && v <= KVP_META_TRUE;
 
 static bool str_ok(const kvp_meta_str *s)
 {
-    return s->p && s->len >= 1 && s->len <= KVP_META_MAX_ID;
+    return id_bytes_ok(s->p, s->len);
 }
 
 static int req_check(const kvp_meta_req *r)
@@ -620,7 +615,7 @@ static ment *ment_get(kvp_meta_mirror *m, const uint8_t *id, uint32_t n)
     e = kvp_calloc(1, sizeof *e);
     if (!e)
         return NULL;
-    e->id = id_dup((const char *)id, n);
+    e->id = kvp_strndup((const char *)id, n);
     if (!e->id) {
         kvp_free(e);
         return NULL;
@@ -749,7 +744,7 @@ static void get_str(dec *d, kvp_meta_str *s)
     s->len = 0;
     if (d->r.err)
         return;
-    if (b.len == 0) {
+    if (!id_bytes_ok(b.p, b.len)) {
         bad(d);
         return;
     }
@@ -852,7 +847,7 @@ static void get_req(dec *d, kvp_meta_req *r)
         kvp_bytes id = kvp_rd_bytes(rd, KVP_META_MAX_ID);
         if (rd->err)
             return;
-        if (id.len == 0) {
+        if (!id_bytes_ok(id.p, id.len)) {
             bad(d);
             return;
         }
@@ -1031,7 +1026,7 @@ static int decode(kvp_meta_mirror *m, const void *p, size_t len, kvp_arena *a,
     uint32_t ndrop = kvp_rd_count(&d.r, m ? UINT32_MAX : 0, MIN_STR);
     for (uint32_t i = 0; i < ndrop && !d.r.err; i++) {
         kvp_bytes id = kvp_rd_bytes(&d.r, KVP_META_MAX_ID);
-        if (!d.r.err && id.len == 0)
+        if (!d.r.err && !id_bytes_ok(id.p, id.len))
             bad(&d);
         if (!d.r.err)
             ment_drop(m, id.p, id.len);

@@ -19,7 +19,7 @@
  *   step   := magic u32 = KVP_META_MAGIC ("KVCM") | version u8 = 2
  *             | u32 ndrop, str*ndrop
  *             | u32 nreq, req*nreq | u32 nunfin, str*nunfin | u32 npre, str*npre
- *   str    := u32 len | len bytes                       (1 <= len <= KVP_META_MAX_ID)
+ *   str    := u32 len | len bytes, no NUL among them   (1 <= len <= KVP_META_MAX_ID)
  *   req    := str req_id | u8 kind | u8 flags | u64 token_len_chunk
  *             | u32 ngroups, (u32 base | u32 n, u32 block_id*n)*ngroups
  *             | u8 hash_len | u32 base | u32 n | n*hash_len bytes

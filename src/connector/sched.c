@@ -67,17 +67,6 @@ struct kvp_sched {
     kvp_buf bytes;
 };
 
-/* A NUL-terminated copy of n bytes that may themselves hold NULs (request
- * ids are byte strings; kvp_strndup would stop at the first NUL). */
-static char *id_dup(const char *p, uint32_t n)
-{
-    char *d = kvp_malloc((size_t)n + 1);
-    if (d) {
-        memcpy(d, p, n);
-        d[n] = '\0';
-    }
-    return d;
-}
 
 /* --------------------------------------------------------------- ops */
 
@@ -121,9 +110,11 @@ static uint32_t id_hash(const char *p, uint32_t n)
     return h % NBUCKETS;
 }
 
+/* Request ids: 1..KVP_META_MAX_ID bytes without NUL (workers and engines
+ * carry them as C strings). */
 static bool id_ok(const char *id, uint32_t n)
 {
-    return id && n >= 1 && n <= KVP_META_MAX_ID;
+    return id && n >= 1 && n <= KVP_META_MAX_ID && !memchr(id, 0, n);
 }
 
 static struct ent *ent_find(kvp_sched *s, const char *id, uint32_t n)
@@ -142,7 +133,7 @@ static struct ent *ent_get(kvp_sched *s, const char *id, uint32_t n)
     e = kvp_calloc(1, sizeof *e);
     if (!e)
         return NULL;
-    e->id = id_dup(id, n);
+    e->id = kvp_strndup(id, n);
     if (!e->id) {
         kvp_free(e);
         return NULL;
@@ -226,7 +217,7 @@ static void drop_push(kvp_sched *s, struct ent *e)
         s->drops = p;
         s->drops_cap = nc;
     }
-    char *id = id_dup(e->id, e->id_len);
+    char *id = kvp_strndup(e->id, e->id_len);
     if (!id) {
         KVP_WARN(MOD, "out of memory: the workers keep a mirror entry for %s", e->id);
         return;

@@ -33,7 +33,7 @@ static kvp_meta_tail ms_tails[2] = {{0, 5, 44}, {1, 7, 44}};
 static kvp_meta_tail ms_tails_empty[1];
 static kvp_meta_req ms_reqs[6];
 static kvp_meta_str ms_unfin[3] = {{"req-a", 5}, {"req-b", 5}, {"x", 1}};
-static kvp_meta_str ms_pre[2] = {{"req-p", 5}, {"\xff\x00z", 3}};
+static kvp_meta_str ms_pre[2] = {{"req-p", 5}, {"\xff\x01z", 3}};
 
 static void ms_init_data(void)
 {

@@ -206,7 +206,7 @@ TEST(meta_roundtrip_every_kind)
             CHECK_EQ(d.reqs[0].block_ids[1].ids[1], 0x7FFFFFFF);
             CHECK(memcmp(d.reqs[0].block_hashes + 7 * 32, ms_hash32 + 7 * 32, 32) == 0);
             CHECK_EQ(d.preempted[1].len, 3);
-            CHECK(memcmp(d.preempted[1].p, "\xff\x00z", 3) == 0);
+            CHECK(memcmp(d.preempted[1].p, "\xff\x01z", 3) == 0);
             CHECK_EQ(d.preempted[1].p[3], '\0');
         }
         kvp_arena_free(&a);
@@ -954,4 +954,40 @@ TEST(meta_delta_oom_empties_mirror)
     kvp_meta_mirror_free(mir0);
     kvp_buf_free(&m1);
     kvp_buf_free(&m2);
+}
+
+/* Request ids are C strings for the engine and the workers: an id holding
+ * a NUL byte is refused by the encoder and by the decoder (two ids that
+ * differ after a NUL would collide in the workers' finished sets). */
+TEST(meta_ids_with_nul_refused)
+{
+    kvp_meta_step s;
+    kvp_meta_step_init(&s);
+    CHECK_EQ(kvp_meta_step_add_preempted(&s, "a\0b", 3), 0);
+    kvp_buf b;
+    kvp_buf_init(&b, 256);
+    CHECK_EQ(kvp_meta_encode(&b, &s), KVP_EINVALID_PARAMS);
+    kvp_meta_step_free(&s);
+    kvp_buf_free(&b);
+
+    /* a valid message whose one preempted id is then given a NUL byte */
+    kvp_meta_step_init(&s);
+    CHECK_EQ(kvp_meta_step_add_preempted(&s, "aXb", 3), 0);
+    kvp_buf_init(&b, 256);
+    CHECK_EQ(kvp_meta_encode(&b, &s), 0);
+    uint8_t *p = memchr(b.data, 'X', b.len);
+    CHECK(p != NULL);
+    kvp_arena a;
+    kvp_arena_init(&a, 1 << 16);
+    kvp_meta_step d;
+    CHECK_EQ(kvp_meta_decode(b.data, b.len, &a, &d), 0);
+    *p = 0;
+    kvp_arena_reset(&a);
+    CHECK_EQ(kvp_meta_decode(b.data, b.len, &a, &d), KVP_EPROTOCOL);
+    kvp_arena_free(&a);
+    kvp_meta_step_free(&s);
+    kvp_buf_free(&b);
+
+    kvp_meta_tracker t;
+    CHECK_EQ(kvp_meta_tracker_init(&t, "r\0s", 3, 1), KVP_EINVALID_PARAMS);
 }
