@@ -118,8 +118,10 @@ typedef struct kvp_conn_config {
     int role;                 /* enum kvp_conn_role, default BOTH */
     const kvp_conn_group *groups;
     size_t ngroups;           /* 1..64 */
-    uint32_t hash_block_size; /* tokens per block hash; 0 = the smallest group
-                                 block size. Must divide every block size. */
+    uint32_t hash_block_size; /* tokens per block hash (vLLM's
+                                 hash_block_size); several groups: 0 = gcd of
+                                 their block sizes, else it must divide every
+                                 one; one group: its block size (vLLM's rule) */
     uint32_t block_size;      /* scheduler block size; 0 = lcm of the groups */
     bool enable_lookup;       /* default true; false with CONSUMER = capacity-only */
     bool load_async;          /* default true: loads overlap scheduling */
