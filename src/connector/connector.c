@@ -44,6 +44,11 @@ _Static_assert(KVP_CONN_MAX_DIMS == KVP_TDB_MAX_DIMS, "tensor dims");
 _Static_assert(sizeof(((kvp_conn_event *)0)->hash) >= KVP_META_MAX_HASH_LEN, "event hash");
 
 #define GROUPS_MAX KVP_META_MAX_GROUPS
+/* Per-step scratch limits (memory is taken only as used; a step's arena
+ * keeps its high-water mark for the next step). A step translates or
+ * decodes O(requests + groups) small structs: 1 GiB is a bound on a
+ * runaway, not a budget. */
+#define SCRATCH_CAP ((size_t)1 << 30)
 
 void kvp_conn_config_default(kvp_conn_config *c)
 {
@@ -140,7 +145,7 @@ int kvp_conn_sched_open(const kvp_conn_config *c, kvp_conn_sched **out, char *er
     kvp_conn_sched *x = kvp_calloc(1, sizeof *x);
     if (!x)
         return KVP_ENOMEM;
-    kvp_arena_init(&x->arena, 1u << 14);
+    kvp_arena_init(&x->arena, SCRATCH_CAP);
     kvp_sched_config sc;
     kvp_sched_config_default(&sc);
     sc.kv_role = c->role; /* same numbering as enum kvp_sched_role */
@@ -355,7 +360,7 @@ int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *
     kvp_conn_worker *x = kvp_calloc(1, sizeof *x);
     if (!x)
         return KVP_ENOMEM;
-    kvp_arena_init(&x->arena, 1u << 16);
+    kvp_arena_init(&x->arena, SCRATCH_CAP);
     kvp_worker_cfg wc = {
         .store_config = c->store_config, .model_path = c->model, .cache_prefix = c->cache_prefix,
         .tp_rank = c->tp_rank, .tp_size = c->tp_size, .pcp_rank = c->pcp_rank,

@@ -445,3 +445,72 @@ TEST(hasher_matches_vllm_vectors)
     fclose(f);
     CHECK(checked >= 10);
 }
+
+/* A step with many requests (the scale of a real batch: 512 new requests
+ * of 4 blocks each): the scheduler's and the workers' per-step scratch must
+ * not run out; every request is stored and reported finished on every rank. */
+TEST(many_requests_in_one_step)
+{
+    env e;
+    CHECK(env_up(&e, 2) == 0);
+    enum { NR = 512, NBK = 4, NT = NBK * BS };
+    static uint32_t tok[NR][NT];
+    static uint8_t hs[NR][NBK * HL];
+    static kvp_conn_request rq[NR];
+    static kvp_conn_new_req nr[NR];
+    static char ids[NR][16];
+    static uint32_t blk[NBK] = {1, 2, 3, 4};
+    kvp_conn_blocks bl = {blk, NBK};
+    for (int r = 0; r < TP; r++)
+        for (uint32_t b = 0; b < NBK; b++)
+            fill_block(&e, r, blk[b], b + 7);
+    for (int i = 0; i < NR; i++) {
+        for (int t = 0; t < NT; t++)
+            tok[i][t] = (uint32_t)(i * 100000 + t);
+        kvp_conn_hasher *h;
+        size_t nh = 0;
+        CHECK_EQ(kvp_conn_hasher_new("xxhash_cbor", "0", BS, &h), 0);
+        CHECK_EQ(kvp_conn_hasher_append(h, tok[i], NT, hs[i], NBK, &nh), 0);
+        CHECK_EQ(nh, (size_t)NBK);
+        kvp_conn_hasher_free(h);
+        snprintf(ids[i], sizeof ids[i], "m-%d", i);
+        rq[i] = (kvp_conn_request){.id = {ids[i], (uint32_t)strlen(ids[i])}, .tokens = tok[i],
+                                   .num_tokens = NT, .prompt_tokens = tok[i],
+                                   .num_prompt_tokens = NT, .block_hashes = hs[i],
+                                   .nhashes = NBK, .hash_len = 16};
+        CHECK_EQ(kvp_conn_update_state_after_alloc(e.s, &rq[i], &bl, 1, 0), 0);
+        nr[i] = (kvp_conn_new_req){.req = &rq[i], .num_scheduled_tokens = NT, .blocks = &bl,
+                                   .ngroups = 1};
+    }
+    kvp_conn_step st = {.new_reqs = nr, .n_new = NR};
+    int s = 0, rv = 0;
+    CHECK(step(&e, &st, NULL, &s, &rv) == 0);
+    for (int r = 0; r < TP; r++)
+        kvp_conn_worker_drain(e.w[r]);
+    kvp_conn_stats stats;
+    CHECK_EQ(kvp_conn_take_stats(e.w[0], &stats), 1);
+    CHECK_EQ(stats.op[KVP_CONN_OP_STORE].keys, (uint64_t)NR * NBK);
+    CHECK_EQ(stats.op[KVP_CONN_OP_STORE].failed_keys, (uint64_t)0);
+    /* all finish in one step: every rank reports every id */
+    static kvp_conn_str fin[NR];
+    static const char *finc[NR];
+    for (int i = 0; i < NR; i++) {
+        bool delay = false;
+        CHECK_EQ(kvp_conn_request_finished(e.s, rq[i].id, &bl, 1, &delay), 0);
+        CHECK(delay);
+        fin[i] = rq[i].id;
+        finc[i] = ids[i];
+    }
+    kvp_conn_step st2 = {.finished = fin, .n_finished = NR};
+    const uint8_t *bytes;
+    size_t len;
+    CHECK_EQ(kvp_conn_build_meta(e.s, &st2, &bytes, &len), 0);
+    for (int r = 0; r < TP; r++) {
+        kvp_conn_ids ds = {0}, dr = {0};
+        CHECK_EQ(kvp_conn_get_finished(e.w[r], bytes, len, finc, NR, &ds, &dr), 0);
+        CHECK_EQ(ds.n, (size_t)NR);
+        kvp_conn_ids_free(&ds);
+        kvp_conn_ids_free(&dr);
+    }
+    env_down(&e);
+}
