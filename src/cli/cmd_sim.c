@@ -1,10 +1,19 @@
 /*
  * cmd_sim.c -- `kvpool sim`: an engine simulator driving the connector.
  *
+ * The simulator is an ordinary engine: it drives the connector through its
+ * public, engine-agnostic API only (include/kvpool_connector.h, kvp_conn_*),
+ * exactly as an inference engine would: one kvp_conn_config per instance,
+ * kvp_conn_sched_open for the scheduler, kvp_conn_worker_open +
+ * kvp_conn_register_kv_caches per rank, the step bytes of
+ * kvp_conn_build_meta handed to every rank's kvp_conn_get_finished, block
+ * hashes from kvp_conn_hasher. It never reaches into src/connector/.
+ *
  * N engine instances (forked processes), each with one scheduler (the
- * main thread: kvp_sched + a kvp_lookup client) and pp x tp workers
- * (threads, one kvp_worker each, worker pp_rank * tp + tp_rank; worker 0
- * also serves the lookup channel). With --pp the layers are split between
+ * main thread: a kvp_conn_sched, whose lookups go over the instance's unix
+ * socket) and pp x tp workers (threads, one kvp_conn_worker each, worker
+ * pp_rank * tp + tp_rank; worker 0 is opened first and serves the lookup
+ * channel). With --pp the layers are split between
  * the stages: each worker registers only its stage's layers and keys carry
  * its pp_rank. Each worker owns a paged KV cache in host memory: per layer
  * a (2, num_blocks, B, D) byte tensor (K/V planes; MLA: one latent plane).
@@ -36,13 +45,13 @@
  * rest), or with --decode one token per step until the reply is generated
  * (the sampled tokens are the ones the history gets). No local prefix
  * cache. A finished request's blocks are freed once the worker reports it
- * finished sending (delay_free). Loads that failed (kvp_worker_load_errors)
+ * finished sending (delay_free). Loads that failed (kvp_conn_load_errors)
  * are recomputed from the first failed chunk (everything, with SWA, whose
  * window before that chunk was never loaded) and counted.
  * --preempt-every N preempts the oldest running request every Nth step
  * (recompute mode): its blocks are freed at once (--preempt-free now, as
  * vLLM) or only when it ends (deferred); every worker calls
- * kvp_worker_handle_preemptions before the step's actions reuse them
+ * kvp_conn_handle_preemptions before the step's actions reuse them
  * (§14; --no-handle-preemptions skips it, and a save still in flight then
  * stores reused bytes, which later loads report). It is resumed later with
  * a lookup, a load and a resumed cached request whose new table replaces
@@ -68,16 +77,10 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "common/buf.h"
 #include "common/log.h"
 #include "common/mem.h"
-#include "connector/blockhash.h"
-#include "connector/keys.h"
-#include "connector/lookup.h"
-#include "connector/meta.h"
-#include "connector/sched.h"
-#include "connector/worker.h"
 #include "kvpool.h"
+#include "kvpool_connector.h"
 
 #define HL 32            /* sha256_cbor hash length */
 #define VOCAB 50000u
@@ -96,7 +99,7 @@ typedef struct simcfg {
     int decode;           /* decode steps generate the reply tokens, one a step */
     int preempt_every;    /* every Nth step preempt a running request (0 = never) */
     int preempt_deferred; /* preempted blocks kept out of reuse until the request ends */
-    int no_handle_preemptions; /* diagnosis: skip kvp_worker_handle_preemptions */
+    int no_handle_preemptions; /* diagnosis: skip kvp_conn_handle_preemptions */
     int pp;               /* pipeline stages: an instance has pp x tp workers */
     int swa;              /* sliding window (tokens) of group 1; 0 = one full-attention group */
     int nroles;           /* 0: every instance is kv_both; else roles[i % nroles] */
@@ -111,6 +114,21 @@ enum { SIM_BOTH = 0, SIM_PRODUCER = 1, SIM_CONSUMER = 2 };
 static int sim_role(const simcfg *c, int i) { return c->nroles ? c->roles[i % c->nroles] : SIM_BOTH; }
 static int sim_groups(const simcfg *c) { return c->swa ? 2 : 1; }
 static int sim_workers(const simcfg *c) { return c->tp * c->pp; }
+/*
+ * TP ranks per distinct KV content: ranks whose keys coincide hold the same
+ * bytes, so a block's expected content depends on tp_rank / factor (the key
+ * tp rank). The connector's rule (kvp_key_tp_factor, src/connector/keys.c),
+ * replicated for what the simulator models (no DCP, no Mamba): MLA stores
+ * one latent identical on every rank (factor tp); GQA with more ranks than
+ * KV heads has tp / heads ranks per head; else every rank its own.
+ */
+static int sim_tp_factor(const simcfg *c)
+{
+    if (c->mla)
+        return c->tp;
+    int f = c->tp / c->kv_heads;
+    return f > 1 ? f : 1;
+}
 /* SWA chunks a hit of hb blocks keeps (the load mask's window run). */
 static uint32_t swa_need(const simcfg *c)
 {
@@ -255,18 +273,16 @@ typedef struct rank {
     struct inst *in;
     int r, krank, pp;   /* tp rank, key tp rank, pp rank */
     int l0, nl;         /* this stage's layers: [l0, l0 + nl) of the model */
-    kvp_worker *w;
+    kvp_conn_worker *w;
     uint8_t **layer; /* per local layer: planes x num_blocks x block_bytes */
     pthread_t th;
     uint64_t seen_gen;
     /* results of the last step */
-    kvp_worker_ids ds, dr;
-    uint32_t *errs;
+    kvp_conn_ids ds, dr;
+    uint32_t *errs; /* kvp_conn_load_errors: freed with kvp_conn_free */
     size_t nerrs;
     int rc;
     uint64_t mismatches, verified, verified_swa;
-    kvp_arena arena;
-    kvp_meta_mirror *mirror; /* this rank's view of the delta-encoded metas */
 } rank;
 
 typedef struct inst {
@@ -354,19 +370,18 @@ static void *rank_main(void *p)
         /* §14: no save of a preempted request may read its blocks once the
          * engine reuses them (the actions below) */
         int prc = in->npre && !in->c->no_handle_preemptions
-                      ? kvp_worker_handle_preemptions(k->w, in->pre, in->npre)
+                      ? kvp_conn_handle_preemptions(k->w, in->pre, in->npre)
                       : 0;
         for (int kind = A_VERIFY; kind <= A_POISON; kind++)
             for (size_t i = 0; i < in->nacts; i++)
                 if (in->acts[i].kind == kind)
                     run_action(k, &in->acts[i]);
-        kvp_arena_reset(&k->arena);
-        kvp_meta_step st;
-        int rc = kvp_meta_decode_delta(k->mirror, in->bytes, in->len, &k->arena, &st);
+        /* the step's bytes, decoded by this worker's own mirror of the
+         * incremental step metadata: every worker sees every step once */
+        int rc = kvp_conn_get_finished(k->w, in->bytes, in->len, in->fin, in->nfin, &k->ds,
+                                       &k->dr);
         if (rc == 0)
-            rc = kvp_worker_get_finished(k->w, in->fin, in->nfin, &st, &k->ds, &k->dr);
-        if (rc == 0)
-            rc = kvp_worker_load_errors(k->w, &k->errs, &k->nerrs);
+            rc = kvp_conn_load_errors(k->w, &k->errs, &k->nerrs);
         k->rc = rc ? rc : prc;
 
         pthread_mutex_lock(&in->mu);
@@ -388,14 +403,6 @@ static void inst_step(inst *in)
     pthread_mutex_unlock(&in->mu);
 }
 
-static int lk_lookup(void *arg, uint32_t num_tokens, const uint8_t *hashes, size_t nhashes,
-                     size_t hash_len, int apply_eagle, uint32_t *hit)
-{
-    return kvp_worker_lookup(arg, num_tokens, hashes, nhashes, hash_len, apply_eagle, hit);
-}
-
-static int lk_reset(void *arg) { return kvp_worker_reset(arg) >= 0 ? 0 : -1; }
-
 /* ------------------------------------------------------------ engine */
 
 enum { R_WAIT, R_LOADING, R_READY, R_RUN, R_FINISHING };
@@ -414,8 +421,10 @@ typedef struct req {
     user *u;
     uint32_t *toks, n, ntok; /* n prompt tokens; ntok = n + reply tokens sampled so far */
     uint32_t gen;            /* reply tokens sampled (--decode) */
-    uint8_t *hashes;
-    uint32_t nh;
+    uint8_t *hashes;         /* nh of hcap block hashes (HL bytes each) */
+    uint32_t nh, hcap;
+    kvp_conn_hasher *hasher; /* has seen the first nhashed tokens */
+    uint32_t nhashed;
     uint64_t tail_seed;
     uint32_t *blocks[2], nblocks; /* per group; SWA chunks outside the window: 0 */
     uint32_t nalloc;              /* of nblocks (reserved at admission): in the table so far */
@@ -427,15 +436,14 @@ typedef struct req {
     uint64_t hit, computed;
     uint32_t first_bad; /* first chunk whose load failed (nblocks: none) */
     int recv_cnt, send_cnt;
-    kvp_sched_request sr;
+    kvp_conn_request sr;
     struct req *next;
 } req;
 
 typedef struct engine {
     const simcfg *c;
     inst *in;
-    kvp_sched *s;
-    struct kvp_bh_hash none;
+    kvp_conn_sched *s;
     uint32_t *freel;
     uint32_t nfree;
     uint32_t *sys;
@@ -472,36 +480,30 @@ static uint32_t reply_tok(const simcfg *c, const user *u, uint32_t i)
     return tok(c->seed, 1, ((uint64_t)u->id << 32) ^ (uint64_t)u->turn ^ (u->epoch << 20), i);
 }
 
-/* Block hashes of the request's ntok tokens (one per full block) and the
- * seed of its partial tail block; refreshes the scheduler's view. */
+/* Block hashes of the request's ntok tokens (one per full block, from its
+ * kvp_conn_hasher: vLLM's sha256_cbor with PYTHONHASHSEED "0", fed each
+ * token once as it becomes known) and the seed of its partial tail block;
+ * refreshes the scheduler's view. */
 static void req_rehash(engine *e, req *r)
 {
     const simcfg *c = e->c;
-    uint32_t B = (uint32_t)c->block_size, nh = r->ntok / B;
-    if (nh != r->nh || !r->sr.req_id) {
-        int64_t *t64 = kvp_malloc((size_t)(r->ntok ? r->ntok : 1) * sizeof *t64);
-        struct kvp_bh_hash *hh = kvp_malloc((size_t)(nh ? nh : 1) * sizeof *hh);
-        if (!t64 || !hh)
-            abort();
-        for (uint32_t i = 0; i < r->ntok; i++)
-            t64[i] = r->toks[i];
+    uint32_t B = (uint32_t)c->block_size;
+    if (r->nhashed < r->ntok) {
         size_t nout = 0;
-        if (kvp_bh_block_hashes(KVP_BH_SHA256_CBOR, &e->none, t64, r->ntok, B, NULL, NULL, hh,
-                                nh ? nh : 1, &nout) != 0 || nout != nh)
+        if (kvp_conn_hasher_append(r->hasher, r->toks + r->nhashed, r->ntok - r->nhashed,
+                                   r->hashes + (size_t)r->nh * HL, r->hcap - r->nh,
+                                   &nout) != 0 || r->nh + nout != r->ntok / B)
             abort();
-        for (uint32_t i = 0; i < nh; i++)
-            memcpy(r->hashes + (size_t)i * HL, hh[i].b, HL);
-        r->nh = nh;
-        kvp_free(t64);
-        kvp_free(hh);
+        r->nh += (uint32_t)nout;
+        r->nhashed = r->ntok;
     }
     uint64_t ts = r->ntok;
     for (uint32_t i = r->nh * B; i < r->ntok; i++)
         ts = mix64(ts ^ r->toks[i]);
     r->tail_seed = ts ^ (r->nh ? hash_seed(r->hashes + (size_t)(r->nh - 1) * HL) : 0);
-    r->sr = (kvp_sched_request){
-        .req_id = r->id, .req_id_len = (uint32_t)strlen(r->id), .all_token_ids = r->toks,
-        .num_tokens = r->ntok, .prompt_token_ids = r->toks, .num_prompt_tokens = r->n,
+    r->sr = (kvp_conn_request){
+        .id = {r->id, (uint32_t)strlen(r->id)}, .tokens = r->toks, .num_tokens = r->ntok,
+        .prompt_tokens = r->toks, .num_prompt_tokens = r->n,
         .num_computed_tokens = r->sr.num_computed_tokens, .block_hashes = r->hashes,
         .nhashes = r->nh, .hash_len = HL,
     };
@@ -522,13 +524,16 @@ static req *req_new(engine *e, user *u)
     /* room for the reply tokens decode appends */
     uint32_t cap = r->n + (c->decode ? (uint32_t)c->reply_tokens : 0);
     r->toks = kvp_malloc((size_t)cap * sizeof *r->toks);
-    r->hashes = kvp_malloc((size_t)(cap / B + 1) * HL);
+    r->hcap = cap / B + 1;
+    r->hashes = kvp_malloc((size_t)r->hcap * HL);
     r->nblocks = (cap + B - 1) / B;
     r->nalloc = (r->n + B - 1) / B;
     for (int g = 0; g < sim_groups(c); g++)
         if (!(r->blocks[g] = kvp_calloc((size_t)r->nblocks, sizeof *r->blocks[g])))
             abort();
-    if (!r->toks || !r->hashes)
+    if (!r->toks || !r->hashes ||
+        kvp_conn_hasher_new("sha256_cbor", "0", B, &r->hasher) != 0 ||
+        kvp_conn_hasher_hash_len(r->hasher) != HL)
         abort();
     uint32_t o = 0;
     if (c->sys_tokens)
@@ -551,6 +556,7 @@ static void req_free(req *r)
         return;
     kvp_free(r->toks);
     kvp_free(r->hashes);
+    kvp_conn_hasher_free(r->hasher);
     kvp_free(r->blocks[0]);
     kvp_free(r->blocks[1]);
     kvp_free(r->parked[0]);
@@ -603,16 +609,16 @@ static void req_done(engine *e, req *r)
 static void collect_stats(engine *e)
 {
     for (int i = 0; i < sim_workers(e->c); i++) {
-        kvp_worker_stats ws;
+        kvp_conn_stats ws;
         if (!e->in->ranks[i].w)
             continue;
-        kvp_worker_take_stats(e->in->ranks[i].w, &ws);
-        e->st.bytes_stored += ws.op[KVP_WORKER_OP_SAVE_PUT].bytes;
-        e->st.store_ns += ws.op[KVP_WORKER_OP_SAVE_PUT].total_ns;
-        e->st.puts += ws.op[KVP_WORKER_OP_SAVE_PUT].count;
-        e->st.bytes_loaded += ws.op[KVP_WORKER_OP_LOAD_GET].bytes;
-        e->st.load_ns += ws.op[KVP_WORKER_OP_LOAD_GET].total_ns;
-        e->st.gets += ws.op[KVP_WORKER_OP_LOAD_GET].count;
+        kvp_conn_take_stats(e->in->ranks[i].w, &ws);
+        e->st.bytes_stored += ws.op[KVP_CONN_OP_STORE].bytes;
+        e->st.store_ns += ws.op[KVP_CONN_OP_STORE].total_ns;
+        e->st.puts += ws.op[KVP_CONN_OP_STORE].count;
+        e->st.bytes_loaded += ws.op[KVP_CONN_OP_LOAD].bytes;
+        e->st.load_ns += ws.op[KVP_CONN_OP_LOAD].total_ns;
+        e->st.gets += ws.op[KVP_CONN_OP_LOAD].count;
     }
     uint64_t mm = 0, ver = 0, swa = 0, wv = 0;
     for (int i = 0; i < sim_workers(e->c); i++) {
@@ -644,14 +650,14 @@ static int engine_run(engine *e, int fd)
     size_t cap = (size_t)c->max_running + 8;
     int ng = sim_groups(c), nw = sim_workers(c);
     uint32_t B = (uint32_t)c->block_size;
-    kvp_sched_new_req *nr = kvp_calloc(cap, sizeof *nr);
-    kvp_sched_cached_req *cr = kvp_calloc(cap, sizeof *cr);
-    kvp_meta_ids *nids = kvp_calloc(cap * 2, sizeof *nids);
-    kvp_meta_ids *cids = kvp_calloc(cap * 2, sizeof *cids);
+    kvp_conn_new_req *nr = kvp_calloc(cap, sizeof *nr);
+    kvp_conn_cached_req *cr = kvp_calloc(cap, sizeof *cr);
+    kvp_conn_blocks *nids = kvp_calloc(cap * 2, sizeof *nids);
+    kvp_conn_blocks *cids = kvp_calloc(cap * 2, sizeof *cids);
     uint64_t *sched_k = kvp_calloc(cap, sizeof *sched_k);
     action *acts = kvp_calloc(cap * 6, sizeof *acts);
     req **ran = kvp_calloc(cap, sizeof *ran);
-    kvp_meta_str *fin = kvp_calloc(cap, sizeof *fin);
+    kvp_conn_str *fin = kvp_calloc(cap, sizeof *fin);
     const char **finp = kvp_calloc(cap, sizeof *finp);
     size_t nfin = 0;
     int ret = 0;
@@ -689,7 +695,7 @@ static int engine_run(engine *e, int fd)
         /* preemption (recompute mode): every --preempt-every steps the
          * oldest running request loses its blocks at once (no delay, as in
          * vLLM) and waits to be resumed */
-        kvp_meta_str pre = {NULL, 0};
+        kvp_conn_str pre = {NULL, 0};
         if (c->preempt_every && (e->st.steps + 1) % (uint64_t)c->preempt_every == 0)
             for (req *r = e->head; r; r = r->next) {
                 /* deferred: once per request (one parked set at most) */
@@ -713,7 +719,7 @@ static int engine_run(engine *e, int fd)
                 r->first_bad = r->nblocks;
                 r->sr.num_computed_tokens = 0;
                 r->nalloc = (r->ntok + B - 1) / B;
-                pre = (kvp_meta_str){r->id, (uint32_t)strlen(r->id)};
+                pre = (kvp_conn_str){r->id, (uint32_t)strlen(r->id)};
                 e->st.preemptions++;
                 break;
             }
@@ -725,8 +731,8 @@ static int engine_run(engine *e, int fd)
                     continue; /* no room, or preempted in this very step */
                 uint64_t num_new = 0;
                 bool async = false;
-                int lrc = kvp_sched_get_num_new_matched_tokens(e->s, &r->sr, 0, &num_new, &async);
-                if (lrc == KVP_LOOKUP_PENDING)
+                int lrc = kvp_conn_get_num_new_matched_tokens(e->s, &r->sr, 0, &num_new, &async);
+                if (lrc == KVP_CONN_PENDING)
                     continue;
                 if (lrc != 0)
                     num_new = 0;
@@ -737,11 +743,10 @@ static int engine_run(engine *e, int fd)
                 for (int g = 0; g < ng; g++)
                     for (uint32_t i = 0; i < r->nblocks; i++)
                         r->blocks[g][i] = g == 1 && i < skip ? 0 : e->freel[--e->nfree];
-                kvp_meta_ids ids[2] = {{r->blocks[0], r->nalloc, 0},
-                                       {r->blocks[1], r->nalloc, 0}};
+                kvp_conn_blocks ids[2] = {{r->blocks[0], r->nalloc}, {r->blocks[1], r->nalloc}};
                 e->st.lookup_hit_tokens += num_new;
-                if (kvp_sched_update_state_after_alloc(e->s, &r->sr, ids, (uint32_t)ng,
-                                                       num_new) != 0) {
+                if (kvp_conn_update_state_after_alloc(e->s, &r->sr, ids, (uint32_t)ng,
+                                                      num_new) != 0) {
                     fprintf(stderr, "kvpool sim: update_state_after_alloc failed\n");
                     ret = -1;
                     goto out;
@@ -803,10 +808,9 @@ static int engine_run(engine *e, int fd)
                                          .to = (uint32_t)((r->computed + k + B - 1) / B)};
             if (!r->scheduled) { /* scheduled_new_reqs: the whole table */
                 for (int g = 0; g < ng; g++)
-                    nids[nnew * 2 + (size_t)g] = (kvp_meta_ids){r->blocks[g], r->nalloc, 0};
-                nr[nnew] = (kvp_sched_new_req){.req = &r->sr, .num_scheduled_tokens = k,
-                                               .block_ids = &nids[nnew * 2],
-                                               .ngroups = (uint32_t)ng};
+                    nids[nnew * 2 + (size_t)g] = (kvp_conn_blocks){r->blocks[g], r->nalloc};
+                nr[nnew] = (kvp_conn_new_req){.req = &r->sr, .num_scheduled_tokens = k,
+                                              .blocks = &nids[nnew * 2], .ngroups = (uint32_t)ng};
                 nnew++;
                 r->scheduled = 1;
                 r->state = R_RUN;
@@ -814,10 +818,10 @@ static int engine_run(engine *e, int fd)
                 e->st.prompt_tokens += r->n;
             } else if (r->resume) { /* scheduled_cached_reqs, resumed: the full table */
                 for (int g = 0; g < ng; g++)
-                    cids[ncached * 2 + (size_t)g] = (kvp_meta_ids){r->blocks[g], r->nalloc, 0};
-                cr[ncached] = (kvp_sched_cached_req){
+                    cids[ncached * 2 + (size_t)g] = (kvp_conn_blocks){r->blocks[g], r->nalloc};
+                cr[ncached] = (kvp_conn_cached_req){
                     .req = &r->sr, .resumed = true, .num_scheduled_tokens = k,
-                    .new_block_ids = &cids[ncached * 2], .ngroups = (uint32_t)ng};
+                    .blocks = &cids[ncached * 2], .ngroups = (uint32_t)ng};
                 ncached++;
                 r->resume = 0;
                 r->replaying = 1;
@@ -826,10 +830,10 @@ static int engine_run(engine *e, int fd)
             } else { /* scheduled_cached_reqs, running: this step's new blocks */
                 for (int g = 0; g < ng; g++)
                     cids[ncached * 2 + (size_t)g] =
-                        (kvp_meta_ids){r->blocks[g] + r->nalloc - newb, newb, 0};
-                cr[ncached] = (kvp_sched_cached_req){
+                        (kvp_conn_blocks){r->blocks[g] + r->nalloc - newb, newb};
+                cr[ncached] = (kvp_conn_cached_req){
                     .req = &r->sr, .num_scheduled_tokens = k,
-                    .new_block_ids = newb ? &cids[ncached * 2] : NULL,
+                    .blocks = newb ? &cids[ncached * 2] : NULL,
                     .ngroups = newb ? (uint32_t)ng : 0};
                 ncached++;
             }
@@ -844,14 +848,14 @@ static int engine_run(engine *e, int fd)
             sched_k[nran] = k;
             ran[nran++] = r;
         }
-        kvp_sched_step step = {.new_reqs = nr, .n_new = (uint32_t)nnew, .cached = cr,
-                               .n_cached = (uint32_t)ncached, .preempted = pre.p ? &pre : NULL,
-                               .n_preempted = pre.p ? 1 : 0, .finished = fin,
-                               .n_finished = (uint32_t)nfin};
-        const kvp_meta_step *meta;
-        const uint8_t *bytes;
+        kvp_conn_step step = {.new_reqs = nr, .n_new = (uint32_t)nnew, .cached = cr,
+                              .n_cached = (uint32_t)ncached, .preempted = pre.p ? &pre : NULL,
+                              .n_preempted = pre.p ? 1 : 0, .finished = fin,
+                              .n_finished = (uint32_t)nfin};
+        const uint8_t *bytes; /* valid until the next call on e->s: the ranks are done
+                                 with them when inst_step returns */
         size_t len;
-        int rc = kvp_sched_build_meta(e->s, &step, &meta, &bytes, &len);
+        int rc = kvp_conn_build_meta(e->s, &step, &bytes, &len);
         if (rc != 0) {
             fprintf(stderr, "kvpool sim: build_meta: %s\n", kvp_err_name(rc));
             ret = -1;
@@ -892,7 +896,7 @@ static int engine_run(engine *e, int fd)
                                     b < r->first_bad)
                                     r->first_bad = b;
             }
-            kvp_free(rk->errs);
+            kvp_conn_free(rk->errs);
             rk->errs = NULL;
             rk->nerrs = 0;
         }
@@ -908,8 +912,8 @@ static int engine_run(engine *e, int fd)
                 if (r && r->state == R_FINISHING && ++r->send_cnt == nw)
                     req_done(e, r);
             }
-            kvp_worker_ids_free(&rk->ds);
-            kvp_worker_ids_free(&rk->dr);
+            kvp_conn_ids_free(&rk->ds);
+            kvp_conn_ids_free(&rk->dr);
         }
         if (ret)
             goto out;
@@ -926,10 +930,9 @@ static int engine_run(engine *e, int fd)
                 req_rehash(e, r);
                 continue;
             }
-            kvp_meta_ids ids[2] = {{r->blocks[0], r->nalloc, 0}, {r->blocks[1], r->nalloc, 0}};
+            kvp_conn_blocks ids[2] = {{r->blocks[0], r->nalloc}, {r->blocks[1], r->nalloc}};
             bool delay = false;
-            if (kvp_sched_request_finished(e->s, r->id, (uint32_t)strlen(r->id), ids,
-                                           (uint32_t)ng, &delay) != 0) {
+            if (kvp_conn_request_finished(e->s, r->sr.id, ids, (uint32_t)ng, &delay) != 0) {
                 fprintf(stderr, "kvpool sim: request_finished failed\n");
                 ret = -1;
                 goto out;
@@ -980,8 +983,6 @@ static int instance_main(const simcfg *c, int idx, int slot, int nslots, int fd)
     e.c = c;
     e.in = &in;
     int ret = 1, nstarted = 0;
-    kvp_lookup_server *srv = NULL;
-    kvp_lookup_client *cli = NULL;
     char sock[108];
     snprintf(sock, sizeof sock, "/tmp/kvpool-sim-%d-%d.sock", (int)getpid(), idx);
     /* the model name carries the cache geometry: runs with another layout
@@ -1008,23 +1009,34 @@ static int instance_main(const simcfg *c, int idx, int slot, int nslots, int fd)
         e.freel[e.nfree++] = (uint32_t)(c->num_blocks - 1 - i);
     for (int i = 0; i < c->sys_tokens; i++)
         e.sys[i] = tok(c->seed, 0, 0, (uint64_t)i);
-    if (kvp_bh_none_hash(KVP_BH_SHA256_CBOR, "0", &e.none) != 0)
-        goto done;
 
-    enum kvp_key_spec ks = c->mla ? KVP_KEY_SPEC_MLA : KVP_KEY_SPEC_ATTENTION;
-    int factor = 1;
-    if (kvp_key_tp_factor(&ks, 1, c->tp, c->kv_heads, 1, &factor) != 0)
-        goto done;
+    int factor = sim_tp_factor(c);
     /* group 0: full attention; --swa: group 1, sliding window, same block
-     * size (L = H = B). Both address the same tensors by block id. */
-    kvp_worker_group g[2] = {
-        {.spec = {.kind = KVP_COORD_FULL, .block_size = (uint32_t)c->block_size},
-         .key_spec = ks, .num_kv_heads = c->kv_heads},
-        {.spec = {.kind = KVP_COORD_SWA, .block_size = (uint32_t)c->block_size,
-                  .window = (uint32_t)c->swa},
-         .key_spec = c->mla ? KVP_KEY_SPEC_SWA_MLA : KVP_KEY_SPEC_ATTENTION,
-         .num_kv_heads = c->kv_heads},
+     * size (so the scheduler and hash block sizes are B too). Both address
+     * the same tensors by block id. */
+    kvp_conn_group g[2] = {
+        {.kind = KVP_CONN_FULL_ATTENTION, .block_size = (uint32_t)c->block_size,
+         .mla = c->mla != 0, .num_kv_heads = (uint32_t)c->kv_heads},
+        {.kind = KVP_CONN_SLIDING_WINDOW, .block_size = (uint32_t)c->block_size,
+         .sliding_window = (uint32_t)c->swa, .mla = c->mla != 0,
+         .num_kv_heads = (uint32_t)c->kv_heads},
     };
+    /* one configuration for the scheduler and every rank (the ranks differ
+     * in tp_rank / pp_rank only) */
+    kvp_conn_config cc;
+    kvp_conn_config_default(&cc);
+    cc.model = model;
+    cc.role = role == SIM_CONSUMER   ? KVP_CONN_CONSUMER
+              : role == SIM_PRODUCER ? KVP_CONN_PRODUCER
+                                     : KVP_CONN_BOTH;
+    cc.groups = g;
+    cc.ngroups = (size_t)sim_groups(c);
+    cc.lookup_socket = sock;
+    cc.store_config = store_cfg;
+    cc.tp_size = c->tp;
+    cc.pp_size = c->pp;
+    cc.num_blocks = (size_t)c->num_blocks;
+    cc.recv_threads = 2;
     size_t nplanes = c->mla ? 1 : 2;
     uint64_t plane = (uint64_t)c->num_blocks * c->block_bytes;
     for (int wi = 0; wi < nw; wi++) {
@@ -1037,68 +1049,52 @@ static int instance_main(const simcfg *c, int idx, int slot, int nslots, int fd)
         /* PP: stage pp holds layers [l0, l0 + nl) */
         k->l0 = c->layers * pp / c->pp;
         k->nl = c->layers * (pp + 1) / c->pp - k->l0;
-        kvp_arena_init(&k->arena, 1 << 16);
-        k->mirror = kvp_meta_mirror_new();
         k->layer = kvp_calloc((size_t)k->nl, sizeof *k->layer);
-        if (!k->layer || !k->mirror)
+        if (!k->layer)
             goto done;
-        kvp_tdb_tensor t[64];
+        kvp_conn_tensor t[64];
         for (int l = 0; l < k->nl; l++) {
             k->layer[l] = kvp_calloc(1, nplanes * plane);
             if (!k->layer[l])
                 goto done;
             size_t d = (size_t)(c->block_bytes / (uint64_t)c->block_size);
-            t[l] = (kvp_tdb_tensor){
+            t[l] = (kvp_conn_tensor){
                 .base = k->layer[l], .storage_len = nplanes * plane, .elem_size = 1, .ndim = 4,
                 .shape = {2, (size_t)c->num_blocks, (size_t)c->block_size, d},
                 .stride = {plane, c->block_bytes, d, 1},
             };
             if (c->mla) /* blocks-first (num_blocks, B, latent) */
-                t[l] = (kvp_tdb_tensor){
+                t[l] = (kvp_conn_tensor){
                     .base = k->layer[l], .storage_len = plane, .elem_size = 1, .ndim = 3,
                     .shape = {(size_t)c->num_blocks, (size_t)c->block_size, d},
                     .stride = {c->block_bytes, d, 1},
                 };
         }
-        kvp_worker_cfg wc = {
-            .store_config = store_cfg, .model_path = model,
-            .tp_rank = r, .tp_size = c->tp, .pcp_size = 1, .dcp_size = 1, .pp_rank = pp,
-            .pp_size = c->pp,
-            .role = role == SIM_CONSUMER   ? KVP_WORKER_CONSUMER
-                    : role == SIM_PRODUCER ? KVP_WORKER_PRODUCER
-                                           : KVP_WORKER_BOTH,
-            .enable_lookup = 1, .groups = g, .ngroups = (size_t)sim_groups(c),
-            .retention_interval = -1, .num_gpu_blocks = (size_t)c->num_blocks,
-            .num_recv_threads = 2,
-        };
+        /* worker 0 (tp_rank 0, pp_rank 0) is opened first: it serves the
+         * lookup channel the scheduler opened below connects to */
+        cc.tp_rank = r;
+        cc.pp_rank = pp;
         char err[256] = "";
-        int rc = kvp_worker_create(&wc, &k->w, err, sizeof err);
+        int rc = kvp_conn_worker_open(&cc, &k->w, err, sizeof err);
         if (rc != 0) {
             fprintf(stderr, "kvpool sim: instance %d rank %d pp %d: %s (%s)\n", idx, r, pp, err,
                     kvp_err_name(rc));
             goto done;
         }
-        if ((rc = kvp_worker_register_kv_caches(k->w, t, (size_t)k->nl)) != 0) {
+        if ((rc = kvp_conn_register_kv_caches(k->w, t, (size_t)k->nl)) != 0) {
             fprintf(stderr, "kvpool sim: register_kv_caches: %s\n", kvp_err_name(rc));
             goto done;
         }
     }
-    kvp_lookup_handler h = {.lookup = lk_lookup, .reset = lk_reset, .arg = in.ranks[0].w};
-    if (kvp_lookup_server_start(sock, &h, &srv) != 0 ||
-        kvp_lookup_client_open(sock, 0, &cli) != 0) {
-        fprintf(stderr, "kvpool sim: cannot start the lookup channel on %s\n", sock);
-        goto done;
+    {
+        char err[256] = "";
+        int rc = kvp_conn_sched_open(&cc, &e.s, err, sizeof err);
+        if (rc != 0) {
+            fprintf(stderr, "kvpool sim: instance %d: scheduler: %s (%s)\n", idx, err,
+                    kvp_err_name(rc));
+            goto done;
+        }
     }
-    kvp_sched_config sc;
-    kvp_sched_config_default(&sc);
-    sc.block_size = (uint32_t)c->block_size;
-    sc.hash_block_size = (uint32_t)c->block_size;
-    sc.kv_role = role == SIM_CONSUMER   ? KVP_SCHED_CONSUMER
-                 : role == SIM_PRODUCER ? KVP_SCHED_PRODUCER
-                                        : KVP_SCHED_BOTH;
-    kvp_sched_ops_client(cli, &sc.ops);
-    if (kvp_sched_new(&sc, &e.s) != 0)
-        goto done;
     for (int r = 0; r < nw; r++) {
         if (pthread_create(&in.ranks[r].th, NULL, rank_main, &in.ranks[r]) != 0)
             goto done;
@@ -1121,22 +1117,18 @@ done:
         pthread_join(in.ranks[r].th, NULL);
     while (e.head)
         req_done(&e, e.head);
-    kvp_sched_free(e.s);
-    kvp_lookup_client_close(cli);
-    kvp_lookup_server_stop(srv);
+    kvp_conn_sched_close(e.s); /* no lookup reaches worker 0 any more */
     for (int r = 0; in.ranks && r < nw; r++)
         if (in.ranks[r].w)
-            kvp_worker_drain(in.ranks[r].w);
+            kvp_conn_worker_drain(in.ranks[r].w);
     if (in.ranks)
         collect_stats(&e);
     for (int r = 0; in.ranks && r < nw; r++) {
         rank *k = &in.ranks[r];
-        kvp_worker_destroy(k->w);
-        kvp_worker_ids_free(&k->ds);
-        kvp_worker_ids_free(&k->dr);
-        kvp_free(k->errs);
-        kvp_arena_free(&k->arena);
-        kvp_meta_mirror_free(k->mirror);
+        kvp_conn_worker_close(k->w); /* worker 0: stops serving the lookup channel */
+        kvp_conn_ids_free(&k->ds);
+        kvp_conn_ids_free(&k->dr);
+        kvp_conn_free(k->errs);
         for (int l = 0; k->layer && l < k->nl; l++)
             kvp_free(k->layer[l]);
         kvp_free(k->layer);
@@ -1214,7 +1206,7 @@ static void usage(void)
            "  --preempt-free now|deferred now (default, as vLLM): a preempted request's\n"
            "                              blocks are reused at once; deferred: only after\n"
            "                              the request ends (each request preempted once)\n"
-           "  --no-handle-preemptions     diagnosis: do not call kvp_worker_handle_preemptions\n"
+           "  --no-handle-preemptions     diagnosis: do not call kvp_conn_handle_preemptions\n"
            "                              before reusing a preempted request's blocks (a save\n"
            "                              still reading them then stores wrong bytes, which\n"
            "                              later loads report as mismatches)\n");
