@@ -338,7 +338,7 @@ TEST(sim_chunked_prefill_and_decode)
 
 /* Preemption (recompute mode) every 4th step, on top of chunked prefill and
  * decode: a preempted request's blocks are reused at once (as vLLM does),
- * after every worker's kvp_worker_handle_preemptions (§14) stopped its
+ * after every worker's kvp_conn_handle_preemptions (§14) stopped its
  * saves; it is looked up and loaded again and scheduled as a resumed
  * request with a new table. Nothing stored may be corrupted. */
 TEST(sim_preemption_resumes_and_reloads)
