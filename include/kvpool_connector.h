@@ -31,10 +31,12 @@
  * The step bytes are a compact, versioned string (magic "KVCM" + version)
  * and are INCREMENTAL: each step only carries what is new for a request
  * since the last step that mentioned it. Every worker must therefore see
- * every step's bytes, in order, exactly once. A worker that decodes bytes of
+ * every step's bytes, in order, exactly once. A worker given bytes of
  * another version, or out of order, gets KVP_EINVALID_VERSION /
- * KVP_EPROTOCOL for that step (its loads are reported as load errors, never
- * as data).
+ * KVP_EPROTOCOL for that step: nothing of it is queued (no byte is ever
+ * taken from a step it cannot decode) and its record of live requests is
+ * dropped, so it cannot serve them any more -- a protocol bug in the
+ * engine's transport of the bytes, to be treated as fatal for that engine.
  *
  * Blocks: the engine's KV cache is a set of tensors (kvp_conn_tensor) whose
  * blocks are indexed by block id; block tables are given per KV-cache group.
