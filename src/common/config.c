@@ -561,6 +561,21 @@ static int apply(kvp_config *c, const struct key_def *k, const struct val *v, st
 
 /* ---------------------------------------------------------------- defaults */
 
+_Static_assert(NKEYS <= 64, "kvp_config.set_mask has one bit per key");
+
+/* Records that key k was given by a file, a string or a flag. */
+static void mark_set(kvp_config *c, const struct key_def *k)
+{
+    c->set_mask |= 1ull << (size_t)(k - keys);
+}
+
+/* Whether the key named `name` was given explicitly. */
+static int was_set(const kvp_config *c, const char *name)
+{
+    const struct key_def *k = find_key(name);
+    return k && (c->set_mask >> (size_t)(k - keys)) & 1u;
+}
+
 void kvp_config_defaults(kvp_config *c)
 {
     memset(c, 0, sizeof *c);
@@ -755,6 +770,7 @@ static int load_text(kvp_config *c, const char *text, size_t len, const char *sr
         rc = apply(c, k, &v, &x);
         if (rc != 0)
             break;
+        mark_set(c, k);
     }
     json_decref(root);
     return rc;
@@ -867,7 +883,10 @@ int kvp_config_set(kvp_config *c, const char *key, const char *value, char *err,
         return 0;
     }
     struct val v = {.kind = V_STRING, .s = value};
-    return apply(c, k, &v, &x);
+    int rc = apply(c, k, &v, &x);
+    if (rc == 0)
+        mark_set(c, k);
+    return rc;
 }
 
 /* ------------------------------------------------------------- validation */
@@ -987,6 +1006,18 @@ int kvp_config_validate(const kvp_config *c, char *err, size_t errlen)
                        "leases of a dropped client must have expired when it is dropped",
                        a, b);
     }
+    /* Mooncake's client rules (spec §3.1): an embedded client contributes
+     * memory; a standalone-store client contributes none (the storage
+     * nodes do), so a segment size given for it is a mistake. */
+    if (strcmp(c->mode, "embedded") == 0 && c->global_segment_size == 0)
+        return invalid(err, errlen,
+                       "embedded mode requires global_segment_size > 0 (use \"mode\": "
+                       "\"standalone-store\" for a client that contributes no memory)");
+    if (strcmp(c->mode, "standalone-store") == 0 && c->global_segment_size != 0 &&
+        was_set(c, "global_segment_size"))
+        return invalid(err, errlen,
+                       "standalone-store mode requires global_segment_size == 0 (the storage "
+                       "nodes contribute the memory; this client contributes none)");
     if (c->preferred_segment[0] && strspn(c->preferred_segment, " \t\r\n") ==
                                        strlen(c->preferred_segment))
         return invalid(err, errlen,

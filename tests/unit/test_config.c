@@ -97,6 +97,8 @@ TEST(every_default_parses)
     };
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
         CHECK_EQ(kvp_config_set(&b, kv[i][0], kv[i][1], err, sizeof err), 0);
+    CHECK(b.set_mask != 0 && a.set_mask == 0); /* explicit vs default */
+    b.set_mask = 0;
     CHECK(memcmp(&a, &b, sizeof a) == 0);
 }
 
@@ -122,7 +124,7 @@ TEST(every_type_from_json)
                        "  \"master\": \"10.0.0.1:50051\",\n"
                        "  \"local_hostname\": \"node7\",\n"
                        "  \"protocol\": \"rdma\",\n"
-                       "  \"mode\": \"standalone-store\",\n"
+                       "  \"mode\": \"embedded\",\n"
                        "  \"global_segment_size\": 1073741824,\n"
                        "  \"local_buffer_size\": \"512 MiB\",\n"
                        "  \"enable_offload\": true,\n"
@@ -146,7 +148,7 @@ TEST(every_type_from_json)
     CHECK(strcmp(c.master_addr, "10.0.0.1:50051") == 0);
     CHECK(strcmp(c.local_hostname, "node7") == 0);
     CHECK(strcmp(c.protocol, "rdma") == 0);
-    CHECK(strcmp(c.mode, "standalone-store") == 0);
+    CHECK(strcmp(c.mode, "embedded") == 0);
     CHECK(c.global_segment_size == GI);
     CHECK(c.local_buffer_size == 512 * MI);
     CHECK_EQ(c.enable_offload, 1);
@@ -625,4 +627,26 @@ TEST(later_sources_override)
     CHECK(c.lease_ttl_ms == 1000);
     CHECK(c.put_timeout_ms == 3000);
     CHECK(c.rpc_timeout_ms == 10000);
+}
+
+/* Mooncake's client rules (spec §3.1): embedded needs a segment; a
+ * standalone-store client given a segment size is refused; a standalone
+ * client that leaves the key at its default is fine. */
+TEST(embedded_and_standalone_segment_rules)
+{
+    kvp_config c;
+    char err[KVP_CONFIG_ERRLEN];
+    CHECK_EQ(load(&c, "{\"mode\": \"embedded\", \"global_segment_size\": 0}", err), 0);
+    CHECK_EQ(kvp_config_validate(&c, err, sizeof err), KVP_ECONFIG);
+    CHECK(strstr(err, "embedded mode requires global_segment_size > 0") != NULL);
+    CHECK_EQ(load(&c, "{\"mode\": \"standalone-store\", \"global_segment_size\": \"1GiB\"}",
+                  err), 0);
+    CHECK_EQ(kvp_config_validate(&c, err, sizeof err), KVP_ECONFIG);
+    CHECK(strstr(err, "standalone-store mode requires global_segment_size == 0") != NULL);
+    CHECK_EQ(load(&c, "{\"mode\": \"standalone-store\", \"global_segment_size\": 0}", err), 0);
+    CHECK_EQ(kvp_config_validate(&c, err, sizeof err), 0);
+    CHECK_EQ(load(&c, "{\"mode\": \"standalone-store\"}", err), 0);
+    CHECK_EQ(kvp_config_validate(&c, err, sizeof err), 0);
+    CHECK_EQ(load(&c, "{\"mode\": \"embedded\"}", err), 0); /* default 4 GiB */
+    CHECK_EQ(kvp_config_validate(&c, err, sizeof err), 0);
 }
