@@ -102,8 +102,6 @@ typedef struct kvp_conn_group {
     bool is_eagle;           /* the EAGLE drafter's group */
 } kvp_conn_group;
 
-typedef void (*kvp_conn_log_fn)(void *arg, int level, const char *msg);
-
 /*
  * Engine memory fence, called by the store thread right before it reads
  * engine memory for blocks the engine computed in `step` (the value of
@@ -126,7 +124,9 @@ typedef struct kvp_conn_config {
                                  one; one group: its block size (vLLM's rule) */
     uint32_t block_size;      /* scheduler block size; 0 = lcm of the groups */
     bool enable_lookup;       /* default true; false with CONSUMER = capacity-only */
-    bool load_async;          /* default true: loads overlap scheduling */
+    bool load_async;          /* must stay true (the default): loads run in the
+                                 background and the request waits for
+                                 finished_recving; false is refused */
     bool lookup_async;        /* default false: a lookup may answer PENDING */
     bool partial_hash_hits;   /* hits at hash_block_size granularity below a
                                  block boundary (default false) */

@@ -142,6 +142,8 @@ int kvp_conn_sched_open(const kvp_conn_config *c, kvp_conn_sched **out, char *er
         return rc;
     if (c->enable_lookup && (!c->lookup_socket || !*c->lookup_socket))
         return fail(err, errlen, "enable_lookup needs lookup_socket");
+    if (!c->load_async)
+        return fail(err, errlen, "load_async must be true: loads run in the background only");
     kvp_conn_sched *x = kvp_calloc(1, sizeof *x);
     if (!x)
         return KVP_ENOMEM;

@@ -334,6 +334,10 @@ TEST(config_errors_are_named)
     c.role = 7;
     CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), KVP_EINVALID_PARAMS);
     c.role = KVP_CONN_BOTH;
+    c.load_async = false;
+    CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), KVP_EINVALID_PARAMS);
+    CHECK(strstr(err, "load_async") != NULL);
+    c.load_async = true;
     CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), 0);
     kvp_conn_sched_close(s);
 
