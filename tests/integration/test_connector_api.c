@@ -278,6 +278,25 @@ TEST(store_then_load_shared_prefix_tp2)
     CHECK_EQ(kvp_conn_get_num_new_matched_tokens(e.s, &c, 0, &nn, &async), 0);
     CHECK_EQ(nn, (uint64_t)(NA - BS));
 
+    /* an asynchronous lookup answers PENDING first, then the hit */
+    kvp_conn_config ac = e.c;
+    ac.lookup_async = true;
+    kvp_conn_sched *as = NULL;
+    char aerr[256];
+    CHECK_EQ(kvp_conn_sched_open(&ac, &as, aerr, sizeof aerr), 0);
+    kvp_conn_request ar = b;
+    ar.id = (kvp_conn_str){"req-async", 9};
+    int pend = 0, arc;
+    while ((arc = kvp_conn_get_num_new_matched_tokens(as, &ar, 0, &nn, &async)) ==
+               KVP_CONN_PENDING && pend < 2000) {
+        pend++;
+        usleep(1000);
+    }
+    CHECK_EQ(arc, 0);
+    CHECK(pend >= 1); /* the first call did not wait */
+    CHECK_EQ(nn, (uint64_t)NA);
+    kvp_conn_sched_close(as);
+
     /* reset empties the pool: the same lookup now misses */
     CHECK(kvp_conn_reset_cache(e.s));
     kvp_conn_request d = b;
