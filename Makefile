@@ -25,7 +25,7 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 # ---------------------------------------------------------------- variants
 # release
 R := build
-R_CFLAGS := $(CFLAGS_BASE) -O2
+R_CFLAGS := $(CFLAGS_BASE) -O2 -fvisibility=hidden
 # tests: AddressSanitizer + UndefinedBehaviorSanitizer
 A := build/asan
 A_CFLAGS := $(CFLAGS_BASE) -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \

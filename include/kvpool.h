@@ -19,6 +19,29 @@
 extern "C" {
 #endif
 
+/*
+ * KVP_API marks what libkvpool.so exports. The library is built with hidden
+ * visibility by default, so nothing but the functions declared with it in
+ * the public headers is visible to the dynamic linker.
+ */
+#ifndef KVP_API /* a build that embeds the core (the Python module) defines it empty */
+#if defined(__GNUC__) || defined(__clang__)
+#define KVP_API __attribute__((visibility("default")))
+#else
+#define KVP_API
+#endif
+#endif
+
+/*
+ * ABI rules (so callers built against an older header keep working):
+ *  - A struct the caller fills and passes by pointer starts with
+ *    `struct_size`, set by its kvp_*_init() to sizeof the struct the caller
+ *    was compiled with; new fields are only ever appended, and the library
+ *    reads a field only when struct_size covers it (else its default).
+ *  - kvp_iov is the exception: an element of arrays of thousands of pieces,
+ *    it has the layout of struct iovec and is frozen.
+ */
+
 #define KVPOOL_VERSION_MAJOR 0
 #define KVPOOL_VERSION_MINOR 1
 #define KVPOOL_VERSION_PATCH 0
@@ -80,12 +103,12 @@ enum kvp_errno {
 #define KVP_OK KVP_EOK
 
 /* Message for an error code; never NULL ("unknown error" for unknown codes). */
-const char *kvp_strerror(int err);
+KVP_API const char *kvp_strerror(int err);
 /* Symbolic name ("OBJECT_NOT_FOUND") for an error code; never NULL. */
-const char *kvp_err_name(int err);
+KVP_API const char *kvp_err_name(int err);
 
 /* Library version string, e.g. "0.1.0". */
-const char *kvp_version(void);
+KVP_API const char *kvp_version(void);
 
 
 /* ======================================================== store client */
@@ -123,48 +146,110 @@ typedef struct kvp_iov {
  * In embedded mode the client also hosts a segment and its server threads.
  * 0 or a negative code, with a message in err (may be NULL).
  */
-int kvp_client_open(const char *config, kvp_client **out, char *err, size_t errlen);
+KVP_API int kvp_client_open(const char *config, kvp_client **out, char *err, size_t errlen);
 /* Closes connections, unmounts an embedded segment, frees everything.
  * No call may be running. */
-void kvp_client_close(kvp_client *c);
+KVP_API void kvp_client_close(kvp_client *c);
 
 /* Per key: 1 present, 0 absent, < 0 error. No side effects. */
-int kvp_client_exist(kvp_client *c, const char *const *keys, size_t n, int *results);
+KVP_API int kvp_client_exist(kvp_client *c, const char *const *keys, size_t n, int *results);
 /* Number of leading keys present (>= 0), or < 0. */
-int64_t kvp_client_prefix(kvp_client *c, const char *const *keys, size_t n);
+KVP_API int64_t kvp_client_prefix(kvp_client *c, const char *const *keys, size_t n);
 
 /* Single values. put: 0 or < 0. get: bytes copied (<= cap), or < 0;
  * KVP_EBUFFER_OVERFLOW when cap is smaller than the value. */
-int kvp_client_put(kvp_client *c, const char *key, const void *buf, size_t len);
-int64_t kvp_client_get(kvp_client *c, const char *key, void *buf, size_t cap);
+KVP_API int kvp_client_put(kvp_client *c, const char *key, const void *buf, size_t len);
+KVP_API int64_t kvp_client_get(kvp_client *c, const char *key, void *buf, size_t cap);
 /* Size of a stored value, or < 0 (KVP_EOBJECT_NOT_FOUND). */
-int64_t kvp_client_size(kvp_client *c, const char *key);
+KVP_API int64_t kvp_client_size(kvp_client *c, const char *key);
+/* Per key: the value's size (> 0) or < 0 (OBJECT_NOT_FOUND, ...); one
+ * request for the batch. The call returns 0 when it ran. */
+KVP_API int kvp_client_batch_size(kvp_client *c, const char *const *keys, size_t n,
+                                  int64_t *results);
 
 /* Each key's value is gathered from / scattered into its list of pieces
  * (iovs[i][0..niov[i])). A get needs the pieces' total to equal the value
  * size (else KVP_EBUFFER_OVERFLOW / KVP_EINVALID_PARAMS for that key). */
-int kvp_client_batch_put_from_multi_buffers(kvp_client *c, const char *const *keys,
+KVP_API int kvp_client_batch_put_from_multi_buffers(kvp_client *c, const char *const *keys,
                                             const kvp_iov *const *iovs, const size_t *niov,
                                             size_t n, int64_t *results);
-int kvp_client_batch_get_into_multi_buffers(kvp_client *c, const char *const *keys,
+KVP_API int kvp_client_batch_get_into_multi_buffers(kvp_client *c, const char *const *keys,
                                             const kvp_iov *const *iovs, const size_t *niov,
                                             size_t n, int64_t *results);
+/* The same, but each key's pieces may hold more than its value: the value
+ * fills them in order and its result is the value's size (a get into a
+ * buffer "at least as large", as Mooncake's get_into). */
+KVP_API int kvp_client_batch_get_into(kvp_client *c, const char *const *keys,
+                                      const kvp_iov *const *iovs, const size_t *niov, size_t n,
+                                      int64_t *results);
+
+/*
+ * Options of a put call (Mooncake's ReplicateConfig). kvp_put_opts_init()
+ * sets the defaults and struct_size; set fields after it.
+ */
+#define KVP_PUT_HARD_PIN 0x1u /* never evicted; removed only with force */
+typedef struct kvp_put_opts {
+    size_t struct_size;            /* sizeof(kvp_put_opts), from kvp_put_opts_init */
+    uint32_t replica_num;          /* copies on distinct segments, 1..3 (best effort when
+                                      fewer segments exist); 0 = the client's replica_num */
+    uint32_t flags;                /* KVP_PUT_* */
+    const char *preferred_segment; /* host:port for the first copy; NULL = the client's
+                                      default (config, env, own segment); "" = none */
+} kvp_put_opts;
+KVP_API void kvp_put_opts_init(kvp_put_opts *o);
+
+/* kvp_client_batch_put_from_multi_buffers with options; opts NULL = defaults.
+ * A struct_size smaller than the first version's or larger than this
+ * library's is KVP_EINVALID_PARAMS for the call. */
+KVP_API int kvp_client_batch_put_opts(kvp_client *c, const char *const *keys,
+                                      const kvp_iov *const *iovs, const size_t *niov, size_t n,
+                                      const kvp_put_opts *opts, int64_t *results);
 
 /* Records caller memory ranges (the RDMA and GPU transports to come
  * register them with the device; TCP and shm need nothing). Overlapping or
  * unknown ranges: KVP_EINVALID_PARAMS. */
-int kvp_client_register_buffer(kvp_client *c, void *base, size_t len);
-int kvp_client_unregister_buffer(kvp_client *c, void *base);
+KVP_API int kvp_client_register_buffer(kvp_client *c, void *base, size_t len);
+KVP_API int kvp_client_unregister_buffer(kvp_client *c, void *base);
+/* 0 when every piece v[0..n) lies inside one registered range (pieces of
+ * length 0 included), else KVP_EINVALID_PARAMS. For callers that hand over
+ * raw addresses (the Python package): a range never registered is refused
+ * before any byte is touched. */
+KVP_API int kvp_client_check_registered(kvp_client *c, const kvp_iov *v, size_t n);
 
 /* remove: 0 or < 0 (OBJECT_NOT_FOUND, OBJECT_HAS_LEASE unless force).
  * remove_all: objects removed (>= 0) or < 0. */
-int kvp_client_remove(kvp_client *c, const char *key, int force);
-int64_t kvp_client_remove_all(kvp_client *c, int force);
+KVP_API int kvp_client_remove(kvp_client *c, const char *key, int force);
+KVP_API int64_t kvp_client_remove_all(kvp_client *c, int force);
+/* Removes this tenant's keys matching a POSIX extended regular expression
+ * (searched anywhere in the key; at most 1024 bytes); leased or pinned
+ * objects only with force. Objects removed (>= 0), or < 0
+ * (KVP_EINVALID_PARAMS for a pattern that does not compile). */
+KVP_API int64_t kvp_client_remove_regex(kvp_client *c, const char *pattern, int force);
+/* Per key: 0 removed, or < 0 (OBJECT_NOT_FOUND, OBJECT_HAS_LEASE, ...).
+ * The call returns 0 when it ran, < 0 when nothing was attempted. */
+KVP_API int kvp_client_batch_remove(kvp_client *c, const char *const *keys, size_t n,
+                                    int force, int *results);
 
 /* A human-readable description of a key's replicas and tier, e.g.
  * "size 4096; replica 1/1: segment 5f2a.. (node-a:7000) offset 8192 tier dram via shm".
  * Bytes written (excluding NUL) or < 0. */
-int kvp_client_describe(kvp_client *c, const char *key, char *buf, size_t len);
+KVP_API int kvp_client_describe(kvp_client *c, const char *key, char *buf, size_t len);
+
+/* The same as JSON: {"key": K, "size": N, "replicas": [{"segment": "5f2a..",
+ * "name": "node-a:7000", "offset": O, "length": L, "tier": "dram",
+ * "transport": "shm"|"tcp"|"none"}, ...]}. Bytes written or < 0. */
+KVP_API int kvp_client_describe_json(kvp_client *c, const char *key, char *buf, size_t len);
+
+/* The master's counters and per-segment usage as JSON (the text of
+ * `kvpool stat --json`). Bytes written (excluding NUL) or < 0;
+ * KVP_EBUFFER_OVERFLOW when len is too small. */
+KVP_API int kvp_client_stat(kvp_client *c, char *buf, size_t len);
+
+/* This client's embedded segment name ("host:port", usable as a preferred
+ * segment), or "" in standalone-store mode. Never NULL; lives as long as c. */
+KVP_API const char *kvp_client_segment_name(const kvp_client *c);
+/* The tenant this client's keys live in ("default" unless configured). */
+KVP_API const char *kvp_client_tenant(const kvp_client *c);
 
 #ifdef __cplusplus
 }

@@ -100,6 +100,7 @@ typedef struct kvp_conn_group {
                                 tp_size > num_kv_heads, ranks holding the same
                                 head share keys. 0 = tp_size */
     bool is_eagle;           /* the EAGLE drafter's group */
+    uint64_t reserved[2];    /* zero: room for fields to come (checked at open) */
 } kvp_conn_group;
 
 /*
@@ -113,6 +114,8 @@ typedef struct kvp_conn_group {
 typedef int (*kvp_conn_fence_fn)(void *arg, uint64_t step);
 
 typedef struct kvp_conn_config {
+    size_t struct_size;       /* sizeof(kvp_conn_config), set by kvp_conn_config_default;
+                                 fields are only ever appended (kvpool.h, ABI rules) */
     /* ---- both halves */
     const char *model;        /* model name or path; keys use its basename */
     int role;                 /* enum kvp_conn_role, default BOTH */
@@ -150,7 +153,7 @@ typedef struct kvp_conn_config {
 } kvp_conn_config;
 
 /* Fills the defaults above (role BOTH, lookup on, async loads, every size 1). */
-void kvp_conn_config_default(kvp_conn_config *c);
+KVP_API void kvp_conn_config_default(kvp_conn_config *c);
 
 /* ================================================================ scheduler */
 
@@ -186,6 +189,7 @@ typedef struct kvp_conn_request {
     const uint8_t *block_hashes;
     uint32_t nhashes;
     uint8_t hash_len;
+    uint64_t reserved[2]; /* zero: room for fields to come */
 } kvp_conn_request;
 
 /* A request scheduled for the first time (its whole block table). */
@@ -231,6 +235,7 @@ typedef struct kvp_conn_step {
     uint32_t n_finished;
     const kvp_conn_tail_req *tails;
     uint32_t n_tails;
+    uint64_t reserved[4]; /* zero: room for fields to come */
 } kvp_conn_step;
 
 /*
@@ -238,27 +243,27 @@ typedef struct kvp_conn_step {
  * KVP_EINVALID_PARAMS with a message in err (bad sizes or groups, lookup on
  * without lookup_socket), KVP_ENOMEM, KVP_EIO.
  */
-int kvp_conn_sched_open(const kvp_conn_config *c, kvp_conn_sched **out, char *err,
+KVP_API int kvp_conn_sched_open(const kvp_conn_config *c, kvp_conn_sched **out, char *err,
                         size_t errlen);
-void kvp_conn_sched_close(kvp_conn_sched *s);
+KVP_API void kvp_conn_sched_close(kvp_conn_sched *s);
 
 /*
  * External tokens the pool can provide beyond the engine's local hit of
  * num_computed_tokens: 0 with *num_new (0 when nothing to load) and
  * *load_async; KVP_CONN_PENDING when an asynchronous lookup is in flight.
  */
-int kvp_conn_get_num_new_matched_tokens(kvp_conn_sched *s, const kvp_conn_request *r,
+KVP_API int kvp_conn_get_num_new_matched_tokens(kvp_conn_sched *s, const kvp_conn_request *r,
                                         uint64_t num_computed_tokens, uint64_t *num_new,
                                         bool *load_async);
 
 /* After the engine allocated blocks for r: num_external_tokens is what it
  * accepted (0 cancels the load). */
-int kvp_conn_update_state_after_alloc(kvp_conn_sched *s, const kvp_conn_request *r,
+KVP_API int kvp_conn_update_state_after_alloc(kvp_conn_sched *s, const kvp_conn_request *r,
                                       const kvp_conn_blocks *blocks, uint32_t ngroups,
                                       uint64_t num_external_tokens);
 
 /* The step's bytes for the workers; valid until the next call on s. */
-int kvp_conn_build_meta(kvp_conn_sched *s, const kvp_conn_step *st, const uint8_t **bytes,
+KVP_API int kvp_conn_build_meta(kvp_conn_sched *s, const kvp_conn_step *st, const uint8_t **bytes,
                         size_t *len);
 
 /*
@@ -267,13 +272,13 @@ int kvp_conn_build_meta(kvp_conn_sched *s, const kvp_conn_step *st, const uint8_
  * it loaded (a load may still be writing into its blocks; every rank
  * reports it once its load ended, usually at the next step).
  */
-int kvp_conn_request_finished(kvp_conn_sched *s, kvp_conn_str id, const kvp_conn_blocks *blocks,
+KVP_API int kvp_conn_request_finished(kvp_conn_sched *s, kvp_conn_str id, const kvp_conn_blocks *blocks,
                               uint32_t ngroups, bool *delay_free);
 
 /* Forgets pending loads, drains the workers' stores, then empties the pool
  * (every object of every model). true when the pool was emptied. The engine
  * must have paused generation. */
-bool kvp_conn_reset_cache(kvp_conn_sched *s);
+KVP_API bool kvp_conn_reset_cache(kvp_conn_sched *s);
 
 /* ================================================================== worker */
 
@@ -288,6 +293,7 @@ typedef struct kvp_conn_tensor {
     int ndim;
     size_t shape[KVP_CONN_MAX_DIMS];
     size_t stride[KVP_CONN_MAX_DIMS]; /* in elements */
+    uint64_t reserved[2];             /* zero: room for fields to come (checked) */
 } kvp_conn_tensor;
 
 /* A growable set of NUL-terminated ids owned by the caller's struct.
@@ -296,7 +302,7 @@ typedef struct kvp_conn_ids {
     char **ids;
     size_t n, cap;
 } kvp_conn_ids;
-void kvp_conn_ids_free(kvp_conn_ids *s);
+KVP_API void kvp_conn_ids_free(kvp_conn_ids *s);
 
 /*
  * Opens the worker half of one rank: connects to the store (store_config),
@@ -304,18 +310,18 @@ void kvp_conn_ids_free(kvp_conn_ids *s);
  * lookup_socket. Errors with a message in err: KVP_EINVALID_PARAMS,
  * KVP_ECONFIG, the store's open error, KVP_EIO, KVP_ENOMEM.
  */
-int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *err,
+KVP_API int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *err,
                          size_t errlen);
 /* Finishes queued transfers, stops the threads, closes the store. NULL ok. */
-void kvp_conn_worker_close(kvp_conn_worker *w);
+KVP_API void kvp_conn_worker_close(kvp_conn_worker *w);
 
 /* Once, after the KV cache is allocated: layout detection (blocks-first,
  * K/V-first, cross-layer), registration with the store, threads started. */
-int kvp_conn_register_kv_caches(kvp_conn_worker *w, const kvp_conn_tensor *t, size_t n);
+KVP_API int kvp_conn_register_kv_caches(kvp_conn_worker *w, const kvp_conn_tensor *t, size_t n);
 
 /* Before the forward pass of a step that preempted requests: returns once
  * no store of theirs reads their blocks any more. */
-int kvp_conn_handle_preemptions(kvp_conn_worker *w, const char *const *ids, size_t n);
+KVP_API int kvp_conn_handle_preemptions(kvp_conn_worker *w, const char *const *ids, size_t n);
 
 /*
  * After the forward pass: decodes the step's bytes (bytes NULL = no step),
@@ -324,20 +330,20 @@ int kvp_conn_handle_preemptions(kvp_conn_worker *w, const char *const *ids, size
  * since the last call. Bytes that cannot be decoded: KVP_EPROTOCOL /
  * KVP_EINVALID_VERSION (nothing of that step is queued).
  */
-int kvp_conn_get_finished(kvp_conn_worker *w, const uint8_t *bytes, size_t len,
+KVP_API int kvp_conn_get_finished(kvp_conn_worker *w, const uint8_t *bytes, size_t len,
                           const char *const *finished, size_t nfinished,
                           kvp_conn_ids *done_sending, kvp_conn_ids *done_recving);
 
 /* The step number the next get_finished gives its stores (the fence's
  * `step`; 1 for the first call): record the step's fence under it. */
-uint64_t kvp_conn_worker_step(kvp_conn_worker *w);
+KVP_API uint64_t kvp_conn_worker_step(kvp_conn_worker *w);
 
 /* Takes the block ids whose load failed (*ids freed with kvp_conn_free). */
-int kvp_conn_load_errors(kvp_conn_worker *w, uint32_t **ids, size_t *n);
-void kvp_conn_free(void *p);
+KVP_API int kvp_conn_load_errors(kvp_conn_worker *w, uint32_t **ids, size_t *n);
+KVP_API void kvp_conn_free(void *p);
 
 /* Waits until every queued load and store has run (shutdown, tests). */
-void kvp_conn_worker_drain(kvp_conn_worker *w);
+KVP_API void kvp_conn_worker_drain(kvp_conn_worker *w);
 
 /* Per-operation counters since the last take (then reset). */
 enum kvp_conn_op { KVP_CONN_OP_STORE = 0, KVP_CONN_OP_LOAD = 1, KVP_CONN_OP_LOOKUP = 2,
@@ -349,7 +355,7 @@ typedef struct kvp_conn_stats {
     kvp_conn_op_stats op[KVP_CONN_OP_COUNT];
 } kvp_conn_stats;
 /* 1 if anything was recorded since the last take, else 0. */
-int kvp_conn_take_stats(kvp_conn_worker *w, kvp_conn_stats *out);
+KVP_API int kvp_conn_take_stats(kvp_conn_worker *w, kvp_conn_stats *out);
 
 /* KV event BlockStored: one stored block of one group. */
 typedef struct kvp_conn_event {
@@ -363,8 +369,8 @@ typedef struct kvp_conn_event {
     uint32_t *token_ids;   /* tokens[start:end] or NULL */
     uint32_t n_token_ids;
 } kvp_conn_event;
-int kvp_conn_take_events(kvp_conn_worker *w, kvp_conn_event **ev, size_t *n);
-void kvp_conn_events_free(kvp_conn_event *ev, size_t n);
+KVP_API int kvp_conn_take_events(kvp_conn_worker *w, kvp_conn_event **ev, size_t *n);
+KVP_API void kvp_conn_events_free(kvp_conn_event *ev, size_t n);
 
 /* ============================================================= block hashes */
 
@@ -377,15 +383,15 @@ void kvp_conn_events_free(kvp_conn_event *ev, size_t n);
  * hash. No extra keys (LoRA, multimodal, cache salt).
  */
 typedef struct kvp_conn_hasher kvp_conn_hasher;
-int kvp_conn_hasher_new(const char *algo, const char *seed, uint32_t block_size,
+KVP_API int kvp_conn_hasher_new(const char *algo, const char *seed, uint32_t block_size,
                         kvp_conn_hasher **out);
 /* Appends n tokens; writes the hashes of the blocks they complete to out
  * (hash_len bytes each), *nout of them; out_cap in hashes
  * (KVP_EBUFFER_OVERFLOW with *nout the number needed: nothing appended). */
-int kvp_conn_hasher_append(kvp_conn_hasher *h, const uint32_t *tokens, size_t n, uint8_t *out,
+KVP_API int kvp_conn_hasher_append(kvp_conn_hasher *h, const uint32_t *tokens, size_t n, uint8_t *out,
                            size_t out_cap, size_t *nout);
-size_t kvp_conn_hasher_hash_len(const kvp_conn_hasher *h);
-void kvp_conn_hasher_free(kvp_conn_hasher *h);
+KVP_API size_t kvp_conn_hasher_hash_len(const kvp_conn_hasher *h);
+KVP_API void kvp_conn_hasher_free(kvp_conn_hasher *h);
 
 #ifdef __cplusplus
 }

@@ -27,16 +27,12 @@ static int connect_master(const kvp_config *cfg, const char *cmd, kvp_rpc **r)
     return rc;
 }
 
-static const char *const stat_names[KVP_STAT__COUNT] = {
-    "objects", "bytes", "capacity", "used", "hits", "misses", "evictions", "evicted_bytes",
-    "leases", "pending", "clients", "segments", "put_timeouts", "put_revoked", "clients_expired",
-    "requests", "bad_frames"};
 
 static void print_json(const kvp_msg_stats_resp *s)
 {
     printf("{\"counters\": {");
     for (uint32_t i = 0; i < s->n_counters && i < KVP_STAT__COUNT; i++)
-        printf("%s\"%s\": %llu", i ? ", " : "", stat_names[i], (unsigned long long)s->counters[i]);
+        printf("%s\"%s\": %llu", i ? ", " : "", kvp_stat_name(i), (unsigned long long)s->counters[i]);
     printf("}, \"segments\": [");
     for (uint32_t i = 0; i < s->n_segs; i++) {
         const kvp_seg_stat *g = &s->segs[i];

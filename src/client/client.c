@@ -30,6 +30,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,12 @@
 #define HB_MIN_MS 50u
 
 /* ------------------------------------------------------------- helpers */
+
+/* The tenant every request names (config "tenant", validated non-empty). */
+static kvp_bytes tenant_of(const kvp_client *c)
+{
+    return (kvp_bytes){(const uint8_t *)c->cfg.tenant, (uint32_t)strlen(c->cfg.tenant)};
+}
 
 static int timeout_ms(const kvp_client *c)
 {
@@ -583,13 +590,19 @@ static void *hb_main(void *arg)
  * One chunk of a put: k[0..m) are valid keys with their caller indexes
  * idx[], pieces and sizes. Fills results[idx[i]].
  */
-static void put_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_t *idx,
-                      const uint64_t *sizes, size_t m, const kvp_iov *const *iovs,
-                      const size_t *niov, int64_t *results)
+/* What PUT_START asks for besides the keys: resolved from kvp_put_opts. */
+typedef struct put_args {
+    uint32_t replicas;
+    uint32_t flags;     /* KVP_PUT_* of the protocol */
+    kvp_bytes preferred;
+} put_args;
+
+static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_bytes *k,
+                      const size_t *idx, const uint64_t *sizes, size_t m,
+                      const kvp_iov *const *iovs, const size_t *niov, int64_t *results)
 {
     scratch_reset(s);
-    kvp_msg_put_start ps = {{NULL, 0}, (uint32_t)c->cfg.replica_num, 0,
-                            {(const uint8_t *)c->pref_name, (uint32_t)strlen(c->pref_name)},
+    kvp_msg_put_start ps = {tenant_of(c), pa->replicas, pa->flags, pa->preferred,
                             (uint32_t)m, (kvp_bytes *)k, (uint64_t *)sizes};
     kvp_enc_put_start(&s->req, &ps);
     int rc = mcall(c, KVP_OP_PUT_START, &s->req, RETRY_IF_NEW_MASTER, &s->resp);
@@ -698,7 +711,7 @@ static void put_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
     }
     if (nend) {
         scratch_reset(s);
-        kvp_msg_put_end pe = {{NULL, 0}, (uint32_t)nend, endk, csums};
+        kvp_msg_put_end pe = {tenant_of(c), (uint32_t)nend, endk, csums};
         kvp_enc_put_end(&s->req, &pe);
         rc = mcall(c, KVP_OP_PUT_END, &s->req, RETRY_SAFE, &s->resp);
         kvp_msg_results er = {0};
@@ -720,7 +733,7 @@ static void put_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
     }
     if (nrev) {
         scratch_reset(s);
-        kvp_msg_keys rk = {{NULL, 0}, (uint32_t)nrev, revk};
+        kvp_msg_keys rk = {tenant_of(c), (uint32_t)nrev, revk};
         kvp_enc_keys(&s->req, &rk);
         int vrc = mcall(c, KVP_OP_PUT_REVOKE, &s->req, RETRY_SAFE, &s->resp);
         if (vrc)
@@ -739,12 +752,57 @@ static void put_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
     kvp_free(revi);
 }
 
+void kvp_put_opts_init(kvp_put_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->struct_size = sizeof *o;
+}
+
+/* The first layout of kvp_put_opts: what a caller's struct_size must cover. */
+#define PUT_OPTS_V1_SIZE (offsetof(kvp_put_opts, preferred_segment) + sizeof(const char *))
+
+/* Resolves opts (NULL = defaults) against the client's configuration. */
+static int put_args_of(const kvp_client *c, const kvp_put_opts *o, put_args *pa)
+{
+    pa->replicas = (uint32_t)c->cfg.replica_num;
+    pa->flags = 0;
+    const char *pref = c->pref_name;
+    if (o) {
+        if (o->struct_size < PUT_OPTS_V1_SIZE || o->struct_size > sizeof *o)
+            return KVP_EINVALID_PARAMS;
+        if (o->replica_num > KVP_MAX_REPLICAS || (o->flags & ~KVP_PUT_HARD_PIN))
+            return KVP_EINVALID_PARAMS;
+        if (o->replica_num)
+            pa->replicas = o->replica_num;
+        if (o->flags & KVP_PUT_HARD_PIN)
+            pa->flags |= KVP_PUT_PIN;
+        if (o->preferred_segment) {
+            pref = o->preferred_segment;
+            if (strlen(pref) >= sizeof c->pref_name)
+                return KVP_EINVALID_PARAMS;
+        }
+    }
+    pa->preferred = (kvp_bytes){(const uint8_t *)pref, (uint32_t)strlen(pref)};
+    return 0;
+}
+
 int kvp_client_batch_put_from_multi_buffers(kvp_client *c, const char *const *keys,
                                             const kvp_iov *const *iovs, const size_t *niov,
                                             size_t n, int64_t *results)
 {
+    return kvp_client_batch_put_opts(c, keys, iovs, niov, n, NULL, results);
+}
+
+int kvp_client_batch_put_opts(kvp_client *c, const char *const *keys,
+                              const kvp_iov *const *iovs, const size_t *niov, size_t n,
+                              const kvp_put_opts *opts, int64_t *results)
+{
     if (!c || (n && (!keys || !iovs || !niov || !results)))
         return KVP_EINVALID_PARAMS;
+    put_args pa;
+    int arc = put_args_of(c, opts, &pa);
+    if (arc)
+        return arc;
     if (n == 0)
         return 0;
     kvp_bytes *k = kvp_calloc(n, sizeof *k);
@@ -774,7 +832,7 @@ int kvp_client_batch_put_from_multi_buffers(kvp_client *c, const char *const *ke
     scratch_init(&s);
     for (size_t off = 0; off < m;) {
         size_t l = chunk_len(c, k + off, m - off, 8, RESP_PER_PUT_START);
-        put_chunk(c, &s, k + off, idx + off, sizes + off, l, iovs, niov, results);
+        put_chunk(c, &s, &pa, k + off, idx + off, sizes + off, l, iovs, niov, results);
         off += l;
     }
     scratch_free(&s);
@@ -832,7 +890,7 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
 {
     scratch_reset(s);
     uint64_t start = kvp_now_ms();
-    kvp_msg_keys gk = {{NULL, 0}, (uint32_t)m, (kvp_bytes *)k};
+    kvp_msg_keys gk = {tenant_of(c), (uint32_t)m, (kvp_bytes *)k};
     kvp_enc_keys(&s->req, &gk);
     int rc = mcall(c, KVP_OP_GET, &s->req, RETRY_SAFE, &s->resp);
     kvp_msg_get_resp gr = {0};
@@ -956,7 +1014,7 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
     }
     if (nrel) {
         scratch_reset(s);
-        kvp_msg_put_end rel = {{NULL, 0}, (uint32_t)nrel, relk, rell};
+        kvp_msg_put_end rel = {tenant_of(c), (uint32_t)nrel, relk, rell};
         kvp_enc_put_end(&s->req, &rel);
         msend_oneway(c, KVP_OP_RELEASE, &s->req);
     }
@@ -1012,6 +1070,12 @@ int kvp_client_batch_get_into_multi_buffers(kvp_client *c, const char *const *ke
     return batch_get(c, keys, iovs, niov, n, 0, results);
 }
 
+int kvp_client_batch_get_into(kvp_client *c, const char *const *keys, const kvp_iov *const *iovs,
+                              const size_t *niov, size_t n, int64_t *results)
+{
+    return batch_get(c, keys, iovs, niov, n, 1, results);
+}
+
 int64_t kvp_client_get(kvp_client *c, const char *key, void *buf, size_t cap)
 {
     if (cap && !buf)
@@ -1032,7 +1096,7 @@ static int get_meta(kvp_client *c, scratch *s, const char *key, kvp_get_result *
     int rc = key_bytes(c, key, &k);
     if (rc)
         return rc;
-    kvp_msg_keys gk = {{NULL, 0}, 1, &k};
+    kvp_msg_keys gk = {tenant_of(c), 1, &k};
     kvp_enc_keys(&s->req, &gk);
     rc = mcall(c, KVP_OP_GET, &s->req, RETRY_SAFE, &s->resp);
     kvp_msg_get_resp gr = {0};
@@ -1046,9 +1110,75 @@ static int get_meta(kvp_client *c, scratch *s, const char *key, kvp_get_result *
     if (out->status)
         return out->status;
     scratch_reset(s);
-    kvp_msg_put_end rel = {{NULL, 0}, 1, &k, &out->lease_id};
+    kvp_msg_put_end rel = {tenant_of(c), 1, &k, &out->lease_id};
     kvp_enc_put_end(&s->req, &rel);
     msend_oneway(c, KVP_OP_RELEASE, &s->req);
+    return 0;
+}
+
+int kvp_client_batch_size(kvp_client *c, const char *const *keys, size_t n, int64_t *results)
+{
+    if (!c || (n && (!keys || !results)))
+        return KVP_EINVALID_PARAMS;
+    if (n == 0)
+        return 0;
+    kvp_bytes *k = kvp_calloc(n, sizeof *k);
+    size_t *idx = kvp_calloc(n, sizeof *idx);
+    uint64_t *lease = kvp_calloc(n, sizeof *lease);
+    kvp_bytes *relk = kvp_calloc(n, sizeof *relk);
+    if (!k || !idx || !lease || !relk) {
+        kvp_free(k);
+        kvp_free(idx);
+        kvp_free(lease);
+        kvp_free(relk);
+        return KVP_ENOMEM;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        int rc = key_bytes(c, keys[i], &k[m]);
+        if (rc)
+            results[i] = rc;
+        else
+            idx[m++] = i;
+    }
+    scratch s;
+    scratch_init(&s);
+    for (size_t off = 0; off < m;) {
+        size_t l = chunk_len(c, k + off, m - off, 0, RESP_PER_GET);
+        scratch_reset(&s);
+        kvp_msg_keys q = {tenant_of(c), (uint32_t)l, k + off};
+        kvp_enc_keys(&s.req, &q);
+        int rc = mcall(c, KVP_OP_GET, &s.req, RETRY_SAFE, &s.resp);
+        kvp_msg_get_resp gr = {0};
+        if (rc == 0)
+            rc = kvp_dec_get_resp(s.resp.data, (uint32_t)s.resp.len, &c->lim, &s.a, &gr);
+        if (rc == 0 && gr.n != l)
+            rc = KVP_EPROTOCOL;
+        size_t nrel = 0;
+        for (size_t i = 0; i < l; i++) {
+            const kvp_get_result *r = rc ? NULL : &gr.results[i];
+            if (r && r->status == 0) {
+                results[idx[off + i]] = r->size > (uint64_t)INT64_MAX ? KVP_EPROTOCOL
+                                                                       : (int64_t)r->size;
+                relk[nrel] = k[off + i];
+                lease[nrel++] = r->lease_id;
+            } else {
+                results[idx[off + i]] = rc ? rc : r->status;
+            }
+        }
+        if (nrel) {
+            scratch_reset(&s);
+            kvp_msg_put_end rel = {tenant_of(c), (uint32_t)nrel, relk, lease};
+            kvp_enc_put_end(&s.req, &rel);
+            msend_oneway(c, KVP_OP_RELEASE, &s.req);
+        }
+        off += l;
+    }
+    scratch_free(&s);
+    kvp_free(k);
+    kvp_free(idx);
+    kvp_free(lease);
+    kvp_free(relk);
     return 0;
 }
 
@@ -1064,7 +1194,37 @@ int64_t kvp_client_size(kvp_client *c, const char *key)
     return rc ? rc : (int64_t)r.size;
 }
 
-int kvp_client_describe(kvp_client *c, const char *key, char *buf, size_t len)
+/* Appends printf output at *w of buf[0..len) (counting past the end). */
+static void appendf(char *buf, size_t len, size_t *w, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void appendf(char *buf, size_t len, size_t *w, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(*w < len ? buf + *w : NULL, *w < len ? len - *w : 0, fmt, ap);
+    va_end(ap);
+    *w += n > 0 ? (size_t)n : 0;
+}
+
+/* Appends s as the body of a JSON string (no quotes). */
+static void append_json_str(char *buf, size_t len, size_t *w, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\')
+            appendf(buf, len, w, "\\%c", ch);
+        else if (ch < 32 || ch > 126)
+            appendf(buf, len, w, "\\u%04x", ch);
+        else
+            appendf(buf, len, w, "%c", ch);
+    }
+}
+
+/*
+ * describe / describe_json: the key's replicas (GET + RELEASE), their
+ * segments' names (SEGMENT_INFO) and the transport this client would use.
+ */
+static int describe(kvp_client *c, const char *key, int json, char *buf, size_t len)
 {
     if (!c || (len && !buf))
         return KVP_EINVALID_PARAMS;
@@ -1094,8 +1254,13 @@ int kvp_client_describe(kvp_client *c, const char *key, char *buf, size_t len)
         if (si.infos[j].status == 0 && !kvp_xfer_has_segment(c->xfer, ids[j]))
             kvp_xfer_add_segment(c->xfer, &si.infos[j].desc);
     size_t w = 0;
-    int n = snprintf(buf, len, "size %llu", (unsigned long long)r.size);
-    w = n > 0 ? (size_t)n : 0;
+    if (json) {
+        appendf(buf, len, &w, "{\"key\": \"");
+        append_json_str(buf, len, &w, key, strlen(key));
+        appendf(buf, len, &w, "\", \"size\": %llu, \"replicas\": [", (unsigned long long)r.size);
+    } else {
+        appendf(buf, len, &w, "size %llu", (unsigned long long)r.size);
+    }
     for (uint32_t j = 0; j < nr; j++) {
         const kvp_replica *p = &r.replicas[j];
         char name[300] = "?";
@@ -1104,21 +1269,93 @@ int kvp_client_describe(kvp_client *c, const char *key, char *buf, size_t len)
             snprintf(name, sizeof name, "%.*s", (int)nm.len, (const char *)nm.p);
         }
         const char *via = kvp_xfer_transport(c->xfer, p->segment_id);
-        n = snprintf(w < len ? buf + w : NULL, w < len ? len - w : 0,
-                     "; replica %u/%u: segment %016llx (%s) offset %llu tier dram via %s", j + 1,
-                     nr, (unsigned long long)p->segment_id, name, (unsigned long long)p->offset,
-                     via ? via : "none");
-        w += n > 0 ? (size_t)n : 0;
+        if (json) {
+            appendf(buf, len, &w, "%s{\"segment\": \"%016llx\", \"name\": \"", j ? ", " : "",
+                    (unsigned long long)p->segment_id);
+            append_json_str(buf, len, &w, name, strlen(name));
+            appendf(buf, len, &w,
+                    "\", \"offset\": %llu, \"length\": %llu, \"tier\": \"dram\", "
+                    "\"transport\": \"%s\"}",
+                    (unsigned long long)p->offset, (unsigned long long)p->length,
+                    via ? via : "none");
+        } else {
+            appendf(buf, len, &w, "; replica %u/%u: segment %016llx (%s) offset %llu tier dram via %s",
+                    j + 1, nr, (unsigned long long)p->segment_id, name,
+                    (unsigned long long)p->offset, via ? via : "none");
+        }
     }
+    if (json)
+        appendf(buf, len, &w, "]}");
     scratch_free(&s);
     if (w >= len)
         return KVP_EBUFFER_OVERFLOW;
     return (int)w;
 }
 
+int kvp_client_describe(kvp_client *c, const char *key, char *buf, size_t len)
+{
+    return describe(c, key, 0, buf, len);
+}
+
+int kvp_client_describe_json(kvp_client *c, const char *key, char *buf, size_t len)
+{
+    return describe(c, key, 1, buf, len);
+}
+
+/* --------------------------------------------------------------- stats */
+
+int kvp_client_stat(kvp_client *c, char *buf, size_t len)
+{
+    if (!c || (len && !buf))
+        return KVP_EINVALID_PARAMS;
+    scratch s;
+    scratch_init(&s);
+    int rc = mcall(c, KVP_OP_STATS, &s.req, RETRY_SAFE, &s.resp);
+    kvp_msg_stats_resp st;
+    if (rc == 0)
+        rc = kvp_dec_stats_resp(s.resp.data, (uint32_t)s.resp.len, &c->lim, &s.a, &st);
+    if (rc == 0 && st.n_counters < KVP_STAT__COUNT)
+        rc = KVP_EPROTOCOL;
+    size_t w = 0;
+    if (rc == 0) {
+        appendf(buf, len, &w, "{\"counters\": {");
+        for (uint32_t i = 0; i < KVP_STAT__COUNT; i++)
+            appendf(buf, len, &w, "%s\"%s\": %llu", i ? ", " : "", kvp_stat_name(i),
+                    (unsigned long long)st.counters[i]);
+        appendf(buf, len, &w, "}, \"segments\": [");
+        for (uint32_t i = 0; i < st.n_segs; i++) {
+            const kvp_seg_stat *g = &st.segs[i];
+            appendf(buf, len, &w, "%s{\"id\": \"%016llx\", \"name\": \"", i ? ", " : "",
+                    (unsigned long long)g->id);
+            append_json_str(buf, len, &w, (const char *)g->name.p, g->name.len);
+            appendf(buf, len, &w,
+                    "\", \"capacity\": %llu, \"used\": %llu, \"objects\": %llu, "
+                    "\"largest_free\": %llu}",
+                    (unsigned long long)g->capacity, (unsigned long long)g->used,
+                    (unsigned long long)g->objects, (unsigned long long)g->largest_free);
+        }
+        appendf(buf, len, &w, "]}");
+    }
+    scratch_free(&s);
+    if (rc)
+        return rc;
+    if (w >= len)
+        return KVP_EBUFFER_OVERFLOW;
+    return (int)w;
+}
+
+const char *kvp_client_segment_name(const kvp_client *c) { return c ? c->seg_name : ""; }
+
+const char *kvp_client_tenant(const kvp_client *c) { return c ? c->cfg.tenant : ""; }
+
 /* ---------------------------------------------------- exist and prefix */
 
-int kvp_client_exist(kvp_client *c, const char *const *keys, size_t n, int *results)
+/*
+ * A per-key-code request over a batch: EXIST (force < 0) or REMOVE (force
+ * 0 / 1). Invalid keys get their own code; the rest go in frame-sized chunks.
+ */
+static int codes_batch(kvp_client *c, const char *const *keys, size_t n, int force,
+                       int *results)
 {
     if (!c || (n && (!keys || !results)))
         return KVP_EINVALID_PARAMS;
@@ -1144,9 +1381,16 @@ int kvp_client_exist(kvp_client *c, const char *const *keys, size_t n, int *resu
     for (size_t off = 0; off < m;) {
         size_t l = chunk_len(c, k + off, m - off, 0, RESP_PER_CODE);
         scratch_reset(&s);
-        kvp_msg_keys q = {{NULL, 0}, (uint32_t)l, k + off};
-        kvp_enc_keys(&s.req, &q);
-        int rc = mcall(c, KVP_OP_EXIST, &s.req, RETRY_SAFE, &s.resp);
+        int rc;
+        if (force < 0) {
+            kvp_msg_keys q = {tenant_of(c), (uint32_t)l, k + off};
+            kvp_enc_keys(&s.req, &q);
+            rc = mcall(c, KVP_OP_EXIST, &s.req, RETRY_SAFE, &s.resp);
+        } else {
+            kvp_msg_remove q = {tenant_of(c), (uint8_t)(force != 0), (uint32_t)l, k + off};
+            kvp_enc_remove(&s.req, &q);
+            rc = mcall(c, KVP_OP_REMOVE, &s.req, RETRY_SAFE, &s.resp);
+        }
         kvp_msg_results r = {0};
         if (rc == 0)
             rc = kvp_dec_results(s.resp.data, (uint32_t)s.resp.len, &c->lim, &s.a, &r);
@@ -1160,6 +1404,11 @@ int kvp_client_exist(kvp_client *c, const char *const *keys, size_t n, int *resu
     kvp_free(k);
     kvp_free(idx);
     return 0;
+}
+
+int kvp_client_exist(kvp_client *c, const char *const *keys, size_t n, int *results)
+{
+    return codes_batch(c, keys, n, -1, results);
 }
 
 int64_t kvp_client_prefix(kvp_client *c, const char *const *keys, size_t n)
@@ -1179,7 +1428,7 @@ int64_t kvp_client_prefix(kvp_client *c, const char *const *keys, size_t n)
     for (size_t off = 0; off < m;) {
         size_t l = chunk_len(c, k + off, m - off, 0, 0);
         scratch_reset(&s);
-        kvp_msg_keys q = {{NULL, 0}, (uint32_t)l, k + off};
+        kvp_msg_keys q = {tenant_of(c), (uint32_t)l, k + off};
         kvp_enc_keys(&s.req, &q);
         int rc = mcall(c, KVP_OP_PREFIX, &s.req, RETRY_SAFE, &s.resp);
         kvp_msg_prefix_resp r = {0};
@@ -1205,24 +1454,15 @@ int64_t kvp_client_prefix(kvp_client *c, const char *const *keys, size_t n)
 
 int kvp_client_remove(kvp_client *c, const char *key, int force)
 {
-    if (!c)
-        return KVP_EINVALID_PARAMS;
-    kvp_bytes k;
-    int rc = key_bytes(c, key, &k);
-    if (rc)
-        return rc;
-    scratch s;
-    scratch_init(&s);
-    kvp_msg_remove q = {{NULL, 0}, (uint8_t)(force != 0), 1, &k};
-    kvp_enc_remove(&s.req, &q);
-    rc = mcall(c, KVP_OP_REMOVE, &s.req, RETRY_SAFE, &s.resp);
-    kvp_msg_results r = {0};
-    if (rc == 0)
-        rc = kvp_dec_results(s.resp.data, (uint32_t)s.resp.len, &c->lim, &s.a, &r);
-    if (rc == 0)
-        rc = r.n == 1 ? r.codes[0] : KVP_EPROTOCOL;
-    scratch_free(&s);
-    return rc;
+    int r = 0;
+    int rc = codes_batch(c, &key, 1, force != 0, &r);
+    return rc ? rc : r;
+}
+
+int kvp_client_batch_remove(kvp_client *c, const char *const *keys, size_t n, int force,
+                            int *results)
+{
+    return codes_batch(c, keys, n, force != 0, results);
 }
 
 int64_t kvp_client_remove_all(kvp_client *c, int force)
@@ -1231,9 +1471,31 @@ int64_t kvp_client_remove_all(kvp_client *c, int force)
         return KVP_EINVALID_PARAMS;
     scratch s;
     scratch_init(&s);
-    kvp_msg_remove_all q = {{NULL, 0}, (uint8_t)(force != 0)};
+    kvp_msg_remove_all q = {tenant_of(c), (uint8_t)(force != 0)};
     kvp_enc_remove_all(&s.req, &q);
     int rc = mcall(c, KVP_OP_REMOVE_ALL, &s.req, RETRY_SAFE, &s.resp);
+    kvp_msg_remove_all_resp r = {0};
+    if (rc == 0)
+        rc = kvp_dec_remove_all_resp(s.resp.data, (uint32_t)s.resp.len, &r);
+    scratch_free(&s);
+    if (rc)
+        return rc;
+    return r.removed > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)r.removed;
+}
+
+int64_t kvp_client_remove_regex(kvp_client *c, const char *pattern, int force)
+{
+    if (!c || !pattern)
+        return KVP_EINVALID_PARAMS;
+    size_t len = strnlen(pattern, KVP_REGEX_MAX + 1);
+    if (len == 0 || len > KVP_REGEX_MAX)
+        return KVP_EINVALID_PARAMS;
+    scratch s;
+    scratch_init(&s);
+    kvp_msg_remove_regex q = {tenant_of(c), (uint8_t)(force != 0),
+                              {(const uint8_t *)pattern, (uint32_t)len}};
+    kvp_enc_remove_regex(&s.req, &q);
+    int rc = mcall(c, KVP_OP_REMOVE_REGEX, &s.req, RETRY_SAFE, &s.resp);
     kvp_msg_remove_all_resp r = {0};
     if (rc == 0)
         rc = kvp_dec_remove_all_resp(s.resp.data, (uint32_t)s.resp.len, &r);
@@ -1304,6 +1566,26 @@ int kvp_client_unregister_buffer(kvp_client *c, void *base)
         memmove(c->regs + i - 1, c->regs + i, (c->nregs - i) * sizeof *c->regs);
         c->nregs--;
         rc = 0;
+    }
+    pthread_mutex_unlock(&c->reg_mu);
+    return rc;
+}
+
+int kvp_client_check_registered(kvp_client *c, const kvp_iov *v, size_t n)
+{
+    if (!c || (n && !v))
+        return KVP_EINVALID_PARAMS;
+    int rc = 0;
+    pthread_mutex_lock(&c->reg_mu);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        uintptr_t b = (uintptr_t)v[i].base;
+        if (!b || v[i].len > UINTPTR_MAX - b) {
+            rc = KVP_EINVALID_PARAMS;
+            break;
+        }
+        size_t j = reg_upper(c, b); /* regs[j-1] is the last range starting at or below b */
+        if (j == 0 || b + v[i].len > c->regs[j - 1].base + c->regs[j - 1].len)
+            rc = KVP_EINVALID_PARAMS;
     }
     pthread_mutex_unlock(&c->reg_mu);
     return rc;

@@ -136,6 +136,8 @@ static const struct key_def keys[] = {
     {.name = "preferred_segment", .type = KT_STRING, F_STR(preferred_segment), .def = "",
      .help = "client: segment (host:port) puts place their first copy on when it has room; "
              "\"\" = $MOONCAKE_PREFERRED_SEGMENT, else this client's own segment"},
+    {.name = "tenant", .aliases = {"tenant_id"}, .type = KT_STRING, F_STR(tenant),
+     .def = "default", .help = "client: the tenant (key namespace) this client's keys live in"},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
@@ -1023,6 +1025,9 @@ int kvp_config_validate(const kvp_config *c, char *err, size_t errlen)
         return invalid(err, errlen,
                        "key \"preferred_segment\" must be a non-empty host:port (it is only "
                        "white space)");
+    if (!c->tenant[0] || strspn(c->tenant, " \t\r\n") == strlen(c->tenant))
+        return invalid(err, errlen, "key \"tenant\" must be a non-empty name (it is \"%s\")",
+                       c->tenant);
     if (c->max_key >= c->max_frame)
         return invalid(err, errlen,
                        "key \"max_key_size\" (%llu) must be less than key \"max_frame_size\" "

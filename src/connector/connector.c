@@ -53,6 +53,7 @@ _Static_assert(sizeof(((kvp_conn_event *)0)->hash) >= KVP_META_MAX_HASH_LEN, "ev
 void kvp_conn_config_default(kvp_conn_config *c)
 {
     memset(c, 0, sizeof *c);
+    c->struct_size = sizeof *c;
     c->role = KVP_CONN_BOTH;
     c->enable_lookup = true;
     c->load_async = true;
@@ -67,6 +68,25 @@ static int fail(char *err, size_t errlen, const char *msg)
     return KVP_EINVALID_PARAMS;
 }
 
+/* Only one layout of kvp_conn_config exists so far; a later one accepts
+ * this size too and defaults the fields it lacks. */
+static int config_size_ok(const kvp_conn_config *c, char *err, size_t errlen)
+{
+    if (c->struct_size != sizeof *c)
+        return fail(err, errlen,
+                    "config struct_size must be sizeof(kvp_conn_config) "
+                    "(fill it with kvp_conn_config_default)");
+    return 0;
+}
+
+static bool reserved_zero(const uint64_t *r, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (r[i])
+            return false;
+    return true;
+}
+
 /* The internal group specs of the config; *L / *H resolved. */
 static int groups_of(const kvp_conn_config *c, kvp_worker_group *wg, uint32_t *L, uint32_t *H,
                      char *err, size_t errlen)
@@ -76,6 +96,8 @@ static int groups_of(const kvp_conn_config *c, kvp_worker_group *wg, uint32_t *L
     struct kvp_coord_group cg[GROUPS_MAX];
     for (size_t i = 0; i < c->ngroups; i++) {
         const kvp_conn_group *g = &c->groups[i];
+        if (!reserved_zero(g->reserved, 2))
+            return fail(err, errlen, "kvp_conn_group.reserved must be zero");
         memset(&wg[i], 0, sizeof wg[i]);
         switch (g->kind) {
         case KVP_CONN_FULL_ATTENTION:
@@ -133,6 +155,8 @@ int kvp_conn_sched_open(const kvp_conn_config *c, kvp_conn_sched **out, char *er
     *out = NULL;
     if (!c)
         return fail(err, errlen, "no config");
+    if (config_size_ok(c, err, errlen))
+        return KVP_EINVALID_PARAMS;
     if (c->role < KVP_CONN_PRODUCER || c->role > KVP_CONN_BOTH)
         return fail(err, errlen, "unknown role");
     kvp_worker_group wg[GROUPS_MAX];
@@ -335,6 +359,8 @@ int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *
     *out = NULL;
     if (!c)
         return fail(err, errlen, "no config");
+    if (config_size_ok(c, err, errlen))
+        return KVP_EINVALID_PARAMS;
     if (!ranks_ok(c->tp_size, c->tp_rank) || !ranks_ok(c->pp_size, c->pp_rank) ||
         !ranks_ok(c->pcp_size, c->pcp_rank) || !ranks_ok(c->dcp_size, c->dcp_rank))
         return fail(err, errlen, "every rank must satisfy 0 <= rank < size");
@@ -417,7 +443,7 @@ int kvp_conn_register_kv_caches(kvp_conn_worker *w, const kvp_conn_tensor *t, si
     if (!tt)
         return KVP_ENOMEM;
     for (size_t i = 0; i < n; i++) {
-        if (t[i].ndim < 1 || t[i].ndim > KVP_CONN_MAX_DIMS) {
+        if (!reserved_zero(t[i].reserved, 2) || t[i].ndim < 1 || t[i].ndim > KVP_CONN_MAX_DIMS) {
             kvp_free(tt);
             return KVP_EINVALID_PARAMS;
         }

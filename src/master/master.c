@@ -6,6 +6,7 @@
  */
 #include "master/master.h"
 
+#include <regex.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -1147,6 +1148,55 @@ static void op_remove_all(req *q)
     reply_end(q, off);
 }
 
+/* Removes the tenant's published objects whose key matches a POSIX
+ * extended regex (Mooncake's remove_by_regex); the same rules as
+ * REMOVE_ALL for leased and pinned objects. One pass over the index. */
+static void op_remove_regex(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_remove_regex d;
+    if (kvp_dec_remove_regex(q->body, q->h->body_len, &m->lim, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    char pat[KVP_REGEX_MAX + 1];
+    if (d.pattern.len == 0 || memchr(d.pattern.p, 0, d.pattern.len)) {
+        reply_status(q, KVP_EINVALID_PARAMS);
+        return;
+    }
+    memcpy(pat, d.pattern.p, d.pattern.len);
+    pat[d.pattern.len] = 0;
+    regex_t re;
+    if (regcomp(&re, pat, REG_EXTENDED | REG_NOSUB)) {
+        reply_status(q, KVP_EINVALID_PARAMS);
+        return;
+    }
+    int tenant = tenant_find(m, d.tenant);
+    uint64_t n = 0;
+    kvp_index_settle(&m->ix);
+    for (uint64_t i = 0; tenant >= 0 && i <= m->ix.mask; i++) {
+        kvp_obj *o = kvp_index_at(&m->ix, i);
+        if (!o || o->tenant != tenant || o->state != KVP_OBJ_COMPLETE)
+            continue;
+        if (!d.force && (is_leased(o, q->now) || (o->flags & KVP_OBJ_PINNED)))
+            continue;
+        /* REG_STARTEND: the key is bytes, not a C string */
+        regmatch_t span = {.rm_so = 0, .rm_eo = (regoff_t)o->keylen};
+        if (regexec(&re, (const char *)kvp_obj_key(o), 1, &span, REG_STARTEND) != 0)
+            continue;
+        obj_destroy(m, o, GONE_REMOVED);
+        n++;
+        i--; /* re-examine: backward shift */
+    }
+    regfree(&re);
+    KVP_INFO(MOD, "REMOVE_REGEX%s: %llu objects removed", d.force ? " (force)" : "",
+             (unsigned long long)n);
+    kvp_msg_remove_all_resp r = {n};
+    size_t off = reply_begin(q);
+    kvp_enc_remove_all_resp(q->out, &r);
+    reply_end(q, off);
+}
+
 static void op_stats(req *q)
 {
     kvp_master *m = q->m;
@@ -1241,6 +1291,7 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
         case KVP_OP_PREFIX: op_exist(&q, 1); break;
         case KVP_OP_REMOVE: op_remove(&q); break;
         case KVP_OP_REMOVE_ALL: op_remove_all(&q); break;
+        case KVP_OP_REMOVE_REGEX: op_remove_regex(&q); break;
         case KVP_OP_STATS: op_stats(&q); break;
         case KVP_OP_SEGMENT_INFO: op_seg_info(&q); break;
         default: reply_status(&q, KVP_EUNKNOWN_OP); break;

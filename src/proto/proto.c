@@ -31,6 +31,16 @@
 
 /* ------------------------------------------------------------ opcodes */
 
+const char *kvp_stat_name(unsigned i)
+{
+    static const char *const names[KVP_STAT__COUNT] = {
+        "objects", "bytes",       "capacity",     "used",        "hits",
+        "misses",  "evictions",   "evicted_bytes", "leases",     "pending",
+        "clients", "segments",    "put_timeouts", "put_revoked", "clients_expired",
+        "requests", "bad_frames"};
+    return i < KVP_STAT__COUNT ? names[i] : "unknown";
+}
+
 const char *kvp_op_name(uint16_t op)
 {
     switch (op) {
@@ -588,6 +598,23 @@ int kvp_dec_remove_all(const uint8_t *p, uint32_t len, const kvp_proto_limits *l
     DEC_BEGIN;
     m->tenant = kvp_rd_bytes(&r, l->max_str);
     m->force = rd_force(&r);
+    DEC_END;
+}
+
+void kvp_enc_remove_regex(kvp_buf *b, const kvp_msg_remove_regex *m)
+{
+    wr_bytes(b, m->tenant);
+    kvp_buf_u8(b, m->force != 0);
+    wr_bytes(b, m->pattern);
+}
+
+int kvp_dec_remove_regex(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                         kvp_msg_remove_regex *m)
+{
+    DEC_BEGIN;
+    m->tenant = kvp_rd_bytes(&r, l->max_str);
+    m->force = rd_force(&r);
+    m->pattern = kvp_rd_bytes(&r, KVP_REGEX_MAX);
     DEC_END;
 }
 

@@ -62,7 +62,8 @@
     XX(SEGMENT_INFO, 15, "name, capacity and endpoints of segments by id")         \
     XX(SEG_WRITE, 16, "storage node: write one replica (kvp_seg_io + bytes)")     \
     XX(SEG_READ, 17, "storage node: read one replica (kvp_seg_io -> bytes)")      \
-    XX(SHM_ATTACH, 18, "storage node, unix socket: the segment's memfd (SCM_RIGHTS)")
+    XX(SHM_ATTACH, 18, "storage node, unix socket: the segment's memfd (SCM_RIGHTS)") \
+    XX(REMOVE_REGEX, 19, "remove a tenant's keys matching a POSIX extended regex")
 
 enum kvp_op {
 #define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
@@ -277,6 +278,15 @@ typedef struct kvp_msg_remove_all {
     uint8_t force;
 } kvp_msg_remove_all;
 
+/* REMOVE_REGEX: the tenant's published keys matching `pattern` (POSIX
+ * extended syntax, searched anywhere in the key). Answer: remove_all_resp. */
+typedef struct kvp_msg_remove_regex {
+    kvp_bytes tenant;
+    uint8_t force;
+    kvp_bytes pattern; /* 1 .. KVP_REGEX_MAX bytes, no NUL */
+} kvp_msg_remove_regex;
+#define KVP_REGEX_MAX 1024
+
 typedef struct kvp_msg_remove_all_resp {
     uint64_t removed;
 } kvp_msg_remove_all_resp;
@@ -303,6 +313,8 @@ enum kvp_stat {
     KVP_STAT_BAD_FRAMES,     /* frames refused as malformed */
     KVP_STAT__COUNT
 };
+/* Name of a counter ("objects", "hits", ...), as `kvpool stat --json` prints it. */
+const char *kvp_stat_name(unsigned i);
 
 typedef struct kvp_seg_stat {
     uint64_t id;
@@ -402,6 +414,9 @@ int kvp_dec_remove(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kv
 void kvp_enc_remove_all(kvp_buf *b, const kvp_msg_remove_all *m);
 int kvp_dec_remove_all(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
                        kvp_msg_remove_all *m);
+void kvp_enc_remove_regex(kvp_buf *b, const kvp_msg_remove_regex *m);
+int kvp_dec_remove_regex(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                         kvp_msg_remove_regex *m);
 void kvp_enc_remove_all_resp(kvp_buf *b, const kvp_msg_remove_all_resp *m);
 int kvp_dec_remove_all_resp(const uint8_t *p, uint32_t len, kvp_msg_remove_all_resp *m);
 

@@ -856,3 +856,113 @@ TEST(preferred_segment_config_and_env)
     CHECK(bad == NULL);
     env_down(&e);
 }
+
+/* ------------------------------------------- the API the Python layer uses */
+
+/* Per-call put options, batch size / remove / get_into, registered-range
+ * checks, regex removal, stat, tenants: what kvpool._native calls. */
+static void extended_body(const char *addr)
+{
+    kvp_client *c = client_open(addr, "");
+    kvp_client *t = client_open(addr, ", \"tenant_id\": \"other\"");
+    CHECK(c != NULL && t != NULL);
+    CHECK(strcmp(kvp_client_tenant(c), "default") == 0);
+    CHECK(strcmp(kvp_client_tenant(t), "other") == 0);
+    CHECK(strcmp(kvp_client_segment_name(c), "") == 0); /* standalone-store: none */
+    static uint8_t src[8192], dst[16384];
+    fill(src, sizeof src, 7);
+
+    /* options: 2 replicas on 2 segments, hard pin, a bad struct_size */
+    kvp_put_opts o;
+    kvp_put_opts_init(&o);
+    o.replica_num = 2;
+    o.flags = KVP_PUT_HARD_PIN;
+    kvp_iov v = {src, sizeof src};
+    const kvp_iov *vp = &v;
+    size_t one = 1;
+    const char *k = "opt/pinned";
+    int64_t r = 0;
+    CHECK_EQ(kvp_client_batch_put_opts(c, &k, &vp, &one, 1, &o, &r), 0);
+    CHECK_EQ(r, (int64_t)sizeof src);
+    char js[2048];
+    CHECK(kvp_client_describe_json(c, k, js, sizeof js) > 0);
+    CHECK(strstr(js, "\"size\": 8192") != NULL);
+    const char *second = strstr(js, "\"segment\"");
+    CHECK(second && strstr(second + 1, "\"segment\"") != NULL); /* two replicas */
+    CHECK_EQ(kvp_client_describe_json(c, k, js, 10), KVP_EBUFFER_OVERFLOW);
+    CHECK_EQ(kvp_client_remove(c, k, 0), KVP_EOBJECT_PINNED);
+    CHECK_EQ(kvp_client_remove(c, k, 1), 0);
+    o.struct_size = 3;
+    CHECK_EQ(kvp_client_batch_put_opts(c, &k, &vp, &one, 1, &o, &r), KVP_EINVALID_PARAMS);
+    kvp_put_opts_init(&o);
+    o.replica_num = 4;
+    CHECK_EQ(kvp_client_batch_put_opts(c, &k, &vp, &one, 1, &o, &r), KVP_EINVALID_PARAMS);
+
+    /* batch size, batch get into larger buffers, batch remove */
+    const char *ks[3] = {"x/a", "x/b", "x/missing"};
+    kvp_iov pv[2] = {{src, 100}, {src + 100, 5000}};
+    const kvp_iov *pp[2] = {&pv[0], &pv[1]};
+    size_t pn[2] = {1, 1};
+    int64_t res[4];
+    CHECK_EQ(kvp_client_batch_put_from_multi_buffers(c, ks, pp, pn, 2, res), 0);
+    CHECK(res[0] == 100 && res[1] == 5000);
+    CHECK_EQ(kvp_client_batch_size(c, ks, 3, res), 0);
+    CHECK(res[0] == 100 && res[1] == 5000 && res[2] == KVP_EOBJECT_NOT_FOUND);
+    kvp_iov gv[3] = {{dst, 200}, {dst + 200, 5000}, {dst + 5200, 10}};
+    const kvp_iov *gp[3] = {&gv[0], &gv[1], &gv[2]};
+    size_t gn[3] = {1, 1, 1};
+    CHECK_EQ(kvp_client_batch_get_into(c, ks, gp, gn, 3, res), 0);
+    CHECK(res[0] == 100 && res[1] == 5000 && res[2] == KVP_EOBJECT_NOT_FOUND);
+    CHECK(memcmp(dst, src, 100) == 0 && memcmp(dst + 200, src + 100, 5000) == 0);
+    int codes[4];
+    CHECK_EQ(kvp_client_exist(t, ks, 3, codes), 0); /* the other tenant sees nothing */
+    CHECK(codes[0] == 0 && codes[1] == 0 && codes[2] == 0);
+    CHECK_EQ(kvp_client_batch_remove(c, ks, 3, 0, codes), 0);
+    CHECK(codes[0] == 0 && codes[1] == 0 && codes[2] == KVP_EOBJECT_NOT_FOUND);
+
+    /* registered ranges */
+    CHECK_EQ(kvp_client_register_buffer(c, dst, 1000), 0);
+    kvp_iov in[2] = {{dst, 10}, {dst + 990, 10}}, out[2] = {{dst + 995, 10}, {dst - 1, 2}};
+    CHECK_EQ(kvp_client_check_registered(c, in, 2), 0);
+    CHECK_EQ(kvp_client_check_registered(c, out, 1), KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_client_check_registered(c, out + 1, 1), KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_client_unregister_buffer(c, dst), 0);
+    CHECK_EQ(kvp_client_check_registered(c, in, 1), KVP_EINVALID_PARAMS);
+
+    /* regex removal, per tenant */
+    const char *rk[4] = {"rx/1", "rx/2", "rx/22", "keep/1"};
+    kvp_iov rv = {src, 16};
+    const kvp_iov *rp[4] = {&rv, &rv, &rv, &rv};
+    size_t rn[4] = {1, 1, 1, 1};
+    CHECK_EQ(kvp_client_batch_put_from_multi_buffers(c, rk, rp, rn, 4, res), 0);
+    CHECK_EQ(kvp_client_batch_put_from_multi_buffers(t, rk, rp, rn, 4, res), 0);
+    CHECK_EQ(kvp_client_remove_regex(c, "^rx/[0-9]$", 0), 2);
+    CHECK_EQ(kvp_client_remove_regex(c, "rx/", 0), 1);
+    CHECK_EQ(kvp_client_remove_regex(c, "(", 0), KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_client_remove_regex(c, "", 0), KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_client_exist(c, rk, 4, codes), 0);
+    CHECK(codes[0] == 0 && codes[1] == 0 && codes[2] == 0 && codes[3] == 1);
+    CHECK_EQ(kvp_client_exist(t, rk, 4, codes), 0);
+    CHECK(codes[0] == 1 && codes[1] == 1 && codes[2] == 1 && codes[3] == 1);
+    CHECK_EQ(kvp_client_remove_all(t, 0), 4);
+
+    /* stat */
+    char st[8192];
+    int sl = kvp_client_stat(c, st, sizeof st);
+    CHECK(sl > 0);
+    CHECK(strstr(st, "\"counters\": {\"objects\": 1,") != NULL);
+    CHECK(strstr(st, "\"segments\": [{\"id\": ") != NULL);
+    CHECK_EQ(kvp_client_stat(c, st, 8), KVP_EBUFFER_OVERFLOW);
+    kvp_client_close(t);
+    kvp_client_close(c);
+}
+
+TEST(extended_api_options_batches_tenants_regex)
+{
+    env e;
+    if (env_up(&e, 2, "64MiB", NULL) == 0)
+        extended_body(e.m.addr);
+    else
+        th_fail(__FILE__, __LINE__, "env_up");
+    env_down(&e);
+}

@@ -41,7 +41,8 @@
     XX(remove_all, L)                                                          \
     XX(remove_all_resp, N)                                                     \
     XX(stats_resp, LA)                                                         \
-    XX(seg_info_resp, LA)
+    XX(seg_info_resp, LA)                                                      \
+    XX(remove_regex, L)
 
 enum pc_kind {
 #define PC__ENUM(t, sig) PC_##t,
@@ -103,6 +104,7 @@ static PC_UNUSED const struct { int req, resp; } pc_op_kinds[KVP_OP__MAX] = {
     [KVP_OP_REMOVE_ALL] = {PC_remove_all, PC_remove_all_resp},
     [KVP_OP_STATS] = {PC_NONE, PC_stats_resp},
     [KVP_OP_SEGMENT_INFO] = {PC_ids, PC_seg_info_resp},
+    [KVP_OP_REMOVE_REGEX] = {PC_remove_regex, PC_remove_all_resp},
 };
 
 /* ------------------------------------------------------------- samples */
@@ -200,6 +202,9 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(remove_all, 0) return 0;
     S(remove_all, 1) m->remove_all = (kvp_msg_remove_all){PC_B("tenant-1"), 1}; return 0;
     S(remove_all, 2) m->remove_all = (kvp_msg_remove_all){str_max, 0}; return 0;
+    S(remove_regex, 0) return 0;
+    S(remove_regex, 1) m->remove_regex = (kvp_msg_remove_regex){PC_B("tenant-1"), 1, PC_B("^a/[0-9]+$")}; return 0;
+    S(remove_regex, 2) m->remove_regex = (kvp_msg_remove_regex){str_max, 0, {pc_big(), KVP_REGEX_MAX}}; return 0;
     S(remove_all_resp, 0) return 0;
     S(remove_all_resp, 1) m->remove_all_resp.removed = UINT64_MAX; return 0;
     S(stats_resp, 0) return 0;
@@ -326,6 +331,10 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
                x->remove_all.force == y->remove_all.force;
     case PC_remove_all_resp:
         return x->remove_all_resp.removed == y->remove_all_resp.removed;
+    case PC_remove_regex:
+        return pc_beq(x->remove_regex.tenant, y->remove_regex.tenant) &&
+               x->remove_regex.force == y->remove_regex.force &&
+               pc_beq(x->remove_regex.pattern, y->remove_regex.pattern);
     case PC_stats_resp: {
         const kvp_msg_stats_resp *a = &x->stats_resp, *b = &y->stats_resp;
         if (a->n_counters != b->n_counters || !pc_u64_eq(a->n_counters, a->counters, b->counters) ||
