@@ -1,0 +1,384 @@
+"""kvpool: a KV-cache pool for LLM serving.
+
+``kvpool.Client`` is the Pythonic client of a kvpool cluster (a master and
+storage nodes: ``kvpool serve``). It is a thin layer over the C client
+(``kvpool._native``, include/kvpool.h): argument lists are parsed in C, every
+blocking call releases the GIL, and a client may be shared between threads.
+
+Values are ``bytes`` or any object with the buffer protocol (bytearray,
+memoryview, numpy arrays; CPU torch tensors too), or integer addresses of
+memory registered with ``register_buffer``. Single-key calls raise
+``kvpool.Error`` (a subclass per common code); batch calls answer per key:
+the value, or the ``Error`` for that key, returned rather than raised.
+
+``kvpool.mooncake`` is the drop-in for Mooncake's ``MooncakeDistributedStore``;
+``kvpool.install_as_mooncake()`` makes ``import mooncake.store`` load it.
+"""
+from __future__ import annotations
+
+import builtins
+import json
+import os
+from types import TracebackType
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from . import _native
+
+__all__ = [
+    "Client", "Error", "ObjectNotFoundError", "ObjectExistsError", "NoSpaceError",
+    "TimeoutError", "ChecksumMismatchError", "InvalidParamsError", "InvalidKeyError",
+    "BufferTooSmallError", "ObjectHasLeaseError", "TransferError", "ConnectionError",
+    "ClosedError", "ConfigError", "AuthError", "NotSupportedError", "codes",
+    "install_as_mooncake", "__version__",
+]
+
+__version__: str = _native.version
+
+#: Every error code of the C library by name ("OBJECT_NOT_FOUND": -704, ...).
+codes: dict[str, int] = dict(_native.codes)
+
+Config = Union[None, str, "os.PathLike[str]", Mapping[str, Any]]
+Buffer = Any  # bytes, bytearray, memoryview, numpy array, CPU torch tensor
+Value = Union[Buffer, Sequence[Buffer]]  # one buffer, or the pieces of one value
+
+
+# ------------------------------------------------------------------ errors
+
+class Error(Exception):
+    """A kvpool error: ``.code`` (negative, Mooncake's number where the meaning
+    is shared) and ``.name`` ("OBJECT_NOT_FOUND")."""
+
+    code: int = -1
+
+    def __init__(self, code: int, message: Optional[str] = None) -> None:
+        self.code = code
+        self.name = _native.err_name(code)
+        self.message = message or _native.strerror(code)
+        super().__init__(f"{self.name} ({code}): {self.message}")
+
+    @staticmethod
+    def from_code(code: int, message: Optional[str] = None) -> "Error":
+        """The Error subclass instance for a negative code."""
+        return _BY_CODE.get(code, Error)(code, message)
+
+
+class ObjectNotFoundError(Error, KeyError):
+    code = codes["OBJECT_NOT_FOUND"]
+
+    def __str__(self) -> str:  # KeyError would print the repr of args
+        return Exception.__str__(self)
+
+
+class ObjectExistsError(Error):
+    code = codes["OBJECT_ALREADY_EXISTS"]
+
+
+class NoSpaceError(Error, MemoryError):
+    code = codes["NO_AVAILABLE_HANDLE"]
+
+
+class TimeoutError(Error, builtins.TimeoutError):
+    code = codes["RPC_TIMEOUT"]
+
+
+class ChecksumMismatchError(Error):
+    code = codes["CHECKSUM_MISMATCH"]
+
+
+class InvalidParamsError(Error, ValueError):
+    code = codes["INVALID_PARAMS"]
+
+
+class InvalidKeyError(Error, ValueError):
+    code = codes["INVALID_KEY"]
+
+
+class BufferTooSmallError(Error, ValueError):
+    code = codes["BUFFER_OVERFLOW"]
+
+
+class ObjectHasLeaseError(Error):
+    code = codes["OBJECT_HAS_LEASE"]
+
+
+class TransferError(Error):
+    code = codes["TRANSFER_FAIL"]
+
+
+class ConnectionError(Error, builtins.ConnectionError):
+    code = codes["RPC_FAIL"]
+
+
+class ClosedError(Error):
+    code = codes["CLOSED"]
+
+
+class ConfigError(Error, ValueError):
+    code = codes["CONFIG"]
+
+
+class AuthError(Error, PermissionError):
+    code = codes["AUTH"]
+
+
+class NotSupportedError(Error, NotImplementedError):
+    code = codes["NOT_SUPPORTED"]
+
+
+_BY_CODE: dict[int, type[Error]] = {
+    cls.code: cls
+    for cls in (ObjectNotFoundError, ObjectExistsError, NoSpaceError, TimeoutError,
+                ChecksumMismatchError, InvalidParamsError, InvalidKeyError, BufferTooSmallError,
+                ObjectHasLeaseError, TransferError, ConnectionError, ClosedError, ConfigError,
+                AuthError, NotSupportedError)
+}
+
+
+def _check(r: int) -> int:
+    if r < 0:
+        raise Error.from_code(r)
+    return r
+
+
+def _per_key(results: Sequence[Any]) -> list[Any]:
+    """Negative ints become Error instances; everything else stays."""
+    return [Error.from_code(r) if isinstance(r, int) and r < 0 else r for r in results]
+
+
+# ------------------------------------------------------------ conversions
+
+def config_text(config: Config) -> str:
+    """What kvp_client_open takes: JSON text, a file path, or "" (the file
+    named by $KVPOOL_CONFIG / $MOONCAKE_CONFIG_PATH, else defaults)."""
+    if config is None:
+        return ""
+    if isinstance(config, Mapping):
+        return json.dumps({k: v for k, v in config.items()})
+    if isinstance(config, (str, os.PathLike)):
+        return os.fspath(config)
+    raise builtins.TypeError(
+        f"config must be a dict, JSON text, a file path or None, not {type(config).__name__}")
+
+
+def _torch_view(v: Any) -> Any:
+    """A CPU torch tensor as a writable byte view of its memory (no copy)."""
+    mod = type(v).__module__ or ""
+    if not mod.startswith("torch") or not hasattr(v, "data_ptr"):
+        return v
+    if v.device.type != "cpu":
+        raise InvalidParamsError(codes["INVALID_PARAMS"],
+                                 f"a {v.device.type} tensor is not host memory (GPU memory: "
+                                 "register it and pass its data_ptr() once kvpool supports it)")
+    if not v.is_contiguous():
+        raise InvalidParamsError(codes["INVALID_PARAMS"], "tensor must be contiguous")
+    import torch  # only reached with a tensor in hand
+    return v.detach().reshape(-1).view(torch.uint8).numpy()
+
+
+def _torch_fix(values: Sequence[Any]) -> list[Any]:
+    """values with every torch tensor (or tensor piece) made a buffer."""
+    out: list[Any] = []
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            out.append([_torch_view(p) for p in v])
+        else:
+            out.append(_torch_view(v))
+    return out
+
+
+def _with_buffers(fn: Any, keys: Sequence[Any], values: Sequence[Any], **kw: Any) -> Any:
+    """fn(keys, values): the C parser first; on a TypeError, once more with
+    torch tensors converted (the only common values without the buffer
+    protocol), so plain buffers never pay for a Python loop."""
+    try:
+        return fn(keys, values, **kw)
+    except builtins.TypeError:
+        fixed = _torch_fix(values)
+        return fn(keys, fixed, **kw)
+
+
+# ------------------------------------------------------------------ client
+
+class Client:
+    """A connection to a kvpool cluster.
+
+    ``config``: a dict of configuration keys (docs/CONFIG.md; Mooncake's names
+    accepted), JSON text, the path of a JSON file, or None for the file named
+    by $KVPOOL_CONFIG / $MOONCAKE_CONFIG_PATH. Use as a context manager, or
+    call ``close()``. Safe to share between threads.
+    """
+
+    def __init__(self, config: Config = None) -> None:
+        try:
+            self._c = _native.Client(config_text(config))
+        except _native.OpenError as e:
+            code, msg = e.args
+            raise Error.from_code(code, msg) from None
+
+    # lifecycle
+    def close(self) -> None:
+        """Waits for calls in flight, then closes; later calls raise ClosedError."""
+        self._c.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._c.closed)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, t: Optional[type[BaseException]], v: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.close()
+
+    @property
+    def segment_name(self) -> str:
+        """This client's embedded segment ("host:port"), "" when it has none."""
+        return str(self._c.segment_name)
+
+    @property
+    def tenant(self) -> str:
+        return str(self._c.tenant)
+
+    # put
+    def put(self, key: str, value: Value, *, replica_num: Optional[int] = None,
+            pin: bool = False, preferred_segment: Optional[str] = None) -> None:
+        """Stores value (a buffer, or a list of pieces gathered into one value).
+        Keys are immutable: putting an existing key succeeds and keeps the
+        stored value."""
+        r = self.put_batch([key], [value], replica_num=replica_num, pin=pin,
+                           preferred_segment=preferred_segment)[0]
+        if r is not None:
+            raise r
+
+    def put_batch(self, keys: Sequence[str], values: Sequence[Value], *,
+                  replica_num: Optional[int] = None, pin: bool = False,
+                  preferred_segment: Optional[str] = None) -> list[Optional[Error]]:
+        """Per key: None (stored) or its Error."""
+        res = _with_buffers(self._c.put_buffers, keys, values, replica_num=replica_num,
+                            flags=_native.PUT_HARD_PIN if pin else 0,
+                            preferred=preferred_segment)
+        return [None if r >= 0 else Error.from_code(r) for r in res]
+
+    def put_from(self, key: str, ptr: Union[int, Sequence[int]], size: Union[int, Sequence[int]],
+                 *, replica_num: Optional[int] = None, pin: bool = False,
+                 preferred_segment: Optional[str] = None) -> None:
+        """Stores size bytes at a registered address (or lists: pieces)."""
+        r = self.put_from_batch([key], [ptr], [size], replica_num=replica_num, pin=pin,
+                                preferred_segment=preferred_segment)[0]
+        if r is not None:
+            raise r
+
+    def put_from_batch(self, keys: Sequence[str], ptrs: Sequence[Any], sizes: Sequence[Any], *,
+                       replica_num: Optional[int] = None, pin: bool = False,
+                       preferred_segment: Optional[str] = None) -> list[Optional[Error]]:
+        res = self._c.put_ptrs(keys, ptrs, sizes, replica_num=replica_num,
+                               flags=_native.PUT_HARD_PIN if pin else 0,
+                               preferred=preferred_segment)
+        return [None if r >= 0 else Error.from_code(r) for r in res]
+
+    # get
+    def get(self, key: str) -> bytes:
+        r = self._c.get_bytes([key])[0]
+        if isinstance(r, int):
+            raise Error.from_code(r)
+        return bytes(r)
+
+    def get_batch(self, keys: Sequence[str]) -> list[Union[bytes, Error]]:
+        return _per_key(self._c.get_bytes(keys))
+
+    def get_into(self, key: str, buffer: Value) -> int:
+        """Reads the value into a writable buffer at least as large (or a list
+        of pieces, filled in order). Returns the value's size."""
+        return _check(self.get_into_batch([key], [buffer])[0])
+
+    def get_into_batch(self, keys: Sequence[str], buffers: Sequence[Value]) -> list[Union[int, Error]]:
+        return _per_key(_with_buffers(self._c.get_buffers, keys, buffers))
+
+    def get_into_ptr(self, key: str, ptr: Union[int, Sequence[int]],
+                     size: Union[int, Sequence[int]]) -> int:
+        """Reads into registered memory (one range, or lists of pieces)."""
+        return _check(self.get_into_ptr_batch([key], [ptr], [size])[0])
+
+    def get_into_ptr_batch(self, keys: Sequence[str], ptrs: Sequence[Any],
+                           sizes: Sequence[Any]) -> list[Union[int, Error]]:
+        return _per_key(self._c.get_ptrs(keys, ptrs, sizes))
+
+    # metadata
+    def exist(self, key: str) -> bool:
+        return _check(self._c.exist([key])[0]) == 1
+
+    def exist_batch(self, keys: Sequence[str]) -> list[Union[bool, Error]]:
+        return [r == 1 if r >= 0 else Error.from_code(r) for r in self._c.exist(keys)]
+
+    def size(self, key: str) -> int:
+        return _check(self._c.sizes([key])[0])
+
+    def size_batch(self, keys: Sequence[str]) -> list[Union[int, Error]]:
+        return _per_key(self._c.sizes(keys))
+
+    def prefix(self, keys: Sequence[str]) -> int:
+        """How many leading keys exist (one request)."""
+        return _check(self._c.prefix(keys))
+
+    def remove(self, key: str, force: bool = False) -> None:
+        """force: even while leased by a reader or pinned."""
+        _check(self._c.remove([key], force=force)[0])
+
+    def remove_batch(self, keys: Sequence[str], force: bool = False) -> list[Optional[Error]]:
+        return [None if r >= 0 else Error.from_code(r) for r in self._c.remove(keys, force=force)]
+
+    def remove_regex(self, pattern: str, force: bool = False) -> int:
+        """Removes this tenant's keys matching a POSIX extended regular
+        expression (searched anywhere in the key); returns how many."""
+        return _check(self._c.remove_regex(pattern, force=force))
+
+    def remove_all(self, force: bool = False) -> int:
+        """Removes every object of this client's tenant; returns how many."""
+        return _check(self._c.remove_all(force=force))
+
+    def describe(self, key: str) -> dict[str, Any]:
+        """{"key", "size", "replicas": [{"segment", "name", "offset", "length",
+        "tier", "transport"}]}."""
+        r = self._c.describe(key, json=True)
+        if isinstance(r, int):
+            raise Error.from_code(r)
+        return dict(json.loads(r))
+
+    def stat(self) -> dict[str, Any]:
+        """The master's counters and per-segment usage (`kvpool stat --json`)."""
+        r = self._c.stat()
+        if isinstance(r, int):
+            raise Error.from_code(r)
+        return dict(json.loads(r))
+
+    # registered memory
+    def register_buffer(self, ptr: Union[int, Buffer], size: Optional[int] = None) -> None:
+        """Registers [ptr, ptr+size) for the address forms; or a buffer object
+        (the caller keeps it alive until unregister_buffer)."""
+        if not isinstance(ptr, int):
+            ptr, size = _address_of(ptr)
+        if size is None:
+            raise builtins.TypeError("register_buffer(ptr, size): size is required with an address")
+        _check(self._c.register_buffer(ptr, size))
+
+    def unregister_buffer(self, ptr: Union[int, Buffer]) -> None:
+        if not isinstance(ptr, int):
+            ptr, _ = _address_of(ptr)
+        _check(self._c.unregister_buffer(ptr))
+
+
+def _address_of(buf: Any) -> tuple[int, int]:
+    """(address, size) of a numpy array or torch tensor's memory."""
+    if hasattr(buf, "data_ptr"):
+        return int(buf.data_ptr()), int(buf.numel() * buf.element_size())
+    iface = getattr(buf, "__array_interface__", None)
+    if iface is not None:
+        return int(iface["data"][0]), int(buf.nbytes)
+    raise builtins.TypeError(f"cannot take the address of a {type(buf).__name__}: pass (ptr, size)")
+
+
+def install_as_mooncake() -> None:
+    """Makes ``import mooncake.store`` resolve to kvpool.mooncake in this process."""
+    from .mooncake import install
+    install()

@@ -1,0 +1,1131 @@
+/*
+ * _native.c -- kvpool._native, the CPython extension over include/kvpool.h.
+ *
+ * A translator and nothing more: Python arguments in, kvp_client_* calls,
+ * Python results out. Every decision (placement, retries, checksums) stays
+ * in the C core, which is compiled into this module.
+ *
+ * Contracts
+ *  - Results are ints as the C API gives them (bytes moved >= 0, or a
+ *    negative KVP_E* code); kvpool/__init__.py turns codes into exceptions,
+ *    kvpool/mooncake.py passes them through as Mooncake does. Malformed
+ *    arguments (wrong types, mismatched lengths, negative sizes) raise
+ *    TypeError / ValueError before anything is sent.
+ *  - Argument lists are parsed here, in C, once per call. Keys are borrowed
+ *    as UTF-8 (str) or raw bytes; a key with a NUL byte is refused
+ *    (KVP_EINVALID_KEY for that key) because the C API carries C strings.
+ *  - Every blocking call releases the GIL. Before it does, the call takes
+ *    its own references to every key object and a Py_buffer on every buffer
+ *    object (exporters such as bytearray cannot resize while exported), so
+ *    another thread mutating the argument lists cannot free what C reads.
+ *  - Raw addresses (ints) are accepted only inside ranges registered with
+ *    register_buffer: kvp_client_check_registered refuses the rest before a
+ *    byte is touched (KVP_EINVALID_PARAMS for that key).
+ *  - Client objects are shared between threads. close() marks the client
+ *    closed, waits for the calls in flight and then closes it; calls on a
+ *    closed client return KVP_ECLOSED.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kvpool.h"
+
+/* Raised by Client(...) when kvp_client_open fails: args (code, message). */
+static PyObject *OpenError;
+
+/* ============================================================== client */
+
+typedef struct {
+    PyObject_HEAD
+    kvp_client *c;
+    pthread_mutex_t mu; /* guards inflight and closed */
+    pthread_cond_t cv;  /* signalled when inflight drops to 0 */
+    int inflight;
+    int closed;
+    int init_done;
+} Client;
+
+/* Enters a call: 0, or KVP_ECLOSED when the client is closed. */
+static int enter(Client *self)
+{
+    int rc = 0;
+    pthread_mutex_lock(&self->mu);
+    if (self->closed || !self->c)
+        rc = KVP_ECLOSED;
+    else
+        self->inflight++;
+    pthread_mutex_unlock(&self->mu);
+    return rc;
+}
+
+static void leave(Client *self)
+{
+    pthread_mutex_lock(&self->mu);
+    if (--self->inflight == 0)
+        pthread_cond_broadcast(&self->cv);
+    pthread_mutex_unlock(&self->mu);
+}
+
+/* Marks closed, waits for calls in flight (GIL released), closes. */
+static void close_client(Client *self)
+{
+    kvp_client *c = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->mu);
+    self->closed = 1;
+    while (self->inflight > 0)
+        pthread_cond_wait(&self->cv, &self->mu);
+    c = self->c;
+    self->c = NULL;
+    pthread_mutex_unlock(&self->mu);
+    if (c)
+        kvp_client_close(c);
+    Py_END_ALLOW_THREADS
+}
+
+static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    Client *self = (Client *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    pthread_mutex_init(&self->mu, NULL);
+    pthread_cond_init(&self->cv, NULL);
+    self->init_done = 1;
+    return (PyObject *)self;
+}
+
+static int Client_init(Client *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"config", NULL};
+    const char *config = "";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|s:Client", names, &config))
+        return -1;
+    if (self->c) {
+        PyErr_SetString(PyExc_RuntimeError, "Client is already open");
+        return -1;
+    }
+    char err[512] = "";
+    kvp_client *c = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvp_client_open(config, &c, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        PyObject *v = Py_BuildValue("(is)", rc, err[0] ? err : kvp_strerror(rc));
+        if (v) {
+            PyErr_SetObject(OpenError, v);
+            Py_DECREF(v);
+        }
+        return -1;
+    }
+    self->c = c;
+    self->closed = 0;
+    return 0;
+}
+
+static void Client_dealloc(Client *self)
+{
+    if (self->init_done) {
+        close_client(self);
+        pthread_cond_destroy(&self->cv);
+        pthread_mutex_destroy(&self->mu);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Client_close(Client *self, PyObject *unused)
+{
+    close_client(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Client_closed(Client *self, void *unused)
+{
+    pthread_mutex_lock(&self->mu);
+    int closed = self->closed || !self->c;
+    pthread_mutex_unlock(&self->mu);
+    return PyBool_FromLong(closed);
+}
+
+/* ============================================================ argument parsing */
+
+/*
+ * One call's parsed arguments. Everything a call hands to C while the GIL
+ * is released is owned here: key references, buffer views, piece arrays.
+ */
+typedef struct {
+    Py_ssize_t n;
+    const char **keys;    /* n; NULL for a key C must refuse (NUL byte) */
+    PyObject **keyrefs;   /* n strong references */
+    kvp_iov *pieces;      /* all keys' pieces, key after key */
+    size_t npieces, cap_pieces;
+    size_t *first;        /* n: index of each key's first piece */
+    size_t *niov;         /* n */
+    const kvp_iov **iovs; /* n: pieces + first[i], filled by args_finish */
+    Py_buffer *views;     /* buffer views taken */
+    size_t nviews, cap_views;
+    int64_t *results;     /* n */
+    int *codes;           /* n, for the int-result calls */
+} args;
+
+static void args_free(args *a)
+{
+    if (a->keyrefs)
+        for (Py_ssize_t i = 0; i < a->n; i++)
+            Py_XDECREF(a->keyrefs[i]);
+    for (size_t i = 0; i < a->nviews; i++)
+        PyBuffer_Release(&a->views[i]);
+    PyMem_Free(a->keys);
+    PyMem_Free(a->keyrefs);
+    PyMem_Free(a->pieces);
+    PyMem_Free(a->first);
+    PyMem_Free(a->niov);
+    PyMem_Free(a->iovs);
+    PyMem_Free(a->views);
+    PyMem_Free(a->results);
+    PyMem_Free(a->codes);
+    memset(a, 0, sizeof *a);
+}
+
+/* The key list: str (UTF-8) or bytes items. 0, or -1 with an exception. */
+static int args_keys(args *a, PyObject *seq)
+{
+    PyObject *fast = PySequence_Fast(seq, "keys must be a sequence of str");
+    if (!fast)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    a->n = n;
+    size_t m = n > 0 ? (size_t)n : 1;
+    a->keys = PyMem_Calloc(m, sizeof *a->keys);
+    a->keyrefs = PyMem_Calloc(m, sizeof *a->keyrefs);
+    a->first = PyMem_Calloc(m, sizeof *a->first);
+    a->niov = PyMem_Calloc(m, sizeof *a->niov);
+    a->iovs = PyMem_Calloc(m, sizeof *a->iovs);
+    a->results = PyMem_Calloc(m, sizeof *a->results);
+    a->codes = PyMem_Calloc(m, sizeof *a->codes);
+    if (!a->keys || !a->keyrefs || !a->first || !a->niov || !a->iovs || !a->results ||
+        !a->codes) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PySequence_Fast_GET_ITEM(fast, i);
+        const char *s;
+        Py_ssize_t len;
+        if (PyUnicode_Check(k)) {
+            s = PyUnicode_AsUTF8AndSize(k, &len);
+            if (!s) {
+                Py_DECREF(fast);
+                return -1;
+            }
+        } else if (PyBytes_Check(k)) {
+            s = PyBytes_AS_STRING(k);
+            len = PyBytes_GET_SIZE(k);
+        } else {
+            Py_DECREF(fast);
+            PyErr_Format(PyExc_TypeError, "key %zd: expected str or bytes, got %.100s", i,
+                         Py_TYPE(k)->tp_name);
+            return -1;
+        }
+        Py_INCREF(k);
+        a->keyrefs[i] = k;
+        a->keys[i] = strlen(s) == (size_t)len ? s : NULL; /* NUL inside: refused by C */
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+/* Room for one more piece; returns it. NULL with MemoryError. */
+static kvp_iov *args_piece(args *a)
+{
+    if (a->npieces == a->cap_pieces) {
+        size_t nc = a->cap_pieces ? a->cap_pieces * 2 : 64;
+        kvp_iov *np = PyMem_Realloc(a->pieces, nc * sizeof *np);
+        if (!np) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        a->pieces = np;
+        a->cap_pieces = nc;
+    }
+    return &a->pieces[a->npieces++];
+}
+
+/* A buffer view of obj (writable for gets); the piece it describes. */
+static int args_view(args *a, PyObject *obj, int writable, Py_ssize_t key)
+{
+    if (a->nviews == a->cap_views) {
+        size_t nc = a->cap_views ? a->cap_views * 2 : 16;
+        Py_buffer *nv = PyMem_Realloc(a->views, nc * sizeof *nv);
+        if (!nv) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        a->views = nv;
+        a->cap_views = nc;
+    }
+    Py_buffer *v = &a->views[a->nviews];
+    if (PyObject_GetBuffer(obj, v, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
+        PyObject *t, *val, *tb;
+        PyErr_Fetch(&t, &val, &tb);
+        Py_XDECREF(t);
+        Py_XDECREF(val);
+        Py_XDECREF(tb);
+        PyErr_Format(PyExc_TypeError,
+                     "value %zd: expected a %s C-contiguous buffer (bytes, bytearray, "
+                     "memoryview, numpy array), got %.100s",
+                     key, writable ? "writable" : "", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    a->nviews++;
+    kvp_iov *p = args_piece(a);
+    if (!p)
+        return -1;
+    p->base = v->buf;
+    p->len = (size_t)v->len;
+    return 0;
+}
+
+/*
+ * Buffers: values[i] is one buffer object or a list / tuple of them (the
+ * pieces gathered into / scattered from key i).
+ */
+static int args_buffers(args *a, PyObject *values, int writable)
+{
+    PyObject *fast = PySequence_Fast(values, "values must be a sequence");
+    if (!fast)
+        return -1;
+    if (PySequence_Fast_GET_SIZE(fast) != a->n) {
+        PyErr_Format(PyExc_ValueError, "%zd keys but %zd values", a->n,
+                     PySequence_Fast_GET_SIZE(fast));
+        Py_DECREF(fast);
+        return -1;
+    }
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < a->n && rc == 0; i++) {
+        PyObject *v = PySequence_Fast_GET_ITEM(fast, i);
+        a->first[i] = a->npieces;
+        if (PyList_Check(v) || PyTuple_Check(v)) {
+            Py_ssize_t m = PySequence_Fast_GET_SIZE(v);
+            for (Py_ssize_t j = 0; j < m && rc == 0; j++)
+                rc = args_view(a, PySequence_Fast_GET_ITEM(v, j), writable, i);
+        } else {
+            rc = args_view(a, v, writable, i);
+        }
+        a->niov[i] = a->npieces - a->first[i];
+    }
+    Py_DECREF(fast);
+    return rc;
+}
+
+/* A non-negative integer that fits size_t / uintptr_t. */
+static int as_size(PyObject *o, const char *what, Py_ssize_t key, size_t *out)
+{
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s of key %zd: expected int, got %.100s", what, key,
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow > 0) {
+        unsigned long long u = PyLong_AsUnsignedLongLong(o);
+        if (u == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+        if (u > SIZE_MAX) {
+            PyErr_Format(PyExc_ValueError, "%s of key %zd is too large", what, key);
+            return -1;
+        }
+        *out = (size_t)u;
+        return 0;
+    }
+    if (overflow < 0 || v < 0) {
+        PyErr_Format(PyExc_ValueError, "%s of key %zd must not be negative", what, key);
+        return -1;
+    }
+    *out = (size_t)v;
+    return 0;
+}
+
+/*
+ * Addresses: ptrs[i] / sizes[i] are ints (one piece) or equally long lists
+ * of ints (the pieces of key i).
+ */
+static int args_ptrs(args *a, PyObject *ptrs, PyObject *sizes)
+{
+    PyObject *fp = PySequence_Fast(ptrs, "buffer_ptrs must be a sequence");
+    if (!fp)
+        return -1;
+    PyObject *fs = PySequence_Fast(sizes, "sizes must be a sequence");
+    if (!fs) {
+        Py_DECREF(fp);
+        return -1;
+    }
+    int rc = 0;
+    if (PySequence_Fast_GET_SIZE(fp) != a->n || PySequence_Fast_GET_SIZE(fs) != a->n) {
+        PyErr_Format(PyExc_ValueError, "%zd keys, %zd buffer addresses and %zd sizes", a->n,
+                     PySequence_Fast_GET_SIZE(fp), PySequence_Fast_GET_SIZE(fs));
+        rc = -1;
+    }
+    for (Py_ssize_t i = 0; i < a->n && rc == 0; i++) {
+        PyObject *p = PySequence_Fast_GET_ITEM(fp, i), *s = PySequence_Fast_GET_ITEM(fs, i);
+        a->first[i] = a->npieces;
+        int plist = PyList_Check(p) || PyTuple_Check(p);
+        int slist = PyList_Check(s) || PyTuple_Check(s);
+        if (plist != slist || (plist && PySequence_Fast_GET_SIZE(p) != PySequence_Fast_GET_SIZE(s))) {
+            PyErr_Format(PyExc_ValueError,
+                         "key %zd: buffer addresses and sizes must have the same shape", i);
+            rc = -1;
+            break;
+        }
+        Py_ssize_t m = plist ? PySequence_Fast_GET_SIZE(p) : 1;
+        for (Py_ssize_t j = 0; j < m && rc == 0; j++) {
+            size_t addr, len;
+            PyObject *pj = plist ? PySequence_Fast_GET_ITEM(p, j) : p;
+            PyObject *sj = slist ? PySequence_Fast_GET_ITEM(s, j) : s;
+            if (as_size(pj, "buffer address", i, &addr) || as_size(sj, "size", i, &len)) {
+                rc = -1;
+                break;
+            }
+            kvp_iov *piece = args_piece(a);
+            if (!piece) {
+                rc = -1;
+                break;
+            }
+            piece->base = (void *)(uintptr_t)addr;
+            piece->len = len;
+        }
+        a->niov[i] = a->npieces - a->first[i];
+    }
+    Py_DECREF(fp);
+    Py_DECREF(fs);
+    return rc;
+}
+
+/* Points iovs[] into pieces (stable now that parsing is done). */
+static void args_finish(args *a)
+{
+    for (Py_ssize_t i = 0; i < a->n; i++)
+        a->iovs[i] = a->pieces ? a->pieces + a->first[i] : NULL;
+}
+
+/*
+ * Keys whose pieces are raw addresses outside every registered range get
+ * KVP_EINVALID_PARAMS; the others are compacted to the front of the arrays
+ * (their original index kept in map) so C only sees checked pieces.
+ */
+static size_t args_check_registered(kvp_client *c, args *a, size_t *map)
+{
+    size_t m = 0;
+    for (Py_ssize_t i = 0; i < a->n; i++) {
+        int rc = kvp_client_check_registered(c, a->iovs[i], a->niov[i]);
+        if (rc) {
+            a->results[i] = rc;
+            continue;
+        }
+        map[m] = (size_t)i;
+        a->keys[m] = a->keys[i];
+        a->iovs[m] = a->iovs[i];
+        a->niov[m] = a->niov[i];
+        m++;
+    }
+    return m;
+}
+
+static PyObject *list_of_i64(const int64_t *v, Py_ssize_t n)
+{
+    PyObject *l = PyList_New(n);
+    if (!l)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (!x) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, i, x);
+    }
+    return l;
+}
+
+static PyObject *list_of_int(const int *v, Py_ssize_t n)
+{
+    PyObject *l = PyList_New(n);
+    if (!l)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromLong(v[i]);
+        if (!x) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, i, x);
+    }
+    return l;
+}
+
+/* Every key of a gets code (a call that could not run). */
+static PyObject *all_codes(args *a, int code)
+{
+    for (Py_ssize_t i = 0; i < a->n; i++)
+        a->results[i] = code;
+    return list_of_i64(a->results, a->n);
+}
+
+/* ====================================================== put and get */
+
+/* Put options from Python: replica_num (0 = client default), flags,
+ * preferred segment (None = client default). */
+typedef struct {
+    kvp_put_opts o;
+} put_kw;
+
+static int parse_put_kw(PyObject *replica, PyObject *flags, PyObject *pref, put_kw *k)
+{
+    kvp_put_opts_init(&k->o);
+    size_t v;
+    if (replica && replica != Py_None) {
+        if (as_size(replica, "replica_num", 0, &v))
+            return -1;
+        if (v > 3) {
+            PyErr_SetString(PyExc_ValueError, "replica_num must be 0..3");
+            return -1;
+        }
+        k->o.replica_num = (uint32_t)v;
+    }
+    if (flags && flags != Py_None) {
+        if (as_size(flags, "flags", 0, &v))
+            return -1;
+        k->o.flags = (uint32_t)v;
+    }
+    if (pref && pref != Py_None) {
+        if (!PyUnicode_Check(pref)) {
+            PyErr_SetString(PyExc_TypeError, "preferred_segment must be str or None");
+            return -1;
+        }
+        Py_ssize_t len;
+        const char *s = PyUnicode_AsUTF8AndSize(pref, &len);
+        if (!s)
+            return -1;
+        if (strlen(s) != (size_t)len) {
+            PyErr_SetString(PyExc_ValueError, "preferred_segment contains a NUL byte");
+            return -1;
+        }
+        k->o.preferred_segment = s; /* pref is referenced by the caller's args */
+    }
+    return 0;
+}
+
+enum src_kind { SRC_BUFFERS, SRC_PTRS };
+
+/* put_buffers(keys, values, replica_num=None, flags=None, preferred=None)
+ * put_ptrs(keys, ptrs, sizes, replica_num=None, flags=None, preferred=None) */
+static PyObject *do_put(Client *self, PyObject *args_, PyObject *kw, enum src_kind kind)
+{
+    static char *nb[] = {"keys", "values", "replica_num", "flags", "preferred", NULL};
+    static char *np[] = {"keys", "ptrs", "sizes", "replica_num", "flags", "preferred", NULL};
+    PyObject *keys, *values = NULL, *ptrs = NULL, *sizes = NULL;
+    PyObject *replica = NULL, *flags = NULL, *pref = NULL;
+    int ok = kind == SRC_BUFFERS
+                 ? PyArg_ParseTupleAndKeywords(args_, kw, "OO|OOO:put_buffers", nb, &keys, &values,
+                                               &replica, &flags, &pref)
+                 : PyArg_ParseTupleAndKeywords(args_, kw, "OOO|OOO:put_ptrs", np, &keys, &ptrs,
+                                               &sizes, &replica, &flags, &pref);
+    if (!ok)
+        return NULL;
+    put_kw pk;
+    if (parse_put_kw(replica, flags, pref, &pk))
+        return NULL;
+    args a = {0};
+    PyObject *out = NULL;
+    if (args_keys(&a, keys))
+        goto done;
+    if ((kind == SRC_BUFFERS ? args_buffers(&a, values, 0) : args_ptrs(&a, ptrs, sizes)))
+        goto done;
+    args_finish(&a);
+    int rc = enter(self);
+    if (rc) {
+        out = all_codes(&a, rc);
+        goto done;
+    }
+    size_t *map = NULL;
+    if (kind == SRC_PTRS && a.n > 0 && !(map = PyMem_Calloc((size_t)a.n, sizeof *map))) {
+        leave(self);
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *res = a.results;
+    Py_BEGIN_ALLOW_THREADS
+    if (kind == SRC_PTRS) {
+        size_t m = args_check_registered(self->c, &a, map);
+        /* Results of the checked keys land in a scratch array, then map back. */
+        int64_t *tmp = m ? malloc(m * sizeof *tmp) : NULL;
+        if (m && !tmp) {
+            for (size_t i = 0; i < m; i++)
+                res[map[i]] = KVP_ENOMEM;
+        } else if (m) {
+            rc = kvp_client_batch_put_opts(self->c, a.keys, a.iovs, a.niov, m, &pk.o, tmp);
+            for (size_t i = 0; i < m; i++)
+                res[map[i]] = rc ? rc : tmp[i];
+        }
+        free(tmp);
+    } else {
+        rc = kvp_client_batch_put_opts(self->c, a.keys, a.iovs, a.niov, (size_t)a.n, &pk.o, res);
+        if (rc)
+            for (Py_ssize_t i = 0; i < a.n; i++)
+                res[i] = rc;
+    }
+    Py_END_ALLOW_THREADS
+    leave(self);
+    PyMem_Free(map);
+    out = list_of_i64(a.results, a.n);
+done:
+    args_free(&a);
+    return out;
+}
+
+static PyObject *Client_put_buffers(Client *self, PyObject *a, PyObject *kw)
+{
+    return do_put(self, a, kw, SRC_BUFFERS);
+}
+
+static PyObject *Client_put_ptrs(Client *self, PyObject *a, PyObject *kw)
+{
+    return do_put(self, a, kw, SRC_PTRS);
+}
+
+/* get_buffers(keys, buffers, exact=False) / get_ptrs(keys, ptrs, sizes, exact=False):
+ * exact: the pieces' total must equal the value (multi-buffer gets); else
+ * the pieces may hold more (get_into). */
+static PyObject *do_get(Client *self, PyObject *args_, PyObject *kw, enum src_kind kind)
+{
+    static char *nb[] = {"keys", "buffers", "exact", NULL};
+    static char *np[] = {"keys", "ptrs", "sizes", "exact", NULL};
+    PyObject *keys, *values = NULL, *ptrs = NULL, *sizes = NULL;
+    int exact = 0;
+    int ok = kind == SRC_BUFFERS
+                 ? PyArg_ParseTupleAndKeywords(args_, kw, "OO|p:get_buffers", nb, &keys, &values,
+                                               &exact)
+                 : PyArg_ParseTupleAndKeywords(args_, kw, "OOO|p:get_ptrs", np, &keys, &ptrs,
+                                               &sizes, &exact);
+    if (!ok)
+        return NULL;
+    args a = {0};
+    PyObject *out = NULL;
+    if (args_keys(&a, keys))
+        goto done;
+    if ((kind == SRC_BUFFERS ? args_buffers(&a, values, 1) : args_ptrs(&a, ptrs, sizes)))
+        goto done;
+    args_finish(&a);
+    int rc = enter(self);
+    if (rc) {
+        out = all_codes(&a, rc);
+        goto done;
+    }
+    size_t *map = PyMem_Calloc(a.n > 0 ? (size_t)a.n : 1, sizeof *map);
+    if (!map) {
+        leave(self);
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *res = a.results;
+    Py_BEGIN_ALLOW_THREADS
+    size_t m = (size_t)a.n;
+    if (kind == SRC_PTRS)
+        m = args_check_registered(self->c, &a, map);
+    else
+        for (size_t i = 0; i < m; i++)
+            map[i] = i;
+    int64_t *tmp = m ? malloc(m * sizeof *tmp) : NULL;
+    if (m && !tmp) {
+        for (size_t i = 0; i < m; i++)
+            res[map[i]] = KVP_ENOMEM;
+    } else if (m) {
+        rc = exact ? kvp_client_batch_get_into_multi_buffers(self->c, a.keys, a.iovs, a.niov, m,
+                                                            tmp)
+                   : kvp_client_batch_get_into(self->c, a.keys, a.iovs, a.niov, m, tmp);
+        for (size_t i = 0; i < m; i++)
+            res[map[i]] = rc ? rc : tmp[i];
+    }
+    free(tmp);
+    Py_END_ALLOW_THREADS
+    leave(self);
+    PyMem_Free(map);
+    out = list_of_i64(a.results, a.n);
+done:
+    args_free(&a);
+    return out;
+}
+
+static PyObject *Client_get_buffers(Client *self, PyObject *a, PyObject *kw)
+{
+    return do_get(self, a, kw, SRC_BUFFERS);
+}
+
+static PyObject *Client_get_ptrs(Client *self, PyObject *a, PyObject *kw)
+{
+    return do_get(self, a, kw, SRC_PTRS);
+}
+
+/*
+ * get_bytes(keys) -> list of bytes (found) or int (negative code).
+ * One GET for the sizes, then one batch read into fresh bytes objects. A
+ * key replaced by one of another size in between is read once more.
+ */
+static PyObject *Client_get_bytes(Client *self, PyObject *keys)
+{
+    args a = {0};
+    PyObject *out = NULL;
+    PyObject **objs = NULL;
+    if (args_keys(&a, keys))
+        goto done;
+    int rc = enter(self);
+    if (rc) {
+        out = all_codes(&a, rc);
+        goto done;
+    }
+    objs = PyMem_Calloc(a.n > 0 ? (size_t)a.n : 1, sizeof *objs);
+    size_t *map = PyMem_Calloc(a.n > 0 ? (size_t)a.n : 1, sizeof *map);
+    const char **sk = PyMem_Calloc(a.n > 0 ? (size_t)a.n : 1, sizeof *sk);
+    a.pieces = PyMem_Calloc(a.n > 0 ? (size_t)a.n : 1, sizeof *a.pieces);
+    int64_t *tmp = PyMem_Calloc(a.n > 0 ? (size_t)a.n : 1, sizeof *tmp);
+    if (!objs || !map || !sk || !a.pieces || !tmp) {
+        leave(self);
+        PyMem_Free(map);
+        PyMem_Free(sk);
+        PyMem_Free(tmp);
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int round = 0; round < 2; round++) {
+        /* keys still to read: round 0 all, round 1 those whose size changed */
+        size_t m = 0;
+        for (Py_ssize_t i = 0; i < a.n; i++) {
+            if (round == 0 || a.results[i] == KVP_EBUFFER_OVERFLOW ||
+                a.results[i] == KVP_EINVALID_PARAMS) {
+                if (round == 1 && !objs[i])
+                    continue;
+                Py_CLEAR(objs[i]);
+                map[m] = (size_t)i;
+                sk[m++] = a.keys[i];
+            }
+        }
+        if (m == 0)
+            break;
+        Py_BEGIN_ALLOW_THREADS
+        rc = kvp_client_batch_size(self->c, sk, m, tmp);
+        Py_END_ALLOW_THREADS
+        for (size_t j = 0; j < m; j++)
+            a.results[map[j]] = rc ? rc : tmp[j];
+        size_t r = 0; /* keys with a size: allocate, then read */
+        for (size_t j = 0; j < m; j++) {
+            size_t i = map[j];
+            if (a.results[i] <= 0)
+                continue;
+            objs[i] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)a.results[i]);
+            if (!objs[i]) {
+                PyErr_Clear();
+                a.results[i] = KVP_ENOMEM;
+                continue;
+            }
+            a.pieces[r].base = PyBytes_AS_STRING(objs[i]);
+            a.pieces[r].len = (size_t)a.results[i];
+            map[r] = i;
+            sk[r] = a.keys[i];
+            r++;
+        }
+        if (r == 0)
+            break;
+        for (size_t j = 0; j < r; j++) {
+            a.iovs[j] = &a.pieces[j];
+            a.niov[j] = 1;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        rc = kvp_client_batch_get_into_multi_buffers(self->c, sk, a.iovs, a.niov, r, tmp);
+        Py_END_ALLOW_THREADS
+        for (size_t j = 0; j < r; j++)
+            a.results[map[j]] = rc ? rc : tmp[j];
+    }
+    leave(self);
+    PyMem_Free(map);
+    PyMem_Free(sk);
+    PyMem_Free(tmp);
+    out = PyList_New(a.n);
+    if (!out)
+        goto done;
+    for (Py_ssize_t i = 0; i < a.n; i++) {
+        PyObject *x;
+        if (a.results[i] >= 0 && objs[i]) {
+            x = objs[i];
+            objs[i] = NULL;
+        } else {
+            x = PyLong_FromLongLong(a.results[i] < 0 ? a.results[i] : KVP_EINTERNAL_ERROR);
+            if (!x) {
+                Py_CLEAR(out);
+                goto done;
+            }
+        }
+        PyList_SET_ITEM(out, i, x);
+    }
+done:
+    if (objs)
+        for (Py_ssize_t i = 0; i < a.n; i++)
+            Py_XDECREF(objs[i]);
+    PyMem_Free(objs);
+    args_free(&a);
+    return out;
+}
+
+/* ================================================ metadata calls */
+
+enum keyed { K_EXIST, K_SIZE, K_REMOVE, K_REMOVE_FORCE };
+
+static PyObject *keyed_call(Client *self, PyObject *keys, enum keyed op)
+{
+    args a = {0};
+    PyObject *out = NULL;
+    if (args_keys(&a, keys))
+        goto done;
+    int rc = enter(self);
+    if (rc) {
+        out = all_codes(&a, rc);
+        goto done;
+    }
+    size_t n = (size_t)a.n;
+    Py_BEGIN_ALLOW_THREADS
+    switch (op) {
+    case K_EXIST:
+        rc = kvp_client_exist(self->c, a.keys, n, a.codes);
+        break;
+    case K_SIZE:
+        rc = kvp_client_batch_size(self->c, a.keys, n, a.results);
+        break;
+    case K_REMOVE:
+    case K_REMOVE_FORCE:
+        rc = kvp_client_batch_remove(self->c, a.keys, n, op == K_REMOVE_FORCE, a.codes);
+        break;
+    }
+    Py_END_ALLOW_THREADS
+    leave(self);
+    if (op == K_SIZE) {
+        if (rc)
+            for (size_t i = 0; i < n; i++)
+                a.results[i] = rc;
+        out = list_of_i64(a.results, a.n);
+    } else {
+        if (rc)
+            for (size_t i = 0; i < n; i++)
+                a.codes[i] = rc;
+        out = list_of_int(a.codes, a.n);
+    }
+done:
+    args_free(&a);
+    return out;
+}
+
+static PyObject *Client_exist(Client *self, PyObject *keys) { return keyed_call(self, keys, K_EXIST); }
+static PyObject *Client_sizes(Client *self, PyObject *keys) { return keyed_call(self, keys, K_SIZE); }
+
+static PyObject *Client_remove(Client *self, PyObject *args_, PyObject *kw)
+{
+    static char *names[] = {"keys", "force", NULL};
+    PyObject *keys;
+    int force = 0;
+    if (!PyArg_ParseTupleAndKeywords(args_, kw, "O|p:remove", names, &keys, &force))
+        return NULL;
+    return keyed_call(self, keys, force ? K_REMOVE_FORCE : K_REMOVE);
+}
+
+static PyObject *Client_prefix(Client *self, PyObject *keys)
+{
+    args a = {0};
+    PyObject *out = NULL;
+    if (args_keys(&a, keys))
+        goto done;
+    int64_t r = enter(self);
+    if (r == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        r = kvp_client_prefix(self->c, a.keys, (size_t)a.n);
+        Py_END_ALLOW_THREADS
+        leave(self);
+    }
+    out = PyLong_FromLongLong(r);
+done:
+    args_free(&a);
+    return out;
+}
+
+static PyObject *Client_remove_all(Client *self, PyObject *args_, PyObject *kw)
+{
+    static char *names[] = {"force", NULL};
+    int force = 0;
+    if (!PyArg_ParseTupleAndKeywords(args_, kw, "|p:remove_all", names, &force))
+        return NULL;
+    int64_t r = enter(self);
+    if (r == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        r = kvp_client_remove_all(self->c, force);
+        Py_END_ALLOW_THREADS
+        leave(self);
+    }
+    return PyLong_FromLongLong(r);
+}
+
+static PyObject *Client_remove_regex(Client *self, PyObject *args_, PyObject *kw)
+{
+    static char *names[] = {"pattern", "force", NULL};
+    const char *pat;
+    Py_ssize_t plen;
+    int force = 0;
+    if (!PyArg_ParseTupleAndKeywords(args_, kw, "s#|p:remove_regex", names, &pat, &plen, &force))
+        return NULL;
+    if (strlen(pat) != (size_t)plen)
+        return PyLong_FromLong(KVP_EINVALID_PARAMS);
+    int64_t r = enter(self);
+    if (r == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        r = kvp_client_remove_regex(self->c, pat, force);
+        Py_END_ALLOW_THREADS
+        leave(self);
+    }
+    return PyLong_FromLongLong(r);
+}
+
+/* A text answer of unknown length: grows the buffer on BUFFER_OVERFLOW.
+ * Returns str, or int (negative code). */
+typedef int (*text_fn)(kvp_client *c, const char *key, char *buf, size_t len);
+
+static int stat_fn(kvp_client *c, const char *key, char *buf, size_t len)
+{
+    (void)key;
+    return kvp_client_stat(c, buf, len);
+}
+
+static PyObject *text_call(Client *self, const char *key, text_fn fn)
+{
+    int rc = enter(self);
+    if (rc)
+        return PyLong_FromLong(rc);
+    size_t cap = 4096;
+    char *buf = NULL;
+    for (;;) {
+        char *nb = PyMem_Realloc(buf, cap);
+        if (!nb) {
+            rc = KVP_ENOMEM;
+            break;
+        }
+        buf = nb;
+        Py_BEGIN_ALLOW_THREADS
+        rc = fn(self->c, key, buf, cap);
+        Py_END_ALLOW_THREADS
+        if (rc != KVP_EBUFFER_OVERFLOW || cap >= (64u << 20))
+            break;
+        cap *= 4;
+    }
+    leave(self);
+    PyObject *out = rc >= 0 ? PyUnicode_DecodeUTF8(buf, rc, "replace") : PyLong_FromLong(rc);
+    PyMem_Free(buf);
+    return out;
+}
+
+static PyObject *Client_describe(Client *self, PyObject *args_, PyObject *kw)
+{
+    static char *names[] = {"key", "json", NULL};
+    const char *key;
+    Py_ssize_t klen;
+    int json = 0;
+    if (!PyArg_ParseTupleAndKeywords(args_, kw, "s#|p:describe", names, &key, &klen, &json))
+        return NULL;
+    if (strlen(key) != (size_t)klen)
+        return PyLong_FromLong(KVP_EINVALID_KEY);
+    return text_call(self, key, json ? kvp_client_describe_json : kvp_client_describe);
+}
+
+static PyObject *Client_stat(Client *self, PyObject *unused) { return text_call(self, "", stat_fn); }
+
+static PyObject *Client_register(Client *self, PyObject *args_)
+{
+    PyObject *po, *lo;
+    size_t p, len;
+    if (!PyArg_ParseTuple(args_, "OO:register_buffer", &po, &lo))
+        return NULL;
+    if (as_size(po, "buffer address", 0, &p) || as_size(lo, "size", 0, &len))
+        return NULL;
+    int rc = enter(self);
+    if (rc == 0) {
+        rc = kvp_client_register_buffer(self->c, (void *)(uintptr_t)p, len);
+        leave(self);
+    }
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *Client_unregister(Client *self, PyObject *po)
+{
+    size_t p;
+    if (as_size(po, "buffer address", 0, &p))
+        return NULL;
+    int rc = enter(self);
+    if (rc == 0) {
+        rc = kvp_client_unregister_buffer(self->c, (void *)(uintptr_t)p);
+        leave(self);
+    }
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *Client_check_registered(Client *self, PyObject *args_)
+{
+    PyObject *po, *lo;
+    size_t p, len;
+    if (!PyArg_ParseTuple(args_, "OO:check_registered", &po, &lo))
+        return NULL;
+    if (as_size(po, "buffer address", 0, &p) || as_size(lo, "size", 0, &len))
+        return NULL;
+    int rc = enter(self);
+    if (rc == 0) {
+        kvp_iov v = {(void *)(uintptr_t)p, len};
+        rc = kvp_client_check_registered(self->c, &v, 1);
+        leave(self);
+    }
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *Client_segment_name(Client *self, void *unused)
+{
+    if (enter(self))
+        return PyUnicode_FromString("");
+    PyObject *s = PyUnicode_FromString(kvp_client_segment_name(self->c));
+    leave(self);
+    return s;
+}
+
+static PyObject *Client_tenant(Client *self, void *unused)
+{
+    if (enter(self))
+        return PyUnicode_FromString("");
+    PyObject *s = PyUnicode_FromString(kvp_client_tenant(self->c));
+    leave(self);
+    return s;
+}
+
+static PyMethodDef Client_methods[] = {
+    {"close", (PyCFunction)Client_close, METH_NOARGS,
+     "close(): waits for calls in flight, then closes; later calls return KVP_ECLOSED"},
+    {"put_buffers", (PyCFunction)(void (*)(void))Client_put_buffers, METH_VARARGS | METH_KEYWORDS,
+     "put_buffers(keys, values, replica_num=None, flags=None, preferred=None) -> list[int]"},
+    {"put_ptrs", (PyCFunction)(void (*)(void))Client_put_ptrs, METH_VARARGS | METH_KEYWORDS,
+     "put_ptrs(keys, ptrs, sizes, replica_num=None, flags=None, preferred=None) -> list[int]"},
+    {"get_buffers", (PyCFunction)(void (*)(void))Client_get_buffers, METH_VARARGS | METH_KEYWORDS,
+     "get_buffers(keys, buffers, exact=False) -> list[int]"},
+    {"get_ptrs", (PyCFunction)(void (*)(void))Client_get_ptrs, METH_VARARGS | METH_KEYWORDS,
+     "get_ptrs(keys, ptrs, sizes, exact=False) -> list[int]"},
+    {"get_bytes", (PyCFunction)Client_get_bytes, METH_O, "get_bytes(keys) -> list[bytes | int]"},
+    {"exist", (PyCFunction)Client_exist, METH_O, "exist(keys) -> list[int]: 1, 0 or < 0"},
+    {"sizes", (PyCFunction)Client_sizes, METH_O, "sizes(keys) -> list[int]"},
+    {"prefix", (PyCFunction)Client_prefix, METH_O, "prefix(keys) -> int"},
+    {"remove", (PyCFunction)(void (*)(void))Client_remove, METH_VARARGS | METH_KEYWORDS,
+     "remove(keys, force=False) -> list[int]"},
+    {"remove_all", (PyCFunction)(void (*)(void))Client_remove_all, METH_VARARGS | METH_KEYWORDS,
+     "remove_all(force=False) -> int"},
+    {"remove_regex", (PyCFunction)(void (*)(void))Client_remove_regex, METH_VARARGS | METH_KEYWORDS,
+     "remove_regex(pattern, force=False) -> int: objects removed or < 0"},
+    {"describe", (PyCFunction)(void (*)(void))Client_describe, METH_VARARGS | METH_KEYWORDS,
+     "describe(key, json=False) -> str | int"},
+    {"stat", (PyCFunction)Client_stat, METH_NOARGS, "stat() -> str (JSON) | int"},
+    {"register_buffer", (PyCFunction)Client_register, METH_VARARGS,
+     "register_buffer(ptr, size) -> int"},
+    {"unregister_buffer", (PyCFunction)Client_unregister, METH_O, "unregister_buffer(ptr) -> int"},
+    {"check_registered", (PyCFunction)Client_check_registered, METH_VARARGS,
+     "check_registered(ptr, size) -> int: 0 when [ptr, ptr+size) is inside a registered range"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Client_getset[] = {
+    {"closed", (getter)Client_closed, NULL, "True once closed", NULL},
+    {"segment_name", (getter)Client_segment_name, NULL, "embedded segment host:port or ''", NULL},
+    {"tenant", (getter)Client_tenant, NULL, "the tenant of this client's keys", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ClientType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvpool._native.Client",
+    .tp_basicsize = sizeof(Client),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Client(config: str = '') -- a kvp_client (include/kvpool.h)",
+    .tp_new = Client_new,
+    .tp_init = (initproc)Client_init,
+    .tp_dealloc = (destructor)Client_dealloc,
+    .tp_methods = Client_methods,
+    .tp_getset = Client_getset,
+};
+
+/* ============================================================== module */
+
+static PyObject *mod_strerror(PyObject *m, PyObject *arg)
+{
+    long code = PyLong_AsLong(arg);
+    if (code == -1 && PyErr_Occurred())
+        return NULL;
+    return PyUnicode_FromString(kvp_strerror((int)code));
+}
+
+static PyObject *mod_err_name(PyObject *m, PyObject *arg)
+{
+    long code = PyLong_AsLong(arg);
+    if (code == -1 && PyErr_Occurred())
+        return NULL;
+    return PyUnicode_FromString(kvp_err_name((int)code));
+}
+
+static PyMethodDef mod_methods[] = {
+    {"strerror", mod_strerror, METH_O, "strerror(code) -> str"},
+    {"err_name", mod_err_name, METH_O, "err_name(code) -> str, e.g. 'OBJECT_NOT_FOUND'"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {
+    PyModuleDef_HEAD_INIT, "kvpool._native", "kvpool's C client (include/kvpool.h).", -1,
+    mod_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    if (PyType_Ready(&ClientType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m)
+        return NULL;
+    OpenError = PyErr_NewException("kvpool._native.OpenError", NULL, NULL);
+    PyObject *codes = PyDict_New();
+    if (!OpenError || !codes || PyModule_AddObjectRef(m, "OpenError", OpenError) < 0 ||
+        PyModule_AddObjectRef(m, "Client", (PyObject *)&ClientType) < 0)
+        goto fail;
+#define KVP__PY_CODE(name, num, msg)                                                             \
+    do {                                                                                         \
+        PyObject *v = PyLong_FromLong(num);                                                      \
+        if (!v || PyDict_SetItemString(codes, #name, v) < 0) {                                   \
+            Py_XDECREF(v);                                                                       \
+            goto fail;                                                                           \
+        }                                                                                        \
+        Py_DECREF(v);                                                                            \
+    } while (0);
+    KVP_ERRNO_MAP(KVP__PY_CODE)
+#undef KVP__PY_CODE
+    if (PyModule_AddObject(m, "codes", codes) < 0)
+        goto fail;
+    codes = NULL;
+    if (PyModule_AddStringConstant(m, "version", kvp_version()) < 0 ||
+        PyModule_AddIntConstant(m, "PUT_HARD_PIN", KVP_PUT_HARD_PIN) < 0)
+        goto fail;
+    return m;
+fail:
+    Py_XDECREF(codes);
+    Py_DECREF(m);
+    return NULL;
+}

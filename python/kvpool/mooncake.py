@@ -1,0 +1,933 @@
+"""kvpool.mooncake: Mooncake 0.3.13's ``mooncake.store`` surface on kvpool.
+
+Code written for ``MooncakeDistributedStore`` runs unchanged: the same method
+names, argument orders, defaults and return values (0 / bytes read on
+success, Mooncake's negative ErrorCode numbers on failure, ``b""`` for a
+missing key's bytes, ``None`` for a missing buffer). ``install()`` (or
+``kvpool.install_as_mooncake()``) makes ``import mooncake.store`` load this
+module; the vLLM plugin does it when ``KVPOOL_AS_MOONCAKE=1``.
+
+Deliberate differences (docs/MOONCAKE_COMPAT.md lists them all):
+  * ``protocol: "rdma"`` starts with a warning and uses shared memory / TCP.
+  * kvpool needs no local staging buffer: ``local_buffer_size`` is accepted
+    and values larger than it are stored (Mooncake refuses them, -600).
+  * Exist and size queries take no read lease: a ``remove`` right after
+    ``is_exist`` / ``get_size`` / ``get`` succeeds (Mooncake answers -706
+    until its lease expires).
+  * Soft pins, NVMe-oF / DFS replicas and replica tasks are not implemented:
+    soft-pin options are accepted and the object is an ordinary cache entry;
+    the task and segment-management calls answer NOT_SUPPORTED (-1012).
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+import json
+import logging
+import mmap
+import os
+import re
+import sys
+import threading
+import types
+from typing import Any, Optional, Sequence, Union
+
+from . import _native
+from . import config_text
+
+log = logging.getLogger("kvpool.mooncake")
+
+# Mooncake's ErrorCode numbers used here (mooncake-store/include/types.h).
+OK = 0
+INTERNAL_ERROR = -1
+INVALID_PARAMS = -600
+OBJECT_NOT_FOUND = -704
+NOT_SUPPORTED = -1012
+
+_C = _native.codes
+
+# kvpool-only codes (the -2000 range) mean nothing to Mooncake callers: each
+# is answered as the Mooncake code nearest in meaning.
+_TO_MOONCAKE = {
+    _C["BUFFER_OVERFLOW"]: INVALID_PARAMS,  # Mooncake: a too-small buffer is -600
+    _C["INVALID_KEY"]: INVALID_PARAMS,      # Mooncake: an empty key is -600
+    _C["NOMEM"]: INTERNAL_ERROR,
+    _C["PROTOCOL"]: _C["RPC_FAIL"],
+    _C["AUTH"]: _C["ILLEGAL_CLIENT"],
+    _C["TOO_LARGE"]: INVALID_PARAMS,
+    _C["CONFIG"]: INVALID_PARAMS,
+    _C["AGAIN"]: _C["NO_AVAILABLE_HANDLE"],
+    _C["IO"]: _C["TRANSFER_FAIL"],
+    _C["CLOSED"]: _C["RPC_FAIL"],
+    _C["UNKNOWN_OP"]: NOT_SUPPORTED,
+    _C["NO_HELLO"]: _C["RPC_FAIL"],
+    _C["LIMIT"]: _C["NO_AVAILABLE_HANDLE"],
+    _C["OBJECT_PINNED"]: _C["OBJECT_HAS_LEASE"],
+}
+
+
+def _mc(r: int) -> int:
+    """A kvpool result as Mooncake reports it: >= 0 unchanged, codes mapped."""
+    return r if r >= 0 else _TO_MOONCAKE.get(r, r)
+
+
+def _status(r: int) -> int:
+    """A put/remove result (bytes moved or a code) as Mooncake's status."""
+    return 0 if r >= 0 else _TO_MOONCAKE.get(r, r)
+
+
+# ------------------------------------------------------------- ReplicateConfig
+
+class SoftPinAction(enum.IntEnum):
+    PRESERVE = 0
+    ENABLE = 1
+    DISABLE = 2
+
+
+class ObjectDataType(enum.IntEnum):
+    UNKNOWN = 0
+    KVCACHE = 1
+    TENSOR = 2
+    WEIGHT = 3
+    SAMPLE = 4
+    ACTIVATION = 5
+    GRADIENT = 6
+    OPTIMIZER_STATE = 7
+    METADATA = 8
+    GENERAL = 9
+
+
+class ReplicateConfig:
+    """Mooncake's ReplicateConfig (replica.h). kvpool honours replica_num
+    (1..3, best effort when fewer segments exist), with_hard_pin,
+    preferred_segments / preferred_segment (the first one named) and
+    prefer_alloc_in_same_node (this client's own segment)."""
+
+    # Class attributes too: callers probe hasattr(ReplicateConfig, "group_ids").
+    replica_num: int = 1
+    nof_replica_num: int = 0
+    dfs_replica_num: int = 0
+    soft_pin_action: SoftPinAction = SoftPinAction.PRESERVE
+    soft_pin_ttl_ms: Optional[int] = None
+    with_hard_pin: bool = False
+    preferred_segments: list[str] = []
+    preferred_segment: str = ""
+    preferred_nof_segments: list[str] = []
+    prefer_alloc_in_same_node: bool = False
+    data_type: ObjectDataType = ObjectDataType.UNKNOWN
+    group_ids: Optional[list[str]] = None  # accepted; kvpool has no object groups
+
+    def __init__(self) -> None:
+        self.preferred_segments = []
+        self.preferred_nof_segments = []
+
+    def __str__(self) -> str:
+        return ("ReplicateConfig: { "
+                f"replica_num: {self.replica_num}, nof_replica_num: {self.nof_replica_num}, "
+                f"with_hard_pin: {self.with_hard_pin}, "
+                f"preferred_segments: {self.preferred_segments}, "
+                f"preferred_segment: {self.preferred_segment} }}")
+
+    __repr__ = __str__
+
+
+# ------------------------------------------------------- replica descriptors
+
+class BufferDescriptor:
+    def __init__(self, size: int, buffer_address: int, transport_endpoint: str) -> None:
+        self.size = size
+        self.buffer_address = buffer_address
+        self.transport_endpoint = transport_endpoint
+
+    def __repr__(self) -> str:
+        return (f"<Descriptor size={self.size} buffer_address={self.buffer_address} "
+                f"transport_endpoint={self.transport_endpoint}>")
+
+
+class MemoryDescriptor:
+    def __init__(self, buffer_descriptor: BufferDescriptor) -> None:
+        self.buffer_descriptor = buffer_descriptor
+
+
+class ReplicaStatus(enum.IntEnum):
+    UNDEFINED = 0
+    INITIALIZED = 1
+    PROCESSING = 2
+    COMPLETE = 3
+    REMOVED = 4
+    FAILED = 5
+
+
+class TaskStatus(enum.IntEnum):
+    PENDING = 0
+    PROCESSING = 1
+    FAILED = 2
+    SUCCESS = 3
+
+
+class TaskType(enum.IntEnum):
+    REPLICA_COPY = 0
+    REPLICA_MOVE = 1
+
+
+# Mooncake exports these enums' members at module level too; TaskStatus is
+# exported last, so PROCESSING and FAILED are TaskStatus values there.
+for _e in (ObjectDataType, ReplicaStatus, TaskType, TaskStatus):
+    globals().update(_e.__members__)
+del _e
+
+
+class ReplicaDescriptor:
+    """One replica of an object. kvpool lists published replicas only, all
+    in DRAM: status COMPLETE, is_memory_replica() True."""
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.status = ReplicaStatus.COMPLETE
+        self.tier = str(d.get("tier", "dram"))
+        self.segment_id = str(d.get("segment", ""))
+        self._mem = MemoryDescriptor(BufferDescriptor(
+            int(d.get("length", 0)), int(d.get("offset", 0)), str(d.get("name", ""))))
+
+    def is_memory_replica(self) -> bool:
+        return self.tier == "dram"
+
+    def is_disk_replica(self) -> bool:
+        return self.tier == "disk"
+
+    def is_local_disk_replica(self) -> bool:
+        return False
+
+    def get_memory_descriptor(self) -> MemoryDescriptor:
+        return self._mem
+
+    def get_disk_descriptor(self) -> Any:
+        raise RuntimeError("not a disk replica")
+
+    def __repr__(self) -> str:
+        b = self._mem.buffer_descriptor
+        return f"ReplicaDescriptor(memory, {b.transport_endpoint}, size={b.size})"
+
+
+class BufferHandle(bytearray):
+    """A value read by get_buffer: the bytes, with Mooncake's ptr() / size()."""
+
+    def ptr(self) -> int:
+        if not self:
+            return 0
+        return ctypes.addressof((ctypes.c_char * len(self)).from_buffer(self))
+
+    def size(self) -> int:
+        return len(self)
+
+
+# ------------------------------------------------------------------- setup
+
+_SETUP_ARGS = ("local_hostname", "metadata_server", "global_segment_size",
+               "local_buffer_size", "protocol", "rdma_devices", "master_server_addr",
+               "engine", "enable_ssd_offload", "ssd_offload_path", "tenant_id",
+               "enable_client_http_server", "client_http_port")
+
+# Mooncake setup-dict keys (and config-file keys) -> what kvpool does with them.
+_PASS = {"global_segment_size", "local_buffer_size", "protocol", "replica_num",
+         "preferred_segment", "rpc_timeout", "cluster_token", "log_level"}
+_IGNORED = {"metadata_server", "rdma_devices", "device_name", "engine", "ipc_socket_path",
+            "enable_client_http_server", "client_http_port", "ssd_offload_path",
+            "master_metrics_port", "transfer_timeout", "use_ascend_direct", "te_meta_data_server"}
+
+
+def _host_only(h: str) -> str:
+    """Mooncake's local_hostname may carry a port ("ip:port"); kvpool's
+    segment server picks its own port, so only the host is kept."""
+    h = h.strip()
+    if h.startswith("["):  # [v6]:port
+        return h[1:h.index("]")] if "]" in h else h
+    if h.count(":") == 1:
+        return h.split(":", 1)[0]
+    return h
+
+
+def _store_config(opts: dict[str, Any]) -> dict[str, Any]:
+    """A kvpool client config from Mooncake's setup() options."""
+    cfg: dict[str, Any] = {}
+    for k, v in opts.items():
+        if v is None:
+            continue
+        if k == "local_hostname":
+            if str(v).strip():
+                cfg["local_hostname"] = _host_only(str(v))
+        elif k in ("master_server_addr", "master_server_address"):
+            cfg["master"] = str(v)
+        elif k in ("tenant_id", "tenant"):
+            if str(v):
+                cfg["tenant"] = str(v)
+        elif k in ("enable_ssd_offload", "enable_offload"):
+            cfg["enable_offload"] = bool(v) if not isinstance(v, str) else v.lower() == "true"
+        elif k in _PASS:
+            cfg[k] = v if not isinstance(v, bool) else v
+        elif k in _IGNORED:
+            continue
+        else:
+            log.debug("setup: key %r is not used by kvpool", k)
+    proto = str(cfg.get("protocol", "tcp")).lower()
+    if proto != "tcp":
+        log.warning("protocol %r: kvpool has no %s transport yet; using shared memory on this "
+                    "host and TCP to other hosts", proto, proto)
+    cfg["protocol"] = "tcp"
+    seg = cfg.get("global_segment_size", 16 << 20)
+    cfg["global_segment_size"] = seg
+    if _size_is_zero(seg):
+        cfg["mode"] = "standalone-store"
+        cfg.pop("global_segment_size")
+    else:
+        cfg["mode"] = "embedded"
+    return cfg
+
+
+def _size_is_zero(v: Any) -> bool:
+    if isinstance(v, (int, float)):
+        return v == 0
+    s = str(v).strip().lower().rstrip("ib").rstrip("kmgt")
+    try:
+        return float(s or "0") == 0
+    except ValueError:
+        return False
+
+
+def _env_config() -> dict[str, Any]:
+    """Mooncake's environment variables (as SGLang and Mooncake's own service read them)."""
+    env = os.environ
+    m = {"MOONCAKE_MASTER": "master_server_addr", "MOONCAKE_LOCAL_HOSTNAME": "local_hostname",
+         "MOONCAKE_GLOBAL_SEGMENT_SIZE": "global_segment_size",
+         "MOONCAKE_LOCAL_BUFFER_SIZE": "local_buffer_size", "MOONCAKE_PROTOCOL": "protocol",
+         "MOONCAKE_TE_META_DATA_SERVER": "metadata_server", "MOONCAKE_DEVICE": "rdma_devices",
+         "MOONCAKE_TENANT_ID": "tenant_id"}
+    return {k: env[e] for e, k in m.items() if env.get(e)}
+
+
+# ------------------------------------------------------------------- store
+
+Ptrs = Sequence[Any]
+
+
+class MooncakeDistributedStore:
+    """Mooncake's store client, on kvpool. Thread-safe like the original."""
+
+    def __init__(self) -> None:
+        self._c: Optional[Any] = None
+        self._host = ""
+        self._lock = threading.Lock()
+        self._pools: dict[int, tuple[mmap.mmap, Any]] = {}
+        self._sessions: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ lifecycle
+
+    def setup(self, *args: Any, **kwargs: Any) -> int:
+        """setup(config: dict) or setup(local_hostname, metadata_server,
+        global_segment_size, local_buffer_size, protocol, rdma_devices,
+        master_server_addr, engine=None, enable_ssd_offload=False,
+        ssd_offload_path="", tenant_id="default", enable_client_http_server=False,
+        client_http_port=9300). 0, or a negative code."""
+        if len(args) == 1 and not kwargs and isinstance(args[0], dict):
+            opts = {str(k): str(v) for k, v in args[0].items()}  # Mooncake str()s them
+            if not opts.get("local_hostname") or "metadata_server" not in opts:
+                log.error("setup: local_hostname and metadata_server are required")
+                return INVALID_PARAMS
+        else:
+            if len(args) > len(_SETUP_ARGS):
+                raise TypeError(f"setup() takes at most {len(_SETUP_ARGS)} arguments")
+            opts = dict(zip(_SETUP_ARGS, args))
+            for k, v in kwargs.items():
+                if k not in _SETUP_ARGS:
+                    raise TypeError(f"setup() got an unexpected keyword argument {k!r}")
+                if k in opts:
+                    raise TypeError(f"setup() got multiple values for argument {k!r}")
+                opts[k] = v
+            missing = [a for a in _SETUP_ARGS[:7] if a not in opts]
+            if missing:
+                raise TypeError(f"setup() missing required arguments: {', '.join(missing)}")
+        try:
+            c = _native.Client(config_text(_store_config(opts)))
+        except _native.OpenError as e:
+            code, msg = e.args
+            log.error("setup failed: %s", msg)
+            return _mc(int(code))
+        with self._lock:  # a second setup replaces the client, as in Mooncake
+            old, self._c = self._c, c
+            self._host = _host_only(str(opts.get("local_hostname", "") or ""))
+        if old is not None:
+            old.close()
+        return OK
+
+    def init_all(self, protocol: str, device_name: str,
+                 mount_segment_size: int = 16 << 20) -> int:
+        """Mooncake's legacy initialisation: the master and host come from
+        $MOONCAKE_MASTER / $MOONCAKE_LOCAL_HOSTNAME (defaults 127.0.0.1:50051, localhost)."""
+        env = _env_config()
+        return self.setup({"local_hostname": env.get("local_hostname", "localhost"),
+                           "metadata_server": "P2PHANDSHAKE",
+                           "global_segment_size": mount_segment_size,
+                           "local_buffer_size": 0, "protocol": protocol,
+                           "rdma_devices": device_name,
+                           "master_server_addr": env.get("master_server_addr", "127.0.0.1:50051")})
+
+    def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
+        """Mooncake's dummy client attaches to a separate "real client"
+        process; kvpool has no such process (every client talks to the
+        master and the segments itself): NOT_SUPPORTED."""
+        log.error("setup_dummy: kvpool has no real-client process to attach to; use setup()")
+        return NOT_SUPPORTED
+
+    def close(self) -> int:
+        with self._lock:
+            c, self._c = self._c, None
+            pools, self._pools = self._pools, {}
+        if c is not None:
+            c.close()
+        for m, view in pools.values():
+            del view
+            m.close()
+        return OK
+
+    def health_check(self) -> int:
+        """0 healthy, 1 not set up or closed, 2 master unreachable."""
+        c = self._c
+        if c is None or c.closed:
+            return 1
+        return 0 if isinstance(c.stat(), str) else 2
+
+    def get_hostname(self) -> str:
+        c = self._c
+        name = str(c.segment_name) if c is not None else ""
+        return name or self._host
+
+    def _client(self) -> Any:
+        c = self._c
+        if c is None:
+            raise _NotReady()
+        return c
+
+    # ---------------------------------------------------------------- bytes
+
+    def put(self, key: str, value: Any, config: Optional[ReplicateConfig] = None) -> int:
+        return self.put_batch([key], [value], config)
+
+    def put_parts(self, key: str, *parts: Any, config: Optional[ReplicateConfig] = None) -> int:
+        if not parts:
+            return INVALID_PARAMS
+        return self._put_values([key], [list(parts)], config, False)[0]
+
+    def put_batch(self, keys: Sequence[str], values: Sequence[Any],
+                  config: Optional[ReplicateConfig] = None) -> int:
+        """One status for the batch: 0, or the first key's error."""
+        if len(keys) != len(values):
+            return INVALID_PARAMS
+        for r in self._put_values(keys, values, config, False):
+            if r != 0:
+                return r
+        return OK
+
+    def upsert(self, key: str, value: Any, config: Optional[ReplicateConfig] = None) -> int:
+        return self.upsert_batch([key], [value], config)
+
+    def upsert_parts(self, key: str, *parts: Any, config: Optional[ReplicateConfig] = None) -> int:
+        if not parts:
+            return INVALID_PARAMS
+        return self._put_values([key], [list(parts)], config, True)[0]
+
+    def upsert_batch(self, keys: Sequence[str], values: Sequence[Any],
+                     config: Optional[ReplicateConfig] = None) -> int:
+        if len(keys) != len(values):
+            return INVALID_PARAMS
+        for r in self._put_values(keys, values, config, True):
+            if r != 0:
+                return r
+        return OK
+
+    def _put_values(self, keys: Sequence[str], values: Sequence[Any],
+                    config: Optional[ReplicateConfig], upsert: bool) -> list[int]:
+        try:
+            c = self._client()
+        except _NotReady:
+            return [INVALID_PARAMS] * len(keys)
+        if upsert:
+            c.remove(keys, force=True)
+        from . import _with_buffers
+        try:  # a value without the buffer protocol raises TypeError, as in Mooncake
+            res = _with_buffers(c.put_buffers, keys, values, **_opts(c, config))
+        except ValueError as e:
+            log.error("put: %s", e)
+            return [INVALID_PARAMS] * len(keys)
+        return [_status(r) for r in res]
+
+    def get(self, key: str) -> bytes:
+        """The value, or b"" when missing or on error."""
+        r = self.get_batch([key])
+        return r[0]
+
+    def get_batch(self, keys: Sequence[str]) -> list[bytes]:
+        if len(keys) == 0:
+            return [b""]  # Mooncake answers an empty batch with one empty value
+        try:
+            res = self._client().get_bytes(keys)
+        except _NotReady:
+            return [b""] * len(keys)
+        return [b"" if isinstance(r, int) else r for r in res]
+
+    def get_buffer(self, key: str) -> Optional[BufferHandle]:
+        r = self.batch_get_buffer([key])
+        return r[0]
+
+    def batch_get_buffer(self, keys: Sequence[str]) -> list[Optional[BufferHandle]]:
+        try:
+            res = self._client().get_bytes(keys)
+        except _NotReady:
+            return [None] * len(keys)
+        return [None if isinstance(r, int) else BufferHandle(r) for r in res]
+
+    # ------------------------------------------------------------ zero copy
+
+    def register_buffer(self, buffer_ptr: int, size: int) -> int:
+        try:
+            return _mc(self._client().register_buffer(buffer_ptr, size))
+        except _NotReady:
+            return INVALID_PARAMS
+        except (TypeError, ValueError, OverflowError):
+            return INVALID_PARAMS
+
+    def unregister_buffer(self, buffer_ptr: int) -> int:
+        try:
+            return _mc(self._client().unregister_buffer(buffer_ptr))
+        except _NotReady:
+            return INVALID_PARAMS
+        except (TypeError, ValueError, OverflowError):
+            return INVALID_PARAMS
+
+    def put_from(self, key: str, buffer_ptr: int, size: int,
+                 config: Optional[ReplicateConfig] = None) -> int:
+        return self._put_ptrs([key], [buffer_ptr], [size], config, False)[0]
+
+    def put_from_with_metadata(self, key: str, buffer_ptr: int, metadata_buffer_ptr: int,
+                               size: int, metadata_size: int,
+                               config: Optional[ReplicateConfig] = None) -> int:
+        """The object is the metadata bytes followed by the data bytes."""
+        return self._put_ptrs([key], [[metadata_buffer_ptr, buffer_ptr]],
+                              [[metadata_size, size]], config, False)[0]
+
+    def batch_put_from(self, keys: Sequence[str], buffer_ptrs: Ptrs, sizes: Sequence[int],
+                       config: Optional[ReplicateConfig] = None) -> list[int]:
+        return self._put_ptrs(keys, buffer_ptrs, sizes, config, False)
+
+    def batch_put_from_multi_buffers(self, keys: Sequence[str], all_buffer_ptrs: Ptrs,
+                                     all_sizes: Ptrs,
+                                     config: Optional[ReplicateConfig] = None) -> list[int]:
+        return self._put_ptrs(keys, all_buffer_ptrs, all_sizes, config, False)
+
+    def upsert_from(self, key: str, buffer_ptr: int, size: int,
+                    config: Optional[ReplicateConfig] = None) -> int:
+        return self._put_ptrs([key], [buffer_ptr], [size], config, True)[0]
+
+    def batch_upsert_from(self, keys: Sequence[str], buffer_ptrs: Ptrs, sizes: Sequence[int],
+                          config: Optional[ReplicateConfig] = None) -> list[int]:
+        return self._put_ptrs(keys, buffer_ptrs, sizes, config, True)
+
+    def _put_ptrs(self, keys: Sequence[str], ptrs: Ptrs, sizes: Ptrs,
+                  config: Optional[ReplicateConfig], upsert: bool) -> list[int]:
+        try:
+            c = self._client()
+        except _NotReady:
+            return [INVALID_PARAMS] * len(keys)
+        if len(keys) != len(ptrs) or len(keys) != len(sizes):
+            return [INVALID_PARAMS] * len(keys)
+        # Mooncake: a zero-size single-buffer put succeeds and stores nothing
+        zero = [i for i, n in enumerate(sizes) if n == 0 and isinstance(n, int)] \
+            if 0 in sizes else []
+        if zero:
+            keep = [i for i in range(len(keys)) if i not in set(zero)]
+            sub = self._put_ptrs([keys[i] for i in keep], [ptrs[i] for i in keep],
+                                 [sizes[i] for i in keep], config, upsert)
+            out = [OK] * len(keys)
+            for i, r in zip(keep, sub):
+                out[i] = r
+            return out
+        try:
+            if upsert:
+                c.remove(keys, force=True)
+            res = c.put_ptrs(keys, ptrs, sizes, **_opts(c, config))
+        except (TypeError, ValueError, OverflowError) as e:
+            log.error("put: %s", e)
+            return [INVALID_PARAMS] * len(keys)
+        return [_status(r) for r in res]
+
+    def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
+        return self._get_ptrs([key], [buffer_ptr], [size])[0]
+
+    def batch_get_into(self, keys: Sequence[str], buffer_ptrs: Ptrs,
+                       sizes: Sequence[int]) -> list[int]:
+        return self._get_ptrs(keys, buffer_ptrs, sizes)
+
+    def batch_get_into_multi_buffers(self, keys: Sequence[str], all_buffer_ptrs: Ptrs,
+                                     all_sizes: Ptrs,
+                                     prefer_alloc_in_same_node: bool = False) -> list[int]:
+        """The pieces of each key must add up to exactly its size."""
+        return self._get_ptrs(keys, all_buffer_ptrs, all_sizes, exact=True)
+
+    def _get_ptrs(self, keys: Sequence[str], ptrs: Ptrs, sizes: Ptrs,
+                  exact: bool = False) -> list[int]:
+        if len(keys) != len(ptrs) or len(keys) != len(sizes):
+            return [INVALID_PARAMS] * len(keys)
+        try:
+            res = self._client().get_ptrs(keys, ptrs, sizes, exact=exact)
+        except _NotReady:
+            return [INVALID_PARAMS] * len(keys)
+        except (TypeError, ValueError, OverflowError) as e:
+            log.error("get: %s", e)
+            return [INVALID_PARAMS] * len(keys)
+        return [_mc(r) for r in res]
+
+    def get_into_ranges(self, buffer_ptrs: Sequence[int], all_keys: Sequence[Sequence[str]],
+                        all_dst_offsets: Sequence[Sequence[Sequence[int]]],
+                        all_src_offsets: Sequence[Sequence[Sequence[int]]],
+                        all_sizes: Sequence[Sequence[Sequence[int]]]) -> list[list[list[int]]]:
+        """Buffer-major gather of byte ranges: for buffer i, key j, range k,
+        copies all_sizes[i][j][k] bytes at all_src_offsets[i][j][k] of the
+        value into buffer_ptrs[i] + all_dst_offsets[i][j][k]. Per range: bytes
+        copied or a negative code. Each value is read whole once."""
+        try:
+            c = self._client()
+        except _NotReady:
+            return [[[INVALID_PARAMS] * len(r) for r in ks] for ks in all_sizes]
+        if not (len(buffer_ptrs) == len(all_keys) == len(all_dst_offsets) ==
+                len(all_src_offsets) == len(all_sizes)):
+            return [[[INVALID_PARAMS]] for _ in buffer_ptrs]
+        wanted = sorted({k for ks in all_keys for k in ks})
+        values = dict(zip(wanted, c.get_bytes(wanted)))
+        out: list[list[list[int]]] = []
+        for i, base in enumerate(buffer_ptrs):
+            per_key: list[list[int]] = []
+            for j, key in enumerate(all_keys[i]):
+                v = values.get(key)
+                rs: list[int] = []
+                for dst, src, n in zip(all_dst_offsets[i][j], all_src_offsets[i][j],
+                                       all_sizes[i][j]):
+                    rs.append(_copy_range(c, v, base, dst, src, n))
+                per_key.append(rs)
+            out.append(per_key)
+        return out
+
+    # ------------------------------------------------------------- sessions
+
+    def batch_put_session_start(self, keys: Sequence[str], sizes: Sequence[int],
+                                config: Optional[ReplicateConfig] = None) -> list[int]:
+        """Reserves staging for keys of the given sizes; ranges written by
+        batch_put_from_multi_buffer_ranges are published by session_end."""
+        if len(keys) != len(sizes):
+            return [INVALID_PARAMS] * len(keys)
+        out = []
+        with self._lock:
+            for k, n in zip(keys, sizes):
+                if not isinstance(n, int) or n <= 0 or not k:
+                    out.append(INVALID_PARAMS)
+                elif k in self._sessions:
+                    out.append(_C["REPLICA_IS_NOT_READY"])
+                else:
+                    self._sessions[k] = (bytearray(n), config)
+                    out.append(OK)
+        return out
+
+    def batch_put_from_multi_buffer_ranges(self, keys: Sequence[str], all_buffer_ptrs: Ptrs,
+                                           all_sizes: Ptrs, all_dst_offsets: Ptrs) -> list[int]:
+        c = self._c
+        out = []
+        for i, k in enumerate(keys):
+            s = self._sessions.get(k)
+            if s is None or c is None:
+                out.append(OBJECT_NOT_FOUND if c is not None else INVALID_PARAMS)
+                continue
+            buf = s[0]
+            r = OK
+            try:
+                for p, n, d in zip(all_buffer_ptrs[i], all_sizes[i], all_dst_offsets[i]):
+                    if n < 0 or d < 0 or d + n > len(buf) or c.check_registered(p, n) != 0:
+                        r = INVALID_PARAMS
+                        break
+                    ctypes.memmove((ctypes.c_char * n).from_buffer(buf, d), p, n)
+            except (TypeError, ValueError, IndexError):
+                r = INVALID_PARAMS
+            out.append(r)
+        return out
+
+    def batch_put_session_end(self, keys: Sequence[str]) -> list[int]:
+        with self._lock:
+            taken = [self._sessions.pop(k, None) for k in keys]
+        out = []
+        for k, s in zip(keys, taken):
+            out.append(OBJECT_NOT_FOUND if s is None else self._put_values([k], [s[0]], s[1], False)[0])
+        return out
+
+    def batch_put_session_revoke(self, keys: Sequence[str]) -> list[int]:
+        with self._lock:
+            return [OK if self._sessions.pop(k, None) is not None else OBJECT_NOT_FOUND
+                    for k in keys]
+
+    # ------------------------------------------------ query / delete / admin
+
+    def is_exist(self, key: str) -> int:
+        return self.batch_is_exist([key])[0]
+
+    def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
+        try:
+            return [_mc(r) for r in self._client().exist(keys)]
+        except _NotReady:
+            return [INVALID_PARAMS] * len(keys)
+
+    def get_size(self, key: str) -> int:
+        try:
+            return _mc(self._client().sizes([key])[0])
+        except _NotReady:
+            return INVALID_PARAMS
+
+    def remove(self, key: str, force: bool = False) -> int:
+        return self.batch_remove([key], force)[0]
+
+    def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
+        try:
+            return [_status(r) for r in self._client().remove(keys, force=force)]
+        except _NotReady:
+            return [INVALID_PARAMS] * len(keys)
+
+    def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
+        """Removes the keys the pattern finds (searched anywhere in the key,
+        as Mooncake's std::regex_search). The master matches POSIX extended
+        syntax; ECMAScript's class escapes (\\d \\w \\s and their negations) are
+        translated, constructs POSIX lacks (lazy quantifiers, look-arounds)
+        answer -600. Count removed, or < 0."""
+        try:
+            c = self._client()
+        except _NotReady:
+            return INVALID_PARAMS
+        if not isinstance(regex_pattern, str):
+            raise TypeError("regex_pattern must be str")
+        posix = _ecma_to_posix(regex_pattern)
+        if posix is None:
+            return INVALID_PARAMS
+        return _mc(c.remove_regex(posix, force=force))
+
+    def remove_all(self, force: bool = False) -> int:
+        try:
+            return _mc(self._client().remove_all(force=force))
+        except _NotReady:
+            return INVALID_PARAMS
+
+    def get_replica_desc(self, key: str) -> list[ReplicaDescriptor]:
+        try:
+            r = self._client().describe(key, json=True)
+        except _NotReady:
+            return []
+        if isinstance(r, int):
+            return []
+        return [ReplicaDescriptor(d) for d in json.loads(r).get("replicas", [])]
+
+    def batch_get_replica_desc(self, keys: Sequence[str]) -> dict[str, list[ReplicaDescriptor]]:
+        out: dict[str, list[ReplicaDescriptor]] = {}
+        for k in keys:
+            d = self.get_replica_desc(k)
+            if d:
+                out[k] = d
+        return out
+
+    def alloc_from_mem_pool(self, size: int) -> int:
+        """Page-aligned memory owned by the store and registered with it;
+        freed at close(). Its address, or 0."""
+        c = self._c
+        if c is None or not isinstance(size, int) or size <= 0:
+            return 0
+        m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        view = (ctypes.c_char * size).from_buffer(m)
+        addr = ctypes.addressof(view)
+        if c.register_buffer(addr, size) != 0:
+            del view
+            m.close()
+            return 0
+        with self._lock:
+            self._pools[addr] = (m, view)
+        return addr
+
+    def get_offload_rpc_read_count(self) -> int:
+        return 0  # no SSD tier yet: nothing was read from one
+
+    # Replica tasks and runtime segment management are Mooncake features
+    # kvpool does not have; each answers Mooncake's NOT_SUPPORTED.
+    def batch_replica_clear(self, keys: Sequence[str], segment_name: str = "") -> list[str]:
+        log.error("batch_replica_clear is not supported by kvpool")
+        return []
+
+    def create_copy_task(self, key: str, targets: Sequence[str]) -> tuple[Any, int]:
+        return (None, NOT_SUPPORTED)
+
+    def create_move_task(self, key: str, source: str, target: str) -> tuple[Any, int]:
+        return (None, NOT_SUPPORTED)
+
+    def query_task(self, task_id: Any) -> tuple[Any, int]:
+        return (None, NOT_SUPPORTED)
+
+    def mount_segment(self, path: str, size: int, offset: int = 0, protocol: str = "tcp",
+                      location: str = "") -> dict[str, Any]:
+        return {"ret": NOT_SUPPORTED, "segment_ids": []}
+
+    def unmount_segment(self, segment_ids: Sequence[Any], grace_period_seconds: int = 0) -> int:
+        return NOT_SUPPORTED
+
+    def allocate_and_mount_segment(self, size: int, protocol: str = "tcp",
+                                   location: str = "") -> dict[str, Any]:
+        return {"ret": NOT_SUPPORTED, "segment_ids": [], "allocated_size": 0}
+
+    def unmount_and_free_segment(self, segment_ids: Sequence[Any],
+                                 grace_period_seconds: int = 0) -> int:
+        return NOT_SUPPORTED
+
+    def unmount_local_disk_segment(self, grace_period_seconds: int = 0) -> int:
+        return NOT_SUPPORTED
+
+
+class MooncakeHostMemAllocator:
+    """Page-aligned host memory for callers that register it themselves
+    (SGLang's standalone host pool): alloc(size) -> address (0 on failure),
+    free(address) -> 0 or -600."""
+
+    def __init__(self) -> None:
+        self._maps: dict[int, tuple[mmap.mmap, Any]] = {}
+        self._lock = threading.Lock()
+
+    def alloc(self, size: int) -> int:
+        if not isinstance(size, int) or size <= 0:
+            return 0
+        try:
+            m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (OSError, OverflowError, ValueError):
+            return 0
+        view = (ctypes.c_char * size).from_buffer(m)
+        addr = ctypes.addressof(view)
+        with self._lock:
+            self._maps[addr] = (m, view)
+        return addr
+
+    def free(self, ptr: int) -> int:
+        with self._lock:
+            entry = self._maps.pop(ptr, None)
+        if entry is None:
+            return INVALID_PARAMS
+        m, view = entry
+        del view
+        m.close()
+        return OK
+
+
+class _NotReady(Exception):
+    """The store is not set up, or closed."""
+
+
+def _opts(c: Any, config: Optional[ReplicateConfig]) -> dict[str, Any]:
+    """put_buffers / put_ptrs keyword arguments of a ReplicateConfig."""
+    if config is None:
+        return {}
+    if not isinstance(config, ReplicateConfig) and not hasattr(config, "replica_num"):
+        raise TypeError("config must be a ReplicateConfig")
+    kw: dict[str, Any] = {}
+    n = int(getattr(config, "replica_num", 1) or 1)
+    kw["replica_num"] = max(1, min(n, 3))  # Mooncake: best effort; kvpool keeps at most 3
+    if getattr(config, "with_hard_pin", False):
+        kw["flags"] = _native.PUT_HARD_PIN
+    prefs = list(getattr(config, "preferred_segments", None) or [])
+    one = getattr(config, "preferred_segment", "") or ""
+    if prefs:
+        kw["preferred"] = str(prefs[0])
+    elif one:
+        kw["preferred"] = str(one)
+    elif getattr(config, "prefer_alloc_in_same_node", False):
+        kw["preferred"] = str(c.segment_name)
+    return kw
+
+
+_CLASS_ESC = {"d": ("[0-9]", "0-9"), "D": ("[^0-9]", None),
+              "w": ("[[:alnum:]_]", "[:alnum:]_"), "W": ("[^[:alnum:]_]", None),
+              "s": ("[[:space:]]", "[:space:]"), "S": ("[^[:space:]]", None)}
+
+
+def _ecma_to_posix(p: str) -> Optional[str]:
+    """An ECMAScript pattern in POSIX extended syntax, or None when it uses
+    what POSIX cannot say (lazy quantifiers, look-arounds, negated class
+    escapes inside brackets)."""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(p):
+        ch = p[i]
+        if ch == "\\" and i + 1 < len(p):
+            nxt = p[i + 1]
+            if nxt in _CLASS_ESC:
+                outside, inside = _CLASS_ESC[nxt]
+                if in_class and inside is None:
+                    return None
+                out.append(inside if in_class else outside)
+            else:
+                out.append(p[i:i + 2])
+            i += 2
+            continue
+        if not in_class and ch == "(" and p.startswith("(?", i):
+            return None  # (?: (?= (?! (?<...: not POSIX
+        if not in_class and ch in "*+?}" and p.startswith("?", i + 1):
+            return None  # lazy quantifier
+        if ch == "[" and not in_class:
+            in_class = True
+            out.append(ch)
+            if p.startswith("^", i + 1):
+                out.append("^")
+                i += 1
+            if p.startswith("]", i + 1):
+                out.append("]")
+                i += 1
+            i += 1
+            continue
+        if ch == "]" and in_class:
+            in_class = False
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def _copy_range(c: Any, value: Any, base: int, dst: int, src: int, n: int) -> int:
+    """One range of get_into_ranges into registered memory; bytes or a code."""
+    if isinstance(value, int):
+        return _mc(value)
+    if value is None:
+        return OBJECT_NOT_FOUND
+    if n < 0 or src < 0 or dst < 0 or src + n > len(value):
+        return INVALID_PARAMS
+    if c.check_registered(base + dst, n) != 0:
+        return INVALID_PARAMS
+    ctypes.memmove(base + dst, value[src:src + n], n)
+    return n
+
+
+# ----------------------------------------------------------------- install
+
+def install() -> None:
+    """Makes ``import mooncake.store`` (and ``import mooncake``) resolve to
+    this module in the current process. Refuses (RuntimeError) when the real
+    Mooncake is already imported: objects of both would be mixed."""
+    me = sys.modules[__name__]
+    pkg = sys.modules.get("mooncake")
+    store = sys.modules.get("mooncake.store")
+    if store is me and pkg is not None and getattr(pkg, "__kvpool__", False):
+        return
+    if store is not None or (pkg is not None and not getattr(pkg, "__kvpool__", False)):
+        raise RuntimeError(
+            "kvpool.install_as_mooncake(): the real Mooncake is already imported in this "
+            "process (sys.modules['mooncake'] is "
+            f"{getattr(pkg or store, '__file__', pkg or store)!r}); call it before anything "
+            "imports mooncake, or set KVPOOL_AS_MOONCAKE=1 for vLLM's plugin to do it")
+    shim = types.ModuleType("mooncake", "kvpool's stand-in for the mooncake package")
+    shim.__path__ = []  # a package: submodules come from sys.modules only
+    shim.__kvpool__ = True  # type: ignore[attr-defined]
+    shim.store = me  # type: ignore[attr-defined]
+    sys.modules["mooncake"] = shim
+    sys.modules["mooncake.store"] = me

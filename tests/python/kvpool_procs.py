@@ -1,0 +1,74 @@
+"""Real kvpool processes for the Python tests: `kvpool serve` / `kvpool master`
+on 127.0.0.1 at a free port (port 0 + --port-file), killed at the end.
+
+The binary is $KVPOOL_BIN (make test sets it to the ASan build), else
+build/kvpool. The Python package is imported from python/ (make python)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kvpool_bin() -> str:
+    b = os.environ.get("KVPOOL_BIN") or str(ROOT / "build" / "kvpool")
+    return b if os.path.isabs(b) else str(ROOT / b)
+
+
+class Proc:
+    """A kvpool subcommand listening on 127.0.0.1; .addr is host:port."""
+
+    def __init__(self, sub: str, *args: str, timeout_s: float = 20.0) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="kvpool-py-")
+        pf = Path(self._dir.name) / "port"
+        self.log_path = Path(self._dir.name) / "log"
+        self._log = open(self.log_path, "wb")
+        env = dict(os.environ)
+        env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
+        self.proc = subprocess.Popen(
+            [kvpool_bin(), sub, "--listen", "127.0.0.1:0", "--port-file", str(pf), *args],
+            stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kvpool {sub} exited with {self.proc.returncode}: "
+                                   f"{self.log_path.read_text(errors='replace')[-2000:]}")
+            if pf.exists() and pf.read_text().strip():
+                break
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"kvpool {sub} did not start")
+            time.sleep(0.02)
+        self.port = int(pf.read_text().strip())
+        self.addr = f"127.0.0.1:{self.port}"
+
+    def stop(self, sig: int = signal.SIGTERM) -> Optional[int]:
+        """Stops the process (SIGTERM, then SIGKILL after 10 s); its exit code."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+        rc = self.proc.returncode
+        self._dir.cleanup()
+        return rc
+
+
+def serve(segment_size: str = "256MiB", *extra: str) -> Proc:
+    return Proc("serve", "--segment-size", segment_size, *extra)
+
+
+def master(*extra: str) -> Proc:
+    return Proc("master", *extra)
