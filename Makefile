@@ -1,6 +1,8 @@
 # kvpool -- top-level Makefile.
 #   make          release build: build/kvpool, build/libkvpool.{so,a}
-#   make test     ASan+UBSan build of everything, then every test; ends with "N passed, N failed"
+#   make test     ASan+UBSan build of everything, then every C test and the Python
+#                 tests (pytest); ends with "N passed, N failed, N skipped" over both
+#   make python   the Python extension (kvpool._native) built into python/kvpool/
 #   make tsan     ThreadSanitizer build, then the threaded tests
 #   make fuzz     bounded run of every libFuzzer target (clang)
 #   make bench    benchmarks against real processes; results in bench/results/
@@ -34,7 +36,7 @@ A_CFLAGS := $(CFLAGS_BASE) -O1 -fno-omit-frame-pointer -fsanitize=address,undefi
 T := build/tsan
 T_CFLAGS := $(CFLAGS_BASE) -O1 -fsanitize=thread -DKVP_TESTING=1
 
-.PHONY: all deps test tsan fuzz bench clean unit integ demo
+.PHONY: all deps test tsan fuzz bench clean unit integ demo python
 all: deps $(R)/kvpool $(R)/libkvpool.so $(R)/libkvpool.a
 
 deps:
@@ -84,7 +86,14 @@ $(T)/tests/%: $(T)/obj/tests/%.o $(T_SUPPORT) $(T)/libkvpool.a
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(T_CFLAGS) -o $@ $^ $(LDLIBS)
 
-test: deps $(A)/kvpool $(A_TESTS)
+# Python: the extension built into python/kvpool/ (make python) with the
+# venv's interpreter (scripts/python-env: pytest, numpy, the Mooncake wheel)
+PYVENV_PY = $(shell scripts/python-env 2>/dev/null || echo python3)
+
+python: deps
+	$(Q)PYTHONWARNINGS=ignore $(PYVENV_PY) setup.py -q build_ext --inplace
+
+test: deps $(A)/kvpool $(A_TESTS) $(R)/libkvpool.so python
 	$(Q)KVPOOL_BIN=$(A)/kvpool tests/run.sh $(A)/tests
 
 tsan: deps $(T)/kvpool $(T_TESTS)

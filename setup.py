@@ -40,6 +40,12 @@ native = Extension(
         "-Wno-missing-field-initializers", "-Wno-cast-function-type",
     ],
     extra_link_args=["-pthread"],
+    depends=rel("include/*.h") + [f for d in CORE for f in rel(f"src/{d}/*.h")],
 )
 
-setup(ext_modules=[native], cmdclass={"build_ext": ParallelBuildExt})
+setup(
+    ext_modules=[native],
+    cmdclass={"build_ext": ParallelBuildExt},
+    # the Makefile owns build/; setuptools keeps to a folder of its own there
+    options={"build": {"build_base": "build/setuptools"}},
+)

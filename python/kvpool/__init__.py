@@ -290,7 +290,7 @@ class Client:
     def get_into(self, key: str, buffer: Value) -> int:
         """Reads the value into a writable buffer at least as large (or a list
         of pieces, filled in order). Returns the value's size."""
-        return _check(self.get_into_batch([key], [buffer])[0])
+        return _check(_with_buffers(self._c.get_buffers, [key], [buffer])[0])
 
     def get_into_batch(self, keys: Sequence[str], buffers: Sequence[Value]) -> list[Union[int, Error]]:
         return _per_key(_with_buffers(self._c.get_buffers, keys, buffers))
@@ -298,7 +298,7 @@ class Client:
     def get_into_ptr(self, key: str, ptr: Union[int, Sequence[int]],
                      size: Union[int, Sequence[int]]) -> int:
         """Reads into registered memory (one range, or lists of pieces)."""
-        return _check(self.get_into_ptr_batch([key], [ptr], [size])[0])
+        return _check(self._c.get_ptrs([key], [ptr], [size])[0])
 
     def get_into_ptr_batch(self, keys: Sequence[str], ptrs: Sequence[Any],
                            sizes: Sequence[Any]) -> list[Union[int, Error]]:

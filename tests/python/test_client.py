@@ -1,0 +1,365 @@
+"""kvpool.Client (the Pythonic API) against a real `kvpool serve`.
+
+Every method, every buffer type, registered addresses, per-key batch
+results, exceptions with .code / .name, bad input (never a crash), threads
+sharing one client with the GIL released, close with calls in flight."""
+from __future__ import annotations
+
+import ctypes
+import json
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kvpool
+import kvpool_procs
+
+KiB = 1 << 10
+MiB = 1 << 20
+
+
+def pattern(n: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+# ------------------------------------------------------------------ errors
+
+def test_error_table_and_subclasses() -> None:
+    assert kvpool.codes["OBJECT_NOT_FOUND"] == -704
+    assert kvpool.codes["NO_AVAILABLE_HANDLE"] == -200
+    e = kvpool.Error.from_code(-704)
+    assert isinstance(e, kvpool.ObjectNotFoundError) and isinstance(e, KeyError)
+    assert (e.code, e.name) == (-704, "OBJECT_NOT_FOUND")
+    assert "object not found" in str(e)
+    assert isinstance(kvpool.Error.from_code(-901), TimeoutError)
+    assert isinstance(kvpool.Error.from_code(-600), ValueError)
+    assert isinstance(kvpool.Error.from_code(-200), kvpool.NoSpaceError)
+    assert isinstance(kvpool.Error.from_code(-801), kvpool.ChecksumMismatchError)
+    odd = kvpool.Error.from_code(-12345)
+    assert type(odd) is kvpool.Error and odd.code == -12345
+
+
+def test_open_errors_name_the_problem() -> None:
+    with pytest.raises(kvpool.ConfigError) as ei:
+        kvpool.Client({"mode": "standalone-store", "no_such_key": 1})
+    assert "no_such_key" in str(ei.value)
+    with pytest.raises(kvpool.ConnectionError):
+        kvpool.Client({"master": "127.0.0.1:1", "mode": "standalone-store",
+                       "rpc_timeout": "300ms"})
+    with pytest.raises(TypeError):
+        kvpool.Client(42)  # type: ignore[arg-type]
+
+
+def test_config_forms(server: kvpool_procs.Proc, tmp_path: Any,
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = {"master": server.addr, "mode": "standalone-store"}
+    with kvpool.Client(json.dumps(cfg)) as c:
+        c.put("cfg/json", b"1")
+    path = tmp_path / "kvpool.json"
+    path.write_text(json.dumps(cfg))
+    with kvpool.Client(str(path)) as c:
+        assert c.get("cfg/json") == b"1"
+    with kvpool.Client(path) as c:
+        assert c.exist("cfg/json")
+    monkeypatch.setenv("MOONCAKE_CONFIG_PATH", str(path))
+    with kvpool.Client() as c:  # from the environment
+        assert c.get("cfg/json") == b"1"
+        c.remove_all(force=True)
+
+
+# ---------------------------------------------------------- single values
+
+def test_put_get_every_buffer_type(client: kvpool.Client) -> None:
+    raw = pattern(10_000, 1)
+    values: dict[str, Any] = {
+        "bytes": raw, "bytearray": bytearray(raw), "memoryview": memoryview(raw)[100:5100],
+        "numpy": np.frombuffer(raw, dtype=np.uint8).reshape(100, 100),
+        "numpy_f32": np.arange(1000, dtype=np.float32),
+    }
+    for name, v in values.items():
+        client.put(f"t/{name}", v)
+        assert client.get(f"t/{name}") == bytes(memoryview(v).cast("B"))
+        assert client.size(f"t/{name}") == memoryview(v).nbytes
+
+
+def test_keys_are_immutable_first_writer_wins(client: kvpool.Client) -> None:
+    client.put("imm", b"first")
+    client.put("imm", b"second value")
+    assert client.get("imm") == b"first"
+
+
+def test_get_into_buffers(client: kvpool.Client) -> None:
+    v = pattern(4096, 2)
+    client.put("gi", v)
+    out = bytearray(8192)
+    assert client.get_into("gi", out) == 4096
+    assert bytes(out[:4096]) == v and out[4096:] == bytes(4096)
+    arr = np.zeros(4096, dtype=np.uint8)
+    assert client.get_into("gi", arr) == 4096 and arr.tobytes() == v
+    with pytest.raises(kvpool.BufferTooSmallError):
+        client.get_into("gi", bytearray(100))
+    with pytest.raises(TypeError):
+        client.get_into("gi", b"read-only bytes")  # not writable
+    with pytest.raises(kvpool.ObjectNotFoundError):
+        client.get_into("gi/none", out)
+    # pieces: filled in order
+    a, b = bytearray(1000), bytearray(3096)
+    assert client.get_into("gi", [a, b]) == 4096
+    assert bytes(a) + bytes(b) == v
+
+
+def test_missing_and_invalid_keys(client: kvpool.Client) -> None:
+    with pytest.raises(kvpool.ObjectNotFoundError):
+        client.get("nope")
+    with pytest.raises(kvpool.ObjectNotFoundError):
+        client.size("nope")
+    with pytest.raises(kvpool.ObjectNotFoundError):
+        client.remove("nope")
+    assert client.exist("nope") is False
+    with pytest.raises(kvpool.InvalidKeyError):
+        client.put("", b"x")
+    with pytest.raises(kvpool.InvalidKeyError):
+        client.put("nul\0inside", b"x")
+    with pytest.raises(kvpool.InvalidParamsError):
+        client.put("empty", b"")
+    with pytest.raises(TypeError):
+        client.put(123, b"x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        client.put("str-value", "text")
+    client.put(b"bytes-key", b"ok")  # bytes keys are accepted
+    assert client.get("bytes-key") == b"ok"
+
+
+def test_multi_buffer_put(client: kvpool.Client) -> None:
+    parts = [pattern(100, 3), bytearray(pattern(5000, 4)), np.arange(10, dtype=np.int64)]
+    client.put("mb", parts)
+    assert client.get("mb") == b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+
+
+# ------------------------------------------------------------------ batches
+
+def test_batches_answer_per_key(client: kvpool.Client) -> None:
+    keys = [f"b/{i}" for i in range(100)]
+    vals = [pattern(1 + i * 37, i) for i in range(100)]
+    assert client.put_batch(keys, vals) == [None] * 100
+    got = client.get_batch(keys + ["b/missing"])
+    assert got[:100] == vals
+    assert isinstance(got[100], kvpool.ObjectNotFoundError)
+    assert client.exist_batch(["b/0", "b/x", "b/99"]) == [True, False, True]
+    sizes = client.size_batch(["b/1", "b/x"])
+    assert sizes[0] == 38 and isinstance(sizes[1], kvpool.ObjectNotFoundError)
+    assert client.prefix(["b/0", "b/1", "b/x", "b/2"]) == 2
+    bufs = [bytearray(len(v)) for v in vals[:3]] + [bytearray(10)]
+    res = client.get_into_batch(keys[:3] + ["b/none"], bufs)
+    assert res[:3] == [len(v) for v in vals[:3]]
+    assert isinstance(res[3], kvpool.ObjectNotFoundError)
+    assert [bytes(b) for b in bufs[:3]] == vals[:3]
+    mixed = client.put_batch(["b/new", "", "b/empty"], [b"n", b"x", b""])
+    assert mixed[0] is None
+    assert isinstance(mixed[1], kvpool.InvalidKeyError)
+    assert isinstance(mixed[2], kvpool.InvalidParamsError)
+    rm = client.remove_batch(["b/0", "b/x"])
+    assert rm[0] is None and isinstance(rm[1], kvpool.ObjectNotFoundError)
+
+
+def test_large_batch_parsed_in_c(client: kvpool.Client) -> None:
+    n = 5000
+    keys = [f"big/{i}" for i in range(n)]
+    assert client.put_batch(keys, [b"v"] * n) == [None] * n
+    t0 = time.perf_counter()
+    res = client.exist_batch(keys)
+    elapsed = time.perf_counter() - t0
+    assert res == [True] * n
+    assert elapsed < 5.0  # a sanity bound only; the figure lives in make bench
+    with pytest.raises(ValueError):
+        client.put_batch(keys, [b"v"])  # mismatched lengths
+
+
+# ------------------------------------------------------ registered memory
+
+def test_registered_addresses(client: kvpool.Client) -> None:
+    buf = np.zeros(1 * MiB, dtype=np.uint8)
+    base = buf.ctypes.data
+    src = pattern(64 * KiB, 5)
+    buf[:len(src)] = np.frombuffer(src, dtype=np.uint8)
+    with pytest.raises(kvpool.InvalidParamsError):  # not registered yet
+        client.put_from("addr/a", base, 100)
+    client.register_buffer(buf)  # a numpy array: its address and size
+    with pytest.raises(kvpool.InvalidParamsError):  # overlapping registration
+        client.register_buffer(base + 10, 100)
+    client.put_from("addr/a", base + 7, 1000)
+    assert client.get("addr/a") == src[7:1007]
+    res = client.put_from_batch(["addr/b", "addr/c", "addr/out"],
+                                [[base, base + 5000], base + 100, base + MiB - 10],
+                                [[10, 20], 50, 100])
+    assert res[0] is None and res[1] is None
+    assert isinstance(res[2], kvpool.InvalidParamsError)  # runs past the registered range
+    assert client.get("addr/b") == src[:10] + src[5000:5020]
+    off = 512 * KiB
+    assert client.get_into_ptr("addr/a", base + off, 2000) == 1000
+    assert buf[off:off + 1000].tobytes() == src[7:1007]
+    got = client.get_into_ptr_batch(["addr/c", "addr/a"], [[base + off, base + off + 10], 0],
+                                    [[10, 40], 1000])
+    assert got[0] == 50 and isinstance(got[1], kvpool.InvalidParamsError)
+    with pytest.raises(ValueError):
+        client.put_from("addr/neg", base, -1)
+    with pytest.raises(ValueError):
+        client.put_from_batch(["x"], [[base, base]], [[1]])  # shapes differ
+    client.unregister_buffer(buf)
+    with pytest.raises(kvpool.InvalidParamsError):
+        client.unregister_buffer(base)
+    with pytest.raises(kvpool.InvalidParamsError):
+        client.get_into_ptr("addr/a", base, 1000)
+
+
+def test_ctypes_memory(client: kvpool.Client) -> None:
+    raw = ctypes.create_string_buffer(4096)
+    addr = ctypes.addressof(raw)
+    client.register_buffer(addr, 4096)
+    raw[0:5] = b"hello"
+    client.put_from("ct", addr, 5)
+    assert client.get("ct") == b"hello"
+    client.unregister_buffer(addr)
+
+
+def test_torch_cpu_tensors(client: kvpool.Client) -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed in the test venv")
+    t = torch.arange(1000, dtype=torch.bfloat16)
+    client.put("torch/t", t)
+    out = torch.zeros(1000, dtype=torch.bfloat16)
+    assert client.get_into("torch/t", out) == 2000
+    assert torch.equal(t, out)
+
+
+# ------------------------------------------------------------- metadata
+
+def test_remove_regex_all_describe_stat(client: kvpool.Client) -> None:
+    for i in range(5):
+        client.put(f"rx/{i}", b"r")
+    client.put("keep", b"k")
+    assert client.remove_regex("^rx/[0-2]$") == 3
+    assert client.remove_regex("rx/") == 2
+    with pytest.raises(kvpool.InvalidParamsError):
+        client.remove_regex("(")
+    d = client.describe("keep")
+    assert d["key"] == "keep" and d["size"] == 1
+    assert len(d["replicas"]) == 1
+    r = d["replicas"][0]
+    assert r["tier"] == "dram" and r["transport"] in ("shm", "tcp") and ":" in r["name"]
+    st = client.stat()
+    assert st["counters"]["objects"] >= 1 and st["segments"][0]["capacity"] == 256 * MiB
+    assert client.remove_all() >= 1
+    assert client.exist("keep") is False
+    assert client.tenant == "default" and client.segment_name == ""
+
+
+def test_put_options_pin_and_replicas(client: kvpool.Client) -> None:
+    client.put("pin", b"p", pin=True)
+    with pytest.raises(kvpool.Error) as ei:
+        client.remove("pin")
+    assert ei.value.name == "OBJECT_PINNED"
+    client.remove("pin", force=True)
+    client.put("rep", b"r", replica_num=3)  # best effort: one segment here
+    assert len(client.describe("rep")["replicas"]) == 1
+    with pytest.raises(ValueError):
+        client.put("rep4", b"r", replica_num=4)
+
+
+def test_tenants_are_isolated(server: kvpool_procs.Proc) -> None:
+    a = kvpool.Client({"master": server.addr, "mode": "standalone-store", "tenant_id": "a"})
+    b = kvpool.Client({"master": server.addr, "mode": "standalone-store", "tenant": "b"})
+    with a, b:
+        a.put("shared-name", b"A")
+        assert b.exist("shared-name") is False
+        b.put("shared-name", b"B")
+        assert a.get("shared-name") == b"A" and b.get("shared-name") == b"B"
+        assert a.tenant == "a" and b.remove_all() == 1 and a.get("shared-name") == b"A"
+        a.remove_all()
+
+
+def test_embedded_mode_hosts_a_segment(master: kvpool_procs.Proc) -> None:
+    with kvpool.Client({"master": master.addr, "global_segment_size": "32MiB",
+                        "local_hostname": "127.0.0.1"}) as c:
+        assert c.segment_name.startswith("127.0.0.1:")
+        c.put("emb", pattern(MiB, 9))
+        assert c.get("emb") == pattern(MiB, 9)
+        assert c.describe("emb")["replicas"][0]["name"] == c.segment_name
+
+
+# ------------------------------------------------------------ lifecycle
+
+def test_closed_client(server: kvpool_procs.Proc) -> None:
+    c = kvpool.Client({"master": server.addr, "mode": "standalone-store"})
+    with c:
+        c.put("cl", b"x")
+    assert c.closed
+    for call in (lambda: c.get("cl"), lambda: c.put("cl2", b"y"), lambda: c.exist("cl"),
+                 lambda: c.remove_all(), lambda: c.stat(), lambda: c.describe("cl")):
+        with pytest.raises(kvpool.ClosedError):
+            call()
+    assert isinstance(c.get_batch(["cl"])[0], kvpool.ClosedError)
+    c.close()  # idempotent
+    with kvpool.Client({"master": server.addr, "mode": "standalone-store"}) as d:
+        d.remove_all(force=True)
+
+
+def test_threads_share_a_client_and_release_the_gil(client: kvpool.Client) -> None:
+    """8 threads of batches on one client while this thread counts in pure
+    Python: the count advances during the batches only if the GIL is released."""
+    n_threads, rounds, per = 8, 6, 16
+    errors: list[str] = []
+    busy = threading.Event()
+
+    def worker(t: int) -> None:
+        try:
+            for r in range(rounds):
+                keys = [f"th/{t}/{r}/{i}" for i in range(per)]
+                vals = [pattern(256 * KiB, t * 1000 + r * 100 + i) for i in range(per)]
+                busy.set()
+                if any(x is not None for x in client.put_batch(keys, vals)):
+                    errors.append("put")
+                bufs = [bytearray(256 * KiB) for _ in keys]
+                if client.get_into_batch(keys, bufs) != [256 * KiB] * per:
+                    errors.append("get")
+                if [bytes(b) for b in bufs] != vals:
+                    errors.append(f"bytes differ in thread {t} round {r}")
+                client.remove_batch(keys)
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    busy.wait(10)
+    count = 0
+    while any(th.is_alive() for th in threads):
+        count += 1
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert count > 10_000, f"the main thread ran only {count} iterations"
+
+
+def test_close_waits_for_calls_in_flight(server: kvpool_procs.Proc) -> None:
+    c = kvpool.Client({"master": server.addr, "mode": "standalone-store"})
+    results: list[Any] = []
+
+    def work() -> None:
+        keys = [f"cw/{i}" for i in range(64)]
+        results.append(c.put_batch(keys, [pattern(256 * KiB, i) for i in range(64)]))
+        results.append(c.get_batch(keys))
+
+    th = threading.Thread(target=work)
+    th.start()
+    time.sleep(0.05)
+    c.close()
+    th.join()
+    # whatever ran before the close finished whole; what came after is ClosedError
+    for res in results:
+        for r in res:
+            assert r is None or isinstance(r, (bytes, kvpool.ClosedError))
+    with kvpool.Client({"master": server.addr, "mode": "standalone-store"}) as d:
+        d.remove_all(force=True)
