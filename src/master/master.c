@@ -1166,6 +1166,17 @@ static void op_remove_regex(req *q)
     }
     memcpy(pat, d.pattern.p, d.pattern.len);
     pat[d.pattern.len] = 0;
+    /* Back-references are refused: without them glibc matches in time
+     * polynomial in the key, so no pattern can stall this thread. */
+    for (uint32_t i = 0; i + 1 < d.pattern.len; i++) {
+        if (pat[i] == '\\') {
+            if (pat[i + 1] >= '1' && pat[i + 1] <= '9') {
+                reply_status(q, KVP_EINVALID_PARAMS);
+                return;
+            }
+            i++;
+        }
+    }
     regex_t re;
     if (regcomp(&re, pat, REG_EXTENDED | REG_NOSUB)) {
         reply_status(q, KVP_EINVALID_PARAMS);

@@ -940,6 +940,8 @@ static void extended_body(const char *addr)
     CHECK_EQ(kvp_client_remove_regex(c, "rx/", 0), 1);
     CHECK_EQ(kvp_client_remove_regex(c, "(", 0), KVP_EINVALID_PARAMS);
     CHECK_EQ(kvp_client_remove_regex(c, "", 0), KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_client_remove_regex(c, "(a)\\1", 0), KVP_EINVALID_PARAMS); /* back-reference */
+    CHECK_EQ(kvp_client_remove_regex(c, "keep\\/9", 0), 0);  /* an escaped char is not one */
     CHECK_EQ(kvp_client_exist(c, rk, 4, codes), 0);
     CHECK(codes[0] == 0 && codes[1] == 0 && codes[2] == 0 && codes[3] == 1);
     CHECK_EQ(kvp_client_exist(t, rk, 4, codes), 0);
