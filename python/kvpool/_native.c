@@ -194,6 +194,10 @@ static void args_free(args *a)
 /* The key list: str (UTF-8) or bytes items. 0, or -1 with an exception. */
 static int args_keys(args *a, PyObject *seq)
 {
+    if (PyUnicode_Check(seq) || PyBytes_Check(seq) || PyByteArray_Check(seq)) {
+        PyErr_SetString(PyExc_TypeError, "keys must be a list of str, not one string");
+        return -1;
+    }
     PyObject *fast = PySequence_Fast(seq, "keys must be a sequence of str");
     if (!fast)
         return -1;

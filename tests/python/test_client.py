@@ -176,6 +176,8 @@ def test_large_batch_parsed_in_c(client: kvpool.Client) -> None:
     assert elapsed < 5.0  # a sanity bound only; the figure lives in make bench
     with pytest.raises(ValueError):
         client.put_batch(keys, [b"v"])  # mismatched lengths
+    with pytest.raises(TypeError):
+        client.exist_batch("big/0")  # one string is not a list of keys
 
 
 # ------------------------------------------------------ registered memory
