@@ -16,3 +16,20 @@ mv "$out/connector.json.tmp" "$out/connector.json"
 echo "== kvpool bench sim (results: $out/sim.json)"
 "$build/kvpool" bench sim --json >"$out/sim.json.tmp"
 mv "$out/sim.json.tmp" "$out/sim.json"
+venv=${KVPOOL_VENV:-$HOME/.cache/kvpool/venv}
+if "$venv/bin/python" -c 'import numpy' 2>/dev/null; then
+  echo "== bench/bench_python.py: kvpool.mooncake, the C client, Mooncake (results: $out/python.json)"
+  log=$(mktemp)  # kvpool._native for that Python; its output shown only if the build fails
+  if ! (cd "$(dirname "$0")/.." &&
+        "$venv/bin/python" setup.py -q build_ext --inplace --build-temp build/python) >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    exit 1
+  fi
+  rm -f "$log"
+  "$venv/bin/python" "$(dirname "$0")/bench_python.py" --kvpool "$build/kvpool" \
+    --out "$out/python.json.tmp"
+  mv "$out/python.json.tmp" "$out/python.json"
+else
+  echo "== bench/bench_python.py skipped: no Python with numpy at $venv/bin/python (set KVPOOL_VENV)"
+fi

@@ -304,6 +304,90 @@ def _env_config() -> dict[str, Any]:
     return {k: env[e] for e, k in m.items() if env.get(e)}
 
 
+class MooncakeConfig:
+    """Mooncake's client configuration helper (mooncake.mooncake_config):
+    from a JSON file (``from_file``, ``load_from_env`` with
+    $MOONCAKE_CONFIG_PATH) or from Mooncake's environment variables."""
+
+    def __init__(self, local_hostname: str, metadata_server: str, master_server_address: str,
+                 global_segment_size: int = 3355443200, local_buffer_size: int = 1073741824,
+                 protocol: str = "tcp", device_name: str = "", enable_ssd_offload: bool = False,
+                 ssd_offload_path: str = "", tenant_id: str = "default",
+                 enable_client_http_server: bool = False, client_http_port: int = 9300) -> None:
+        self.local_hostname = local_hostname
+        self.metadata_server = metadata_server
+        self.master_server_address = master_server_address
+        self.global_segment_size = global_segment_size
+        self.local_buffer_size = local_buffer_size
+        self.protocol = protocol
+        self.device_name = device_name
+        self.enable_ssd_offload = enable_ssd_offload
+        self.ssd_offload_path = ssd_offload_path
+        self.tenant_id = tenant_id
+        self.enable_client_http_server = enable_client_http_server
+        self.client_http_port = client_http_port
+
+    @staticmethod
+    def from_file(path: str) -> "MooncakeConfig":
+        with open(path) as f:
+            d = json.load(f)
+        for k in ("local_hostname", "metadata_server", "master_server_address"):
+            if k not in d:
+                raise ValueError(f"{path}: missing required key {k!r}")
+        return MooncakeConfig(
+            d["local_hostname"], d["metadata_server"], d["master_server_address"],
+            _parse_size(d.get("global_segment_size", 3355443200)),
+            _parse_size(d.get("local_buffer_size", 1073741824)),
+            str(d.get("protocol", "tcp")).lower(), str(d.get("device_name", "")),
+            _parse_bool(d.get("enable_ssd_offload", False)), str(d.get("ssd_offload_path", "")),
+            str(d.get("tenant_id", "default")), _parse_bool(d.get("enable_client_http_server",
+                                                                   False)),
+            int(d.get("client_http_port", 9300)))
+
+    @staticmethod
+    def load_from_env() -> "MooncakeConfig":
+        path = os.environ.get("MOONCAKE_CONFIG_PATH")
+        if path:
+            return MooncakeConfig.from_file(path)
+        env = os.environ
+        if not env.get("MOONCAKE_MASTER"):
+            raise ValueError("neither MOONCAKE_CONFIG_PATH nor MOONCAKE_MASTER is set")
+        return MooncakeConfig(
+            env.get("MOONCAKE_LOCAL_HOSTNAME", "localhost"),
+            env.get("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE"), env["MOONCAKE_MASTER"],
+            _parse_size(env.get("MOONCAKE_GLOBAL_SEGMENT_SIZE", 3355443200)),
+            _parse_size(env.get("MOONCAKE_LOCAL_BUFFER_SIZE", 1073741824)),
+            env.get("MOONCAKE_PROTOCOL", "tcp").lower(), env.get("MOONCAKE_DEVICE", ""),
+            _parse_bool(env.get("MOONCAKE_OFFLOAD_ENABLED", False)),
+            env.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", ""),
+            env.get("MOONCAKE_TENANT_ID", "default"),
+            _parse_bool(env.get("MOONCAKE_ENABLE_CLIENT_HTTP_SERVER", False)),
+            int(env.get("MOONCAKE_CLIENT_HTTP_PORT", 9300)))
+
+    def setup_args(self) -> tuple[Any, ...]:
+        """The positional arguments of MooncakeDistributedStore.setup."""
+        return (self.local_hostname, self.metadata_server, self.global_segment_size,
+                self.local_buffer_size, self.protocol, self.device_name,
+                self.master_server_address)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+
+
+def _parse_size(v: Any) -> int:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(v))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"invalid size {v!r} (use e.g. 4GB, 512MB, 1024)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _parse_bool(v: Any) -> bool:
+    return v if isinstance(v, bool) else str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
 # ------------------------------------------------------------------- store
 
 Ptrs = Sequence[Any]
@@ -929,5 +1013,9 @@ def install() -> None:
     shim.__path__ = []  # a package: submodules come from sys.modules only
     shim.__kvpool__ = True  # type: ignore[attr-defined]
     shim.store = me  # type: ignore[attr-defined]
+    cfgmod = types.ModuleType("mooncake.mooncake_config", "kvpool's MooncakeConfig")
+    cfgmod.MooncakeConfig = MooncakeConfig  # type: ignore[attr-defined]
+    shim.mooncake_config = cfgmod  # type: ignore[attr-defined]
     sys.modules["mooncake"] = shim
     sys.modules["mooncake.store"] = me
+    sys.modules["mooncake.mooncake_config"] = cfgmod
