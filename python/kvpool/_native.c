@@ -281,9 +281,9 @@ static int args_view(args *a, PyObject *obj, int writable, Py_ssize_t key)
         Py_XDECREF(val);
         Py_XDECREF(tb);
         PyErr_Format(PyExc_TypeError,
-                     "value %zd: expected a %s C-contiguous buffer (bytes, bytearray, "
+                     "value %zd: expected a %sC-contiguous buffer (bytes, bytearray, "
                      "memoryview, numpy array), got %.100s",
-                     key, writable ? "writable" : "", Py_TYPE(obj)->tp_name);
+                     key, writable ? "writable " : "", Py_TYPE(obj)->tp_name);
         return -1;
     }
     a->nviews++;

@@ -7,16 +7,41 @@ missing key's bytes, ``None`` for a missing buffer). ``install()`` (or
 ``kvpool.install_as_mooncake()``) makes ``import mooncake.store`` load this
 module; the vLLM plugin does it when ``KVPOOL_AS_MOONCAKE=1``.
 
-Deliberate differences (docs/MOONCAKE_COMPAT.md lists them all):
+Deliberate differences (docs/MOONCAKE_COMPAT.md §6 gives the reasons):
   * ``protocol: "rdma"`` starts with a warning and uses shared memory / TCP.
-  * kvpool needs no local staging buffer: ``local_buffer_size`` is accepted
-    and values larger than it are stored (Mooncake refuses them, -600).
-  * Exist and size queries take no read lease: a ``remove`` right after
-    ``is_exist`` / ``get_size`` / ``get`` succeeds (Mooncake answers -706
-    until its lease expires).
-  * Soft pins, NVMe-oF / DFS replicas and replica tasks are not implemented:
-    soft-pin options are accepted and the object is an ordinary cache entry;
-    the task and segment-management calls answer NOT_SUPPORTED (-1012).
+  * No client staging buffer: ``local_buffer_size`` is accepted (any value)
+    and values larger than it are stored (Mooncake: -600).
+  * Reads hold their lease only while bytes move; ``is_exist`` / ``get_size``
+    take none: a ``remove`` right after them succeeds (Mooncake: -706 until
+    its lease expires), and ``remove_all`` without force removes such keys.
+  * A hard pin holds against ``remove_all`` without force (Mooncake removes
+    pinned objects there).
+  * Puts into a full pool evict the least recently used objects inline and
+    succeed while anything is evictable (Mooncake: -200 until its
+    background eviction runs).
+  * Raw addresses must lie in ranges given to ``register_buffer`` (-600 per
+    key otherwise; Mooncake over TCP reads any pointer); negative sizes are
+    -600 (Mooncake raises TypeError).
+  * A key given twice in one batch keeps its first value (Mooncake: the last).
+  * Scatter lists adding up to more than the value: -600 (Mooncake: -800).
+  * ``BufferHandle`` is a ``bytearray`` (buffer format 'B'; Mooncake's 'b').
+  * ``prefer_alloc_in_same_node`` is honoured (Mooncake's put refuses it).
+  * ``local_hostname``'s port, if any, is dropped: the segment server picks
+    its own; in standalone-store mode ``get_hostname()`` is the bare host.
+  * Before ``setup`` / after ``close`` every call answers -600 or the empty
+    value of its type (Mooncake crashes in several); ``setup_dummy``
+    (Mooncake's separate "real client" process) answers NOT_SUPPORTED.
+  * ``remove_by_regex``: the master matches POSIX extended syntax;
+    ECMAScript's \\d \\w \\s (and negations outside brackets) are translated,
+    lazy quantifiers, look-arounds and back-references answer -600.
+  * ``upsert*`` is remove + put (kvpool keys are immutable): a refused new
+    value leaves the old one, but a put then failing for lack of space has
+    removed it.
+  * Soft pins, NVMe-oF / DFS replicas, ``group_ids`` and replica tasks are
+    not implemented: soft-pin options and group ids are accepted and the
+    object is an ordinary cache entry; task and segment-management calls
+    answer NOT_SUPPORTED (-1012); ``get_into_ranges`` and the session calls
+    copy through staging (correct, not zero-copy).
 """
 from __future__ import annotations
 
@@ -182,11 +207,15 @@ class ReplicaDescriptor:
     in DRAM: status COMPLETE, is_memory_replica() True."""
 
     def __init__(self, d: dict[str, Any]) -> None:
-        self.status = ReplicaStatus.COMPLETE
+        self._status = ReplicaStatus.COMPLETE
         self.tier = str(d.get("tier", "dram"))
         self.segment_id = str(d.get("segment", ""))
         self._mem = MemoryDescriptor(BufferDescriptor(
             int(d.get("length", 0)), int(d.get("offset", 0)), str(d.get("name", ""))))
+
+    @property
+    def status(self) -> ReplicaStatus:
+        return self._status
 
     def is_memory_replica(self) -> bool:
         return self.tier == "dram"
@@ -261,7 +290,7 @@ def _store_config(opts: dict[str, Any]) -> dict[str, Any]:
             if str(v):
                 cfg["tenant"] = str(v)
         elif k in ("enable_ssd_offload", "enable_offload"):
-            cfg["enable_offload"] = bool(v) if not isinstance(v, str) else v.lower() == "true"
+            cfg["enable_offload"] = _parse_bool(v)
         elif k in _PASS:
             cfg[k] = v if not isinstance(v, bool) else v
         elif k in _IGNORED:
@@ -385,7 +414,10 @@ def _parse_size(v: Any) -> int:
 
 
 def _parse_bool(v: Any) -> bool:
-    return v if isinstance(v, bool) else str(v).strip().lower() in ("1", "true", "yes", "on")
+    """Mooncake's boolean strings: 1/true/yes/on/enable (any case) are true."""
+    if isinstance(v, bool):
+        return v
+    return str(v).strip().lower() in ("1", "true", "yes", "on", "enable")
 
 
 # ------------------------------------------------------------------- store
@@ -402,6 +434,7 @@ class MooncakeDistributedStore:
         self._lock = threading.Lock()
         self._pools: dict[int, tuple[mmap.mmap, Any]] = {}
         self._sessions: dict[str, Any] = {}
+        self._get_sessions: dict[str, bytes] = {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -434,6 +467,8 @@ class MooncakeDistributedStore:
         except _native.OpenError as e:
             code, msg = e.args
             log.error("setup failed: %s", msg)
+            if code in (_C["RPC_FAIL"], _C["RPC_TIMEOUT"]):
+                return INTERNAL_ERROR  # Mooncake's answer when it cannot reach the master
             return _mc(int(code))
         with self._lock:  # a second setup replaces the client, as in Mooncake
             old, self._c = self._c, c
@@ -442,8 +477,7 @@ class MooncakeDistributedStore:
             old.close()
         return OK
 
-    def init_all(self, protocol: str, device_name: str,
-                 mount_segment_size: int = 16 << 20) -> int:
+    def init_all(self, protocol: str, device_name: str, mount_segment_size: int) -> int:
         """Mooncake's legacy initialisation: the master and host come from
         $MOONCAKE_MASTER / $MOONCAKE_LOCAL_HOSTNAME (defaults 127.0.0.1:50051, localhost)."""
         env = _env_config()
@@ -467,9 +501,8 @@ class MooncakeDistributedStore:
             pools, self._pools = self._pools, {}
         if c is not None:
             c.close()
-        for m, view in pools.values():
-            del view
-            m.close()
+        while _unmap_pop(pools):
+            pass
         return OK
 
     def health_check(self) -> int:
@@ -534,7 +567,7 @@ class MooncakeDistributedStore:
         except _NotReady:
             return [INVALID_PARAMS] * len(keys)
         if upsert:
-            c.remove(keys, force=True)
+            _replace_prepare(c, keys, [_nbytes(v) for v in values])
         from . import _with_buffers
         try:  # a value without the buffer protocol raises TypeError, as in Mooncake
             res = _with_buffers(c.put_buffers, keys, values, **_opts(c, config))
@@ -635,7 +668,7 @@ class MooncakeDistributedStore:
             return out
         try:
             if upsert:
-                c.remove(keys, force=True)
+                _replace_prepare(c, keys, [_ptrs_nbytes(c, p, n) for p, n in zip(ptrs, sizes)])
             res = c.put_ptrs(keys, ptrs, sizes, **_opts(c, config))
         except (TypeError, ValueError, OverflowError) as e:
             log.error("put: %s", e)
@@ -688,15 +721,73 @@ class MooncakeDistributedStore:
         out: list[list[list[int]]] = []
         for i, base in enumerate(buffer_ptrs):
             per_key: list[list[int]] = []
-            for j, key in enumerate(all_keys[i]):
+            ks, dsts, srcs, ns = all_keys[i], all_dst_offsets[i], all_src_offsets[i], all_sizes[i]
+            for j, key in enumerate(ks):
+                if j >= len(dsts) or j >= len(srcs) or j >= len(ns) or \
+                        not len(dsts[j]) == len(srcs[j]) == len(ns[j]):
+                    per_key.append([INVALID_PARAMS] * max(1, len(ns[j]) if j < len(ns) else 1))
+                    continue
                 v = values.get(key)
-                rs: list[int] = []
-                for dst, src, n in zip(all_dst_offsets[i][j], all_src_offsets[i][j],
-                                       all_sizes[i][j]):
-                    rs.append(_copy_range(c, v, base, dst, src, n))
-                per_key.append(rs)
+                per_key.append([_copy_range(c, v, base, d, s, n)
+                                for d, s, n in zip(dsts[j], srcs[j], ns[j])])
             out.append(per_key)
         return out
+
+    # Get sessions: the values are read once at session start (one batch
+    # read into staging) and ranged reads copy out of that staging.
+    def batch_get_session_start(self, keys: Sequence[str]) -> list[int]:
+        """Reads keys for later ranged reads. Per key: its size, or < 0."""
+        try:
+            c = self._client()
+        except _NotReady:
+            return [INVALID_PARAMS] * len(keys)
+        got = c.get_bytes(keys)
+        out = []
+        with self._lock:
+            for k, v in zip(keys, got):
+                if isinstance(v, int):
+                    out.append(_mc(v))
+                else:
+                    self._get_sessions[k] = v
+                    out.append(OK)
+        return out
+
+    def batch_get_into_multi_buffer_ranges(self, keys: Sequence[str], all_buffer_ptrs: Ptrs,
+                                           all_sizes: Ptrs, all_src_offsets: Ptrs) -> list[int]:
+        """For each key of an open get session, copies all_sizes[i][k] bytes
+        at all_src_offsets[i][k] of the value into all_buffer_ptrs[i][k]
+        (registered memory). Per key: bytes copied, or < 0."""
+        c = self._c
+        if c is None:
+            return [INVALID_PARAMS] * len(keys)
+        if not len(keys) == len(all_buffer_ptrs) == len(all_sizes) == len(all_src_offsets):
+            return [INVALID_PARAMS] * len(keys)
+        out = []
+        for i, k in enumerate(keys):
+            v = self._get_sessions.get(k)
+            if v is None:
+                out.append(OBJECT_NOT_FOUND)
+                continue
+            ps, ns, ss = all_buffer_ptrs[i], all_sizes[i], all_src_offsets[i]
+            if not len(ps) == len(ns) == len(ss):
+                out.append(INVALID_PARAMS)
+                continue
+            total = 0
+            for p, n, s in zip(ps, ns, ss):
+                r = _copy_range(c, v, p, 0, s, n)
+                if r < 0:
+                    total = r
+                    break
+                total += r
+            out.append(total)
+        return out
+
+    def batch_get_session_end(self, keys: Sequence[str]) -> int:
+        """Closes the get sessions of keys; 0."""
+        with self._lock:
+            for k in keys:
+                self._get_sessions.pop(k, None)
+        return OK
 
     # ------------------------------------------------------------- sessions
 
@@ -704,7 +795,7 @@ class MooncakeDistributedStore:
                                 config: Optional[ReplicateConfig] = None) -> list[int]:
         """Reserves staging for keys of the given sizes; ranges written by
         batch_put_from_multi_buffer_ranges are published by session_end."""
-        if len(keys) != len(sizes):
+        if len(keys) != len(sizes) or self._c is None:
             return [INVALID_PARAMS] * len(keys)
         out = []
         with self._lock:
@@ -741,6 +832,8 @@ class MooncakeDistributedStore:
         return out
 
     def batch_put_session_end(self, keys: Sequence[str]) -> list[int]:
+        if self._c is None:
+            return [INVALID_PARAMS] * len(keys)
         with self._lock:
             taken = [self._sessions.pop(k, None) for k in keys]
         out = []
@@ -749,6 +842,8 @@ class MooncakeDistributedStore:
         return out
 
     def batch_put_session_revoke(self, keys: Sequence[str]) -> list[int]:
+        if self._c is None:
+            return [INVALID_PARAMS] * len(keys)
         with self._lock:
             return [OK if self._sessions.pop(k, None) is not None else OBJECT_NOT_FOUND
                     for k in keys]
@@ -846,10 +941,10 @@ class MooncakeDistributedStore:
         return []
 
     def create_copy_task(self, key: str, targets: Sequence[str]) -> tuple[Any, int]:
-        return (None, NOT_SUPPORTED)
+        return ((0, 0), NOT_SUPPORTED)
 
     def create_move_task(self, key: str, source: str, target: str) -> tuple[Any, int]:
-        return (None, NOT_SUPPORTED)
+        return ((0, 0), NOT_SUPPORTED)
 
     def query_task(self, task_id: Any) -> tuple[Any, int]:
         return (None, NOT_SUPPORTED)
@@ -871,6 +966,26 @@ class MooncakeDistributedStore:
 
     def unmount_local_disk_segment(self, grace_period_seconds: int = 0) -> int:
         return NOT_SUPPORTED
+
+
+def _unmap_pop(maps: dict[int, tuple[mmap.mmap, Any]], ptr: Optional[int] = None) -> bool:
+    """Pops one mapping (ptr's, or any) and closes it after dropping the
+    ctypes view that exports it (an mmap with a live export cannot close).
+    False when there was none."""
+    if ptr is None:
+        if not maps:
+            return False
+        entry = maps.popitem()[1]
+    else:
+        got = maps.pop(ptr, None)
+        if got is None:
+            return False
+        entry = got
+        del got
+    m, view = entry
+    del entry, view  # the last references to the view: its export ends here
+    m.close()
+    return True
 
 
 class MooncakeHostMemAllocator:
@@ -897,13 +1012,41 @@ class MooncakeHostMemAllocator:
 
     def free(self, ptr: int) -> int:
         with self._lock:
-            entry = self._maps.pop(ptr, None)
-        if entry is None:
-            return INVALID_PARAMS
-        m, view = entry
-        del view
-        m.close()
-        return OK
+            return OK if _unmap_pop(self._maps, ptr) else INVALID_PARAMS
+
+
+def _nbytes(v: Any) -> int:
+    """Bytes of a value (or its pieces); raises TypeError for a non-buffer."""
+    from . import _torch_view
+    if isinstance(v, (list, tuple)):
+        return sum(memoryview(_torch_view(p)).nbytes for p in v)
+    return memoryview(_torch_view(v)).nbytes
+
+
+def _ptrs_nbytes(c: Any, ptr: Any, size: Any) -> int:
+    """Bytes at registered addresses (pieces when lists); 0 when any piece is
+    unregistered or its size is not a positive int."""
+    ps = ptr if isinstance(ptr, (list, tuple)) else [ptr]
+    ns = size if isinstance(size, (list, tuple)) else [size]
+    if len(ps) != len(ns):
+        return 0
+    total = 0
+    for p, n in zip(ps, ns):
+        if not isinstance(p, int) or not isinstance(n, int) or n <= 0 or p < 0:
+            return 0
+        if c.check_registered(p, n) != 0:
+            return 0
+        total += n
+    return total
+
+
+def _replace_prepare(c: Any, keys: Sequence[Any], nbytes: Sequence[int]) -> None:
+    """Upsert is remove + put (kvpool's keys are immutable): removes only the
+    keys whose new value is valid, so a refused value leaves the old one. A
+    put that then fails for lack of space (-200) has lost the old value."""
+    doomed = [k for k, n in zip(keys, nbytes) if n > 0 and isinstance(k, (str, bytes)) and k]
+    if doomed:
+        c.remove(doomed, force=True)
 
 
 class _NotReady(Exception):
@@ -984,6 +1127,8 @@ def _copy_range(c: Any, value: Any, base: int, dst: int, src: int, n: int) -> in
         return _mc(value)
     if value is None:
         return OBJECT_NOT_FOUND
+    if not all(isinstance(x, int) for x in (base, dst, src, n)):
+        return INVALID_PARAMS
     if n < 0 or src < 0 or dst < 0 or src + n > len(value):
         return INVALID_PARAMS
     if c.check_registered(base + dst, n) != 0:
