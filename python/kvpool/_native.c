@@ -459,22 +459,6 @@ static PyObject *list_of_i64(const int64_t *v, Py_ssize_t n)
     return l;
 }
 
-static PyObject *list_of_int(const int *v, Py_ssize_t n)
-{
-    PyObject *l = PyList_New(n);
-    if (!l)
-        return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *x = PyLong_FromLong(v[i]);
-        if (!x) {
-            Py_DECREF(l);
-            return NULL;
-        }
-        PyList_SET_ITEM(l, i, x);
-    }
-    return l;
-}
-
 /* Every key of a gets code (a call that could not run). */
 static PyObject *all_codes(args *a, int code)
 {
@@ -818,17 +802,9 @@ static PyObject *keyed_call(Client *self, PyObject *keys, enum keyed op)
     }
     Py_END_ALLOW_THREADS
     leave(self);
-    if (op == K_SIZE) {
-        if (rc)
-            for (size_t i = 0; i < n; i++)
-                a.results[i] = rc;
-        out = list_of_i64(a.results, a.n);
-    } else {
-        if (rc)
-            for (size_t i = 0; i < n; i++)
-                a.codes[i] = rc;
-        out = list_of_int(a.codes, a.n);
-    }
+    for (size_t i = 0; i < n; i++) /* the int-coded calls answered in codes[] */
+        a.results[i] = rc ? rc : op == K_SIZE ? a.results[i] : a.codes[i];
+    out = list_of_i64(a.results, a.n);
 done:
     args_free(&a);
     return out;

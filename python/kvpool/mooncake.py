@@ -57,8 +57,7 @@ import threading
 import types
 from typing import Any, Optional, Sequence, Union
 
-from . import _native
-from . import config_text
+from . import _native, _torch_view, _with_buffers, config_text
 
 log = logging.getLogger("kvpool.mooncake")
 
@@ -94,6 +93,13 @@ _TO_MOONCAKE = {
 def _mc(r: int) -> int:
     """A kvpool result as Mooncake reports it: >= 0 unchanged, codes mapped."""
     return r if r >= 0 else _TO_MOONCAKE.get(r, r)
+
+
+def _mc_list(res: list[int]) -> list[int]:
+    """_mc over a batch; the common all-success batch is returned as is."""
+    if min(res, default=0) >= 0:
+        return res
+    return [_mc(r) for r in res]
 
 
 def _status(r: int) -> int:
@@ -568,7 +574,6 @@ class MooncakeDistributedStore:
             return [INVALID_PARAMS] * len(keys)
         if upsert:
             _replace_prepare(c, keys, [_nbytes(v) for v in values])
-        from . import _with_buffers
         try:  # a value without the buffer protocol raises TypeError, as in Mooncake
             res = _with_buffers(c.put_buffers, keys, values, **_opts(c, config))
         except ValueError as e:
@@ -699,7 +704,7 @@ class MooncakeDistributedStore:
         except (TypeError, ValueError, OverflowError) as e:
             log.error("get: %s", e)
             return [INVALID_PARAMS] * len(keys)
-        return [_mc(r) for r in res]
+        return _mc_list(res)
 
     def get_into_ranges(self, buffer_ptrs: Sequence[int], all_keys: Sequence[Sequence[str]],
                         all_dst_offsets: Sequence[Sequence[Sequence[int]]],
@@ -855,7 +860,7 @@ class MooncakeDistributedStore:
 
     def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
         try:
-            return [_mc(r) for r in self._client().exist(keys)]
+            return _mc_list(self._client().exist(keys))
         except _NotReady:
             return [INVALID_PARAMS] * len(keys)
 
@@ -1017,7 +1022,6 @@ class MooncakeHostMemAllocator:
 
 def _nbytes(v: Any) -> int:
     """Bytes of a value (or its pieces); raises TypeError for a non-buffer."""
-    from . import _torch_view
     if isinstance(v, (list, tuple)):
         return sum(memoryview(_torch_view(p)).nbytes for p in v)
     return memoryview(_torch_view(v)).nbytes

@@ -1117,8 +1117,45 @@ static void op_exist(req *q, int prefix)
 }
 
 
-/* Removes every published object of the tenant (leased or pinned ones only
- * with force). One pass over the index: an administrative operation. */
+/*
+ * Removes the tenant's published objects (leased or pinned ones only with
+ * force) whose key matches re (NULL: every key). One pass over the index:
+ * an administrative operation. Returns how many.
+ */
+static uint64_t remove_matching(kvp_master *m, int tenant, int force, uint64_t now,
+                                const regex_t *re)
+{
+    uint64_t n = 0;
+    kvp_index_settle(&m->ix);
+    for (uint64_t i = 0; tenant >= 0 && i <= m->ix.mask; i++) {
+        kvp_obj *o = kvp_index_at(&m->ix, i);
+        if (!o || o->tenant != tenant || o->state != KVP_OBJ_COMPLETE)
+            continue;
+        if (!force && (is_leased(o, now) || (o->flags & KVP_OBJ_PINNED)))
+            continue;
+        if (re) {
+            /* REG_STARTEND: the key is bytes, not a C string */
+            regmatch_t span = {.rm_so = 0, .rm_eo = (regoff_t)o->keylen};
+            if (regexec(re, (const char *)kvp_obj_key(o), 1, &span, REG_STARTEND) != 0)
+                continue;
+        }
+        obj_destroy(m, o, GONE_REMOVED);
+        n++;
+        i--; /* re-examine: backward shift */
+    }
+    return n;
+}
+
+static void reply_removed(req *q, const char *what, int force, uint64_t n)
+{
+    KVP_INFO(MOD, "%s%s: %llu objects removed", what, force ? " (force)" : "",
+             (unsigned long long)n);
+    kvp_msg_remove_all_resp r = {n};
+    size_t off = reply_begin(q);
+    kvp_enc_remove_all_resp(q->out, &r);
+    reply_end(q, off);
+}
+
 static void op_remove_all(req *q)
 {
     kvp_master *m = q->m;
@@ -1127,30 +1164,12 @@ static void op_remove_all(req *q)
         reply_status(q, KVP_EPROTOCOL);
         return;
     }
-    int tenant = tenant_find(m, d.tenant);
-    uint64_t n = 0;
-    kvp_index_settle(&m->ix);
-    for (uint64_t i = 0; tenant >= 0 && i <= m->ix.mask; i++) {
-        kvp_obj *o = kvp_index_at(&m->ix, i);
-        if (!o || o->tenant != tenant || o->state != KVP_OBJ_COMPLETE)
-            continue;
-        if (!d.force && (is_leased(o, q->now) || (o->flags & KVP_OBJ_PINNED)))
-            continue;
-        obj_destroy(m, o, GONE_REMOVED);
-        n++;
-        i--; /* re-examine: backward shift */
-    }
-    KVP_INFO(MOD, "REMOVE_ALL%s: %llu objects removed", d.force ? " (force)" : "",
-             (unsigned long long)n);
-    kvp_msg_remove_all_resp r = {n};
-    size_t off = reply_begin(q);
-    kvp_enc_remove_all_resp(q->out, &r);
-    reply_end(q, off);
+    uint64_t n = remove_matching(m, tenant_find(m, d.tenant), d.force, q->now, NULL);
+    reply_removed(q, "REMOVE_ALL", d.force, n);
 }
 
-/* Removes the tenant's published objects whose key matches a POSIX
- * extended regex (Mooncake's remove_by_regex); the same rules as
- * REMOVE_ALL for leased and pinned objects. One pass over the index. */
+/* Mooncake's remove_by_regex: a POSIX extended regex searched anywhere in
+ * the key; the same rules as REMOVE_ALL for leased and pinned objects. */
 static void op_remove_regex(req *q)
 {
     kvp_master *m = q->m;
@@ -1182,30 +1201,9 @@ static void op_remove_regex(req *q)
         reply_status(q, KVP_EINVALID_PARAMS);
         return;
     }
-    int tenant = tenant_find(m, d.tenant);
-    uint64_t n = 0;
-    kvp_index_settle(&m->ix);
-    for (uint64_t i = 0; tenant >= 0 && i <= m->ix.mask; i++) {
-        kvp_obj *o = kvp_index_at(&m->ix, i);
-        if (!o || o->tenant != tenant || o->state != KVP_OBJ_COMPLETE)
-            continue;
-        if (!d.force && (is_leased(o, q->now) || (o->flags & KVP_OBJ_PINNED)))
-            continue;
-        /* REG_STARTEND: the key is bytes, not a C string */
-        regmatch_t span = {.rm_so = 0, .rm_eo = (regoff_t)o->keylen};
-        if (regexec(&re, (const char *)kvp_obj_key(o), 1, &span, REG_STARTEND) != 0)
-            continue;
-        obj_destroy(m, o, GONE_REMOVED);
-        n++;
-        i--; /* re-examine: backward shift */
-    }
+    uint64_t n = remove_matching(m, tenant_find(m, d.tenant), d.force, q->now, &re);
     regfree(&re);
-    KVP_INFO(MOD, "REMOVE_REGEX%s: %llu objects removed", d.force ? " (force)" : "",
-             (unsigned long long)n);
-    kvp_msg_remove_all_resp r = {n};
-    size_t off = reply_begin(q);
-    kvp_enc_remove_all_resp(q->out, &r);
-    reply_end(q, off);
+    reply_removed(q, "REMOVE_REGEX", d.force, n);
 }
 
 static void op_stats(req *q)
