@@ -184,6 +184,21 @@ KVP_API int kvp_client_batch_get_into(kvp_client *c, const char *const *keys,
                                       int64_t *results);
 
 /*
+ * Gets of values whose sizes the caller does not know, in one GET: once the
+ * master answered, alloc(arg, m, idx, sizes, out) is called (on the calling
+ * thread, once per request chunk) with the sizes of m keys (idx[j]: the
+ * caller's index of key j; sizes[j]: its size, 0 when it was not found) and
+ * sets out[idx[j]] to memory of sizes[j] bytes for each key it wants (base
+ * NULL to skip one; a non-zero return skips all m). Results: bytes read, or
+ * < 0 (KVP_ENOMEM for a key given no memory). Memory the callback gave for
+ * a key whose read then failed is the callback's to free.
+ */
+typedef int (*kvp_get_alloc_fn)(void *arg, size_t m, const size_t *idx, const uint64_t *sizes,
+                                kvp_iov *out);
+KVP_API int kvp_client_batch_get_alloc(kvp_client *c, const char *const *keys, size_t n,
+                                       kvp_get_alloc_fn alloc, void *arg, int64_t *results);
+
+/*
  * Options of a put call (Mooncake's ReplicateConfig). kvp_put_opts_init()
  * sets the defaults and struct_size; set fields after it.
  */

@@ -664,14 +664,38 @@ static PyObject *Client_get_ptrs(Client *self, PyObject *a, PyObject *kw)
 
 /*
  * get_bytes(keys) -> list of bytes (found) or int (negative code).
- * One GET for the sizes, then one batch read into fresh bytes objects. A
- * key replaced by one of another size in between is read once more.
+ * One GET: once the sizes are known, the allocation callback takes the GIL
+ * back for a moment to create the bytes objects the values are read into.
  */
+typedef struct {
+    PyObject **objs; /* one slot per key, NULL until allocated */
+} bytes_alloc;
+
+static int alloc_bytes(void *arg, size_t m, const size_t *idx, const uint64_t *sizes,
+                       kvp_iov *out)
+{
+    bytes_alloc *ba = arg;
+    PyGILState_STATE st = PyGILState_Ensure();
+    for (size_t j = 0; j < m; j++) {
+        if (sizes[j] == 0 || sizes[j] > (uint64_t)PY_SSIZE_T_MAX)
+            continue;
+        PyObject *o = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizes[j]);
+        if (!o) {
+            PyErr_Clear(); /* this key answers KVP_ENOMEM */
+            continue;
+        }
+        Py_XSETREF(ba->objs[idx[j]], o);
+        out[idx[j]] = (kvp_iov){PyBytes_AS_STRING(o), (size_t)sizes[j]};
+    }
+    PyGILState_Release(st);
+    return 0;
+}
+
 static PyObject *Client_get_bytes(Client *self, PyObject *keys)
 {
     args a = {0};
     PyObject *out = NULL;
-    PyObject **objs = NULL;
+    bytes_alloc ba = {NULL};
     if (args_keys(&a, keys))
         goto done;
     int rc = enter(self);
@@ -679,82 +703,27 @@ static PyObject *Client_get_bytes(Client *self, PyObject *keys)
         out = all_codes(&a, rc);
         goto done;
     }
-    objs = PyMem_Calloc(a.n > 0 ? (size_t)a.n : 1, sizeof *objs);
-    size_t *map = PyMem_Calloc(a.n > 0 ? (size_t)a.n : 1, sizeof *map);
-    const char **sk = PyMem_Calloc(a.n > 0 ? (size_t)a.n : 1, sizeof *sk);
-    a.pieces = PyMem_Calloc(a.n > 0 ? (size_t)a.n : 1, sizeof *a.pieces);
-    int64_t *tmp = PyMem_Calloc(a.n > 0 ? (size_t)a.n : 1, sizeof *tmp);
-    if (!objs || !map || !sk || !a.pieces || !tmp) {
+    ba.objs = PyMem_Calloc(a.n > 0 ? (size_t)a.n : 1, sizeof *ba.objs);
+    if (!ba.objs) {
         leave(self);
-        PyMem_Free(map);
-        PyMem_Free(sk);
-        PyMem_Free(tmp);
         PyErr_NoMemory();
         goto done;
     }
-    for (int round = 0; round < 2; round++) {
-        /* keys still to read: round 0 all, round 1 those whose size changed */
-        size_t m = 0;
-        for (Py_ssize_t i = 0; i < a.n; i++) {
-            if (round == 0 || a.results[i] == KVP_EBUFFER_OVERFLOW ||
-                a.results[i] == KVP_EINVALID_PARAMS) {
-                if (round == 1 && !objs[i])
-                    continue;
-                Py_CLEAR(objs[i]);
-                map[m] = (size_t)i;
-                sk[m++] = a.keys[i];
-            }
-        }
-        if (m == 0)
-            break;
-        Py_BEGIN_ALLOW_THREADS
-        rc = kvp_client_batch_size(self->c, sk, m, tmp);
-        Py_END_ALLOW_THREADS
-        for (size_t j = 0; j < m; j++)
-            a.results[map[j]] = rc ? rc : tmp[j];
-        size_t r = 0; /* keys with a size: allocate, then read */
-        for (size_t j = 0; j < m; j++) {
-            size_t i = map[j];
-            if (a.results[i] <= 0)
-                continue;
-            objs[i] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)a.results[i]);
-            if (!objs[i]) {
-                PyErr_Clear();
-                a.results[i] = KVP_ENOMEM;
-                continue;
-            }
-            a.pieces[r].base = PyBytes_AS_STRING(objs[i]);
-            a.pieces[r].len = (size_t)a.results[i];
-            map[r] = i;
-            sk[r] = a.keys[i];
-            r++;
-        }
-        if (r == 0)
-            break;
-        for (size_t j = 0; j < r; j++) {
-            a.iovs[j] = &a.pieces[j];
-            a.niov[j] = 1;
-        }
-        Py_BEGIN_ALLOW_THREADS
-        rc = kvp_client_batch_get_into_multi_buffers(self->c, sk, a.iovs, a.niov, r, tmp);
-        Py_END_ALLOW_THREADS
-        for (size_t j = 0; j < r; j++)
-            a.results[map[j]] = rc ? rc : tmp[j];
-    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvp_client_batch_get_alloc(self->c, a.keys, (size_t)a.n, alloc_bytes, &ba, a.results);
+    Py_END_ALLOW_THREADS
     leave(self);
-    PyMem_Free(map);
-    PyMem_Free(sk);
-    PyMem_Free(tmp);
     out = PyList_New(a.n);
     if (!out)
         goto done;
     for (Py_ssize_t i = 0; i < a.n; i++) {
+        int64_t r = rc ? rc : a.results[i];
         PyObject *x;
-        if (a.results[i] >= 0 && objs[i]) {
-            x = objs[i];
-            objs[i] = NULL;
+        if (r >= 0 && ba.objs[i] && r == PyBytes_GET_SIZE(ba.objs[i])) {
+            x = ba.objs[i];
+            ba.objs[i] = NULL;
         } else {
-            x = PyLong_FromLongLong(a.results[i] < 0 ? a.results[i] : KVP_EINTERNAL_ERROR);
+            x = PyLong_FromLongLong(r < 0 ? r : KVP_EINTERNAL_ERROR);
             if (!x) {
                 Py_CLEAR(out);
                 goto done;
@@ -763,10 +732,10 @@ static PyObject *Client_get_bytes(Client *self, PyObject *keys)
         PyList_SET_ITEM(out, i, x);
     }
 done:
-    if (objs)
+    if (ba.objs)
         for (Py_ssize_t i = 0; i < a.n; i++)
-            Py_XDECREF(objs[i]);
-    PyMem_Free(objs);
+            Py_XDECREF(ba.objs[i]);
+    PyMem_Free(ba.objs);
     args_free(&a);
     return out;
 }

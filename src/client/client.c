@@ -885,8 +885,34 @@ static void order_replicas(kvp_client *c, kvp_get_result *r)
  * `trim` (single get into a larger buffer) pieces may hold more than the
  * value: only the value's size is read. Fills results[idx[i]].
  */
+/* Destination memory chosen once sizes are known (kvp_client_batch_get_alloc):
+ * fn fills pieces[caller index], one piece per key. */
+typedef struct get_alloc {
+    kvp_get_alloc_fn fn;
+    void *arg;
+    kvp_iov *pieces;
+} get_alloc;
+
+/* Asks ga for the memory of the keys the GET found (sizes[i] 0 for the
+ * others). A refusal leaves their pieces empty: BUFFER_OVERFLOW below, and
+ * the caller reports it as NOMEM. */
+static void get_chunk_alloc(const get_alloc *ga, const kvp_msg_get_resp *gr, const size_t *idx,
+                            size_t m)
+{
+    uint64_t *sz = kvp_calloc(m, sizeof *sz);
+    if (!sz)
+        return;
+    for (size_t i = 0; i < m; i++)
+        sz[i] = gr->results[i].status == 0 ? gr->results[i].size : 0;
+    if (ga->fn(ga->arg, m, idx, sz, ga->pieces) != 0)
+        for (size_t i = 0; i < m; i++)
+            ga->pieces[idx[i]] = (kvp_iov){NULL, 0};
+    kvp_free(sz);
+}
+
 static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_t *idx, size_t m,
-                      const kvp_iov *const *iovs, const size_t *niov, int trim, int64_t *results)
+                      const kvp_iov *const *iovs, const size_t *niov, int trim,
+                      const get_alloc *ga, int64_t *results)
 {
     scratch_reset(s);
     uint64_t start = kvp_now_ms();
@@ -904,6 +930,8 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
         return;
     }
     uint64_t lease_end = start + gr.lease_ttl_ms;
+    if (ga)
+        get_chunk_alloc(ga, &gr, idx, m);
 
     size_t niovs = 0, nrep = 0;
     for (size_t i = 0; i < m; i++)
@@ -1028,7 +1056,8 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
 }
 
 static int batch_get(kvp_client *c, const char *const *keys, const kvp_iov *const *iovs,
-                     const size_t *niov, size_t n, int trim, int64_t *results)
+                     const size_t *niov, size_t n, int trim, const get_alloc *ga,
+                     int64_t *results)
 {
     if (!c || (n && (!keys || !iovs || !niov || !results)))
         return KVP_EINVALID_PARAMS;
@@ -1054,7 +1083,7 @@ static int batch_get(kvp_client *c, const char *const *keys, const kvp_iov *cons
     scratch_init(&s);
     for (size_t off = 0; off < m;) {
         size_t l = chunk_len(c, k + off, m - off, 0, RESP_PER_GET);
-        get_chunk(c, &s, k + off, idx + off, l, iovs, niov, trim, results);
+        get_chunk(c, &s, k + off, idx + off, l, iovs, niov, trim, ga, results);
         off += l;
     }
     scratch_free(&s);
@@ -1067,13 +1096,41 @@ int kvp_client_batch_get_into_multi_buffers(kvp_client *c, const char *const *ke
                                             const kvp_iov *const *iovs, const size_t *niov,
                                             size_t n, int64_t *results)
 {
-    return batch_get(c, keys, iovs, niov, n, 0, results);
+    return batch_get(c, keys, iovs, niov, n, 0, NULL, results);
 }
 
 int kvp_client_batch_get_into(kvp_client *c, const char *const *keys, const kvp_iov *const *iovs,
                               const size_t *niov, size_t n, int64_t *results)
 {
-    return batch_get(c, keys, iovs, niov, n, 1, results);
+    return batch_get(c, keys, iovs, niov, n, 1, NULL, results);
+}
+
+int kvp_client_batch_get_alloc(kvp_client *c, const char *const *keys, size_t n,
+                               kvp_get_alloc_fn alloc, void *arg, int64_t *results)
+{
+    if (!c || !alloc || (n && (!keys || !results)))
+        return KVP_EINVALID_PARAMS;
+    if (n == 0)
+        return 0;
+    kvp_iov *pieces = kvp_calloc(n, sizeof *pieces);
+    const kvp_iov **ptrs = kvp_calloc(n, sizeof *ptrs);
+    size_t *ones = kvp_calloc(n, sizeof *ones);
+    int rc = pieces && ptrs && ones ? 0 : KVP_ENOMEM;
+    if (rc == 0) {
+        for (size_t i = 0; i < n; i++) {
+            ptrs[i] = &pieces[i];
+            ones[i] = 1;
+        }
+        get_alloc ga = {alloc, arg, pieces};
+        rc = batch_get(c, keys, ptrs, ones, n, 0, &ga, results);
+        for (size_t i = 0; rc == 0 && i < n; i++)
+            if (results[i] == KVP_EBUFFER_OVERFLOW && !pieces[i].base)
+                results[i] = KVP_ENOMEM; /* the callback gave no memory */
+    }
+    kvp_free(pieces);
+    kvp_free(ptrs);
+    kvp_free(ones);
+    return rc;
 }
 
 int64_t kvp_client_get(kvp_client *c, const char *key, void *buf, size_t cap)
@@ -1084,7 +1141,7 @@ int64_t kvp_client_get(kvp_client *c, const char *key, void *buf, size_t cap)
     const kvp_iov *vp = &v;
     size_t one = 1;
     int64_t r = 0;
-    int rc = batch_get(c, &key, &vp, &one, 1, 1, &r);
+    int rc = batch_get(c, &key, &vp, &one, 1, 1, NULL, &r);
     return rc ? rc : r;
 }
 

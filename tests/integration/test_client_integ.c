@@ -859,6 +859,28 @@ TEST(preferred_segment_config_and_env)
 
 /* ------------------------------------------- the API the Python layer uses */
 
+/* kvp_get_alloc_fn for the test: malloc'd pieces, or a refusal. */
+typedef struct {
+    int refuse;
+    int calls;
+    void *mem[4];
+} alloc_ctx;
+
+static int test_alloc(void *arg, size_t m, const size_t *idx, const uint64_t *sizes, kvp_iov *out)
+{
+    alloc_ctx *a = arg;
+    a->calls++;
+    if (a->refuse)
+        return -1;
+    for (size_t j = 0; j < m; j++) {
+        if (!sizes[j] || idx[j] >= 4)
+            continue;
+        a->mem[idx[j]] = malloc(sizes[j]);
+        out[idx[j]] = (kvp_iov){a->mem[idx[j]], sizes[j]};
+    }
+    return 0;
+}
+
 /* Per-call put options, batch size / remove / get_into, registered-range
  * checks, regex removal, stat, tenants: what kvpool._native calls. */
 static void extended_body(const char *addr)
@@ -914,6 +936,18 @@ static void extended_body(const char *addr)
     CHECK_EQ(kvp_client_batch_get_into(c, ks, gp, gn, 3, res), 0);
     CHECK(res[0] == 100 && res[1] == 5000 && res[2] == KVP_EOBJECT_NOT_FOUND);
     CHECK(memcmp(dst, src, 100) == 0 && memcmp(dst + 200, src + 100, 5000) == 0);
+    /* gets of unknown size: one GET, memory from the callback */
+    alloc_ctx ac = {0};
+    CHECK_EQ(kvp_client_batch_get_alloc(c, ks, 3, test_alloc, &ac, res), 0);
+    CHECK(ac.calls == 1 && res[0] == 100 && res[1] == 5000 && res[2] == KVP_EOBJECT_NOT_FOUND);
+    CHECK(ac.mem[0] && memcmp(ac.mem[0], src, 100) == 0);
+    CHECK(ac.mem[1] && memcmp(ac.mem[1], src + 100, 5000) == 0 && !ac.mem[2]);
+    for (int i = 0; i < 4; i++)
+        free(ac.mem[i]);
+    alloc_ctx no = {.refuse = 1};
+    CHECK_EQ(kvp_client_batch_get_alloc(c, ks, 3, test_alloc, &no, res), 0);
+    CHECK(res[0] == KVP_ENOMEM && res[1] == KVP_ENOMEM && res[2] == KVP_EOBJECT_NOT_FOUND);
+    CHECK_EQ(kvp_client_batch_get_alloc(c, ks, 3, NULL, NULL, res), KVP_EINVALID_PARAMS);
     int codes[4];
     CHECK_EQ(kvp_client_exist(t, ks, 3, codes), 0); /* the other tenant sees nothing */
     CHECK(codes[0] == 0 && codes[1] == 0 && codes[2] == 0);
