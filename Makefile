@@ -96,7 +96,7 @@ python: deps
 test: deps $(A)/kvpool $(A_TESTS) $(R)/libkvpool.so python
 	$(Q)KVPOOL_BIN=$(A)/kvpool tests/run.sh $(A)/tests
 
-tsan: deps $(T)/kvpool $(T_TESTS)
+tsan: deps $(T)/kvpool $(T_TESTS) python
 	$(Q)KVPOOL_BIN=$(T)/kvpool KVP_TSAN=1 tests/run.sh $(T)/tests
 
 # fuzzing: clang libFuzzer, one binary per tests/fuzz/fuzz_*.c
