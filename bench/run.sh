@@ -21,7 +21,7 @@ if "$venv/bin/python" -c 'import numpy' 2>/dev/null; then
   echo "== bench/bench_python.py: kvpool.mooncake, the C client, Mooncake (results: $out/python.json)"
   log=$(mktemp)  # kvpool._native for that Python; its output shown only if the build fails
   if ! (cd "$(dirname "$0")/.." &&
-        "$venv/bin/python" setup.py -q build_ext --inplace --build-temp build/python) >"$log" 2>&1; then
+        "$venv/bin/python" setup.py -q build_ext --inplace) >"$log" 2>&1; then
     cat "$log" >&2
     rm -f "$log"
     exit 1
