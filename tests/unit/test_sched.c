@@ -764,6 +764,41 @@ TEST(unknown_cached_request_is_an_error)
 
 /* ------------------------------------------------------ partial tails */
 
+/* The seeds' rule in isolation: a finished request with a pending partial-
+ * tail offload delays its free although nothing of it was saved yet (its
+ * first chunk was shorter than a block); without the offload it does not. */
+TEST(pending_tail_offload_delays_free_with_nothing_saved)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a, b;
+    mk(&a, "p", 40, 40, 0, 16);
+    mk(&b, "q", 40, 40, 0, 16);
+    uint32_t ba[] = {0, 1, 2}, bb[] = {3, 4, 5};
+    kvp_meta_ids ga = G(ba, 3), gb = G(bb, 3);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &ga, 1, 0), 0);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &b.r, &gb, 1, 0), 0);
+    kvp_sched_new_req nr[2] = {
+        {.req = &a.r, .num_scheduled_tokens = 10, .block_ids = &ga, .ngroups = 1},
+        {.req = &b.r, .num_scheduled_tokens = 10, .block_ids = &gb, .ngroups = 1}};
+    kvp_meta_tail tl = {.group_id = 0, .cow_block_id = 9, .boundary_tokens = 8};
+    kvp_sched_tail_req tr = {.req_id = "p", .req_id_len = 1, .tails = &tl, .ntails = 1};
+    kvp_sched_step st = {.new_reqs = nr, .n_new = 2, .tails = &tr, .n_tails = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(kvp_sched_tracker(s, ID(a))->num_saved_tokens, 0);
+    CHECK(kvp_sched_tracker(s, ID(a))->has_pending_offload);
+    CHECK_EQ(kvp_sched_tracker(s, ID(b))->num_saved_tokens, 0);
+    CHECK(!kvp_sched_tracker(s, ID(b))->has_pending_offload);
+    bool delay = false;
+    CHECK_EQ(kvp_sched_request_finished(s, ID(a), &ga, 1, &delay), 0);
+    CHECK(delay); /* the offload still reads its blocks */
+    delay = true;
+    CHECK_EQ(kvp_sched_request_finished(s, ID(b), &gb, 1, &delay), 0);
+    CHECK(!delay); /* nothing saved, nothing pending: freed at once */
+    kvp_sched_free(s);
+}
+
 TEST(partial_tail_rides_save_or_goes_alone)
 {
     kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
