@@ -36,8 +36,9 @@ extern "C" {
  * ABI rules (so callers built against an older header keep working):
  *  - A struct the caller fills and passes by pointer starts with
  *    `struct_size`, set by its kvp_*_init() to sizeof the struct the caller
- *    was compiled with; new fields are only ever appended, and the library
- *    reads a field only when struct_size covers it (else its default).
+ *    was compiled with; new fields are only ever appended, a later library
+ *    reads a field only when struct_size covers it (else its default), and
+ *    a struct_size no version of the library defined is refused.
  *  - kvp_iov is the exception: an element of arrays of thousands of pieces,
  *    it has the layout of struct iovec and is frozen.
  */

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import operator
 import os
 from types import TracebackType
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -209,6 +210,7 @@ class Client:
     """
 
     def __init__(self, config: Config = None) -> None:
+        self._owners: dict[int, Any] = {}  # buffer objects registered by reference
         try:
             self._c = _native.Client(config_text(config))
         except _native.OpenError as e:
@@ -354,18 +356,38 @@ class Client:
 
     # registered memory
     def register_buffer(self, ptr: Union[int, Buffer], size: Optional[int] = None) -> None:
-        """Registers [ptr, ptr+size) for the address forms; or a buffer object
-        (the caller keeps it alive until unregister_buffer)."""
-        if not isinstance(ptr, int):
-            ptr, size = _address_of(ptr)
-        if size is None:
+        """Registers [ptr, ptr+size) for the address forms (it must be mapped,
+        readable and writable memory of this process: InvalidParamsError
+        otherwise), or the memory of a numpy array / CPU tensor, which the
+        client then keeps alive until unregister_buffer."""
+        owner = None
+        if size is not None:
+            ptr = operator.index(ptr)  # numpy integers too
+        elif _is_integer(ptr):
             raise builtins.TypeError("register_buffer(ptr, size): size is required with an address")
+        else:
+            owner = ptr
+            ptr, size = _address_of(ptr)
         _check(self._c.register_buffer(ptr, size))
+        if owner is not None:
+            self._owners[ptr] = owner
 
     def unregister_buffer(self, ptr: Union[int, Buffer]) -> None:
-        if not isinstance(ptr, int):
-            ptr, _ = _address_of(ptr)
-        _check(self._c.unregister_buffer(ptr))
+        try:
+            addr = operator.index(ptr)  # an int or a numpy integer
+        except builtins.TypeError:
+            addr, _ = _address_of(ptr)
+        _check(self._c.unregister_buffer(addr))
+        self._owners.pop(addr, None)
+
+
+def _is_integer(x: Any) -> bool:
+    """An int or anything with __index__ that works (numpy integers)."""
+    try:
+        operator.index(x)
+        return True
+    except builtins.TypeError:
+        return False
 
 
 def _address_of(buf: Any) -> tuple[int, int]:

@@ -30,6 +30,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kvpool.h"
@@ -47,6 +48,7 @@ typedef struct {
     int inflight;
     int closed;
     int init_done;
+    int opened; /* __init__ ran (guarded by mu) */
 } Client;
 
 /* Enters a call: 0, or KVP_ECLOSED when the client is closed. */
@@ -104,8 +106,12 @@ static int Client_init(Client *self, PyObject *args, PyObject *kw)
     const char *config = "";
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|s:Client", names, &config))
         return -1;
-    if (self->c) {
-        PyErr_SetString(PyExc_RuntimeError, "Client is already open");
+    pthread_mutex_lock(&self->mu);
+    int again = self->opened;
+    self->opened = 1; /* one open per object, even when it fails or was closed */
+    pthread_mutex_unlock(&self->mu);
+    if (again) {
+        PyErr_SetString(PyExc_RuntimeError, "Client.__init__ may run only once");
         return -1;
     }
     char err[512] = "";
@@ -296,45 +302,81 @@ static int args_view(args *a, PyObject *obj, int writable, Py_ssize_t key)
 }
 
 /*
+ * A tuple of seq's items (a new reference; seq itself when it is a tuple).
+ * Parsing iterates the copy: getting a buffer or an index may run Python
+ * code (__buffer__, __index__) that mutates the caller's list, and the
+ * tuple keeps every item alive meanwhile.
+ */
+static PyObject *as_tuple(PyObject *seq, const char *what)
+{
+    if (PyTuple_Check(seq)) {
+        Py_INCREF(seq);
+        return seq;
+    }
+    if (!PyList_Check(seq) && !PySequence_Check(seq)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a sequence, not %.100s", what,
+                     Py_TYPE(seq)->tp_name);
+        return NULL;
+    }
+    return PySequence_Tuple(seq);
+}
+
+/*
  * Buffers: values[i] is one buffer object or a list / tuple of them (the
  * pieces gathered into / scattered from key i).
  */
 static int args_buffers(args *a, PyObject *values, int writable)
 {
-    PyObject *fast = PySequence_Fast(values, "values must be a sequence");
-    if (!fast)
+    PyObject *vals = as_tuple(values, "values");
+    if (!vals)
         return -1;
-    if (PySequence_Fast_GET_SIZE(fast) != a->n) {
-        PyErr_Format(PyExc_ValueError, "%zd keys but %zd values", a->n,
-                     PySequence_Fast_GET_SIZE(fast));
-        Py_DECREF(fast);
+    if (PyTuple_GET_SIZE(vals) != a->n) {
+        PyErr_Format(PyExc_ValueError, "%zd keys but %zd values", a->n, PyTuple_GET_SIZE(vals));
+        Py_DECREF(vals);
         return -1;
     }
     int rc = 0;
     for (Py_ssize_t i = 0; i < a->n && rc == 0; i++) {
-        PyObject *v = PySequence_Fast_GET_ITEM(fast, i);
+        PyObject *v = PyTuple_GET_ITEM(vals, i);
         a->first[i] = a->npieces;
         if (PyList_Check(v) || PyTuple_Check(v)) {
-            Py_ssize_t m = PySequence_Fast_GET_SIZE(v);
-            for (Py_ssize_t j = 0; j < m && rc == 0; j++)
-                rc = args_view(a, PySequence_Fast_GET_ITEM(v, j), writable, i);
+            PyObject *parts = as_tuple(v, "pieces");
+            if (!parts) {
+                rc = -1;
+                break;
+            }
+            for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(parts) && rc == 0; j++)
+                rc = args_view(a, PyTuple_GET_ITEM(parts, j), writable, i);
+            Py_DECREF(parts);
         } else {
             rc = args_view(a, v, writable, i);
         }
         a->niov[i] = a->npieces - a->first[i];
     }
-    Py_DECREF(fast);
+    Py_DECREF(vals);
     return rc;
 }
 
-/* A non-negative integer that fits size_t / uintptr_t. */
+static int as_size_long(PyObject *o, const char *what, Py_ssize_t key, size_t *out);
+
+/* A non-negative integer (int or __index__) that fits size_t / uintptr_t. */
 static int as_size(PyObject *o, const char *what, Py_ssize_t key, size_t *out)
 {
-    if (!PyLong_Check(o)) {
+    if (!PyLong_Check(o) && !PyIndex_Check(o)) {
         PyErr_Format(PyExc_TypeError, "%s of key %zd: expected int, got %.100s", what, key,
                      Py_TYPE(o)->tp_name);
         return -1;
     }
+    PyObject *num = PyNumber_Index(o); /* numpy integers and other __index__ types */
+    if (!num)
+        return -1;
+    int rc = as_size_long(num, what, key, out);
+    Py_DECREF(num);
+    return rc;
+}
+
+static int as_size_long(PyObject *o, const char *what, Py_ssize_t key, size_t *out)
+{
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (v == -1 && PyErr_Occurred())
@@ -364,36 +406,46 @@ static int as_size(PyObject *o, const char *what, Py_ssize_t key, size_t *out)
  */
 static int args_ptrs(args *a, PyObject *ptrs, PyObject *sizes)
 {
-    PyObject *fp = PySequence_Fast(ptrs, "buffer_ptrs must be a sequence");
+    PyObject *fp = as_tuple(ptrs, "buffer_ptrs");
     if (!fp)
         return -1;
-    PyObject *fs = PySequence_Fast(sizes, "sizes must be a sequence");
+    PyObject *fs = as_tuple(sizes, "sizes");
     if (!fs) {
         Py_DECREF(fp);
         return -1;
     }
     int rc = 0;
-    if (PySequence_Fast_GET_SIZE(fp) != a->n || PySequence_Fast_GET_SIZE(fs) != a->n) {
+    if (PyTuple_GET_SIZE(fp) != a->n || PyTuple_GET_SIZE(fs) != a->n) {
         PyErr_Format(PyExc_ValueError, "%zd keys, %zd buffer addresses and %zd sizes", a->n,
-                     PySequence_Fast_GET_SIZE(fp), PySequence_Fast_GET_SIZE(fs));
+                     PyTuple_GET_SIZE(fp), PyTuple_GET_SIZE(fs));
         rc = -1;
     }
     for (Py_ssize_t i = 0; i < a->n && rc == 0; i++) {
-        PyObject *p = PySequence_Fast_GET_ITEM(fp, i), *s = PySequence_Fast_GET_ITEM(fs, i);
+        PyObject *p0 = PyTuple_GET_ITEM(fp, i), *s0 = PyTuple_GET_ITEM(fs, i);
         a->first[i] = a->npieces;
-        int plist = PyList_Check(p) || PyTuple_Check(p);
-        int slist = PyList_Check(s) || PyTuple_Check(s);
-        if (plist != slist || (plist && PySequence_Fast_GET_SIZE(p) != PySequence_Fast_GET_SIZE(s))) {
-            PyErr_Format(PyExc_ValueError,
-                         "key %zd: buffer addresses and sizes must have the same shape", i);
+        int plist = PyList_Check(p0) || PyTuple_Check(p0);
+        int slist = PyList_Check(s0) || PyTuple_Check(s0);
+        PyObject *p = plist ? as_tuple(p0, "buffer addresses") : (Py_INCREF(p0), p0);
+        PyObject *s = slist ? as_tuple(s0, "sizes") : (Py_INCREF(s0), s0);
+        if (!p || !s) {
+            Py_XDECREF(p);
+            Py_XDECREF(s);
             rc = -1;
             break;
         }
-        Py_ssize_t m = plist ? PySequence_Fast_GET_SIZE(p) : 1;
+        if (plist != slist || (plist && PyTuple_GET_SIZE(p) != PyTuple_GET_SIZE(s))) {
+            PyErr_Format(PyExc_ValueError,
+                         "key %zd: buffer addresses and sizes must have the same shape", i);
+            Py_DECREF(p);
+            Py_DECREF(s);
+            rc = -1;
+            break;
+        }
+        Py_ssize_t m = plist ? PyTuple_GET_SIZE(p) : 1;
         for (Py_ssize_t j = 0; j < m && rc == 0; j++) {
             size_t addr, len;
-            PyObject *pj = plist ? PySequence_Fast_GET_ITEM(p, j) : p;
-            PyObject *sj = slist ? PySequence_Fast_GET_ITEM(s, j) : s;
+            PyObject *pj = plist ? PyTuple_GET_ITEM(p, j) : p;
+            PyObject *sj = slist ? PyTuple_GET_ITEM(s, j) : s;
             if (as_size(pj, "buffer address", i, &addr) || as_size(sj, "size", i, &len)) {
                 rc = -1;
                 break;
@@ -406,6 +458,8 @@ static int args_ptrs(args *a, PyObject *ptrs, PyObject *sizes)
             piece->base = (void *)(uintptr_t)addr;
             piece->len = len;
         }
+        Py_DECREF(p);
+        Py_DECREF(s);
         a->niov[i] = a->npieces - a->first[i];
     }
     Py_DECREF(fp);
@@ -491,6 +545,10 @@ static int parse_put_kw(PyObject *replica, PyObject *flags, PyObject *pref, put_
     if (flags && flags != Py_None) {
         if (as_size(flags, "flags", 0, &v))
             return -1;
+        if (v > UINT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "flags must fit 32 bits");
+            return -1;
+        }
         k->o.flags = (uint32_t)v;
     }
     if (pref && pref != Py_None) {
@@ -899,6 +957,40 @@ static PyObject *Client_describe(Client *self, PyObject *args_, PyObject *kw)
 
 static PyObject *Client_stat(Client *self, PyObject *unused) { return text_call(self, "", stat_fn); }
 
+/*
+ * 1 when [p, p+len) lies in mappings of this process that are readable and
+ * writable (/proc/self/maps, sorted by address), else 0. A range a Python
+ * caller registers is read and written by C later: an unmapped or
+ * read-only range (or device memory, reserved PROT_NONE in this address
+ * space) is refused here rather than faulting then.
+ */
+static int range_mapped_rw(uintptr_t p, size_t len)
+{
+    if (len == 0 || len > UINTPTR_MAX - p)
+        return 0;
+    uintptr_t cur = p, end = p + len;
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (!f)
+        return 0;
+    char line[512];
+    while (cur < end && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3)
+            continue;
+        if (hi <= cur)
+            continue;
+        if (lo > cur || perms[0] != 'r' || perms[1] != 'w')
+            break; /* a hole, or not read-write */
+        cur = hi;
+        size_t l = strlen(line);
+        while (l && line[l - 1] != '\n' && fgets(line, sizeof line, f)) /* rest of a long line */
+            l = strlen(line);
+    }
+    fclose(f);
+    return cur >= end;
+}
+
 static PyObject *Client_register(Client *self, PyObject *args_)
 {
     PyObject *po, *lo;
@@ -907,6 +999,12 @@ static PyObject *Client_register(Client *self, PyObject *args_)
         return NULL;
     if (as_size(po, "buffer address", 0, &p) || as_size(lo, "size", 0, &len))
         return NULL;
+    int mapped;
+    Py_BEGIN_ALLOW_THREADS
+    mapped = range_mapped_rw((uintptr_t)p, len);
+    Py_END_ALLOW_THREADS
+    if (!mapped)
+        return PyLong_FromLong(KVP_EINVALID_PARAMS);
     int rc = enter(self);
     if (rc == 0) {
         rc = kvp_client_register_buffer(self->c, (void *)(uintptr_t)p, len);

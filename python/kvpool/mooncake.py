@@ -31,9 +31,12 @@ Deliberate differences (docs/MOONCAKE_COMPAT.md §6 gives the reasons):
   * Before ``setup`` / after ``close`` every call answers -600 or the empty
     value of its type (Mooncake crashes in several); ``setup_dummy``
     (Mooncake's separate "real client" process) answers NOT_SUPPORTED.
-  * ``remove_by_regex``: the master matches POSIX extended syntax;
-    ECMAScript's \\d \\w \\s (and negations outside brackets) are translated,
-    lazy quantifiers, look-arounds and back-references answer -600.
+  * ``remove_by_regex``: the master matches POSIX extended syntax; the
+    ECMAScript pattern is translated (class, control and bracket escapes,
+    '.', the empty pattern); look-arounds, lazy quantifiers, back-references,
+    \\b, counted repetition {m,n} and non-ASCII inside brackets answer -600.
+  * ``register_buffer`` refuses a range that is not mapped read-write in
+    this process (-600), device memory included for now.
   * ``upsert*`` is remove + put (kvpool keys are immutable): a refused new
     value leaves the old one, but a put then failing for lack of space has
     removed it.
@@ -57,7 +60,7 @@ import threading
 import types
 from typing import Any, Optional, Sequence, Union
 
-from . import _native, _torch_view, _with_buffers, config_text
+from . import Error, _native, _torch_view, _with_buffers, config_text
 
 log = logging.getLogger("kvpool.mooncake")
 
@@ -263,9 +266,10 @@ _SETUP_ARGS = ("local_hostname", "metadata_server", "global_segment_size",
                "enable_client_http_server", "client_http_port")
 
 # Mooncake setup-dict keys (and config-file keys) -> what kvpool does with them.
-_PASS = {"global_segment_size", "local_buffer_size", "protocol", "replica_num",
+_PASS = {"global_segment_size", "protocol", "replica_num",
          "preferred_segment", "rpc_timeout", "cluster_token", "log_level"}
-_IGNORED = {"metadata_server", "rdma_devices", "device_name", "engine", "ipc_socket_path",
+_IGNORED = {"local_buffer_size",  # no staging buffer: any value, "infinite" too
+            "metadata_server", "rdma_devices", "device_name", "engine", "ipc_socket_path",
             "enable_client_http_server", "client_http_port", "ssd_offload_path",
             "master_metrics_port", "transfer_timeout", "use_ascend_direct", "te_meta_data_server"}
 
@@ -573,7 +577,11 @@ class MooncakeDistributedStore:
         except _NotReady:
             return [INVALID_PARAMS] * len(keys)
         if upsert:
-            _replace_prepare(c, keys, [_nbytes(v) for v in values])
+            try:
+                _replace_prepare(c, keys, [_nbytes(v) for v in values])
+            except Error as e:  # e.g. a GPU tensor: not host memory
+                log.error("upsert: %s", e)
+                return [INVALID_PARAMS] * len(keys)
         try:  # a value without the buffer protocol raises TypeError, as in Mooncake
             res = _with_buffers(c.put_buffers, keys, values, **_opts(c, config))
         except ValueError as e:
@@ -925,7 +933,10 @@ class MooncakeDistributedStore:
         c = self._c
         if c is None or not isinstance(size, int) or size <= 0:
             return 0
-        m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (OSError, OverflowError, ValueError):
+            return 0
         view = (ctypes.c_char * size).from_buffer(m)
         addr = ctypes.addressof(view)
         if c.register_buffer(addr, size) != 0:
@@ -1079,48 +1090,115 @@ def _opts(c: Any, config: Optional[ReplicateConfig]) -> dict[str, Any]:
     return kw
 
 
-_CLASS_ESC = {"d": ("[0-9]", "0-9"), "D": ("[^0-9]", None),
-              "w": ("[[:alnum:]_]", "[:alnum:]_"), "W": ("[^[:alnum:]_]", None),
-              "s": ("[[:space:]]", "[:space:]"), "S": ("[^[:space:]]", None)}
+# ECMAScript escapes -> POSIX ERE (outside brackets) and bracket items (inside)
+_CLASS_OUT = {"d": "[0-9]", "D": "[^0-9]", "w": "[[:alnum:]_]", "W": "[^[:alnum:]_]",
+              "s": "[[:space:]]", "S": "[^[:space:]]"}
+_CLASS_IN = {"d": "0-9", "w": "[:alnum:]_", "s": "[:space:]"}
+_CTRL = {"t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v"}
+_ERE_SPECIAL = set(".[]()*+?{}|^$\\")
+
+
+def _escaped_char(p: str, i: int) -> tuple[Optional[str], int]:
+    """The literal character of the escape at p[i] (a backslash) and the
+    index after it; None for escapes that are not a single literal."""
+    if i + 1 >= len(p):
+        return None, i + 1
+    c = p[i + 1]
+    if c in _CTRL:
+        return _CTRL[c], i + 2
+    if c in "xu":
+        n = 2 if c == "x" else 4
+        h = p[i + 2:i + 2 + n]
+        if len(h) == n and all(x in "0123456789abcdefABCDEF" for x in h) and int(h, 16):
+            return chr(int(h, 16)), i + 2 + n
+        return None, i + 2
+    if c.isalnum() or ord(c) > 127:
+        return None, i + 2  # \b \B \cX \k \p back-references ...: no POSIX counterpart
+    return c, i + 2  # an escaped punctuation character: itself
+
+
+def _bracket(p: str, i: int) -> tuple[Optional[str], int]:
+    """An ECMAScript class p[i] == '[' ... ']' as a POSIX bracket
+    expression, and the index after it; None when POSIX cannot say it."""
+    i += 1
+    neg = p.startswith("^", i)
+    if neg:
+        i += 1
+    items: list[str] = []
+    lits: set[str] = set()
+    while i < len(p) and p[i] != "]":
+        if p[i] == "\\" and i + 1 < len(p) and p[i + 1] in _CLASS_IN:
+            items.append(_CLASS_IN[p[i + 1]])
+            i += 2
+            continue
+        if p[i] == "\\":
+            ch, i = _escaped_char(p, i)
+        else:
+            ch, i = p[i], i + 1
+        if ch is None or ord(ch) > 127 or ch == "\0":
+            return None, i
+        if i + 1 < len(p) and p[i] == "-" and p[i + 1] != "]":  # a range ch-hi
+            hi_ch: Optional[str]
+            if p[i + 1] == "\\":
+                hi_ch, i = _escaped_char(p, i + 1)
+            else:
+                hi_ch, i = p[i + 1], i + 2
+            if hi_ch is None or ord(hi_ch) > 127 or hi_ch < ch or "]" in (ch, hi_ch) or \
+                    "-" in (ch, hi_ch) or "^" in (ch, hi_ch) or "[" in (ch, hi_ch):
+                return None, i
+            items.append(f"{ch}-{hi_ch}")
+        else:
+            lits.add(ch)
+    if i >= len(p):
+        return None, i
+    # POSIX: ']' only first, '-' only last, '^' anything but first; '[' alone is fine
+    body = "".join(sorted(c for c in lits if c not in "]-^")) + "".join(items)
+    if "^" in lits:
+        body += "^"
+    out = "[" + ("^" if neg else "") + ("]" if "]" in lits else "") + body + \
+        ("-" if "-" in lits else "")
+    if out in ("[", "[^"):  # ECMAScript's [] and [^]: no POSIX spelling
+        return None, i + 1
+    return out + "]", i + 1
 
 
 def _ecma_to_posix(p: str) -> Optional[str]:
     """An ECMAScript pattern in POSIX extended syntax, or None when it uses
-    what POSIX cannot say (lazy quantifiers, look-arounds, negated class
-    escapes inside brackets)."""
+    what POSIX (or kvpool's master) cannot say: look-arounds, lazy
+    quantifiers, back-references, \\b, counted repetition {m,n}, non-ASCII
+    inside brackets. '.' keeps ECMAScript's meaning (not a line break)."""
+    if p == "":
+        return "^"  # the empty pattern finds every key
     out: list[str] = []
-    i, in_class = 0, False
+    i = 0
     while i < len(p):
         ch = p[i]
-        if ch == "\\" and i + 1 < len(p):
-            nxt = p[i + 1]
-            if nxt in _CLASS_ESC:
-                outside, inside = _CLASS_ESC[nxt]
-                if in_class and inside is None:
-                    return None
-                out.append(inside if in_class else outside)
-            else:
-                out.append(p[i:i + 2])
-            i += 2
+        if ch == "\\":
+            if i + 1 < len(p) and p[i + 1] in _CLASS_OUT:
+                out.append(_CLASS_OUT[p[i + 1]])
+                i += 2
+                continue
+            lit, i = _escaped_char(p, i)
+            if lit is None or lit == "\0":
+                return None
+            out.append("\\" + lit if lit in _ERE_SPECIAL else lit)
             continue
-        if not in_class and ch == "(" and p.startswith("(?", i):
-            return None  # (?: (?= (?! (?<...: not POSIX
-        if not in_class and ch in "*+?}" and p.startswith("?", i + 1):
+        if ch == "[":
+            br, i = _bracket(p, i)
+            if br is None:
+                return None
+            out.append(br)
+            continue
+        if ch == "(" and p.startswith("(?", i):
+            return None  # (?: (?= (?! (?<
+        if ch in "*+?" and p.startswith("?", i + 1):
             return None  # lazy quantifier
-        if ch == "[" and not in_class:
-            in_class = True
+        if ch in "{}":
+            return None  # counted repetition: refused by the master (its cost)
+        if ch == ".":
+            out.append("[^\n\r]")
+        else:
             out.append(ch)
-            if p.startswith("^", i + 1):
-                out.append("^")
-                i += 1
-            if p.startswith("]", i + 1):
-                out.append("]")
-                i += 1
-            i += 1
-            continue
-        if ch == "]" and in_class:
-            in_class = False
-        out.append(ch)
         i += 1
     return "".join(out)
 

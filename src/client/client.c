@@ -1270,9 +1270,9 @@ static void append_json_str(char *buf, size_t len, size_t *w, const char *s, siz
         unsigned char ch = (unsigned char)s[i];
         if (ch == '"' || ch == '\\')
             appendf(buf, len, w, "\\%c", ch);
-        else if (ch < 32 || ch > 126)
+        else if (ch < 32 || ch == 127)
             appendf(buf, len, w, "\\u%04x", ch);
-        else
+        else /* ASCII, and UTF-8 passed through (a key is the caller's UTF-8 text) */
             appendf(buf, len, w, "%c", ch);
     }
 }

@@ -975,6 +975,10 @@ static void extended_body(const char *addr)
     CHECK_EQ(kvp_client_remove_regex(c, "(", 0), KVP_EINVALID_PARAMS);
     CHECK_EQ(kvp_client_remove_regex(c, "", 0), KVP_EINVALID_PARAMS);
     CHECK_EQ(kvp_client_remove_regex(c, "(a)\\1", 0), KVP_EINVALID_PARAMS); /* back-reference */
+    /* counted repetition: a few bytes that cost 160 ms per key, or gigabytes to compile */
+    CHECK_EQ(kvp_client_remove_regex(c, "(a{1,255}|b){1,255}c", 0), KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_client_remove_regex(c, "((a{0,100}){0,100}){0,100}", 0), KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_client_remove_regex(c, "keep\\{", 0), 0); /* an escaped brace is a literal */
     CHECK_EQ(kvp_client_remove_regex(c, "keep\\/9", 0), 0);  /* an escaped char is not one */
     CHECK_EQ(kvp_client_exist(c, rk, 4, codes), 0);
     CHECK(codes[0] == 0 && codes[1] == 0 && codes[2] == 0 && codes[3] == 1);

@@ -242,6 +242,14 @@ def run(store: Any, ptr_buf: np.ndarray) -> list[Record]:
     step("put_for_regex", lambda: [store.put(f"mcw/rx/{i}", b"r") for i in range(3)])
     step("remove_by_regex", lambda: store.remove_by_regex("^mcw/rx/[01]$"))
     step("remove_by_regex_force", lambda: store.remove_by_regex("^mcw/rx/"))
+    # ECMAScript escapes: each pattern must remove exactly the key Mooncake's std::regex finds
+    rkeys = ["mcw/re/k.", "mcw/re/k\\", "mcw/re/a]", "mcw/re/a\\]", "mcw/re/t\t", "mcw/re/tt",
+             "mcw/re/d7", "mcw/re/dx"]
+    step("put_for_regex_escapes", lambda: store.put_batch(rkeys, [b"e"] * len(rkeys)))
+    for name, pat in (("dot_in_class", r"^mcw/re/k[\.]$"), ("bracket_in_class", r"^mcw/re/a[\]]$"),
+                      ("tab_escape", r"^mcw/re/t\t$"), ("digit_class", r"^mcw/re/d\d$")):
+        step(f"remove_by_regex_{name}", partial(store.remove_by_regex, pat, True))
+    step("batch_is_exist_after_regex_escapes", lambda: store.batch_is_exist(rkeys))
     step("remove_all", lambda: store.remove_all())
     step("remove_all_force", lambda: store.remove_all(True))
     step("remove_all_again", lambda: store.remove_all(True))

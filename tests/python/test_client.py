@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
+import signal
+import subprocess
 import threading
 import time
 from typing import Any
@@ -347,41 +350,68 @@ def test_closed_client(server: kvpool_procs.Proc) -> None:
         d.remove_all(force=True)
 
 
-def test_threads_share_a_client_and_release_the_gil(client: kvpool.Client) -> None:
-    """8 threads of batches on one client while this thread counts in pure
-    Python: the count advances during the batches only if the GIL is released."""
-    n_threads, rounds, per = 8, 6, 16
+def _count_while(cond: Any, limit_s: float = 30.0) -> tuple[int, float]:
+    """Pure-Python counting (it runs only while this thread holds the GIL)
+    while cond() holds, 1000 per check: (count, seconds)."""
+    n, t0 = 0, time.monotonic()
+    while cond() and time.monotonic() - t0 < limit_s:
+        for _ in range(1000):
+            n += 1
+    return n, time.monotonic() - t0
+
+
+def test_threads_share_a_client_and_release_the_gil(server: kvpool_procs.Proc,
+                                                    client: kvpool.Client) -> None:
+    """8 threads of buffer-based batches (put_batch / get_into_batch) on one
+    client, bytes compared. While they run, the server is frozen (SIGSTOP)
+    for FREEZE_S by an outside process: every worker then waits inside a
+    native call, and this thread's pure-Python counter must keep most of its
+    solo rate. A binding holding the GIL through its calls leaves it still."""
+    freeze_s, n_threads, per = 0.3, 8, 8
     errors: list[str] = []
-    busy = threading.Event()
+    rounds = [0] * n_threads
+    done = threading.Event()
 
     def worker(t: int) -> None:
         try:
-            for r in range(rounds):
+            r = 0
+            while not done.is_set():
                 keys = [f"th/{t}/{r}/{i}" for i in range(per)]
-                vals = [pattern(256 * KiB, t * 1000 + r * 100 + i) for i in range(per)]
-                busy.set()
+                vals = [pattern(64 * KiB, t * 1000 + r * 10 + i) for i in range(per)]
                 if any(x is not None for x in client.put_batch(keys, vals)):
                     errors.append("put")
-                bufs = [bytearray(256 * KiB) for _ in keys]
-                if client.get_into_batch(keys, bufs) != [256 * KiB] * per:
+                bufs = [bytearray(64 * KiB) for _ in keys]
+                if client.get_into_batch(keys, bufs) != [64 * KiB] * per:
                     errors.append("get")
                 if [bytes(b) for b in bufs] != vals:
                     errors.append(f"bytes differ in thread {t} round {r}")
                 client.remove_batch(keys)
+                r += 1
+                rounds[t] = r
         except Exception as e:  # noqa: BLE001 -- reported below
             errors.append(repr(e))
 
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
-    for th in threads:
-        th.start()
-    busy.wait(10)
-    count = 0
-    while any(th.is_alive() for th in threads):
-        count += 1
-    for th in threads:
-        th.join()
+    try:
+        for th in threads:
+            th.start()
+        _count_while(lambda: min(rounds) < 2 and not errors)  # every thread running
+        pid = server.proc.pid
+        freezer = subprocess.Popen(["sh", "-c", f"kill -STOP {pid}; sleep {freeze_s}; "
+                                                f"kill -CONT {pid}"])
+        frozen, frozen_s = _count_while(lambda: freezer.poll() is None)
+        resume = max(rounds) + 2
+        _count_while(lambda: min(rounds) < resume and not errors)  # every thread resumed
+    finally:
+        done.set()
+        for th in threads:
+            th.join()
+        os.kill(server.proc.pid, signal.SIGCONT)
     assert errors == []
-    assert count > 10_000, f"the main thread ran only {count} iterations"
+    solo_end = time.monotonic() + 0.2
+    solo, solo_s = _count_while(lambda: time.monotonic() < solo_end)
+    assert frozen_s > 0.8 * freeze_s
+    assert frozen > 0.3 * solo / solo_s * frozen_s, (frozen, frozen_s, solo, solo_s)
 
 
 def test_close_waits_for_calls_in_flight(server: kvpool_procs.Proc) -> None:
@@ -404,3 +434,78 @@ def test_close_waits_for_calls_in_flight(server: kvpool_procs.Proc) -> None:
             assert r is None or isinstance(r, (bytes, kvpool.ClosedError))
     with kvpool.Client({"master": server.addr, "mode": "standalone-store"}) as d:
         d.remove_all(force=True)
+
+
+# ------------------------------------------------- hostile callers (review)
+
+def test_addresses_accept_numpy_integers(client: kvpool.Client) -> None:
+    buf = np.zeros(1 << 16, dtype=np.uint8)
+    base = np.uint64(buf.ctypes.data)
+    client.register_buffer(base, np.int64(buf.nbytes))
+    buf[:4] = [1, 2, 3, 4]
+    client.put_from_batch(["np/i"], [[base]], [[np.uint32(4)]])
+    assert client.get("np/i") == b"\x01\x02\x03\x04"
+    with pytest.raises(TypeError):
+        client.register_buffer(base)  # an address needs its size
+    client.unregister_buffer(base)
+
+
+def test_register_refuses_memory_that_is_not_mapped_read_write(client: kvpool.Client) -> None:
+    import mmap
+    with pytest.raises(kvpool.InvalidParamsError):
+        client.register_buffer(4096, 1 << 20)  # unmapped: would fault later
+    ro = mmap.mmap(-1, 8192, prot=mmap.PROT_READ)
+    addr = np.frombuffer(ro, dtype=np.uint8).ctypes.data
+    with pytest.raises(kvpool.InvalidParamsError):
+        client.register_buffer(addr, 8192)  # PROT_READ only: a get would fault
+    ok = np.zeros(8192, dtype=np.uint8)
+    client.register_buffer(ok.ctypes.data, 8192)
+    client.unregister_buffer(ok.ctypes.data)
+
+
+def test_register_by_object_keeps_it_alive(client: kvpool.Client) -> None:
+    import gc
+    a = np.full(1 << 16, 7, dtype=np.uint8)
+    addr = a.ctypes.data
+    client.register_buffer(a)
+    del a
+    gc.collect()
+    client.put_from("alive", addr, 16)  # the client holds the array: the memory is still there
+    assert client.get("alive") == bytes([7] * 16)
+    client.unregister_buffer(addr)
+
+
+def test_argument_lists_mutated_while_parsed(client: kvpool.Client) -> None:
+    """__index__ (and on 3.12 __buffer__) runs Python code in the middle of
+    parsing: clearing the caller's lists then must not free what C reads."""
+    buf = np.zeros(4096, dtype=np.uint8)
+    client.register_buffer(buf)
+    ptrs: list[Any] = []
+
+    class Evil:
+        def __index__(self) -> int:
+            ptrs.clear()
+            sizes.clear()
+            return 8
+
+    ptrs.extend([[buf.ctypes.data, buf.ctypes.data + 100]])
+    sizes: list[Any] = [[Evil(), 8]]
+    assert client.put_from_batch(["mut"], ptrs, sizes) == [None]
+    assert client.size("mut") == 16
+    client.unregister_buffer(buf)
+
+
+def test_flags_and_reinit_refused(server: kvpool_procs.Proc) -> None:
+    raw = kvpool._native.Client(f'{{"master": "{server.addr}", "mode": "standalone-store"}}')
+    with pytest.raises(ValueError):
+        raw.put_buffers(["f"], [b"x"], flags=2**32 + 1)
+    with pytest.raises(RuntimeError):
+        raw.__init__(f'{{"master": "{server.addr}", "mode": "standalone-store"}}')
+    raw.close()
+    with pytest.raises(RuntimeError):  # not reopened after close either
+        raw.__init__(f'{{"master": "{server.addr}", "mode": "standalone-store"}}')
+
+
+def test_describe_non_ascii_key(client: kvpool.Client) -> None:
+    client.put("clé/é", b"v")
+    assert client.describe("clé/é")["key"] == "clé/é"

@@ -1148,3 +1148,43 @@ def test_threads_share_store_and_release_gil() -> None:
     # Held GIL: this thread could not even run until the freeze was over.
     assert frozen_s > 0.8 * FREEZE_S
     assert frozen > 0.3 * solo / solo_s * frozen_s, (frozen, frozen_s, solo, solo_s)
+
+
+# ================================================ review follow-ups
+
+def test_numpy_integer_addresses(store: MooncakeDistributedStore, region: Region) -> None:
+    """As with Mooncake (pybind converts them): numpy integers as addresses and sizes."""
+    region.fill(0, b"np-addr!")
+    assert store.batch_put_from(["npi"], [np.uint64(region.base)], [np.int64(8)]) == [OK]
+    assert store.get_into("npi", np.uint64(region.base + 4096), np.uint32(8)) == 8
+    assert region.read(4096, 8) == b"np-addr!"
+
+
+def test_register_unmapped_memory_refused(store: MooncakeDistributedStore) -> None:
+    """kvpool differs: Mooncake registers any range; kvpool refuses one that
+    is not mapped read-write in this process (a later read would fault)."""
+    assert store.register_buffer(4096, 1 << 20) == INVALID_PARAMS
+
+
+def test_local_buffer_size_any_value(mc_master: kvpool_procs.Proc) -> None:
+    s = MooncakeDistributedStore()
+    assert s.setup(dict_config(mc_master.addr, local_buffer_size="infinite")) == OK
+    assert s.close() == OK
+
+
+def test_empty_regex_finds_every_key(store: MooncakeDistributedStore) -> None:
+    assert store.put_batch(["e1", "e2"], [b"1", b"2"]) == OK
+    assert store.remove_by_regex("", True) == 2
+
+
+def test_regex_counted_repetition_refused(store: MooncakeDistributedStore) -> None:
+    """kvpool differs: {m,n} is refused (-600): it can make matching cost
+    seconds per key on the master; Mooncake runs it."""
+    assert store.put("r1", b"x") == OK
+    assert store.remove_by_regex("r{1}") == INVALID_PARAMS
+    assert store.remove_by_regex("(a{1,255}|b){1,255}c") == INVALID_PARAMS
+    assert store.is_exist("r1") == 1
+
+
+def test_alloc_from_mem_pool_too_large(store: MooncakeDistributedStore) -> None:
+    assert store.alloc_from_mem_pool(1 << 60) == 0
