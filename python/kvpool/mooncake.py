@@ -539,36 +539,34 @@ class MooncakeDistributedStore:
         return self.put_batch([key], [value], config)
 
     def put_parts(self, key: str, *parts: Any, config: Optional[ReplicateConfig] = None) -> int:
-        if not parts:
-            return INVALID_PARAMS
-        return self._put_values([key], [list(parts)], config, False)[0]
+        return self._parts(key, parts, config, False)
 
     def put_batch(self, keys: Sequence[str], values: Sequence[Any],
                   config: Optional[ReplicateConfig] = None) -> int:
         """One status for the batch: 0, or the first key's error."""
-        if len(keys) != len(values):
-            return INVALID_PARAMS
-        for r in self._put_values(keys, values, config, False):
-            if r != 0:
-                return r
-        return OK
+        return self._batch_status(keys, values, config, False)
 
     def upsert(self, key: str, value: Any, config: Optional[ReplicateConfig] = None) -> int:
         return self.upsert_batch([key], [value], config)
 
     def upsert_parts(self, key: str, *parts: Any, config: Optional[ReplicateConfig] = None) -> int:
-        if not parts:
-            return INVALID_PARAMS
-        return self._put_values([key], [list(parts)], config, True)[0]
+        return self._parts(key, parts, config, True)
 
     def upsert_batch(self, keys: Sequence[str], values: Sequence[Any],
                      config: Optional[ReplicateConfig] = None) -> int:
+        return self._batch_status(keys, values, config, True)
+
+    def _parts(self, key: str, parts: Sequence[Any], config: Optional[ReplicateConfig],
+               upsert: bool) -> int:
+        if not parts:
+            return INVALID_PARAMS
+        return self._put_values([key], [list(parts)], config, upsert)[0]
+
+    def _batch_status(self, keys: Sequence[str], values: Sequence[Any],
+                      config: Optional[ReplicateConfig], upsert: bool) -> int:
         if len(keys) != len(values):
             return INVALID_PARAMS
-        for r in self._put_values(keys, values, config, True):
-            if r != 0:
-                return r
-        return OK
+        return next((r for r in self._put_values(keys, values, config, upsert) if r != 0), OK)
 
     def _put_values(self, keys: Sequence[str], values: Sequence[Any],
                     config: Optional[ReplicateConfig], upsert: bool) -> list[int]:
