@@ -23,7 +23,9 @@
  *    byte is touched (KVP_EINVALID_PARAMS for that key).
  *  - Client objects are shared between threads. close() marks the client
  *    closed, waits for the calls in flight and then closes it; calls on a
- *    closed client return KVP_ECLOSED.
+ *    closed client return KVP_ECLOSED. unregister_buffer returns once the
+ *    calls that started before it (which may be moving bytes in the range)
+ *    have left.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -43,23 +45,37 @@ static PyObject *OpenError;
 typedef struct {
     PyObject_HEAD
     kvp_client *c;
-    pthread_mutex_t mu; /* guards inflight and closed */
-    pthread_cond_t cv;  /* signalled when inflight drops to 0 */
-    int inflight;
+    pthread_mutex_t mu; /* guards inflight, epoch and closed */
+    pthread_cond_t cv;  /* broadcast on every leave while someone waits */
+    int inflight[2];    /* calls in flight, by the epoch (parity) they entered in */
+    unsigned epoch;
+    int waiters;        /* threads in pthread_cond_wait on cv */
+    pthread_mutex_t unreg_mu; /* one unregister_buffer at a time (it flips epoch) */
     int closed;
     int init_done;
     int opened; /* __init__ ran (guarded by mu) */
 } Client;
+
+/*
+ * Calls in flight are counted per epoch parity, so unregister_buffer can
+ * wait for exactly the calls that started before it (which may still be
+ * moving bytes in the range) while new ones count in the other slot. A
+ * thread is inside at most one call (the GIL serialises a thread's calls;
+ * none nests), so its slot lives in a thread-local.
+ */
+static _Thread_local int call_slot;
 
 /* Enters a call: 0, or KVP_ECLOSED when the client is closed. */
 static int enter(Client *self)
 {
     int rc = 0;
     pthread_mutex_lock(&self->mu);
-    if (self->closed || !self->c)
+    if (self->closed || !self->c) {
         rc = KVP_ECLOSED;
-    else
-        self->inflight++;
+    } else {
+        call_slot = (int)(self->epoch & 1);
+        self->inflight[call_slot]++;
+    }
     pthread_mutex_unlock(&self->mu);
     return rc;
 }
@@ -67,9 +83,27 @@ static int enter(Client *self)
 static void leave(Client *self)
 {
     pthread_mutex_lock(&self->mu);
-    if (--self->inflight == 0)
+    self->inflight[call_slot]--;
+    if (self->waiters) /* close waits for 0, an unregister for its own call alone */
         pthread_cond_broadcast(&self->cv);
     pthread_mutex_unlock(&self->mu);
+}
+
+/* From inside a call: waits (GIL released by the caller) until every other
+ * call that entered before this moment has left. */
+static void wait_calls_before(Client *self)
+{
+    pthread_mutex_lock(&self->unreg_mu);
+    pthread_mutex_lock(&self->mu);
+    int old = (int)(self->epoch & 1);
+    self->epoch++;
+    int own = call_slot == old; /* this call counts in the old slot */
+    self->waiters++;
+    while (self->inflight[old] > own)
+        pthread_cond_wait(&self->cv, &self->mu);
+    self->waiters--;
+    pthread_mutex_unlock(&self->mu);
+    pthread_mutex_unlock(&self->unreg_mu);
 }
 
 /* Marks closed, waits for calls in flight (GIL released), closes. */
@@ -79,8 +113,10 @@ static void close_client(Client *self)
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->mu);
     self->closed = 1;
-    while (self->inflight > 0)
+    self->waiters++;
+    while (self->inflight[0] + self->inflight[1] > 0)
         pthread_cond_wait(&self->cv, &self->mu);
+    self->waiters--;
     c = self->c;
     self->c = NULL;
     pthread_mutex_unlock(&self->mu);
@@ -95,6 +131,7 @@ static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (!self)
         return NULL;
     pthread_mutex_init(&self->mu, NULL);
+    pthread_mutex_init(&self->unreg_mu, NULL);
     pthread_cond_init(&self->cv, NULL);
     self->init_done = 1;
     return (PyObject *)self;
@@ -138,6 +175,7 @@ static void Client_dealloc(Client *self)
     if (self->init_done) {
         close_client(self);
         pthread_cond_destroy(&self->cv);
+        pthread_mutex_destroy(&self->unreg_mu);
         pthread_mutex_destroy(&self->mu);
     }
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -733,6 +771,7 @@ static int alloc_bytes(void *arg, size_t m, const size_t *idx, const uint64_t *s
                        kvp_iov *out)
 {
     bytes_alloc *ba = arg;
+    int slot = call_slot; /* allocation may run finalizers that make calls of their own */
     PyGILState_STATE st = PyGILState_Ensure();
     for (size_t j = 0; j < m; j++) {
         if (sizes[j] == 0 || sizes[j] > (uint64_t)PY_SSIZE_T_MAX)
@@ -746,6 +785,7 @@ static int alloc_bytes(void *arg, size_t m, const size_t *idx, const uint64_t *s
         out[idx[j]] = (kvp_iov){PyBytes_AS_STRING(o), (size_t)sizes[j]};
     }
     PyGILState_Release(st);
+    call_slot = slot;
     return 0;
 }
 
@@ -1020,7 +1060,15 @@ static PyObject *Client_unregister(Client *self, PyObject *po)
         return NULL;
     int rc = enter(self);
     if (rc == 0) {
+        /* new calls refuse the range from here; calls already past their
+         * range check may still move bytes there: wait for them, so the
+         * caller may free the memory once this returns */
         rc = kvp_client_unregister_buffer(self->c, (void *)(uintptr_t)p);
+        if (rc == 0) {
+            Py_BEGIN_ALLOW_THREADS
+            wait_calls_before(self);
+            Py_END_ALLOW_THREADS
+        }
         leave(self);
     }
     return PyLong_FromLong(rc);

@@ -509,3 +509,32 @@ def test_flags_and_reinit_refused(server: kvpool_procs.Proc) -> None:
 def test_describe_non_ascii_key(client: kvpool.Client) -> None:
     client.put("clé/é", b"v")
     assert client.describe("clé/é")["key"] == "clé/é"
+
+
+def test_unregister_waits_for_transfers_in_flight(server: kvpool_procs.Proc,
+                                                  client: kvpool.Client) -> None:
+    """A get into registered memory is stuck (the server frozen); an
+    unregister of that memory returns only after the get finished, so the
+    caller may free the memory once unregister_buffer returned."""
+    buf = np.zeros(1 << 20, dtype=np.uint8)
+    client.register_buffer(buf)
+    client.put("uw", pattern(1 << 20, 3))
+    got: list[Any] = []
+    pid = server.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        th = threading.Thread(target=lambda: got.append(
+            client.get_into_ptr("uw", buf.ctypes.data, buf.nbytes)))
+        th.start()
+        time.sleep(0.2)  # the get is inside its call, waiting for the master
+        threading.Timer(0.3, os.kill, (pid, signal.SIGCONT)).start()
+        t0 = time.monotonic()
+        client.unregister_buffer(buf)
+        waited = time.monotonic() - t0
+        done_before = bool(got)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        th.join()
+    assert done_before and got == [1 << 20], (got, waited)
+    assert waited >= 0.2
+    assert buf.tobytes() == pattern(1 << 20, 3)
