@@ -40,11 +40,12 @@ Deliberate differences (docs/MOONCAKE_COMPAT.md §6 gives the reasons):
   * ``upsert*`` is remove + put (kvpool keys are immutable): a refused new
     value leaves the old one, but a put then failing for lack of space has
     removed it.
-  * Soft pins, NVMe-oF / DFS replicas, ``group_ids`` and replica tasks are
-    not implemented: soft-pin options and group ids are accepted and the
-    object is an ordinary cache entry; task and segment-management calls
-    answer NOT_SUPPORTED (-1012); ``get_into_ranges`` and the session calls
-    copy through staging (correct, not zero-copy).
+  * kvpool has no soft pins, NVMe-oF / DFS replicas, object groups or
+    replica tasks: soft-pin options and ``group_ids`` are accepted and the
+    object is an ordinary cache entry; the task and segment-management
+    calls answer NOT_SUPPORTED (-1012) in Mooncake's return shapes.
+  * ``get_into_ranges`` and the put / get session calls copy through
+    Python-side staging (correct, not zero-copy).
 """
 from __future__ import annotations
 

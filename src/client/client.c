@@ -283,6 +283,27 @@ static size_t frame_budget(kvp_client *c)
  * KiB) always fits a budget of >= 1 KiB... and a budget is >= 1 KiB only
  * for masters configured below 4 KiB frames, which config forbids.
  */
+/*
+ * Puts the valid keys of keys[0..n) in k[0..m) with their caller indexes
+ * in idx[]; an invalid key gets its code in r64[i] or r32[i] (whichever is
+ * given). Returns m.
+ */
+static size_t valid_keys(const kvp_client *c, const char *const *keys, size_t n, kvp_bytes *k,
+                         size_t *idx, int64_t *r64, int *r32)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        int rc = key_bytes(c, keys[i], &k[m]);
+        if (rc == 0)
+            idx[m++] = i;
+        else if (r64)
+            r64[i] = rc;
+        else
+            r32[i] = rc;
+    }
+    return m;
+}
+
 static size_t chunk_len(kvp_client *c, const kvp_bytes *keys, size_t n, size_t extra_req,
                         size_t resp_per)
 {
@@ -1070,15 +1091,7 @@ static int batch_get(kvp_client *c, const char *const *keys, const kvp_iov *cons
         kvp_free(idx);
         return KVP_ENOMEM;
     }
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        int rc = key_bytes(c, keys[i], &k[m]);
-        if (rc) {
-            results[i] = rc;
-            continue;
-        }
-        idx[m++] = i;
-    }
+    size_t m = valid_keys(c, keys, n, k, idx, results, NULL);
     scratch s;
     scratch_init(&s);
     for (size_t off = 0; off < m;) {
@@ -1190,14 +1203,7 @@ int kvp_client_batch_size(kvp_client *c, const char *const *keys, size_t n, int6
         kvp_free(relk);
         return KVP_ENOMEM;
     }
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        int rc = key_bytes(c, keys[i], &k[m]);
-        if (rc)
-            results[i] = rc;
-        else
-            idx[m++] = i;
-    }
+    size_t m = valid_keys(c, keys, n, k, idx, results, NULL);
     scratch s;
     scratch_init(&s);
     for (size_t off = 0; off < m;) {
@@ -1425,14 +1431,7 @@ static int codes_batch(kvp_client *c, const char *const *keys, size_t n, int for
         kvp_free(idx);
         return KVP_ENOMEM;
     }
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        int rc = key_bytes(c, keys[i], &k[m]);
-        if (rc)
-            results[i] = rc;
-        else
-            idx[m++] = i;
-    }
+    size_t m = valid_keys(c, keys, n, k, idx, NULL, results);
     scratch s;
     scratch_init(&s);
     for (size_t off = 0; off < m;) {
