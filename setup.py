@@ -26,7 +26,7 @@ class ParallelBuildExt(build_ext):
             self.parallel = os.cpu_count() or 1
 
 
-sources = ["python/kvpool/_native.c"] + [f for d in CORE for f in rel(f"src/{d}/*.c")]
+sources = ["python/kvpool/_native.c", "python/kvpool/_conn.c"] + [f for d in CORE for f in rel(f"src/{d}/*.c")]
 
 native = Extension(
     "kvpool._native",
@@ -40,7 +40,7 @@ native = Extension(
         "-Wno-missing-field-initializers", "-Wno-cast-function-type",
     ],
     extra_link_args=["-pthread"],
-    depends=rel("include/*.h") + [f for d in CORE for f in rel(f"src/{d}/*.h")],
+    depends=rel("include/*.h") + ["python/kvpool/_native.h"] + [f for d in CORE for f in rel(f"src/{d}/*.h")],
 )
 
 setup(

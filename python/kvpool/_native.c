@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "_native.h"
 #include "kvpool.h"
 
 /* Raised by Client(...) when kvp_client_open fails: args (code, message). */
@@ -1004,7 +1005,7 @@ static PyObject *Client_stat(Client *self, PyObject *unused) { return text_call(
  * read-only range (or device memory, reserved PROT_NONE in this address
  * space) is refused here rather than faulting then.
  */
-static int range_mapped_rw(uintptr_t p, size_t len)
+int kvp_py_range_mapped_rw(uintptr_t p, size_t len)
 {
     if (len == 0 || len > UINTPTR_MAX - p)
         return 0;
@@ -1041,7 +1042,7 @@ static PyObject *Client_register(Client *self, PyObject *args_)
         return NULL;
     int mapped;
     Py_BEGIN_ALLOW_THREADS
-    mapped = range_mapped_rw((uintptr_t)p, len);
+    mapped = kvp_py_range_mapped_rw((uintptr_t)p, len);
     Py_END_ALLOW_THREADS
     if (!mapped)
         return PyLong_FromLong(KVP_EINVALID_PARAMS);
@@ -1216,7 +1217,8 @@ PyMODINIT_FUNC PyInit__native(void)
         goto fail;
     codes = NULL;
     if (PyModule_AddStringConstant(m, "version", kvp_version()) < 0 ||
-        PyModule_AddIntConstant(m, "PUT_HARD_PIN", KVP_PUT_HARD_PIN) < 0)
+        PyModule_AddIntConstant(m, "PUT_HARD_PIN", KVP_PUT_HARD_PIN) < 0 ||
+        kvp_py_conn_init(m, OpenError) < 0)
         goto fail;
     return m;
 fail:

@@ -1,0 +1,697 @@
+"""kvpool.vllm -- vLLM's KV connector on kvpool (``KVPoolConnector``).
+
+Turned on with one option of ``vllm serve``::
+
+    --kv-transfer-config '{"kv_connector": "KVPoolConnector",
+                           "kv_connector_module_path": "kvpool.vllm",
+                           "kv_role": "kv_both",
+                           "kv_connector_extra_config": {"store_config": "/etc/kvpool.json"}}'
+
+This module is a translator and nothing more: it turns vLLM's objects (Request,
+SchedulerOutput, KV-cache tensors, finished-id sets) into calls on the C
+connector (include/kvpool_connector.h, through kvpool._native's ConnSched /
+ConnWorker) and the answers back into vLLM's types. Every decision -- what a
+lookup hits, what a step stores and loads, when a request's blocks may be
+freed, what failed -- is taken in C.
+
+Contracts
+  * Tested with vLLM 0.33.0 (SUPPORTED_VLLM); another version is refused at
+    start-up unless KVPOOL_VLLM_UNTESTED=1 is set.
+  * The step bytes (KVPoolConnectorMetadata.step) are incremental: every worker
+    must receive every step's metadata, in order, once -- what vLLM's executors
+    do, with async scheduling and pipeline parallelism too (steps are built and
+    executed in the same order). A worker that gets bytes it cannot decode
+    raises ConnError: a transport bug, fatal for that engine.
+  * A request's token ids and block hashes are kept in C per request
+    (ConnRequest); each step passes only what is new.
+  * Store configuration: extra-config ``store_config`` (JSON text or a file),
+    else $KVPOOL_CONFIG, else $MOONCAKE_CONFIG_PATH (Mooncake's JSON keys are
+    understood, docs/MOONCAKE_COMPAT.md). Nothing found: a clear error.
+  * The worker half opens at register_kv_caches (num_blocks is known then);
+    worker rank 0 serves the lookup channel the scheduler connects to, a unix
+    socket under $VLLM_RPC_BASE_PATH named after the engine id.
+  * KV memory must be host memory here; CUDA tensors are refused with a
+    message until the store moves device memory. With CUDA tensors and that
+    support, wait_for_save records a CUDA event per step and the store thread
+    waits on it (fence="cuda") before reading KV memory.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Optional
+
+from . import _native
+
+import vllm
+from vllm.distributed.kv_events import BlockStored, KVCacheEvent
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    SupportsHMA,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
+from vllm.distributed.kv_events import KVConnectorKVEvents
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+__all__ = ["KVPoolConnector", "KVPoolConnectorMetadata", "KVPoolConnectorStats",
+           "KVPoolPromMetrics", "KVPoolKVEvents", "SUPPORTED_VLLM"]
+
+SUPPORTED_VLLM = ("0.33.0",)
+log = logging.getLogger("kvpool.vllm")
+
+# kv_connector_extra_config keys: the seeds' (vllm-connector-spec.md §3.3) and ours
+EXTRA_KEYS = {
+    "load_async", "lookup_async", "enable_lookup", "lookup_rpc_port", "cache_prefix",
+    "preferred_segment", "enable_cross_layers_blocks", "save_decode_cache",
+    "store_config", "partial_hash_hits", "recv_threads", "staging_budget",
+    "lookup_timeout_ms", "tenant",
+}
+
+
+def check_vllm_version(version: str = vllm.__version__) -> None:
+    """Refuses a vLLM this connector was not tested with (KVPOOL_VLLM_UNTESTED=1 overrides)."""
+    base = version.split("+")[0]
+    if base in SUPPORTED_VLLM or os.environ.get("KVPOOL_VLLM_UNTESTED") == "1":
+        return
+    raise RuntimeError(
+        f"kvpool.vllm.KVPoolConnector supports vLLM {', '.join(SUPPORTED_VLLM)}; this is vLLM "
+        f"{version}. Install vllm=={SUPPORTED_VLLM[-1]}, or set KVPOOL_VLLM_UNTESTED=1 to try "
+        "it anyway (the connector contract changes between vLLM releases).")
+
+
+# ------------------------------------------------------------------ configuration
+
+def _truthy(v: Any) -> bool:
+    return str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _bool(extra: dict[str, Any], key: str, default: bool) -> bool:
+    v = extra.get(key, default)
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+        return v.strip().lower() == "true"
+    raise ValueError(f"kv_connector_extra_config[{key!r}] must be a bool, got {v!r}")
+
+
+def _store_config(extra: dict[str, Any]) -> str:
+    """The store's configuration as JSON text, extra-config overrides merged in."""
+    src = extra.get("store_config") or os.environ.get("KVPOOL_CONFIG") \
+        or os.environ.get("MOONCAKE_CONFIG_PATH")
+    if not src:
+        raise ValueError(
+            "KVPoolConnector needs the store's configuration: set kv_connector_extra_config"
+            "['store_config'] (JSON text or a file), $KVPOOL_CONFIG or $MOONCAKE_CONFIG_PATH")
+    text = src if src.lstrip().startswith("{") else open(src, encoding="utf-8").read()
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"store configuration {src!r} is not JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"store configuration {src!r} must be a JSON object")
+    for key in ("preferred_segment", "tenant"):
+        if key in extra:
+            v = extra[key]
+            if not isinstance(v, str) or not v.strip():
+                raise ValueError(f"kv_connector_extra_config[{key!r}] must be a non-empty string")
+            cfg[key] = v.strip()
+    return json.dumps(cfg)
+
+
+def _group_of(spec: KVCacheSpec, cache_mode: str) -> dict[str, Any]:
+    """One KV-cache group as the C connector describes it; unsupported kinds refused."""
+    inner = list(spec.kv_cache_specs.values()) if isinstance(spec, UniformTypeKVCacheSpecs) \
+        else [spec]
+    kinds = {type(s) for s in inner}
+    if len(kinds) != 1:
+        raise ValueError(f"KVPoolConnector: mixed specs in one group are not supported: {kinds}")
+    s = inner[0]
+    g: dict[str, Any] = {"block_size": int(spec.block_size)}
+    if isinstance(s, MambaSpec):
+        if cache_mode != "align":
+            raise ValueError("KVPoolConnector stores Mamba state only with "
+                             "--mamba-cache-mode align (the state at block boundaries)")
+        g["kind"] = "mamba"
+    elif isinstance(s, SlidingWindowSpec):
+        g["kind"] = "sliding_window"
+        g["sliding_window"] = int(s.sliding_window)
+        g["mla"] = "MLA" in type(s).__name__
+    elif type(s) in (FullAttentionSpec, MLAAttentionSpec):
+        g["kind"] = "full_attention"
+        g["mla"] = isinstance(s, MLAAttentionSpec)
+    else:
+        raise ValueError(f"KVPoolConnector does not support {type(s).__name__} KV-cache groups")
+    return g
+
+
+def _tp_factor(g: dict[str, Any], tp: int, heads: int, dcp: int) -> int:
+    """TP ranks holding byte-identical data for a group (spec §4.3; mirrors C keys.c)."""
+    if dcp > 1 or g["kind"] == "mamba":
+        return 1
+    if g.get("mla"):
+        return tp
+    return max(1, tp // max(1, heads))
+
+
+def _rank(group_getter: str, size: int) -> int:
+    if size <= 1:
+        return 0
+    from vllm.distributed import parallel_state as ps
+    return int(getattr(ps, group_getter)().rank_in_group)
+
+
+@dataclass
+class _Setup:
+    """What both halves derive from vLLM's configuration."""
+    conn: dict[str, Any]          # kvpool._native config (both halves' keys)
+    store_group_ids: tuple[int, ...]  # vLLM group ids the pool stores, in our order
+    factors: tuple[int, ...]      # per stored group, TP replication factor
+    num_workers: int
+    kv_events: bool
+
+
+def _setup(vllm_config: "VllmConfig", kv_cache_config: KVCacheConfig,
+           role: KVConnectorRole) -> _Setup:
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+    kvt = vllm_config.kv_transfer_config
+    extra: dict[str, Any] = dict(kvt.kv_connector_extra_config or {})
+    unknown = set(extra) - EXTRA_KEYS
+    if unknown:
+        raise ValueError(f"KVPoolConnector: unknown kv_connector_extra_config keys "
+                         f"{sorted(unknown)}; known: {sorted(EXTRA_KEYS)}")
+    if not _bool(extra, "load_async", True):
+        raise ValueError("KVPoolConnector loads in the background only: load_async must be true")
+    if _bool(extra, "save_decode_cache", False):
+        raise ValueError("KVPoolConnector: save_decode_cache is not supported (decode KV "
+                         "is not stored); remove the key")
+    par = vllm_config.parallel_config
+    tp = int(par.tensor_parallel_size)
+    pp = int(par.pipeline_parallel_size)
+    pcp = int(getattr(par, "prefill_context_parallel_size", 1) or 1)
+    dcp = int(getattr(par, "decode_context_parallel_size", 1) or 1)
+    block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    cache_mode = str(getattr(vllm_config.cache_config, "mamba_cache_mode", "none"))
+    ids = tuple(kv_cache_config.prefix_cacheable_group_ids)
+    if not ids:
+        raise ValueError("KVPoolConnector: the model has no prefix-cacheable KV-cache group")
+    groups = [_group_of(kv_cache_config.kv_cache_groups[i].kv_cache_spec, cache_mode) for i in ids]
+    if len(groups) == 1 and groups[0]["block_size"] != block_size:
+        groups[0]["block_size"] = int(block_size)  # PCP / DCP scaling (spec §3, seeds)
+    heads = int(vllm_config.model_config.get_total_num_kv_heads())
+    for g in groups:
+        g["num_kv_heads"] = heads
+    spec_cfg = vllm_config.speculative_config
+    use_eagle = bool(spec_cfg is not None and spec_cfg.use_eagle())
+    ev_cfg = getattr(vllm_config, "kv_events_config", None)
+    kv_events = bool(ev_cfg is not None and ev_cfg.enable_kv_cache_events)
+    base = os.environ.get("VLLM_RPC_BASE_PATH") or __import__("tempfile").gettempdir()
+    port = extra.get("lookup_rpc_port", 0)
+    dp = int(getattr(par, "data_parallel_index", 0) or 0)
+    sock = os.path.join(base, f"kvpool-lookup-{kvt.engine_id}-{port}-dp{dp}.sock")
+    conn: dict[str, Any] = {
+        "model": str(vllm_config.model_config.model),
+        "role": str(kvt.kv_role),
+        "groups": groups,
+        "hash_block_size": int(hash_block_size),
+        "block_size": int(block_size),
+        "enable_lookup": _bool(extra, "enable_lookup", True),
+        "load_async": True,
+        "lookup_async": _bool(extra, "lookup_async", False),
+        "partial_hash_hits": _bool(extra, "partial_hash_hits", False),
+        "cache_prefix": str(extra.get("cache_prefix", "")),
+        "lookup_socket": sock,
+        "tp_size": tp, "pp_size": pp, "pcp_size": pcp, "dcp_size": dcp,
+        "use_eagle": use_eagle,
+        "kv_events": kv_events,
+    }
+    if "lookup_timeout_ms" in extra:
+        conn["lookup_timeout_ms"] = int(extra["lookup_timeout_ms"])
+    if role == KVConnectorRole.WORKER:
+        conn["store_config"] = _store_config(extra)
+        threads = extra.get("recv_threads", os.environ.get("VLLM_MOONCAKE_LOAD_RECV_THREADS"))
+        if threads is not None:
+            conn["recv_threads"] = max(1, int(threads))
+        if "staging_budget" in extra:
+            conn["staging_budget"] = int(extra["staging_budget"])
+        conn["tp_rank"] = _rank("get_tp_group", tp)
+        conn["pp_rank"] = (int(par.rank) // tp) % pp if pp > 1 else 0
+        conn["pcp_rank"] = _rank("get_pcp_group", pcp)
+        conn["dcp_rank"] = _rank("get_dcp_group", dcp)
+    factors = tuple(_tp_factor(g, tp, heads, dcp) for g in groups)
+    return _Setup(conn, ids, factors, tp * pp * pcp, kv_events)
+
+
+# ------------------------------------------------------------------ vLLM data types
+
+@dataclass
+class KVPoolConnectorMetadata(KVConnectorMetadata):
+    """One step for the workers: the C scheduler's step bytes (incremental,
+    versioned "KVCM") and the ids preempted in it (for handle_preemptions)."""
+    step: bytes = b""
+    preempted: tuple[str, ...] = ()
+
+
+_OPS = ("store", "load", "lookup")
+_FIELDS = ("count", "total_ns", "max_ns", "keys", "bytes", "failed_keys", "existing_keys",
+           "partial", "errors")
+
+
+@dataclass
+class KVPoolConnectorStats(KVConnectorStats):
+    """Counters per operation (store, load, lookup) as the C worker keeps them:
+    data = {op: {count, total_ns, max_ns, keys, bytes, failed_keys,
+    existing_keys, partial, errors}}. Summed over ranks and steps."""
+
+    def __post_init__(self) -> None:
+        if not self.data:
+            self.reset()
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def is_empty(self) -> bool:
+        return not any(v.get("count", 0) or v.get("errors", 0) for v in self.data.values())
+
+    def aggregate(self, other: KVConnectorStats) -> "KVPoolConnectorStats":
+        for op, rec in (other.data or {}).items():
+            mine = self.data.setdefault(op, {f: 0 for f in _FIELDS})
+            for f in _FIELDS:
+                v = int(rec.get(f, 0))
+                mine[f] = max(mine[f], v) if f == "max_ns" else mine[f] + v
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = {}
+        for op in _OPS:
+            r = self.data.get(op)
+            if not r or not r.get("count"):
+                continue
+            out[f"{op}_count"] = int(r["count"])
+            out[f"{op}_avg_ms"] = round(r["total_ns"] / r["count"] / 1e6, 3)
+            out[f"{op}_max_ms"] = round(r["max_ns"] / 1e6, 3)
+            out[f"{op}_keys"] = int(r["keys"])
+            out[f"{op}_bytes"] = int(r["bytes"])
+            out[f"{op}_failed_keys"] = int(r["failed_keys"])
+            out[f"{op}_errors"] = int(r["errors"])
+            if op == "store":
+                out["store_existing_keys"] = int(r["existing_keys"])
+            if op == "lookup":
+                out["lookup_hit_keys"] = int(r["keys"]) - int(r["failed_keys"])
+        return out
+
+
+class KVPoolPromMetrics(KVConnectorPromMetrics):
+    """Prometheus counters vllm:kvpool_{operations,keys,bytes,failed_keys,
+    errors}_total and vllm:kvpool_seconds_total, labelled by operation."""
+
+    def __init__(self, vllm_config: "VllmConfig",
+                 metric_types: dict[type[PromMetric], type[PromMetricT]],
+                 labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        names = labelnames + ["operation"]
+        doc = {"operations": "connector operations", "keys": "pool keys touched",
+               "bytes": "bytes moved", "failed_keys": "keys that failed",
+               "errors": "operations that failed", "seconds": "time spent in operations"}
+        self._counters = {k: self._counter_cls(name=f"vllm:kvpool_{k}_total",
+                                               documentation=f"kvpool: {d}", labelnames=names)
+                          for k, d in doc.items()}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for op, r in (transfer_stats_data or {}).items():
+            lv = self.per_engine_labelvalues[engine_idx] + [op]
+            for k, f in (("operations", "count"), ("keys", "keys"), ("bytes", "bytes"),
+                         ("failed_keys", "failed_keys"), ("errors", "errors")):
+                if r.get(f):
+                    self._counters[k].labels(*lv).inc(int(r[f]))
+            if r.get("total_ns"):
+                self._counters["seconds"].labels(*lv).inc(r["total_ns"] / 1e9)
+
+
+class KVPoolKVEvents(KVConnectorKVEvents):
+    """BlockStored events of the workers, counted so that a block is announced
+    once every rank that must store its part did (TP replication aside)."""
+
+    def __init__(self, num_workers: int, factors: tuple[int, ...] = (1,)) -> None:
+        self._events: Counter[KVCacheEvent] = Counter()
+        self._num_workers = num_workers
+        self._factors = factors
+
+    def add_events(self, events: list[KVCacheEvent]) -> None:
+        self._events.update(events)
+
+    def _common(self, ev: KVCacheEvent, n: int) -> bool:
+        g = getattr(ev, "group_idx", None)
+        f = self._factors[g] if isinstance(g, int) and 0 <= g < len(self._factors) else 1
+        return n * f >= self._num_workers
+
+    def pop_common_events(self) -> list[KVCacheEvent]:
+        out = [e for e, n in self._events.items() if self._common(e, n)]
+        for e in out:
+            del self._events[e]
+        return out
+
+    def aggregate(self) -> "KVPoolKVEvents":
+        common = self.pop_common_events()
+        self._events.clear()
+        self._events.update(common)
+        self._num_workers = 1
+        return self
+
+    def increment_workers(self, count: int = 1) -> None:
+        self._num_workers += count
+
+    def get_all_events(self) -> list[KVCacheEvent]:
+        return list(self._events.elements())
+
+    def get_number_of_workers(self) -> int:
+        return self._num_workers
+
+    def clear_events(self) -> None:
+        self._events.clear()
+        self._num_workers = 1
+
+    def has_events(self) -> bool:
+        return bool(self._events)
+
+
+# ------------------------------------------------------------------ the two halves
+
+def _project(block_ids: Optional[tuple[list[int], ...]], ids: tuple[int, ...]) \
+        -> Optional[tuple[list[int], ...]]:
+    if not block_ids:
+        return None
+    return tuple(block_ids[i] for i in ids)
+
+
+class _Scheduler:
+    """The scheduler half: vLLM's Request / SchedulerOutput -> ConnSched."""
+
+    def __init__(self, s: _Setup) -> None:
+        self._s = s
+        self._c = _native.ConnSched(s.conn)
+        self._reqs: dict[str, tuple["Request", _native.ConnRequest]] = {}
+        self._gmap = {g: i for i, g in enumerate(s.store_group_ids)}
+
+    def _req(self, request: "Request") -> _native.ConnRequest:
+        e = self._reqs.get(request.request_id)
+        if e is None or e[0] is not request:
+            e = (request, _native.ConnRequest(request.request_id, request.num_prompt_tokens))
+            self._reqs[request.request_id] = e
+        toks = getattr(request, "_all_token_ids", None)
+        e[1].sync(toks if isinstance(toks, list) else request.all_token_ids,
+                  request.block_hashes, request.num_computed_tokens)
+        return e[1]
+
+    def _known(self, req_id: str) -> _native.ConnRequest:
+        e = self._reqs.get(req_id)
+        if e is None:
+            raise RuntimeError(f"KVPoolConnector: request {req_id} scheduled without a lookup")
+        return self._req(e[0])
+
+    def lookup(self, request: "Request", num_computed_tokens: int) -> tuple[Optional[int], bool]:
+        n, load_async = self._c.lookup(self._req(request), num_computed_tokens)
+        return (None, False) if n is None else (int(n), bool(load_async))
+
+    def after_alloc(self, request: "Request", blocks: "KVCacheBlocks", n_ext: int) -> None:
+        ids = _project(blocks.get_block_ids(), self._s.store_group_ids) if n_ext else None
+        self._c.update_state_after_alloc(self._req(request), ids, n_ext)
+
+    def build_meta(self, so: "SchedulerOutput") -> KVPoolConnectorMetadata:
+        ids = self._s.store_group_ids
+        nst = so.num_scheduled_tokens
+        new = [(self._known(r.req_id), nst[r.req_id], _project(r.block_ids, ids))
+               for r in so.scheduled_new_reqs]
+        cd = so.scheduled_cached_reqs
+        resumed = cd.resumed_req_ids
+        cached = [(self._known(rid), rid in resumed, nst.get(rid, 0),
+                   _project(cd.new_block_ids[i], ids)) for i, rid in enumerate(cd.req_ids)]
+        preempted = tuple(so.preempted_req_ids or ())
+        tails = []
+        bs = getattr(so, "kv_connector_block_state", None)
+        for rid, offs in ((bs.boundary_state_offloads or {}).items() if bs else ()):
+            t = [(self._gmap[g], b, n) for g, b, n in offs if g in self._gmap]
+            if t and rid in self._reqs:
+                tails.append((rid, t))
+        step = self._c.build_meta(new, cached, preempted, tuple(so.finished_req_ids), tails)
+        return KVPoolConnectorMetadata(step=step, preempted=preempted)
+
+    def finished(self, request: "Request", block_ids: tuple[list[int], ...]) -> bool:
+        delay = self._c.request_finished(request.request_id,
+                                         _project(block_ids, self._s.store_group_ids))
+        self._reqs.pop(request.request_id, None)
+        return bool(delay)
+
+    def reset(self) -> bool:
+        return bool(self._c.reset_cache())
+
+    def close(self) -> None:
+        self._c.close()
+        self._reqs.clear()
+
+
+def _tensor_tuple(t: "torch.Tensor") -> tuple[int, int, int, tuple[int, ...], tuple[int, ...]]:
+    """(base, bytes, elem_size, shape, stride) of one KV tensor: bytes covers the
+    view's blocks (its largest shape*stride), clipped to its storage."""
+    es = t.element_size()
+    base = t.data_ptr()
+    extent = max(n * s for n, s in zip(t.shape, t.stride())) * es
+    st = t.untyped_storage()
+    avail = st.data_ptr() + st.nbytes() - base
+    return base, min(extent, avail), es, tuple(t.shape), tuple(t.stride())
+
+
+class _Worker:
+    """One rank's worker half: vLLM's tensors and per-step calls -> ConnWorker."""
+
+    def __init__(self, s: _Setup, kv_cache_config: KVCacheConfig) -> None:
+        self._s = s
+        self._kcc = kv_cache_config
+        self._w: Optional[_native.ConnWorker] = None
+        self._events: deque[Any] = deque(maxlen=128)  # CUDA events the fence may wait on
+        self._cuda = False
+
+    def register(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
+        if self._w is not None:
+            raise RuntimeError("KVPoolConnector: register_kv_caches called twice")
+        order: list[str] = []
+        for gid in self._s.store_group_ids:
+            order += [n for n in self._kcc.kv_cache_groups[gid].layer_names if n in kv_caches]
+        if not order:
+            raise ValueError("KVPoolConnector: no KV tensor of a stored group was registered")
+        tensors = [kv_caches[n] for n in order]
+        self._cuda = any(t.is_cuda for t in tensors)
+        if self._cuda and not getattr(_native, "DEVICE_MEMORY", False):
+            raise RuntimeError("KVPoolConnector: this kvpool build moves KV from host memory "
+                               "only; CUDA KV caches are not supported yet")
+        cfg = dict(self._s.conn, num_blocks=int(self._kcc.num_blocks),
+                   fence="cuda" if self._cuda else None)
+        self._w = _native.ConnWorker(cfg)
+        self._w.register_kv_caches([_tensor_tuple(t) for t in tensors])
+
+    def fence(self) -> None:
+        """After the step's forward was issued: the event the store thread waits on."""
+        if self._w is None or not self._cuda:
+            return
+        import torch
+        ev = torch.cuda.Event()
+        ev.record()
+        self._events.append(ev)
+        self._w.set_fence_event(self._w.step, ev.cuda_event)
+
+    def finished(self, meta: Optional[KVPoolConnectorMetadata],
+                 finished_ids: set[str]) -> tuple[Optional[set[str]], Optional[set[str]]]:
+        if self._w is None:
+            return None, None
+        snd, rcv = self._w.get_finished(meta.step if meta is not None else None,
+                                        tuple(finished_ids))
+        return (set(snd) or None), (set(rcv) or None)
+
+    def preempt(self, ids: Iterable[str]) -> None:
+        ids = tuple(ids)
+        if self._w is not None and ids:
+            self._w.handle_preemptions(ids)
+
+    def load_errors(self) -> set[int]:
+        return set(self._w.load_errors()) if self._w is not None else set()
+
+    def stats(self) -> Optional[KVPoolConnectorStats]:
+        d = self._w.take_stats() if self._w is not None else None
+        return KVPoolConnectorStats(data=d) if d else None
+
+    def kv_events(self) -> Optional[KVPoolKVEvents]:
+        if self._w is None or not self._s.kv_events:
+            return None
+        evs = KVPoolKVEvents(num_workers=1, factors=self._s.factors)
+        gids = self._s.store_group_ids
+        evs.add_events([BlockStored(block_hashes=[h], parent_block_hash=parent,
+                                    token_ids=list(toks or ()), block_size=bs, lora_id=None,
+                                    medium="kvpool", lora_name=None, group_idx=gids[g])
+                        for g, bs, h, parent, _s, _e, toks in self._w.take_events()])
+        return evs
+
+    def close(self) -> None:
+        if self._w is not None:
+            self._w.close()
+            self._w = None
+
+
+# ------------------------------------------------------------------ the connector
+
+class KVPoolConnector(KVConnectorBase_V1, SupportsHMA):
+    """vLLM's KV connector on kvpool: prompt-prefix KV stored in and loaded
+    from a kvpool pool shared by every engine instance (see module docs)."""
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig) -> None:
+        check_vllm_version()
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self._setup = _setup(vllm_config, kv_cache_config, role)
+        self._sched: Optional[_Scheduler] = None
+        self._worker: Optional[_Worker] = None
+        self._events: Optional[KVPoolKVEvents] = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._sched = _Scheduler(self._setup)
+        else:
+            self._worker = _Worker(self._setup, kv_cache_config)
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        return False
+
+    # ---- scheduler side
+    def get_num_new_matched_tokens(self, request: "Request",
+                                   num_computed_tokens: int) -> tuple[Optional[int], bool]:
+        assert self._sched is not None
+        return self._sched.lookup(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
+                                 num_external_tokens: int) -> None:
+        assert self._sched is not None
+        self._sched.after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        assert self._sched is not None
+        return self._sched.build_meta(scheduler_output)
+
+    def request_finished(self, request: "Request",
+                         block_ids: list[int]) -> tuple[bool, Optional[dict[str, Any]]]:
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(self, request: "Request", block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, Optional[dict[str, Any]]]:
+        assert self._sched is not None
+        return self._sched.finished(request, block_ids), None
+
+    def register_finished_partial_tail(self, request: "Request",
+                                       block_ids: tuple[list[int], ...],
+                                       partial_tail_offloads: list[tuple[int, int, int]]) -> bool:
+        # Finish-time tails are not offloaded: the blocks are freed as usual and
+        # a later hit recomputes the tail (step-time boundary offloads are taken).
+        return False
+
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
+        evs = connector_output.kv_cache_events
+        if not isinstance(evs, KVPoolKVEvents) or not evs.has_events():
+            return
+        if self._events is None:
+            self._events = KVPoolKVEvents(num_workers=self._setup.num_workers,
+                                          factors=self._setup.factors)
+        self._events.add_events(evs.get_all_events())
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        if self._events is not None:
+            yield from self._events.pop_common_events()
+
+    def reset_cache(self) -> Optional[bool]:
+        assert self._sched is not None
+        self._events = None
+        return self._sched.reset()
+
+    # ---- worker side
+    def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
+        assert self._worker is not None
+        self._worker.register(kv_caches)
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        assert self._worker is not None
+        if isinstance(kv_connector_metadata, KVPoolConnectorMetadata):
+            self._worker.preempt(kv_connector_metadata.preempted)
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        return  # loads are queued with the step's stores in get_finished
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are asynchronous: a loading request is not in the batch
+
+    def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: Any,
+                      **kwargs: Any) -> None:
+        return  # stores read whole blocks after the forward (get_finished)
+
+    def wait_for_save(self) -> None:
+        assert self._worker is not None
+        self._worker.fence()
+
+    def get_finished(self, finished_req_ids: set[str]
+                     ) -> tuple[Optional[set[str]], Optional[set[str]]]:
+        assert self._worker is not None
+        meta = self._get_connector_metadata() if self.has_connector_metadata() else None
+        if meta is not None and not isinstance(meta, KVPoolConnectorMetadata):
+            raise TypeError(f"KVPoolConnector got {type(meta).__name__} metadata")
+        return self._worker.finished(meta, finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        assert self._worker is not None
+        return self._worker.load_errors()
+
+    def get_kv_connector_stats(self) -> Optional[KVConnectorStats]:
+        return self._worker.stats() if self._worker is not None else None
+
+    def get_kv_connector_kv_cache_events(self) -> Optional[KVPoolKVEvents]:
+        return self._worker.kv_events() if self._worker is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[dict[str, Any]] = None
+                                 ) -> Optional[KVConnectorStats]:
+        return KVPoolConnectorStats(data=data) if data is not None else KVPoolConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: "VllmConfig",
+                           metric_types: dict[type[PromMetric], type[PromMetricT]],
+                           labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]
+                           ) -> Optional[KVConnectorPromMetrics]:
+        return KVPoolPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+        if self._sched is not None:
+            self._sched.close()
