@@ -275,6 +275,16 @@ KVP_API int kvp_conn_build_meta(kvp_conn_sched *s, const kvp_conn_step *st, cons
 KVP_API int kvp_conn_request_finished(kvp_conn_sched *s, kvp_conn_str id, const kvp_conn_blocks *blocks,
                               uint32_t ngroups, bool *delay_free);
 
+/*
+ * The engine learnt (from the workers' load_errors / load_failed, aggregated)
+ * that loads failed: the requests named in ids (n of them), and those whose
+ * allocated load blocks include one of blocks, miss on every later lookup
+ * until they finish, so the engine recomputes them rather than retrying a
+ * hit that just failed. Unknown ids and blocks are ignored.
+ */
+KVP_API int kvp_conn_loads_failed(kvp_conn_sched *s, const kvp_conn_str *ids, uint32_t n,
+                                  const uint32_t *blocks, size_t nblocks);
+
 /* Forgets pending loads, drains the workers' stores, then empties the pool
  * (every object of every model). true when the pool was emptied. The engine
  * must have paused generation. */
@@ -340,6 +350,12 @@ KVP_API uint64_t kvp_conn_worker_step(kvp_conn_worker *w);
 
 /* Takes the block ids whose load failed (*ids freed with kvp_conn_free). */
 KVP_API int kvp_conn_load_errors(kvp_conn_worker *w, uint32_t **ids, size_t *n);
+
+/* Appends to out the ids of requests with a failed load since the last call
+ * (the same failures as load_errors, per request: for engines whose block ids
+ * are not unique across groups, e.g. vLLM with several KV-cache groups). An
+ * id is taken no later than the get_finished that reports it done_recving. */
+KVP_API int kvp_conn_load_failed(kvp_conn_worker *w, kvp_conn_ids *out);
 KVP_API void kvp_conn_free(void *p);
 
 /* Waits until every queued load and store has run (shutdown, tests). */

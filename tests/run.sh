@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs every test binary under $1, then the Python tests (pytest over
-# tests/python in the venv of scripts/python-env), and prints the total of
-# both as the last line:
+# tests/python in the venv of scripts/python-env, then tests/vllm in the
+# vLLM venv of scripts/vllm-env), and prints the total of all as the last line:
 #   N passed, N failed, N skipped
 # A binary that dies without its RESULT line counts as one failure. When the
 # venv cannot be made, the Python tests count as one skip, with the reason.
@@ -23,14 +23,19 @@ for t in $(find "$dir" -type f -name 'test_*' -perm -u+x | sort); do
     fi
 done
 
-echo "== tests/python (pytest)"
 root=$(cd "$(dirname "$0")/.." && pwd)
-if py=$("$root/scripts/python-env" 2>"$log"); then
-    junit=$(mktemp)
-    (cd "$root/tests/python" && "$py" -m pytest -q -p no:cacheprovider -rs \
-        --junitxml="$junit" .)
-    rc=$?
-    counts=$("$py" - "$junit" <<'PYEOF'
+
+# pytest_dir NAME ENV_SCRIPT: runs pytest over tests/NAME with the python that
+# scripts/ENV_SCRIPT prints, adding its JUnit counts to P F S; a venv that
+# cannot be made counts as one skip, with the reason.
+pytest_dir() {
+    echo "== tests/$1 (pytest)"
+    if py=$("$root/scripts/$2" 2>"$log"); then
+        junit=$(mktemp)
+        (cd "$root/tests/$1" && "$py" -m pytest -q -p no:cacheprovider -rs \
+            --junitxml="$junit" .)
+        rc=$?
+        counts=$("$py" - "$junit" <<'PYEOF'
 import sys, xml.etree.ElementTree as ET
 try:
     r = ET.parse(sys.argv[1]).getroot()
@@ -41,14 +46,19 @@ except Exception:
     print("0 1 0")
 PYEOF
 )
-    set -- $counts
-    [ "$rc" -ne 0 ] && [ "$2" -eq 0 ] && set -- "$1" 1 "$3" # pytest failed outside a test
-    P=$((P + $1)); F=$((F + $2)); S=$((S + $3))
-    rm -f "$junit"
-else
-    echo "SKIP tests/python: the Python test venv could not be made: $(tail -3 "$log" | tr '\n' ' ')"
-    S=$((S + 1))
-fi
+        set -- $counts
+        [ "$rc" -ne 0 ] && [ "$2" -eq 0 ] && set -- "$1" 1 "$3" # pytest failed outside a test
+        P=$((P + $1)); F=$((F + $2)); S=$((S + $3))
+        rm -f "$junit"
+    else
+        echo "SKIP tests/$1: the venv of scripts/$2 could not be made: $(tail -3 "$log" | tr '\n' ' ')"
+        S=$((S + 1))
+    fi
+}
+
+pytest_dir python python-env
+# vLLM's tests exercise the Python connector, not our threads: make tsan leaves them out
+[ -n "${KVP_TSAN:-}" ] || pytest_dir vllm vllm-env
 rm -f "$log"
 echo "$P passed, $F failed, $S skipped"
 [ "$F" -eq 0 ]

@@ -1030,6 +1030,38 @@ static PyObject *Sched_finished(ConnSched *self, PyObject *args)
     return PyBool_FromLong(delay);
 }
 
+/* loads_failed(req_ids, block_ids): what the workers reported failing */
+static PyObject *Sched_loads_failed(ConnSched *self, PyObject *args)
+{
+    PyObject *io, *bo;
+    if (!PyArg_ParseTuple(args, "OO:loads_failed", &io, &bo))
+        return NULL;
+    scratch sc = {0};
+    kvp_conn_str *ids = NULL;
+    uint32_t nids = 0;
+    PyObject *keep = parse_ids(&sc, io, "request id", &ids, &nids);
+    PyObject *res = NULL;
+    if (!keep)
+        goto out;
+    PyObject *blk = PyTuple_Pack(1, bo); /* one "group" of block ids */
+    kvp_conn_blocks *b = NULL;
+    uint32_t ng = 0;
+    int bad = !blk || parse_blocks(&sc, blk, &b, &ng) < 0;
+    Py_XDECREF(blk);
+    if (bad)
+        goto out;
+    sched_lock(self);
+    int rc = KVP_ECLOSED;
+    if (self->s)
+        rc = kvp_conn_loads_failed(self->s, ids, nids, b[0].ids, b[0].n);
+    pthread_mutex_unlock(&self->mu);
+    res = rc < 0 ? conn_error(rc) : Py_NewRef(Py_None);
+out:
+    Py_XDECREF(keep);
+    scratch_free(&sc);
+    return res;
+}
+
 static PyObject *Sched_reset(ConnSched *self, PyObject *unused)
 {
     sched_lock(self);
@@ -1052,6 +1084,8 @@ static PyMethodDef Sched_methods[] = {
      "build_meta(new_reqs, cached, preempted, finished, tails) -> the step's bytes"},
     {"request_finished", (PyCFunction)Sched_finished, METH_VARARGS,
      "request_finished(req_id, blocks_per_group) -> delay_free"},
+    {"loads_failed", (PyCFunction)Sched_loads_failed, METH_VARARGS,
+     "loads_failed(req_ids, block_ids): those requests miss on later lookups (recompute)"},
     {"reset_cache", (PyCFunction)Sched_reset, METH_NOARGS,
      "reset_cache() -> True when the pool was emptied"},
     {"close", (PyCFunction)Sched_close, METH_NOARGS, "close()"},
@@ -1459,6 +1493,18 @@ static PyObject *Worker_load_errors(ConnWorker *self, PyObject *unused)
     return l;
 }
 
+static PyObject *Worker_load_failed(ConnWorker *self, PyObject *unused)
+{
+    if (wenter(self) < 0)
+        return NULL;
+    kvp_conn_ids ids = {0};
+    int rc = kvp_conn_load_failed(self->w, &ids);
+    wleave(self);
+    PyObject *l = rc < 0 ? conn_error(rc) : ids_list(&ids);
+    kvp_conn_ids_free(&ids);
+    return l;
+}
+
 static PyObject *Worker_take_stats(ConnWorker *self, PyObject *unused)
 {
     if (wenter(self) < 0)
@@ -1553,6 +1599,8 @@ static PyMethodDef Worker_methods[] = {
      "set_fence_event(step, cuda_event): with fence='cuda', the event of step's forward"},
     {"load_errors", (PyCFunction)Worker_load_errors, METH_NOARGS,
      "load_errors() -> block ids whose load failed since the last call"},
+    {"load_failed", (PyCFunction)Worker_load_failed, METH_NOARGS,
+     "load_failed() -> ids of requests with a failed load since the last call"},
     {"take_stats", (PyCFunction)Worker_take_stats, METH_NOARGS,
      "take_stats() -> {store|load|lookup: counters} or None when nothing happened"},
     {"take_events", (PyCFunction)Worker_take_events, METH_NOARGS,

@@ -41,7 +41,7 @@ import json
 import logging
 import os
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from . import _native
@@ -52,6 +52,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
@@ -469,6 +470,9 @@ class _Scheduler:
         self._reqs.pop(request.request_id, None)
         return bool(delay)
 
+    def loads_failed(self, req_ids: Iterable[str], block_ids: Iterable[int]) -> None:
+        self._c.loads_failed(tuple(req_ids), list(block_ids))
+
     def reset(self) -> bool:
         return bool(self._c.reset_cache())
 
@@ -539,8 +543,11 @@ class _Worker:
         if self._w is not None and ids:
             self._w.handle_preemptions(ids)
 
-    def load_errors(self) -> set[int]:
-        return set(self._w.load_errors()) if self._w is not None else set()
+    def load_errors(self) -> tuple[set[int], set[str]]:
+        """(blocks, requests) whose load failed since the last call."""
+        if self._w is None:
+            return set(), set()
+        return set(self._w.load_errors()), set(self._w.load_failed())
 
     def stats(self) -> Optional[KVPoolConnectorStats]:
         d = self._w.take_stats() if self._w is not None else None
@@ -549,9 +556,12 @@ class _Worker:
     def kv_events(self) -> Optional[KVPoolKVEvents]:
         if self._w is None or not self._s.kv_events:
             return None
+        from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash as ext
+
         evs = KVPoolKVEvents(num_workers=1, factors=self._s.factors)
         gids = self._s.store_group_ids
-        evs.add_events([BlockStored(block_hashes=[h], parent_block_hash=parent,
+        evs.add_events([BlockStored(block_hashes=[ext(h)],
+                                    parent_block_hash=ext(parent) if parent is not None else None,
                                     token_ids=list(toks or ()), block_size=bs, lora_id=None,
                                     medium="kvpool", lora_name=None, group_idx=gids[g])
                         for g, bs, h, parent, _s, _e, toks in self._w.take_events()])
@@ -577,6 +587,7 @@ class KVPoolConnector(KVConnectorBase_V1, SupportsHMA):
         self._sched: Optional[_Scheduler] = None
         self._worker: Optional[_Worker] = None
         self._events: Optional[KVPoolKVEvents] = None
+        self._load_error_blocks: set[int] = set()
         if role == KVConnectorRole.SCHEDULER:
             self._sched = _Scheduler(self._setup)
         else:
@@ -618,6 +629,10 @@ class KVPoolConnector(KVConnectorBase_V1, SupportsHMA):
         return False
 
     def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
+        assert self._sched is not None
+        failed, bad = connector_output.failed_recving, connector_output.invalid_block_ids
+        if failed or bad:
+            self._sched.loads_failed(failed or (), bad or ())
         evs = connector_output.kv_cache_events
         if not isinstance(evs, KVPoolKVEvents) or not evs.has_events():
             return
@@ -667,9 +682,23 @@ class KVPoolConnector(KVConnectorBase_V1, SupportsHMA):
             raise TypeError(f"KVPoolConnector got {type(meta).__name__} metadata")
         return self._worker.finished(meta, finished_req_ids)
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """get_finished, plus the failed loads: per block with one KV-cache group
+        (vLLM recomputes just those blocks), per request with several (block ids
+        are not unique across groups; vLLM recomputes the request's prefix)."""
+        snd, rcv = self.get_finished(finished_req_ids)
+        blocks, reqs = self._worker.load_errors() if self._worker else (set(), set())
+        multi = len(self._kv_cache_config.kv_cache_groups) > 1
+        self._load_error_blocks = set() if multi else blocks
+        return KVConnectorTransferResults(finished_sending=set(snd or ()),
+                                          finished_recving=set(rcv or ()),
+                                          failed_recving=reqs if multi else set())
+
     def get_block_ids_with_load_errors(self) -> set[int]:
-        assert self._worker is not None
-        return self._worker.load_errors()
+        blocks, self._load_error_blocks = self._load_error_blocks, set()
+        if self._worker is not None and len(self._kv_cache_config.kv_cache_groups) == 1:
+            blocks |= self._worker.load_errors()[0]  # a caller of get_finished alone
+        return blocks
 
     def get_kv_connector_stats(self) -> Optional[KVConnectorStats]:
         return self._worker.stats() if self._worker is not None else None

@@ -334,6 +334,13 @@ int kvp_conn_request_finished(kvp_conn_sched *s, kvp_conn_str id, const kvp_conn
     return kvp_sched_request_finished(s->s, id.p, id.len, v, v ? ngroups : 0, delay_free);
 }
 
+int kvp_conn_loads_failed(kvp_conn_sched *s, const kvp_conn_str *ids, uint32_t nids,
+                          const uint32_t *blocks, size_t nblocks)
+{
+    return s ? kvp_sched_loads_failed(s->s, (const kvp_meta_str *)ids, nids, blocks, nblocks)
+             : KVP_EINVALID_PARAMS;
+}
+
 bool kvp_conn_reset_cache(kvp_conn_sched *s) { return kvp_sched_reset_cache(s->s); }
 
 /* ================================================================== worker */
@@ -488,6 +495,11 @@ void kvp_conn_ids_free(kvp_conn_ids *s) { kvp_worker_ids_free((kvp_worker_ids *)
 int kvp_conn_load_errors(kvp_conn_worker *w, uint32_t **ids, size_t *n)
 {
     return kvp_worker_load_errors(w->w, ids, n);
+}
+
+int kvp_conn_load_failed(kvp_conn_worker *w, kvp_conn_ids *out)
+{
+    return w && out ? kvp_worker_load_failed(w->w, (kvp_worker_ids *)out) : KVP_EINVALID_PARAMS;
 }
 
 void kvp_conn_free(void *p) { kvp_free(p); }

@@ -9,6 +9,7 @@
  */
 #include "connector/sched.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -49,6 +50,9 @@ struct ent {
     uint8_t sent_hash_len;
     uint32_t sent_tokens;
     /* requests that loaded (sched.h, request_finished rule b) */
+    bool load_failed;          /* a load of it failed: its lookups miss until it
+                                  finishes (vLLM recomputes; the same hit would
+                                  fail again while the master still lists it) */
     bool load_step;            /* a load meta is in the step being built */
     bool load_emitted;         /* a load meta reached the workers */
 };
@@ -369,6 +373,9 @@ int kvp_sched_get_num_new_matched_tokens(kvp_sched *s, const kvp_sched_request *
      * than one block has no key granularity */
     uint32_t align = s->cfg.enable_partial_hash_hits ? s->cfg.hash_block_size : s->cfg.block_size;
     if (req->num_tokens < align)
+        return 0;
+    const struct ent *f = ent_find(s, req->req_id, req->req_id_len);
+    if (f && f->load_failed)
         return 0;
     uint32_t hit = 0;
     int rc = s->cfg.ops.lookup(s->cfg.ops.arg, req->req_id, req->req_id_len, req->num_tokens,
@@ -873,6 +880,46 @@ bool kvp_sched_reset_store(kvp_sched *s)
     else
         KVP_WARN(MOD, "store reset refused by the worker");
     return ok;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static bool holds_any(const struct ent *e, const uint32_t *sorted, size_t n)
+{
+    for (uint32_t g = 0; g < e->alloc_ngroups; g++)
+        for (uint32_t i = 0; i < e->alloc[g].n; i++)
+            if (e->alloc[g].ids[i] &&
+                bsearch(&e->alloc[g].ids[i], sorted, n, sizeof *sorted, cmp_u32))
+                return true;
+    return false;
+}
+
+int kvp_sched_loads_failed(kvp_sched *s, const kvp_meta_str *ids, uint32_t nids,
+                           const uint32_t *blocks, size_t nblocks)
+{
+    if (!s || (nids && !ids) || (nblocks && !blocks))
+        return KVP_EINVALID_PARAMS;
+    for (uint32_t i = 0; i < nids; i++) {
+        struct ent *e = ent_find(s, ids[i].p, ids[i].len);
+        if (e)
+            e->load_failed = true;
+    }
+    if (nblocks == 0)
+        return 0;
+    uint32_t *sorted = kvp_malloc(nblocks * sizeof *sorted);
+    if (!sorted)
+        return KVP_ENOMEM;
+    memcpy(sorted, blocks, nblocks * sizeof *sorted);
+    qsort(sorted, nblocks, sizeof *sorted, cmp_u32);
+    for (struct ent *e = s->uhead; e; e = e->unext)
+        if (!e->load_failed && holds_any(e, sorted, nblocks))
+            e->load_failed = true;
+    kvp_free(sorted);
+    return 0;
 }
 
 bool kvp_sched_reset_cache(kvp_sched *s)

@@ -236,6 +236,16 @@ bool kvp_sched_reset_store(kvp_sched *s);
  * the block table recorded for a pending async load (no load is emitted for
  * them any more), then returns kvp_sched_reset_store(s). Loads already sent
  * to the workers keep their delay-free rule. */
+/*
+ * The engine saw loads fail: requests named in ids, and requests whose
+ * allocated load blocks include one of blocks (the workers' load_errors),
+ * miss on every later lookup until they finish, so the engine recomputes
+ * them instead of retrying a hit that failed (the master may list the
+ * objects of a dead node for a while). Unknown ids are ignored.
+ */
+int kvp_sched_loads_failed(kvp_sched *s, const kvp_meta_str *ids, uint32_t nids,
+                           const uint32_t *blocks, size_t nblocks);
+
 bool kvp_sched_reset_cache(kvp_sched *s);
 
 /* Introspection (tests, diagnostics); pointers valid until the next call. */

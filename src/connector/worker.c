@@ -184,6 +184,7 @@ struct kvp_worker {
                         memory): retried by every get_finished, never lost */
     uint32_t *lerr;
     size_t nlerr, caplerr;
+    kvp_worker_ids lfail; /* requests with a failed load since the last take */
 
     kvp_worker_stats stats;
     int stats_dirty;
@@ -261,12 +262,17 @@ static int lerr_add(kvp_worker *w, uint32_t bid)
     return 0;
 }
 
-static void mark_invalid(kvp_worker *w, const uint32_t *bids, size_t n)
+/* Records n blocks of request id whose load failed: the blocks for
+ * load_errors, the id for load_failed (engines whose block ids are not
+ * unique across groups report whole requests). */
+static void mark_invalid(kvp_worker *w, const char *id, const uint32_t *bids, size_t n)
 {
     pthread_mutex_lock(&w->lock);
     for (size_t i = 0; i < n; i++)
         if (lerr_add(w, bids[i]) != 0)
             KVP_ERROR(MOD, "out of memory recording load-error block %u", bids[i]);
+    if (id && ids_add(&w->lfail, id) != 0)
+        KVP_ERROR(MOD, "out of memory recording the failed load of %s", id);
     pthread_mutex_unlock(&w->lock);
 }
 
@@ -826,7 +832,7 @@ static int recv_job(kvp_worker *w, job *j)
         for (uint32_t g = 0; g < j->ngroups && g < w->ng; g++) {
             uint64_t c0 = (mask_num + w->B[g] - 1) / w->B[g], c1 = (T + w->B[g] - 1) / w->B[g];
             for (uint64_t c = c0; c < c1 && c < j->nbids[g]; c++)
-                mark_invalid(w, &j->bids[g][c], 1);
+                mark_invalid(w, j->req_id, &j->bids[g][c], 1);
         }
         goto finish;
     }
@@ -843,7 +849,7 @@ static int recv_job(kvp_worker *w, job *j)
         kvp_free(okeys);
         kvp_free(oiov);
         kvp_free(oniov);
-        mark_invalid(w, b.bid, b.n);
+        mark_invalid(w, j->req_id, b.bid, b.n);
         goto finish;
     }
     size_t rot = (size_t)w->tp_rank % b.n;
@@ -870,7 +876,7 @@ static int recv_job(kvp_worker *w, job *j)
             if (kb > raw) {
                 KVP_WARN(MOD, "skipping load of %s: key %s needs %llu staging bytes, budget %llu",
                          j->req_id, okeys[i], (unsigned long long)kb, (unsigned long long)raw);
-                mark_invalid(w, obid, b.n);
+                mark_invalid(w, j->req_id, obid, b.n);
                 nb = 0;
                 goto free_rot;
             }
@@ -904,7 +910,7 @@ static int recv_job(kvp_worker *w, job *j)
             stat_rec(w, KVP_WORKER_OP_LOAD_GET, t0, n, 0, n, 0, 1);
             KVP_WARN(MOD, "load of %s: get of %zu keys failed: %s", j->req_id, n,
                      kvp_err_name(rc));
-            mark_invalid(w, obid + s, b.n - s); /* this and every later sub-batch */
+            mark_invalid(w, j->req_id, obid + s, b.n - s); /* this and every later sub-batch */
             break;
         }
         uint64_t bytes = 0;
@@ -912,7 +918,7 @@ static int recv_job(kvp_worker *w, job *j)
         for (size_t i = s; i < s + n; i++) {
             if (ores[i] < 0) {
                 failed++;
-                mark_invalid(w, &obid[i], 1);
+                mark_invalid(w, j->req_id, &obid[i], 1);
             } else {
                 bytes += (uint64_t)ores[i];
             }
@@ -920,7 +926,7 @@ static int recv_job(kvp_worker *w, job *j)
         stat_rec(w, KVP_WORKER_OP_LOAD_GET, t0, n, bytes, failed, 0, 0);
         if (failed) {
             KVP_WARN(MOD, "load of %s: %zu of %zu keys failed", j->req_id, failed, n);
-            mark_invalid(w, obid + s + n, b.n - s - n); /* defect fix: never attempted */
+            mark_invalid(w, j->req_id, obid + s + n, b.n - s - n); /* defect fix: never attempted */
             break;
         }
     }
@@ -1238,6 +1244,7 @@ void kvp_worker_destroy(kvp_worker *w)
         job_free(j);
     }
     kvp_free(w->lerr);
+    kvp_worker_ids_free(&w->lfail);
     kvp_worker_events_free(w->ev, w->nev);
     pthread_cond_destroy(&w->send_cv);
     pthread_cond_destroy(&w->recv_cv);
@@ -1401,7 +1408,7 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
             char *id = r->req_id.len ? kvp_strndup((const char *)r->req_id.p, r->req_id.len) : NULL;
             if (id && load) {
                 for (uint32_t g = 0; g < r->ngroups; g++)
-                    mark_invalid(w, r->block_ids[g].ids, r->block_ids[g].n);
+                    mark_invalid(w, id, r->block_ids[g].ids, r->block_ids[g].n);
                 bad_load[nbl++] = id;
                 id = save ? kvp_strdup(id) : NULL;
             }
@@ -1587,6 +1594,23 @@ int kvp_worker_load_errors(kvp_worker *w, uint32_t **ids, size_t *n)
     w->nlerr = w->caplerr = 0;
     pthread_mutex_unlock(&w->lock);
     return 0;
+}
+
+int kvp_worker_load_failed(kvp_worker *w, kvp_worker_ids *out)
+{
+    int rc = 0;
+    pthread_mutex_lock(&w->lock);
+    size_t k = 0;
+    while (k < w->lfail.n && ids_add(out, w->lfail.ids[k]) == 0)
+        k++;
+    if (k < w->lfail.n)
+        rc = KVP_ENOMEM; /* what could not be handed over stays for next time */
+    for (size_t i = 0; i < k; i++)
+        kvp_free(w->lfail.ids[i]);
+    memmove(w->lfail.ids, w->lfail.ids + k, (w->lfail.n - k) * sizeof *w->lfail.ids);
+    w->lfail.n -= k;
+    pthread_mutex_unlock(&w->lock);
+    return rc;
 }
 
 /* ------------------------------------------------------------ lookup §10.5 */

@@ -204,6 +204,9 @@ int kvp_worker_handle_preemptions(kvp_worker *w, const char *const *ids, size_t 
 
 /* Takes (and clears) the block ids whose load failed; *ids is kvp_free'd
  * by the caller (NULL when *n == 0). 0 or KVP_ENOMEM. */
+/* Moves the ids of requests whose load failed (any block) since the last
+ * call into out (deduplicated); KVP_ENOMEM leaves the rest for next time. */
+int kvp_worker_load_failed(kvp_worker *w, kvp_worker_ids *out);
 int kvp_worker_load_errors(kvp_worker *w, uint32_t **ids, size_t *n);
 
 /*

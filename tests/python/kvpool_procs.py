@@ -21,6 +21,15 @@ def kvpool_bin() -> str:
     return b if os.path.isabs(b) else str(ROOT / b)
 
 
+def server_env() -> dict[str, str]:
+    """The environment for a kvpool process: ours, without LD_PRELOAD (vLLM's CPU
+    platform preloads allocators into its own environment; the ASan build must
+    come first in the library list)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
+    return env
+
+
 class Proc:
     """A kvpool subcommand listening on 127.0.0.1; .addr is host:port."""
 
@@ -29,8 +38,7 @@ class Proc:
         pf = Path(self._dir.name) / "port"
         self.log_path = Path(self._dir.name) / "log"
         self._log = open(self.log_path, "wb")
-        env = dict(os.environ)
-        env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
+        env = server_env()
         self.proc = subprocess.Popen(
             [kvpool_bin(), sub, "--listen", "127.0.0.1:0", "--port-file", str(pf), *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

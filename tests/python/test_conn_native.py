@@ -201,3 +201,52 @@ def test_worker_refuses_unmapped_kv_memory(server: kvpool_procs.Proc) -> None:
         w.close()
         with pytest.raises(_native.ConnError):
             w.get_finished(None, ())
+
+
+def _junk(rng: np.random.Generator, depth: int = 0) -> Any:
+    k = int(rng.integers(0, 9 if depth < 3 else 6))
+    if k == 0:
+        return int(rng.integers(-2**40, 2**40)) * int(rng.choice([1, 2**30]))
+    if k == 1:
+        return "r" if rng.random() < 0.5 else "x\0y"
+    if k == 2:
+        return bytes(rng.integers(0, 256, int(rng.integers(0, 70)), dtype=np.uint8))
+    if k == 3:
+        return None
+    if k == 4:
+        return bool(rng.random() < 0.5)
+    if k == 5:
+        return 1.5
+    n = int(rng.integers(0, 5))
+    items = [_junk(rng, depth + 1) for _ in range(n)]
+    return tuple(items) if k == 6 else items if k == 7 else {"kind": items[0] if items else 1}
+
+
+def test_random_arguments_never_crash() -> None:
+    """Seeded random values in every argument position of the connector types:
+    only TypeError / ValueError / OverflowError / ConnError, and the handles keep working."""
+    rng = np.random.default_rng(7)
+    s = _native.ConnSched({"model": "m", "groups": GROUP, "enable_lookup": False})
+    r = _native.ConnRequest("r", 16)
+    r.sync(list(range(16)), [b"h" * 32], 0)
+    s.update_state_after_alloc(r, None, 0)
+    ok = (TypeError, ValueError, OverflowError, _native.ConnError)
+    calls = [
+        lambda a: s.build_meta(a[0], a[1], a[2], a[3], a[4]),
+        lambda a: s.build_meta([(r, a[0], a[1])], [], (), (), ()),
+        lambda a: s.build_meta([], [(r, a[0], a[1], a[2])], (), (), ()),
+        lambda a: s.build_meta([], [], (), (), [("r", a[0])]),
+        lambda a: s.update_state_after_alloc(r, a[0], a[1]),
+        lambda a: s.request_finished(a[0], a[1]),
+        lambda a: s.loads_failed(a[0], a[1]),
+        lambda a: _native.ConnRequest(a[0], a[1]).sync(a[2], a[3], a[4]),
+        lambda a: _native.ConnSched(a[0]),
+    ]
+    for i in range(3000):
+        args = [_junk(rng) for _ in range(5)]
+        try:
+            calls[i % len(calls)](args)
+        except ok:
+            pass
+    assert len(s.build_meta([], [], (), (), ())) > 0
+    s.close()

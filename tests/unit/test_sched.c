@@ -354,6 +354,45 @@ TEST(alloc_sets_can_load)
     kvp_sched_free(s);
 }
 
+/* A request whose load failed (named, or holding a failed block) misses on
+ * its later lookups without asking the pool; others keep their hits. */
+TEST(failed_load_makes_later_lookups_miss)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a, b, c;
+    mk(&a, "a", 48, 48, 0, 16);
+    mk(&b, "b", 48, 48, 0, 16);
+    mk(&c, "c", 48, 48, 0, 16);
+    F.hit = 32;
+    F.calls = 0;
+    uint64_t n;
+    bool async;
+    uint32_t ba[] = {1, 2, 3}, bb[] = {4, 5, 6}, bc[] = {7, 8, 9};
+    kvp_meta_ids ga = G(ba, 3), gb = G(bb, 3), gc = G(bc, 3);
+    R *all[] = {&a, &b, &c};
+    kvp_meta_ids *gs[] = {&ga, &gb, &gc};
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &all[i]->r, 0, &n, &async), 0);
+        CHECK_EQ(n, 32);
+        CHECK_EQ(kvp_sched_update_state_after_alloc(s, &all[i]->r, gs[i], 1, 32), 0);
+    }
+    CHECK_EQ(F.calls, 3);
+    uint32_t bad[] = {99, 5}; /* 5 is b's; 99 nobody's */
+    kvp_meta_str ids[] = {{"c", 1}, {"zz", 2}};
+    CHECK_EQ(kvp_sched_loads_failed(s, ids, 2, bad, 2), 0);
+    CHECK_EQ(kvp_sched_loads_failed(s, NULL, 1, NULL, 0), KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+    CHECK_EQ(n, 32); /* untouched */
+    CHECK_EQ(F.calls, 4);
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &b.r, 0, &n, &async), 0);
+    CHECK_EQ(n, 0);
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &c.r, 0, &n, &async), 0);
+    CHECK_EQ(n, 0);
+    CHECK_EQ(F.calls, 4); /* no lookup for b and c */
+    kvp_sched_free(s);
+}
+
 /* ================================================================ §8.4 */
 
 TEST(new_request_saves_block_aligned_prefix)

@@ -617,6 +617,14 @@ TEST(worker_load_failures)
     kvp_worker_take_stats(w2, &st);
     CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].count, 1); /* later sub-batches not attempted */
     CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].failed_keys, 1);
+    /* the same failure per request, taken once (engines with several groups) */
+    kvp_worker_ids failed = {0};
+    CHECK_EQ(kvp_worker_load_failed(w2, &failed), 0);
+    CHECK_EQ(failed.n, 1);
+    CHECK(kvp_worker_ids_has(&failed, "f-b"));
+    kvp_worker_ids_free(&failed);
+    CHECK_EQ(kvp_worker_load_failed(w2, &failed), 0);
+    CHECK_EQ(failed.n, 0);
 
     /* storage node killed before a load */
     tp_store_kill(&e.st);
@@ -629,6 +637,9 @@ TEST(worker_load_failures)
         CHECK(has_id(errs, ne, kb[k]));
         CHECK(block_state(&c2, 4, kb[k], k) >= 0); /* loaded or untouched, never garbage */
     }
+    CHECK_EQ(kvp_worker_load_failed(w2, &failed), 0);
+    CHECK(failed.n == 1 && kvp_worker_ids_has(&failed, "f-c"));
+    kvp_worker_ids_free(&failed);
     kvp_worker_destroy(w1);
     kvp_worker_destroy(w2);
     cache_free(&c1);
