@@ -33,3 +33,4 @@ if "$venv/bin/python" -c 'import numpy' 2>/dev/null; then
 else
   echo "== bench/bench_python.py skipped: no Python with numpy at $venv/bin/python (set KVPOOL_VENV)"
 fi
+vv=${KVPOOL_VLLM_VENV:-$HOME/.cache/kvpool/venv-vllm}; if [ -x "$vv/bin/python" ] && "$vv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("vllm") is None)' 2>/dev/null; then echo "== bench/bench_vllm.py: vLLM 0.33 scheduler, no connector / kvpool / in-tree Mooncake connector on Mooncake and on kvpool (results: $out/vllm.json)"; "$vv/bin/python" "$(dirname "$0")/bench_vllm.py" --kvpool "$build/kvpool" --out "$out/vllm.json"; else echo "== bench/bench_vllm.py skipped: no vLLM venv at $vv (set KVPOOL_VLLM_VENV)"; fi

@@ -250,3 +250,18 @@ def test_random_arguments_never_crash() -> None:
             pass
     assert len(s.build_meta([], [], (), (), ())) > 0
     s.close()
+
+
+def test_cuda_fence_needs_the_driver(server: kvpool_procs.Proc) -> None:
+    """fence='cuda' loads libcuda.so.1 at run time; without a driver the worker
+    refuses to open with a message (a GPU machine runs make test-gpu instead)."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("a CUDA driver is present: the refusal cannot be observed here")
+    except OSError:
+        pass
+    with tempfile.TemporaryDirectory() as d, pytest.raises(RuntimeError, match="CUDA driver"):
+        _native.ConnWorker({
+            "model": "m", "groups": GROUP, "lookup_socket": f"{d}/s", "num_blocks": 4,
+            "fence": "cuda",
+            "store_config": json.dumps({"master": server.addr, "global_segment_size": "16MiB"})})

@@ -195,14 +195,16 @@ def _node(master: str, tmp: Path) -> subprocess.Popen[bytes]:
     return p
 
 
-def test_storage_node_killed_mid_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["full", "swa"])
+def test_storage_node_killed_mid_run(tmp_path: Path, mode: str) -> None:
     """The node holding the prefix dies: the next load fails, vLLM recomputes
-    the blocks reported invalid, nothing wrong is ever loaded."""
+    (one group: the blocks reported invalid; several groups: the request, reported
+    in failed_recving), nothing wrong is ever loaded."""
     m = kvpool_procs.master("--lease-ttl", "30s", "--client-ttl", "60s")
     node = _node(m.addr, tmp_path)
     try:
-        a = run(E.make_engine(kvt(m.addr)), [("a0", PROMPT, 3)])
-        b = E.make_engine(kvt(m.addr))
+        a = run(E.make_engine(kvt(m.addr), mode=mode), [("a0", PROMPT, 3)])
+        b = E.make_engine(kvt(m.addr), mode=mode)
         b.add_request("b0", PROMPT + [7, 8], 3)
         os.killpg(node.pid, signal.SIGKILL)
         node.wait()
