@@ -224,6 +224,9 @@ def _setup(vllm_config: "VllmConfig", kv_cache_config: KVCacheConfig,
     if not ids:
         raise ValueError("KVPoolConnector: the model has no prefix-cacheable KV-cache group")
     groups = [_group_of(kv_cache_config.kv_cache_groups[i].kv_cache_spec, cache_mode) for i in ids]
+    if any(g["kind"] == "mamba" for g in groups) and role == KVConnectorRole.SCHEDULER:
+        log.warning("KVPoolConnector: a Mamba model's attention blocks are stored, but the "
+                    "Mamba boundary states are not yet, so its requests get no pool hits")
     if len(groups) == 1 and groups[0]["block_size"] != block_size:
         groups[0]["block_size"] = int(block_size)  # PCP / DCP scaling (spec §3, seeds)
     heads = int(vllm_config.model_config.get_total_num_kv_heads())
