@@ -91,6 +91,8 @@ from typing import Any, Iterator, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON_DIR = ROOT / "python"
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+from kvpool_procs import free_ports, wait_listening  # noqa: E402  (shared with the tests)
 CONNECTOR = "MooncakeStoreConnector"
 CONNECTOR_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector"
 WORKER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker"
@@ -138,29 +140,6 @@ def run_in_netns(argv: list[str], timeout_s: float = 300.0, **kw: Any) -> subpro
 
 
 # ------------------------------------------------------------------ helpers
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _wait_listening(port: int, proc: subprocess.Popen, deadline: float, what: str) -> None:
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"{what} did not start listening on 127.0.0.1:{port}")
-
 
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
@@ -360,7 +339,7 @@ def intree_mooncake(store: str = "mooncake", segment_mib: int = 256, *,
                  "--logtostderr"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             st.callback(_stop, proc)
-            _wait_listening(rpc_port, proc, time.monotonic() + 15, "mooncake_master")
+            wait_listening(rpc_port, proc, time.monotonic() + 15, "mooncake_master")
             master = f"127.0.0.1:{rpc_port}"
             cfg = {"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
                    "master_server_address": master, "protocol": "tcp", "device_name": "",

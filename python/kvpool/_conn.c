@@ -548,22 +548,66 @@ static int cfg_group(PyObject *d, kvp_conn_group *g)
     return 0;
 }
 
-/* A rank pair key "<name>_size" / "<name>_rank". */
-static int *rank_field(kvp_conn_config *c, const char *k)
+/* The scalar keys of the connector config: name, kind, field, largest value. */
+enum cfg_kind { CK_BOOL, CK_U32, CK_INT, CK_SIZE, CK_U64, CK_STR };
+static const struct cfg_key {
+    const char *name;
+    enum cfg_kind kind;
+    size_t off;
+    uint64_t max;
+} CFG_KEYS[] = {
+#define K(n, kind, max) {#n, kind, offsetof(kvp_conn_config, n), max}
+    K(model, CK_STR, 0),
+    K(hash_block_size, CK_U32, UINT32_MAX),
+    K(block_size, CK_U32, UINT32_MAX),
+    K(enable_lookup, CK_BOOL, 1),
+    K(load_async, CK_BOOL, 1),
+    K(lookup_async, CK_BOOL, 1),
+    K(partial_hash_hits, CK_BOOL, 1),
+    K(cache_prefix, CK_STR, 0),
+    K(lookup_socket, CK_STR, 0),
+    K(lookup_timeout_ms, CK_U32, UINT32_MAX),
+    K(store_config, CK_STR, 0),
+    K(tp_size, CK_INT, 1 << 20),
+    K(tp_rank, CK_INT, 1 << 20),
+    K(pp_size, CK_INT, 1 << 20),
+    K(pp_rank, CK_INT, 1 << 20),
+    K(pcp_size, CK_INT, 1 << 20),
+    K(pcp_rank, CK_INT, 1 << 20),
+    K(dcp_size, CK_INT, 1 << 20),
+    K(dcp_rank, CK_INT, 1 << 20),
+    K(use_eagle, CK_BOOL, 1),
+    K(num_blocks, CK_SIZE, UINT32_MAX),
+    K(recv_threads, CK_U32, 64),
+    K(staging_budget, CK_U64, UINT64_MAX),
+    K(kv_events, CK_BOOL, 1),
+#undef K
+};
+
+/* One scalar key into its field; 1 when n is not a scalar key, 0, -1 on error. */
+static int cfg_scalar(config *k, const char *n, PyObject *v)
 {
-    static const struct {
-        const char *name;
-        size_t off;
-    } f[] = {
-        {"tp_size", offsetof(kvp_conn_config, tp_size)},   {"tp_rank", offsetof(kvp_conn_config, tp_rank)},
-        {"pp_size", offsetof(kvp_conn_config, pp_size)},   {"pp_rank", offsetof(kvp_conn_config, pp_rank)},
-        {"pcp_size", offsetof(kvp_conn_config, pcp_size)}, {"pcp_rank", offsetof(kvp_conn_config, pcp_rank)},
-        {"dcp_size", offsetof(kvp_conn_config, dcp_size)}, {"dcp_rank", offsetof(kvp_conn_config, dcp_rank)},
-    };
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (!strcmp(k, f[i].name))
-            return (int *)((char *)c + f[i].off);
-    return NULL;
+    for (size_t i = 0; i < sizeof CFG_KEYS / sizeof CFG_KEYS[0]; i++) {
+        const struct cfg_key *e = &CFG_KEYS[i];
+        if (strcmp(n, e->name) != 0)
+            continue;
+        char *f = (char *)&k->c + e->off;
+        uint64_t x;
+        if (e->kind == CK_STR)
+            return cfg_str(k, v, n, (const char **)f);
+        if (e->kind == CK_BOOL)
+            return cfg_bool(v, n, (bool *)f);
+        if (cfg_int(v, n, e->max, &x) < 0)
+            return -1;
+        switch (e->kind) {
+        case CK_U32: *(uint32_t *)f = (uint32_t)x; break;
+        case CK_INT: *(int *)f = (int)x; break;
+        case CK_SIZE: *(size_t *)f = (size_t)x; break;
+        default: *(uint64_t *)f = x; break;
+        }
+        return 0;
+    }
+    return 1;
 }
 
 static int cfg_parse(config *k, PyObject *d)
@@ -581,16 +625,16 @@ static int cfg_parse(config *k, PyObject *d)
     Py_ssize_t pos = 0;
     while (PyDict_Next(d, &pos, &key, &v)) {
         const char *n = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
-        uint64_t x;
-        int *rf;
         if (!n) {
             PyErr_SetString(PyExc_TypeError, "config keys must be str");
             return -1;
         }
-        if (!strcmp(n, "model")) {
-            if (cfg_str(k, v, n, &c->model) < 0)
-                return -1;
-        } else if (!strcmp(n, "role")) {
+        int rc = cfg_scalar(k, n, v);
+        if (rc < 0)
+            return -1;
+        if (rc == 0)
+            continue;
+        if (!strcmp(n, "role")) {
             const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
             if (s && !strcmp(s, "kv_producer"))
                 c->role = KVP_CONN_PRODUCER;
@@ -621,61 +665,6 @@ static int cfg_parse(config *k, PyObject *d)
             Py_DECREF(t);
             c->groups = k->groups;
             c->ngroups = (size_t)ng;
-        } else if (!strcmp(n, "hash_block_size")) {
-            if (cfg_int(v, n, UINT32_MAX, &x) < 0)
-                return -1;
-            c->hash_block_size = (uint32_t)x;
-        } else if (!strcmp(n, "block_size")) {
-            if (cfg_int(v, n, UINT32_MAX, &x) < 0)
-                return -1;
-            c->block_size = (uint32_t)x;
-        } else if (!strcmp(n, "enable_lookup")) {
-            if (cfg_bool(v, n, &c->enable_lookup) < 0)
-                return -1;
-        } else if (!strcmp(n, "load_async")) {
-            if (cfg_bool(v, n, &c->load_async) < 0)
-                return -1;
-        } else if (!strcmp(n, "lookup_async")) {
-            if (cfg_bool(v, n, &c->lookup_async) < 0)
-                return -1;
-        } else if (!strcmp(n, "partial_hash_hits")) {
-            if (cfg_bool(v, n, &c->partial_hash_hits) < 0)
-                return -1;
-        } else if (!strcmp(n, "cache_prefix")) {
-            if (cfg_str(k, v, n, &c->cache_prefix) < 0)
-                return -1;
-        } else if (!strcmp(n, "lookup_socket")) {
-            if (cfg_str(k, v, n, &c->lookup_socket) < 0)
-                return -1;
-        } else if (!strcmp(n, "lookup_timeout_ms")) {
-            if (cfg_int(v, n, UINT32_MAX, &x) < 0)
-                return -1;
-            c->lookup_timeout_ms = (uint32_t)x;
-        } else if (!strcmp(n, "store_config")) {
-            if (cfg_str(k, v, n, &c->store_config) < 0)
-                return -1;
-        } else if ((rf = rank_field(c, n)) != NULL) {
-            if (cfg_int(v, n, 1 << 20, &x) < 0)
-                return -1;
-            *rf = (int)x;
-        } else if (!strcmp(n, "use_eagle")) {
-            if (cfg_bool(v, n, &c->use_eagle) < 0)
-                return -1;
-        } else if (!strcmp(n, "num_blocks")) {
-            if (cfg_int(v, n, UINT32_MAX, &x) < 0)
-                return -1;
-            c->num_blocks = (size_t)x;
-        } else if (!strcmp(n, "recv_threads")) {
-            if (cfg_int(v, n, 64, &x) < 0)
-                return -1;
-            c->recv_threads = (unsigned)x;
-        } else if (!strcmp(n, "staging_budget")) {
-            if (cfg_int(v, n, UINT64_MAX, &x) < 0)
-                return -1;
-            c->staging_budget = x;
-        } else if (!strcmp(n, "kv_events")) {
-            if (cfg_bool(v, n, &c->kv_events) < 0)
-                return -1;
         } else if (!strcmp(n, "fence")) {
             const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
             if (v == Py_None || (s && !strcmp(s, "none")))

@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Optional
@@ -236,7 +237,7 @@ def _setup(vllm_config: "VllmConfig", kv_cache_config: KVCacheConfig,
     use_eagle = bool(spec_cfg is not None and spec_cfg.use_eagle())
     ev_cfg = getattr(vllm_config, "kv_events_config", None)
     kv_events = bool(ev_cfg is not None and ev_cfg.enable_kv_cache_events)
-    base = os.environ.get("VLLM_RPC_BASE_PATH") or __import__("tempfile").gettempdir()
+    base = os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.gettempdir()
     port = extra.get("lookup_rpc_port", 0)
     dp = int(getattr(par, "data_parallel_index", 0) or 0)
     sock = os.path.join(base, f"kvpool-lookup-{kvt.engine_id}-{port}-dp{dp}.sock")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -19,6 +20,32 @@ ROOT = Path(__file__).resolve().parents[2]
 def kvpool_bin() -> str:
     b = os.environ.get("KVPOOL_BIN") or str(ROOT / "build" / "kvpool")
     return b if os.path.isabs(b) else str(ROOT / b)
+
+
+def free_ports(n: int) -> list[int]:
+    """n ports free on 127.0.0.1 now (for programs without a --port-file)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_listening(port: int, proc: "subprocess.Popen[bytes]", deadline: float, what: str) -> None:
+    """Returns once something accepts on 127.0.0.1:port; raises if proc exits
+    first or time.monotonic() passes deadline."""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"{what} did not start listening on 127.0.0.1:{port}")
 
 
 def server_env() -> dict[str, str]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,31 +28,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from kvpool_procs import free_ports, wait_listening  # noqa: E402
+
 VENV = Path(os.environ.get("KVPOOL_MOONCAKE_VENV", Path.home() / ".cache/kvpool/venv"))
 LEASE_TTL_MS = 30000  # well above the workload's ~1 s; see mooncake_workload's contract
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _wait_listening(port: int, proc: subprocess.Popen[bytes], deadline: float) -> None:
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mooncake_master exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError("mooncake_master did not start listening")
 
 
 def _alarm(signum: int, frame: Any) -> None:
@@ -70,7 +49,7 @@ def main(out_path: str, timeout_s: float = 50.0) -> int:
 
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(int(timeout_s))
-    rpc_port, metrics_port = _free_ports(2)
+    rpc_port, metrics_port = free_ports(2)
     master_bin = Path(mooncake.__file__).parent / "mooncake_master"
     log = tempfile.NamedTemporaryFile(prefix="mooncake_master.", suffix=".log", delete=False)
     master = subprocess.Popen(
@@ -81,7 +60,7 @@ def main(out_path: str, timeout_s: float = 50.0) -> int:
         stdout=log, stderr=subprocess.STDOUT)
     ok = False
     try:
-        _wait_listening(rpc_port, master, time.monotonic() + 10)
+        wait_listening(rpc_port, master, time.monotonic() + 10, "mooncake_master")
         store = MooncakeDistributedStore()
         rc = store.setup("127.0.0.1", "P2PHANDSHAKE", 256 << 20, 64 << 20, "tcp", "",
                          f"127.0.0.1:{rpc_port}")

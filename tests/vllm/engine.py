@@ -1241,7 +1241,7 @@ class Engine:
         sched = self.scheduler
         just_loaded = res.finished_recving & set(getattr(sched, "finished_recving_kv_req_ids", set()))
         failed = set(getattr(sched, "failed_recving_kv_req_ids", set()))
-        todo: dict[str, list[tuple[str, int, int, tuple[list[int], ...]]]] = {}
+        checks: dict[str, list[tuple[str, int, int, tuple[list[int], ...]]]] = {}
         for rid, req in sched.requests.items():
             lo, hi = 0, req.num_computed_tokens
             if rid in just_loaded and req.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in failed:
@@ -1256,8 +1256,8 @@ class Engine:
                 continue
             if not w.book.has(rid):
                 w.book.set_prompt(rid, req.prompt_token_ids or [])
-            todo.setdefault(what, []).append((rid, lo, hi, sched.kv_cache_manager.get_block_ids(rid)))
-        for what, reqs in todo.items():
+            checks.setdefault(what, []).append((rid, lo, hi, sched.kv_cache_manager.get_block_ids(rid)))
+        for what, reqs in checks.items():
             for layer in w.layers:
                 if not layer.attention:
                     continue
