@@ -94,7 +94,8 @@ extern "C" {
     XX(UNKNOWN_OP, -2009, "unknown operation")                                 \
     XX(NO_HELLO, -2010, "HELLO required before any other operation")           \
     XX(LIMIT, -2011, "a configured limit was reached")                         \
-    XX(OBJECT_PINNED, -2012, "object is pinned: remove it with force")
+    XX(OBJECT_PINNED, -2012, "object is pinned: remove it with force")         \
+    XX(OBJECT_TOO_LARGE, -2013, "object larger than the pool can keep (max_object_size, low watermark)")
 
 enum kvp_errno {
 #define KVP__ERR_ENUM(name, num, msg) KVP_E##name = (num),

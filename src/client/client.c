@@ -967,8 +967,9 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
     uint64_t *segids = kvp_calloc(nrep + 1, sizeof *segids);
     kvp_bytes *relk = kvp_calloc(m, sizeof *relk);
     uint64_t *rell = kvp_calloc(m, sizeof *rell);
-    size_t nrel = 0;
-    int oom = !g || !iov || !ops || !opk || !segids || !relk || !rell;
+    kvp_bad_replica *bad = kvp_calloc(nrep + 1, sizeof *bad);
+    size_t nrel = 0, nbad = 0;
+    int oom = !g || !iov || !ops || !opk || !segids || !relk || !rell || !bad;
 
     /* Results known from the answer alone; leases to give back. */
     size_t vo = 0, ns = 0;
@@ -1047,7 +1048,11 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
                 int st = xrc ? xrc : ops[o].status;
                 if (st == 0 && ops[o].csum != gr.results[i].checksum)
                     st = KVP_ECHECKSUM_MISMATCH;
-                if (kvp_now_ms() > lease_end) {
+                int expired = kvp_now_ms() > lease_end;
+                if (st == KVP_ECHECKSUM_MISMATCH && !expired) /* within the lease: corrupt */
+                    bad[nbad++] = (kvp_bad_replica){k[i], ops[o].rep.segment_id,
+                                                    ops[o].rep.generation};
+                if (expired) {
                     /* verified (or failed) after the lease ended: the space
                      * may already hold another value */
                     results[idx[i]] = KVP_ELEASE_EXPIRED;
@@ -1061,6 +1066,12 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
             }
         }
     }
+    if (nbad) { /* the master drops these replicas (and the key, if none is left) */
+        scratch_reset(s);
+        kvp_msg_replica_bad rb = {tenant_of(c), (uint32_t)nbad, bad};
+        kvp_enc_replica_bad(&s->req, &rb);
+        msend_oneway(c, KVP_OP_REPLICA_BAD, &s->req);
+    }
     if (nrel) {
         scratch_reset(s);
         kvp_msg_put_end rel = {tenant_of(c), (uint32_t)nrel, relk, rell};
@@ -1073,6 +1084,7 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
     kvp_free(opk);
     kvp_free(segids);
     kvp_free(relk);
+    kvp_free(bad);
     kvp_free(rell);
 }
 

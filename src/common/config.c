@@ -110,6 +110,10 @@ static const struct key_def keys[] = {
      .def = "1024", .help = "most tenants (key namespaces)"},
     {.name = "max_objects", .type = KT_UINT, F_U64(max_objects), .min = 0, .max = UINT64_MAX,
      .def = "0", .help = "most objects stored; 0 = unlimited"},
+    {.name = "max_object_size", .type = KT_SIZE, F_U64(max_object_size), .min = 4 * KIB_,
+     .max = 4 * GIB_ - 64 * KIB_, .def = "1GiB",
+     .help = "largest value a put may store (also at most the low watermark's share of the "
+             "pool); larger puts are refused before anything is evicted"},
     {.name = "log_level", .type = KT_LOGLEVEL, F_INT(log_level), .def = "info",
      .help = "least severe log level written"},
     /* ---- client / storage node ---- */

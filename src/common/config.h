@@ -36,6 +36,7 @@ typedef struct kvp_config {
     uint64_t max_segments;        /* "max_segments": 4096; 1 .. 65535 */
     uint64_t max_tenants;         /* "max_tenants": 1024; 1 .. 65535 */
     uint64_t max_objects;         /* "max_objects": 0 = unlimited */
+    uint64_t max_object_size;     /* "max_object_size": bytes (1 GiB); 4 KiB .. 4 GiB - 64 KiB */
     int log_level;                /* "log_level": debug|info|warn|error (info) */
 
     /* ---- client / storage node (used from issue 3 on) ---- */

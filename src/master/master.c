@@ -34,6 +34,7 @@ struct kvp_mclient {
     uint32_t slot;     /* index in m->clients; the writer id of pending puts */
     uint32_t nconns;
     uint32_t nseg;     /* segments it mounted */
+    kvp_msess *notify; /* the session that last mounted: gets SEG_FREED */
     int dropped;       /* TTL expired; freed when nconns reaches 0 */
     uint64_t last_seen;
     char name[64];
@@ -46,6 +47,7 @@ typedef struct kvp_mseg {
     uint64_t capacity;    /* bytes, multiple of 4 KiB */
     kvp_segalloc *alloc;
     uint32_t gen;         /* generation of the last allocation */
+    uint32_t epoch;       /* the node's mount epoch: high half of generations */
     uint64_t used_pages;
     uint64_t lru_pages;   /* pages of replicas of evictable (LRU-listed) objects */
     uint64_t secret;      /* seeds the replica tags (kvp_replica_tag) */
@@ -53,6 +55,9 @@ typedef struct kvp_mseg {
     kvp_mclient *owner;
     uint8_t *endpoints;   /* encoded: u32 n, then (bytes transport, bytes addr) */
     uint32_t endpoints_len;
+    kvp_freed *freed;     /* frees not yet sent to the node (SEG_FREED) */
+    uint32_t nfreed, freed_cap;
+    int dirty;            /* on m->dirty */
 } kvp_mseg;
 
 struct kvp_master {
@@ -75,7 +80,13 @@ struct kvp_master {
     uint32_t lease_seq;
     uint64_t rng;
     uint64_t last_client_scan;
+    uint32_t *dirty;      /* slots of segments with frees to send */
+    uint32_t ndirty;
+    uint64_t freed_dropped; /* frees never told (notice buffer full, no session) */
 };
+
+#define FREED_MAX 65536     /* notices held per segment; past it, expiry revokes */
+#define FREED_PER_FRAME 4096
 
 static inline uint32_t ms32(uint64_t now) { return (uint32_t)now; }
 static inline int due(uint32_t deadline, uint64_t now) { return (int32_t)(deadline - ms32(now)) <= 0; }
@@ -165,10 +176,44 @@ static void settle_unleased(kvp_master *m, kvp_obj *o)
 
 /* ============================================================ records */
 
+static inline uint64_t wire_gen(const kvp_mseg *s, uint32_t gen)
+{
+    return (uint64_t)s->epoch << 32 | gen;
+}
+
+/* Queues a SEG_FREED notice for the segment's node: descriptors of this
+ * allocation stop working at once rather than at their expiry. Without a
+ * session to tell, or with FREED_MAX notices queued, the notice is dropped
+ * and counted (expiry still bounds the descriptor). */
+static void note_freed(kvp_master *m, kvp_mseg *s, uint32_t si, uint32_t page, uint32_t np,
+                       uint32_t gen)
+{
+    if (!s->owner || !s->owner->notify || s->nfreed >= FREED_MAX) {
+        m->freed_dropped++;
+        return;
+    }
+    if (s->nfreed == s->freed_cap) {
+        uint32_t cap = s->freed_cap ? s->freed_cap * 2 : 64;
+        kvp_freed *f = kvp_realloc(s->freed, cap * sizeof *f);
+        if (!f) {
+            m->freed_dropped++;
+            return;
+        }
+        s->freed = f;
+        s->freed_cap = cap;
+    }
+    s->freed[s->nfreed++] = (kvp_freed){page, np, wire_gen(s, gen)};
+    if (!s->dirty) {
+        s->dirty = 1;
+        m->dirty[m->ndirty++] = si;
+    }
+}
+
 static void free_replica(kvp_master *m, const kvp_obj *o, const kvp_orep *r)
 {
     kvp_mseg *s = m->segs[r->seg];
     uint32_t np = kvp_pages(o->size);
+    note_freed(m, s, r->seg, r->page, np, r->gen);
     kvp_segalloc_free(s->alloc, r->page, np);
     s->used_pages -= np;
     s->nrep--;
@@ -262,6 +307,7 @@ static int seg_find_name(const kvp_master *m, kvp_bytes name)
 
 static void seg_free(kvp_mseg *s)
 {
+    kvp_free(s->freed);
     kvp_segalloc_destroy(s->alloc);
     kvp_free(s->name);
     kvp_free(s->endpoints);
@@ -301,6 +347,12 @@ static void seg_unmount(kvp_master *m, uint32_t si)
         o->nrep--;
     }
     m->cap_pages -= s->capacity >> 12;
+    if (s->dirty) /* the node re-mounts with a new epoch: nothing to tell it */
+        for (uint32_t i = 0; i < m->ndirty; i++)
+            if (m->dirty[i] == si) {
+                m->dirty[i] = m->dirty[--m->ndirty];
+                break;
+            }
     m->segs[si] = NULL;
     for (uint32_t i = 0; i < m->nseg; i++)
         if (m->mounted[i] == si) {
@@ -353,6 +405,7 @@ static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
     s->namelen = d->name.len;
     s->capacity = cap;
     s->secret = d->secret;
+    s->epoch = d->epoch;
     s->owner = c;
     s->endpoints = eb.data;
     s->endpoints_len = (uint32_t)eb.len;
@@ -690,7 +743,8 @@ static void op_hello(req *q)
     }
     c->last_seen = q->now;
     kvp_msg_hello_resp r = {KVP_PROTO_VERSION, m->id, (uint32_t)m->cfg.max_frame,
-                            (uint32_t)m->cfg.lease_ttl_ms, (uint32_t)m->cfg.client_ttl_ms};
+                            (uint32_t)m->cfg.lease_ttl_ms, (uint32_t)m->cfg.client_ttl_ms,
+                            q->now};
     size_t off = reply_begin(q);
     kvp_enc_hello_resp(q->out, &r);
     reply_end(q, off);
@@ -710,6 +764,7 @@ static void op_mount(req *q)
     }
     for (uint32_t i = 0; i < d.n; i++)
         codes[i] = seg_mount(q->m, q->s->client, &d.segs[i]);
+    q->s->client->notify = q->s;
     reply_results(q, d.n, codes);
 }
 
@@ -745,29 +800,49 @@ static void op_heartbeat(req *q)
         reply_status(q, KVP_EPROTOCOL);
         return;
     }
-    kvp_msg_heartbeat_resp r = {q->m->id, q->s->client->nseg};
+    kvp_msg_heartbeat_resp r = {q->m->id, q->s->client->nseg, q->now};
     size_t off = reply_begin(q);
     kvp_enc_heartbeat_resp(q->out, &r);
     reply_end(q, off);
 }
 
-/* Wire descriptors of n replicas of a size-byte object, tagged with each
- * segment's secret. Returns n. */
+/* Wire descriptors of n replicas of a size-byte object for one operation
+ * (KVP_ACCESS_*) until expires_ms, tagged with each segment's secret.
+ * Returns n. */
 static uint32_t describe(const kvp_master *m, const kvp_orep *reps, unsigned n, uint64_t size,
-                         kvp_replica *out)
+                         uint32_t access, uint64_t expires_ms, kvp_replica *out)
 {
     for (unsigned j = 0; j < n; j++) {
         const kvp_mseg *sg = m->segs[reps[j].seg];
         out[j].segment_id = sg->id;
         out[j].offset = (uint64_t)reps[j].page << 12;
         out[j].length = size;
-        out[j].generation = reps[j].gen;
+        out[j].generation = wire_gen(sg, reps[j].gen);
+        out[j].expires_ms = expires_ms;
+        out[j].access = access;
         out[j].tag = kvp_replica_tag(sg->secret, &out[j]);
     }
     return n;
 }
 
 static int key_ok(const kvp_master *m, kvp_bytes k) { return k.len >= 1 && k.len <= m->cfg.max_key; }
+
+/*
+ * The largest value the pool can keep: max_object_size, and no more than
+ * the low watermark's share of the pool -- above it, background eviction
+ * would run until it evicted the new object itself, after flushing
+ * everything else. Checked before anything is allocated or evicted.
+ */
+static uint64_t keep_limit(const kvp_master *m)
+{
+    uint64_t lim = m->cfg.max_object_size;
+    if (m->cap_pages > 0) {
+        uint64_t pool = (uint64_t)(m->cfg.evict_low * (double)m->cap_pages) << 12;
+        if (pool < lim)
+            lim = pool;
+    }
+    return lim;
+}
 
 static void op_put_start(req *q)
 {
@@ -781,7 +856,7 @@ static void op_put_start(req *q)
         reply_status(q, KVP_EINVALID_PARAMS);
         return;
     }
-    if (!fits(q, d.n, 8 + 5 * 8 * KVP_MAX_REPLICAS)) {
+    if (!fits(q, d.n, 8 + KVP_SEG_IO_SIZE * KVP_MAX_REPLICAS)) {
         reply_status(q, KVP_ETOO_LARGE);
         return;
     }
@@ -791,6 +866,7 @@ static void op_put_start(req *q)
         return;
     }
     int pref = seg_find_name(m, d.preferred);
+    uint64_t keep = keep_limit(m);
     size_t off = reply_begin(q);
     kvp_buf_u32(q->out, d.n);
     for (uint32_t i = 0; i < d.n; i++) {
@@ -803,8 +879,10 @@ static void op_put_start(req *q)
         uint32_t np = kvp_pages(d.sizes[i]);
         if (!key_ok(m, k)) {
             r.status = KVP_EINVALID_KEY;
-        } else if (d.sizes[i] == 0 || d.sizes[i] > ((uint64_t)UINT32_MAX << 12)) {
+        } else if (d.sizes[i] == 0) {
             r.status = KVP_EINVALID_PARAMS;
+        } else if (d.sizes[i] > keep) {
+            r.status = KVP_EOBJECT_TOO_LARGE;
         } else if (kvp_index_find(&m->ix, h, (uint16_t)tenant, k.p, k.len)) {
             r.status = KVP_EOBJECT_ALREADY_EXISTS;
         } else if ((r.status = kvp_index_reserve(&m->ix)) == 0) {
@@ -847,7 +925,8 @@ static void op_put_start(req *q)
             kvp_index_insert(&m->ix, h, o);
             list_push_tail(m, KVP_LIST_PENDING, o);
             m->stats[KVP_STAT_PENDING]++;
-            r.n_replicas = describe(m, reps, have, d.sizes[i], r.replicas);
+            r.n_replicas = describe(m, reps, have, d.sizes[i], KVP_ACCESS_WRITE,
+                                    q->now + m->cfg.put_timeout_ms, r.replicas);
         } else {
             for (unsigned j = 0; j < have; j++) { /* undo a partial placement */
                 kvp_obj tmp = {.size = d.sizes[i]};
@@ -999,6 +1078,57 @@ static int32_t do_remove(req *q, kvp_obj *o, uint64_t arg, int force)
     return 0;
 }
 
+/*
+ * REPLICA_BAD (ONEWAY): a reader's checksum did not match. The replica named
+ * (segment and generation: still the allocation the reader was given) is
+ * dropped; an object with no replica left is removed, so the key can be put
+ * again instead of being stuck behind a corrupt copy. Answered only when
+ * the body cannot be decoded.
+ */
+static void op_replica_bad(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_replica_bad d;
+    if (kvp_dec_replica_bad(q->body, q->h->body_len, &m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int tenant = tenant_find(m, d.tenant);
+    if (tenant < 0)
+        return;
+    for (uint32_t i = 0; i < d.n; i++) {
+        kvp_bytes k = d.bad[i].key;
+        if (!key_ok(m, k))
+            continue;
+        uint64_t h = kvp_index_hash((uint16_t)tenant, k.p, k.len);
+        kvp_obj *o = kvp_index_find(&m->ix, h, (uint16_t)tenant, k.p, k.len);
+        if (!o || o->state != KVP_OBJ_COMPLETE)
+            continue;
+        kvp_orep *r = kvp_obj_reps(o);
+        unsigned j;
+        for (j = 0; j < o->nrep; j++) {
+            const kvp_mseg *sg = m->segs[r[j].seg];
+            if (sg->id == d.bad[i].segment_id && wire_gen(sg, r[j].gen) == d.bad[i].generation)
+                break;
+        }
+        if (j == o->nrep)
+            continue; /* already dropped, or another allocation by now */
+        m->stats[KVP_STAT_BAD_REPLICAS]++;
+        KVP_WARN(MOD, "replica of a %llu-byte object on segment %016llx reported corrupt: %s",
+                 (unsigned long long)o->size, (unsigned long long)d.bad[i].segment_id,
+                 o->nrep == 1 ? "object removed" : "replica dropped");
+        if (o->nrep == 1) {
+            obj_destroy(m, o, GONE_REMOVED);
+            continue;
+        }
+        if (o->list == KVP_LIST_LRU)
+            m->segs[r[j].seg]->lru_pages -= kvp_pages(o->size);
+        free_replica(m, o, &r[j]);
+        memmove(&r[j], &r[j + 1], (o->nrep - j - 1) * sizeof *r);
+        o->nrep--;
+    }
+}
+
 static void op_put_end(req *q)
 {
     kvp_msg_put_end d;
@@ -1047,7 +1177,7 @@ static void op_get(req *q)
         reply_status(q, KVP_EPROTOCOL);
         return;
     }
-    if (!fits(q, d.n, 40 + 5 * 8 * KVP_MAX_REPLICAS)) {
+    if (!fits(q, d.n, 40 + KVP_SEG_IO_SIZE * KVP_MAX_REPLICAS)) {
         reply_status(q, KVP_ETOO_LARGE);
         return;
     }
@@ -1069,7 +1199,8 @@ static void op_get(req *q)
             r.size = o->size;
             r.checksum = o->checksum;
             r.lease_id = o->lease_seq;
-            r.n_replicas = describe(m, kvp_obj_reps(o), o->nrep, o->size, r.replicas);
+            r.n_replicas = describe(m, kvp_obj_reps(o), o->nrep, o->size, KVP_ACCESS_READ,
+                                    q->now + m->cfg.lease_ttl_ms, r.replicas);
         }
         kvp_enc_get_result(q->out, &r);
     }
@@ -1310,6 +1441,7 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
         case KVP_OP_REMOVE_REGEX: op_remove_regex(&q); break;
         case KVP_OP_STATS: op_stats(&q); break;
         case KVP_OP_SEGMENT_INFO: op_seg_info(&q); break;
+        case KVP_OP_REPLICA_BAD: op_replica_bad(&q); break;
         default: reply_status(&q, KVP_EUNKNOWN_OP); break;
         }
     }
@@ -1388,13 +1520,15 @@ int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
     m->last_client_scan = now_ms;
     m->segs = kvp_calloc(cfg->max_segments, sizeof *m->segs);
     m->mounted = kvp_calloc(cfg->max_segments, sizeof *m->mounted);
+    m->dirty = kvp_calloc(cfg->max_segments, sizeof *m->dirty);
     m->clients = kvp_calloc(m->client_cap, sizeof *m->clients);
     m->tenants = kvp_calloc(cfg->max_tenants, sizeof *m->tenants);
     m->tenant_len = kvp_calloc(cfg->max_tenants, sizeof *m->tenant_len);
-    if (!m->segs || !m->mounted || !m->clients || !m->tenants || !m->tenant_len ||
+    if (!m->segs || !m->mounted || !m->dirty || !m->clients || !m->tenants || !m->tenant_len ||
         kvp_index_init(&m->ix, 0) != 0) {
         kvp_free(m->segs);
         kvp_free(m->mounted);
+        kvp_free(m->dirty);
         kvp_free(m->clients);
         kvp_free(m->tenants);
         kvp_free(m->tenant_len);
@@ -1435,6 +1569,7 @@ void kvp_master_destroy(kvp_master *m)
     for (uint32_t i = 0; m->tenants && i < m->ntenants; i++)
         kvp_free(m->tenants[i]);
     kvp_free(m->segs);
+    kvp_free(m->dirty);
     kvp_free(m->mounted);
     kvp_free(m->clients);
     kvp_free(m->tenants);
@@ -1459,6 +1594,8 @@ void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms)
     s->client = NULL;
     if (!c)
         return;
+    if (c->notify == s)
+        c->notify = NULL;
     c->last_seen = now_ms;
     if (--c->nconns > 0)
         return;
@@ -1472,6 +1609,36 @@ void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms)
 }
 
 int kvp_master_sess_dead(const kvp_msess *s) { return s->client && s->client->dropped; }
+
+void kvp_master_push_freed(kvp_master *m, kvp_buf *(*out_for)(kvp_msess *s, void *ctx),
+                           void *ctx)
+{
+    while (m->ndirty > 0) {
+        uint32_t si = m->dirty[--m->ndirty];
+        kvp_mseg *s = m->segs[si];
+        s->dirty = 0;
+        kvp_msess *to = s->owner ? s->owner->notify : NULL;
+        kvp_buf *out = to ? out_for(to, ctx) : NULL;
+        if (!out) {
+            m->freed_dropped += s->nfreed;
+        } else {
+            size_t mark = out->len;
+            for (uint32_t at = 0; at < s->nfreed; at += FREED_PER_FRAME) {
+                uint32_t n = s->nfreed - at < FREED_PER_FRAME ? s->nfreed - at : FREED_PER_FRAME;
+                kvp_msg_seg_freed f = {s->id, n, s->freed + at};
+                size_t off = kvp_frame_begin(out, KVP_OP_SEG_FREED, KVP_FLAG_ONEWAY, 0, 0);
+                kvp_enc_seg_freed(out, &f);
+                kvp_frame_end(out, off);
+            }
+            if (out->err) { /* the node's output is full: expiry revokes these */
+                m->freed_dropped += s->nfreed;
+                out->err = 0;
+                out->len = mark;
+            }
+        }
+        s->nfreed = 0;
+    }
+}
 
 void kvp_master_stats(const kvp_master *m, uint64_t out[KVP_STAT__COUNT])
 {

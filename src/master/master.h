@@ -73,6 +73,15 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
  */
 uint32_t kvp_master_tick(kvp_master *m, uint64_t now_ms);
 
+/*
+ * Sends the frees queued since the last call to the nodes owning the
+ * segments, as SEG_FREED frames appended to the output `out_for` returns
+ * for the node's session (NULL: that node is not told; its descriptors
+ * still expire). The service calls it once per loop turn.
+ */
+void kvp_master_push_freed(kvp_master *m, kvp_buf *(*out_for)(kvp_msess *s, void *ctx),
+                           void *ctx);
+
 /* The service refused a frame it could not parse. */
 void kvp_master_note_bad_frame(kvp_master *m);
 

@@ -9,6 +9,7 @@
 #include "master/service.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -43,6 +44,8 @@ typedef struct conn {
     kvp_msess sess;
     struct conn *prev, *next;   /* all connections */
     struct conn *ready_next;
+    int on_pushed;
+    struct conn *pushed_next;   /* connections with SEG_FREED output */
 } conn;
 
 struct kvp_mserver {
@@ -53,6 +56,7 @@ struct kvp_mserver {
     uint32_t nconns;
     conn *conns;
     conn *ready;
+    conn *pushed;
     kvp_arena arena;
     uint64_t last_summary, last_requests, last_expired;
     volatile int stop;
@@ -337,6 +341,35 @@ static void summary(kvp_mserver *s, uint64_t now)
              (unsigned long long)st[KVP_STAT_PENDING], (unsigned long long)st[KVP_STAT_REQUESTS]);
 }
 
+/* kvp_master_push_freed's callback: the node's connection output; the
+ * connection joins s->pushed to be flushed. */
+static kvp_buf *freed_out(kvp_msess *ms, void *ctx)
+{
+    kvp_mserver *s = ctx;
+    conn *c = (conn *)((char *)ms - offsetof(conn, sess));
+    if (c->closing)
+        return NULL;
+    if (!c->on_pushed) {
+        c->on_pushed = 1;
+        c->pushed_next = s->pushed;
+        s->pushed = c;
+    }
+    return &c->out;
+}
+
+/* Tells nodes about frees and sends the notices. */
+static void push_freed(kvp_mserver *s)
+{
+    kvp_master_push_freed(s->m, freed_out, s);
+    while (s->pushed) {
+        conn *c = s->pushed;
+        s->pushed = c->pushed_next;
+        c->on_pushed = 0;
+        if (!c->want_out && conn_flush(s, c) < 0)
+            c->closing = 1; /* closed at its next event (EPOLLHUP) */
+    }
+}
+
 int kvp_mserver_run(kvp_mserver *s)
 {
     struct epoll_event evs[128];
@@ -395,6 +428,7 @@ int kvp_mserver_run(kvp_mserver *s)
         }
         uint64_t now = kvp_now_ms();
         next_tick = kvp_master_tick(s->m, now);
+        push_freed(s);
         uint64_t st[KVP_STAT__COUNT];
         kvp_master_stats(s->m, st);
         if (st[KVP_STAT_CLIENTS_EXPIRED] != s->last_expired) {

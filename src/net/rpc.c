@@ -25,6 +25,8 @@ struct kvp_rpc {
     kvp_buf in;
     size_t in_consumed; /* bytes of `in` handed out by the last recv */
     kvp_msg_hello_resp hello;
+    void (*on_push)(void *ctx, const kvp_frame_hdr *h, const uint8_t *body);
+    void *push_ctx;
 };
 
 /* kvp_net_wait with this module's error vocabulary. */
@@ -77,37 +79,88 @@ int kvp_rpc_flush(kvp_rpc *r)
     return 0;
 }
 
-int kvp_rpc_recv(kvp_rpc *r, kvp_frame_hdr *h, const uint8_t **body)
+/* Hands every complete pushed frame (ONEWAY, not RESPONSE) at the front of
+ * `in` to on_push and consumes it. 1 when a response is at the front, 0
+ * when no complete frame is, KVP_ERPC_FAIL for a bad or unexpected frame. */
+static int take_pushes(kvp_rpc *r, kvp_frame_hdr *h, const uint8_t **body)
 {
     kvp_buf_consume(&r->in, r->in_consumed);
     r->in_consumed = 0;
-    uint64_t deadline = kvp_now_ms() + (uint64_t)r->timeout_ms;
     for (;;) {
         int rc = kvp_frame_next(r->in.data, r->in.len, r->max_frame, h, body);
         if (rc < 0)
             return KVP_ERPC_FAIL;
-        if (rc == 1) {
-            if (!(h->flags & KVP_FLAG_RESPONSE))
-                return KVP_ERPC_FAIL;
-            r->in_consumed = KVP_FRAME_HDR + (size_t)h->body_len;
+        if (rc == 0)
             return 0;
-        }
+        if (h->flags & KVP_FLAG_RESPONSE)
+            return 1;
+        if (!(h->flags & KVP_FLAG_ONEWAY))
+            return KVP_ERPC_FAIL; /* servers do not ask clients questions */
+        if (r->on_push)
+            r->on_push(r->push_ctx, h, *body);
+        kvp_buf_consume(&r->in, KVP_FRAME_HDR + (size_t)h->body_len);
+    }
+}
+
+/* One non-blocking read into `in`: bytes read, 0 nothing there (EAGAIN),
+ * KVP_ERPC_FAIL closed or broken. */
+static ssize_t fill(kvp_rpc *r)
+{
+    for (;;) {
         if (kvp_buf_reserve(&r->in, 65536) != 0)
             return KVP_ERPC_FAIL;
         ssize_t n = recv(r->fd, r->in.data + r->in.len, r->in.alloc - r->in.len, MSG_DONTWAIT);
         if (n > 0) {
             r->in.len += (size_t)n;
-            continue;
+            return n;
         }
         if (n == 0)
             return KVP_ERPC_FAIL;
         if (errno == EINTR)
             continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return KVP_ERPC_FAIL;
-        rc = wait_fd(r->fd, POLLIN, deadline);
-        if (rc)
+        return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : KVP_ERPC_FAIL;
+    }
+}
+
+int kvp_rpc_recv(kvp_rpc *r, kvp_frame_hdr *h, const uint8_t **body)
+{
+    uint64_t deadline = kvp_now_ms() + (uint64_t)r->timeout_ms;
+    for (;;) {
+        int rc = take_pushes(r, h, body);
+        if (rc < 0)
             return rc;
+        if (rc == 1) {
+            r->in_consumed = KVP_FRAME_HDR + (size_t)h->body_len;
+            return 0;
+        }
+        ssize_t n = fill(r);
+        if (n < 0)
+            return (int)n;
+        if (n == 0 && (rc = wait_fd(r->fd, POLLIN, deadline)) != 0)
+            return rc;
+    }
+}
+
+int kvp_rpc_poll(kvp_rpc *r, int timeout_ms)
+{
+    uint64_t deadline = kvp_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+    for (;;) {
+        kvp_frame_hdr h;
+        const uint8_t *b;
+        int rc = take_pushes(r, &h, &b);
+        if (rc < 0)
+            return rc;
+        if (rc == 1)
+            return KVP_ERPC_FAIL; /* an answer nobody asked for */
+        int64_t left = (int64_t)(deadline - kvp_now_ms());
+        if (left <= 0)
+            return 0;
+        struct pollfd p = {r->fd, POLLIN, 0};
+        int n = poll(&p, 1, (int)left);
+        if (n < 0 && errno != EINTR)
+            return KVP_ERPC_FAIL;
+        if (n > 0 && fill(r) < 0)
+            return KVP_ERPC_FAIL;
     }
 }
 
@@ -148,6 +201,8 @@ int kvp_rpc_open(const char *addr, const kvp_rpc_opts *o, kvp_rpc **out, char *e
     r->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
     r->max_frame = o->max_frame ? o->max_frame : 64u << 20;
     r->client_id = o->client_id;
+    r->on_push = o->on_push;
+    r->push_ctx = o->push_ctx;
     while (r->client_id == 0)
         if (getrandom(&r->client_id, sizeof r->client_id, 0) != sizeof r->client_id)
             r->client_id = kvp_now_ns();

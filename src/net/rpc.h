@@ -23,6 +23,12 @@ typedef struct kvp_rpc_opts {
     uint32_t max_frame;    /* largest response accepted (0 = 64 MiB) */
     int timeout_ms;        /* connect and per-call deadline (0 = 10 s) */
     int no_hello;          /* connect only (tests of the HELLO exchange) */
+    /* Frames the server sends unasked (ONEWAY, not RESPONSE: SEG_FREED to a
+     * node) go here while kvp_rpc_recv / kvp_rpc_call / kvp_rpc_poll read;
+     * NULL = dropped. Any other frame that is not an answer breaks the
+     * connection (KVP_ERPC_FAIL). */
+    void (*on_push)(void *ctx, const kvp_frame_hdr *h, const uint8_t *body);
+    void *push_ctx;
 } kvp_rpc_opts;
 
 /* Connects and says HELLO. 0 or KVP_ERPC_FAIL / KVP_ERPC_TIMEOUT /
@@ -42,6 +48,10 @@ void kvp_rpc_queue_raw(kvp_rpc *r, const void *p, size_t len);
 int kvp_rpc_flush(kvp_rpc *r);
 /* Next response frame; *body valid until the next recv/call. */
 int kvp_rpc_recv(kvp_rpc *r, kvp_frame_hdr *h, const uint8_t **body);
+/* Waits up to timeout_ms for unasked frames and hands each to on_push.
+ * 0 (timeout, frames handled or not) or KVP_ERPC_FAIL / KVP_ERPC_TIMEOUT
+ * (a frame started but did not finish in time). */
+int kvp_rpc_poll(kvp_rpc *r, int timeout_ms);
 /* queue + flush + recv of the matching answer. *status = frame status. */
 int kvp_rpc_call(kvp_rpc *r, uint16_t op, const void *body, size_t len, int32_t *status,
                  const uint8_t **resp, uint32_t *resp_len);

@@ -32,6 +32,7 @@
 #include "kvpool.h"
 #include "net/net.h"
 #include "net/rpc.h"
+#include "node/grants.h"
 #include "node/segment.h"
 #include "node/server.h"
 #include "proto/proto.h"
@@ -40,12 +41,16 @@
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 2000
 #define LINK_TIMEOUT_MS 3000  /* per master call, capped by rpc_timeout */
+#define LINK_POLL_MS 100      /* how often an idle link looks at `stop` */
 
 struct kvp_node {
     kvp_config cfg;
     kvp_segment *seg;
     kvp_segserver *srv;
+    kvp_grants *grants;   /* descriptor checks; shared with srv */
     uint64_t seg_id, secret, client_id;
+    uint32_t epoch;       /* mount attempts: the high half of generations */
+    uint64_t freed_notices; /* SEG_FREED entries applied (link thread) */
     char name[320];       /* "HOST:PORT": segment name and tcp endpoint */
     char shm_addr[512];   /* "HOSTID:/path" */
     char unix_path[108];
@@ -132,22 +137,53 @@ static void link_drop(kvp_node *n)
     set_mounted(n, 0);
 }
 
+/* SEG_FREED from the master: revoke the freed allocations' descriptors. */
+static void on_push(void *ctx, const kvp_frame_hdr *h, const uint8_t *body)
+{
+    kvp_node *n = ctx;
+    if (h->op != KVP_OP_SEG_FREED)
+        return;
+    kvp_arena a;
+    kvp_arena_init(&a, (size_t)h->body_len + 4096);
+    kvp_proto_limits lim;
+    kvp_proto_limits_default(&lim);
+    kvp_msg_seg_freed f;
+    if (kvp_dec_seg_freed(body, h->body_len, &lim, &a, &f) == 0 && f.segment_id == n->seg_id) {
+        for (uint32_t i = 0; i < f.n; i++)
+            kvp_grants_freed(n->grants, f.freed[i].page, f.freed[i].pages, f.freed[i].generation);
+        n->freed_notices += f.n;
+    }
+    kvp_arena_free(&a);
+}
+
+/* A master that is not the one we knew holds none of our descriptors'
+ * objects: a new secret invalidates every descriptor issued before. */
+static void master_changed(kvp_node *n, uint64_t mid)
+{
+    if (n->master_id && mid != n->master_id) {
+        KVP_INFO(MOD, "master %s restarted (id %016llx -> %016llx): remounting",
+                 n->cfg.master_addr, (unsigned long long)n->master_id, (unsigned long long)mid);
+        n->secret = rand64();
+        kvp_grants_rekey(n->grants, n->secret);
+    }
+    n->master_id = mid;
+}
+
 /* Connects (HELLO). 0 or a negative code (message in err). */
 static int link_open(kvp_node *n, char *err, size_t errlen)
 {
     char nm[400];
     snprintf(nm, sizeof nm, "node %s", n->name);
-    kvp_rpc_opts o = {n->cfg.cluster_token, nm, n->client_id, 0, n->link_timeout_ms, 0};
+    kvp_rpc_opts o = {n->cfg.cluster_token, nm, n->client_id, 0, n->link_timeout_ms, 0,
+                      on_push, n};
     int rc = kvp_rpc_open(n->cfg.master_addr, &o, &n->rpc, err, errlen);
     if (rc) {
         n->rpc = NULL;
         return rc;
     }
-    uint64_t mid = kvp_rpc_hello_resp(n->rpc)->master_id;
-    if (n->master_id && mid != n->master_id)
-        KVP_INFO(MOD, "master %s restarted (id %016llx -> %016llx): remounting",
-                 n->cfg.master_addr, (unsigned long long)n->master_id, (unsigned long long)mid);
-    n->master_id = mid;
+    const kvp_msg_hello_resp *hr = kvp_rpc_hello_resp(n->rpc);
+    kvp_grants_set_clock(n->grants, hr->now_ms, kvp_now_ms());
+    master_changed(n, hr->master_id);
     return 0;
 }
 
@@ -159,8 +195,11 @@ static int link_mount(kvp_node *n, char *err, size_t errlen)
         {{(const uint8_t *)"shm", 3},
          {(const uint8_t *)n->shm_addr, (uint32_t)strlen(n->shm_addr)}},
     };
+    /* a master that still holds the segment keeps its epoch; a fresh mount
+     * takes this one, above every earlier, so its generations are too */
     kvp_seg_desc d = {n->seg_id, {(const uint8_t *)n->name, (uint32_t)strlen(n->name)},
-                      kvp_segment_size(n->seg), n->unix_path[0] ? 2 : 1, eps, n->secret};
+                      kvp_segment_size(n->seg), n->unix_path[0] ? 2 : 1, eps, n->secret,
+                      ++n->epoch};
     kvp_msg_mount m = {1, &d};
     uint8_t body[2048];
     kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
@@ -215,10 +254,11 @@ static int link_heartbeat(kvp_node *n)
     kvp_msg_heartbeat_resp h;
     if (kvp_dec_heartbeat_resp(resp, rl, &h) != 0)
         return KVP_EPROTOCOL;
+    kvp_grants_set_clock(n->grants, h.now_ms, kvp_now_ms());
     if (h.master_id != n->master_id || h.n_segments == 0) {
         KVP_WARN(MOD, "master %s no longer holds segment %016llx: remounting",
                  n->cfg.master_addr, (unsigned long long)n->seg_id);
-        n->master_id = h.master_id;
+        master_changed(n, h.master_id);
         set_mounted(n, 0);
         return 1;
     }
@@ -241,6 +281,24 @@ static void link_unmount(kvp_node *n)
     else
         KVP_INFO(MOD, "segment %016llx unmounted", (unsigned long long)n->seg_id);
     set_mounted(n, 0);
+}
+
+/* Connected and idle for ms: serves the master's SEG_FREED notices as they
+ * come. 1 stop requested, 0 time is up, < 0 the connection broke. */
+static int link_wait(kvp_node *n, uint64_t ms)
+{
+    uint64_t end = kvp_now_ms() + ms;
+    for (;;) {
+        if (stopping(n))
+            return 1;
+        uint64_t now = kvp_now_ms();
+        if (now >= end)
+            return 0;
+        uint64_t slice = end - now < LINK_POLL_MS ? end - now : LINK_POLL_MS;
+        int rc = kvp_rpc_poll(n->rpc, (int)slice);
+        if (rc)
+            return rc;
+    }
 }
 
 static void *link_main(void *arg)
@@ -275,9 +333,11 @@ static void *link_main(void *arg)
         uint32_t ttl = kvp_rpc_hello_resp(n->rpc)->client_ttl_ms;
         if (ttl == 0)
             ttl = (uint32_t)n->cfg.client_ttl_ms;
-        if (nap(n, ttl / 3 ? ttl / 3 : 1))
+        int rc = link_wait(n, ttl / 3 ? ttl / 3 : 1);
+        if (rc == 1)
             break;
-        int rc = link_heartbeat(n);
+        if (rc == 0)
+            rc = link_heartbeat(n);
         if (rc < 0) {
             KVP_WARN(MOD, "master %s: heartbeat: %s; reconnecting", n->cfg.master_addr,
                      kvp_strerror(rc));
@@ -338,8 +398,13 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
     rc = kvp_segment_create(cfg->global_segment_size, nm, &n->seg, err, errlen);
     if (rc)
         goto fail;
+    rc = kvp_grants_create(kvp_segment_size(n->seg), n->secret, &n->grants);
+    if (rc) {
+        snprintf(err, errlen, "out of memory (descriptor table)");
+        goto fail;
+    }
     kvp_segserver_opts so = {listen, n->unix_path, o->io_threads > 0 ? o->io_threads : 2,
-                             cfg->cluster_token, n->seg_id, n->secret};
+                             cfg->cluster_token, n->seg_id, n->grants};
     rc = kvp_segserver_start(n->seg, &so, &n->srv, err, errlen);
     if (rc) {
         n->srv = NULL;
@@ -395,6 +460,7 @@ void kvp_node_stop(kvp_node *n)
         link_unmount(n);
     link_drop(n);
     kvp_segserver_stop(n->srv);
+    kvp_grants_destroy(n->grants);
     kvp_segment_destroy(n->seg);
     pthread_cond_destroy(&n->cv);
     pthread_mutex_destroy(&n->mu);

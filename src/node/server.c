@@ -10,7 +10,7 @@
  * Per-connection input state machine (memcached style):
  *
  *   ST_HDR      reading the 24-byte frame header into c->hdr
- *   ST_SEGIO    SEG_WRITE / SEG_READ: reading the 40-byte kvp_seg_io
+ *   ST_SEGIO    SEG_WRITE / SEG_READ: reading the 56-byte kvp_seg_io
  *   ST_SMALL    HELLO / SHM_ATTACH: reading a small body (<= SMALL_MAX)
  *   ST_WBODY    SEG_WRITE accepted: value bytes go straight from the socket
  *               into segment memory [wpos, wpos + left)
@@ -37,10 +37,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "kvpool.h"
 #include "net/net.h"
+#include "node/grants.h"
 #include "proto/proto.h"
 
 #define MOD "segserver"
@@ -97,7 +99,8 @@ struct kvp_segserver {
     kvp_segment *seg;
     uint8_t *base;
     uint64_t size;
-    uint64_t segment_id, secret;
+    uint64_t segment_id;
+    kvp_grants *grants;   /* the node's; outlives the server */
     uint32_t max_frame;
     char token[256];
     char unix_path[108];
@@ -247,15 +250,10 @@ static void skip(conn *c, uint64_t n, int refused)
         answer(c, refused, NULL, 0, NULL, 0, -1);
 }
 
-/* Checks a seg_io against the segment and the secret. 0 or `err`. */
-static int seg_check(const struct kvp_segserver *s, const kvp_replica *r, int err)
+/* Checks a seg_io for `access` (grants.h). 0 or KVP_EINVALID_READ/WRITE. */
+static int seg_check(const struct kvp_segserver *s, const kvp_replica *r, uint32_t access)
 {
-    if (r->segment_id != s->segment_id || r->length == 0 || r->offset > s->size ||
-        r->length > s->size - r->offset || r->length > UINT32_MAX - KVP_SEG_IO_SIZE)
-        return err;
-    if (r->tag != kvp_replica_tag(s->secret, r))
-        return err;
-    return 0;
+    return kvp_grants_check(s->grants, s->segment_id, r, access, kvp_now_ms());
 }
 
 static void on_hello(struct kvp_segserver *s, conn *c)
@@ -277,7 +275,7 @@ static void on_hello(struct kvp_segserver *s, conn *c)
         return;
     }
     c->hello_ok = 1;
-    kvp_msg_hello_resp r = {KVP_PROTO_VERSION, s->segment_id, s->max_frame, 0, 0};
+    kvp_msg_hello_resp r = {KVP_PROTO_VERSION, s->segment_id, s->max_frame, 0, 0, 0};
     uint8_t tmp[SMALL_RESP];
     kvp_buf b = {tmp, 0, sizeof tmp, sizeof tmp, 0};
     kvp_enc_hello_resp(&b, &r);
@@ -376,7 +374,7 @@ static void on_seg_io(struct kvp_segserver *s, conn *c)
     c->got = 0;
     if (c->h.op == KVP_OP_SEG_READ) {
         c->st = ST_HDR;
-        if (seg_check(s, &r, KVP_EINVALID_READ))
+        if (seg_check(s, &r, KVP_ACCESS_READ))
             answer(c, KVP_EINVALID_READ, NULL, 0, NULL, 0, -1);
         else
             answer(c, 0, NULL, 0, s->base + r.offset, r.length, -1);
@@ -387,7 +385,7 @@ static void on_seg_io(struct kvp_segserver *s, conn *c)
         refuse_close(c, KVP_EINVALID_WRITE); /* the body cannot be delimited */
         return;
     }
-    if (seg_check(s, &r, KVP_EINVALID_WRITE)) {
+    if (seg_check(s, &r, KVP_ACCESS_WRITE)) {
         skip(c, body_rest, KVP_EINVALID_WRITE);
         return;
     }
@@ -644,8 +642,9 @@ static int listen_unix(const char *path, char *err, size_t errlen)
 int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segserver **out,
                         char *err, size_t errlen)
 {
-    if (!seg || !o || !o->listen || o->segment_id == 0) {
-        snprintf(err, errlen, "segment server: segment, listen address and segment id needed");
+    if (!seg || !o || !o->listen || o->segment_id == 0 || !o->grants) {
+        snprintf(err, errlen,
+                 "segment server: segment, listen address, segment id and grants needed");
         return KVP_EINVALID_PARAMS;
     }
     if (o->cluster_token && strlen(o->cluster_token) >= 256) {
@@ -661,7 +660,7 @@ int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segse
     s->base = kvp_segment_base(seg);
     s->size = kvp_segment_size(seg);
     s->segment_id = o->segment_id;
-    s->secret = o->secret;
+    s->grants = o->grants;
     uint64_t mf = s->size + KVP_SEG_IO_SIZE;
     s->max_frame = mf > UINT32_MAX ? UINT32_MAX : (uint32_t)mf;
     if (o->cluster_token)

@@ -6,9 +6,9 @@
  * Protocol: the frames of proto.h. A connection starts with HELLO (same
  * message as the master's; the cluster token is checked). Then SEG_WRITE /
  * SEG_READ (TCP and unix) and SHM_ATTACH (unix only), pipelined. Every
- * SEG_WRITE/SEG_READ is checked before any byte moves: segment id, offset +
- * length within the segment, and tag == kvp_replica_tag(secret, replica)
- * (the allocation and generation the master issued). Anything else is
+ * SEG_WRITE/SEG_READ is checked before any byte moves by the node's grants
+ * (grants.h): segment id, bounds, tag, operation, expiry and generation.
+ * Anything else is
  * refused with an error answer, and a SEG_WRITE whose body cannot be
  * trusted (length mismatch) closes the connection. Bytes go straight
  * between the socket and the segment (readv/writev), no intermediate copy.
@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "node/grants.h"
 #include "node/segment.h"
 
 typedef struct kvp_segserver kvp_segserver;
@@ -32,7 +33,7 @@ typedef struct kvp_segserver_opts {
     int io_threads;            /* >= 1 (default 2) */
     const char *cluster_token; /* NULL or "" = none */
     uint64_t segment_id;
-    uint64_t secret;           /* seeds replica tags; also sent to the master */
+    kvp_grants *grants;        /* checks descriptors; must outlive the server */
 } kvp_segserver_opts;
 
 int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segserver **out,

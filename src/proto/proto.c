@@ -23,7 +23,7 @@
 #define MIN_KEY (MIN_BYTES + 1)                 /* keys are 1..max_key bytes */
 #define MIN_ENDPOINT (2 * MIN_BYTES)            /* transport, addr */
 #define MIN_SEG (8 + MIN_BYTES + 8 + 4)         /* id, name, capacity, n_endpoints */
-#define MIN_MOUNT_SEG (MIN_SEG + 8)             /* + secret */
+#define MIN_MOUNT_SEG (MIN_SEG + 12)            /* + secret, epoch */
 #define MIN_SEG_STAT (8 + MIN_BYTES + 4 * 8)    /* id, name, capacity, used, objects, free */
 #define MIN_STATUS 4u                           /* a result that is only an error code */
 #define MAX_ENDPOINTS 16
@@ -37,7 +37,7 @@ const char *kvp_stat_name(unsigned i)
         "objects", "bytes",       "capacity",     "used",        "hits",
         "misses",  "evictions",   "evicted_bytes", "leases",     "pending",
         "clients", "segments",    "put_timeouts", "put_revoked", "clients_expired",
-        "requests", "bad_frames"};
+        "requests", "bad_frames", "bad_replicas"};
     return i < KVP_STAT__COUNT ? names[i] : "unknown";
 }
 
@@ -198,6 +198,34 @@ static void wr_key_batch(kvp_buf *b, uint32_t n, const kvp_bytes *keys)
         wr_bytes(b, keys[i]);
 }
 
+/* One descriptor: segment_id, offset, length, generation, expires_ms,
+ * u32 access, u32 reserved (0), tag: KVP_SEG_IO_SIZE bytes. */
+static void rd_rep(kvp_rd *r, kvp_replica *rep)
+{
+    rep->segment_id = kvp_rd_u64(r);
+    rep->offset = kvp_rd_u64(r);
+    rep->length = kvp_rd_u64(r);
+    rep->generation = kvp_rd_u64(r);
+    rep->expires_ms = kvp_rd_u64(r);
+    rep->access = kvp_rd_u32(r);
+    if (kvp_rd_u32(r) != 0 ||
+        (rep->access != KVP_ACCESS_READ && rep->access != KVP_ACCESS_WRITE))
+        rd_fail(r);
+    rep->tag = kvp_rd_u64(r);
+}
+
+static void wr_rep(kvp_buf *b, const kvp_replica *rep)
+{
+    kvp_buf_u64(b, rep->segment_id);
+    kvp_buf_u64(b, rep->offset);
+    kvp_buf_u64(b, rep->length);
+    kvp_buf_u64(b, rep->generation);
+    kvp_buf_u64(b, rep->expires_ms);
+    kvp_buf_u32(b, rep->access);
+    kvp_buf_u32(b, 0);
+    kvp_buf_u64(b, rep->tag);
+}
+
 /* u32 n_replicas (1..KVP_MAX_REPLICAS), then each replica. */
 static void rd_replicas(kvp_rd *r, uint32_t *n, kvp_replica *rep)
 {
@@ -206,13 +234,8 @@ static void rd_replicas(kvp_rd *r, uint32_t *n, kvp_replica *rep)
         rd_fail(r);
     if (r->err)
         *n = 0;
-    for (uint32_t i = 0; i < *n; i++) {
-        rep[i].segment_id = kvp_rd_u64(r);
-        rep[i].offset = kvp_rd_u64(r);
-        rep[i].length = kvp_rd_u64(r);
-        rep[i].generation = kvp_rd_u64(r);
-        rep[i].tag = kvp_rd_u64(r);
-    }
+    for (uint32_t i = 0; i < *n; i++)
+        rd_rep(r, &rep[i]);
 }
 
 static void wr_replicas(kvp_buf *b, uint32_t n, const kvp_replica *rep)
@@ -223,13 +246,8 @@ static void wr_replicas(kvp_buf *b, uint32_t n, const kvp_replica *rep)
         return;
     }
     kvp_buf_u32(b, n);
-    for (uint32_t i = 0; i < n; i++) {
-        kvp_buf_u64(b, rep[i].segment_id);
-        kvp_buf_u64(b, rep[i].offset);
-        kvp_buf_u64(b, rep[i].length);
-        kvp_buf_u64(b, rep[i].generation);
-        kvp_buf_u64(b, rep[i].tag);
-    }
+    for (uint32_t i = 0; i < n; i++)
+        wr_rep(b, &rep[i]);
 }
 
 /* One mount segment: id, name, capacity, n_endpoints (<= 16), endpoints. */
@@ -291,6 +309,7 @@ void kvp_enc_hello_resp(kvp_buf *b, const kvp_msg_hello_resp *m)
     kvp_buf_u32(b, m->max_frame);
     kvp_buf_u32(b, m->lease_ttl_ms);
     kvp_buf_u32(b, m->client_ttl_ms);
+    kvp_buf_u64(b, m->now_ms);
 }
 
 int kvp_dec_hello_resp(const uint8_t *p, uint32_t len, kvp_msg_hello_resp *m)
@@ -301,6 +320,7 @@ int kvp_dec_hello_resp(const uint8_t *p, uint32_t len, kvp_msg_hello_resp *m)
     m->max_frame = kvp_rd_u32(&r);
     m->lease_ttl_ms = kvp_rd_u32(&r);
     m->client_ttl_ms = kvp_rd_u32(&r);
+    m->now_ms = kvp_rd_u64(&r);
     DEC_END;
 }
 
@@ -313,6 +333,7 @@ void kvp_enc_mount(kvp_buf *b, const kvp_msg_mount *m)
     for (uint32_t i = 0; i < m->n; i++) {
         wr_seg(b, &m->segs[i]);
         kvp_buf_u64(b, m->segs[i].secret);
+        kvp_buf_u32(b, m->segs[i].epoch);
     }
 }
 
@@ -327,6 +348,7 @@ int kvp_dec_mount(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp
         if (rd_seg(&r, l, a, &m->segs[i]))
             return KVP_ENOMEM;
         m->segs[i].secret = kvp_rd_u64(&r);
+        m->segs[i].epoch = kvp_rd_u32(&r);
     }
     DEC_END;
 }
@@ -358,6 +380,7 @@ void kvp_enc_heartbeat_resp(kvp_buf *b, const kvp_msg_heartbeat_resp *m)
 {
     kvp_buf_u64(b, m->master_id);
     kvp_buf_u32(b, m->n_segments);
+    kvp_buf_u64(b, m->now_ms);
 }
 
 int kvp_dec_heartbeat_resp(const uint8_t *p, uint32_t len, kvp_msg_heartbeat_resp *m)
@@ -365,6 +388,7 @@ int kvp_dec_heartbeat_resp(const uint8_t *p, uint32_t len, kvp_msg_heartbeat_res
     DEC_BEGIN;
     m->master_id = kvp_rd_u64(&r);
     m->n_segments = kvp_rd_u32(&r);
+    m->now_ms = kvp_rd_u64(&r);
     DEC_END;
 }
 
@@ -707,22 +731,17 @@ int kvp_dec_seg_info_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits
 
 uint64_t kvp_replica_tag(uint64_t secret, const kvp_replica *r)
 {
-    uint8_t b[32];
+    uint8_t b[48];
     st_le(b, r->segment_id, 8);
     st_le(b + 8, r->offset, 8);
     st_le(b + 16, r->length, 8);
     st_le(b + 24, r->generation, 8);
+    st_le(b + 32, r->expires_ms, 8);
+    st_le(b + 40, r->access, 8);
     return XXH3_64bits_withSeed(b, sizeof b, secret);
 }
 
-void kvp_enc_seg_io(kvp_buf *b, const kvp_replica *r)
-{
-    kvp_buf_u64(b, r->segment_id);
-    kvp_buf_u64(b, r->offset);
-    kvp_buf_u64(b, r->length);
-    kvp_buf_u64(b, r->generation);
-    kvp_buf_u64(b, r->tag);
-}
+void kvp_enc_seg_io(kvp_buf *b, const kvp_replica *r) { wr_rep(b, r); }
 
 int kvp_dec_seg_io(const uint8_t *p, uint32_t len, kvp_replica *out)
 {
@@ -730,10 +749,62 @@ int kvp_dec_seg_io(const uint8_t *p, uint32_t len, kvp_replica *out)
         return KVP_EPROTOCOL;
     kvp_rd r;
     kvp_rd_init(&r, p, KVP_SEG_IO_SIZE);
-    out->segment_id = kvp_rd_u64(&r);
-    out->offset = kvp_rd_u64(&r);
-    out->length = kvp_rd_u64(&r);
-    out->generation = kvp_rd_u64(&r);
-    out->tag = kvp_rd_u64(&r);
+    rd_rep(&r, out);
     return kvp_rd_finish(&r);
+}
+
+/* ------------------------------------------------- freed, bad replicas */
+
+void kvp_enc_seg_freed(kvp_buf *b, const kvp_msg_seg_freed *m)
+{
+    kvp_buf_u64(b, m->segment_id);
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++) {
+        kvp_buf_u32(b, m->freed[i].page);
+        kvp_buf_u32(b, m->freed[i].pages);
+        kvp_buf_u64(b, m->freed[i].generation);
+    }
+}
+
+int kvp_dec_seg_freed(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                      kvp_msg_seg_freed *m)
+{
+    DEC_BEGIN;
+    m->segment_id = kvp_rd_u64(&r);
+    m->n = kvp_rd_count(&r, l->max_batch, KVP_FREED_SIZE);
+    if (!ALLOC_ARRAY(a, m->freed, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n; i++) {
+        m->freed[i].page = kvp_rd_u32(&r);
+        m->freed[i].pages = kvp_rd_u32(&r);
+        m->freed[i].generation = kvp_rd_u64(&r);
+    }
+    DEC_END;
+}
+
+void kvp_enc_replica_bad(kvp_buf *b, const kvp_msg_replica_bad *m)
+{
+    wr_bytes(b, m->tenant);
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++) {
+        wr_bytes(b, m->bad[i].key);
+        kvp_buf_u64(b, m->bad[i].segment_id);
+        kvp_buf_u64(b, m->bad[i].generation);
+    }
+}
+
+int kvp_dec_replica_bad(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                        kvp_msg_replica_bad *m)
+{
+    DEC_BEGIN;
+    m->tenant = kvp_rd_bytes(&r, l->max_str);
+    m->n = kvp_rd_count(&r, l->max_batch, MIN_BYTES + 16);
+    if (!ALLOC_ARRAY(a, m->bad, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n && !r.err; i++) {
+        m->bad[i].key = kvp_rd_bytes(&r, l->max_key);
+        m->bad[i].segment_id = kvp_rd_u64(&r);
+        m->bad[i].generation = kvp_rd_u64(&r);
+    }
+    DEC_END;
 }

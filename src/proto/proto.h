@@ -63,7 +63,9 @@
     XX(SEG_WRITE, 16, "storage node: write one replica (kvp_seg_io + bytes)")     \
     XX(SEG_READ, 17, "storage node: read one replica (kvp_seg_io -> bytes)")      \
     XX(SHM_ATTACH, 18, "storage node, unix socket: the segment's memfd (SCM_RIGHTS)") \
-    XX(REMOVE_REGEX, 19, "remove a tenant's keys matching a POSIX extended regex")
+    XX(REMOVE_REGEX, 19, "remove a tenant's keys matching a POSIX extended regex") \
+    XX(SEG_FREED, 20, "master -> node: freed allocations; their descriptors are revoked") \
+    XX(REPLICA_BAD, 21, "a reader found replicas corrupt: the master drops them")
 
 enum kvp_op {
 #define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
@@ -141,6 +143,7 @@ typedef struct kvp_msg_hello_resp {
     uint32_t max_frame;
     uint32_t lease_ttl_ms;
     uint32_t client_ttl_ms;   /* heartbeat at least every client_ttl_ms / 3 */
+    uint64_t now_ms;          /* the master's monotonic clock (descriptor expiry) */
 } kvp_msg_hello_resp;
 
 typedef struct kvp_endpoint {
@@ -156,6 +159,10 @@ typedef struct kvp_seg_desc {
     kvp_endpoint *endpoints;
     uint64_t secret;   /* MOUNT_SEGMENT only (never in SEGMENT_INFO): seeds
                           the replica tags the node verifies */
+    uint32_t epoch;    /* MOUNT_SEGMENT only: the node's mount count, the
+                          high half of generations of a fresh mount (a
+                          remount of a segment the master holds keeps its
+                          epoch) */
 } kvp_seg_desc;
 
 /* MOUNT_SEGMENT request; response = kvp_msg_results (one per segment). */
@@ -176,6 +183,7 @@ typedef struct kvp_msg_heartbeat_resp {
     uint64_t master_id;
     uint32_t n_segments; /* segments the master holds for this client; a node
                             that mounted more must remount */
+    uint64_t now_ms;     /* the master's monotonic clock */
 } kvp_msg_heartbeat_resp;
 
 /* Per-key results: 0 / negative code, or 1/0 for EXIST. Also the response
@@ -204,26 +212,41 @@ typedef struct kvp_msg_put_start {
     uint64_t *sizes;      /* bytes, > 0 */
 } kvp_msg_put_start;
 
-/* Where one replica lives. The client writes/reads [offset, offset+length)
- * of segment `segment_id`; `generation` identifies this allocation. */
+/* What a replica descriptor allows. PUT_START hands out WRITE descriptors,
+ * GET READ ones; the storage node refuses the other operation. */
+#define KVP_ACCESS_READ 1u
+#define KVP_ACCESS_WRITE 2u
+
+/*
+ * Where one replica lives, and a capability to touch it. The client
+ * writes/reads [offset, offset+length) of segment `segment_id`.
+ * `generation` names this allocation: the master's per-segment counter in
+ * the low 32 bits, the node's mount epoch in the high 32 (so generations
+ * grow across remounts). `expires_ms` is on the master's monotonic clock
+ * (the node learns the offset from HELLO and HEARTBEAT answers): the put
+ * deadline for WRITE, the lease's end for READ.
+ */
 typedef struct kvp_replica {
     uint64_t segment_id;
     uint64_t offset;
     uint64_t length;
     uint64_t generation;
+    uint64_t expires_ms;
+    uint32_t access;     /* KVP_ACCESS_READ or KVP_ACCESS_WRITE */
     uint64_t tag;        /* kvp_replica_tag(segment secret, this replica):
                             lets the storage node check, without asking the
-                            master, that the master issued this allocation */
+                            master, that the master issued this descriptor */
 } kvp_replica;
 
 /*
- * The tag of a replica: XXH3-64 of (segment_id, offset, length, generation)
- * seeded with the segment's secret, which only the node and the master know
- * (the node chooses it and sends it in MOUNT_SEGMENT; SEGMENT_INFO never
- * returns it). It stops a client from reading or writing anything but
- * allocations the master handed out. XXH3 is not a cryptographic MAC: this
- * guards against bugs and misbehaving clients inside a cluster, not against
- * an attacker with network access (the cluster token and the network do).
+ * The tag of a descriptor: XXH3-64 of every other field seeded with the
+ * segment's secret, which only the node and the master know (the node
+ * chooses it and sends it in MOUNT_SEGMENT; SEGMENT_INFO never returns it).
+ * It stops a client from reading or writing anything but allocations the
+ * master handed out, with the operation it was handed out for, before it
+ * expires. XXH3 is not a cryptographic MAC: this guards against bugs and
+ * misbehaving clients inside a cluster, not against an attacker who can
+ * observe many tags (see docs/SECURITY.md).
  */
 uint64_t kvp_replica_tag(uint64_t secret, const kvp_replica *r);
 
@@ -311,6 +334,7 @@ enum kvp_stat {
     KVP_STAT_CLIENTS_EXPIRED,/* clients dropped by the liveness TTL */
     KVP_STAT_REQUESTS,       /* frames served */
     KVP_STAT_BAD_FRAMES,     /* frames refused as malformed */
+    KVP_STAT_BAD_REPLICAS,   /* replicas dropped after a reader's checksum mismatch */
     KVP_STAT__COUNT
 };
 /* Name of a counter ("objects", "hits", ...), as `kvpool stat --json` prints it. */
@@ -344,17 +368,57 @@ typedef struct kvp_msg_seg_info_resp {
 } kvp_msg_seg_info_resp;
 
 /*
- * Storage-node data operations. SEG_WRITE's body is the 40-byte kvp_seg_io
- * followed by exactly `length` value bytes (body_len == 40 + length);
+ * REPLICA_BAD (ONEWAY): replicas whose bytes did not match the object's
+ * checksum. The master drops each named replica if it is still the one
+ * described (segment and generation); an object left without replicas is
+ * removed, so a re-put can store it again.
+ */
+typedef struct kvp_bad_replica {
+    kvp_bytes key;
+    uint64_t segment_id;
+    uint64_t generation;
+} kvp_bad_replica;
+typedef struct kvp_msg_replica_bad {
+    kvp_bytes tenant;
+    uint32_t n;
+    kvp_bad_replica *bad;
+} kvp_msg_replica_bad;
+void kvp_enc_replica_bad(kvp_buf *b, const kvp_msg_replica_bad *m);
+int kvp_dec_replica_bad(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                        kvp_msg_replica_bad *m);
+
+/*
+ * SEG_FREED (master -> node, ONEWAY, unsolicited on the node's master
+ * connection): allocations of one segment that were freed, so the node
+ * revokes their descriptors at once instead of at expiry. Body: u64
+ * segment_id, u32 n, then n x (u32 page, u32 pages, u64 generation).
+ */
+typedef struct kvp_freed {
+    uint32_t page, pages;
+    uint64_t generation;
+} kvp_freed;
+typedef struct kvp_msg_seg_freed {
+    uint64_t segment_id;
+    uint32_t n;
+    kvp_freed *freed;
+} kvp_msg_seg_freed;
+#define KVP_FREED_SIZE 16
+void kvp_enc_seg_freed(kvp_buf *b, const kvp_msg_seg_freed *m);
+int kvp_dec_seg_freed(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                      kvp_msg_seg_freed *m);
+
+/*
+ * Storage-node data operations. SEG_WRITE's body is the 56-byte kvp_seg_io
+ * followed by exactly `length` value bytes (body_len == 56 + length);
  * SEG_READ's body is the kvp_seg_io alone and its answer's body the
  * `length` bytes. The replica fields are a descriptor from PUT_START/GET,
  * checked by the node against its bounds and the tag.
  * SHM_ATTACH (unix socket only): body u64 segment_id; answer body u64 size,
  * with the segment's memfd attached (SCM_RIGHTS) to the answer's bytes.
  */
-#define KVP_SEG_IO_SIZE 40
+#define KVP_SEG_IO_SIZE 56
 void kvp_enc_seg_io(kvp_buf *b, const kvp_replica *r);
-/* Decodes the first 40 bytes of a body (len >= 40). 0 or KVP_EPROTOCOL. */
+/* Decodes the first 56 bytes of a body (len >= 56). 0 or KVP_EPROTOCOL. */
 int kvp_dec_seg_io(const uint8_t *p, uint32_t len, kvp_replica *r);
 
 /* ----------------------------------------------------------------- codecs */

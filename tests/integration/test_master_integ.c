@@ -76,7 +76,7 @@ static kvp_bytes bstr(const char *s) { return (kvp_bytes){(const uint8_t *)s, s 
 static int mount(cl *c, uint64_t id, const char *name, uint64_t cap)
 {
     kvp_endpoint ep = {bstr("tcp"), bstr(name)};
-    kvp_seg_desc d = {id, bstr(name), cap, 1, &ep, 0};
+    kvp_seg_desc d = {id, bstr(name), cap, 1, &ep, 0, 1};
     kvp_msg_mount mm = {1, &d};
     kvp_enc_mount(&c->body, &mm);
     REQUIRE(cl_call(c, KVP_OP_MOUNT_SEGMENT) == 0);
@@ -559,10 +559,10 @@ TEST(eviction_on_a_full_segment)
         CHECK_EQ(exists(&c, i), 0);
     CHECK_EQ(exists(&c, 39), 1);
     CHECK_EQ(exists(&c, 38), 1);
-    /* bigger than the segment: no space, nothing else disturbed */
+    /* bigger than the segment: refused, nothing else disturbed */
     kvp_msg_put_start_resp r;
     CHECK_EQ(put_start(&c, 1000, 1, 101 * PAGE, 0, NULL, &r), 0);
-    CHECK_EQ(r.results[0].status, KVP_ENO_AVAILABLE_HANDLE);
+    CHECK_EQ(r.results[0].status, KVP_EOBJECT_TOO_LARGE);
     CHECK_EQ(exists(&c, 39), 1);
     cl_close(&c);
     CHECK_EQ(tp_master_stop(&m), 0);

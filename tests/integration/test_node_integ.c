@@ -19,7 +19,7 @@ static int seg_count(const char *addr, uint64_t *id)
 {
     kvp_rpc *r;
     char err[256];
-    kvp_rpc_opts o = {NULL, "test", 0, 0, 2000, 0};
+    kvp_rpc_opts o = {.name = "test", .timeout_ms = 2000};
     if (kvp_rpc_open(addr, &o, &r, err, sizeof err) != 0)
         return -1;
     int32_t st;
@@ -70,7 +70,7 @@ static int check_info(const char *addr, uint64_t id)
 {
     kvp_rpc *r;
     char err[256];
-    kvp_rpc_opts o = {NULL, "test", 0, 0, 2000, 0};
+    kvp_rpc_opts o = {.name = "test", .timeout_ms = 2000};
     REQUIRE(kvp_rpc_open(addr, &o, &r, err, sizeof err) == 0);
     uint8_t body[16];
     kvp_buf b = {body, 0, sizeof body, sizeof body, 0};

@@ -42,7 +42,9 @@
     XX(remove_all_resp, N)                                                     \
     XX(stats_resp, LA)                                                         \
     XX(seg_info_resp, LA)                                                      \
-    XX(remove_regex, L)
+    XX(remove_regex, L)                                                        \
+    XX(seg_freed, LA)                                                          \
+    XX(replica_bad, LA)
 
 enum pc_kind {
 #define PC__ENUM(t, sig) PC_##t,
@@ -105,6 +107,8 @@ static PC_UNUSED const struct { int req, resp; } pc_op_kinds[KVP_OP__MAX] = {
     [KVP_OP_STATS] = {PC_NONE, PC_stats_resp},
     [KVP_OP_SEGMENT_INFO] = {PC_ids, PC_seg_info_resp},
     [KVP_OP_REMOVE_REGEX] = {PC_remove_regex, PC_remove_all_resp},
+    [KVP_OP_SEG_FREED] = {PC_seg_freed, PC_NONE},     /* ONEWAY */
+    [KVP_OP_REPLICA_BAD] = {PC_replica_bad, PC_NONE}, /* ONEWAY */
 };
 
 /* ------------------------------------------------------------- samples */
@@ -133,36 +137,40 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     static uint64_t counters[1024];
     static kvp_seg_stat sstats[2];
     static kvp_seg_info infos[3], info_max;
+    static kvp_freed freed[3] = {{0, 1, 1}, {7, 512, 0x100000002ull}, {UINT32_MAX, UINT32_MAX, UINT64_MAX}};
+    static kvp_bad_replica bad[2];
     const uint8_t *big = pc_big();
     kvp_bytes str_max = {big, 1024}, key_max = {big, 4096};
-    kvp_replica reps[3] = {{7, 0, 4096, 1, 11}, {8, 1ull << 40, 123456789, 2, 0}, {UINT64_MAX, 4096, 1, UINT64_MAX, UINT64_MAX}};
+    kvp_replica reps[3] = {{7, 0, 4096, 1, 5000, KVP_ACCESS_WRITE, 11}, {8, 1ull << 40, 123456789, 2, 0, KVP_ACCESS_READ, 0}, {UINT64_MAX, 4096, 1, UINT64_MAX, UINT64_MAX, KVP_ACCESS_READ, UINT64_MAX}};
 
     for (int i = 0; i < 2; i++)
         ep2[i] = (kvp_endpoint){i ? PC_B("shm") : PC_B("tcp"), i ? PC_B("/kvpool-7") : PC_B("10.0.0.1:7000")};
     for (int i = 0; i < 16; i++)
         ep16[i] = (kvp_endpoint){i == 15 ? str_max : PC_B("tcp"), i == 0 ? str_max : PC_B("")};
-    segs[0] = (kvp_seg_desc){42, PC_B("host-a:7000"), 1ull << 30, 0, NULL, 0};
-    segs[1] = (kvp_seg_desc){UINT64_MAX, PC_B(""), 4096, 2, ep2, 0};
-    seg_max = (kvp_seg_desc){9, str_max, UINT64_MAX, 16, ep16, 0};
+    segs[0] = (kvp_seg_desc){42, PC_B("host-a:7000"), 1ull << 30, 0, NULL, 0, 1};
+    segs[1] = (kvp_seg_desc){UINT64_MAX, PC_B(""), 4096, 2, ep2, 0, UINT32_MAX};
+    seg_max = (kvp_seg_desc){9, str_max, UINT64_MAX, 16, ep16, 0, 7};
     keys3[0] = PC_B("k");
     keys3[1] = PC_B("model/layer.7/\0bin\xff");
     keys3[2] = PC_B("another-key");
     keys_max[0] = key_max;
     keys_max[1] = PC_B("x");
     pres[0] = (kvp_put_result){0, 1, {reps[0]}};
-    pres[1] = (kvp_put_result){KVP_EOBJECT_ALREADY_EXISTS, 0, {{0, 0, 0, 0, 0}}};
+    pres[1] = (kvp_put_result){KVP_EOBJECT_ALREADY_EXISTS, 0, {{0, 0, 0, 0, 0, 0, 0}}};
     pres[2] = (kvp_put_result){0, 3, {reps[0], reps[1], reps[2]}};
     gres[0] = (kvp_get_result){0, 4096, 0xdeadbeefcafef00dull, 77, 2, {reps[1], reps[2]}};
-    gres[1] = (kvp_get_result){KVP_EOBJECT_NOT_FOUND, 0, 0, 0, 0, {{0, 0, 0, 0, 0}}};
+    gres[1] = (kvp_get_result){KVP_EOBJECT_NOT_FOUND, 0, 0, 0, 0, {{0, 0, 0, 0, 0, 0, 0}}};
     gres[2] = (kvp_get_result){0, 1, 0, UINT64_MAX, 3, {reps[0], reps[1], reps[2]}};
     for (int i = 0; i < 1024; i++)
         counters[i] = (uint64_t)i * 0x9E3779B97F4A7C15ull;
     sstats[0] = (kvp_seg_stat){42, PC_B("host-a:7000"), 1ull << 30, 8192, 2, 1ull << 29};
     sstats[1] = (kvp_seg_stat){UINT64_MAX, PC_B(""), 0, 0, 0, 0};
     infos[0] = (kvp_seg_info){0, segs[1]};
-    infos[1] = (kvp_seg_info){KVP_ESEGMENT_NOT_FOUND, {0, {NULL, 0}, 0, 0, NULL, 0}};
+    infos[1] = (kvp_seg_info){KVP_ESEGMENT_NOT_FOUND, {0, {NULL, 0}, 0, 0, NULL, 0, 0}};
     infos[2] = (kvp_seg_info){0, segs[0]};
     info_max = (kvp_seg_info){0, seg_max};
+    bad[0] = (kvp_bad_replica){PC_B("k"), 42, 0x100000001ull};
+    bad[1] = (kvp_bad_replica){key_max, UINT64_MAX, UINT64_MAX};
 
     memset(m, 0, sizeof *m);
     switch (kind * 4 + v) {
@@ -171,14 +179,14 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(hello, 1) m->hello = (kvp_msg_hello){KVP_PROTO_VERSION, 0x0123456789abcdefull, PC_B("secret"), PC_B("node 10.0.0.1:7000")}; return 0;
     S(hello, 2) m->hello = (kvp_msg_hello){UINT32_MAX, UINT64_MAX, str_max, str_max}; return 0;
     S(hello_resp, 0) return 0;
-    S(hello_resp, 1) m->hello_resp = (kvp_msg_hello_resp){1, UINT64_MAX - 1, 64u << 20, 5000, UINT32_MAX}; return 0;
+    S(hello_resp, 1) m->hello_resp = (kvp_msg_hello_resp){1, UINT64_MAX - 1, 64u << 20, 5000, UINT32_MAX, 123456789}; return 0;
     S(mount, 0) return 0;
     S(mount, 1) m->mount = (kvp_msg_mount){2, segs}; return 0;
     S(mount, 2) m->mount = (kvp_msg_mount){1, &seg_max}; return 0;
     S(ids, 0) return 0;
     S(ids, 1) m->ids = (kvp_msg_ids){3, ids}; return 0;
     S(heartbeat_resp, 0) return 0;
-    S(heartbeat_resp, 1) m->heartbeat_resp = (kvp_msg_heartbeat_resp){0xfeedfacecafebeefull, 3}; return 0;
+    S(heartbeat_resp, 1) m->heartbeat_resp = (kvp_msg_heartbeat_resp){0xfeedfacecafebeefull, 3, UINT64_MAX}; return 0;
     S(results, 0) return 0;
     S(results, 1) m->results = (kvp_msg_results){5, codes}; return 0;
     S(keys, 0) return 0;
@@ -213,6 +221,10 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(seg_info_resp, 0) return 0;
     S(seg_info_resp, 1) m->seg_info_resp = (kvp_msg_seg_info_resp){3, infos}; return 0;
     S(seg_info_resp, 2) m->seg_info_resp = (kvp_msg_seg_info_resp){1, &info_max}; return 0;
+    S(seg_freed, 0) return 0;
+    S(seg_freed, 1) m->seg_freed = (kvp_msg_seg_freed){42, 3, freed}; return 0;
+    S(replica_bad, 0) return 0;
+    S(replica_bad, 1) m->replica_bad = (kvp_msg_replica_bad){PC_B("tenant-1"), 2, bad}; return 0;
 #undef S
     }
     return -1;
@@ -238,11 +250,21 @@ static PC_UNUSED int pc_u64_eq(uint32_t n, const uint64_t *a, const uint64_t *b)
     return n == 0 || memcmp(a, b, n * sizeof *a) == 0;
 }
 
-/* Replicas count only when the status is 0. */
+/* Replicas count only when the status is 0 (field by field: padding). */
 static PC_UNUSED int pc_reps_eq(int32_t status, uint32_t na, const kvp_replica *a, uint32_t nb,
                                 const kvp_replica *b)
 {
-    return status != 0 || (na == nb && na <= KVP_MAX_REPLICAS && memcmp(a, b, na * sizeof *a) == 0);
+    if (status != 0)
+        return 1;
+    if (na != nb || na > KVP_MAX_REPLICAS)
+        return 0;
+    for (uint32_t i = 0; i < na; i++)
+        if (a[i].segment_id != b[i].segment_id || a[i].offset != b[i].offset ||
+            a[i].length != b[i].length || a[i].generation != b[i].generation ||
+            a[i].expires_ms != b[i].expires_ms || a[i].access != b[i].access ||
+            a[i].tag != b[i].tag)
+            return 0;
+    return 1;
 }
 
 static PC_UNUSED int pc_seg_eq(const kvp_seg_desc *a, const kvp_seg_desc *b)
@@ -268,19 +290,23 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
                x->hello_resp.master_id == y->hello_resp.master_id &&
                x->hello_resp.max_frame == y->hello_resp.max_frame &&
                x->hello_resp.lease_ttl_ms == y->hello_resp.lease_ttl_ms &&
-               x->hello_resp.client_ttl_ms == y->hello_resp.client_ttl_ms;
+               x->hello_resp.client_ttl_ms == y->hello_resp.client_ttl_ms &&
+               x->hello_resp.now_ms == y->hello_resp.now_ms;
     case PC_mount:
         if (x->mount.n != y->mount.n)
             return 0;
         for (uint32_t i = 0; i < x->mount.n; i++)
-            if (!pc_seg_eq(&x->mount.segs[i], &y->mount.segs[i]))
+            if (!pc_seg_eq(&x->mount.segs[i], &y->mount.segs[i]) ||
+                x->mount.segs[i].secret != y->mount.segs[i].secret ||
+                x->mount.segs[i].epoch != y->mount.segs[i].epoch)
                 return 0;
         return 1;
     case PC_ids:
         return x->ids.n == y->ids.n && pc_u64_eq(x->ids.n, x->ids.ids, y->ids.ids);
     case PC_heartbeat_resp:
         return x->heartbeat_resp.master_id == y->heartbeat_resp.master_id &&
-               x->heartbeat_resp.n_segments == y->heartbeat_resp.n_segments;
+               x->heartbeat_resp.n_segments == y->heartbeat_resp.n_segments &&
+               x->heartbeat_resp.now_ms == y->heartbeat_resp.now_ms;
     case PC_results:
         return x->results.n == y->results.n &&
                (x->results.n == 0 ||
@@ -331,6 +357,27 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
                x->remove_all.force == y->remove_all.force;
     case PC_remove_all_resp:
         return x->remove_all_resp.removed == y->remove_all_resp.removed;
+    case PC_seg_freed: {
+        const kvp_msg_seg_freed *a = &x->seg_freed, *b = &y->seg_freed;
+        if (a->segment_id != b->segment_id || a->n != b->n)
+            return 0;
+        for (uint32_t i = 0; i < a->n; i++)
+            if (a->freed[i].page != b->freed[i].page || a->freed[i].pages != b->freed[i].pages ||
+                a->freed[i].generation != b->freed[i].generation)
+                return 0;
+        return 1;
+    }
+    case PC_replica_bad: {
+        const kvp_msg_replica_bad *a = &x->replica_bad, *b = &y->replica_bad;
+        if (!pc_beq(a->tenant, b->tenant) || a->n != b->n)
+            return 0;
+        for (uint32_t i = 0; i < a->n; i++)
+            if (!pc_beq(a->bad[i].key, b->bad[i].key) ||
+                a->bad[i].segment_id != b->bad[i].segment_id ||
+                a->bad[i].generation != b->bad[i].generation)
+                return 0;
+        return 1;
+    }
     case PC_remove_regex:
         return pc_beq(x->remove_regex.tenant, y->remove_regex.tenant) &&
                x->remove_regex.force == y->remove_regex.force &&

@@ -106,7 +106,7 @@ static int hello(core *c, sess *s, uint64_t id)
 static int mount(core *c, sess *s, uint64_t id, const char *name, uint64_t cap)
 {
     kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)name, (uint32_t)strlen(name)}};
-    kvp_seg_desc d = {id, {(const uint8_t *)name, (uint32_t)strlen(name)}, cap, 1, &ep, 0};
+    kvp_seg_desc d = {id, {(const uint8_t *)name, (uint32_t)strlen(name)}, cap, 1, &ep, 0, 1};
     kvp_msg_mount mm = {1, &d};
     kvp_enc_mount(&c->body, &mm);
     REQUIRE(call(c, s, KVP_OP_MOUNT_SEGMENT, 0) == 0);
@@ -380,7 +380,7 @@ TEST(validation)
     CHECK_EQ(put_start(&c, &s, 0, 1, 0, 1, 0, NULL, &r), 0);
     CHECK_EQ(r.results[0].status, KVP_EINVALID_PARAMS);
     CHECK_EQ(put_start(&c, &s, 0, 1, 9 * MiB, 1, 0, NULL, &r), 0);
-    CHECK_EQ(r.results[0].status, KVP_ENO_AVAILABLE_HANDLE);
+    CHECK_EQ(r.results[0].status, KVP_EOBJECT_TOO_LARGE); /* more than the pool keeps */
     CHECK_EQ(put_start(&c, &s, 0, 1, 10, 0, 0, NULL, &r), KVP_EINVALID_PARAMS);
     CHECK_EQ(put_start(&c, &s, 0, 1, 10, 4, 0, NULL, &r), KVP_EINVALID_PARAMS);
     CHECK_EQ(put_start(&c, &s, 0, 1, 10, 1, 0x80, NULL, &r), KVP_EINVALID_PARAMS);
@@ -446,9 +446,9 @@ TEST(eviction_order_is_lru)
     uint64_t st[KVP_STAT__COUNT];
     stats(&c, st);
     CHECK_EQ(st[KVP_STAT_EVICTIONS], 3);
-    /* a put larger than anything evictable can free: NO_AVAILABLE_HANDLE */
+    /* a put larger than the pool can keep: refused up front */
     CHECK_EQ(put_start(&c, &s, 200, 1, 101 * 4096, 1, 0, NULL, &r), 0);
-    CHECK_EQ(r.results[0].status, KVP_ENO_AVAILABLE_HANDLE);
+    CHECK_EQ(r.results[0].status, KVP_EOBJECT_TOO_LARGE);
     /* ... and it evicts nothing (regression: it used to flush every object) */
     CHECK_EQ(exists(&c, &s, 8), 1);
     CHECK_EQ(exists(&c, &s, 102), 1);

@@ -324,7 +324,7 @@ TEST(roundtrip_every_message)
             n++;
         }
     }
-    CHECK_EQ(n, 46); /* every kind, REMOVE_REGEX included */
+    CHECK_EQ(n, 50); /* every kind, SEG_FREED and REPLICA_BAD included */
 }
 
 TEST(decoded_bytes_borrow_from_body)
@@ -356,23 +356,25 @@ TEST(body_layouts)
     CHECK(memcmp(b.data, hello, sizeof hello) == 0);
 
     kvp_buf_reset(&b);
-    kvp_put_result pr[2] = {{0, 1, {{1, 2, 3, 4, 5}}}, {KVP_EOBJECT_ALREADY_EXISTS, 3, {{0, 0, 0, 0, 0}}}};
+    kvp_put_result pr[2] = {{0, 1, {{1, 2, 3, 4, 6, KVP_ACCESS_WRITE, 5}}},
+                            {KVP_EOBJECT_ALREADY_EXISTS, 3, {{0, 0, 0, 0, 0, 0, 0}}}};
     kvp_enc_put_start_resp(&b, &(kvp_msg_put_start_resp){2, pr});
     uint8_t want[128];
     size_t n = 0;
 #define U32(v) do { uint32_t x_ = (uint32_t)(v); for (int i_ = 0; i_ < 4; i_++) want[n++] = (uint8_t)(x_ >> 8 * i_); } while (0)
 #define U64(v) do { uint64_t x_ = (v); for (int i_ = 0; i_ < 8; i_++) want[n++] = (uint8_t)(x_ >> 8 * i_); } while (0)
     U32(2);
-    U32(0); U32(1); U64(1); U64(2); U64(3); U64(4); U64(5);
+    U32(0); U32(1); U64(1); U64(2); U64(3); U64(4); U64(6); U32(KVP_ACCESS_WRITE); U32(0); U64(5);
     U32(KVP_EOBJECT_ALREADY_EXISTS); /* nothing else after a failed status */
     CHECK_EQ(b.len, n);
     CHECK(memcmp(b.data, want, n) == 0);
 
     kvp_buf_reset(&b);
     n = 0;
-    kvp_get_result gr = {0, 9, 10, 11, 1, {{1, 2, 3, 4, 5}}};
+    kvp_get_result gr = {0, 9, 10, 11, 1, {{1, 2, 3, 4, 6, KVP_ACCESS_READ, 5}}};
     kvp_enc_get_resp(&b, &(kvp_msg_get_resp){5, 1, &gr});
-    U32(5); U32(1); U32(0); U64(9); U64(10); U64(11); U32(1); U64(1); U64(2); U64(3); U64(4); U64(5);
+    U32(5); U32(1); U32(0); U64(9); U64(10); U64(11); U32(1); U64(1); U64(2); U64(3); U64(4);
+    U64(6); U32(KVP_ACCESS_READ); U32(0); U64(5);
     CHECK_EQ(b.len, n);
     CHECK(memcmp(b.data, want, n) == 0);
 
@@ -457,7 +459,7 @@ TEST(hostile_counts)
         kvp_buf b;
         CHECK_EQ(enc_sample(at[i].kind, 1, &b), 0);
         uint32_t n = (uint32_t)(b.data[at[i].off] | b.data[at[i].off + 1] << 8);
-        CHECK(n >= 2 && n <= 17); /* the offset really is the count */
+        CHECK(n >= 2 && n <= KVP_STAT__COUNT); /* the offset really is the count */
         static const uint32_t bad[] = {UINT32_MAX, 0x80000000u, 1u << 20, 1000};
         for (size_t j = 0; j < sizeof bad / sizeof bad[0] + 1; j++) {
             put_u32_at(b.data + at[i].off, j < 4 ? bad[j] : n + 1);
@@ -566,7 +568,7 @@ TEST(other_limits)
     kvp_endpoint ep[17];
     for (int i = 0; i < 17; i++)
         ep[i] = (kvp_endpoint){PC_B("tcp"), PC_B("h:1")};
-    kvp_seg_desc sd = {1, PC_B("n"), 4096, 17, ep, 0};
+    kvp_seg_desc sd = {1, PC_B("n"), 4096, 17, ep, 0, 1};
     kvp_buf b;
     kvp_buf_init(&b, 1 << 20);
     kvp_enc_mount(&b, &(kvp_msg_mount){1, &sd});

@@ -19,6 +19,7 @@
 #include <xxhash.h>
 #include "kvpool.h"
 #include "net/net.h"
+#include "node/grants.h"
 #include "node/node.h"
 #include "node/segment.h"
 #include "node/server.h"
@@ -36,6 +37,7 @@ typedef struct fx {
     char shm_ep[256];
     kvp_endpoint eps[2];
     kvp_seg_desc desc;
+    kvp_grants *grants;
 } fx;
 
 static int fx_start(fx *f, uint64_t size, const char *token)
@@ -45,7 +47,8 @@ static int fx_start(fx *f, uint64_t size, const char *token)
     char err[256];
     REQUIRE(kvp_segment_create(size, "test", &f->seg, err, sizeof err) == 0);
     snprintf(f->unix_path, sizeof f->unix_path, "/tmp/kvp-test-%d.sock", (int)getpid());
-    kvp_segserver_opts o = {"127.0.0.1:0", f->unix_path, 2, token, SEG_ID, SECRET};
+    REQUIRE(kvp_grants_create(kvp_segment_size(f->seg), SECRET, &f->grants) == 0);
+    kvp_segserver_opts o = {"127.0.0.1:0", f->unix_path, 2, token, SEG_ID, f->grants};
     REQUIRE(kvp_segserver_start(f->seg, &o, &f->srv, err, sizeof err) == 0);
     snprintf(f->addr, sizeof f->addr, "127.0.0.1:%u", kvp_segserver_port(f->srv));
     snprintf(f->shm_ep, sizeof f->shm_ep, "%s:%s", kvp_node_host_id(), f->unix_path);
@@ -54,21 +57,44 @@ static int fx_start(fx *f, uint64_t size, const char *token)
     f->eps[1] = (kvp_endpoint){{(const uint8_t *)"shm", 3},
                                {(const uint8_t *)f->shm_ep, (uint32_t)strlen(f->shm_ep)}};
     f->desc = (kvp_seg_desc){SEG_ID, {(const uint8_t *)f->addr, (uint32_t)strlen(f->addr)},
-                             kvp_segment_size(f->seg), 2, f->eps, 0};
+                             kvp_segment_size(f->seg), 2, f->eps, 0, 0};
     return 0;
 }
 
 static void fx_stop(fx *f)
 {
     kvp_segserver_stop(f->srv);
+    kvp_grants_destroy(f->grants);
     kvp_segment_destroy(f->seg);
 }
 
-static kvp_replica rep(uint64_t off, uint64_t len, uint64_t gen)
+/* A descriptor as the master would issue it (WRITE; run_as and
+ * seg_io_frame re-issue it for the operation they perform). */
+static kvp_replica rep_seg(uint64_t seg, uint64_t off, uint64_t len, uint64_t gen)
 {
-    kvp_replica r = {SEG_ID, off, len, gen, 0};
+    kvp_replica r = {seg, off, len, gen, kvp_now_ms() + 60000, KVP_ACCESS_WRITE, 0};
     r.tag = kvp_replica_tag(SECRET, &r);
     return r;
+}
+static kvp_replica rep(uint64_t off, uint64_t len, uint64_t gen)
+{
+    return rep_seg(SEG_ID, off, len, gen);
+}
+
+/* r re-issued for `access`, keeping a deliberately wrong tag wrong. */
+static void reissue(kvp_replica *r, uint32_t access)
+{
+    uint64_t bad = r->tag ^ kvp_replica_tag(SECRET, r);
+    r->access = access;
+    r->tag = kvp_replica_tag(SECRET, r) ^ bad;
+}
+
+/* kvp_xfer_run with every descriptor issued for the operation. */
+static int run_as(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t deadline)
+{
+    for (size_t i = 0; i < n; i++)
+        reissue(&ops[i].rep, is_write ? KVP_ACCESS_WRITE : KVP_ACCESS_READ);
+    return kvp_xfer_run(x, is_write, ops, n, deadline);
 }
 
 static __thread uint64_t rng = 88172645463325252ull;
@@ -118,14 +144,14 @@ static int roundtrip(kvp_xfer *x, const uint64_t *sizes, size_t n, int pieces, u
         r[i] = (kvp_xfer_op){rep(off, sizes[i], i + 1), ri + i * (size_t)pieces, np, 99, 1, 0};
         off += (sizes[i] + 4095) & ~4095ull;
     }
-    if (kvp_xfer_run(x, 1, w, n, kvp_now_ms() + 20000) != 0)
+    if (run_as(x, 1, w, n, kvp_now_ms() + 20000) != 0)
         rc = -1;
     for (size_t i = 0; i < n && !rc; i++)
         if (w[i].status != 0) {
             fprintf(stderr, "write %zu: %d\n", i, w[i].status);
             rc = -1;
         }
-    if (!rc && kvp_xfer_run(x, 0, r, n, kvp_now_ms() + 20000) != 0)
+    if (!rc && run_as(x, 0, r, n, kvp_now_ms() + 20000) != 0)
         rc = -1;
     for (size_t i = 0; i < n && !rc; i++) {
         if (r[i].status != 0) {
@@ -176,11 +202,11 @@ static void run_roundtrips(int force_tcp)
     struct iovec iv = {b, 8};
     kvp_xfer_op op = {rep(0, 8, 1), &iv, 1, 0, 0, 0};
     op.rep.segment_id = 99;
-    CHECK_EQ(kvp_xfer_run(x, 1, &op, 1, kvp_now_ms() + 1000), 0);
+    CHECK_EQ(run_as(x, 1, &op, 1, kvp_now_ms() + 1000), 0);
     CHECK_EQ(op.status, KVP_ESEGMENT_NOT_FOUND);
     /* iovecs not matching the length */
     op = (kvp_xfer_op){rep(0, 9, 1), &iv, 1, 0, 0, 0};
-    CHECK_EQ(kvp_xfer_run(x, 1, &op, 1, kvp_now_ms() + 1000), 0);
+    CHECK_EQ(run_as(x, 1, &op, 1, kvp_now_ms() + 1000), 0);
     CHECK_EQ(op.status, KVP_EINVALID_PARAMS);
     kvp_xfer_drop_segment(x, SEG_ID);
     CHECK(!kvp_xfer_has_segment(x, SEG_ID));
@@ -206,22 +232,20 @@ TEST(refusals_over_tcp)
     kvp_xfer_op ops[5];
     ops[0] = (kvp_xfer_op){rep(0, 4096, 1), &iv, 1, 0, 0, 0};
     ops[0].rep.tag ^= 1; /* wrong tag */
-    kvp_replica oob = {SEG_ID, 8 * MiB - 100, 4096, 1, 0};
-    oob.tag = kvp_replica_tag(SECRET, &oob);
+    kvp_replica oob = rep(8 * MiB - 100, 4096, 1);
     ops[1] = (kvp_xfer_op){oob, &iv, 1, 0, 0, 0};
-    kvp_replica ovf = {SEG_ID, UINT64_MAX - 100, 4096, 1, 0};
-    ovf.tag = kvp_replica_tag(SECRET, &ovf);
+    kvp_replica ovf = rep(UINT64_MAX - 100, 4096, 1);
     ops[2] = (kvp_xfer_op){ovf, &iv, 1, 0, 0, 0};
     ops[3] = (kvp_xfer_op){rep(4096, 4096, 3), &iv, 1, 0, 0, 0}; /* good, after refusals */
     ops[4] = ops[3];
     ops[4].rep.segment_id = SEG_ID; /* same, also fine */
-    CHECK_EQ(kvp_xfer_run(x, 1, ops, 5, kvp_now_ms() + 3000), 0);
+    CHECK_EQ(run_as(x, 1, ops, 5, kvp_now_ms() + 3000), 0);
     CHECK_EQ(ops[0].status, KVP_EINVALID_WRITE);
     CHECK_EQ(ops[1].status, KVP_EINVALID_WRITE);
     CHECK_EQ(ops[2].status, KVP_EINVALID_WRITE);
     CHECK_EQ(ops[3].status, 0);
     CHECK_EQ(ops[4].status, 0);
-    CHECK_EQ(kvp_xfer_run(x, 0, ops, 4, kvp_now_ms() + 3000), 0);
+    CHECK_EQ(run_as(x, 0, ops, 4, kvp_now_ms() + 3000), 0);
     CHECK_EQ(ops[0].status, KVP_EINVALID_READ);
     CHECK_EQ(ops[1].status, KVP_EINVALID_READ);
     CHECK_EQ(ops[2].status, KVP_EINVALID_READ);
@@ -239,13 +263,14 @@ TEST(two_segments_one_batch)
     char err[256];
     memset(&b, 0, sizeof b);
     CHECK_EQ(kvp_segment_create(4 * MiB, "b", &b.seg, err, sizeof err), 0);
-    kvp_segserver_opts o = {"127.0.0.1:0", NULL, 1, NULL, SEG_ID + 1, SECRET};
+    CHECK_EQ(kvp_grants_create(4 * MiB, SECRET, &b.grants), 0);
+    kvp_segserver_opts o = {"127.0.0.1:0", NULL, 1, NULL, SEG_ID + 1, b.grants};
     CHECK_EQ(kvp_segserver_start(b.seg, &o, &b.srv, err, sizeof err), 0);
     snprintf(b.addr, sizeof b.addr, "127.0.0.1:%u", kvp_segserver_port(b.srv));
     b.eps[0] = (kvp_endpoint){{(const uint8_t *)"tcp", 3},
                               {(const uint8_t *)b.addr, (uint32_t)strlen(b.addr)}};
     b.desc = (kvp_seg_desc){SEG_ID + 1, {(const uint8_t *)b.addr, (uint32_t)strlen(b.addr)},
-                            4 * MiB, 1, b.eps, 0};
+                            4 * MiB, 1, b.eps, 0, 0};
     kvp_xfer *x;
     kvp_xfer_opts xo = {NULL, 7, 2, 0, 3000};
     CHECK_EQ(kvp_xfer_create(&xo, &x), 0);
@@ -260,13 +285,12 @@ TEST(two_segments_one_batch)
         fill(src[i], sizeof src[i], (uint64_t)i);
         wi[i] = (struct iovec){src[i], sizeof src[i]};
         ri[i] = (struct iovec){dst[i], sizeof dst[i]};
-        kvp_replica rp = {SEG_ID + (uint64_t)(i & 1), (uint64_t)i * 32768, sizeof src[i], 1, 0};
-        rp.tag = kvp_replica_tag(SECRET, &rp);
+        kvp_replica rp = rep_seg(SEG_ID + (uint64_t)(i & 1), (uint64_t)i * 32768, sizeof src[i], 1);
         w[i] = (kvp_xfer_op){rp, &wi[i], 1, 9, 0, 0};
         r[i] = (kvp_xfer_op){rp, &ri[i], 1, 9, 0, 0};
     }
-    CHECK_EQ(kvp_xfer_run(x, 1, w, 8, kvp_now_ms() + 3000), 0);
-    CHECK_EQ(kvp_xfer_run(x, 0, r, 8, kvp_now_ms() + 3000), 0);
+    CHECK_EQ(run_as(x, 1, w, 8, kvp_now_ms() + 3000), 0);
+    CHECK_EQ(run_as(x, 0, r, 8, kvp_now_ms() + 3000), 0);
     for (int i = 0; i < 8; i++) {
         CHECK_EQ(w[i].status, 0);
         CHECK_EQ(r[i].status, 0);
@@ -275,10 +299,11 @@ TEST(two_segments_one_batch)
     /* a node that went away: its ops fail, the other node's succeed */
     kvp_segserver_stop(b.srv);
     b.srv = NULL;
-    CHECK_EQ(kvp_xfer_run(x, 0, r, 8, kvp_now_ms() + 3000), 0);
+    CHECK_EQ(run_as(x, 0, r, 8, kvp_now_ms() + 3000), 0);
     for (int i = 0; i < 8; i++)
         CHECK_EQ(r[i].status, (i & 1) ? KVP_ETRANSFER_FAIL : 0);
     kvp_xfer_destroy(x);
+    kvp_grants_destroy(b.grants);
     kvp_segment_destroy(b.seg);
     fx_stop(&a);
 }
@@ -361,11 +386,14 @@ static int closed(int fd)
     }
 }
 
+/* A SEG_READ / SEG_WRITE frame with r issued for that operation. */
 static void seg_io_frame(uint8_t *p, uint16_t op, uint64_t id, uint32_t blen, const kvp_replica *r)
 {
+    kvp_replica c = *r;
+    reissue(&c, op == KVP_OP_SEG_WRITE ? KVP_ACCESS_WRITE : KVP_ACCESS_READ);
     put_hdr(p, op, id, blen);
     kvp_buf b = {p + KVP_FRAME_HDR, 0, KVP_SEG_IO_SIZE, KVP_SEG_IO_SIZE, 0};
-    kvp_enc_seg_io(&b, r);
+    kvp_enc_seg_io(&b, &c);
 }
 
 TEST(hostile_raw_socket)
@@ -402,8 +430,7 @@ TEST(hostile_raw_socket)
     uint64_t id = 0;
     CHECK_EQ(raw_answer(fd, &id, NULL), KVP_EINVALID_WRITE);
     CHECK_EQ(id, 4);
-    kvp_replica wrongseg = {SEG_ID + 1, 8192, 4096, 5, 0};
-    wrongseg.tag = kvp_replica_tag(SECRET, &wrongseg);
+    kvp_replica wrongseg = rep_seg(SEG_ID + 1, 8192, 4096, 5);
     seg_io_frame(fr, KVP_OP_SEG_WRITE, 5, KVP_SEG_IO_SIZE + 4096, &wrongseg);
     CHECK_EQ(raw_send(fd, fr, sizeof fr), 0);
     CHECK_EQ(raw_answer(fd, NULL, NULL), KVP_EINVALID_WRITE);
@@ -443,8 +470,7 @@ TEST(hostile_raw_socket)
     CHECK_EQ(raw_hello(fd, "tok"), 0);
     uint64_t offs[] = {size, size - 1, size - 4095, UINT64_MAX - 4095, UINT64_MAX};
     for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++) {
-        kvp_replica r = {SEG_ID, offs[i], 4096, 1, 0};
-        r.tag = kvp_replica_tag(SECRET, &r);
+        kvp_replica r = rep(offs[i], 4096, 1);
         seg_io_frame(fr, KVP_OP_SEG_READ, 20 + i, KVP_SEG_IO_SIZE, &r);
         CHECK_EQ(raw_send(fd, fr, KVP_FRAME_HDR + KVP_SEG_IO_SIZE), 0);
         CHECK_EQ(raw_answer(fd, NULL, NULL), KVP_EINVALID_READ);
@@ -478,7 +504,7 @@ TEST(hostile_raw_socket)
     uint8_t b[16];
     struct iovec iv = {b, 16};
     kvp_xfer_op op = {rep(0, 16, 1), &iv, 1, 0, 0, 0};
-    CHECK_EQ(kvp_xfer_run(x, 0, &op, 1, kvp_now_ms() + 2000), 0);
+    CHECK_EQ(run_as(x, 0, &op, 1, kvp_now_ms() + 2000), 0);
     CHECK_EQ(op.status, KVP_ETRANSFER_FAIL);
     kvp_xfer_destroy(x);
     fx_stop(&f);
@@ -510,13 +536,13 @@ TEST(shm_attach_unix)
     memset(v, 0x77, sizeof v);
     struct iovec iv = {v, sizeof v};
     kvp_xfer_op op = {rep(4096, 100, 1), &iv, 1, 0, 0, 0};
-    CHECK_EQ(kvp_xfer_run(x, 1, &op, 1, kvp_now_ms() + 2000), 0);
+    CHECK_EQ(run_as(x, 1, &op, 1, kvp_now_ms() + 2000), 0);
     CHECK_EQ(op.status, 0);
     CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), "shm"));
     CHECK(kvp_segment_base(f.seg)[4096] == 0x77 && kvp_segment_base(f.seg)[4195] == 0x77);
     /* out of bounds through shm */
     op.rep = rep(4 * MiB - 50, 100, 1);
-    CHECK_EQ(kvp_xfer_run(x, 1, &op, 1, kvp_now_ms() + 2000), 0);
+    CHECK_EQ(run_as(x, 1, &op, 1, kvp_now_ms() + 2000), 0);
     CHECK_EQ(op.status, KVP_EINVALID_WRITE);
     kvp_xfer_destroy(x);
     fx_stop(&f);
@@ -592,12 +618,12 @@ TEST(throughput_64x512k)
                                       sizeof buf[i], 1),
                                   &iv[i], 1, 0, 0, 0};
         }
-        CHECK_EQ(kvp_xfer_run(x, 1, ops, 64, kvp_now_ms() + 10000), 0); /* warm up */
+        CHECK_EQ(run_as(x, 1, ops, 64, kvp_now_ms() + 10000), 0); /* warm up */
         for (int w = 1; w >= 0; w--) {
             uint64_t t0 = kvp_now_ns();
             int reps = 5;
             for (int k = 0; k < reps; k++)
-                CHECK_EQ(kvp_xfer_run(x, w, ops, 64, kvp_now_ms() + 10000), 0);
+                CHECK_EQ(run_as(x, w, ops, 64, kvp_now_ms() + 10000), 0);
             uint64_t dt = kvp_now_ns() - t0;
             for (int i = 0; i < 64; i++)
                 CHECK_EQ(ops[i].status, 0);

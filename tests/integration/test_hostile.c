@@ -1,0 +1,385 @@
+/*
+ * test_hostile.c -- a real `kvpool master` and `kvpool store`, driven by a
+ * raw protocol client that behaves as a misbehaving or malicious peer would
+ * (issue 10): stale, forged, wrong-operation and expired descriptors at the
+ * storage node; puts the pool cannot keep; a corrupt replica that must not
+ * leave its key stuck.
+ *
+ * The raw client speaks the wire protocol through kvp_rpc to the master and
+ * to the node's TCP endpoint; the checks are the node's and master's, not
+ * a library's.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "common/buf.h"
+#include "harness.h"
+#include "kvpool.h"
+#include "net/rpc.h"
+#include "node/grants.h"
+#include "proc.h"
+#include "proto/proto.h"
+
+#define MiB (1024ull * 1024)
+
+/* ---------------------------------------------------------- raw client */
+
+typedef struct raw {
+    kvp_rpc *m;           /* master */
+    kvp_rpc *n;           /* the node's segment server (TCP) */
+    kvp_buf body;
+    kvp_arena a;
+    kvp_proto_limits lim;
+    int32_t st;
+    const uint8_t *resp;
+    uint32_t rlen;
+} raw;
+
+static int call(raw *r, kvp_rpc *to, uint16_t op)
+{
+    int rc = kvp_rpc_call(to, op, r->body.data, r->body.len, &r->st, &r->resp, &r->rlen);
+    kvp_buf_reset(&r->body);
+    kvp_arena_reset(&r->a);
+    return rc;
+}
+
+static kvp_bytes bs(const char *s) { return (kvp_bytes){(const uint8_t *)s, (uint32_t)strlen(s)}; }
+
+/* PUT_START of one key: its first replica's (WRITE) descriptor in *w.
+ * Returns the key's status. */
+static int put_start(raw *r, const char *key, uint64_t size, kvp_replica *w)
+{
+    kvp_bytes k = bs(key);
+    kvp_msg_put_start ps = {{NULL, 0}, 1, 0, {NULL, 0}, 1, &k, &size};
+    kvp_enc_put_start(&r->body, &ps);
+    REQUIRE(call(r, r->m, KVP_OP_PUT_START) == 0 && r->st == 0);
+    kvp_msg_put_start_resp d;
+    REQUIRE(kvp_dec_put_start_resp(r->resp, r->rlen, &r->lim, &r->a, &d) == 0 && d.n == 1);
+    if (d.results[0].status == 0 && w)
+        *w = d.results[0].replicas[0];
+    return d.results[0].status;
+}
+
+static int put_end(raw *r, const char *key, uint64_t csum)
+{
+    kvp_bytes k = bs(key);
+    kvp_msg_put_end pe = {{NULL, 0}, 1, &k, &csum};
+    kvp_enc_put_end(&r->body, &pe);
+    REQUIRE(call(r, r->m, KVP_OP_PUT_END) == 0 && r->st == 0);
+    kvp_msg_results res;
+    REQUIRE(kvp_dec_results(r->resp, r->rlen, &r->lim, &r->a, &res) == 0 && res.n == 1);
+    return res.codes[0];
+}
+
+/* GET of one key: its first replica's (READ) descriptor in *rd. */
+static int get(raw *r, const char *key, kvp_replica *rd)
+{
+    kvp_bytes k = bs(key);
+    kvp_msg_keys g = {{NULL, 0}, 1, &k};
+    kvp_enc_keys(&r->body, &g);
+    REQUIRE(call(r, r->m, KVP_OP_GET) == 0 && r->st == 0);
+    kvp_msg_get_resp d;
+    REQUIRE(kvp_dec_get_resp(r->resp, r->rlen, &r->lim, &r->a, &d) == 0 && d.n == 1);
+    if (d.results[0].status == 0)
+        *rd = d.results[0].replicas[0];
+    return d.results[0].status;
+}
+
+static int remove_key(raw *r, const char *key)
+{
+    kvp_bytes k = bs(key);
+    kvp_msg_remove rm = {{NULL, 0}, 1, 1, &k};
+    kvp_enc_remove(&r->body, &rm);
+    REQUIRE(call(r, r->m, KVP_OP_REMOVE) == 0 && r->st == 0);
+    kvp_msg_results res;
+    REQUIRE(kvp_dec_results(r->resp, r->rlen, &r->lim, &r->a, &res) == 0 && res.n == 1);
+    return res.codes[0];
+}
+
+static int exists(raw *r, const char *key)
+{
+    kvp_bytes k = bs(key);
+    kvp_msg_keys g = {{NULL, 0}, 1, &k};
+    kvp_enc_keys(&r->body, &g);
+    REQUIRE(call(r, r->m, KVP_OP_EXIST) == 0 && r->st == 0);
+    kvp_msg_results res;
+    REQUIRE(kvp_dec_results(r->resp, r->rlen, &r->lim, &r->a, &res) == 0 && res.n == 1);
+    return res.codes[0];
+}
+
+/* SEG_WRITE of len bytes of `fill` with descriptor d: the node's status. */
+static int seg_write(raw *r, const kvp_replica *d, uint8_t fill, size_t len)
+{
+    kvp_enc_seg_io(&r->body, d);
+    uint8_t *p = malloc(len);
+    memset(p, fill, len);
+    kvp_buf_put(&r->body, p, len);
+    free(p);
+    REQUIRE(call(r, r->n, KVP_OP_SEG_WRITE) == 0);
+    return r->st;
+}
+
+/* SEG_READ with descriptor d into out (d->length bytes). */
+static int seg_read(raw *r, const kvp_replica *d, uint8_t *out)
+{
+    kvp_enc_seg_io(&r->body, d);
+    REQUIRE(call(r, r->n, KVP_OP_SEG_READ) == 0);
+    if (r->st == 0) {
+        REQUIRE(r->rlen == d->length);
+        memcpy(out, r->resp, r->rlen);
+    }
+    return r->st;
+}
+
+static int all(const uint8_t *p, size_t n, uint8_t v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != v)
+            return 0;
+    return 1;
+}
+
+/* Connects r to the node owning segment seg (its TCP endpoint from
+ * SEGMENT_INFO). */
+static int raw_node(raw *r, uint64_t seg)
+{
+    char err[256];
+    kvp_rpc_opts o = {.name = "hostile", .timeout_ms = 5000};
+    kvp_msg_ids ids = {1, &seg};
+    kvp_enc_ids(&r->body, &ids);
+    REQUIRE(call(r, r->m, KVP_OP_SEGMENT_INFO) == 0 && r->st == 0);
+    kvp_msg_seg_info_resp si;
+    REQUIRE(kvp_dec_seg_info_resp(r->resp, r->rlen, &r->lim, &r->a, &si) == 0 && si.n == 1);
+    char addr[300] = "";
+    for (uint32_t i = 0; i < si.infos[0].desc.n_endpoints; i++) {
+        const kvp_endpoint *e = &si.infos[0].desc.endpoints[i];
+        if (e->transport.len == 3 && !memcmp(e->transport.p, "tcp", 3))
+            snprintf(addr, sizeof addr, "%.*s", (int)e->addr.len, (const char *)e->addr.p);
+    }
+    REQUIRE(addr[0]);
+    REQUIRE(kvp_rpc_open(addr, &o, &r->n, err, sizeof err) == 0);
+    return 0;
+}
+
+/* Opens the raw client on the master, then (seg != 0) on seg's node. */
+static int raw_open(raw *r, const char *master, uint64_t seg)
+{
+    memset(r, 0, sizeof *r);
+    kvp_buf_init(&r->body, 64 * MiB);
+    kvp_arena_init(&r->a, 64 * MiB);
+    kvp_proto_limits_default(&r->lim);
+    char err[256];
+    kvp_rpc_opts o = {.name = "hostile", .timeout_ms = 5000};
+    REQUIRE(kvp_rpc_open(master, &o, &r->m, err, sizeof err) == 0);
+    return seg ? raw_node(r, seg) : 0;
+}
+
+static void raw_close(raw *r)
+{
+    kvp_rpc_close(r->m);
+    kvp_rpc_close(r->n);
+    kvp_buf_free(&r->body);
+    kvp_arena_free(&r->a);
+}
+
+/* Segment id of the one mounted segment: a PUT_START / PUT_REVOKE probe. */
+static uint64_t probe_segment(raw *r)
+{
+    kvp_replica w;
+    REQUIRE(put_start(r, "probe", 4096, &w) == 0);
+    kvp_bytes k = bs("probe");
+    kvp_msg_keys rv = {{NULL, 0}, 1, &k};
+    kvp_enc_keys(&r->body, &rv);
+    REQUIRE(call(r, r->m, KVP_OP_PUT_REVOKE) == 0 && r->st == 0);
+    return w.segment_id;
+}
+
+typedef struct env {
+    tp_master m;
+    tp_store s;
+} env;
+
+static int env_up(env *e, const char *seg_size)
+{
+    memset(e, 0, sizeof *e);
+    static const char *const mopts[] = {"--lease-ttl", "600ms", "--client-ttl", "3s", NULL};
+    if (tp_master_start(&e->m, mopts) != 0)
+        return -1;
+    return tp_store_start(&e->s, e->m.addr, (const char *const[]){"--segment-size", seg_size, NULL});
+}
+
+static void env_down(env *e)
+{
+    tp_store_kill(&e->s);
+    if (e->m.pid > 0)
+        tp_master_kill(&e->m);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+/* Finding 1: a descriptor names its operation, allocation and expiry. A
+ * read descriptor cannot write; a descriptor of a removed object reads and
+ * writes nothing, even once its space holds another object; an expired one
+ * is refused. The object stored in the reused space stays intact. */
+static void descriptors_body(env *e)
+{
+    raw pr, r;
+    if (raw_open(&pr, e->m.addr, 0))
+        return;
+    uint64_t seg = probe_segment(&pr);
+    raw_close(&pr);
+    if (raw_open(&r, e->m.addr, seg))
+        return;
+    const size_t len = 64 * 1024;
+    uint8_t *buf = malloc(len);
+    kvp_replica wa, ra, wb, rb;
+    CHECK_EQ(put_start(&r, "victim-a", len, &wa), 0);
+    CHECK_EQ(seg_write(&r, &wa, 0xAA, len), 0);
+    memset(buf, 0xAA, len);
+    CHECK_EQ(put_end(&r, "victim-a", XXH3_64bits(buf, len)), 0);
+    CHECK_EQ(get(&r, "victim-a", &ra), 0);
+    /* the GET's descriptor is for reading only */
+    CHECK_EQ(seg_write(&r, &ra, 0x66, len), KVP_EINVALID_WRITE);
+    /* the PUT_START's descriptor is for writing only */
+    CHECK_EQ(seg_read(&r, &wa, buf), KVP_EINVALID_READ);
+    CHECK_EQ(seg_read(&r, &ra, buf), 0);
+    CHECK(all(buf, len, 0xAA));
+
+    /* removed: the master tells the node, both descriptors die at once */
+    CHECK_EQ(remove_key(&r, "victim-a"), 0);
+    tp_sleep_ms(100);
+    CHECK_EQ(seg_read(&r, &ra, buf), KVP_EINVALID_READ);
+    CHECK_EQ(seg_write(&r, &wa, 0x66, len), KVP_EINVALID_WRITE);
+
+    /* the same space now holds b: the stale descriptors still touch nothing */
+    CHECK_EQ(put_start(&r, "victim-b", len, &wb), 0);
+    CHECK_EQ(wb.offset, wa.offset);
+    CHECK(wb.generation > wa.generation);
+    CHECK_EQ(seg_write(&r, &wb, 0xBB, len), 0);
+    memset(buf, 0xBB, len);
+    CHECK_EQ(put_end(&r, "victim-b", XXH3_64bits(buf, len)), 0);
+    CHECK_EQ(seg_read(&r, &ra, buf), KVP_EINVALID_READ);
+    CHECK_EQ(seg_write(&r, &wa, 0x66, len), KVP_EINVALID_WRITE);
+    /* a forged descriptor: right fields, tag from a guess */
+    kvp_replica forged = wb;
+    forged.access = KVP_ACCESS_WRITE;
+    forged.expires_ms += 3600 * 1000;
+    CHECK_EQ(seg_write(&r, &forged, 0x66, len), KVP_EINVALID_WRITE);
+    CHECK_EQ(get(&r, "victim-b", &rb), 0);
+    memset(buf, 0, len);
+    CHECK_EQ(seg_read(&r, &rb, buf), 0);
+    CHECK(all(buf, len, 0xBB));
+
+    /* expired: lease_ttl is 600 ms, the node allows 500 ms of clock slack */
+    tp_sleep_ms(600 + KVP_GRANT_SLACK_MS + 300);
+    CHECK_EQ(seg_read(&r, &rb, buf), KVP_EINVALID_READ);
+    CHECK_EQ(get(&r, "victim-b", &rb), 0); /* a fresh lease reads again */
+    CHECK_EQ(seg_read(&r, &rb, buf), 0);
+    CHECK(all(buf, len, 0xBB));
+    free(buf);
+    raw_close(&r);
+}
+
+TEST(descriptors_bound_to_operation_allocation_and_time)
+{
+    env e;
+    if (env_up(&e, "32MiB") == 0)
+        descriptors_body(&e);
+    else
+        CHECK(!"master or store did not start");
+    env_down(&e);
+}
+
+/* Finding 2: a put the pool cannot keep is refused before anything is
+ * allocated or evicted: the whole segment, 95 % of it, more than 4 GiB. */
+static void limits_body(env *e)
+{
+    raw r;
+    if (raw_open(&r, e->m.addr, 0))
+        return;
+    char key[32];
+    for (int i = 0; i < 8; i++) {
+        snprintf(key, sizeof key, "resident-%d", i);
+        kvp_replica w;
+        CHECK_EQ(put_start(&r, key, MiB, &w), 0);
+        CHECK_EQ(put_end(&r, key, 0), 0);
+    }
+    static const uint64_t sizes[] = {32 * MiB, 32 * MiB * 95 / 100, 5ull << 30, UINT64_MAX};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        snprintf(key, sizeof key, "huge-%zu", i);
+        CHECK_EQ(put_start(&r, key, sizes[i], NULL), KVP_EOBJECT_TOO_LARGE);
+        CHECK_EQ(exists(&r, key), 0);
+    }
+    for (int i = 0; i < 8; i++) { /* nothing was evicted to make room */
+        snprintf(key, sizeof key, "resident-%d", i);
+        CHECK_EQ(exists(&r, key), 1);
+    }
+    /* what the pool can keep still goes in */
+    kvp_replica w;
+    CHECK_EQ(put_start(&r, "big-but-fine", 16 * MiB, &w), 0);
+    raw_close(&r);
+}
+
+TEST(put_start_refuses_what_cannot_be_kept)
+{
+    env e;
+    if (env_up(&e, "32MiB") == 0)
+        limits_body(&e);
+    else
+        CHECK(!"master or store did not start");
+    env_down(&e);
+}
+
+/* Finding 3: a replica whose bytes do not match the checksum is reported by
+ * the reader and dropped by the master, so the key is not stuck: the next
+ * put stores it again and reads are right. */
+static void corrupt_body(env *e)
+{
+    raw r;
+    if (raw_open(&r, e->m.addr, 0))
+        return;
+    const size_t len = 100 * 1024;
+    kvp_replica w;
+    CHECK_EQ(put_start(&r, "corrupt", len, &w), 0);
+    if (raw_node(&r, w.segment_id)) /* same master connection: the put stays pending */
+        return;
+    CHECK_EQ(seg_write(&r, &w, 0x5A, len), 0);
+    CHECK_EQ(put_end(&r, "corrupt", 12345), 0); /* not the checksum of those bytes */
+
+    char cfg[512], err[512];
+    snprintf(cfg, sizeof cfg, "{\"master\": \"%s\", \"mode\": \"standalone-store\"}", e->m.addr);
+    kvp_client *c = NULL;
+    CHECK_EQ(kvp_client_open(cfg, &c, err, sizeof err), 0);
+    if (!c) {
+        raw_close(&r);
+        return;
+    }
+    uint8_t *buf = malloc(len), *want = malloc(len);
+    CHECK_EQ(kvp_client_get(c, "corrupt", buf, len), KVP_ECHECKSUM_MISMATCH);
+    uint64_t end = tp_now_ms() + 2000;
+    while (exists(&r, "corrupt") == 1 && tp_now_ms() < end)
+        tp_sleep_ms(20);
+    CHECK_EQ(exists(&r, "corrupt"), 0);
+    for (size_t i = 0; i < len; i++)
+        want[i] = (uint8_t)(i * 7);
+    CHECK_EQ(kvp_client_put(c, "corrupt", want, len), 0);
+    CHECK_EQ(kvp_client_get(c, "corrupt", buf, len), (int64_t)len);
+    CHECK(memcmp(buf, want, len) == 0);
+    free(buf);
+    free(want);
+    kvp_client_close(c);
+    raw_close(&r);
+}
+
+TEST(corrupt_replica_is_dropped_and_key_recovers)
+{
+    env e;
+    if (env_up(&e, "32MiB") == 0)
+        corrupt_body(&e);
+    else
+        CHECK(!"master or store did not start");
+    env_down(&e);
+}
+
