@@ -69,8 +69,8 @@ typedef struct kvp_cli_flag {
  *
  * Positional arguments are moved, in order, to argv[1 .. *npos] (the rest of
  * argv is then unspecified); with npos NULL the command takes none and one
- * is an error. Returns 0, 1 for help (nothing else is reported or changed
- * but argv), or -1 after printing the message.
+ * is an error. Returns 0, 1 for help (then nothing is reported, loaded or
+ * moved), or -1 after printing the message.
  */
 int kvp_cli_parse(int argc, char **argv, kvp_config *cfg, const kvp_cli_flag *own,
                   const char **own_vals, int *npos);
