@@ -2,17 +2,21 @@
 #ifndef KVP_CLI_H
 #define KVP_CLI_H
 
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
 #include "common/config.h"
 
 /* Each returns the process exit status. argv[0] is the subcommand name. */
 int kvp_cmd_master(int argc, char **argv);
 int kvp_cmd_store(int argc, char **argv);
 int kvp_cmd_bench(int argc, char **argv);
-/* `kvpool bench store` (cmd_bench_store.c); argv[0] is "store". */
+/* `kvpool bench store` (cmd_bench_store.c); argv[0] is "bench store". */
 int kvp_bench_store(int argc, char **argv);
-/* `kvpool bench connector` (cmd_bench_connector.c); argv[0] is "connector". */
+/* `kvpool bench connector` (cmd_bench_connector.c); argv[0] is "bench connector". */
 int kvp_bench_connector(int argc, char **argv);
-/* `kvpool bench sim` (cmd_bench_sim.c); argv[0] is "sim". */
+/* `kvpool bench sim` (cmd_bench_sim.c); argv[0] is "bench sim". */
 int kvp_bench_sim(int argc, char **argv);
 int kvp_cmd_stat(int argc, char **argv);
 int kvp_cmd_reset(int argc, char **argv);
@@ -23,16 +27,81 @@ int kvp_cmd_sim(int argc, char **argv);
 int kvp_cmd_kv(int argc, char **argv);
 
 /*
- * Shared option handling: loads the config file (--config FILE, else
- * $KVPOOL_CONFIG, else $MOONCAKE_CONFIG_PATH), then applies every
- * "--key value" / "--key=value" flag as a config key ('-' = '_').
- * Flags listed in `own` (NULL-terminated, without "--") are not config
- * keys: their values are returned in own_vals (NULL if absent; a flag in
- * `own` ending in '!' is boolean and yields "1").
- * Prints a message naming the flag and returns -1 on error, 1 for --help.
+ * The command line (opts.c), the same for every subcommand: GNU-style.
+ *
+ *   - flags and positional arguments in any order: `put KEY --master H:P`
+ *     and `put --master H:P KEY` are the same;
+ *   - "--name VALUE" or "--name=VALUE"; a boolean flag is "--name" alone;
+ *   - "--" ends the flags: what follows is positional, even "-x" or "--y";
+ *     "-" alone is positional (standard input/output);
+ *   - "--help" / "-h" (before any "--") means help, wherever it is.
+ *
+ * Every byte is untrusted: a missing or empty value, an unknown flag, a
+ * number with a sign or trailing junk, out of range or overflowing, a
+ * HOST:PORT without a port or with a port out of range is one message on
+ * stderr, "kvpool CMD: flag --NAME: value "V" PROBLEM (allowed: WHAT)"
+ * (values quoted, control bytes escaped, long ones cut), and the parser
+ * returns -1: commands then exit with status 2, the usage-error status.
  */
-int kvp_cli_parse(int argc, char **argv, kvp_config *cfg, const char *const *own,
-                  const char **own_vals);
+
+/* What a flag of the command's own table takes. */
+typedef enum kvp_cli_kind {
+    KVP_CLI_TEXT,    /* a non-empty string */
+    KVP_CLI_BOOL,    /* nothing: "--name" alone yields "1"; "--name=V" is refused */
+    KVP_CLI_CONNECT, /* HOST:PORT of a server to reach: port 1 to 65535 */
+    KVP_CLI_LISTEN,  /* HOST:PORT to listen on: port 0 to 65535, 0 = any free port */
+} kvp_cli_kind;
+
+/* One flag of a command's own table (name without "--"); {NULL} ends it. */
+typedef struct kvp_cli_flag {
+    const char *name;
+    kvp_cli_kind kind;
+} kvp_cli_flag;
+
+/*
+ * Parses a command that has a configuration: loads the file (--config FILE,
+ * else $KVPOOL_CONFIG, else $MOONCAKE_CONFIG_PATH), applies $KVPOOL_MASTER,
+ * then every flag in order. A flag of `own` stores its value in
+ * own_vals[its index] (left alone when absent; later ones win); any other
+ * flag is a configuration key ('-' = '_'; --master and its aliases are
+ * checked as KVP_CLI_CONNECT, --listen as KVP_CLI_LISTEN). argv[0] is the
+ * command name used in messages.
+ *
+ * Positional arguments are moved, in order, to argv[1 .. *npos] (the rest of
+ * argv is then unspecified); with npos NULL the command takes none and one
+ * is an error. Returns 0, 1 for help (then nothing is reported, loaded or
+ * moved), or -1 after printing the message.
+ */
+int kvp_cli_parse(int argc, char **argv, kvp_config *cfg, const kvp_cli_flag *own,
+                  const char **own_vals, int *npos);
+/* The same for a command without a configuration (`kvpool sim`, benchmarks):
+ * a flag not in `own` is an error. */
+int kvp_cli_scan(int argc, char **argv, const kvp_cli_flag *own, const char **own_vals,
+                 int *npos);
+
+/*
+ * Value checks for flags the parser hands over as text; each prints
+ * "kvpool CMD: flag --FLAG: value "V" ... (allowed: ...)" and returns -1, or
+ * stores the value and returns 0.
+ *   kvp_cli_uint:    decimal digits only, lo <= x <= hi
+ *   kvp_cli_seconds: a decimal number of seconds, lo < x (lo_open) or
+ *                    lo <= x, and x <= hi
+ *   kvp_cli_size:    a size ("4GiB", "512MiB", bytes), lo <= x <= hi
+ *   kvp_cli_addr:    HOST:PORT (HOST a name, IPv4 or [IPv6]) with a port
+ *                    from 1 (from 0 with any_port: KVP_CLI_LISTEN) to 65535
+ * A flag starting with '$' names an environment variable instead.
+ */
+int kvp_cli_uint(const char *cmd, const char *flag, const char *v, uint64_t lo, uint64_t hi,
+                 uint64_t *out);
+int kvp_cli_seconds(const char *cmd, const char *flag, const char *v, double lo, int lo_open,
+                    double hi, double *out);
+int kvp_cli_size(const char *cmd, const char *flag, const char *v, uint64_t lo, uint64_t hi,
+                 uint64_t *out);
+int kvp_cli_addr(const char *cmd, const char *flag, const char *v, int any_port);
+/* s as a double-quoted string for messages: '"', '\' and control or
+ * non-ASCII bytes escaped, cut after 60 bytes with "..."; returns buf. */
+const char *kvp_cli_quote(const char *s, char *buf, size_t n);
+
 /*
  * Starts this binary (/proc/self/exe) with `kvpool <args...> --listen
  * 127.0.0.1:0 --port-file F` (args NULL-terminated, e.g. {"serve",
@@ -40,6 +109,5 @@ int kvp_cli_parse(int argc, char **argv, kvp_config *cfg, const char *const *own
  * and writes "127.0.0.1:PORT" into addr. The child gets SIGTERM if this
  * process dies. Returns its pid, or -1 (the child, if any, is killed).
  */
-#include <sys/types.h>
 pid_t kvp_cli_spawn_self(const char *const *args, int wait_ms, char *addr, size_t addrlen);
 #endif

@@ -89,9 +89,10 @@ int kvp_cmd_stat(int argc, char **argv)
 {
     kvp_config cfg;
     kvp_config_defaults(&cfg);
-    static const char *const own[] = {"json!", "watch", NULL};
+    static const kvp_cli_flag own[] = {{"json", KVP_CLI_BOOL}, {"watch", KVP_CLI_TEXT},
+                                       {NULL, KVP_CLI_TEXT}};
     const char *v[2] = {NULL};
-    int rc = kvp_cli_parse(argc, argv, &cfg, own, v);
+    int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
     if (rc == 1) {
         printf("usage: kvpool stat [--master HOST:PORT] [--json] [--watch SECONDS]\n"
                "Shows the pool: objects, usage, hits, misses, evictions, and per segment its\n"
@@ -102,14 +103,8 @@ int kvp_cmd_stat(int argc, char **argv)
     if (rc < 0)
         return 2;
     double every = 0;
-    if (v[1]) {
-        char *end;
-        every = strtod(v[1], &end);
-        if (*end || every <= 0 || every > 3600) {
-            fprintf(stderr, "kvpool stat: --watch \"%s\": expected seconds in (0, 3600]\n", v[1]);
-            return 2;
-        }
-    }
+    if (v[1] && kvp_cli_seconds("stat", "watch", v[1], 0, 1, 3600, &every) != 0)
+        return 2;
     kvp_rpc *r;
     if (connect_master(&cfg, "stat", &r))
         return 1;
@@ -157,9 +152,10 @@ int kvp_cmd_reset(int argc, char **argv)
 {
     kvp_config cfg;
     kvp_config_defaults(&cfg);
-    static const char *const own[] = {"yes!", "force!", "tenant", NULL};
+    static const kvp_cli_flag own[] = {{"yes", KVP_CLI_BOOL}, {"force", KVP_CLI_BOOL},
+                                       {"tenant", KVP_CLI_TEXT}, {NULL, KVP_CLI_TEXT}};
     const char *v[3] = {NULL};
-    int rc = kvp_cli_parse(argc, argv, &cfg, own, v);
+    int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
     if (rc == 1) {
         printf("usage: kvpool reset [--master HOST:PORT] [--yes] [--force] [--tenant NAME]\n"
                "Removes every object of the tenant (default \"default\"). Asks first unless\n"

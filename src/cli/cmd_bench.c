@@ -306,9 +306,11 @@ static int bench_master(int argc, char **argv)
 {
     kvp_config cfg;
     kvp_config_defaults(&cfg);
-    static const char *const own[] = {"json!", "master", "objects", "objects-big", "ops", NULL};
+    static const kvp_cli_flag own[] = {{"json", KVP_CLI_BOOL},    {"master", KVP_CLI_CONNECT},
+                                       {"objects", KVP_CLI_TEXT},  {"objects-big", KVP_CLI_TEXT},
+                                       {"ops", KVP_CLI_TEXT},      {NULL, KVP_CLI_TEXT}};
     const char *v[5] = {NULL};
-    int rc = kvp_cli_parse(argc, argv, &cfg, own, v);
+    int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
     if (rc == 1) {
         printf("usage: kvpool bench master [--json] [--master HOST:PORT] [--objects N]\n"
                "                           [--objects-big N] [--ops N]\n"
@@ -323,12 +325,14 @@ static int bench_master(int argc, char **argv)
     b.json = v[0] != NULL;
     b.out = b.json ? stderr : stdout;
     b.first_result = 1;
-    uint64_t nobj = v[2] ? strtoull(v[2], NULL, 10) : 1000000;
-    uint64_t nbig = v[3] ? strtoull(v[3], NULL, 10) : 10000000;
-    uint64_t nops = v[4] ? strtoull(v[4], NULL, 10) : 20000;
-    if (nobj < 1024 || (nbig && nbig < nobj) || nops == 0) {
-        fprintf(stderr, "kvpool bench master: need --objects >= 1024, --objects-big >= --objects "
-                        "(or 0), --ops >= 1\n");
+    uint64_t nobj = 1000000, nbig = 10000000, nops = 20000;
+    if ((v[2] && kvp_cli_uint("bench master", "objects", v[2], 1024, 1ull << 32, &nobj) != 0) ||
+        (v[3] && kvp_cli_uint("bench master", "objects-big", v[3], 0, 1ull << 32, &nbig) != 0) ||
+        (v[4] && kvp_cli_uint("bench master", "ops", v[4], 1, 1ull << 32, &nops) != 0))
+        return 2;
+    if (nbig && nbig < nobj) {
+        fprintf(stderr, "kvpool bench master: --objects-big %llu must be 0 or at least --objects "
+                "(%llu)\n", (unsigned long long)nbig, (unsigned long long)nobj);
         return 2;
     }
     char addr[64];
@@ -456,14 +460,18 @@ out:
 
 int kvp_cmd_bench(int argc, char **argv)
 {
-    if (argc >= 2 && !strcmp(argv[1], "master"))
-        return bench_master(argc - 1, argv + 1);
-    if (argc >= 2 && !strcmp(argv[1], "store"))
-        return kvp_bench_store(argc - 1, argv + 1);
-    if (argc >= 2 && !strcmp(argv[1], "connector"))
-        return kvp_bench_connector(argc - 1, argv + 1);
-    if (argc >= 2 && !strcmp(argv[1], "sim"))
-        return kvp_bench_sim(argc - 1, argv + 1);
+    static const struct {
+        const char *name, *label; /* label: argv[0] of the benchmark, for messages */
+        int (*fn)(int, char **);
+    } benches[] = {{"master", "bench master", bench_master},
+                   {"store", "bench store", kvp_bench_store},
+                   {"connector", "bench connector", kvp_bench_connector},
+                   {"sim", "bench sim", kvp_bench_sim}};
+    for (size_t i = 0; argc >= 2 && i < sizeof benches / sizeof benches[0]; i++)
+        if (!strcmp(argv[1], benches[i].name)) {
+            argv[1] = (char *)benches[i].label;
+            return benches[i].fn(argc - 1, argv + 1);
+        }
     fprintf(stderr, "usage: kvpool bench master|store|connector|sim [--json]\n"
                     "       (kvpool bench master --help, kvpool bench store --help,\n"
                     "        kvpool bench connector --help, kvpool bench sim --help)\n"

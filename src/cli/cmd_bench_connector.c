@@ -432,26 +432,23 @@ out:
 
 int kvp_bench_connector(int argc, char **argv)
 {
-    int json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) {
-            json = 1;
-        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: kvpool bench connector [--json]\n"
-                   "  the connector's CPU overhead, in-process (no servers):\n"
-                   "  scheduler build_meta per step for %d running requests (decode and\n"
-                   "  16-token chunks) and worker preparation per 1,000 blocks\n",
-                   NREQ);
-            return 0;
-        } else {
-            fprintf(stderr, "kvpool bench connector: unknown argument %s\n", argv[i]);
-            return 2;
-        }
+    static const kvp_cli_flag own[] = {{"json", KVP_CLI_BOOL}, {NULL, KVP_CLI_TEXT}};
+    const char *v[1] = {NULL};
+    int rc = kvp_cli_scan(argc, argv, own, v, NULL);
+    if (rc == 1) {
+        printf("usage: kvpool bench connector [--json]\n"
+               "  the connector's CPU overhead, in-process (no servers):\n"
+               "  scheduler build_meta per step for %d running requests (decode and\n"
+               "  16-token chunks) and worker preparation per 1,000 blocks\n",
+               NREQ);
+        return 0;
     }
+    if (rc < 0)
+        return 2;
+    int json = v[0] != NULL;
     FILE *out = json ? stderr : stdout;
     sched_res dec = {0}, chk = {0};
     worker_res w = {0};
-    int rc;
     fprintf(out, "kvpool bench connector: %d requests, %d-token prompts, block size %d, "
                  "1 group\n", NREQ, PROMPT, BS);
     if ((rc = bench_sched(1, &dec)) != 0 || (rc = bench_sched(BS, &chk)) != 0) {

@@ -290,39 +290,19 @@ static void usage(void)
 
 int kvp_bench_sim(int argc, char **argv)
 {
-    const char *master = NULL, *duration = "8";
-    int json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage();
-            return 0;
-        }
-        if (!strcmp(argv[i], "--json")) {
-            json = 1;
-        } else if ((!strcmp(argv[i], "--master") || !strcmp(argv[i], "--duration")) &&
-                   i + 1 < argc) {
-            const char *v = argv[++i];
-            if (!strcmp(argv[i - 1], "--master")) {
-                if (!*v || strlen(v) > 200 || !strchr(v, ':')) {
-                    fprintf(stderr, "kvpool bench sim: --master \"%s\": expected HOST:PORT\n", v);
-                    return 2;
-                }
-                master = v;
-            } else {
-                char *end;
-                double d = strtod(v, &end);
-                if (end == v || *end || !(d > 0) || d > 3600) {
-                    fprintf(stderr, "kvpool bench sim: --duration \"%s\": expected seconds in "
-                            "(0, 3600]\n", v);
-                    return 2;
-                }
-                duration = v;
-            }
-        } else {
-            fprintf(stderr, "kvpool bench sim: unknown or incomplete flag \"%s\"\n", argv[i]);
-            return 2;
-        }
+    static const kvp_cli_flag own[] = {{"json", KVP_CLI_BOOL}, {"master", KVP_CLI_CONNECT},
+                                       {"duration", KVP_CLI_TEXT}, {NULL, KVP_CLI_TEXT}};
+    const char *v[3] = {NULL};
+    int rc = kvp_cli_scan(argc, argv, own, v, NULL);
+    if (rc == 1) {
+        usage();
+        return 0;
     }
+    double secs;
+    if (rc < 0 || (v[2] && kvp_cli_seconds("bench sim", "duration", v[2], 0, 1, 3600, &secs)))
+        return 2;
+    const char *master = v[1], *duration = v[2] ? v[2] : "8";
+    int json = v[0] != NULL;
     signal(SIGPIPE, SIG_IGN);
     char addr[300];
     pid_t pid = 0;

@@ -1140,18 +1140,10 @@ int kvp_bench_store(int argc, char **argv)
 {
     kvp_config cfg;
     kvp_config_defaults(&cfg);
-    static const char *const own[] = {"json!", "master", "rounds", NULL};
+    static const kvp_cli_flag own[] = {{"json", KVP_CLI_BOOL}, {"master", KVP_CLI_CONNECT},
+                                       {"rounds", KVP_CLI_TEXT}, {NULL, KVP_CLI_TEXT}};
     const char *v[3] = {NULL};
-    /* messages name the command as "kvpool bench store: ..." */
-    char **av = kvp_malloc((size_t)(argc + 1) * sizeof *av);
-    if (!av) {
-        fprintf(stderr, "kvpool bench store: out of memory\n");
-        return 1;
-    }
-    memcpy(av, argv, (size_t)(argc + 1) * sizeof *av);
-    av[0] = (char *)"bench store";
-    int rc = kvp_cli_parse(argc, av, &cfg, own, v);
-    kvp_free(av);
+    int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
     if (rc == 1) {
         printf("usage: kvpool bench store [--json] [--master HOST:PORT] [--rounds N]\n"
                "  batch put/get of 64 x 512 KiB and 16 x 2 MiB values through kvpool (shm and\n"
@@ -1166,22 +1158,10 @@ int kvp_bench_store(int argc, char **argv)
     }
     if (rc < 0)
         return 2;
-    int rounds = 20;
-    if (v[2]) {
-        char *end;
-        errno = 0;
-        long r = strtol(v[2], &end, 10);
-        if (errno || end == v[2] || *end || r < 1 || r > 1000) {
-            fprintf(stderr, "kvpool bench store: flag --rounds needs a number 1..1000, not \"%s\"\n",
-                    v[2]);
-            return 2;
-        }
-        rounds = (int)r;
-    }
-    if (v[1] && !*v[1]) {
-        fprintf(stderr, "kvpool bench store: flag --master needs HOST:PORT\n");
+    uint64_t rounds64 = 20;
+    if (v[2] && kvp_cli_uint("bench store", "rounds", v[2], 1, 1000, &rounds64) != 0)
         return 2;
-    }
+    int rounds = (int)rounds64;
     signal(SIGPIPE, SIG_IGN);
     sb *b = kvp_calloc(1, sizeof *b);
     if (!b) {

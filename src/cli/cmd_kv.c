@@ -91,34 +91,28 @@ static int usage_kv(const char *cmd)
 int kvp_cmd_kv(int argc, char **argv)
 {
     const char *cmd = argv[0];
-    /* positional arguments first, then flags */
-    int npos = 1;
-    while (npos < argc && strncmp(argv[npos], "--", 2) != 0)
-        npos++;
     kvp_config cfg;
     kvp_config_defaults(&cfg);
-    static const char *const own[] = {"force!", NULL};
+    static const kvp_cli_flag own[] = {{"force", KVP_CLI_BOOL}, {NULL, KVP_CLI_TEXT}};
     const char *v[1] = {NULL};
-    char **fargv = argv + npos - 1;
-    char *saved = fargv[0];
-    fargv[0] = argv[0];
-    int rc = kvp_cli_parse(argc - npos + 1, fargv, &cfg, own, v);
-    fargv[0] = saved;
+    int n = 0;
+    int rc = kvp_cli_parse(argc, argv, &cfg, own, v, &n);
     if (rc == 1)
         return usage_kv(cmd);
     if (rc < 0)
         return 2;
     const char **pos = (const char **)argv + 1;
-    int n = npos - 1;
     int is_put = !strcmp(cmd, "put"), is_get = !strcmp(cmd, "get");
     if (n < 1 || ((is_put || is_get) && n > 2)) {
-        fprintf(stderr, "kvpool %s: expected %s (see kvpool %s --help)\n", cmd,
-                is_put || is_get ? "KEY [FILE]" : "KEY...", cmd);
+        fprintf(stderr, "kvpool %s: expected %s, got %d argument%s (see kvpool %s --help)\n",
+                cmd, is_put || is_get ? "KEY [FILE]" : "KEY...", n, n == 1 ? "" : "s", cmd);
         return 2;
     }
     for (int i = 0; i < ((is_put || is_get) ? 1 : n); i++)
         if (!*pos[i] || strlen(pos[i]) > cfg.max_key) {
-            fprintf(stderr, "kvpool %s: key \"%s\" must have 1 to %llu bytes\n", cmd, pos[i],
+            char q[96];
+            fprintf(stderr, "kvpool %s: key %s (%zu bytes) is not allowed (allowed: 1 to %llu "
+                    "bytes)\n", cmd, kvp_cli_quote(pos[i], q, sizeof q), strlen(pos[i]),
                     (unsigned long long)cfg.max_key);
             return 2;
         }

@@ -27,9 +27,9 @@ int kvp_cmd_master(int argc, char **argv)
 {
     kvp_config cfg;
     kvp_config_defaults(&cfg);
-    static const char *const own[] = {"port-file", NULL};
+    static const kvp_cli_flag own[] = {{"port-file", KVP_CLI_TEXT}, {NULL, KVP_CLI_TEXT}};
     const char *vals[1] = {NULL};
-    int rc = kvp_cli_parse(argc, argv, &cfg, own, vals);
+    int rc = kvp_cli_parse(argc, argv, &cfg, own, vals, NULL);
     if (rc == 1) {
         help();
         return 0;

@@ -29,9 +29,12 @@ int kvp_cmd_serve(int argc, char **argv)
 {
     kvp_config cfg;
     kvp_config_defaults(&cfg);
-    static const char *const own[] = {"segment-size", "segment-listen", "port-file", NULL};
+    static const kvp_cli_flag own[] = {{"segment-size", KVP_CLI_TEXT},
+                                       {"segment-listen", KVP_CLI_LISTEN},
+                                       {"port-file", KVP_CLI_TEXT},
+                                       {NULL, KVP_CLI_TEXT}};
     const char *v[3] = {NULL};
-    int rc = kvp_cli_parse(argc, argv, &cfg, own, v);
+    int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
     if (rc == 1) {
         printf("usage: kvpool serve [--listen HOST:PORT] [--segment-size SIZE]\n"
                "                    [--segment-listen HOST:PORT] [--port-file FILE] [--<key> VALUE]...\n\n"
@@ -45,12 +48,12 @@ int kvp_cmd_serve(int argc, char **argv)
     }
     if (rc < 0)
         return 2;
-    if (v[0] && kvp_size_parse(v[0], &cfg.global_segment_size) != 0) {
-        fprintf(stderr, "kvpool serve: --segment-size \"%s\": expected a size like 4GiB\n", v[0]);
+    if (v[0] && kvp_cli_size("serve", "segment-size", v[0], 1u << 20, UINT64_MAX,
+                             &cfg.global_segment_size) != 0)
         return 2;
-    }
     if (cfg.global_segment_size < (1u << 20)) {
-        fprintf(stderr, "kvpool serve: --segment-size must be at least 1MiB\n");
+        fprintf(stderr, "kvpool serve: the segment size (%llu bytes, from the configuration) "
+                "must be at least 1MiB\n", (unsigned long long)cfg.global_segment_size);
         return 2;
     }
     sigset_t ss;

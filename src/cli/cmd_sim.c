@@ -1212,165 +1212,142 @@ static void usage(void)
            "                              later loads report as mismatches)\n");
 }
 
-static int parse_int(const char *flag, const char *v, long lo, long hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "kvpool sim: --%s \"%s\": expected an integer in [%ld, %ld]\n", flag, v,
-                lo, hi);
-        return -1;
-    }
-    *out = (int)x;
-    return 0;
-}
-
-static int parse_args(int argc, char **argv, simcfg *c)
+/* The workload when no flag is given. */
+static void sim_defaults(simcfg *c)
 {
     const char *env_master = getenv("KVPOOL_MASTER");
     *c = (simcfg){.master = env_master && *env_master ? env_master : "127.0.0.1:50051",
                   .instances = 2, .tp = 2, .users = 8, .turns = 4,
                   .sys_tokens = 512, .turn_tokens = 128, .reply_tokens = 64, .block_size = 16,
                   .layers = 2, .kv_heads = 8, .num_blocks = 512, .max_running = 8,
-                  .block_bytes = 4096, .duration = 10, .seed = 1, .log_level = KVP_LOG_ERROR};
-    int bb = 4096, inst_set = 0;
-    c->pp = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h"))
-            return 1;
-        if (!strcmp(a, "--json")) {
-            c->json = 1;
-            continue;
-        }
-        if (!strcmp(a, "--mla")) {
-            c->mla = 1;
-            continue;
-        }
-        if (!strcmp(a, "--decode")) {
-            c->decode = 1;
-            continue;
-        }
-        if (!strcmp(a, "--no-handle-preemptions")) {
-            c->no_handle_preemptions = 1;
-            continue;
-        }
-        if (strncmp(a, "--", 2) != 0) {
-            fprintf(stderr, "kvpool sim: unexpected argument \"%s\"\n", a);
+                  .block_bytes = 4096, .duration = 10, .seed = 1, .log_level = KVP_LOG_ERROR,
+                  .pp = 1};
+}
+
+/*
+ * Phase 1 of parse_args: every flag (the shared parser), each value
+ * converted and checked on its own. *inst_set: --instances was given.
+ * 0, 1 for --help, or -1 after the message.
+ */
+static int sim_read_flags(int argc, char **argv, simcfg *c, int *inst_set)
+{
+    int bb = (int)c->block_bytes;
+    /* the flags: these first (by index), then one per row of ints[] */
+    enum { F_JSON, F_MLA, F_DECODE, F_NO_HANDLE, F_ROLES, F_MASTER, F_VERIFY, F_PREEMPT_FREE,
+           F_LOG_LEVEL, F_DURATION, F_SEED, F_INTS };
+    static const kvp_cli_flag named[F_INTS] = {
+        {"json", KVP_CLI_BOOL},      {"mla", KVP_CLI_BOOL},       {"decode", KVP_CLI_BOOL},
+        {"no-handle-preemptions", KVP_CLI_BOOL},                   {"roles", KVP_CLI_TEXT},
+        {"master", KVP_CLI_CONNECT}, {"verify", KVP_CLI_TEXT},    {"preempt-free", KVP_CLI_TEXT},
+        {"log-level", KVP_CLI_TEXT}, {"duration", KVP_CLI_TEXT},  {"seed", KVP_CLI_TEXT},
+    };
+    const struct {
+        const char *n;
+        int *p;
+        long lo, hi;
+    } ints[] = {
+        {"instances", &c->instances, 1, 64}, {"tp", &c->tp, 1, 64},
+        {"users", &c->users, 1, 100000}, {"turns", &c->turns, 1, 100000},
+        {"system-prompt-tokens", &c->sys_tokens, 0, 1 << 20},
+        {"turn-tokens", &c->turn_tokens, 1, 1 << 20},
+        {"reply-tokens", &c->reply_tokens, 0, 1 << 20},
+        {"block-size", &c->block_size, 1, 4096}, {"layers", &c->layers, 1, 64},
+        {"block-bytes", &bb, 8, 1 << 24}, {"num-blocks", &c->num_blocks, 1, 1 << 24},
+        {"kv-heads", &c->kv_heads, 1, 4096}, {"max-running", &c->max_running, 1, 4096},
+        {"corrupt", &c->corrupt, 0, 1 << 30}, {"pp", &c->pp, 1, 8},
+        {"swa", &c->swa, 0, 1 << 20}, {"chunk", &c->chunk, 0, 1 << 20},
+        {"preempt-every", &c->preempt_every, 0, 1 << 30},
+    };
+    enum { NINTS = sizeof ints / sizeof ints[0] };
+    kvp_cli_flag flags[F_INTS + NINTS + 1];
+    memcpy(flags, named, sizeof named);
+    for (int k = 0; k < NINTS; k++)
+        flags[F_INTS + k] = (kvp_cli_flag){ints[k].n, KVP_CLI_TEXT};
+    flags[F_INTS + NINTS] = (kvp_cli_flag){NULL, KVP_CLI_TEXT};
+    const char *v[F_INTS + NINTS] = {NULL};
+    int rc = kvp_cli_scan(argc, argv, flags, v, NULL);
+    if (rc != 0)
+        return rc;
+
+    /* each value, converted and checked */
+    c->json = v[F_JSON] != NULL;
+    c->mla = v[F_MLA] != NULL;
+    c->decode = v[F_DECODE] != NULL;
+    c->no_handle_preemptions = v[F_NO_HANDLE] != NULL;
+    for (int k = 0; k < NINTS; k++) {
+        uint64_t x;
+        if (v[F_INTS + k] && kvp_cli_uint("sim", ints[k].n, v[F_INTS + k], (uint64_t)ints[k].lo,
+                                          (uint64_t)ints[k].hi, &x) != 0)
             return -1;
-        }
-        const char *name = a + 2, *v;
-        char nb[64];
-        const char *eq = strchr(name, '=');
-        if (eq) {
-            snprintf(nb, sizeof nb, "%.*s", (int)(eq - name), name);
-            name = nb;
-            v = eq + 1;
-        } else {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "kvpool sim: --%s needs a value\n", name);
+        if (v[F_INTS + k])
+            *ints[k].p = (int)x;
+    }
+    *inst_set = v[F_INTS] != NULL; /* ints[0] is "instances" */
+    if (v[F_ROLES]) {
+        c->nroles = 0;
+        for (const char *q = v[F_ROLES];;) {
+            size_t l = strcspn(q, ",");
+            int role = l == 4 && !strncmp(q, "both", 4)       ? SIM_BOTH
+                       : l == 8 && !strncmp(q, "producer", 8) ? SIM_PRODUCER
+                       : l == 8 && !strncmp(q, "consumer", 8) ? SIM_CONSUMER
+                                                              : -1;
+            if (role < 0 || c->nroles >= 64) {
+                char qv[96];
+                fprintf(stderr, "kvpool sim: flag --roles: value %s is not a list of roles "
+                        "(allowed: up to 64 of both|producer|consumer, comma-separated)\n",
+                        kvp_cli_quote(v[F_ROLES], qv, sizeof qv));
                 return -1;
             }
-            v = argv[++i];
-        }
-        struct {
-            const char *n;
-            int *p;
-            long lo, hi;
-        } ints[] = {
-            {"instances", &c->instances, 1, 64}, {"tp", &c->tp, 1, 64},
-            {"users", &c->users, 1, 100000}, {"turns", &c->turns, 1, 100000},
-            {"system-prompt-tokens", &c->sys_tokens, 0, 1 << 20},
-            {"turn-tokens", &c->turn_tokens, 1, 1 << 20},
-            {"reply-tokens", &c->reply_tokens, 0, 1 << 20},
-            {"block-size", &c->block_size, 1, 4096}, {"layers", &c->layers, 1, 64},
-            {"block-bytes", &bb, 8, 1 << 24}, {"num-blocks", &c->num_blocks, 1, 1 << 24},
-            {"kv-heads", &c->kv_heads, 1, 4096}, {"max-running", &c->max_running, 1, 4096},
-            {"corrupt", &c->corrupt, 0, 1 << 30}, {"pp", &c->pp, 1, 8},
-            {"swa", &c->swa, 0, 1 << 20}, {"chunk", &c->chunk, 0, 1 << 20},
-            {"preempt-every", &c->preempt_every, 0, 1 << 30},
-        };
-        int found = 0;
-        for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
-            if (!strcmp(name, ints[k].n)) {
-                if (parse_int(name, v, ints[k].lo, ints[k].hi, ints[k].p) != 0)
-                    return -1;
-                found = 1;
-            }
-        if (!strcmp(name, "instances"))
-            inst_set = 1;
-        if (found)
-            continue;
-        if (!strcmp(name, "roles")) {
-            c->nroles = 0;
-            for (const char *q = v;;) {
-                size_t l = strcspn(q, ",");
-                int role = l == 4 && !strncmp(q, "both", 4)       ? SIM_BOTH
-                           : l == 8 && !strncmp(q, "producer", 8) ? SIM_PRODUCER
-                           : l == 8 && !strncmp(q, "consumer", 8) ? SIM_CONSUMER
-                                                                  : -1;
-                if (role < 0 || c->nroles >= 64) {
-                    fprintf(stderr, "kvpool sim: --roles \"%s\": expected up to 64 of "
-                            "both|producer|consumer, comma-separated\n", v);
-                    return -1;
-                }
-                c->roles[c->nroles++] = role;
-                if (!q[l])
-                    break;
-                q += l + 1;
-            }
-        } else if (!strcmp(name, "master")) {
-            if (!*v || strlen(v) > 200 || !strchr(v, ':')) {
-                fprintf(stderr, "kvpool sim: --master \"%s\": expected HOST:PORT\n", v);
-                return -1;
-            }
-            c->master = v;
-        } else if (!strcmp(name, "verify")) {
-            if (strcmp(v, "full") && strcmp(v, "sample")) {
-                fprintf(stderr, "kvpool sim: --verify \"%s\": expected full|sample\n", v);
-                return -1;
-            }
-            c->sample = !strcmp(v, "sample");
-        } else if (!strcmp(name, "preempt-free")) {
-            if (strcmp(v, "now") && strcmp(v, "deferred")) {
-                fprintf(stderr, "kvpool sim: --preempt-free \"%s\": expected now|deferred\n", v);
-                return -1;
-            }
-            c->preempt_deferred = !strcmp(v, "deferred");
-        } else if (!strcmp(name, "log-level")) {
-            int lv = kvp_log_level_parse(v);
-            if (lv < 0) {
-                fprintf(stderr, "kvpool sim: --log-level \"%s\": expected debug|info|warn|error\n",
-                        v);
-                return -1;
-            }
-            c->log_level = lv;
-        } else if (!strcmp(name, "duration")) {
-            char *end;
-            errno = 0;
-            double d = strtod(v, &end);
-            if (errno || end == v || *end || !(d >= 0) || d > 86400) {
-                fprintf(stderr, "kvpool sim: --duration \"%s\": expected seconds in [0, 86400]\n",
-                        v);
-                return -1;
-            }
-            c->duration = d;
-        } else if (!strcmp(name, "seed")) {
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno || end == v || *end || *v == '-') {
-                fprintf(stderr, "kvpool sim: --seed \"%s\": expected a non-negative integer\n", v);
-                return -1;
-            }
-            c->seed = s;
-        } else {
-            fprintf(stderr, "kvpool sim: unknown flag --%s\n", name);
-            return -1;
+            c->roles[c->nroles++] = role;
+            if (!q[l])
+                break;
+            q += l + 1;
         }
     }
+    if (v[F_MASTER])
+        c->master = v[F_MASTER];
+    static const struct {
+        int flag;
+        const char *a, *b; /* the two allowed words; the second sets *p */
+    } words[] = {{F_VERIFY, "full", "sample"}, {F_PREEMPT_FREE, "now", "deferred"}};
+    int *word_p[] = {&c->sample, &c->preempt_deferred};
+    for (int k = 0; k < 2; k++) {
+        const char *w = v[words[k].flag];
+        if (!w)
+            continue;
+        if (strcmp(w, words[k].a) && strcmp(w, words[k].b)) {
+            char qv[96];
+            fprintf(stderr, "kvpool sim: flag --%s: value %s is not allowed (allowed: %s or %s)\n",
+                    flags[words[k].flag].name, kvp_cli_quote(w, qv, sizeof qv), words[k].a,
+                    words[k].b);
+            return -1;
+        }
+        *word_p[k] = !strcmp(w, words[k].b);
+    }
+    if (v[F_LOG_LEVEL]) {
+        int lv = kvp_log_level_parse(v[F_LOG_LEVEL]);
+        if (lv < 0) {
+            char qv[96];
+            fprintf(stderr, "kvpool sim: flag --log-level: value %s is not a log level (allowed: "
+                    "debug, info, warn or error)\n", kvp_cli_quote(v[F_LOG_LEVEL], qv, sizeof qv));
+            return -1;
+        }
+        c->log_level = lv;
+    }
+    uint64_t seed;
+    if ((v[F_DURATION] &&
+         kvp_cli_seconds("sim", "duration", v[F_DURATION], 0, 0, 86400, &c->duration) != 0) ||
+        (v[F_SEED] && kvp_cli_uint("sim", "seed", v[F_SEED], 0, UINT64_MAX, &seed) != 0))
+        return -1;
+    if (v[F_SEED])
+        c->seed = seed;
     c->block_bytes = (uint64_t)bb;
+    return 0;
+}
+
+/* Phase 2 of parse_args: the flags together. 0, or -1 after the message. */
+static int sim_check_flags(simcfg *c, int inst_set)
+{
     if (c->nroles) {
         if (inst_set && c->instances != c->nroles) {
             fprintf(stderr, "kvpool sim: --roles names %d instances, --instances %d\n",
@@ -1389,8 +1366,8 @@ static int parse_args(int argc, char **argv, simcfg *c)
         return -1;
     }
     if (c->block_bytes % 8 || c->block_bytes % (uint64_t)c->block_size) {
-        fprintf(stderr, "kvpool sim: --block-bytes %d: must be a multiple of 8 and of "
-                "--block-size %d\n", bb, c->block_size);
+        fprintf(stderr, "kvpool sim: --block-bytes %" PRIu64 ": must be a multiple of 8 and of "
+                "--block-size %d\n", c->block_bytes, c->block_size);
         return -1;
     }
     /* the longest prompt (last turn) must fit the KV cache */
@@ -1405,6 +1382,21 @@ static int parse_args(int argc, char **argv, simcfg *c)
         return -1;
     }
     return 0;
+}
+
+/* The command line into *c: 0, 1 for --help, or -1 after the message. */
+static int parse_args(int argc, char **argv, simcfg *c)
+{
+    int inst_set = 0;
+    sim_defaults(c);
+    const char *env = getenv("KVPOOL_MASTER");
+    int rc = sim_read_flags(argc, argv, c, &inst_set);
+    if (rc != 0)
+        return rc;
+    /* $KVPOOL_MASTER, unless --master replaced it, is checked as the flag is */
+    if (env && c->master == env && kvp_cli_addr("sim", "$KVPOOL_MASTER", env, 0) != 0)
+        return -1;
+    return sim_check_flags(c, inst_set);
 }
 
 static void sum(simstats *t, const simstats *s)

@@ -31,35 +31,33 @@ int kvp_cmd_store(int argc, char **argv)
 {
     kvp_config cfg;
     kvp_config_defaults(&cfg);
-    static const char *const own[] = {"listen",   "master",     "segment-size",     "unix-dir",
-                                      "io-threads", "master-optional!", NULL};
-    const char *vals[6] = {NULL};
-    int rc = kvp_cli_parse(argc, argv, &cfg, own, vals);
+    static const kvp_cli_flag own[] = {{"listen", KVP_CLI_LISTEN},
+                                       {"segment-size", KVP_CLI_TEXT},
+                                       {"unix-dir", KVP_CLI_TEXT},
+                                       {"io-threads", KVP_CLI_TEXT},
+                                       {"master-optional", KVP_CLI_BOOL},
+                                       {NULL, KVP_CLI_TEXT}};
+    const char *vals[5] = {NULL};
+    int rc = kvp_cli_parse(argc, argv, &cfg, own, vals, NULL);
     if (rc == 1) {
         help();
         return 0;
     }
     if (rc < 0)
         return 2;
+    uint64_t io = 0;
+    if ((vals[1] && kvp_cli_size("store", "segment-size", vals[1], 4096, UINT64_MAX,
+                                 &cfg.global_segment_size) != 0) ||
+        (vals[3] && kvp_cli_uint("store", "io-threads", vals[3], 1, 256, &io) != 0))
+        return 2;
     char err[512];
-    if ((vals[1] && kvp_config_set(&cfg, "master", vals[1], err, sizeof err) != 0) ||
-        (vals[2] && kvp_config_set(&cfg, "global_segment_size", vals[2], err, sizeof err) != 0)) {
-        fprintf(stderr, "kvpool store: %s\n", err);
-        return 2;
-    }
-    int io = 0;
-    if (vals[4] && (sscanf(vals[4], "%d", &io) != 1 || io < 1 || io > 256)) {
-        fprintf(stderr, "kvpool store: flag --io-threads: \"%s\" is not a number in 1..256\n",
-                vals[4]);
-        return 2;
-    }
     sigset_t ss;
     sigemptyset(&ss);
     sigaddset(&ss, SIGTERM);
     sigaddset(&ss, SIGINT);
     sigprocmask(SIG_BLOCK, &ss, NULL); /* before any thread starts: all inherit it */
     signal(SIGPIPE, SIG_IGN);
-    kvp_node_opts o = {&cfg, vals[0], vals[3], io, vals[5] != NULL};
+    kvp_node_opts o = {&cfg, vals[0], vals[2], (int)io, vals[4] != NULL};
     kvp_node *n;
     rc = kvp_node_start(&o, &n, err, sizeof err);
     if (rc) {

@@ -31,6 +31,8 @@ static void usage(FILE *f)
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         fprintf(f, "  %-10s %s\n", cmds[i].name, cmds[i].help);
     fprintf(f, "  %-10s %s\n", "version", "print the version");
+    fprintf(f, "\nFlags (--name VALUE or --name=VALUE) and arguments may come in any order;\n"
+               "\"--\" ends the flags. A usage error exits with status 2.\n");
 }
 
 int main(int argc, char **argv)

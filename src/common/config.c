@@ -9,9 +9,11 @@
  *
  * Error messages have the form
  *   SOURCE: key "NAME": value VALUE is not a TYPE (allowed: WHAT)
- * where SOURCE is "path:line:col" for a file, "config:line:col" for a string
- * and "flag" for kvp_config_set, and VALUE is shown as written (JSON strings
- * quoted, control bytes escaped, long values cut with "...").
+ * where SOURCE is "path:line:col" for a file and "config:line:col" for a
+ * string, and VALUE is shown as written (JSON strings quoted, control bytes
+ * escaped, long values cut with "..."). A flag (kvp_config_set) is named the
+ * way it was typed, once:
+ *   flag --NAME: value VALUE is not a TYPE (allowed: WHAT)
  */
 #include "common/config.h"
 
@@ -369,8 +371,8 @@ struct val {
 
 /* Where a value came from, for messages. */
 struct ctx {
-    char where[300]; /* "path:3:25", "config:1:9", "flag" */
-    const char *key; /* as written by the user */
+    char where[300]; /* "path:3:25", "config:1:9", "flag --lease-ttl" */
+    const char *key; /* as written by the user; NULL: `where` names it (a flag) */
     char *err;
     size_t errlen;
 };
@@ -389,16 +391,20 @@ static void show(const struct val *v, char *buf, size_t n)
     }
 }
 
-/* '<where>: key "K": value V <what> (allowed: A)'; returns KVP_ECONFIG. */
+/* '<where>: key "K": value V <what> (allowed: A)', or for a flag '<where>: value V
+ * <what> (allowed: A)'; returns KVP_ECONFIG. */
 static int bad_value(struct ctx *x, const struct key_def *k, const struct val *v, const char *what)
 {
-    char kq[96], vq[96], allowed[256];
-    quote(x->key, kq, sizeof kq);
+    char kq[100] = "", vq[96], allowed[256];
+    if (x->key) {
+        memcpy(kq, ": key ", 6);
+        quote(x->key, kq + 6, sizeof kq - 6);
+    }
     show(v, vq, sizeof vq);
     describe_allowed(k, allowed, sizeof allowed);
     if (x->err && x->errlen)
-        snprintf(x->err, x->errlen, "%s: key %s: value %s %s (allowed: %s)", x->where, kq, vq,
-                 what, allowed);
+        snprintf(x->err, x->errlen, "%s%s: value %s %s (allowed: %s)", x->where, kq, vq, what,
+                 allowed);
     return KVP_ECONFIG;
 }
 
@@ -854,6 +860,35 @@ int kvp_config_load_file(kvp_config *c, const char *path, char *err, size_t errl
 
 /* ----------------------------------------------------------------- flags */
 
+/* 'unknown flag --NAME (did you mean --OTHER?; the flags are every configuration
+ * key as --key-name, see --help)'. Always KVP_ECONFIG. */
+static int unknown_flag(const char *shown, const char *lookup, char *err, size_t errlen)
+{
+    char q[96], dashed[64];
+    size_t len = 0;
+    if (!err || errlen == 0)
+        return KVP_ECONFIG;
+    err[0] = '\0';
+    /* bare when it is a plausible name, else quoted (control bytes escaped) */
+    if (*shown && strlen(shown) <= 60 &&
+        strspn(shown, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") ==
+            strlen(shown)) {
+        appendf(err, errlen, &len, "unknown flag --%s", shown);
+    } else {
+        quote(shown, q, sizeof q);
+        appendf(err, errlen, &len, "unknown flag %s", q);
+    }
+    const char *s = suggest(lookup);
+    if (s && strlen(s) < sizeof dashed) {
+        for (size_t i = 0; i <= strlen(s); i++)
+            dashed[i] = s[i] == '_' ? '-' : s[i];
+        appendf(err, errlen, &len, " (did you mean --%s?)", dashed);
+    }
+    appendf(err, errlen, &len, " (allowed: this command's flags and every configuration key "
+                               "as --key-name, listed by --help)");
+    return KVP_ECONFIG;
+}
+
 int kvp_config_set(kvp_config *c, const char *key, const char *value, char *err, size_t errlen)
 {
     if (!c || !key) {
@@ -868,19 +903,19 @@ int kvp_config_set(kvp_config *c, const char *key, const char *value, char *err,
         k0 += 2;
     size_t n = strlen(k0);
     if (n >= sizeof name)
-        return unknown_key("flag", key, key, err, errlen);
+        return unknown_flag(k0, k0, err, errlen);
     for (size_t i = 0; i <= n; i++)
         name[i] = k0[i] == '-' ? '_' : k0[i];
     const struct key_def *k = find_key(name);
     int ignored = !k && is_ignored(name);
     if (!k && !ignored)
-        return unknown_key("flag", key, name, err, errlen);
-    struct ctx x = {.where = "flag", .key = key, .err = err, .errlen = errlen};
+        return unknown_flag(k0, name, err, errlen);
+    /* k0 is a known key name (letters, digits, '_', '-'): shown bare */
+    struct ctx x = {.key = NULL, .err = err, .errlen = errlen};
+    snprintf(x.where, sizeof x.where, "flag --%s", k0);
     if (!value) {
-        char kq[96];
-        quote(key, kq, sizeof kq);
         if (err && errlen)
-            snprintf(err, errlen, "flag: key %s: missing value", kq);
+            snprintf(err, errlen, "%s: missing value", x.where);
         return KVP_ECONFIG;
     }
     if (ignored) {

@@ -69,7 +69,9 @@ int kvp_config_load_string(kvp_config *c, const char *json, char *err, size_t er
 /*
  * Sets one key from a string value (used for command-line flags, where
  * "--lease-ttl 5s" becomes key "lease_ttl"; '-' and '_' are equivalent).
- * Same validation and messages as the file.
+ * Same validation as the file; messages name the flag as given, once:
+ * 'flag --lease-ttl: value "5x" is not a duration (allowed: ...)',
+ * 'unknown flag --lease-tll (did you mean --lease-ttl?) (allowed: ...)'.
  */
 int kvp_config_set(kvp_config *c, const char *key, const char *value, char *err, size_t errlen);
 
