@@ -632,6 +632,78 @@ static int unix_connect(const char *path)
     return fd;
 }
 
+/* SHM_ATTACH on a connection that said HELLO: the passed fd (or -1) and
+ * the announced size. Returns the answer's status, 1 on a broken stream. */
+static int raw_attach(int fd, uint64_t seg_id, int *mfd, uint64_t *size)
+{
+    uint8_t fr[KVP_FRAME_HDR + 8];
+    put_hdr(fr, KVP_OP_SHM_ATTACH, 2, 8);
+    memcpy(fr + KVP_FRAME_HDR, &seg_id, 8);
+    if (raw_send(fd, fr, sizeof fr))
+        return 1;
+    uint8_t h[KVP_FRAME_HDR + 8];
+    struct iovec iov = {h, sizeof h};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                        .msg_controllen = sizeof cm.buf};
+    *mfd = -1;
+    ssize_t n = recvmsg(fd, &mh, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+    struct cmsghdr *ch = CMSG_FIRSTHDR(&mh);
+    if (ch && ch->cmsg_level == SOL_SOCKET && ch->cmsg_type == SCM_RIGHTS)
+        memcpy(mfd, CMSG_DATA(ch), sizeof(int));
+    kvp_frame_hdr fh;
+    if (n < (ssize_t)KVP_FRAME_HDR || kvp_frame_hdr_decode(h, UINT32_MAX, &fh) != 0)
+        return 1;
+    if (fh.status == 0 && (n != (ssize_t)sizeof h || fh.body_len != 8))
+        return 1;
+    if (fh.status == 0)
+        memcpy(size, h + KVP_FRAME_HDR, 8);
+    return fh.status;
+}
+
+/* The memfd a same-host client receives cannot change size: no
+ * ftruncate(0) SIGBUS for everyone else, no growth. */
+TEST(shm_fd_sealed)
+{
+    fx f;
+    if (fx_start(&f, 4 * MiB, NULL))
+        return;
+    int fd = unix_connect(f.unix_path);
+    CHECK(fd >= 0);
+    CHECK_EQ(raw_hello(fd, ""), 0);
+    int mfd = -1;
+    uint64_t size = 0;
+    CHECK_EQ(raw_attach(fd, SEG_ID, &mfd, &size), 0);
+    close(fd);
+    CHECK(mfd >= 0);
+    CHECK_EQ(size, kvp_segment_size(f.seg));
+    int seals = fcntl(mfd, F_GET_SEALS);
+    CHECK((seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) ==
+          (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
+    errno = 0;
+    CHECK(ftruncate(mfd, 0) == -1 && errno == EPERM);
+    errno = 0;
+    CHECK(ftruncate(mfd, (off_t)size * 2) == -1 && errno == EPERM);
+    errno = 0;
+    CHECK(fcntl(mfd, F_ADD_SEALS, F_SEAL_WRITE) == -1 && errno == EPERM);
+    struct stat st;
+    CHECK(fstat(mfd, &st) == 0 && (uint64_t)st.st_size == size);
+    close(mfd);
+    /* the segment still works for everyone */
+    kvp_xfer *x;
+    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000};
+    CHECK_EQ(kvp_xfer_create(&o, &x), 0);
+    CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
+    uint64_t sz[] = {4 * MiB - 4096};
+    CHECK_EQ(roundtrip(x, sz, 1, 1, 0), 0);
+    CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), "shm"));
+    kvp_xfer_destroy(x);
+    fx_stop(&f);
+}
+
 /* The socket file's mode does not come from the umask. */
 TEST(unix_socket_mode_umask0)
 {
