@@ -704,6 +704,143 @@ TEST(shm_fd_sealed)
     fx_stop(&f);
 }
 
+static int sealed_memfd(off_t size, int seals)
+{
+    int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, size) != 0 || (seals && fcntl(fd, F_ADD_SEALS, seals) != 0)) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* What a client accepts before mapping a received fd. */
+TEST(shm_check_refuses_bad_fds)
+{
+    kvp_log_set_level(KVP_LOG_ERROR);
+    char err[256];
+    int good = sealed_memfd(8192, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    int small = sealed_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+    int loose = sealed_memfd(8192, 0);
+    int grow_only = sealed_memfd(8192, F_SEAL_GROW);
+    int pfd[2];
+    CHECK(good >= 0 && small >= 0 && loose >= 0 && grow_only >= 0 && pipe(pfd) == 0);
+    CHECK_EQ(kvp_xfer_shm_check(good, 8192, err, sizeof err), 0);
+    CHECK_EQ(kvp_xfer_shm_check(good, 4096, err, sizeof err), 0); /* larger: mapped partly */
+    err[0] = 0;
+    CHECK_EQ(kvp_xfer_shm_check(small, 8192, err, sizeof err), KVP_ETRANSFER_FAIL);
+    CHECK(strstr(err, "4096") && strstr(err, "8192"));
+    CHECK_EQ(kvp_xfer_shm_check(good, 0, err, sizeof err), KVP_ETRANSFER_FAIL);
+    CHECK_EQ(kvp_xfer_shm_check(good, UINT64_MAX, err, sizeof err), KVP_ETRANSFER_FAIL);
+    err[0] = 0;
+    CHECK_EQ(kvp_xfer_shm_check(loose, 8192, err, sizeof err), KVP_ETRANSFER_FAIL);
+    CHECK(strstr(err, "sealed") != NULL);
+    CHECK_EQ(kvp_xfer_shm_check(grow_only, 8192, err, sizeof err), KVP_ETRANSFER_FAIL);
+    err[0] = 0;
+    CHECK_EQ(kvp_xfer_shm_check(pfd[0], 8192, err, sizeof err), KVP_ETRANSFER_FAIL);
+    CHECK(strstr(err, "not a memfd") != NULL);
+    close(good);
+    close(small);
+    close(loose);
+    close(grow_only);
+    close(pfd[0]);
+    close(pfd[1]);
+}
+
+/* A rogue "node": answers HELLO, then SHM_ATTACH with an announced size
+ * of `announce` bytes and a memfd of only 4096. */
+typedef struct rogue {
+    char path[108];
+    int lfd;
+    uint64_t announce;
+    pthread_t th;
+} rogue;
+
+static void *rogue_main(void *p)
+{
+    rogue *r = p;
+    int fd = accept(r->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    uint8_t h[KVP_FRAME_HDR], body[512];
+    for (int k = 0; k < 2; k++) {
+        kvp_frame_hdr fh;
+        if (recv(fd, h, sizeof h, MSG_WAITALL) != (ssize_t)sizeof h ||
+            kvp_frame_hdr_decode(h, UINT32_MAX, &fh) != 0 || fh.body_len > sizeof body ||
+            (fh.body_len && recv(fd, body, fh.body_len, MSG_WAITALL) != (ssize_t)fh.body_len))
+            break;
+        uint8_t out[KVP_FRAME_HDR + 64];
+        kvp_buf b = {out + KVP_FRAME_HDR, 0, 64, 64, 0};
+        int mfd = -1;
+        if (fh.op == KVP_OP_HELLO) {
+            kvp_msg_hello_resp m = {KVP_PROTO_VERSION, 1, 1 << 20, 1000, 1000};
+            kvp_enc_hello_resp(&b, &m);
+        } else {
+            memcpy(out + KVP_FRAME_HDR, &r->announce, 8);
+            b.len = 8;
+            mfd = sealed_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+        }
+        kvp_frame_hdr a = {KVP_PROTO_VERSION, KVP_FLAG_RESPONSE, fh.op, fh.req_id,
+                           (uint32_t)b.len, 0};
+        kvp_frame_hdr_encode(out, &a);
+        struct iovec iov = {out, KVP_FRAME_HDR + b.len};
+        union {
+            char buf[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } cm;
+        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+        if (mfd >= 0) {
+            mh.msg_control = cm.buf;
+            mh.msg_controllen = sizeof cm.buf;
+            struct cmsghdr *ch = CMSG_FIRSTHDR(&mh);
+            ch->cmsg_level = SOL_SOCKET;
+            ch->cmsg_type = SCM_RIGHTS;
+            ch->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(ch), &mfd, sizeof(int));
+        }
+        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        (void)w;
+        if (mfd >= 0)
+            close(mfd);
+    }
+    close(fd);
+    return NULL;
+}
+
+/* A node announcing more than its memfd holds: the client refuses the fd
+ * (it used to map it and die of SIGBUS on the put) and uses tcp. */
+TEST(shm_undersized_memfd_falls_back_to_tcp)
+{
+    fx f;
+    if (fx_start(&f, 4 * MiB, NULL))
+        return;
+    rogue r = {.announce = 4 * MiB};
+    snprintf(r.path, sizeof r.path, "/tmp/kvp-rogue-%d.sock", (int)getpid());
+    unlink(r.path);
+    r.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", r.path);
+    CHECK(bind(r.lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(r.lfd, 4) == 0);
+    CHECK(pthread_create(&r.th, NULL, rogue_main, &r) == 0);
+    char shm[256];
+    snprintf(shm, sizeof shm, "%s:%s", kvp_node_host_id(), r.path);
+    f.eps[1].addr = (kvp_bytes){(const uint8_t *)shm, (uint32_t)strlen(shm)};
+    kvp_xfer *x;
+    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000};
+    CHECK_EQ(kvp_xfer_create(&o, &x), 0);
+    CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
+    CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), "shm"));
+    uint64_t sz[] = {64 * 1024};
+    CHECK_EQ(roundtrip(x, sz, 1, 1, 2 * MiB), 0); /* past the rogue memfd's 4096 bytes */
+    CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), "tcp"));
+    kvp_xfer_destroy(x);
+    pthread_join(r.th, NULL);
+    close(r.lfd);
+    unlink(r.path);
+    fx_stop(&f);
+}
+
 /* The socket file's mode does not come from the umask. */
 TEST(unix_socket_mode_umask0)
 {
