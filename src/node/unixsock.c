@@ -293,10 +293,14 @@ int kvp_unixsock_listen(const char *path, const kvp_unixsock_access *a, char *er
      * removes sockets nobody listens on. Until the chmod the file has the
      * umask's mode; the private directory keeps others out meanwhile, and
      * SO_PEERCRED is checked on every connection anyway. */
-    const char *what = "listen";
-    if (listen(fd, 256) != 0 ||
-        (what = "chown", a->has_group && chown(path, (uid_t)-1, a->gid) != 0) ||
-        (what = "chmod", chmod(path, a->has_group ? 0660 : 0600) != 0)) {
+    const char *what = NULL;
+    if (listen(fd, 256) != 0)
+        what = "listen";
+    else if (a->has_group && chown(path, (uid_t)-1, a->gid) != 0)
+        what = "chown to the shm group";
+    else if (chmod(path, a->has_group ? 0660 : 0600) != 0)
+        what = "chmod";
+    if (what) {
         snprintf(err, errlen, "unix socket %s: %s: %s", path, what, strerror(errno));
         close(fd);
         unlink(path);
