@@ -20,7 +20,10 @@ static void help(void)
            "  --listen HOST:PORT   segment server address (default local_hostname:0)\n"
            "  --master HOST:PORT   the master (config key master_server_address)\n"
            "  --segment-size SIZE  segment size, e.g. 4GB, 512MiB (global_segment_size)\n"
-           "  --unix-dir DIR       directory of the same-host unix socket (default /tmp)\n"
+           "  --unix-dir DIR       directory of the same-host unix socket (default\n"
+           "                       $XDG_RUNTIME_DIR/kvpool, else /tmp/kvpool-UID); created 0700\n"
+           "                       if missing; must be ours and not writable by others\n"
+           "  --shm-group GROUP    also let this group's members attach the segment (shm_group)\n"
            "  --io-threads N       segment server worker threads (default 2)\n"
            "  --master-optional    start even when the master is unreachable\n\n"
            "Every configuration key is also a flag:\n\n");

@@ -36,6 +36,7 @@
 #include <xxhash.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
@@ -44,6 +45,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -261,11 +263,42 @@ static int iov_total(const struct iovec *iov, int n, uint64_t *tot)
 
 /* ---------------------------------------------------------------- shm */
 
+int kvp_xfer_shm_check(int fd, uint64_t size, char *err, size_t errlen)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        snprintf(err, errlen, "fstat of the received fd: %s", strerror(errno));
+        return KVP_ETRANSFER_FAIL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "the received fd is not a memfd (mode %o)", (unsigned)st.st_mode);
+        return KVP_ETRANSFER_FAIL;
+    }
+    if (size == 0 || size > (uint64_t)INT64_MAX || (uint64_t)st.st_size < size) {
+        snprintf(err, errlen, "the received memfd has %lld bytes, the node announced %llu",
+                 (long long)st.st_size, (unsigned long long)size);
+        return KVP_ETRANSFER_FAIL;
+    }
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+        snprintf(err, errlen, "the received memfd is not sealed against shrinking (%s)",
+                 seals < 0 ? strerror(errno) : "no F_SEAL_SHRINK");
+        return KVP_ETRANSFER_FAIL;
+    }
+    if ((uint64_t)st.st_size != size)
+        KVP_WARN(MOD, "the received memfd has %lld bytes, the node announced %llu: mapping %llu",
+                 (long long)st.st_size, (unsigned long long)size, (unsigned long long)size);
+    return 0;
+}
+
 /* Maps the segment's memfd (once). 0 or a negative code. */
 static int shm_attach(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", e->unix_path);
+    size_t pl = strlen(e->unix_path);
+    if (pl >= sizeof sa.sun_path) /* kvp_xfer_add_segment keeps only paths that fit */
+        return KVP_ETRANSFER_FAIL;
+    memcpy(sa.sun_path, e->unix_path, pl + 1);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return KVP_ETRANSFER_FAIL;
@@ -294,11 +327,19 @@ static int shm_attach(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
     uint64_t size = 0;
     for (int i = 7; i >= 0; i--)
         size = (size << 8) | resp[i];
+    /* a memfd smaller than announced, or one its sender can still shrink,
+     * would SIGBUS us on a later access */
+    char why[256];
+    if (kvp_xfer_shm_check(mfd, size, why, sizeof why) != 0) {
+        KVP_WARN(MOD, "segment %016llx: refusing the memfd from %s: %s",
+                 (unsigned long long)e->id, e->unix_path, why);
+        close(mfd);
+        return KVP_ETRANSFER_FAIL;
+    }
     /* MAP_POPULATE: the node faulted the pages in already; populating our
      * page tables once here (~1 ms per 100 MiB) keeps minor faults (~2 GB/s)
      * out of every later transfer */
-    void *p = size ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, mfd, 0)
-                   : MAP_FAILED;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, mfd, 0);
     close(mfd);
     if (p == MAP_FAILED)
         return KVP_ETRANSFER_FAIL;

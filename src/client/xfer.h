@@ -7,8 +7,9 @@
  * is made per segment when it is added, never with #ifdef in the request
  * path:
  *   shm  the segment's "shm" endpoint names this host (kvp_node_host_id()):
- *        the memfd is fetched once over the unix socket (SHM_ATTACH) and
- *        mapped; a transfer is a memcpy (gather/scatter) into the mapping.
+ *        the memfd is fetched once over the unix socket (SHM_ATTACH),
+ *        checked (kvp_xfer_shm_check) and mapped; a transfer is a memcpy
+ *        (gather/scatter) into the mapping.
  *   tcp  a pool of connections to the node's "tcp" endpoint (HELLO once per
  *        connection); SEG_WRITE/SEG_READ frames, with writev from / readv
  *        into the caller's iovecs (no staging copy), pipelined; a batch is
@@ -68,4 +69,11 @@ typedef struct kvp_xfer_op {
  * the batch could not start.
  */
 int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t deadline_ms);
+
+/* The check an shm attach makes before mapping a received fd of `size`
+ * announced bytes: a regular file (memfd) of at least `size` bytes (more is
+ * logged; exactly `size` is mapped) sealed F_SEAL_SHRINK, so it cannot
+ * shrink under the mapping. 0, or KVP_ETRANSFER_FAIL with the reason in err
+ * (the attach then fails and the segment is used over tcp). */
+int kvp_xfer_shm_check(int fd, uint64_t size, char *err, size_t errlen);
 #endif

@@ -142,6 +142,9 @@ static const struct key_def keys[] = {
     {.name = "preferred_segment", .type = KT_STRING, F_STR(preferred_segment), .def = "",
      .help = "client: segment (host:port) puts place their first copy on when it has room; "
              "\"\" = $MOONCAKE_PREFERRED_SEGMENT, else this client's own segment"},
+    {.name = "shm_group", .type = KT_STRING, F_STR(shm_group), .def = "",
+     .help = "storage node: group (name or gid) whose members may attach the segment over "
+             "shared memory besides this user; \"\" = this user only"},
     {.name = "tenant", .aliases = {"tenant_id"}, .type = KT_STRING, F_STR(tenant),
      .def = "default", .help = "client: the tenant (key namespace) this client's keys live in"},
 };
@@ -1067,6 +1070,14 @@ int kvp_config_validate(const kvp_config *c, char *err, size_t errlen)
     if (!c->tenant[0] || strspn(c->tenant, " \t\r\n") == strlen(c->tenant))
         return invalid(err, errlen, "key \"tenant\" must be a non-empty name (it is \"%s\")",
                        c->tenant);
+    /* a group name (resolved when the node starts) or a numeric gid */
+    if (c->shm_group[0] &&
+        (c->shm_group[0] == '-' ||
+         strspn(c->shm_group, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                              "0123456789._-") != strlen(c->shm_group)))
+        return invalid(err, errlen,
+                       "key \"shm_group\" must be a group name or a numeric gid (it is \"%s\")",
+                       c->shm_group);
     if (c->max_key >= c->max_frame)
         return invalid(err, errlen,
                        "key \"max_key_size\" (%llu) must be less than key \"max_frame_size\" "

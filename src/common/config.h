@@ -51,6 +51,7 @@ typedef struct kvp_config {
     uint64_t replica_num;         /* "replica_num": copies written per put (1); 1 .. 3 */
     char preferred_segment[256];  /* "preferred_segment": host:port puts prefer ("" = unset) */
     char tenant[256];             /* "tenant" / "tenant_id": key namespace (default) */
+    char shm_group[64];           /* "shm_group": group allowed to attach the memfd ("") */
     uint64_t set_mask;            /* keys given explicitly (file, string, flag): one bit per
                                      key in table order; defaults leave it 0 */
 } kvp_config;

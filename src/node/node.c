@@ -35,6 +35,7 @@
 #include "node/grants.h"
 #include "node/segment.h"
 #include "node/server.h"
+#include "node/unixsock.h"
 #include "proto/proto.h"
 
 #define MOD "node"
@@ -53,7 +54,7 @@ struct kvp_node {
     uint64_t freed_notices; /* SEG_FREED entries applied (link thread) */
     char name[320];       /* "HOST:PORT": segment name and tcp endpoint */
     char shm_addr[512];   /* "HOSTID:/path" */
-    char unix_path[108];
+    char unix_path[KVP_UNIXSOCK_PATH_MAX + 1];
     int link_timeout_ms;
     kvp_rpc *rpc;         /* link thread only (and start, before it runs) */
     uint64_t master_id;   /* last HELLO's */
@@ -391,8 +392,21 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
         snprintf(err, errlen, "bad listen address \"%s\" (expected HOST:PORT)", listen);
         goto fail;
     }
-    snprintf(n->unix_path, sizeof n->unix_path, "%s/kvpool-seg-%016llx.sock",
-             o->unix_dir && *o->unix_dir ? o->unix_dir : "/tmp", (unsigned long long)n->seg_id);
+    kvp_unixsock_access ua;
+    char dir[4096], sock[64];
+    snprintf(sock, sizeof sock, KVP_UNIXSOCK_PREFIX "%016llx.sock", (unsigned long long)n->seg_id);
+    rc = kvp_unixsock_group_parse(cfg->shm_group, &ua, err, errlen);
+    if (!rc)
+        rc = kvp_unixsock_rundir(o->unix_dir, &ua, sock, dir, sizeof dir, err, errlen);
+    if (rc)
+        goto fail;
+    if (snprintf(n->unix_path, sizeof n->unix_path, "%s/%s", dir, sock) >=
+        (int)sizeof n->unix_path) { /* kvp_unixsock_rundir checked it fits */
+        snprintf(err, errlen, "unix socket path too long");
+        rc = KVP_EINTERNAL_ERROR;
+        goto fail;
+    }
+    kvp_unixsock_sweep(dir); /* sockets of nodes killed without a clean stop */
     char nm[32];
     snprintf(nm, sizeof nm, "kvpool-%016llx", (unsigned long long)n->seg_id);
     rc = kvp_segment_create(cfg->global_segment_size, nm, &n->seg, err, errlen);
@@ -404,7 +418,7 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
         goto fail;
     }
     kvp_segserver_opts so = {listen, n->unix_path, o->io_threads > 0 ? o->io_threads : 2,
-                             cfg->cluster_token, n->seg_id, n->grants};
+                             cfg->cluster_token, n->seg_id, n->grants, ua};
     rc = kvp_segserver_start(n->seg, &so, &n->srv, err, errlen);
     if (rc) {
         n->srv = NULL;

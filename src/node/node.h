@@ -27,7 +27,9 @@ typedef struct kvp_node_opts {
     const kvp_config *cfg;     /* master, cluster_token, global_segment_size,
                                   local_hostname, rpc_timeout, client_ttl */
     const char *listen;        /* segment server TCP address; NULL = "HOST:0" */
-    const char *unix_dir;      /* directory for the unix socket; NULL = /tmp */
+    const char *unix_dir;      /* directory for the unix socket; NULL = the
+                                  private runtime directory (node/unixsock.h:
+                                  $XDG_RUNTIME_DIR/kvpool or /tmp/kvpool-UID) */
     int io_threads;            /* 0 = 2 */
     int master_optional;       /* start even when the master is unreachable
                                   (keep retrying in the background) */

@@ -2,11 +2,14 @@
  * segment.c -- one memfd mapped once; see segment.h.
  *
  * Invariants: `base` maps exactly `size` bytes of `fd` MAP_SHARED for the
- * segment's whole life; every page was touched once at creation.
+ * segment's whole life; every page was touched once at creation; `fd` is
+ * sealed F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL (its size can never
+ * change, so no mapping of it, ours or a client's, can SIGBUS).
  */
 #include "node/segment.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -26,6 +29,7 @@
 #ifndef MFD_HUGETLB
 #define MFD_HUGETLB 0x0004U
 #endif
+#define SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
 struct kvp_segment {
     int fd;
@@ -74,13 +78,20 @@ int kvp_segment_create(uint64_t size, const char *name, kvp_segment **out, char 
     s->fd = -1;
     const char *nm = name && *name ? name : "kvpool-segment";
     if (size % HUGE_2M == 0 && free_huge_pages() >= size / HUGE_2M) {
-        int fd = memfd_create(nm, MFD_CLOEXEC | MFD_HUGETLB);
+        int fd = memfd_create(nm, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
         if (fd >= 0 && ftruncate(fd, (off_t)size) == 0) {
-            void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            if (p != MAP_FAILED) {
-                s->fd = fd;
-                s->base = p;
-                s->hugetlb = 1;
+            /* hugetlbfs memfds take seals since Linux 4.16; without them
+             * the plain path, never an unsealed fd */
+            if (fcntl(fd, F_ADD_SEALS, SEALS) != 0) {
+                KVP_WARN(MOD, "cannot seal a hugetlb memfd (%s): using regular pages",
+                         strerror(errno));
+            } else {
+                void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                if (p != MAP_FAILED) {
+                    s->fd = fd;
+                    s->base = p;
+                    s->hugetlb = 1;
+                }
             }
         }
         if (!s->base && fd >= 0)
@@ -88,12 +99,18 @@ int kvp_segment_create(uint64_t size, const char *name, kvp_segment **out, char 
     }
     if (!s->base) {
         size = (size + 4095) & ~4095ull;
-        s->fd = memfd_create(nm, MFD_CLOEXEC);
+        s->fd = memfd_create(nm, MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (s->fd < 0 || ftruncate(s->fd, (off_t)size) != 0) {
             snprintf(err, errlen, "memfd of %llu bytes: %s", (unsigned long long)size,
                      strerror(errno));
             kvp_segment_destroy(s);
             return KVP_ENOMEM;
+        }
+        if (fcntl(s->fd, F_ADD_SEALS, SEALS) != 0) {
+            snprintf(err, errlen, "cannot seal the segment memfd against resizing: %s",
+                     strerror(errno));
+            kvp_segment_destroy(s);
+            return KVP_EIO;
         }
         void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
         if (p == MAP_FAILED) {

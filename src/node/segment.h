@@ -6,7 +6,10 @@
  * fresh memory is slow: ~0.4 GB/s on small VMs), which is logged, so no
  * transfer pays for page faults. The memfd can be handed to same-host
  * clients (SCM_RIGHTS) who map it themselves: a same-host put or get is
- * then one memcpy.
+ * then one memcpy. The memfd is sealed against shrinking and growing
+ * (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), so a client cannot make the
+ * node's or another client's mapping fault; it is not sealed against
+ * writes: whoever holds it can read and write the whole segment.
  */
 #ifndef KVP_SEGMENT_H
 #define KVP_SEGMENT_H

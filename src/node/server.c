@@ -43,6 +43,7 @@
 #include "kvpool.h"
 #include "net/net.h"
 #include "node/grants.h"
+#include "node/unixsock.h"
 #include "proto/proto.h"
 
 #define MOD "segserver"
@@ -53,6 +54,7 @@
 #define FRAME_BUDGET 256         /* frames per connection per event */
 #define SCRATCH 65536            /* per-worker discard buffer */
 #define MAX_IOV 64
+#define REFUSED_LOG_MS 10000     /* at most one "peer refused" line per 10 s */
 
 enum cstate { ST_HDR, ST_SEGIO, ST_SMALL, ST_WBODY, ST_SKIP, ST_CLOSING };
 
@@ -103,7 +105,7 @@ struct kvp_segserver {
     kvp_grants *grants;   /* the node's; outlives the server */
     uint32_t max_frame;
     char token[256];
-    char unix_path[108];
+    char unix_path[KVP_UNIXSOCK_PATH_MAX + 1];
     int tcp_fd, unix_fd, stop_fd, acc_ep;
     uint16_t port;
     int nworkers;
@@ -112,6 +114,10 @@ struct kvp_segserver {
     int acc_started;
     int stop; /* atomic */
     kvp_proto_limits lim;
+    kvp_unixsock_access access;  /* who besides our uid may use the unix socket */
+    uint64_t peer_refused;       /* atomic: unix connections refused by SO_PEERCRED */
+    uint64_t refused_logged;     /* acceptor only: count at the last log line */
+    uint64_t refused_log_ms;     /* acceptor only: time of that line */
 };
 
 /* ------------------------------------------------------------ output */
@@ -571,6 +577,28 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* SO_PEERCRED check of a unix connection (the socket file's mode already
+ * keeps others out; this holds even if the file or directory mode is
+ * loosened). A refusal is counted and logged at most every REFUSED_LOG_MS. */
+static int peer_ok(struct kvp_segserver *s, int fd)
+{
+    long uid;
+    if (kvp_unixsock_peer_check(fd, &s->access, &uid))
+        return 1;
+    uint64_t n = __atomic_add_fetch(&s->peer_refused, 1, __ATOMIC_RELAXED);
+    uint64_t now = kvp_now_ms();
+    if (s->refused_logged == 0 || now - s->refused_log_ms >= REFUSED_LOG_MS) {
+        KVP_WARN(MOD, "unix socket %s: refused a connection from uid %ld (allowed: uid %u%s); "
+                      "%llu refused so far",
+                 s->unix_path, uid, (unsigned)geteuid(),
+                 s->access.has_group ? " and the members of the shm group" : "",
+                 (unsigned long long)n);
+        s->refused_logged = n;
+        s->refused_log_ms = now;
+    }
+    return 0;
+}
+
 static void *acceptor_main(void *arg)
 {
     struct kvp_segserver *s = arg;
@@ -590,6 +618,10 @@ static void *acceptor_main(void *arg)
                     if (errno != EAGAIN && errno != EWOULDBLOCK)
                         KVP_WARN(MOD, "accept: %s", strerror(errno));
                     break;
+                }
+                if (lfd == &s->unix_fd && !peer_ok(s, fd)) {
+                    close(fd);
+                    continue;
                 }
                 conn *c = kvp_calloc(1, sizeof *c);
                 if (!c) {
@@ -616,28 +648,6 @@ static void *acceptor_main(void *arg)
 }
 
 /* -------------------------------------------------------------- setup */
-
-static int listen_unix(const char *path, char *err, size_t errlen)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof sa.sun_path) {
-        snprintf(err, errlen, "unix socket path too long: %s", path);
-        return KVP_EINVALID_PARAMS;
-    }
-    strcpy(sa.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-        snprintf(err, errlen, "unix socket: %s", strerror(errno));
-        return KVP_EIO;
-    }
-    unlink(path); /* a stale socket from an earlier run */
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 256) != 0) {
-        snprintf(err, errlen, "cannot listen on unix socket %s: %s", path, strerror(errno));
-        close(fd);
-        return KVP_EIO;
-    }
-    return fd;
-}
 
 int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segserver **out,
                         char *err, size_t errlen)
@@ -686,7 +696,8 @@ int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segse
         goto fail;
     }
     if (o->unix_path && *o->unix_path) {
-        s->unix_fd = listen_unix(o->unix_path, err, errlen);
+        s->access = o->unix_access;
+        s->unix_fd = kvp_unixsock_listen(o->unix_path, &s->access, err, errlen);
         if (s->unix_fd < 0) {
             rc = s->unix_fd;
             s->unix_fd = -1;
@@ -750,6 +761,11 @@ fail:
 }
 
 uint16_t kvp_segserver_port(const kvp_segserver *s) { return s->port; }
+
+uint64_t kvp_segserver_peer_refused(const kvp_segserver *s)
+{
+    return __atomic_load_n(&s->peer_refused, __ATOMIC_RELAXED);
+}
 
 void kvp_segserver_stop(kvp_segserver *s)
 {

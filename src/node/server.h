@@ -13,6 +13,10 @@
  * trusted (length mismatch) closes the connection. Bytes go straight
  * between the socket and the segment (readv/writev), no intermediate copy.
  *
+ * The unix socket (node/unixsock.h): the path must fit sun_path, only a
+ * stale socket is replaced, the file is 0600 (0660 with a group), and every
+ * accepted connection's SO_PEERCRED must be our uid or the group's.
+ *
  * Threads: one acceptor plus `io_threads` workers, each with its own epoll
  * set; connections are spread round-robin.
  */
@@ -24,6 +28,7 @@
 
 #include "node/grants.h"
 #include "node/segment.h"
+#include "node/unixsock.h"
 
 typedef struct kvp_segserver kvp_segserver;
 
@@ -34,11 +39,15 @@ typedef struct kvp_segserver_opts {
     const char *cluster_token; /* NULL or "" = none */
     uint64_t segment_id;
     kvp_grants *grants;        /* checks descriptors; must outlive the server */
+    kvp_unixsock_access unix_access; /* besides our uid, who may connect to the
+                                        unix socket (zero = nobody) */
 } kvp_segserver_opts;
 
 int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segserver **out,
                         char *err, size_t errlen);
 uint16_t kvp_segserver_port(const kvp_segserver *s);
+/* Unix connections refused so far because of the peer's credentials. */
+uint64_t kvp_segserver_peer_refused(const kvp_segserver *s);
 /* Stops every thread, closes every connection, removes the unix socket. */
 void kvp_segserver_stop(kvp_segserver *s);
 #endif

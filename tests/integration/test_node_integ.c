@@ -1,10 +1,13 @@
 /* test_node_integ.c -- a real `kvpool store` against a real `kvpool master`:
  * mount with endpoints, remount after a master crash and restart on the same
- * port, unmount and clean exit on SIGTERM. */
+ * port, unmount and clean exit on SIGTERM; --unix-dir checks and stale
+ * sockets. */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/buf.h"
 #include "harness.h"
@@ -152,4 +155,57 @@ TEST(store_help_and_bad_flags)
     const char *n[] = {tp_kvpool_bin(), "store", "--master", "127.0.0.1:1", "--segment-size",
                        "4MiB", "--rpc-timeout", "500ms", NULL};
     CHECK_EQ(tp_run_capture(n, 2, out, sizeof out, 10000), 1);
+}
+
+/* node_socks: sockets named like a node's in dir (count). */
+static int node_socks(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int k = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        k += strncmp(de->d_name, "kvpool-seg-", 11) == 0;
+    closedir(d);
+    return k;
+}
+
+/* --unix-dir: a path too long for a unix socket and a shared directory
+ * (/tmp) are refused with the reason; the socket of a node killed with -9
+ * is removed by the next node starting in the same directory. */
+TEST(store_unix_dir)
+{
+    char out[8192];
+    char dir[200];
+    int n = snprintf(dir, sizeof dir, "/tmp/kvp-integ-long-%d-", (int)getpid());
+    while (n < 100)
+        dir[n++] = 'd';
+    dir[n] = 0;
+    const char *l[] = {tp_kvpool_bin(), "store", "--master-optional", "--master", "127.0.0.1:1",
+                       "--segment-size", "4MiB", "--unix-dir", dir, NULL};
+    CHECK_EQ(tp_run_capture(l, 2, out, sizeof out, 10000), 1);
+    CHECK(strstr(out, "107 bytes") && strstr(out, "sun_path"));
+    CHECK(access(dir, F_OK) != 0); /* refused before anything was created */
+    const char *t[] = {tp_kvpool_bin(), "store", "--master-optional", "--master", "127.0.0.1:1",
+                       "--segment-size", "4MiB", "--unix-dir", "/tmp", NULL};
+    CHECK_EQ(tp_run_capture(t, 2, out, sizeof out, 10000), 1);
+    CHECK(strstr(out, "writable by other users") != NULL);
+
+    char sd[] = "/tmp/kvp-integ-sd-XXXXXX";
+    CHECK(mkdtemp(sd) != NULL);
+    tp_master m;
+    CHECK_EQ(tp_master_start(&m, NULL), 0);
+    tp_store a, b;
+    const char *extra[] = {"--unix-dir", sd, NULL};
+    CHECK_EQ(tp_store_start(&a, m.addr, extra), 0);
+    CHECK_EQ(node_socks(sd), 1);
+    tp_store_kill(&a);
+    CHECK_EQ(node_socks(sd), 1); /* left behind by kill -9 */
+    CHECK_EQ(tp_store_start(&b, m.addr, extra), 0);
+    CHECK_EQ(node_socks(sd), 1); /* the dead one's removed, b's own */
+    CHECK_EQ(tp_store_stop(&b), 0);
+    CHECK_EQ(node_socks(sd), 0); /* removed on a clean stop */
+    CHECK_EQ(tp_master_stop(&m), 0);
+    rmdir(sd);
 }

@@ -1,13 +1,21 @@
 /* test_segment_server.c -- segment + segment server + client data plane,
- * in process: round trips over tcp and shm, refusals, hostile input. */
+ * in process: round trips over tcp and shm, refusals, hostile input; the
+ * shm trust rules (sealed memfd, checked fd, private socket, SO_PEERCRED,
+ * stale sockets, path length). */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "client/xfer.h"
@@ -23,6 +31,7 @@
 #include "node/node.h"
 #include "node/segment.h"
 #include "node/server.h"
+#include "node/unixsock.h"
 #include "proto/proto.h"
 
 #define MiB (1ull << 20)
@@ -48,7 +57,7 @@ static int fx_start(fx *f, uint64_t size, const char *token)
     REQUIRE(kvp_segment_create(size, "test", &f->seg, err, sizeof err) == 0);
     snprintf(f->unix_path, sizeof f->unix_path, "/tmp/kvp-test-%d.sock", (int)getpid());
     REQUIRE(kvp_grants_create(kvp_segment_size(f->seg), SECRET, &f->grants) == 0);
-    kvp_segserver_opts o = {"127.0.0.1:0", f->unix_path, 2, token, SEG_ID, f->grants};
+    kvp_segserver_opts o = {"127.0.0.1:0", f->unix_path, 2, token, SEG_ID, f->grants, {0, 0}};
     REQUIRE(kvp_segserver_start(f->seg, &o, &f->srv, err, sizeof err) == 0);
     snprintf(f->addr, sizeof f->addr, "127.0.0.1:%u", kvp_segserver_port(f->srv));
     snprintf(f->shm_ep, sizeof f->shm_ep, "%s:%s", kvp_node_host_id(), f->unix_path);
@@ -264,7 +273,7 @@ TEST(two_segments_one_batch)
     memset(&b, 0, sizeof b);
     CHECK_EQ(kvp_segment_create(4 * MiB, "b", &b.seg, err, sizeof err), 0);
     CHECK_EQ(kvp_grants_create(4 * MiB, SECRET, &b.grants), 0);
-    kvp_segserver_opts o = {"127.0.0.1:0", NULL, 1, NULL, SEG_ID + 1, b.grants};
+    kvp_segserver_opts o = {"127.0.0.1:0", NULL, 1, NULL, SEG_ID + 1, b.grants, {0, 0}};
     CHECK_EQ(kvp_segserver_start(b.seg, &o, &b.srv, err, sizeof err), 0);
     snprintf(b.addr, sizeof b.addr, "127.0.0.1:%u", kvp_segserver_port(b.srv));
     b.eps[0] = (kvp_endpoint){{(const uint8_t *)"tcp", 3},
@@ -633,4 +642,582 @@ TEST(throughput_64x512k)
         kvp_xfer_destroy(x);
     }
     fx_stop(&f);
+}
+
+/* ------------------------------------------- shm trust: seals, sockets */
+
+static int unix_connect(const char *path)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* SHM_ATTACH on a connection that said HELLO: the passed fd (or -1) and
+ * the announced size. Returns the answer's status, 1 on a broken stream. */
+static int raw_attach(int fd, uint64_t seg_id, int *mfd, uint64_t *size)
+{
+    uint8_t fr[KVP_FRAME_HDR + 8];
+    put_hdr(fr, KVP_OP_SHM_ATTACH, 2, 8);
+    memcpy(fr + KVP_FRAME_HDR, &seg_id, 8);
+    if (raw_send(fd, fr, sizeof fr))
+        return 1;
+    uint8_t h[KVP_FRAME_HDR + 8];
+    struct iovec iov = {h, sizeof h};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                        .msg_controllen = sizeof cm.buf};
+    *mfd = -1;
+    ssize_t n = recvmsg(fd, &mh, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+    struct cmsghdr *ch = CMSG_FIRSTHDR(&mh);
+    if (ch && ch->cmsg_level == SOL_SOCKET && ch->cmsg_type == SCM_RIGHTS)
+        memcpy(mfd, CMSG_DATA(ch), sizeof(int));
+    kvp_frame_hdr fh;
+    if (n < (ssize_t)KVP_FRAME_HDR || kvp_frame_hdr_decode(h, UINT32_MAX, &fh) != 0)
+        return 1;
+    if (fh.status == 0 && (n != (ssize_t)sizeof h || fh.body_len != 8))
+        return 1;
+    if (fh.status == 0)
+        memcpy(size, h + KVP_FRAME_HDR, 8);
+    return fh.status;
+}
+
+/* The memfd a same-host client receives cannot change size: no
+ * ftruncate(0) SIGBUS for everyone else, no growth. */
+TEST(shm_fd_sealed)
+{
+    fx f;
+    if (fx_start(&f, 4 * MiB, NULL))
+        return;
+    int fd = unix_connect(f.unix_path);
+    CHECK(fd >= 0);
+    CHECK_EQ(raw_hello(fd, ""), 0);
+    int mfd = -1;
+    uint64_t size = 0;
+    CHECK_EQ(raw_attach(fd, SEG_ID, &mfd, &size), 0);
+    close(fd);
+    CHECK(mfd >= 0);
+    CHECK_EQ(size, kvp_segment_size(f.seg));
+    int seals = fcntl(mfd, F_GET_SEALS);
+    CHECK((seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) ==
+          (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
+    errno = 0;
+    CHECK(ftruncate(mfd, 0) == -1 && errno == EPERM);
+    errno = 0;
+    CHECK(ftruncate(mfd, (off_t)size * 2) == -1 && errno == EPERM);
+    errno = 0;
+    CHECK(fcntl(mfd, F_ADD_SEALS, F_SEAL_WRITE) == -1 && errno == EPERM);
+    struct stat st;
+    CHECK(fstat(mfd, &st) == 0 && (uint64_t)st.st_size == size);
+    close(mfd);
+    /* the segment still works for everyone */
+    kvp_xfer *x;
+    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000};
+    CHECK_EQ(kvp_xfer_create(&o, &x), 0);
+    CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
+    uint64_t sz[] = {4 * MiB - 4096};
+    CHECK_EQ(roundtrip(x, sz, 1, 1, 0), 0);
+    CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), "shm"));
+    kvp_xfer_destroy(x);
+    fx_stop(&f);
+}
+
+static int sealed_memfd(off_t size, int seals)
+{
+    int fd = memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, size) != 0 || (seals && fcntl(fd, F_ADD_SEALS, seals) != 0)) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* What a client accepts before mapping a received fd. */
+TEST(shm_check_refuses_bad_fds)
+{
+    kvp_log_set_level(KVP_LOG_ERROR);
+    char err[256];
+    int good = sealed_memfd(8192, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    int small = sealed_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+    int loose = sealed_memfd(8192, 0);
+    int grow_only = sealed_memfd(8192, F_SEAL_GROW);
+    int pfd[2];
+    CHECK(good >= 0 && small >= 0 && loose >= 0 && grow_only >= 0 && pipe(pfd) == 0);
+    CHECK_EQ(kvp_xfer_shm_check(good, 8192, err, sizeof err), 0);
+    CHECK_EQ(kvp_xfer_shm_check(good, 4096, err, sizeof err), 0); /* larger: mapped partly */
+    err[0] = 0;
+    CHECK_EQ(kvp_xfer_shm_check(small, 8192, err, sizeof err), KVP_ETRANSFER_FAIL);
+    CHECK(strstr(err, "4096") && strstr(err, "8192"));
+    CHECK_EQ(kvp_xfer_shm_check(good, 0, err, sizeof err), KVP_ETRANSFER_FAIL);
+    CHECK_EQ(kvp_xfer_shm_check(good, UINT64_MAX, err, sizeof err), KVP_ETRANSFER_FAIL);
+    err[0] = 0;
+    CHECK_EQ(kvp_xfer_shm_check(loose, 8192, err, sizeof err), KVP_ETRANSFER_FAIL);
+    CHECK(strstr(err, "sealed") != NULL);
+    CHECK_EQ(kvp_xfer_shm_check(grow_only, 8192, err, sizeof err), KVP_ETRANSFER_FAIL);
+    err[0] = 0;
+    CHECK_EQ(kvp_xfer_shm_check(pfd[0], 8192, err, sizeof err), KVP_ETRANSFER_FAIL);
+    CHECK(strstr(err, "not a memfd") != NULL);
+    close(good);
+    close(small);
+    close(loose);
+    close(grow_only);
+    close(pfd[0]);
+    close(pfd[1]);
+}
+
+/* A rogue "node": answers HELLO, then SHM_ATTACH with an announced size
+ * of `announce` bytes and a memfd of only 4096. */
+typedef struct rogue {
+    char path[108];
+    int lfd;
+    uint64_t announce;
+    pthread_t th;
+} rogue;
+
+static void *rogue_main(void *p)
+{
+    rogue *r = p;
+    int fd = accept(r->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    uint8_t h[KVP_FRAME_HDR], body[512];
+    for (int k = 0; k < 2; k++) {
+        kvp_frame_hdr fh;
+        if (recv(fd, h, sizeof h, MSG_WAITALL) != (ssize_t)sizeof h ||
+            kvp_frame_hdr_decode(h, UINT32_MAX, &fh) != 0 || fh.body_len > sizeof body ||
+            (fh.body_len && recv(fd, body, fh.body_len, MSG_WAITALL) != (ssize_t)fh.body_len))
+            break;
+        uint8_t out[KVP_FRAME_HDR + 64];
+        kvp_buf b = {out + KVP_FRAME_HDR, 0, 64, 64, 0};
+        int mfd = -1;
+        if (fh.op == KVP_OP_HELLO) {
+            kvp_msg_hello_resp m = {KVP_PROTO_VERSION, 1, 1 << 20, 1000, 1000, 0};
+            kvp_enc_hello_resp(&b, &m);
+        } else {
+            memcpy(out + KVP_FRAME_HDR, &r->announce, 8);
+            b.len = 8;
+            mfd = sealed_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+        }
+        kvp_frame_hdr a = {KVP_PROTO_VERSION, KVP_FLAG_RESPONSE, fh.op, fh.req_id,
+                           (uint32_t)b.len, 0};
+        kvp_frame_hdr_encode(out, &a);
+        struct iovec iov = {out, KVP_FRAME_HDR + b.len};
+        union {
+            char buf[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } cm;
+        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+        if (mfd >= 0) {
+            mh.msg_control = cm.buf;
+            mh.msg_controllen = sizeof cm.buf;
+            struct cmsghdr *ch = CMSG_FIRSTHDR(&mh);
+            ch->cmsg_level = SOL_SOCKET;
+            ch->cmsg_type = SCM_RIGHTS;
+            ch->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(ch), &mfd, sizeof(int));
+        }
+        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        (void)w;
+        if (mfd >= 0)
+            close(mfd);
+    }
+    close(fd);
+    return NULL;
+}
+
+/* A node announcing more than its memfd holds: the client refuses the fd
+ * (it used to map it and die of SIGBUS on the put) and uses tcp. */
+TEST(shm_undersized_memfd_falls_back_to_tcp)
+{
+    fx f;
+    if (fx_start(&f, 4 * MiB, NULL))
+        return;
+    rogue r = {.announce = 4 * MiB};
+    snprintf(r.path, sizeof r.path, "/tmp/kvp-rogue-%d.sock", (int)getpid());
+    unlink(r.path);
+    r.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", r.path);
+    CHECK(bind(r.lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(r.lfd, 4) == 0);
+    CHECK(pthread_create(&r.th, NULL, rogue_main, &r) == 0);
+    char shm[256];
+    snprintf(shm, sizeof shm, "%s:%s", kvp_node_host_id(), r.path);
+    f.eps[1].addr = (kvp_bytes){(const uint8_t *)shm, (uint32_t)strlen(shm)};
+    kvp_xfer *x;
+    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000};
+    CHECK_EQ(kvp_xfer_create(&o, &x), 0);
+    CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
+    CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), "shm"));
+    uint64_t sz[] = {64 * 1024};
+    CHECK_EQ(roundtrip(x, sz, 1, 1, 2 * MiB), 0); /* past the rogue memfd's 4096 bytes */
+    CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), "tcp"));
+    kvp_xfer_destroy(x);
+    pthread_join(r.th, NULL);
+    close(r.lfd);
+    unlink(r.path);
+    fx_stop(&f);
+}
+
+/* The socket file's mode does not come from the umask. */
+TEST(unix_socket_mode_umask0)
+{
+    umask(0);
+    fx f;
+    if (fx_start(&f, 4 * MiB, NULL))
+        return;
+    struct stat st;
+    CHECK(lstat(f.unix_path, &st) == 0 && S_ISSOCK(st.st_mode));
+    CHECK_EQ(st.st_mode & 07777, 0600);
+    /* with a group: 0660, owned by that group */
+    char err[256], path[108];
+    snprintf(path, sizeof path, "/tmp/kvp-test-g-%d.sock", (int)getpid());
+    kvp_segserver *s2;
+    kvp_segserver_opts o = {"127.0.0.1:0", path, 1, NULL, SEG_ID, f.grants, {1, getegid()}};
+    CHECK_EQ(kvp_segserver_start(f.seg, &o, &s2, err, sizeof err), 0);
+    CHECK(lstat(path, &st) == 0 && S_ISSOCK(st.st_mode));
+    CHECK_EQ(st.st_mode & 07777, 0660);
+    CHECK_EQ(st.st_gid, getegid());
+    kvp_segserver_stop(s2);
+    CHECK(lstat(path, &st) != 0 && errno == ENOENT); /* removed on a clean stop */
+    fx_stop(&f);
+    CHECK(lstat(f.unix_path, &st) != 0 && errno == ENOENT);
+}
+
+static int start_at(const char *path, kvp_segment *seg, kvp_segserver **out, char *err,
+                    size_t errlen)
+{
+    static kvp_grants *g; /* one for the process: freed at exit by the OS */
+    if (!g && kvp_grants_create(kvp_segment_size(seg), SECRET, &g) != 0)
+        return -1;
+    kvp_segserver_opts o = {"127.0.0.1:0", path, 1, NULL, SEG_ID, g, {0, 0}};
+    return kvp_segserver_start(seg, &o, out, err, errlen);
+}
+
+/* Whatever sits at the socket path is left alone unless it is a socket
+ * nobody listens on. */
+TEST(unix_path_only_stale_sockets_replaced)
+{
+    kvp_log_set_level(KVP_LOG_ERROR);
+    char err[256], path[108];
+    kvp_segment *seg;
+    CHECK_EQ(kvp_segment_create(4 * MiB, "t", &seg, err, sizeof err), 0);
+    snprintf(path, sizeof path, "/tmp/kvp-test-p-%d.sock", (int)getpid());
+    /* a regular file: start fails, the file stays */
+    FILE *fp = fopen(path, "w");
+    CHECK(fp && fputs("precious\n", fp) >= 0 && fclose(fp) == 0);
+    kvp_segserver *s = NULL;
+    err[0] = 0;
+    CHECK(start_at(path, seg, &s, err, sizeof err) < 0);
+    CHECK(strstr(err, path) && strstr(err, "not a socket"));
+    char line[32] = {0};
+    fp = fopen(path, "r");
+    CHECK(fp && fgets(line, sizeof line, fp) && !strcmp(line, "precious\n"));
+    fclose(fp);
+    unlink(path);
+    /* a live socket (another node): start fails, it keeps listening */
+    int live = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    CHECK(bind(live, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(live, 4) == 0);
+    err[0] = 0;
+    CHECK(start_at(path, seg, &s, err, sizeof err) < 0);
+    CHECK(strstr(err, "listens") != NULL);
+    int c = unix_connect(path);
+    CHECK(c >= 0);
+    close(c);
+    /* the same socket once its owner is gone (kill -9): replaced */
+    close(live);
+    CHECK_EQ(start_at(path, seg, &s, err, sizeof err), 0);
+    c = unix_connect(path);
+    CHECK(c >= 0);
+    CHECK_EQ(raw_hello(c, ""), 0);
+    close(c);
+    kvp_segserver_stop(s);
+    kvp_segment_destroy(seg);
+}
+
+TEST(peer_cred_decision)
+{
+    kvp_unixsock_access none = {0, 0}, grp = {1, 500};
+    gid_t sup[] = {7, 500, 9}, other[] = {7, 9};
+    CHECK_EQ(kvp_unixsock_peer_allowed(1000, &none, 1000, 1000, NULL, 0), 1);
+    CHECK_EQ(kvp_unixsock_peer_allowed(1000, &none, 1001, 1000, NULL, 0), 0);
+    CHECK_EQ(kvp_unixsock_peer_allowed(1000, &none, 0, 0, NULL, 0), 0); /* root: not ours */
+    CHECK_EQ(kvp_unixsock_peer_allowed(1000, &none, 1001, 500, sup, 3), 0);
+    CHECK_EQ(kvp_unixsock_peer_allowed(1000, NULL, 1001, 500, sup, 3), 0);
+    CHECK_EQ(kvp_unixsock_peer_allowed(1000, &grp, 1001, 500, NULL, 0), 1); /* primary */
+    CHECK_EQ(kvp_unixsock_peer_allowed(1000, &grp, 1001, 1001, sup, 3), 1); /* supplementary */
+    CHECK_EQ(kvp_unixsock_peer_allowed(1000, &grp, 1001, 1001, other, 2), 0);
+    CHECK_EQ(kvp_unixsock_peer_allowed(1000, &grp, 65534, 65534, NULL, 0), 0);
+    CHECK_EQ(kvp_unixsock_peer_allowed(0, &none, 0, 0, NULL, 0), 1);
+    kvp_unixsock_access a;
+    char err[256];
+    CHECK_EQ(kvp_unixsock_group_parse("", &a, err, sizeof err), 0);
+    CHECK_EQ(a.has_group, 0);
+    CHECK_EQ(kvp_unixsock_group_parse("1234", &a, err, sizeof err), 0);
+    CHECK(a.has_group == 1 && a.gid == 1234);
+    CHECK_EQ(kvp_unixsock_group_parse("root", &a, err, sizeof err), 0);
+    CHECK(a.has_group == 1 && a.gid == 0);
+    CHECK_EQ(kvp_unixsock_group_parse("no-such-group-kvp", &a, err, sizeof err), KVP_ECONFIG);
+    CHECK(strstr(err, "no-such-group-kvp") != NULL);
+    CHECK_EQ(kvp_unixsock_group_parse("99999999999", &a, err, sizeof err), KVP_ECONFIG);
+}
+
+/* As uid 65534 in a child: connects (the test opens the file mode), is
+ * dropped by the SO_PEERCRED check. Exit 0 when the connection was closed
+ * without an answer, 1 when HELLO was answered, 2 on setup errors. */
+static int connect_as_nobody(const char *path)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0)
+            _exit(2);
+        int fd = unix_connect(path);
+        if (fd < 0)
+            _exit(2);
+        int st = raw_hello(fd, "");
+        _exit(st == 0 ? 1 : 0);
+    }
+    int status = -1;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+        return -1;
+    return WEXITSTATUS(status);
+}
+
+TEST(peer_cred_other_uid_refused)
+{
+    if (geteuid() != 0)
+        SKIP("needs root to connect as another uid (peer_cred_decision covers the rule)");
+    fx f;
+    if (fx_start(&f, 4 * MiB, NULL))
+        return;
+    CHECK(chmod(f.unix_path, 0666) == 0); /* only the credential check is left */
+    CHECK_EQ(connect_as_nobody(f.unix_path), 0);
+    CHECK_EQ(kvp_segserver_peer_refused(f.srv), 1);
+    int fd = unix_connect(f.unix_path); /* our own uid still gets in */
+    CHECK(fd >= 0);
+    CHECK_EQ(raw_hello(fd, ""), 0);
+    close(fd);
+    /* a server allowing group 65534 lets the same child in */
+    char err[256], path[108];
+    snprintf(path, sizeof path, "/tmp/kvp-test-n-%d.sock", (int)getpid());
+    kvp_segserver *s2;
+    kvp_segserver_opts o = {"127.0.0.1:0", path, 1, NULL, SEG_ID, f.grants, {1, 65534}};
+    CHECK_EQ(kvp_segserver_start(f.seg, &o, &s2, err, sizeof err), 0);
+    CHECK(chmod(path, 0666) == 0);
+    CHECK_EQ(connect_as_nobody(path), 1);
+    CHECK_EQ(kvp_segserver_peer_refused(s2), 0);
+    kvp_segserver_stop(s2);
+    fx_stop(&f);
+}
+
+/* ------------------------------------------- node: runtime directory */
+
+static int node_start_in(const char *unix_dir, const char *group, kvp_node **n, char *err,
+                         size_t errlen)
+{
+    kvp_config cfg;
+    kvp_config_defaults(&cfg);
+    cfg.master_addr[0] = 0;
+    cfg.global_segment_size = 4 * MiB;
+    snprintf(cfg.shm_group, sizeof cfg.shm_group, "%s", group ? group : "");
+    kvp_node_opts o = {.cfg = &cfg, .listen = "127.0.0.1:0", .unix_dir = unix_dir,
+                       .io_threads = 1, .master_optional = 1};
+    return kvp_node_start(&o, n, err, errlen);
+}
+
+/* Sockets named like a node's in dir (count; the first name into out). */
+static int node_socks(const char *dir, char *out, size_t outlen)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int k = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (strncmp(de->d_name, "kvpool-seg-", 11) != 0)
+            continue;
+        if (k++ == 0)
+            snprintf(out, outlen, "%s/%s", dir, de->d_name);
+    }
+    closedir(d);
+    return k;
+}
+
+/* Default: $XDG_RUNTIME_DIR/kvpool, created 0700 whatever the umask; the
+ * socket inside is 0600 and goes away on a clean stop. */
+TEST(node_runtime_dir_private)
+{
+    kvp_log_set_level(KVP_LOG_ERROR);
+    umask(0);
+    char xdg[] = "/tmp/kvp-xdg-XXXXXX";
+    CHECK(mkdtemp(xdg) != NULL);
+    setenv("XDG_RUNTIME_DIR", xdg, 1);
+    kvp_node *n;
+    char err[512], dir[256], sock[512];
+    CHECK_EQ(node_start_in(NULL, NULL, &n, err, sizeof err), 0);
+    snprintf(dir, sizeof dir, "%s/kvpool", xdg);
+    struct stat st;
+    CHECK(lstat(dir, &st) == 0 && S_ISDIR(st.st_mode));
+    CHECK_EQ(st.st_mode & 07777, 0700);
+    CHECK_EQ(st.st_uid, geteuid());
+    CHECK_EQ(node_socks(dir, sock, sizeof sock), 1);
+    CHECK(lstat(sock, &st) == 0 && S_ISSOCK(st.st_mode));
+    CHECK_EQ(st.st_mode & 07777, 0600);
+    kvp_node_stop(n);
+    CHECK_EQ(node_socks(dir, sock, sizeof sock), 0);
+    /* an explicit --unix-dir that does not exist yet: created 0700 */
+    char mine[300];
+    snprintf(mine, sizeof mine, "%s/mine", xdg);
+    CHECK_EQ(node_start_in(mine, NULL, &n, err, sizeof err), 0);
+    CHECK(lstat(mine, &st) == 0 && S_ISDIR(st.st_mode));
+    CHECK_EQ(st.st_mode & 07777, 0700);
+    CHECK_EQ(node_socks(mine, sock, sizeof sock), 1);
+    kvp_node_stop(n);
+    /* with a group: directory 0710 and socket 0660, both of that group */
+    char gdir[300], gid[16];
+    snprintf(gdir, sizeof gdir, "%s/grp", xdg);
+    snprintf(gid, sizeof gid, "%u", (unsigned)getegid());
+    CHECK_EQ(node_start_in(gdir, gid, &n, err, sizeof err), 0);
+    CHECK(lstat(gdir, &st) == 0 && (st.st_mode & 07777) == 0710 && st.st_gid == getegid());
+    CHECK_EQ(node_socks(gdir, sock, sizeof sock), 1);
+    CHECK(lstat(sock, &st) == 0 && (st.st_mode & 07777) == 0660 && st.st_gid == getegid());
+    kvp_node_stop(n);
+    /* no XDG_RUNTIME_DIR: /tmp/kvpool-UID */
+    unsetenv("XDG_RUNTIME_DIR");
+    CHECK_EQ(node_start_in(NULL, NULL, &n, err, sizeof err), 0);
+    snprintf(dir, sizeof dir, "/tmp/kvpool-%u", (unsigned)geteuid());
+    CHECK(lstat(dir, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid());
+    CHECK_EQ(st.st_mode & 022, 0);
+    kvp_node_stop(n);
+    rmdir(mine);
+    rmdir(gdir);
+    snprintf(dir, sizeof dir, "%s/kvpool", xdg);
+    rmdir(dir);
+    rmdir(xdg);
+}
+
+/* Directories a socket must not go in are refused with the reason. */
+TEST(node_runtime_dir_refused)
+{
+    kvp_log_set_level(KVP_LOG_ERROR);
+    char base[] = "/tmp/kvp-rd-XXXXXX";
+    CHECK(mkdtemp(base) != NULL);
+    char p[300], err[512];
+    kvp_node *n;
+    /* /tmp itself: writable by everyone */
+    err[0] = 0;
+    CHECK(node_start_in("/tmp", NULL, &n, err, sizeof err) < 0);
+    CHECK(strstr(err, "/tmp") && strstr(err, "writable by other users"));
+    /* a group-writable directory, no group configured */
+    snprintf(p, sizeof p, "%s/gw", base);
+    CHECK(mkdir(p, 0700) == 0 && chmod(p, 0770) == 0);
+    err[0] = 0;
+    CHECK(node_start_in(p, NULL, &n, err, sizeof err) < 0);
+    CHECK(strstr(err, "writable by other users") != NULL);
+    /* a symlink to a good directory */
+    char good[300];
+    snprintf(good, sizeof good, "%s/good", base);
+    snprintf(p, sizeof p, "%s/link", base);
+    CHECK(mkdir(good, 0700) == 0 && symlink(good, p) == 0);
+    err[0] = 0;
+    CHECK(node_start_in(p, NULL, &n, err, sizeof err) < 0);
+    CHECK(strstr(err, "symbolic link") != NULL);
+    /* a regular file */
+    snprintf(p, sizeof p, "%s/file", base);
+    FILE *f = fopen(p, "w");
+    CHECK(f && fclose(f) == 0);
+    err[0] = 0;
+    CHECK(node_start_in(p, NULL, &n, err, sizeof err) < 0);
+    CHECK(strstr(err, "not a directory") != NULL);
+    /* a group that does not exist */
+    err[0] = 0;
+    CHECK(node_start_in(good, "no-such-group-kvp", &n, err, sizeof err) < 0);
+    CHECK(strstr(err, "no-such-group-kvp") != NULL);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/link", base);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/gw", base);
+    rmdir(p);
+    rmdir(good);
+    rmdir(base);
+}
+
+/* A --unix-dir whose socket path would not fit sun_path is refused, and
+ * nothing at the would-be cut path is touched (it used to be unlinked). */
+TEST(node_unix_dir_too_long)
+{
+    kvp_log_set_level(KVP_LOG_ERROR);
+    char dir[200];
+    int n0 = snprintf(dir, sizeof dir, "/tmp/kvp-long-%d-", (int)getpid());
+    /* dir + "/kvpool-seg-" + 16 hex + ".sock" = dir + 33 bytes: make it 110 */
+    while (n0 < 110 - 33)
+        dir[n0++] = 'd';
+    dir[n0] = 0;
+    CHECK(mkdir(dir, 0700) == 0);
+    char cut[256];
+    snprintf(cut, sizeof cut, "%s/kvpool-seg-", dir); /* 107 bytes of the would-be path */
+    size_t cl = strlen(cut);
+    memset(cut + cl, '0', 107 - cl);
+    cut[107] = 0;
+    FILE *f = fopen(cut, "w");
+    CHECK(f && fclose(f) == 0);
+    kvp_node *n;
+    char err[512] = {0};
+    CHECK(node_start_in(dir, NULL, &n, err, sizeof err) < 0);
+    CHECK(strstr(err, "107") && strstr(err, dir) && strstr(err, "110 bytes"));
+    struct stat st;
+    CHECK(lstat(cut, &st) == 0 && S_ISREG(st.st_mode));
+    unlink(cut);
+    rmdir(dir);
+}
+
+/* At start a node removes the sockets of nodes that died in its runtime
+ * directory, and nothing else. */
+TEST(node_sweeps_stale_sockets)
+{
+    kvp_log_set_level(KVP_LOG_ERROR);
+    char dir[] = "/tmp/kvp-sw-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char stale[300], live[300], file[300], other[300];
+    snprintf(stale, sizeof stale, "%s/kvpool-seg-00000000000000aa.sock", dir);
+    snprintf(live, sizeof live, "%s/kvpool-seg-00000000000000bb.sock", dir);
+    snprintf(file, sizeof file, "%s/kvpool-seg-00000000000000cc.sock", dir);
+    snprintf(other, sizeof other, "%s/other.sock", dir);
+    const char *socks[] = {stale, live, other};
+    int fds[3];
+    for (int i = 0; i < 3; i++) {
+        fds[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", socks[i]);
+        CHECK(bind(fds[i], (struct sockaddr *)&sa, sizeof sa) == 0);
+    }
+    CHECK(listen(fds[1], 4) == 0);
+    close(fds[0]); /* stale: its node died */
+    close(fds[2]); /* stale, but not named like ours */
+    FILE *f = fopen(file, "w");
+    CHECK(f && fclose(f) == 0);
+    kvp_node *n;
+    char err[512];
+    CHECK_EQ(node_start_in(dir, NULL, &n, err, sizeof err), 0);
+    struct stat st;
+    CHECK(lstat(stale, &st) != 0 && errno == ENOENT);
+    CHECK(lstat(live, &st) == 0 && S_ISSOCK(st.st_mode));
+    CHECK(lstat(file, &st) == 0 && S_ISREG(st.st_mode));
+    CHECK(lstat(other, &st) == 0 && S_ISSOCK(st.st_mode));
+    kvp_node_stop(n);
+    close(fds[1]);
+    unlink(live);
+    unlink(file);
+    unlink(other);
+    rmdir(dir);
 }
