@@ -1,6 +1,7 @@
 /* log.c -- leveled logging; one write(2) per line. */
 #include "common/log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -50,4 +51,29 @@ void kvp_log_write(int level, const char *mod, const char *fmt, ...)
     line[len++] = '\n';
     ssize_t w = write(2, line, len);
     (void)w;
+}
+
+int kvp_log_limit_take(kvp_log_limit *l, unsigned *suppressed)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long long now = (unsigned long long)ts.tv_sec * 1000 + (unsigned long long)ts.tv_nsec / 1000000;
+    int ok;
+    pthread_mutex_lock(&mu);
+    if (l->window_ms == 0 || now - l->window_ms >= KVP_LOG_WINDOW_MS) {
+        l->window_ms = now ? now : 1;
+        l->n = 0;
+    }
+    ok = l->n < KVP_LOG_BURST;
+    *suppressed = 0;
+    if (ok) {
+        l->n++;
+        *suppressed = l->suppressed;
+        l->suppressed = 0;
+    } else {
+        l->suppressed++;
+    }
+    pthread_mutex_unlock(&mu);
+    return ok;
 }
