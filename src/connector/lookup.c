@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -104,7 +105,10 @@ int kvp_lookup_decode(const uint8_t *p, size_t n, kvp_lookup_req *r)
     return 0;
 }
 
-bool kvp_lookup_peer_allowed(uid_t peer_uid, uid_t self_uid) { return peer_uid == self_uid; }
+bool kvp_lookup_peer_allowed(uid_t peer_uid, gid_t peer_gid, uid_t self_uid, const gid_t *group)
+{
+    return peer_uid == self_uid || (group && peer_gid == *group);
+}
 
 /* ================================================================ server */
 
@@ -128,7 +132,9 @@ struct kvp_lookup_server {
     int wake[2];
     pthread_t th;
     kvp_lookup_handler h;
-    uid_t uid;           /* the only peer uid let in */
+    uid_t uid;           /* the peer uid let in */
+    bool use_group;
+    gid_t gid;           /* use_group: the peer gid let in too */
     uint32_t max_conns, idle_ms, partial_ms;
     struct conn *conns;  /* max_conns slots */
     struct pollfd *pf;   /* 2 + max_conns */
@@ -275,10 +281,13 @@ static void server_note_reject(kvp_lookup_server *s, const struct ucred *cr)
     uint64_t now = kvp_now_ms();
     if (s->reject_log_ms && now - s->reject_log_ms < REJECT_LOG_MS)
         return;
-    KVP_WARN(MOD, "%s: refused %llu connection(s) since the last report (last: uid %ld pid %ld; "
-                  "only uid %ld may connect)",
+    char grp[40] = "";
+    if (s->use_group)
+        snprintf(grp, sizeof grp, " or gid %ld", (long)s->gid);
+    KVP_WARN(MOD, "%s: refused %llu connection(s) since the last report (last: uid %ld gid %ld "
+                  "pid %ld; only uid %ld%s may connect)",
              s->path, (unsigned long long)s->reject_unlogged, cr ? (long)cr->uid : -1L,
-             cr ? (long)cr->pid : -1L, (long)s->uid);
+             cr ? (long)cr->gid : -1L, cr ? (long)cr->pid : -1L, (long)s->uid, grp);
     s->reject_log_ms = now;
     s->reject_unlogged = 0;
 }
@@ -324,7 +333,7 @@ static void server_accept(kvp_lookup_server *s)
         close(fd);
         return;
     }
-    if (!kvp_lookup_peer_allowed(cr.uid, s->uid)) {
+    if (!kvp_lookup_peer_allowed(cr.uid, cr.gid, s->uid, s->use_group ? &s->gid : NULL)) {
         server_note_reject(s, &cr);
         close(fd);
         return;
@@ -433,11 +442,12 @@ static int path_reclaim(const char *path, const struct sockaddr_un *sa)
 }
 
 /*
- * Binds and listens on `path` with mode 0600 whatever the umask. bind(2)
- * creates the file with 0777 & ~umask; the mode is set with chmod between
- * bind and listen, a window in which nobody can connect (a socket that is
- * not listening refuses every connect), so no peer ever reaches the socket
- * under the umask's mode. (umask(2) around bind would do it in one step but
+ * Binds and listens on `path` with mode 0600 (0660, group s->gid, with a
+ * group) whatever the umask. bind(2) creates the file with 0777 & ~umask;
+ * the owner and mode are set with chown and chmod between bind and listen,
+ * a window in which nobody can connect (a socket that is not listening
+ * refuses every connect), so no peer ever reaches the socket under the
+ * umask's mode. (umask(2) around bind would do it in one step but
  * is process-wide: it races with every other thread creating files.) The
  * peer credential check at accept is the real gate; the mode keeps other
  * users from even connecting.
@@ -458,7 +468,8 @@ static int server_listen(kvp_lookup_server *s, const struct sockaddr_un *sa)
         why = "the path was replaced after bind";
     else {
         ours = true;
-        if (chmod(s->path, 0600) != 0 || listen(s->lfd, 64) != 0)
+        if ((s->use_group && chown(s->path, (uid_t)-1, s->gid) != 0) ||
+            chmod(s->path, s->use_group ? 0660 : 0600) != 0 || listen(s->lfd, 64) != 0)
             why = strerror(errno);
     }
     if (why) {
@@ -494,6 +505,8 @@ void kvp_lookup_server_opts_default(kvp_lookup_server_opts *o)
     o->max_conns = KVP_LOOKUP_MAX_CONNS;
     o->idle_ms = KVP_LOOKUP_IDLE_MS;
     o->partial_ms = KVP_LOOKUP_PARTIAL_MS;
+    o->use_group = false;
+    o->gid = 0;
 }
 
 /* A new server for `path`, every slot free, nothing open yet. */
@@ -506,6 +519,8 @@ static kvp_lookup_server *server_new(const char *path, const kvp_lookup_handler 
     s->lfd = s->wake[0] = s->wake[1] = -1;
     s->h = *h;
     s->uid = geteuid();
+    s->use_group = o->use_group;
+    s->gid = o->gid;
     s->max_conns = o->max_conns;
     s->idle_ms = o->idle_ms;
     s->partial_ms = o->partial_ms;
@@ -545,7 +560,11 @@ int kvp_lookup_server_start_opts(const char *path, const kvp_lookup_handler *h,
         if (opts->partial_ms)
             o.partial_ms = opts->partial_ms;
     }
-    if (o.max_conns > KVP_LOOKUP_MAX_CONNS_LIMIT)
+    if (opts && opts->use_group) {
+        o.use_group = true;
+        o.gid = opts->gid;
+    }
+    if (o.max_conns > KVP_LOOKUP_MAX_CONNS_LIMIT || (o.use_group && o.gid == (gid_t)-1))
         return KVP_EINVALID_PARAMS;
     int rc = path_reclaim(path, &sa);
     if (rc != 0)
@@ -639,6 +658,8 @@ struct kvp_lookup_client {
     bool stop;
     int wake[2];
     int fd; /* touched by the worker thread only */
+    bool warned_peer; /* worker thread: the wrong-server warning was logged */
+    _Atomic int64_t group; /* -1, or the server gid also talked to */
     pthread_t th;
 };
 
@@ -762,9 +783,15 @@ static int client_connect(kvp_lookup_client *c, bool *reused)
     }
     struct ucred cr;
     socklen_t cl = sizeof cr;
+    int64_t g = atomic_load(&c->group);
+    gid_t gid = (gid_t)g;
     if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 || cl != sizeof cr ||
-        !kvp_lookup_peer_allowed(cr.uid, geteuid())) {
-        KVP_DEBUG(MOD, "%s is served by another uid: not talking to it", c->sa.sun_path);
+        !kvp_lookup_peer_allowed(cr.uid, cr.gid, geteuid(), g >= 0 ? &gid : NULL)) {
+        if (!c->warned_peer) /* once: every request would say it again */
+            KVP_WARN(MOD, "%s is served by uid %ld gid %ld, not ours: not talking to it "
+                          "(every lookup answers 0)",
+                     c->sa.sun_path, (long)cr.uid, (long)cr.gid);
+        c->warned_peer = true;
         client_disconnect(c);
         return KVP_ERPC_FAIL;
     }
@@ -904,6 +931,7 @@ int kvp_lookup_client_open(const char *path, uint32_t deadline_ms, kvp_lookup_cl
     c->deadline_ns = (uint64_t)(deadline_ms ? deadline_ms : KVP_LOOKUP_DEFAULT_DEADLINE_MS) * 1000000u;
     c->reset_deadline_ns = (uint64_t)KVP_LOOKUP_RESET_DEADLINE_MS * 1000000u;
     c->fd = -1;
+    atomic_init(&c->group, -1);
     if (pipe2(c->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
         kvp_free(c);
         return KVP_EIO;
@@ -1028,6 +1056,11 @@ int kvp_lookup_client_reset(kvp_lookup_client *c, bool *ok)
 void kvp_lookup_client_set_reset_deadline(kvp_lookup_client *c, uint32_t ms)
 {
     c->reset_deadline_ns = (uint64_t)(ms ? ms : KVP_LOOKUP_RESET_DEADLINE_MS) * 1000000ull;
+}
+
+void kvp_lookup_client_set_group(kvp_lookup_client *c, gid_t gid)
+{
+    atomic_store(&c->group, (int64_t)gid);
 }
 
 size_t kvp_lookup_client_pending(kvp_lookup_client *c)

@@ -27,12 +27,15 @@
  * locking against each other).
  *
  * Who may talk (the socket runs a RESET that wipes the store):
- *  - the socket file is created 0600 whatever the umask (chmod between bind
- *    and listen, when no connect can succeed), so other users cannot even
- *    connect through the file system;
- *  - every accepted connection's SO_PEERCRED uid must be the server's
- *    effective uid (kvp_lookup_peer_allowed; root is let in only when the
- *    server runs as root). Any other peer is closed before it is read or
+ *  - the socket file is created 0600 whatever the umask (0660 and owned by
+ *    the configured group, if one is), set between bind and listen, when
+ *    no connect can succeed; so other users cannot even connect through
+ *    the file system;
+ *  - every accepted connection's SO_PEERCRED must pass
+ *    kvp_lookup_peer_allowed: the server's effective uid (root is let in
+ *    only when the server runs as root), or the configured group as the
+ *    peer's effective (primary) gid -- SO_PEERCRED carries no
+ *    supplementary groups. Any other peer is closed before it is read or
  *    takes a slot, counted (stats.rejected) and logged at most once a
  *    second with the count since the last line.
  *  - the path: nothing there, or a socket nobody listens on (unlinked: a
@@ -52,8 +55,8 @@
  * Client (scheduler): one background thread serializes all requests over
  * one connection (reconnecting after any error, so a restarted server is
  * picked up by the next request); lookups are futures keyed by request id
- * (§9.3). It talks only to a server of its own uid (SO_PEERCRED after
- * connect). A connection the server closed while it sat unused (idle
+ * (§9.3). It talks only to a server that passes the same rule from its
+ * side (SO_PEERCRED after connect: its own uid, or the configured group). A connection the server closed while it sat unused (idle
  * timeout, eviction) is reopened transparently: it is checked before each
  * request, and a request whose connection turns out closed before any
  * answer byte is sent once more on a new connection (the server never
@@ -100,11 +103,13 @@ typedef struct kvp_lookup_handler {
 
 typedef struct kvp_lookup_server kvp_lookup_server;
 
-/* Server limits; a 0 field takes its default. */
+/* Server limits; a 0 field takes its default (all zero: the defaults). */
 typedef struct kvp_lookup_server_opts {
     uint32_t max_conns;  /* connection cap (KVP_LOOKUP_MAX_CONNS), <= _LIMIT */
     uint32_t idle_ms;    /* close a connection quiet this long (KVP_LOOKUP_IDLE_MS) */
     uint32_t partial_ms; /* close a frame not whole this long (KVP_LOOKUP_PARTIAL_MS) */
+    bool use_group;      /* false: the server's uid only */
+    gid_t gid;           /* use_group: peers of this gid too; socket 0660, this group */
 } kvp_lookup_server_opts;
 
 void kvp_lookup_server_opts_default(kvp_lookup_server_opts *o);
@@ -115,7 +120,8 @@ void kvp_lookup_server_opts_default(kvp_lookup_server_opts *o);
  * Errors: KVP_EINVALID_PARAMS (NULL, path empty or too long for sun_path,
  * no lookup callback, max_conns over the limit, the path taken: a file that
  * is not a socket, a live socket, a socket that cannot be probed),
- * KVP_EIO (socket/bind/chmod/listen/thread failure), KVP_ENOMEM. Every
+ * KVP_EIO (socket/bind/chown/chmod/listen/thread failure; chown to a
+ * group needs the server to be a member, or root), KVP_ENOMEM. Every
  * error but the argument checks is logged with its reason.
  */
 int kvp_lookup_server_start_opts(const char *path, const kvp_lookup_handler *h,
@@ -164,9 +170,10 @@ typedef struct kvp_lookup_req {
  */
 int kvp_lookup_decode(const uint8_t *p, size_t n, kvp_lookup_req *r);
 
-/* The credential rule: a peer may use the channel iff its uid is the
- * server's (root included: only when the server is root). */
-bool kvp_lookup_peer_allowed(uid_t peer_uid, uid_t self_uid);
+/* The credential rule, both directions: a peer may talk iff its uid is
+ * ours (root included: only when we are root), or `group` is given and is
+ * the peer's gid. */
+bool kvp_lookup_peer_allowed(uid_t peer_uid, gid_t peer_gid, uid_t self_uid, const gid_t *group);
 
 typedef struct kvp_lookup_client kvp_lookup_client;
 
@@ -201,6 +208,9 @@ int kvp_lookup_client_reset(kvp_lookup_client *c, bool *ok);
  * the lookup one. 0 = the default. */
 #define KVP_LOOKUP_RESET_DEADLINE_MS 60000u
 void kvp_lookup_client_set_reset_deadline(kvp_lookup_client *c, uint32_t ms);
+/* Also talk to a server whose gid is `gid` (the server's use_group); call
+ * before the first request. */
+void kvp_lookup_client_set_group(kvp_lookup_client *c, gid_t gid);
 /* Number of futures held (tests). */
 size_t kvp_lookup_client_pending(kvp_lookup_client *c);
 /* Stops the thread (interrupting any I/O), frees every future. Must not run

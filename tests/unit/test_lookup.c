@@ -1,5 +1,6 @@
 /* test_lookup.c -- connector/lookup: the scheduler <-> rank-0 channel with deadlines (spec §9). */
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdatomic.h>
@@ -784,12 +785,18 @@ TEST(path_length_is_checked_everywhere)
 
 TEST(peer_allowed_is_same_uid_only)
 {
-    CHECK(kvp_lookup_peer_allowed(1000, 1000));
-    CHECK(!kvp_lookup_peer_allowed(1001, 1000));
-    CHECK(!kvp_lookup_peer_allowed(65534, 1000));
-    CHECK(!kvp_lookup_peer_allowed(0, 1000)); /* root is not trusted by a user's server */
-    CHECK(kvp_lookup_peer_allowed(0, 0));
-    CHECK(!kvp_lookup_peer_allowed(1000, 0));
+    gid_t g = 2000;
+    CHECK(kvp_lookup_peer_allowed(1000, 1, 1000, NULL));
+    CHECK(!kvp_lookup_peer_allowed(1001, 1, 1000, NULL));
+    CHECK(!kvp_lookup_peer_allowed(65534, 65534, 1000, NULL));
+    CHECK(!kvp_lookup_peer_allowed(0, 0, 1000, NULL)); /* root is not trusted by a user's server */
+    CHECK(kvp_lookup_peer_allowed(0, 0, 0, NULL));
+    CHECK(!kvp_lookup_peer_allowed(1000, 1000, 0, NULL));
+    /* a configured group lets its members in, and nobody else */
+    CHECK(kvp_lookup_peer_allowed(1001, 2000, 1000, &g));
+    CHECK(!kvp_lookup_peer_allowed(1001, 2001, 1000, &g));
+    CHECK(!kvp_lookup_peer_allowed(0, 0, 1000, &g));
+    CHECK(kvp_lookup_peer_allowed(1000, 1, 1000, &g));
     /* and the real accept path lets our own uid in */
     mkpath("self");
     kvp_lookup_server *s = start();
@@ -1000,4 +1007,124 @@ TEST(closed_before_answer_is_retried_once)
     CHECK_EQ(hit, 0);
     CHECK(kvp_now_ms() - t0 < 1000);
     kvp_lookup_client_close(c);
+}
+
+/* With a group: the socket is 0660 and owned by that group, a peer of that
+ * gid (another uid) is served, a peer of another gid is not; the client
+ * talks to a server of the group. Root only (chown, setuid). */
+TEST(configured_group_is_let_in)
+{
+    if (geteuid() != 0)
+        SKIP("needs root to connect as another uid");
+    mkpath("group");
+    kvp_lookup_handler h = {.lookup = fake_lookup, .reset = fake_reset, .arg = NULL};
+    kvp_lookup_server_opts o = {.use_group = true, .gid = 65534};
+    kvp_lookup_server *s = NULL;
+    mode_t old = umask(0);
+    int rc = kvp_lookup_server_start_opts(path, &h, &o, &s);
+    umask(old);
+    CHECK_EQ(rc, 0);
+    struct stat st;
+    CHECK_EQ(lstat(path, &st), 0);
+    CHECK_EQ(st.st_mode & 07777, 0660);
+    CHECK_EQ(st.st_gid, 65534);
+    atomic_store(&resets, 0);
+    atomic_store(&reset_rc, 0);
+    for (int member = 1; member >= 0; member--) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            /* 0: answered; 1: setup failed; 2: closed unanswered */
+            if (setgid(member ? 65534 : 65533) != 0 || setuid(65533) != 0)
+                _exit(1);
+            int fd = raw_connect();
+            if (fd < 0)
+                _exit(member ? 1 : 2); /* a non-member cannot even connect (0660) */
+            uint8_t buf[16], reply[16];
+            _exit(raw_exchange(fd, buf, frame(buf, (const uint8_t *)"R", 1), reply) == 2 ? 0 : 2);
+        }
+        CHECK(pid > 0);
+        int ws = 0;
+        CHECK_EQ(waitpid(pid, &ws, 0), pid);
+        CHECK(WIFEXITED(ws));
+        CHECK_EQ(WEXITSTATUS(ws), member ? 0 : 2);
+    }
+    CHECK_EQ(atomic_load(&resets), 1);
+    /* a non-member that gets through the file mode is still refused */
+    CHECK_EQ(chmod(path, 0666), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (setgid(65533) != 0 || setuid(65533) != 0)
+            _exit(1);
+        int fd = raw_connect();
+        if (fd < 0)
+            _exit(1);
+        uint8_t buf[16], reply[16];
+        _exit(raw_exchange(fd, buf, frame(buf, (const uint8_t *)"R", 1), reply) < 0 ? 0 : 2);
+    }
+    CHECK(pid > 0);
+    int ws = 0;
+    CHECK_EQ(waitpid(pid, &ws, 0), pid);
+    CHECK(WIFEXITED(ws));
+    CHECK_EQ(WEXITSTATUS(ws), 0);
+    CHECK_EQ(atomic_load(&resets), 1);
+    kvp_lookup_server_stats ss;
+    kvp_lookup_server_get_stats(s, &ss);
+    CHECK_EQ(ss.rejected, 1);
+    kvp_lookup_server_stop(s);
+    /* gid (gid_t)-1 is no group */
+    o.gid = (gid_t)-1;
+    CHECK_EQ(kvp_lookup_server_start_opts(path, &h, &o, &s), KVP_EINVALID_PARAMS);
+}
+
+/* The client refuses a server of another uid (and not in its group). */
+TEST(client_refuses_a_stranger_server)
+{
+    if (geteuid() != 0)
+        SKIP("needs root to serve as another uid");
+    mkpath("fake");
+    unlink(path);
+    int ready[2];
+    CHECK_EQ(pipe(ready), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* a stranger's server that answers every lookup with 96 */
+        if (setgid(65533) != 0 || setuid(65533) != 0)
+            _exit(1);
+        close(ready[0]);
+        int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        strcpy(sa.sun_path, path);
+        umask(0);
+        if (bind(lfd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(lfd, 4) != 0)
+            _exit(1);
+        if (write(ready[1], "x", 1) != 1)
+            _exit(1);
+        for (;;) {
+            int fd = accept(lfd, NULL, NULL);
+            uint8_t in[64];
+            if (fd >= 0 && read_frame(fd, in, sizeof in) > 0) {
+                uint8_t ans[] = {0, 0, 0, 5, 'L', 0, 0, 0, 96};
+                if (send(fd, ans, sizeof ans, MSG_NOSIGNAL) < 0)
+                    _exit(1);
+            }
+        }
+    }
+    CHECK(pid > 0);
+    close(ready[1]);
+    char x;
+    CHECK_EQ(read(ready[0], &x, 1), 1);
+    close(ready[0]);
+    kvp_lookup_client *c = NULL;
+    CHECK_EQ(kvp_lookup_client_open(path, 500, &c), 0);
+    uint32_t hit = 7;
+    CHECK_EQ(kvp_lookup_client_lookup(c, "x", 1, 128, NULL, 0, 0, false, true, &hit), 0);
+    CHECK_EQ(hit, 0);
+    /* with the stranger's gid configured, the same server is talked to */
+    kvp_lookup_client_set_group(c, 65533);
+    CHECK_EQ(kvp_lookup_client_lookup(c, "y", 1, 128, NULL, 0, 0, false, true, &hit), 0);
+    CHECK_EQ(hit, 96);
+    kvp_lookup_client_close(c);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    unlink(path);
 }
