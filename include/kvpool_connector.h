@@ -150,6 +150,11 @@ typedef struct kvp_conn_config {
     bool kv_events;           /* record BlockStored events */
     kvp_conn_fence_fn fence;  /* NULL: engine memory is always coherent */
     void *fence_arg;
+    /* ---- both halves */
+    int64_t lookup_gid;       /* -1 (default): the lookup channel talks to our own uid only;
+                                 a gid: also to processes whose (primary) gid it is, and
+                                 the socket file is 0660 of that group (rank 0 must be a
+                                 member). Both halves need the same value. */
 } kvp_conn_config;
 
 /* Fills the defaults above (role BOTH, lookup on, async loads, every size 1). */

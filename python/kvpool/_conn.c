@@ -549,7 +549,7 @@ static int cfg_group(PyObject *d, kvp_conn_group *g)
 }
 
 /* The scalar keys of the connector config: name, kind, field, largest value. */
-enum cfg_kind { CK_BOOL, CK_U32, CK_INT, CK_SIZE, CK_U64, CK_STR };
+enum cfg_kind { CK_BOOL, CK_U32, CK_INT, CK_SIZE, CK_U64, CK_I64, CK_STR };
 static const struct cfg_key {
     const char *name;
     enum cfg_kind kind;
@@ -581,6 +581,7 @@ static const struct cfg_key {
     K(recv_threads, CK_U32, 64),
     K(staging_budget, CK_U64, UINT64_MAX),
     K(kv_events, CK_BOOL, 1),
+    K(lookup_gid, CK_I64, UINT32_MAX - 1), /* absent: -1, no group */
 #undef K
 };
 
@@ -603,6 +604,7 @@ static int cfg_scalar(config *k, const char *n, PyObject *v)
         case CK_U32: *(uint32_t *)f = (uint32_t)x; break;
         case CK_INT: *(int *)f = (int)x; break;
         case CK_SIZE: *(size_t *)f = (size_t)x; break;
+        case CK_I64: *(int64_t *)f = (int64_t)x; break;
         default: *(uint64_t *)f = x; break;
         }
         return 0;

@@ -93,8 +93,21 @@ EXTRA_KEYS = {
     "load_async", "lookup_async", "enable_lookup", "lookup_rpc_port", "cache_prefix",
     "preferred_segment", "enable_cross_layers_blocks", "save_decode_cache",
     "store_config", "partial_hash_hits", "recv_threads", "staging_budget",
-    "lookup_timeout_ms", "tenant",
+    "lookup_timeout_ms", "tenant", "lookup_group",
 }
+
+
+def _lookup_gid(group: Any) -> int:
+    """kv_connector_extra_config's lookup_group (a group name or id) as a gid:
+    processes of that group may use the lookup socket too (it is 0660)."""
+    if isinstance(group, int) and not isinstance(group, bool):
+        return group
+    import grp
+
+    try:
+        return grp.getgrnam(str(group)).gr_gid
+    except KeyError:
+        raise ValueError(f"lookup_group: no group named {group!r}") from None
 
 
 def check_vllm_version(version: str = vllm.__version__) -> None:
@@ -259,6 +272,8 @@ def _setup(vllm_config: "VllmConfig", kv_cache_config: KVCacheConfig,
     }
     if "lookup_timeout_ms" in extra:
         conn["lookup_timeout_ms"] = int(extra["lookup_timeout_ms"])
+    if "lookup_group" in extra:
+        conn["lookup_gid"] = _lookup_gid(extra["lookup_group"])
     if role == KVConnectorRole.WORKER:
         conn["store_config"] = _store_config(extra)
         threads = extra.get("recv_threads", os.environ.get("VLLM_MOONCAKE_LOAD_RECV_THREADS"))

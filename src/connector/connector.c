@@ -59,6 +59,7 @@ void kvp_conn_config_default(kvp_conn_config *c)
     c->load_async = true;
     c->tp_size = c->pp_size = c->pcp_size = c->dcp_size = 1;
     c->recv_threads = 2;
+    c->lookup_gid = -1;
 }
 
 static int fail(char *err, size_t errlen, const char *msg)
@@ -76,6 +77,8 @@ static int config_size_ok(const kvp_conn_config *c, char *err, size_t errlen)
         return fail(err, errlen,
                     "config struct_size must be sizeof(kvp_conn_config) "
                     "(fill it with kvp_conn_config_default)");
+    if (c->lookup_gid < -1 || c->lookup_gid >= (int64_t)UINT32_MAX)
+        return fail(err, errlen, "lookup_gid must be -1 (none) or a group id");
     return 0;
 }
 
@@ -187,6 +190,8 @@ int kvp_conn_sched_open(const kvp_conn_config *c, kvp_conn_sched **out, char *er
             fail(err, errlen, "cannot open the lookup channel");
             goto bad;
         }
+        if (c->lookup_gid >= 0)
+            kvp_lookup_client_set_group(x->lk, (gid_t)c->lookup_gid);
         kvp_sched_ops_client(x->lk, &sc.ops);
     }
     rc = kvp_sched_new(&sc, &x->s);
@@ -417,7 +422,9 @@ int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *
     }
     if (c->enable_lookup && rank0 && !kvp_worker_capacity_only(x->w)) {
         kvp_lookup_handler h = {.lookup = lk_lookup, .reset = lk_reset, .arg = x->w};
-        rc = kvp_lookup_server_start(c->lookup_socket, &h, &x->srv);
+        kvp_lookup_server_opts lo = {.use_group = c->lookup_gid >= 0,
+                                     .gid = c->lookup_gid >= 0 ? (gid_t)c->lookup_gid : 0};
+        rc = kvp_lookup_server_start_opts(c->lookup_socket, &h, &lo, &x->srv);
         if (rc != 0) {
             if (err && errlen)
                 snprintf(err, errlen, "cannot serve the lookup channel on %s", c->lookup_socket);

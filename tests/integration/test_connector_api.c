@@ -357,6 +357,13 @@ TEST(config_errors_are_named)
     CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), KVP_EINVALID_PARAMS);
     CHECK(strstr(err, "load_async") != NULL);
     c.load_async = true;
+    CHECK_EQ(c.lookup_gid, -1); /* the default: no group */
+    c.lookup_gid = -2;
+    CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), KVP_EINVALID_PARAMS);
+    CHECK(strstr(err, "lookup_gid") != NULL);
+    c.lookup_gid = UINT32_MAX;
+    CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), KVP_EINVALID_PARAMS);
+    c.lookup_gid = -1;
     CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), 0);
     kvp_conn_sched_close(s);
 

@@ -265,3 +265,28 @@ def test_cuda_fence_needs_the_driver(server: kvpool_procs.Proc) -> None:
             "model": "m", "groups": GROUP, "lookup_socket": f"{d}/s", "num_blocks": 4,
             "fence": "cuda",
             "store_config": json.dumps({"master": server.addr, "global_segment_size": "16MiB"})})
+
+
+def test_lookup_gid_sets_the_socket_group(server: kvpool_procs.Proc) -> None:
+    """lookup_gid: the lookup socket is 0660 of that group; without it 0600;
+    a negative or out-of-range gid is refused."""
+    import os
+    import stat
+
+    def worker(d: str, **extra: Any) -> Any:
+        return _native.ConnWorker({
+            "model": "m", "groups": GROUP, "hash_block_size": BS, "lookup_socket": f"{d}/s",
+            "num_blocks": 4, **extra,
+            "store_config": json.dumps({"master": server.addr, "global_segment_size": "16MiB"})})
+
+    with tempfile.TemporaryDirectory() as d:
+        w = worker(d, lookup_gid=os.getgid())
+        st = os.lstat(f"{d}/s")
+        assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == os.getgid()
+        w.close()
+        w = worker(d)
+        assert stat.S_IMODE(os.lstat(f"{d}/s").st_mode) == 0o600
+        w.close()
+        for bad in (-1, 1 << 32):
+            with pytest.raises(ValueError):
+                worker(d, lookup_gid=bad)
