@@ -20,7 +20,8 @@ static int connect_master(const kvp_config *cfg, const char *cmd, kvp_rpc **r)
     char err[256];
     kvp_rpc_opts o = {.token = cfg->cluster_token[0] ? cfg->cluster_token : NULL,
                       .name = cmd,
-                      .timeout_ms = (int)cfg->rpc_timeout_ms};
+                      .timeout_ms = (int)cfg->rpc_timeout_ms,
+                      .tenant_token = cfg->tenant_token};
     int rc = kvp_rpc_open(cfg->master_addr, &o, r, err, sizeof err);
     if (rc)
         fprintf(stderr, "kvpool %s: %s\n", cmd, err);

@@ -15,12 +15,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
 #include "common/log.h"
+#include "common/secret.h"
 #include "common/size.h"
 #include "kvpool.h"
 
@@ -190,6 +192,15 @@ static kvp_cli_kind config_kind(const char *name)
     return KVP_CLI_TEXT;
 }
 
+static int bool_word(const char *v)
+{
+    static const char *const w[] = {"true", "false", "1", "0", "yes", "no", "on", "off"};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+        if (!strcasecmp(v, w[i]))
+            return 1;
+    return 0;
+}
+
 /* ------------------------------------------------------------ scanning */
 
 struct scan {
@@ -271,6 +282,9 @@ static int next_item(struct scan *s, struct item *it)
         it->val = "1";
     } else if (eq) {
         it->val = eq + 1;
+    } else if (it->own < 0 && kvp_config_key_is_bool(it->name) &&
+               (s->i >= s->argc || !bool_word(s->argv[s->i]))) {
+        it->val = "true"; /* --insecure alone; "--insecure false" still works */
     } else if (s->i < s->argc) {
         it->val = s->argv[s->i++];
     } else {
@@ -300,6 +314,27 @@ static int prescan(int argc, char **argv, const kvp_cli_flag *own, int keys,
     }
     return 0;
 }
+
+/* The credentials (secret.h): never taken from a flag. */
+static const char *const secret_flags[][2] = {
+    {"cluster-token", "CLUSTER_TOKEN"}, {"node-token", "NODE_TOKEN"},
+    {"tenant-token", "TENANT_TOKEN"},
+};
+
+static int secret_index(const char *name)
+{
+    for (size_t i = 0; i < sizeof secret_flags / sizeof secret_flags[0]; i++) {
+        const char *a = secret_flags[i][0], *b = name;
+        while (*a && (*a == *b || (*a == '-' && *b == '_')))
+            a++, b++;
+        if (!*a && !*b)
+            return (int)i;
+    }
+    return -1;
+}
+
+static int secret_flag(const char *name) { return secret_index(name) >= 0; }
+static const char *secret_env(const char *name) { return secret_flags[secret_index(name)][1]; }
 
 /*
  * Second pass: applies every item. cfg NULL: flags outside `own` are
@@ -341,6 +376,13 @@ static int apply_all(int argc, char **argv, kvp_config *cfg, const kvp_cli_flag 
                 if (check_value(cmd, it.name, KVP_CLI_TEXT, it.val) != 0)
                     return -1;
             } else {
+                if (secret_flag(it.name)) {
+                    fprintf(stderr,
+                            "kvpool %s: flag --%s: a secret on the command line is visible to "
+                            "every user (ps); use --%s-file FILE or $KVPOOL_%s\n",
+                            cmd, it.name, it.name, secret_env(it.name));
+                    return -1;
+                }
                 kvp_cli_kind k = config_kind(it.name);
                 if (k != KVP_CLI_TEXT && check_value(cmd, it.name, k, it.val) != 0)
                     return -1;
@@ -389,7 +431,8 @@ int kvp_cli_parse(int argc, char **argv, kvp_config *cfg, const kvp_cli_flag *ow
     }
     if (apply_all(argc, argv, cfg, own, own_vals, npos) != 0)
         return -1;
-    if (kvp_config_validate(cfg, err, sizeof err) != 0) {
+    if (kvp_config_validate(cfg, err, sizeof err) != 0 ||
+        kvp_secret_resolve(cfg, err, sizeof err) != 0) {
         fprintf(stderr, "kvpool %s: %s\n", argv[0], err);
         return -1;
     }

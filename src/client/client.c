@@ -44,6 +44,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/secret.h"
 #include "proto/proto.h"
 
 #define MOD "client"
@@ -147,6 +148,7 @@ static int connect_locked(kvp_client *c, char *err, size_t errlen)
     o.client_id = 0;
     o.max_frame = RESP_CAP;
     o.timeout_ms = timeout_ms(c);
+    o.tenant_token = c->cfg.tenant_token;
     kvp_rpc *r;
     int rc = kvp_rpc_open(c->cfg.master_addr, &o, &r, err, errlen);
     if (rc) {
@@ -511,6 +513,8 @@ int kvp_client_open(const char *config, kvp_client **out, char *err, size_t errl
         rc = kvp_config_load_file(&c->cfg, path, err, errlen);
     if (rc == 0)
         rc = kvp_config_validate(&c->cfg, err, errlen);
+    if (rc == 0)
+        rc = kvp_secret_resolve(&c->cfg, err, errlen);
     if (rc) {
         client_free(c);
         return rc;

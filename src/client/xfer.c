@@ -235,7 +235,7 @@ static int say_hello(kvp_xfer *x, int fd, uint64_t deadline_ms)
     kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
     kvp_msg_hello m = {KVP_PROTO_VERSION, x->client_id,
                        {(const uint8_t *)x->token, (uint32_t)strlen(x->token)},
-                       {(const uint8_t *)"client", 6}};
+                       {(const uint8_t *)"client", 6}, {NULL, 0}, {NULL, 0}, {NULL, 0}};
     kvp_enc_hello(&b, &m);
     if (b.err)
         return KVP_EINVALID_PARAMS;

@@ -84,7 +84,23 @@ static const struct key_def keys[] = {
     {.name = "listen", .type = KT_STRING, F_STR(listen), .def = "127.0.0.1:50051",
      .help = "master: address to listen on, host:port"},
     {.name = "cluster_token", .type = KT_STRING, F_STR(cluster_token), .def = "",
-     .help = "shared secret every client must present; empty = no check"},
+     .help = "shared secret every client and node must present; empty = no check (also "
+             "cluster_token_file, $KVPOOL_CLUSTER_TOKEN; never a flag)"},
+    {.name = "cluster_token_file", .type = KT_STRING, F_STR(cluster_token_file), .def = "",
+     .help = "file holding cluster_token (one line, not readable by other users)"},
+    {.name = "node_token", .type = KT_STRING, F_STR(node_token), .def = "",
+     .help = "credential storage nodes present to mount segments; set on the master, only "
+             "its holders may mount (also node_token_file, $KVPOOL_NODE_TOKEN)"},
+    {.name = "node_token_file", .type = KT_STRING, F_STR(node_token_file), .def = "",
+     .help = "file holding node_token"},
+    {.name = "tenant_tokens_file", .type = KT_STRING, F_STR(tenant_tokens_file), .def = "",
+     .help = "master: file of \"TENANT TOKEN\" lines; a listed tenant is reachable only with "
+             "its token, and a session holding one reaches only that tenant"},
+    {.name = "insecure", .type = KT_BOOL, F_INT(insecure), .def = "false",
+     .help = "allow listening on a non-loopback address without any credential"},
+    {.name = "max_master_memory", .type = KT_SIZE, F_U64(max_master_memory), .min = 1 * MIB_,
+     .max = UINT64_MAX, .def = "4GiB",
+     .help = "master: metadata memory; past it puts evict or are refused (-200)"},
     {.name = "max_frame_size", .type = KT_SIZE, F_U64(max_frame), .min = 4 * KIB_,
      .max = GIB_, .def = "64MiB", .help = "largest protocol message accepted"},
     {.name = "lease_ttl", .aliases = {"default_kv_lease_ttl"}, .type = KT_DURATION,
@@ -145,6 +161,11 @@ static const struct key_def keys[] = {
     {.name = "shm_group", .type = KT_STRING, F_STR(shm_group), .def = "",
      .help = "storage node: group (name or gid) whose members may attach the segment over "
              "shared memory besides this user; \"\" = this user only"},
+    {.name = "tenant_token", .type = KT_STRING, F_STR(tenant_token), .def = "",
+     .help = "client: the credential of its tenant (also tenant_token_file, "
+             "$KVPOOL_TENANT_TOKEN)"},
+    {.name = "tenant_token_file", .type = KT_STRING, F_STR(tenant_token_file), .def = "",
+     .help = "client: file holding tenant_token"},
     {.name = "tenant", .aliases = {"tenant_id"}, .type = KT_STRING, F_STR(tenant),
      .def = "default", .help = "client: the tenant (key namespace) this client's keys live in"},
 };
@@ -167,6 +188,18 @@ static const struct key_def *find_key(const char *name)
                 return &keys[i];
     }
     return NULL;
+}
+
+int kvp_config_key_is_bool(const char *name)
+{
+    char n[64];
+    size_t l = strlen(name);
+    if (l >= sizeof n)
+        return 0;
+    for (size_t i = 0; i <= l; i++)
+        n[i] = name[i] == '-' ? '_' : name[i];
+    const struct key_def *k = find_key(n);
+    return k && k->type == KT_BOOL;
 }
 
 static int is_ignored(const char *name)

@@ -19,12 +19,20 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define KVP_CONFIG_ERRLEN 640
+#define KVP_CONFIG_ERRLEN 1536
 
 typedef struct kvp_config {
     /* ---- master ---- */
     char listen[256];             /* "listen": master address host:port (127.0.0.1:50051) */
-    char cluster_token[256];      /* "cluster_token": "" = none */
+    char cluster_token[256];      /* "cluster_token": "" = none (secret.h: file, env) */
+    char cluster_token_file[256]; /* "cluster_token_file": file holding it */
+    char node_token[256];         /* "node_token": credential to mount segments */
+    char node_token_file[256];    /* "node_token_file" */
+    char tenant_token[256];       /* "tenant_token": client: its tenant's credential */
+    char tenant_token_file[256];  /* "tenant_token_file" */
+    char tenant_tokens_file[256]; /* "tenant_tokens_file": master: "TENANT TOKEN" lines */
+    int insecure;                 /* "insecure": listen beyond loopback with no credential */
+    uint64_t max_master_memory;   /* "max_master_memory": bytes of metadata (4 GiB) */
     uint64_t max_frame;           /* "max_frame_size": bytes (64 MiB); 4 KiB .. 1 GiB */
     uint64_t lease_ttl_ms;        /* "lease_ttl" / "default_kv_lease_ttl" (ms): 5 s */
     uint64_t put_timeout_ms;      /* "put_timeout": 30 s */
@@ -75,6 +83,9 @@ int kvp_config_load_string(kvp_config *c, const char *json, char *err, size_t er
  * 'unknown flag --lease-tll (did you mean --lease-ttl?) (allowed: ...)'.
  */
 int kvp_config_set(kvp_config *c, const char *key, const char *value, char *err, size_t errlen);
+
+/* Is `name` ('-' or '_') a boolean key? (a bare --name flag means true) */
+int kvp_config_key_is_bool(const char *name);
 
 /* Cross-field checks (evict_low < evict_high, lease_ttl <= client_ttl, ...). */
 int kvp_config_validate(const kvp_config *c, char *err, size_t errlen);

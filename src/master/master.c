@@ -13,16 +13,21 @@
 
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/secret.h"
 #include "kvpool.h"
 #include "master/index.h"
 #include "master/obj.h"
 #include "master/segalloc.h"
+#include "net/net.h"
 
 #define MOD "master"
 #define TICK_BUDGET 4096      /* objects expired/evicted per tick and timer */
 #define TICK_IDLE_MS 100      /* tick period when nothing is due */
 #define PLACE_CANDIDATES 16   /* segments sampled per placement */
 #define MAX_ENDPOINTS 16
+#define AUTHFAIL_SLOTS 1024
+#define AUTHFAIL_FREE 3            /* failed HELLOs a peer gets before backing off */
+#define AUTHFAIL_MAX_MS 30000      /* longest back-off */
 
 typedef struct olist {
     kvp_obj *head, *tail;
@@ -35,6 +40,9 @@ struct kvp_mclient {
     uint32_t nconns;
     uint32_t nseg;     /* segments it mounted */
     kvp_msess *notify; /* the session that last mounted: gets SEG_FREED */
+    int node;          /* presented the node credential: may mount */
+    int tcred;         /* index of its tenant credential, -1 = none */
+    uint8_t session[KVP_SESSION_LEN]; /* proves the identity on more connections */
     int dropped;       /* TTL expired; freed when nconns reaches 0 */
     uint64_t last_seen;
     char name[64];
@@ -80,6 +88,14 @@ struct kvp_master {
     uint32_t lease_seq;
     uint64_t rng;
     uint64_t last_client_scan;
+    kvp_tenant_cred *tcreds; /* tenant_tokens_file */
+    size_t ntcreds;
+    uint32_t *tenant_nobj;   /* objects (pending too) per tenant: one exists while > 0 */
+    uint32_t ntenants_live;
+    struct authfail {        /* failed HELLOs per peer (hashed slots, overwritten) */
+        uint64_t peer, until;
+        uint32_t fails;
+    } authfail[AUTHFAIL_SLOTS];
     uint32_t *dirty;      /* slots of segments with frees to send */
     uint32_t ndirty;
     uint64_t freed_dropped; /* frees never told (notice buffer full, no session) */
@@ -174,6 +190,8 @@ static void settle_unleased(kvp_master *m, kvp_obj *o)
         list_push_head(m, KVP_LIST_LRU, o);
 }
 
+static void tenant_release_if_empty(kvp_master *m, int id);
+
 /* ============================================================ records */
 
 static inline uint64_t wire_gen(const kvp_mseg *s, uint32_t gen)
@@ -230,6 +248,8 @@ static void obj_destroy(kvp_master *m, kvp_obj *o, int why)
     for (unsigned i = 0; i < o->nrep; i++)
         free_replica(m, o, &r[i]);
     kvp_index_remove(&m->ix, o);
+    m->tenant_nobj[o->tenant]--;
+    tenant_release_if_empty(m, o->tenant);
     if (o->state == KVP_OBJ_COMPLETE) {
         m->stats[KVP_STAT_OBJECTS]--;
         m->stats[KVP_STAT_BYTES] -= o->size;
@@ -250,13 +270,20 @@ static void obj_destroy(kvp_master *m, kvp_obj *o, int why)
 
 /* ============================================================ tenants */
 
+/*
+ * Tenants: id -> name, ids reused. A tenant exists while it holds an
+ * object (pending ones count): PUT_STARTs that store nothing leave no
+ * tenant behind, so naming new tenants cannot fill the table. "default"
+ * (id 0) always exists.
+ */
+
 /* Tenant id of a name; -1 if unknown. Empty name = "default" (id 0). */
 static int tenant_find(const kvp_master *m, kvp_bytes t)
 {
     if (t.len == 0)
         return 0;
     for (uint32_t i = 0; i < m->ntenants; i++)
-        if (m->tenant_len[i] == t.len && memcmp(m->tenants[i], t.p, t.len) == 0)
+        if (m->tenants[i] && m->tenant_len[i] == t.len && memcmp(m->tenants[i], t.p, t.len) == 0)
             return (int)i;
     return -1;
 }
@@ -267,20 +294,58 @@ static int tenant_get(kvp_master *m, kvp_bytes t)
     int id = tenant_find(m, t);
     if (id >= 0)
         return id;
-    if (t.len > 255)
+    if (t.len > 255 || memchr(t.p, 0, t.len))
         return KVP_EINVALID_PARAMS;
-    if (m->ntenants >= m->cfg.max_tenants)
+    if (m->ntenants_live >= m->cfg.max_tenants)
         return KVP_ELIMIT;
+    uint32_t slot;
+    for (slot = 1; slot < m->ntenants && m->tenants[slot]; slot++)
+        ;
     char *n = kvp_strndup((const char *)t.p, t.len);
     if (!n)
         return KVP_ENOMEM;
-    if (memchr(t.p, 0, t.len)) {
-        kvp_free(n);
-        return KVP_EINVALID_PARAMS;
+    m->tenants[slot] = n;
+    m->tenant_len[slot] = (uint16_t)t.len;
+    m->tenant_nobj[slot] = 0;
+    m->ntenants_live++;
+    if (slot == m->ntenants)
+        m->ntenants++;
+    return (int)slot;
+}
+
+/* Frees a tenant that holds nothing (never "default"). */
+static void tenant_release_if_empty(kvp_master *m, int id)
+{
+    if (id <= 0 || m->tenant_nobj[id] > 0 || !m->tenants[id])
+        return;
+    kvp_free(m->tenants[id]);
+    m->tenants[id] = NULL;
+    m->tenant_len[id] = 0;
+    m->ntenants_live--;
+}
+
+/*
+ * May this session name tenant t? Without tenant credentials, yes. With
+ * them, a tenant listed in the table only with its token, and a session
+ * holding a tenant's token only that tenant. KVP_EILLEGAL_CLIENT if not.
+ */
+static int tenant_allowed(const kvp_master *m, const kvp_mclient *c, kvp_bytes t)
+{
+    if (m->ntcreds == 0)
+        return 0;
+    static const char def[] = "default";
+    if (t.len == 0) {
+        t.p = (const uint8_t *)def;
+        t.len = sizeof def - 1;
     }
-    m->tenants[m->ntenants] = n;
-    m->tenant_len[m->ntenants] = (uint16_t)t.len;
-    return (int)m->ntenants++;
+    if (c->tcred >= 0) {
+        const char *own = m->tcreds[c->tcred].tenant;
+        return strlen(own) == t.len && !memcmp(own, t.p, t.len) ? 0 : KVP_EILLEGAL_CLIENT;
+    }
+    for (size_t i = 0; i < m->ntcreds; i++)
+        if (strlen(m->tcreds[i].tenant) == t.len && !memcmp(m->tcreds[i].tenant, t.p, t.len))
+            return KVP_EILLEGAL_CLIENT;
+    return 0;
 }
 
 /* =========================================================== segments */
@@ -367,8 +432,32 @@ static void seg_unmount(kvp_master *m, uint32_t si)
     seg_free(s);
 }
 
+/* An endpoint a client could use: "tcp" HOST:PORT (port 1..65535) or
+ * "shm" HOSTID:/absolute/socket/path that fits a sockaddr_un. */
+static int endpoint_ok(const kvp_endpoint *e)
+{
+    char a[300];
+    if (e->addr.len == 0 || e->addr.len >= sizeof a || memchr(e->addr.p, 0, e->addr.len))
+        return 0;
+    memcpy(a, e->addr.p, e->addr.len);
+    a[e->addr.len] = 0;
+    if (e->transport.len == 3 && !memcmp(e->transport.p, "tcp", 3)) {
+        char host[256];
+        uint16_t port;
+        return kvp_net_split(a, host, sizeof host, &port) == 0 && host[0] && port != 0;
+    }
+    if (e->transport.len == 3 && !memcmp(e->transport.p, "shm", 3)) {
+        const char *path = strchr(a, ':');
+        return path && path > a && path[1] == '/' && strlen(path + 1) < 108;
+    }
+    return 0; /* a transport this master does not know */
+}
+
 static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
 {
+    for (uint32_t i = 0; i < d->n_endpoints; i++)
+        if (!endpoint_ok(&d->endpoints[i]))
+            return KVP_EINVALID_PARAMS;
     if (d->id == 0 || d->name.len == 0 || d->name.len > 255 || memchr(d->name.p, 0, d->name.len))
         return KVP_EINVALID_PARAMS;
     uint64_t cap = d->capacity & ~(uint64_t)4095;
@@ -696,44 +785,141 @@ static int32_t *codes_alloc(req *q, uint32_t n)
     return kvp_arena_alloc(q->a, (size_t)n * sizeof(int32_t) + 1);
 }
 
+/* ============================================================== auth */
+
+static struct authfail *authfail_slot(kvp_master *m, uint64_t peer)
+{
+    return &m->authfail[(peer * 0x9E3779B97F4A7C15ull) >> 54]; /* 1024 slots */
+}
+
+/* Is this peer backing off after failed HELLOs? */
+static int auth_blocked(kvp_master *m, uint64_t peer, uint64_t now)
+{
+    struct authfail *f = authfail_slot(m, peer);
+    return peer && f->peer == peer && now < f->until;
+}
+
+/* A failed HELLO: past AUTHFAIL_FREE failures, the peer waits 100 ms,
+ * doubling to AUTHFAIL_MAX_MS, before its next HELLO is even looked at. */
+static void auth_failed(kvp_master *m, uint64_t peer, uint64_t now)
+{
+    if (!peer)
+        return;
+    struct authfail *f = authfail_slot(m, peer);
+    if (f->peer != peer) {
+        f->peer = peer;
+        f->fails = 0;
+    }
+    f->fails++;
+    if (f->fails > AUTHFAIL_FREE) {
+        uint32_t k = f->fails - AUTHFAIL_FREE - 1;
+        uint64_t wait = k >= 9 ? AUTHFAIL_MAX_MS : 100ull << k;
+        f->until = now + (wait > AUTHFAIL_MAX_MS ? AUTHFAIL_MAX_MS : wait);
+    }
+}
+
+static void auth_ok(kvp_master *m, uint64_t peer)
+{
+    struct authfail *f = authfail_slot(m, peer);
+    if (peer && f->peer == peer)
+        f->peer = 0;
+}
+
+/* Which credentials the HELLO proves: *node, *tcred (-1 none). 0 or
+ * KVP_EAUTH. Every comparison runs in constant time. */
+static int hello_creds(const kvp_master *m, const kvp_msg_hello *h, int *node, int *tcred)
+{
+    const char *ct = m->cfg.cluster_token;
+    if (ct[0] && !kvp_secret_equal(h->token.p, h->token.len, ct, strlen(ct)))
+        return KVP_EAUTH;
+    *node = 0;
+    *tcred = -1;
+    if (h->node_cred.len) {
+        const char *nt = m->cfg.node_token;
+        if (!nt[0] || !kvp_secret_equal(h->node_cred.p, h->node_cred.len, nt, strlen(nt)))
+            return KVP_EAUTH;
+        *node = 1;
+    }
+    if (h->tenant_cred.len) {
+        int found = -1;
+        for (size_t i = 0; i < m->ntcreds; i++) /* no early exit: constant time */
+            if (kvp_secret_equal(h->tenant_cred.p, h->tenant_cred.len, m->tcreds[i].token,
+                                 strlen(m->tcreds[i].token)))
+                found = (int)i;
+        if (found < 0)
+            return KVP_EAUTH;
+        *tcred = found;
+    }
+    return 0;
+}
+
+static void hello_refuse(req *q, int err)
+{
+    reply_status(q, err);
+    q->s->close_after = 1;
+}
+
+/*
+ * HELLO: version, credentials, identity. A client_id already live is
+ * joined only with the session secret the master gave it (so knowing an
+ * id, which the logs show, is not enough to act as that client); a new id
+ * gets a fresh secret. The credentials of every connection of a client
+ * must agree.
+ */
 static void op_hello(req *q)
 {
     kvp_msg_hello h;
     kvp_master *m = q->m;
     int rc = kvp_dec_hello(q->body, q->h->body_len, &m->lim, &h);
     if (rc || h.client_id == 0) {
-        reply_status(q, KVP_EPROTOCOL);
-        q->s->close_after = 1;
+        hello_refuse(q, KVP_EPROTOCOL);
         return;
     }
     if (h.version != KVP_PROTO_VERSION) {
-        KVP_WARN(MOD, "HELLO with protocol version %u refused (this master speaks %u)", h.version,
-                 KVP_PROTO_VERSION);
-        reply_status(q, KVP_EINVALID_VERSION);
-        q->s->close_after = 1;
+        KVP_WARN_LIMITED(MOD, "HELLO with protocol version %u refused (this master speaks %u)",
+                         h.version, KVP_PROTO_VERSION);
+        hello_refuse(q, KVP_EINVALID_VERSION);
         return;
     }
-    size_t tl = strlen(m->cfg.cluster_token);
-    if (h.token.len != tl || (tl && memcmp(h.token.p, m->cfg.cluster_token, tl) != 0)) {
-        KVP_WARN(MOD, "HELLO from client %016llx refused: wrong cluster token",
-                 (unsigned long long)h.client_id);
-        reply_status(q, KVP_EAUTH);
-        q->s->close_after = 1;
+    /* phase 1: credentials, with back-off for a peer that keeps failing */
+    int node, tcred;
+    if (auth_blocked(m, q->s->peer, q->now)) {
+        hello_refuse(q, KVP_EAUTH);
         return;
     }
+    if (hello_creds(m, &h, &node, &tcred) != 0) {
+        KVP_WARN_LIMITED(MOD, "HELLO refused: wrong credential");
+        auth_failed(m, q->s->peer, q->now);
+        hello_refuse(q, KVP_EAUTH);
+        return;
+    }
+    /* phase 2: identity */
     kvp_mclient *c = q->s->client;
     if (c && c->id != h.client_id) {
-        reply_status(q, KVP_EPROTOCOL); /* one identity per connection */
-        q->s->close_after = 1;
+        hello_refuse(q, KVP_EPROTOCOL); /* one identity per connection */
         return;
     }
     if (!c) {
         c = client_find(m, h.client_id);
+        if (c && (!kvp_secret_equal(h.session.p, h.session.len, c->session, KVP_SESSION_LEN) ||
+                  c->node != node || c->tcred != tcred)) {
+            KVP_WARN_LIMITED(MOD, "HELLO refused: a client id already in use, without its "
+                                  "session secret or with other credentials");
+            auth_failed(m, q->s->peer, q->now);
+            hello_refuse(q, KVP_EILLEGAL_CLIENT);
+            return;
+        }
         if (!c) {
             rc = client_new(m, h.client_id, h.name, q->now, &c);
             if (rc) {
-                reply_status(q, rc);
-                q->s->close_after = 1;
+                hello_refuse(q, rc);
+                return;
+            }
+            c->node = node;
+            c->tcred = tcred;
+            if (getrandom(c->session, sizeof c->session, 0) != (ssize_t)sizeof c->session) {
+                client_free(m, c);
+                hello_refuse(q, KVP_EINTERNAL_ERROR);
                 return;
             }
             KVP_DEBUG(MOD, "client %016llx (%s) connected", (unsigned long long)c->id, c->name);
@@ -741,13 +927,22 @@ static void op_hello(req *q)
         c->nconns++;
         q->s->client = c;
     }
+    auth_ok(m, q->s->peer);
     c->last_seen = q->now;
     kvp_msg_hello_resp r = {KVP_PROTO_VERSION, m->id, (uint32_t)m->cfg.max_frame,
                             (uint32_t)m->cfg.lease_ttl_ms, (uint32_t)m->cfg.client_ttl_ms,
-                            q->now};
+                            q->now, {0}};
+    memcpy(r.session, c->session, sizeof r.session);
     size_t off = reply_begin(q);
     kvp_enc_hello_resp(q->out, &r);
     reply_end(q, off);
+}
+
+/* May this client mount and unmount segments? With a node_token, only its
+ * holders; otherwise any client not bound to a tenant. */
+static int may_mount(const kvp_master *m, const kvp_mclient *c)
+{
+    return m->cfg.node_token[0] ? c->node : c->tcred < 0 || c->node;
 }
 
 static void op_mount(req *q)
@@ -755,6 +950,12 @@ static void op_mount(req *q)
     kvp_msg_mount d;
     if (kvp_dec_mount(q->body, q->h->body_len, &q->m->lim, q->a, &d)) {
         reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    if (!may_mount(q->m, q->s->client)) {
+        KVP_WARN_LIMITED(MOD, "MOUNT_SEGMENT refused: client %s lacks the node credential",
+                         q->s->client->name);
+        reply_status(q, KVP_EILLEGAL_CLIENT);
         return;
     }
     int32_t *codes = codes_alloc(q, d.n);
@@ -773,6 +974,10 @@ static void op_unmount(req *q)
     kvp_msg_ids d;
     if (kvp_dec_ids(q->body, q->h->body_len, &q->m->lim, q->a, &d)) {
         reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    if (!may_mount(q->m, q->s->client)) {
+        reply_status(q, KVP_EILLEGAL_CLIENT);
         return;
     }
     int32_t *codes = codes_alloc(q, d.n);
@@ -860,11 +1065,14 @@ static void op_put_start(req *q)
         reply_status(q, KVP_ETOO_LARGE);
         return;
     }
-    int tenant = tenant_get(m, d.tenant);
+    int tenant = tenant_allowed(m, q->s->client, d.tenant);
+    if (tenant == 0)
+        tenant = tenant_get(m, d.tenant);
     if (tenant < 0) {
         reply_status(q, tenant);
         return;
     }
+    m->tenant_nobj[tenant]++; /* pinned: inline eviction may empty it meanwhile */
     int pref = seg_find_name(m, d.preferred);
     uint64_t keep = keep_limit(m);
     size_t off = reply_begin(q);
@@ -890,6 +1098,12 @@ static void op_put_start(req *q)
             while (m->cfg.max_objects && m->ix.count >= m->cfg.max_objects && evict_one(m, freed))
                 ;
             if (m->cfg.max_objects && m->ix.count >= m->cfg.max_objects)
+                r.status = KVP_ENO_AVAILABLE_HANDLE;
+            /* metadata memory: evict the oldest objects, as for space */
+            while (r.status == 0 && kvp_mem_used() > m->cfg.max_master_memory &&
+                   evict_one(m, freed))
+                ;
+            if (r.status == 0 && kvp_mem_used() > m->cfg.max_master_memory)
                 r.status = KVP_ENO_AVAILABLE_HANDLE;
             unsigned want = d.replicas < m->nseg ? d.replicas : m->nseg;
             if (want == 0 && r.status == 0)
@@ -923,6 +1137,7 @@ static void op_put_start(req *q)
             memcpy((uint8_t *)(o + 1), k.p, k.len);
             memcpy(kvp_obj_reps(o), reps, have * sizeof *reps);
             kvp_index_insert(&m->ix, h, o);
+            m->tenant_nobj[tenant]++;
             list_push_tail(m, KVP_LIST_PENDING, o);
             m->stats[KVP_STAT_PENDING]++;
             r.n_replicas = describe(m, reps, have, d.sizes[i], KVP_ACCESS_WRITE,
@@ -935,6 +1150,8 @@ static void op_put_start(req *q)
         }
         kvp_enc_put_result(q->out, &r);
     }
+    m->tenant_nobj[tenant]--;
+    tenant_release_if_empty(m, tenant); /* nothing stored: no tenant */
     reply_end(q, off);
 }
 
@@ -999,6 +1216,12 @@ static void keyed_op(req *q, kvp_bytes tenant, uint32_t n, const kvp_bytes *keys
                      const uint64_t *args, int force, int answer, key_fn fn)
 {
     kvp_master *m = q->m;
+    int rc = tenant_allowed(m, q->s->client, tenant);
+    if (rc) {
+        if (answer)
+            reply_status(q, rc);
+        return;
+    }
     int32_t *codes = codes_alloc(q, n);
     if (!codes) {
         reply_status(q, KVP_ENOMEM);
@@ -1093,7 +1316,7 @@ static void op_replica_bad(req *q)
         reply_status(q, KVP_EPROTOCOL);
         return;
     }
-    int tenant = tenant_find(m, d.tenant);
+    int tenant = tenant_allowed(m, q->s->client, d.tenant) ? -1 : tenant_find(m, d.tenant);
     if (tenant < 0)
         return;
     for (uint32_t i = 0; i < d.n; i++) {
@@ -1181,6 +1404,11 @@ static void op_get(req *q)
         reply_status(q, KVP_ETOO_LARGE);
         return;
     }
+    int rc = tenant_allowed(m, q->s->client, d.tenant);
+    if (rc) {
+        reply_status(q, rc);
+        return;
+    }
     int tenant = tenant_find(m, d.tenant);
     lk l;
     lk_init(&l, m, tenant, d.keys, d.n);
@@ -1213,6 +1441,11 @@ static void op_exist(req *q, int prefix)
     kvp_msg_keys d;
     if (kvp_dec_keys(q->body, q->h->body_len, &m->lim, q->a, &d)) {
         reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int rc = tenant_allowed(m, q->s->client, d.tenant);
+    if (rc) {
+        reply_status(q, rc);
         return;
     }
     int tenant = tenant_find(m, d.tenant);
@@ -1295,6 +1528,11 @@ static void op_remove_all(req *q)
         reply_status(q, KVP_EPROTOCOL);
         return;
     }
+    int rc = tenant_allowed(m, q->s->client, d.tenant);
+    if (rc) {
+        reply_status(q, rc);
+        return;
+    }
     uint64_t n = remove_matching(m, tenant_find(m, d.tenant), d.force, q->now, NULL);
     reply_removed(q, "REMOVE_ALL", d.force, n);
 }
@@ -1307,6 +1545,11 @@ static void op_remove_regex(req *q)
     kvp_msg_remove_regex d;
     if (kvp_dec_remove_regex(q->body, q->h->body_len, &m->lim, &d)) {
         reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int rc = tenant_allowed(m, q->s->client, d.tenant);
+    if (rc) {
+        reply_status(q, rc);
         return;
     }
     char pat[KVP_REGEX_MAX + 1];
@@ -1524,7 +1767,9 @@ int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
     m->clients = kvp_calloc(m->client_cap, sizeof *m->clients);
     m->tenants = kvp_calloc(cfg->max_tenants, sizeof *m->tenants);
     m->tenant_len = kvp_calloc(cfg->max_tenants, sizeof *m->tenant_len);
+    m->tenant_nobj = kvp_calloc(cfg->max_tenants, sizeof *m->tenant_nobj);
     if (!m->segs || !m->mounted || !m->dirty || !m->clients || !m->tenants || !m->tenant_len ||
+        !m->tenant_nobj ||
         kvp_index_init(&m->ix, 0) != 0) {
         kvp_free(m->segs);
         kvp_free(m->mounted);
@@ -1532,17 +1777,30 @@ int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
         kvp_free(m->clients);
         kvp_free(m->tenants);
         kvp_free(m->tenant_len);
+        kvp_free(m->tenant_nobj);
         kvp_free(m);
         return KVP_ENOMEM;
     }
     m->tenants[0] = NULL; /* "default": matched by name below */
     m->ntenants = 1;
+    m->ntenants_live = 1;
     static const char def[] = "default";
     m->tenant_len[0] = sizeof def - 1;
     m->tenants[0] = kvp_strdup(def);
     if (!m->tenants[0]) {
         kvp_master_destroy(m);
         return KVP_ENOMEM;
+    }
+    if (cfg->tenant_tokens_file[0]) {
+        char err[KVP_CONFIG_ERRLEN];
+        int rc = kvp_secret_tenants_load(cfg->tenant_tokens_file, &m->tcreds, &m->ntcreds, err,
+                                         sizeof err);
+        if (rc) {
+            KVP_ERROR(MOD, "key \"tenant_tokens_file\": %s", err);
+            kvp_master_destroy(m);
+            return rc;
+        }
+        KVP_INFO(MOD, "%zu tenant credentials from %s", m->ntcreds, cfg->tenant_tokens_file);
     }
     *out = m;
     return 0;
@@ -1574,6 +1832,10 @@ void kvp_master_destroy(kvp_master *m)
     kvp_free(m->clients);
     kvp_free(m->tenants);
     kvp_free(m->tenant_len);
+    kvp_free(m->tenant_nobj);
+    if (m->tcreds)
+        memset(m->tcreds, 0, m->ntcreds * sizeof *m->tcreds);
+    kvp_free(m->tcreds);
     kvp_free(m);
 }
 
@@ -1586,6 +1848,7 @@ void kvp_master_sess_open(kvp_master *m, kvp_msess *s)
     (void)m;
     s->client = NULL;
     s->close_after = 0;
+    s->peer = 0;
 }
 
 void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms)

@@ -38,9 +38,12 @@ typedef struct kvp_mclient kvp_mclient;
 typedef struct kvp_msess {
     kvp_mclient *client; /* NULL until HELLO succeeded */
     int close_after;     /* set by the core: flush the response, then close */
+    uint64_t peer;       /* the peer's address, hashed by the service (0 = unknown):
+                            failed HELLOs back off per peer */
 } kvp_msess;
 
-/* Copies what it needs from cfg. 0, KVP_ENOMEM. */
+/* Copies what it needs from cfg and loads cfg->tenant_tokens_file. 0,
+ * KVP_ENOMEM, or KVP_ECONFIG (the tenant file; the reason is logged). */
 int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out);
 /* Frees everything; sessions must have been closed first. */
 void kvp_master_destroy(kvp_master *m);

@@ -16,12 +16,14 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/secret.h"
 #include "kvpool.h"
 #include "master/master.h"
 #include "net/net.h"
@@ -219,10 +221,30 @@ static void conn_after(kvp_mserver *s, conn *c)
         conn_close(s, c);
 }
 
+/* The peer's address (not its port) hashed, for per-peer HELLO back-off. */
+static uint64_t peer_hash(const struct sockaddr_storage *sa, socklen_t len)
+{
+    const void *p = NULL;
+    size_t n = 0;
+    if (sa->ss_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        p = &((const struct sockaddr_in *)sa)->sin_addr;
+        n = sizeof(struct in_addr);
+    } else if (sa->ss_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        p = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        n = sizeof(struct in6_addr);
+    }
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
+    return n ? h | 1 : 0;
+}
+
 static void on_accept(kvp_mserver *s)
 {
     for (;;) {
-        int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage sa;
+        socklen_t salen = sizeof sa;
+        int fd = accept4(s->lfd, (struct sockaddr *)&sa, &salen, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR)
                 continue;
@@ -246,6 +268,7 @@ static void on_accept(kvp_mserver *s)
         kvp_buf_init(&c->in, s->cfg.max_frame + KVP_FRAME_HDR);
         kvp_buf_init(&c->out, s->cfg.max_frame + KVP_FRAME_HDR + OUT_PAUSE + 4096);
         kvp_master_sess_open(s->m, &c->sess);
+        c->sess.peer = peer_hash(&sa, salen);
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
         if (epoll_ctl(s->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
             close(fd);
@@ -274,6 +297,12 @@ int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **
     int rc = kvp_master_create(cfg, kvp_now_ms(), &s->m);
     if (rc) {
         snprintf(err, errlen, "cannot create the master: %s", kvp_strerror(rc));
+        kvp_mserver_destroy(s);
+        return rc;
+    }
+    rc = kvp_secret_listen_check(cfg->listen, cfg->cluster_token[0] || cfg->tenant_tokens_file[0],
+                                 cfg->insecure, "the master", err, errlen);
+    if (rc) {
         kvp_mserver_destroy(s);
         return rc;
     }

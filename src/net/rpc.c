@@ -218,7 +218,17 @@ int kvp_rpc_open(const char *addr, const kvp_rpc_opts *o, kvp_rpc **out, char *e
     if (!o->no_hello) {
         kvp_buf b;
         kvp_buf_init(&b, 4096);
-        kvp_msg_hello h = {KVP_PROTO_VERSION, r->client_id, {NULL, 0}, {NULL, 0}};
+        kvp_msg_hello h = {KVP_PROTO_VERSION, r->client_id, {NULL, 0}, {NULL, 0},
+                           {NULL, 0}, {NULL, 0}, {NULL, 0}};
+        static const uint8_t zero[KVP_SESSION_LEN];
+        if (o->session && memcmp(o->session, zero, KVP_SESSION_LEN) != 0)
+            h.session = (kvp_bytes){o->session, KVP_SESSION_LEN};
+        if (o->node_token && *o->node_token)
+            h.node_cred = (kvp_bytes){(const uint8_t *)o->node_token,
+                                      (uint32_t)strlen(o->node_token)};
+        if (o->tenant_token && *o->tenant_token)
+            h.tenant_cred = (kvp_bytes){(const uint8_t *)o->tenant_token,
+                                        (uint32_t)strlen(o->tenant_token)};
         if (o->token) {
             h.token.p = (const uint8_t *)o->token;
             h.token.len = (uint32_t)strlen(o->token);
@@ -237,6 +247,8 @@ int kvp_rpc_open(const char *addr, const kvp_rpc_opts *o, kvp_rpc **out, char *e
             rc = st;
         if (rc == 0)
             rc = kvp_dec_hello_resp(resp, rl, &r->hello);
+        if (rc == 0 && o->session)
+            memcpy(o->session, r->hello.session, KVP_SESSION_LEN);
         if (rc) {
             snprintf(err, errlen, "HELLO to %s failed: %s", addr, kvp_strerror(rc));
             kvp_rpc_close(r);

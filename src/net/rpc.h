@@ -23,6 +23,11 @@ typedef struct kvp_rpc_opts {
     uint32_t max_frame;    /* largest response accepted (0 = 64 MiB) */
     int timeout_ms;        /* connect and per-call deadline (0 = 10 s) */
     int no_hello;          /* connect only (tests of the HELLO exchange) */
+    const char *node_token;   /* node credential, NULL = none (may mount) */
+    const char *tenant_token; /* tenant credential, NULL = none */
+    uint8_t *session;      /* KVP_SESSION_LEN bytes, NULL = none: when not all zero,
+                              presented to join client_id's session; the master's
+                              answer is copied back */
     /* Frames the server sends unasked (ONEWAY, not RESPONSE: SEG_FREED to a
      * node) go here while kvp_rpc_recv / kvp_rpc_call / kvp_rpc_poll read;
      * NULL = dropped. Any other frame that is not an answer breaks the

@@ -29,6 +29,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/secret.h"
 #include "kvpool.h"
 #include "net/net.h"
 #include "net/rpc.h"
@@ -51,6 +52,7 @@ struct kvp_node {
     kvp_grants *grants;   /* descriptor checks; shared with srv */
     uint64_t seg_id, secret, client_id;
     uint32_t epoch;       /* mount attempts: the high half of generations */
+    uint8_t session[KVP_SESSION_LEN]; /* from the master's HELLO: rejoin as client_id */
     uint64_t freed_notices; /* SEG_FREED entries applied (link thread) */
     char name[320];       /* "HOST:PORT": segment name and tcp endpoint */
     char shm_addr[512];   /* "HOSTID:/path" */
@@ -175,9 +177,22 @@ static int link_open(kvp_node *n, char *err, size_t errlen)
 {
     char nm[400];
     snprintf(nm, sizeof nm, "node %s", n->name);
-    kvp_rpc_opts o = {n->cfg.cluster_token, nm, n->client_id, 0, n->link_timeout_ms, 0,
-                      on_push, n};
+    kvp_rpc_opts o = {.token = n->cfg.cluster_token,
+                      .name = nm,
+                      .client_id = n->client_id,
+                      .timeout_ms = n->link_timeout_ms,
+                      .node_token = n->cfg.node_token,
+                      .tenant_token = n->cfg.tenant_token,
+                      .session = n->session,
+                      .on_push = on_push,
+                      .push_ctx = n};
     int rc = kvp_rpc_open(n->cfg.master_addr, &o, &n->rpc, err, errlen);
+    if (rc == KVP_EILLEGAL_CLIENT) {
+        /* our id is taken by someone without our session: be someone else
+         * (the master drops what the old identity held at its TTL) */
+        n->client_id = rand64();
+        memset(n->session, 0, sizeof n->session);
+    }
     if (rc) {
         n->rpc = NULL;
         return rc;
@@ -409,6 +424,10 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
     kvp_unixsock_sweep(dir); /* sockets of nodes killed without a clean stop */
     char nm[32];
     snprintf(nm, sizeof nm, "kvpool-%016llx", (unsigned long long)n->seg_id);
+    rc = kvp_secret_listen_check(listen, cfg->cluster_token[0], cfg->insecure,
+                                 "the storage node", err, errlen);
+    if (rc)
+        goto fail;
     rc = kvp_segment_create(cfg->global_segment_size, nm, &n->seg, err, errlen);
     if (rc)
         goto fail;

@@ -39,6 +39,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/secret.h"
 #include "common/mem.h"
 #include "kvpool.h"
 #include "net/net.h"
@@ -274,14 +275,14 @@ static void on_hello(struct kvp_segserver *s, conn *c)
         return;
     }
     size_t tl = strlen(s->token);
-    if (m.token.len != tl || (tl && memcmp(m.token.p, s->token, tl) != 0)) {
+    if (tl && !kvp_secret_equal(m.token.p, m.token.len, s->token, tl)) {
         KVP_WARN(MOD, "HELLO from client %016llx refused: wrong cluster token",
                  (unsigned long long)m.client_id);
         refuse_close(c, KVP_EAUTH);
         return;
     }
     c->hello_ok = 1;
-    kvp_msg_hello_resp r = {KVP_PROTO_VERSION, s->segment_id, s->max_frame, 0, 0, 0};
+    kvp_msg_hello_resp r = {KVP_PROTO_VERSION, s->segment_id, s->max_frame, 0, 0, 0, {0}};
     uint8_t tmp[SMALL_RESP];
     kvp_buf b = {tmp, 0, sizeof tmp, sizeof tmp, 0};
     kvp_enc_hello_resp(&b, &r);

@@ -290,6 +290,9 @@ void kvp_enc_hello(kvp_buf *b, const kvp_msg_hello *m)
     kvp_buf_u64(b, m->client_id);
     wr_bytes(b, m->token);
     wr_bytes(b, m->name);
+    wr_bytes(b, m->node_cred);
+    wr_bytes(b, m->tenant_cred);
+    wr_bytes(b, m->session);
 }
 
 int kvp_dec_hello(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_msg_hello *m)
@@ -299,6 +302,11 @@ int kvp_dec_hello(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp
     m->client_id = kvp_rd_u64(&r);
     m->token = kvp_rd_bytes(&r, l->max_str);
     m->name = kvp_rd_bytes(&r, l->max_str);
+    m->node_cred = kvp_rd_bytes(&r, l->max_str);
+    m->tenant_cred = kvp_rd_bytes(&r, l->max_str);
+    m->session = kvp_rd_bytes(&r, KVP_SESSION_LEN);
+    if (m->session.len != 0 && m->session.len != KVP_SESSION_LEN)
+        rd_fail(&r);
     DEC_END;
 }
 
@@ -310,6 +318,7 @@ void kvp_enc_hello_resp(kvp_buf *b, const kvp_msg_hello_resp *m)
     kvp_buf_u32(b, m->lease_ttl_ms);
     kvp_buf_u32(b, m->client_ttl_ms);
     kvp_buf_u64(b, m->now_ms);
+    kvp_buf_put(b, m->session, KVP_SESSION_LEN);
 }
 
 int kvp_dec_hello_resp(const uint8_t *p, uint32_t len, kvp_msg_hello_resp *m)
@@ -321,6 +330,9 @@ int kvp_dec_hello_resp(const uint8_t *p, uint32_t len, kvp_msg_hello_resp *m)
     m->lease_ttl_ms = kvp_rd_u32(&r);
     m->client_ttl_ms = kvp_rd_u32(&r);
     m->now_ms = kvp_rd_u64(&r);
+    const uint8_t *sess = kvp_rd_raw(&r, KVP_SESSION_LEN);
+    if (sess)
+        memcpy(m->session, sess, KVP_SESSION_LEN);
     DEC_END;
 }
 

@@ -128,12 +128,19 @@ void kvp_proto_limits_default(kvp_proto_limits *l);
 
 /* ---------------------------------------------------------------- messages */
 
+#define KVP_SESSION_LEN 16 /* bytes of a session secret */
+
 /* HELLO request. client_id 0 is invalid. */
 typedef struct kvp_msg_hello {
     uint32_t version;   /* KVP_PROTO_VERSION */
     uint64_t client_id; /* random per client process, non-zero */
     kvp_bytes token;    /* cluster token, empty if none */
     kvp_bytes name;     /* human-readable client name, e.g. "node host:port" */
+    kvp_bytes node_cred;   /* the node credential (may mount segments), or empty */
+    kvp_bytes tenant_cred; /* a tenant's credential (binds the session to it), or empty */
+    kvp_bytes session;     /* empty for a new client; to open another connection as
+                              an existing client_id, the KVP_SESSION_LEN-byte secret
+                              the master gave that client */
 } kvp_msg_hello;
 
 /* HELLO response. */
@@ -144,6 +151,7 @@ typedef struct kvp_msg_hello_resp {
     uint32_t lease_ttl_ms;
     uint32_t client_ttl_ms;   /* heartbeat at least every client_ttl_ms / 3 */
     uint64_t now_ms;          /* the master's monotonic clock (descriptor expiry) */
+    uint8_t session[KVP_SESSION_LEN]; /* the client's session secret (zeros from a node) */
 } kvp_msg_hello_resp;
 
 typedef struct kvp_endpoint {

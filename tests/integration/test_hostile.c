@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "common/buf.h"
@@ -383,3 +385,352 @@ TEST(corrupt_replica_is_dropped_and_key_recovers)
     env_down(&e);
 }
 
+
+/* ------------------------------------------- credentials and identity */
+
+/* A HELLO with these credentials (NULL = none); the rpc or NULL, *rc. */
+static kvp_rpc *hello_as(const char *addr, const char *token, const char *node,
+                         const char *tenant, uint64_t id, uint8_t *session, int *rc)
+{
+    char err[256];
+    kvp_rpc_opts o = {.token = token, .name = "hostile", .client_id = id, .timeout_ms = 3000,
+                      .node_token = node, .tenant_token = tenant, .session = session};
+    kvp_rpc *r = NULL;
+    *rc = kvp_rpc_open(addr, &o, &r, err, sizeof err);
+    return *rc ? NULL : r;
+}
+
+static int run_kvpool(const char *const *args, char *out, size_t outlen)
+{
+    const char *argv[24];
+    int n = 0;
+    argv[n++] = tp_kvpool_bin();
+    for (int i = 0; args[i] && n < 23; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    return tp_run_capture(argv, 3, out, outlen, 10000);
+}
+
+/* Finding 6: secrets never from a flag; files other users can read are
+ * refused; a non-loopback listener needs a credential or --insecure. */
+TEST(secrets_from_files_or_env_and_listen_rules)
+{
+    char out[4096];
+    CHECK_EQ(run_kvpool((const char *[]){"master", "--cluster-token", "hunter2", NULL}, out,
+                        sizeof out), 2);
+    CHECK(strstr(out, "visible to every user") && strstr(out, "KVPOOL_CLUSTER_TOKEN"));
+    char path[] = "/tmp/kvp-token-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    CHECK(write(fd, "tok-from-file\n", 14) == 14);
+    close(fd);
+    CHECK(chmod(path, 0644) == 0);
+    CHECK_EQ(run_kvpool((const char *[]){"master", "--cluster-token-file", path, "--listen",
+                                         "127.0.0.1:0", NULL}, out, sizeof out), 2);
+    CHECK(strstr(out, "other users"));
+    CHECK(chmod(path, 0600) == 0);
+    /* the wildcard address without any credential: refused, says what to do */
+    CHECK_EQ(run_kvpool((const char *[]){"master", "--listen", "0.0.0.0:0", NULL}, out,
+                        sizeof out), 1);
+    CHECK(strstr(out, "without a credential") && strstr(out, "--insecure"));
+    CHECK_EQ(run_kvpool((const char *[]){"store", "--master", "127.0.0.1:1", "--listen",
+                                         "0.0.0.0:0", "--segment-size", "4MiB", NULL}, out,
+                        sizeof out), 1);
+    CHECK(strstr(out, "without a credential"));
+    /* with the token from the file, on the wildcard address: starts; the
+     * token is checked */
+    tp_master m;
+    CHECK_EQ(tp_master_start(&m, (const char *[]){"--cluster-token-file", path, "--listen",
+                                                  "0.0.0.0:0", NULL}), 0);
+    if (m.pid > 0) {
+        snprintf(m.addr, sizeof m.addr, "127.0.0.1:%u", m.port);
+        int rc;
+        kvp_rpc *r = hello_as(m.addr, "wrong", NULL, NULL, 0, NULL, &rc);
+        CHECK(r == NULL && rc == KVP_EAUTH);
+        r = hello_as(m.addr, "tok-from-file", NULL, NULL, 0, NULL, &rc);
+        CHECK(r != NULL);
+        kvp_rpc_close(r);
+        CHECK_EQ(tp_master_stop(&m), 0);
+    }
+    /* --insecure: the operator said so */
+    CHECK_EQ(tp_master_start(&m, (const char *[]){"--listen", "0.0.0.0:0", "--insecure", NULL}), 0);
+    if (m.pid > 0)
+        CHECK_EQ(tp_master_stop(&m), 0);
+    unlink(path);
+}
+
+/* Finding 6: guessing is slow: past 3 failures a peer's HELLOs are refused
+ * unread for a growing while, the right token included. */
+TEST(failed_hellos_back_off)
+{
+    setenv("KVPOOL_CLUSTER_TOKEN", "right-token", 1);
+    tp_master m;
+    int started = tp_master_start(&m, NULL);
+    unsetenv("KVPOOL_CLUSTER_TOKEN");
+    CHECK_EQ(started, 0);
+    if (started)
+        return;
+    int rc;
+    for (int i = 0; i < 6; i++)
+        CHECK(hello_as(m.addr, "guess", NULL, NULL, 0, NULL, &rc) == NULL && rc == KVP_EAUTH);
+    kvp_rpc *r = hello_as(m.addr, "right-token", NULL, NULL, 0, NULL, &rc);
+    CHECK(r == NULL && rc == KVP_EAUTH); /* backing off: not even compared */
+    uint64_t t0 = tp_now_ms();
+    while (!r && tp_now_ms() - t0 < 5000) {
+        tp_sleep_ms(50);
+        r = hello_as(m.addr, "right-token", NULL, NULL, 0, NULL, &rc);
+    }
+    CHECK(r != NULL);
+    printf("  right token accepted again after %llu ms\n", (unsigned long long)(tp_now_ms() - t0));
+    kvp_rpc_close(r);
+    CHECK_EQ(tp_master_stop(&m), 0);
+}
+
+static int mount_raw(kvp_rpc *r, uint64_t id, const char *tcp_addr)
+{
+    kvp_endpoint ep = {bs("tcp"), bs(tcp_addr)};
+    kvp_seg_desc d = {id, bs(tcp_addr), 1ull << 40, 1, &ep, 7, 1};
+    kvp_msg_mount mm = {1, &d};
+    kvp_buf b;
+    kvp_buf_init(&b, 4096);
+    kvp_enc_mount(&b, &mm);
+    int32_t st;
+    const uint8_t *resp;
+    uint32_t rl;
+    int rc = kvp_rpc_call(r, KVP_OP_MOUNT_SEGMENT, b.data, b.len, &st, &resp, &rl);
+    kvp_buf_free(&b);
+    if (rc || st)
+        return rc ? rc : st;
+    kvp_arena a;
+    kvp_arena_init(&a, 4096);
+    kvp_proto_limits lim;
+    kvp_proto_limits_default(&lim);
+    kvp_msg_results res;
+    rc = kvp_dec_results(resp, rl, &lim, &a, &res) == 0 && res.n == 1 ? res.codes[0]
+                                                                       : KVP_EPROTOCOL;
+    kvp_arena_free(&a);
+    return rc;
+}
+
+static int unmount_raw(kvp_rpc *r, uint64_t id)
+{
+    uint8_t body[16];
+    kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
+    kvp_msg_ids ids = {1, &id};
+    kvp_enc_ids(&b, &ids);
+    int32_t st;
+    const uint8_t *resp;
+    uint32_t rl;
+    int rc = kvp_rpc_call(r, KVP_OP_UNMOUNT_SEGMENT, body, b.len, &st, &resp, &rl);
+    if (rc || st)
+        return rc ? rc : st;
+    kvp_arena a;
+    kvp_arena_init(&a, 4096);
+    kvp_proto_limits lim;
+    kvp_proto_limits_default(&lim);
+    kvp_msg_results res;
+    rc = kvp_dec_results(resp, rl, &lim, &a, &res) == 0 && res.n == 1 ? res.codes[0]
+                                                                       : KVP_EPROTOCOL;
+    kvp_arena_free(&a);
+    return rc;
+}
+
+/* Finding 4: only holders of the node credential mount (a fake 1 TiB
+ * segment from a client is refused); knowing a node's client id is not
+ * enough to act as it (the session secret is); endpoints are checked. */
+TEST(node_credential_and_session_identity)
+{
+    setenv("KVPOOL_NODE_TOKEN", "node-secret", 1);
+    tp_master m;
+    int started = tp_master_start(&m, NULL);
+    CHECK_EQ(started, 0);
+    tp_store s = {0};
+    if (started == 0) /* the store takes the node token from the environment too */
+        CHECK_EQ(tp_store_start(&s, m.addr, (const char *const[]){"--segment-size", "8MiB", NULL}), 0);
+    unsetenv("KVPOOL_NODE_TOKEN");
+    if (started) {
+        tp_store_kill(&s);
+        return;
+    }
+    int rc;
+    kvp_rpc *client = hello_as(m.addr, NULL, NULL, NULL, 0, NULL, &rc);
+    CHECK(client != NULL);
+    CHECK_EQ(mount_raw(client, 0xFA4E, "127.0.0.1:9"), KVP_EILLEGAL_CLIENT);
+    CHECK(hello_as(m.addr, NULL, "guessed", NULL, 0, NULL, &rc) == NULL && rc == KVP_EAUTH);
+    /* a node: mounts; endpoints must be usable addresses */
+    uint8_t sess[KVP_SESSION_LEN] = {0};
+    kvp_rpc *node = hello_as(m.addr, NULL, "node-secret", NULL, 0, sess, &rc);
+    CHECK(node != NULL);
+    CHECK_EQ(mount_raw(node, 0xBAD1, "no-port"), KVP_EINVALID_PARAMS);
+    CHECK_EQ(mount_raw(node, 0xBAD2, "127.0.0.1:0"), KVP_EINVALID_PARAMS);
+    CHECK_EQ(mount_raw(node, 0x600D, "127.0.0.1:9"), 0);
+    uint64_t id = kvp_rpc_client_id(node);
+    /* a stranger presenting the node's client id: refused, with the node
+     * credential even, unless it has the session secret */
+    uint8_t wrong[KVP_SESSION_LEN];
+    memset(wrong, 0x5A, sizeof wrong);
+    CHECK(hello_as(m.addr, NULL, NULL, NULL, id, NULL, &rc) == NULL && rc == KVP_EILLEGAL_CLIENT);
+    CHECK(hello_as(m.addr, NULL, "node-secret", NULL, id, wrong, &rc) == NULL &&
+          rc == KVP_EILLEGAL_CLIENT);
+    CHECK_EQ(unmount_raw(client, 0x600D), KVP_EILLEGAL_CLIENT);
+    /* the node itself, on a second connection with its secret: fine */
+    kvp_rpc *node2 = hello_as(m.addr, NULL, "node-secret", NULL, id, sess, &rc);
+    CHECK(node2 != NULL);
+    if (node2)
+        CHECK_EQ(unmount_raw(node2, 0x600D), 0);
+    /* the real store mounted with the token: 1 segment left */
+    CHECK_EQ(tp_master_segments(m.addr), 1);
+    kvp_rpc_close(node2);
+    kvp_rpc_close(node);
+    kvp_rpc_close(client);
+    tp_store_kill(&s);
+    CHECK_EQ(tp_master_stop(&m), 0);
+}
+
+static int put_start_t(kvp_rpc *r, const char *tenant, const char *key, uint64_t size)
+{
+    kvp_bytes k = bs(key);
+    kvp_msg_put_start ps = {bs(tenant), 1, 0, {NULL, 0}, 1, &k, &size};
+    kvp_buf b;
+    kvp_buf_init(&b, 4096);
+    kvp_enc_put_start(&b, &ps);
+    int32_t st;
+    const uint8_t *resp;
+    uint32_t rl;
+    int rc = kvp_rpc_call(r, KVP_OP_PUT_START, b.data, b.len, &st, &resp, &rl);
+    kvp_buf_free(&b);
+    if (rc || st)
+        return rc ? rc : st;
+    kvp_arena a;
+    kvp_arena_init(&a, 1 << 16);
+    kvp_proto_limits lim;
+    kvp_proto_limits_default(&lim);
+    kvp_msg_put_start_resp d;
+    rc = kvp_dec_put_start_resp(resp, rl, &lim, &a, &d) == 0 && d.n == 1 ? d.results[0].status
+                                                                          : KVP_EPROTOCOL;
+    kvp_arena_free(&a);
+    return rc;
+}
+
+/* The whole-request status of a keyed request naming `tenant`. */
+static int keyed_status(kvp_rpc *r, uint16_t op, const char *tenant, const char *key)
+{
+    kvp_bytes k = bs(key);
+    kvp_buf b;
+    kvp_buf_init(&b, 4096);
+    if (op == KVP_OP_REMOVE) {
+        kvp_msg_remove rm = {bs(tenant), 1, 1, &k};
+        kvp_enc_remove(&b, &rm);
+    } else if (op == KVP_OP_REMOVE_ALL) {
+        kvp_msg_remove_all ra = {bs(tenant), 1};
+        kvp_enc_remove_all(&b, &ra);
+    } else {
+        kvp_msg_keys g = {bs(tenant), 1, &k};
+        kvp_enc_keys(&b, &g);
+    }
+    int32_t st;
+    const uint8_t *resp;
+    uint32_t rl;
+    int rc = kvp_rpc_call(r, op, b.data, b.len, &st, &resp, &rl);
+    kvp_buf_free(&b);
+    return rc ? rc : st;
+}
+
+/* Finding 5: tenants isolate. A listed tenant is reached only with its
+ * token, a session with a tenant's token reaches only that tenant; empty
+ * PUT_STARTs create no tenant. */
+TEST(tenants_isolate_and_do_not_fill_the_table)
+{
+    char path[] = "/tmp/kvp-tenants-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    const char *txt = "# tenant token\nteam-a tok-a-0123456789\nteam-b tok-b-0123456789\n";
+    CHECK(write(fd, txt, strlen(txt)) == (ssize_t)strlen(txt));
+    close(fd);
+    CHECK(chmod(path, 0600) == 0);
+    tp_master m;
+    tp_store s = {0};
+    int started = tp_master_start(&m, (const char *[]){"--tenant-tokens-file", path,
+                                                       "--max-tenants", "4", NULL});
+    CHECK_EQ(started, 0);
+    if (started)
+        return;
+    CHECK_EQ(tp_store_start(&s, m.addr, (const char *const[]){"--segment-size", "8MiB", NULL}), 0);
+    int rc;
+    kvp_rpc *a = hello_as(m.addr, NULL, NULL, "tok-a-0123456789", 0, NULL, &rc);
+    kvp_rpc *b = hello_as(m.addr, NULL, NULL, "tok-b-0123456789", 0, NULL, &rc);
+    kvp_rpc *anon = hello_as(m.addr, NULL, NULL, NULL, 0, NULL, &rc);
+    CHECK(a && b && anon);
+    CHECK(hello_as(m.addr, NULL, NULL, "tok-c", 0, NULL, &rc) == NULL && rc == KVP_EAUTH);
+    if (!a || !b || !anon)
+        goto out;
+    CHECK_EQ(put_start_t(a, "team-a", "secret-plan", 4096), 0);
+    /* b and the anonymous session cannot read, remove or list it */
+    static const uint16_t ops[] = {KVP_OP_GET, KVP_OP_EXIST, KVP_OP_PREFIX, KVP_OP_REMOVE,
+                                   KVP_OP_REMOVE_ALL, KVP_OP_PUT_REVOKE};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        CHECK_EQ(keyed_status(b, ops[i], "team-a", "secret-plan"), KVP_EILLEGAL_CLIENT);
+        CHECK_EQ(keyed_status(anon, ops[i], "team-a", "secret-plan"), KVP_EILLEGAL_CLIENT);
+    }
+    CHECK_EQ(put_start_t(b, "team-a", "x", 4096), KVP_EILLEGAL_CLIENT);
+    /* a bound session stays in its tenant; "default" is unlisted, so open
+     * to unbound sessions only */
+    CHECK_EQ(put_start_t(a, "team-b", "x", 4096), KVP_EILLEGAL_CLIENT);
+    CHECK_EQ(put_start_t(a, "", "x", 4096), KVP_EILLEGAL_CLIENT);
+    CHECK_EQ(put_start_t(anon, "", "open-key", 4096), 0);
+    /* 200 PUT_STARTs naming new tenants that store nothing (size 0) leave
+     * no tenant behind: the table (4) still has room */
+    char t[32];
+    for (int i = 0; i < 200; i++) {
+        snprintf(t, sizeof t, "junk-%d", i);
+        CHECK_EQ(put_start_t(anon, t, "k", 0), KVP_EINVALID_PARAMS);
+    }
+    CHECK_EQ(put_start_t(anon, "real-tenant", "k", 4096), 0);
+    CHECK_EQ(put_start_t(b, "team-b", "k", 4096), 0); /* 4 tenants now: default, a, real, b */
+    CHECK_EQ(put_start_t(anon, "one-too-many", "k", 4096), KVP_ELIMIT);
+out:
+    kvp_rpc_close(a);
+    kvp_rpc_close(b);
+    kvp_rpc_close(anon);
+    tp_store_kill(&s);
+    CHECK_EQ(tp_master_stop(&m), 0);
+    unlink(path);
+}
+
+/* Finding 5: master memory is capped: past max_master_memory the oldest
+ * objects are evicted as for space, and puts keep succeeding. 4000-byte
+ * keys make each record ~4 KiB, so memory, not the 64 MiB segment, binds. */
+TEST(master_memory_is_capped)
+{
+    tp_master m;
+    tp_store s = {0};
+    int started = tp_master_start(&m, (const char *[]){"--max-master-memory", "12MiB", NULL});
+    CHECK_EQ(started, 0);
+    if (started)
+        return;
+    CHECK_EQ(tp_store_start(&s, m.addr, (const char *const[]){"--segment-size", "64MiB", NULL}), 0);
+    raw r;
+    if (raw_open(&r, m.addr, 0) == 0) {
+        char key[4001];
+        int fails = 0;
+        for (int i = 0; i < 8000; i++) {
+            snprintf(key, sizeof key, "%05d", i);
+            memset(key + 5, 'k', sizeof key - 6);
+            key[sizeof key - 1] = 0;
+            kvp_replica w;
+            if (put_start(&r, key, 4096, &w) != 0 || put_end(&r, key, 0) != 0)
+                fails++;
+        }
+        CHECK_EQ(fails, 0);
+        kvp_msg_stats_resp st;
+        CHECK(call(&r, r.m, KVP_OP_STATS) == 0 && r.st == 0);
+        CHECK_EQ(kvp_dec_stats_resp(r.resp, r.rlen, &r.lim, &r.a, &st), 0);
+        printf("  objects %llu, evictions %llu\n", (unsigned long long)st.counters[KVP_STAT_OBJECTS],
+               (unsigned long long)st.counters[KVP_STAT_EVICTIONS]);
+        CHECK(st.counters[KVP_STAT_EVICTIONS] > 0);
+        CHECK(st.counters[KVP_STAT_OBJECTS] < 4000); /* 64 MiB would hold 16 k */
+        raw_close(&r);
+    }
+    tp_store_kill(&s);
+    CHECK_EQ(tp_master_stop(&m), 0);
+}

@@ -817,8 +817,10 @@ static int good_round(cl *c, int base)
 TEST(hostile_frames_do_not_disturb_others)
 {
     tp_master m;
-    CHECK(tp_master_start(&m, (const char *[]){"--cluster-token", TOKEN, "--max-frame-size", "1MiB",
-                                               NULL}) == 0);
+    setenv("KVPOOL_CLUSTER_TOKEN", TOKEN, 1); /* secrets never come from flags */
+    int started = tp_master_start(&m, (const char *[]){"--max-frame-size", "1MiB", NULL});
+    unsetenv("KVPOOL_CLUSTER_TOKEN");
+    CHECK(started == 0);
     kvp_rpc_opts o = {.token = TOKEN, .name = "good"};
     cl good;
     CHECK(cl_open_opts(&good, m.addr, &o) == 0);
@@ -995,7 +997,7 @@ TEST(hostile_frames_do_not_disturb_others)
         kvp_buf b;
         kvp_buf_init(&b, 4096);
         size_t off = kvp_frame_begin(&b, KVP_OP_HELLO, 0, 21, 0);
-        kvp_msg_hello hm = {KVP_PROTO_VERSION, 99, bstr("s3cre"), bstr("x")};
+        kvp_msg_hello hm = {KVP_PROTO_VERSION, 99, bstr("s3cre"), bstr("x"), bstr(""), bstr(""), bstr("")};
         kvp_enc_hello(&b, &hm);
         kvp_frame_end(&b, off);
         CHECK_EQ(raw_send(fd, b.data, b.len), 0);
@@ -1005,7 +1007,7 @@ TEST(hostile_frames_do_not_disturb_others)
         fd = raw_connect(m.addr);
         kvp_buf_reset(&b);
         off = kvp_frame_begin(&b, KVP_OP_HELLO, 0, 22, 0);
-        kvp_msg_hello hv = {KVP_PROTO_VERSION + 7, 99, bstr(TOKEN), bstr("x")};
+        kvp_msg_hello hv = {KVP_PROTO_VERSION + 7, 99, bstr(TOKEN), bstr("x"), bstr(""), bstr(""), bstr("")};
         kvp_enc_hello(&b, &hv);
         kvp_frame_end(&b, off);
         CHECK_EQ(raw_send(fd, b.data, b.len), 0);
@@ -1015,7 +1017,7 @@ TEST(hostile_frames_do_not_disturb_others)
         fd = raw_connect(m.addr);
         kvp_buf_reset(&b);
         off = kvp_frame_begin(&b, KVP_OP_HELLO, 0, 23, 0);
-        kvp_msg_hello hz = {KVP_PROTO_VERSION, 0, bstr(TOKEN), bstr("x")};
+        kvp_msg_hello hz = {KVP_PROTO_VERSION, 0, bstr(TOKEN), bstr("x"), bstr(""), bstr(""), bstr("")};
         kvp_enc_hello(&b, &hz);
         kvp_frame_end(&b, off);
         CHECK_EQ(raw_send(fd, b.data, b.len), 0);
@@ -1023,7 +1025,7 @@ TEST(hostile_frames_do_not_disturb_others)
         close(fd);
         CHECK(cl_open_opts(&h, m.addr, &o) == 0);
         kvp_buf_reset(&b);
-        kvp_msg_hello h2 = {KVP_PROTO_VERSION, kvp_rpc_client_id(h.r) + 1, bstr(TOKEN), bstr("x")};
+        kvp_msg_hello h2 = {KVP_PROTO_VERSION, kvp_rpc_client_id(h.r) + 1, bstr(TOKEN), bstr("x"), bstr(""), bstr(""), bstr("")};
         kvp_enc_hello(&h.body, &h2);
         CHECK(cl_call(&h, KVP_OP_HELLO) == 0);
         CHECK_EQ(h.status, KVP_EPROTOCOL);

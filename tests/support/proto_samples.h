@@ -175,11 +175,11 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     memset(m, 0, sizeof *m);
     switch (kind * 4 + v) {
 #define S(k, var) case PC_##k * 4 + (var):
-    S(hello, 0) m->hello = (kvp_msg_hello){KVP_PROTO_VERSION, 1, PC_B(""), PC_B("")}; return 0;
-    S(hello, 1) m->hello = (kvp_msg_hello){KVP_PROTO_VERSION, 0x0123456789abcdefull, PC_B("secret"), PC_B("node 10.0.0.1:7000")}; return 0;
-    S(hello, 2) m->hello = (kvp_msg_hello){UINT32_MAX, UINT64_MAX, str_max, str_max}; return 0;
+    S(hello, 0) m->hello = (kvp_msg_hello){KVP_PROTO_VERSION, 1, PC_B(""), PC_B(""), PC_B(""), PC_B(""), PC_B("")}; return 0;
+    S(hello, 1) m->hello = (kvp_msg_hello){KVP_PROTO_VERSION, 0x0123456789abcdefull, PC_B("secret"), PC_B("node 10.0.0.1:7000"), PC_B("node-cred"), PC_B("tenant-cred"), PC_B("0123456789abcdef")}; return 0;
+    S(hello, 2) m->hello = (kvp_msg_hello){UINT32_MAX, UINT64_MAX, str_max, str_max, str_max, str_max, PC_B("")}; return 0;
     S(hello_resp, 0) return 0;
-    S(hello_resp, 1) m->hello_resp = (kvp_msg_hello_resp){1, UINT64_MAX - 1, 64u << 20, 5000, UINT32_MAX, 123456789}; return 0;
+    S(hello_resp, 1) m->hello_resp = (kvp_msg_hello_resp){1, UINT64_MAX - 1, 64u << 20, 5000, UINT32_MAX, 123456789, "0123456789abcde"}; return 0;
     S(mount, 0) return 0;
     S(mount, 1) m->mount = (kvp_msg_mount){2, segs}; return 0;
     S(mount, 2) m->mount = (kvp_msg_mount){1, &seg_max}; return 0;
@@ -284,14 +284,18 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
     switch (kind) {
     case PC_hello:
         return x->hello.version == y->hello.version && x->hello.client_id == y->hello.client_id &&
-               pc_beq(x->hello.token, y->hello.token) && pc_beq(x->hello.name, y->hello.name);
+               pc_beq(x->hello.token, y->hello.token) && pc_beq(x->hello.name, y->hello.name) &&
+               pc_beq(x->hello.node_cred, y->hello.node_cred) &&
+               pc_beq(x->hello.tenant_cred, y->hello.tenant_cred) &&
+               pc_beq(x->hello.session, y->hello.session);
     case PC_hello_resp:
         return x->hello_resp.version == y->hello_resp.version &&
                x->hello_resp.master_id == y->hello_resp.master_id &&
                x->hello_resp.max_frame == y->hello_resp.max_frame &&
                x->hello_resp.lease_ttl_ms == y->hello_resp.lease_ttl_ms &&
                x->hello_resp.client_ttl_ms == y->hello_resp.client_ttl_ms &&
-               x->hello_resp.now_ms == y->hello_resp.now_ms;
+               x->hello_resp.now_ms == y->hello_resp.now_ms &&
+               !memcmp(x->hello_resp.session, y->hello_resp.session, KVP_SESSION_LEN);
     case PC_mount:
         if (x->mount.n != y->mount.n)
             return 0;

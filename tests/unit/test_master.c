@@ -97,7 +97,8 @@ static int hello(core *c, sess *s, uint64_t id)
 {
     kvp_master_sess_open(c->m, &s->s);
     s->client_id = id;
-    kvp_msg_hello h = {KVP_PROTO_VERSION, id, {NULL, 0}, {(const uint8_t *)"t", 1}};
+    kvp_msg_hello h = {KVP_PROTO_VERSION, id, {NULL, 0}, {(const uint8_t *)"t", 1}, {NULL, 0},
+                       {NULL, 0}, {NULL, 0}};
     kvp_enc_hello(&c->body, &h);
     REQUIRE(call(c, s, KVP_OP_HELLO, 0) == 0);
     return c->status;
@@ -243,7 +244,8 @@ TEST(hello_required_and_refusals)
     CHECK(call(&c, &s, KVP_OP_EXIST, 0) == 0);
     CHECK_EQ(c.status, KVP_ENO_HELLO);
     /* wrong version */
-    kvp_msg_hello h = {KVP_PROTO_VERSION + 1, 7, {NULL, 0}, {NULL, 0}};
+    kvp_msg_hello h = {KVP_PROTO_VERSION + 1, 7, {NULL, 0}, {NULL, 0}, {NULL, 0}, {NULL, 0},
+                       {NULL, 0}};
     kvp_enc_hello(&c.body, &h);
     CHECK(call(&c, &s, KVP_OP_HELLO, 0) == 0);
     CHECK_EQ(c.status, KVP_EINVALID_VERSION);
@@ -267,7 +269,8 @@ TEST(cluster_token)
     CHECK(s.s.close_after);
     kvp_master_sess_close(c.m, &s.s, c.now);
     kvp_master_sess_open(c.m, &s.s);
-    kvp_msg_hello h = {KVP_PROTO_VERSION, 1, {(const uint8_t *)"s3cret", 6}, {NULL, 0}};
+    kvp_msg_hello h = {KVP_PROTO_VERSION, 1, {(const uint8_t *)"s3cret", 6}, {NULL, 0},
+                       {NULL, 0}, {NULL, 0}, {NULL, 0}};
     kvp_enc_hello(&c.body, &h);
     CHECK(call(&c, &s, KVP_OP_HELLO, 0) == 0);
     CHECK_EQ(c.status, 0);

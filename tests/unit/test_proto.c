@@ -350,8 +350,10 @@ TEST(body_layouts)
 {
     kvp_buf b;
     kvp_buf_init(&b, 4096);
-    kvp_enc_hello(&b, &(kvp_msg_hello){1, 0x0102030405060708ull, PC_B("ab"), PC_B("")});
-    static const uint8_t hello[] = {1, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1, 2, 0, 0, 0, 'a', 'b', 0, 0, 0, 0};
+    kvp_enc_hello(&b, &(kvp_msg_hello){1, 0x0102030405060708ull, PC_B("ab"), PC_B(""), PC_B(""),
+                                       PC_B(""), PC_B("")});
+    static const uint8_t hello[] = {1, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1, 2, 0, 0, 0, 'a', 'b', 0, 0, 0, 0,
+                                    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     CHECK_EQ(b.len, sizeof hello);
     CHECK(memcmp(b.data, hello, sizeof hello) == 0);
 

@@ -366,7 +366,7 @@ static int raw_hello(int fd, const char *token)
     uint8_t body[512];
     kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
     kvp_msg_hello m = {KVP_PROTO_VERSION, 42, {(const uint8_t *)token, (uint32_t)strlen(token)},
-                       {(const uint8_t *)"raw", 3}};
+                       {(const uint8_t *)"raw", 3}, {NULL, 0}, {NULL, 0}, {NULL, 0}};
     kvp_enc_hello(&b, &m);
     uint8_t h[KVP_FRAME_HDR];
     put_hdr(h, KVP_OP_HELLO, 1, (uint32_t)b.len);
@@ -800,7 +800,7 @@ static void *rogue_main(void *p)
         kvp_buf b = {out + KVP_FRAME_HDR, 0, 64, 64, 0};
         int mfd = -1;
         if (fh.op == KVP_OP_HELLO) {
-            kvp_msg_hello_resp m = {KVP_PROTO_VERSION, 1, 1 << 20, 1000, 1000, 0};
+            kvp_msg_hello_resp m = {KVP_PROTO_VERSION, 1, 1 << 20, 1000, 1000, 0, {0}};
             kvp_enc_hello_resp(&b, &m);
         } else {
             memcpy(out + KVP_FRAME_HDR, &r->announce, 8);
