@@ -269,6 +269,32 @@ static void msend_oneway(kvp_client *c, uint16_t op, const kvp_buf *req)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* Tells the master which segments transfers could not reach (TRANSFER_FAIL,
+ * RPC_TIMEOUT): it stops placing there until their nodes heartbeat, so the
+ * next puts go to live segments. Best effort, one ONEWAY frame. */
+static void report_failing(kvp_client *c, const kvp_xfer_op *ops, size_t n)
+{
+    enum { MAXIDS = 64 };
+    uint64_t ids[MAXIDS];
+    uint32_t ni = 0;
+    for (size_t i = 0; i < n && ni < MAXIDS; i++) {
+        if (ops[i].status != KVP_ETRANSFER_FAIL && ops[i].status != KVP_ERPC_TIMEOUT)
+            continue;
+        uint32_t k;
+        for (k = 0; k < ni && ids[k] != ops[i].rep.segment_id; k++)
+            ;
+        if (k == ni)
+            ids[ni++] = ops[i].rep.segment_id;
+    }
+    if (!ni)
+        return;
+    uint8_t body[4 + 8 * MAXIDS];
+    kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
+    kvp_msg_ids m = {ni, ids};
+    kvp_enc_ids(&b, &m);
+    msend_oneway(c, KVP_OP_SEG_FAILING, &b);
+}
+
 /* Byte budget of one request or answer. */
 static size_t frame_budget(kvp_client *c)
 {
@@ -712,6 +738,8 @@ static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_b
         if (xrc)
             for (size_t o = 0; o < nops; o++)
                 ops[o].status = xrc;
+        else
+            report_failing(c, ops, nops);
         /* Classify: a key is published only when every replica was written. */
         oo = 0;
         for (size_t i = 0; i < m; i++) {
@@ -1047,6 +1075,8 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
             if (dl > lease_end)
                 dl = lease_end;
             int xrc = kvp_xfer_run(c->xfer, 0, ops, no, dl);
+            if (!xrc)
+                report_failing(c, ops, no);
             for (size_t o = 0; o < no; o++) {
                 size_t i = opk[o];
                 int st = xrc ? xrc : ops[o].status;

@@ -102,6 +102,9 @@ struct seg_ent {
     pthread_mutex_t attach_mu;
     uint8_t *map;     /* shm mapping, NULL until attached */
     uint64_t map_size;
+    int shm_fd;       /* the unix connection of the attach, kept: its hang-up
+                         tells that the node died (under attach_mu) */
+    int dead;         /* the node is gone: the mapping is orphaned memory */
     slot *slots;      /* conns_per_node */
     unsigned rot;     /* next slot to start at (atomic) */
 };
@@ -316,10 +319,10 @@ static int shm_attach(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
     if (!rc)
         rc = simple_call(x, fd, KVP_OP_SHM_ATTACH, body, 8, resp, sizeof resp, &rl, deadline_ms,
                          &mfd);
-    close(fd);
     if (!rc && (rl != 8 || mfd < 0))
         rc = KVP_ETRANSFER_FAIL;
     if (rc) {
+        close(fd);
         if (mfd >= 0)
             close(mfd);
         return rc;
@@ -334,6 +337,7 @@ static int shm_attach(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
         KVP_WARN(MOD, "segment %016llx: refusing the memfd from %s: %s",
                  (unsigned long long)e->id, e->unix_path, why);
         close(mfd);
+        close(fd);
         return KVP_ETRANSFER_FAIL;
     }
     /* MAP_POPULATE: the node faulted the pages in already; populating our
@@ -341,10 +345,60 @@ static int shm_attach(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
      * out of every later transfer */
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, mfd, 0);
     close(mfd);
-    if (p == MAP_FAILED)
+    if (p == MAP_FAILED) {
+        close(fd);
         return KVP_ETRANSFER_FAIL;
-    e->map = p;
+    }
     e->map_size = size;
+    e->shm_fd = fd;
+    __atomic_store_n(&e->map, (uint8_t *)p, __ATOMIC_RELEASE); /* read unlocked in ent_ops */
+    return 0;
+}
+
+/* Connects to the node's unix socket and says HELLO: -1 when nobody answers. */
+static int shm_reconnect(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, e->unix_path, strlen(e->unix_path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
+    kvp_net_set_nonblock(fd, 1);
+    if (say_hello(x, fd, deadline_ms) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/*
+ * Is the node behind an attached mapping still there? Its unix connection
+ * is silent while it lives; a hang-up (or anything readable) means it
+ * closed it: it died, or dropped an idle connection. A fresh connection
+ * tells which. Once dead, the mapping is orphaned memory nobody serves,
+ * and every later transfer on it fails (TRANSFER_FAIL) instead of
+ * "succeeding" into it. Caller holds attach_mu.
+ */
+static int shm_alive(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
+{
+    if (e->dead)
+        return 0;
+    struct pollfd p = {e->shm_fd, POLLIN | POLLRDHUP, 0};
+    if (e->shm_fd >= 0 && poll(&p, 1, 0) == 0)
+        return 1;
+    if (e->shm_fd >= 0)
+        close(e->shm_fd);
+    uint64_t dl = kvp_now_ms() + 1000;
+    e->shm_fd = shm_reconnect(x, e, dl < deadline_ms ? dl : deadline_ms);
+    if (e->shm_fd >= 0)
+        return 1;
+    KVP_WARN_LIMITED(MOD, "segment %016llx: its node closed %s and does not answer: treating "
+                          "the shared memory as gone", (unsigned long long)e->id, e->unix_path);
+    e->dead = 1;
     return 0;
 }
 
@@ -726,6 +780,8 @@ static void ent_free(kvp_xfer *x, seg_ent *e)
 {
     if (e->map)
         munmap(e->map, e->map_size);
+    if (e->shm_fd >= 0)
+        close(e->shm_fd);
     for (int i = 0; e->slots && i < x->nconns; i++) {
         if (e->slots[i].fd >= 0)
             close(e->slots[i].fd);
@@ -787,6 +843,7 @@ int kvp_xfer_add_segment(kvp_xfer *x, const kvp_seg_desc *d)
     }
     e->id = d->id;
     e->slots = sl;
+    e->shm_fd = -1;
     pthread_mutex_init(&e->attach_mu, NULL);
     for (int i = 0; i < x->nconns; i++) {
         sl[i].fd = -1;
@@ -850,6 +907,14 @@ static const xops *ent_ops(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
     const xops *o = __atomic_load_n(&e->ops, __ATOMIC_ACQUIRE);
     if (o != &shm_ops)
         return o;
+    if (__atomic_load_n(&e->map, __ATOMIC_ACQUIRE)) {
+        /* attached: a liveness look, skipped while another thread takes one */
+        if (pthread_mutex_trylock(&e->attach_mu) != 0)
+            return &shm_ops;
+        int alive = shm_alive(x, e, deadline_ms);
+        pthread_mutex_unlock(&e->attach_mu);
+        return alive ? &shm_ops : NULL;
+    }
     pthread_mutex_lock(&e->attach_mu);
     if (!e->map) {
         int rc = shm_attach(x, e, deadline_ms);

@@ -66,6 +66,8 @@ typedef struct kvp_mseg {
     kvp_freed *freed;     /* frees not yet sent to the node (SEG_FREED) */
     uint32_t nfreed, freed_cap;
     int dirty;            /* on m->dirty */
+    int suspect;          /* a client's transfers failed here: no placement until
+                             the owner's next HEARTBEAT */
 } kvp_mseg;
 
 struct kvp_master {
@@ -99,6 +101,7 @@ struct kvp_master {
     uint32_t *dirty;      /* slots of segments with frees to send */
     uint32_t ndirty;
     uint64_t freed_dropped; /* frees never told (notice buffer full, no session) */
+    uint32_t nsuspect;      /* segments with `suspect` set */
 };
 
 #define FREED_MAX 65536     /* notices held per segment; past it, expiry revokes */
@@ -191,6 +194,7 @@ static void settle_unleased(kvp_master *m, kvp_obj *o)
 }
 
 static void tenant_release_if_empty(kvp_master *m, int id);
+static int may_mount(const kvp_master *m, const kvp_mclient *c);
 
 /* ============================================================ records */
 
@@ -412,6 +416,8 @@ static void seg_unmount(kvp_master *m, uint32_t si)
         o->nrep--;
     }
     m->cap_pages -= s->capacity >> 12;
+    if (s->suspect)
+        m->nsuspect--;
     if (s->dirty) /* the node re-mounts with a new epoch: nothing to tell it */
         for (uint32_t i = 0; i < m->ndirty; i++)
             if (m->dirty[i] == si) {
@@ -472,8 +478,18 @@ static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
             return KVP_EINVALID_PARAMS;
         return 0; /* remount by its owner: idempotent */
     }
-    if (seg_find_name(m, d->name) >= 0)
-        return KVP_ESEGMENT_ALREADY_EXISTS;
+    int old = seg_find_name(m, d->name);
+    if (old >= 0) {
+        /* the name is the node's HOST:PORT, which the new node now listens
+         * on: the old node is gone (a restart within its TTL); a holder of
+         * the node credential takes the name back */
+        if (m->segs[old]->owner == c || !may_mount(m, c))
+            return KVP_ESEGMENT_ALREADY_EXISTS;
+        KVP_INFO(MOD, "segment %016llx (%s) replaced by %016llx: its node restarted",
+                 (unsigned long long)m->segs[old]->id, m->segs[old]->name,
+                 (unsigned long long)d->id);
+        seg_unmount(m, (uint32_t)old);
+    }
     uint32_t slot;
     for (slot = 0; slot < m->cfg.max_segments && m->segs[slot]; slot++)
         ;
@@ -613,6 +629,8 @@ static int used_seg(const kvp_orep *reps, unsigned n, uint32_t seg)
 static int try_alloc(kvp_master *m, uint32_t si, uint32_t np, kvp_orep *out)
 {
     kvp_mseg *s = m->segs[si];
+    if (s->suspect)
+        return KVP_ENO_AVAILABLE_HANDLE;
     uint32_t page;
     int rc = kvp_segalloc_alloc(s->alloc, np, &page);
     if (rc)
@@ -679,7 +697,7 @@ static int place_one(kvp_master *m, uint32_t np, int pref, kvp_orep *reps, unsig
     int could_fit = 0;
     for (uint32_t i = 0; i < m->nseg && !could_fit; i++) {
         const kvp_mseg *sg = m->segs[m->mounted[i]];
-        could_fit = !used_seg(reps, have, m->mounted[i]) &&
+        could_fit = !used_seg(reps, have, m->mounted[i]) && !sg->suspect &&
                     kvp_segalloc_free_pages(sg->alloc) + sg->lru_pages >= np;
     }
     if (!could_fit)
@@ -1004,6 +1022,14 @@ static void op_heartbeat(req *q)
     if (q->h->body_len != 0) {
         reply_status(q, KVP_EPROTOCOL);
         return;
+    }
+    /* the owner is alive and reaching us: its segments take puts again */
+    for (uint32_t i = 0; q->m->nsuspect && i < q->m->nseg; i++) {
+        kvp_mseg *sg = q->m->segs[q->m->mounted[i]];
+        if (sg->suspect && sg->owner == q->s->client) {
+            sg->suspect = 0;
+            q->m->nsuspect--;
+        }
     }
     kvp_msg_heartbeat_resp r = {q->m->id, q->s->client->nseg, q->now};
     size_t off = reply_begin(q);
@@ -1352,6 +1378,32 @@ static void op_replica_bad(req *q)
     }
 }
 
+/*
+ * SEG_FAILING (ONEWAY): a client's transfers to these segments failed (a
+ * dead node, a broken network path). No new replica is placed there until
+ * the owner's next HEARTBEAT shows it alive, so puts go to live segments
+ * instead of failing one after another.
+ */
+static void op_seg_failing(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_ids d;
+    if (kvp_dec_ids(q->body, q->h->body_len, &m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    for (uint32_t i = 0; i < d.n; i++) {
+        int si = seg_find_id(m, d.ids[i]);
+        if (si < 0 || m->segs[si]->suspect)
+            continue;
+        m->segs[si]->suspect = 1;
+        m->nsuspect++;
+        KVP_WARN_LIMITED(MOD, "segment %016llx (%s) reported failing by client %s: no placement "
+                              "there until its node heartbeats",
+                         (unsigned long long)d.ids[i], m->segs[si]->name, q->s->client->name);
+    }
+}
+
 static void op_put_end(req *q)
 {
     kvp_msg_put_end d;
@@ -1685,6 +1737,7 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
         case KVP_OP_STATS: op_stats(&q); break;
         case KVP_OP_SEGMENT_INFO: op_seg_info(&q); break;
         case KVP_OP_REPLICA_BAD: op_replica_bad(&q); break;
+        case KVP_OP_SEG_FAILING: op_seg_failing(&q); break;
         default: reply_status(&q, KVP_EUNKNOWN_OP); break;
         }
     }

@@ -65,7 +65,8 @@
     XX(SHM_ATTACH, 18, "storage node, unix socket: the segment's memfd (SCM_RIGHTS)") \
     XX(REMOVE_REGEX, 19, "remove a tenant's keys matching a POSIX extended regex") \
     XX(SEG_FREED, 20, "master -> node: freed allocations; their descriptors are revoked") \
-    XX(REPLICA_BAD, 21, "a reader found replicas corrupt: the master drops them")
+    XX(REPLICA_BAD, 21, "a reader found replicas corrupt: the master drops them") \
+    XX(SEG_FAILING, 22, "a client could not reach segments: no placement there until they heartbeat")
 
 enum kvp_op {
 #define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
@@ -172,6 +173,8 @@ typedef struct kvp_seg_desc {
                           remount of a segment the master holds keeps its
                           epoch) */
 } kvp_seg_desc;
+
+/* SEG_FAILING (ONEWAY): segment ids a client's transfers failed on (kvp_msg_ids). */
 
 /* MOUNT_SEGMENT request; response = kvp_msg_results (one per segment). */
 typedef struct kvp_msg_mount {

@@ -20,6 +20,7 @@
 #include "harness.h"
 #include "kvpool.h"
 #include "net/rpc.h"
+#include "net/net.h"
 #include "node/grants.h"
 #include "proc.h"
 #include "proto/proto.h"
@@ -732,5 +733,130 @@ TEST(master_memory_is_capped)
         raw_close(&r);
     }
     tp_store_kill(&s);
+    CHECK_EQ(tp_master_stop(&m), 0);
+}
+
+/* ------------------------------------------------------- dead nodes */
+
+/* The name ("host:port") and id of the newest segment per STATS. */
+static int newest_segment(const char *master, char *name, size_t len, uint64_t *id, int *nsegs)
+{
+    raw r;
+    if (raw_open(&r, master, 0))
+        return -1;
+    kvp_msg_stats_resp st;
+    int rc = call(&r, r.m, KVP_OP_STATS) == 0 && r.st == 0 &&
+                     kvp_dec_stats_resp(r.resp, r.rlen, &r.lim, &r.a, &st) == 0
+                 ? 0
+                 : -1;
+    if (rc == 0) {
+        *nsegs = (int)st.n_segs;
+        if (st.n_segs > 0) {
+            const kvp_seg_stat *g = &st.segs[st.n_segs - 1];
+            snprintf(name, len, "%.*s", (int)g->name.len, (const char *)g->name.p);
+            *id = g->id;
+        }
+    }
+    raw_close(&r);
+    return rc;
+}
+
+/* Finding 8: after kill -9 of a node, same-host (shm) puts to it fail
+ * instead of "succeeding" into orphaned memory, the client reports the
+ * segment, and the master places the next puts on the live node. */
+TEST(dead_node_puts_fail_then_move_to_live_nodes)
+{
+    tp_master m;
+    tp_store a = {0}, b = {0};
+    static const char *const mopts[] = {"--client-ttl", "10s", NULL};
+    CHECK_EQ(tp_master_start(&m, mopts), 0);
+    CHECK_EQ(tp_store_start(&a, m.addr, (const char *const[]){"--segment-size", "32MiB", NULL}), 0);
+    char aname[256] = "";
+    uint64_t aid = 0;
+    int n = 0;
+    CHECK_EQ(newest_segment(m.addr, aname, sizeof aname, &aid, &n), 0);
+    CHECK_EQ(tp_store_start(&b, m.addr, (const char *const[]){"--segment-size", "32MiB", NULL}), 0);
+    char cfg[512], err[512];
+    snprintf(cfg, sizeof cfg,
+             "{\"master\": \"%s\", \"mode\": \"standalone-store\", \"preferred_segment\": \"%s\"}",
+             m.addr, aname);
+    kvp_client *c = NULL;
+    CHECK_EQ(kvp_client_open(cfg, &c, err, sizeof err), 0);
+    if (!c)
+        goto out;
+    static uint8_t val[64 * 1024], back[64 * 1024];
+    char key[64];
+    for (int i = 0; i < 5; i++) { /* on a, through shared memory */
+        snprintf(key, sizeof key, "before-%d", i);
+        memset(val, i, sizeof val);
+        CHECK_EQ(kvp_client_put(c, key, val, sizeof val), 0);
+    }
+    tp_store_kill(&a);
+    int failed = 0, first_ok = -1;
+    for (int i = 0; i < 60; i++) {
+        snprintf(key, sizeof key, "after-%d", i);
+        memset(val, 100 + i, sizeof val);
+        int rc = kvp_client_put(c, key, val, sizeof val);
+        if (rc) {
+            failed++;
+            CHECK(rc == KVP_ETRANSFER_FAIL || rc == KVP_ERPC_TIMEOUT);
+        } else if (first_ok < 0) {
+            first_ok = i;
+        }
+    }
+    printf("  after the kill: %d of 60 puts failed, first success at put %d\n", failed, first_ok);
+    CHECK(failed >= 1 && failed <= 3); /* the first, not one after another */
+    for (int i = 0; i < 60; i++) { /* every put that succeeded reads back */
+        snprintf(key, sizeof key, "after-%d", i);
+        int64_t got = kvp_client_get(c, key, back, sizeof back);
+        if (got < 0)
+            continue;
+        CHECK_EQ(got, (int64_t)sizeof back);
+        memset(val, 100 + i, sizeof val);
+        CHECK(memcmp(back, val, sizeof val) == 0);
+    }
+    kvp_client_close(c);
+out:
+    tp_store_kill(&a);
+    tp_store_kill(&b);
+    CHECK_EQ(tp_master_stop(&m), 0);
+}
+
+/* Finding 8: a node restarted on the same address within the client TTL
+ * takes its name back (the old segment is replaced) instead of exiting. */
+TEST(restarted_node_takes_its_name_back)
+{
+    tp_master m;
+    tp_store s = {0};
+    static const char *const mopts[] = {"--client-ttl", "30s", NULL};
+    CHECK_EQ(tp_master_start(&m, mopts), 0);
+    uint16_t port = 0;
+    char err[256];
+    int lfd = kvp_net_listen("127.0.0.1:0", 1, &port, err, sizeof err);
+    CHECK(lfd >= 0);
+    close(lfd);
+    char listen[64];
+    snprintf(listen, sizeof listen, "127.0.0.1:%u", port);
+    const char *const sargs[] = {"--segment-size", "8MiB", "--listen", listen, NULL};
+    CHECK_EQ(tp_store_start(&s, m.addr, sargs), 0);
+    char name[256];
+    uint64_t id1 = 0, id2 = 0;
+    int n = 0;
+    CHECK_EQ(newest_segment(m.addr, name, sizeof name, &id1, &n), 0);
+    tp_store_kill(&s);
+    /* the count stays 1 (replaced), so spawn and watch the id instead */
+    tp_master p;
+    const char *const rargs[] = {"--master", m.addr, "--segment-size", "8MiB", "--listen", listen,
+                                 NULL};
+    CHECK_EQ(tp_store_spawn(&p, rargs), 0);
+    uint64_t end = tp_now_ms() + 5000;
+    do {
+        tp_sleep_ms(50);
+        CHECK_EQ(newest_segment(m.addr, name, sizeof name, &id2, &n), 0);
+    } while ((id2 == id1 || n != 1) && tp_now_ms() < end);
+    CHECK(id2 != id1);
+    CHECK_EQ(n, 1);
+    CHECK(tp_master_alive(&p, NULL)); /* it did not exit with "segment already exists" */
+    CHECK_EQ(tp_master_stop(&p), 0);
     CHECK_EQ(tp_master_stop(&m), 0);
 }

@@ -109,6 +109,7 @@ static PC_UNUSED const struct { int req, resp; } pc_op_kinds[KVP_OP__MAX] = {
     [KVP_OP_REMOVE_REGEX] = {PC_remove_regex, PC_remove_all_resp},
     [KVP_OP_SEG_FREED] = {PC_seg_freed, PC_NONE},     /* ONEWAY */
     [KVP_OP_REPLICA_BAD] = {PC_replica_bad, PC_NONE}, /* ONEWAY */
+    [KVP_OP_SEG_FAILING] = {PC_ids, PC_NONE},         /* ONEWAY */
 };
 
 /* ------------------------------------------------------------- samples */
