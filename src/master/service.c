@@ -79,7 +79,6 @@ typedef struct conn {
     size_t out_off;     /* bytes of `out` already sent */
     size_t scan;        /* in: offset of the first frame not known to be complete */
     size_t charge;      /* in: bytes counted against the input budget (>= in.len) */
-    size_t need;        /* while starved: the charge it waits for */
     uint64_t accepted_ms;
     addr_ent *addr;     /* until HELLO: its address's count; NULL after */
     kvp_msess sess;
@@ -247,11 +246,10 @@ static int in_need(const kvp_mserver *s, conn *c, size_t *need)
     return 0;
 }
 
-/* c waits, unread, until `need` fits the budget (wake_starved). */
-static void starve(kvp_mserver *s, conn *c, size_t need)
+/* c waits, unread, until its next frame fits the budget (try_wake). */
+static void starve(kvp_mserver *s, conn *c)
 {
     c->starved = 1;
-    c->need = need;
     c->starved_next = NULL;
     c->starved_prev = s->starved_tail;
     if (s->starved_tail)
@@ -273,8 +271,22 @@ static void unstarve(kvp_mserver *s, conn *c)
     c->starved_prev = c->starved_next = NULL;
 }
 
-/* After charges dropped: grants, oldest first, every waiting connection
- * whose frame now fits, and watches its input again. */
+/* Grants a waiting connection its next frame if that fits now, and
+ * watches its input again. The need is computed afresh: serving since it
+ * began to wait moved its frame to the front of the buffer. One still on
+ * the ready list is tried when it leaves it (conn_work). */
+static void try_wake(kvp_mserver *s, conn *c)
+{
+    if (c->on_ready)
+        return;
+    size_t need;
+    if (in_need(s, c, &need) < 0 || need > c->in.cap || in_grant(s, c, need)) {
+        unstarve(s, c); /* (the first two: serve decides, as in conn_readable) */
+        conn_arm(s, c);
+    }
+}
+
+/* After charges dropped: tries, oldest first, every waiting connection. */
 static void wake_starved(kvp_mserver *s)
 {
     if (!s->in_freed)
@@ -282,10 +294,7 @@ static void wake_starved(kvp_mserver *s)
     s->in_freed = 0;
     for (conn *c = s->starved, *nx; c && s->in_used < s->in_budget; c = nx) {
         nx = c->starved_next;
-        if (in_grant(s, c, c->need)) {
-            unstarve(s, c);
-            conn_arm(s, c);
-        }
+        try_wake(s, c);
     }
 }
 
@@ -459,6 +468,8 @@ static void conn_work(kvp_mserver *s, conn *c)
         hello_unlink(s, c); /* authenticated: no deadline, not counted per address */
     in_settle(s, c);
     mark_ready(s, c, more);
+    if (c->starved && !more)
+        try_wake(s, c);
 }
 
 /* Reads what is available: at most READ_PER_TURN, only into budget granted
@@ -477,7 +488,7 @@ static int conn_readable(kvp_mserver *s, conn *c)
         if (!in_grant(s, c, target)) {
             target = need;
             if (!in_grant(s, c, need)) {
-                starve(s, c, need);
+                starve(s, c);
                 break;
             }
         }
