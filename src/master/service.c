@@ -77,6 +77,7 @@ typedef struct conn {
     int starved;        /* on s->starved: its next frame waits for input budget */
     kvp_buf in, out;
     size_t out_off;     /* bytes of `out` already sent */
+    size_t in_head;     /* in: bytes at its front already served (only while on_ready) */
     size_t scan;        /* in: offset of the first frame not known to be complete */
     size_t charge;      /* in: bytes counted against the input budget (>= in.len) */
     uint64_t accepted_ms;
@@ -423,7 +424,7 @@ static void refuse(kvp_mserver *s, conn *c, int err)
  * stopped for the frame budget with complete frames left, else 0. */
 static int conn_serve(kvp_mserver *s, conn *c)
 {
-    size_t pos = 0;
+    size_t pos = c->in_head;
     int served = 0, more = 0;
     while (!c->closing) {
         if (c->out.len - c->out_off >= OUT_PAUSE) {
@@ -455,7 +456,15 @@ static int conn_serve(kvp_mserver *s, conn *c)
         if (c->sess.close_after)
             c->closing = 1;
     }
-    kvp_buf_consume(&c->in, pos);
+    /* Served frames stay in place while complete ones are left: a memmove
+     * of the rest every FRAMES_PER_TURN frames would make a long pipeline
+     * of small frames quadratic. */
+    if (more) {
+        c->in_head = pos;
+    } else {
+        kvp_buf_consume(&c->in, pos);
+        c->in_head = 0;
+    }
     return more;
 }
 
@@ -647,6 +656,7 @@ static void expire_hellos(kvp_mserver *s, uint64_t now)
         KVP_WARN_LIMITED(MOD, "connection fd %d: no HELLO within %llu ms; closing it", c->fd,
                          (unsigned long long)s->cfg.hello_timeout_ms);
         kvp_buf_reset(&c->in); /* answer with request id 0: the frame in hand is not served */
+        c->in_head = 0;
         answer_error(c, KVP_ENO_HELLO);
         conn_flush(s, c); /* best effort */
         conn_close(s, c);
@@ -687,7 +697,12 @@ int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **
     kvp_arena_init(&s->arena, ARENA_CAP);
     /* 1/8 of the connections is kept for those that completed HELLO */
     s->pre_cap = (uint32_t)(cfg->max_connections - cfg->max_connections / 8);
+    /* kvp_config_validate refuses a budget whose 15/16 cannot hold one
+     * largest frame; a config that skipped it gets the least that can */
     s->in_budget = (size_t)cfg->input_budget;
+    size_t least = (size_t)(cfg->max_frame + KVP_FRAME_HDR) / 15 * 16 + 16;
+    if (s->in_budget < least)
+        s->in_budget = least;
     uint32_t nb = 64;
     while (nb < cfg->max_connections && nb < (1u << 16))
         nb <<= 1;

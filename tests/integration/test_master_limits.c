@@ -229,6 +229,10 @@ TEST(idle_connections_before_hello_are_capped_and_expire)
 
 TEST(large_frames_before_hello_and_over_the_input_budget)
 {
+    /* TSan's shadow memory (several times what is touched) is in VmRSS:
+     * there (make tsan sets KVP_TSAN) the RSS bounds are not checked */
+    const char *ts = getenv("KVP_TSAN");
+    const int check_rss = !(ts && *ts);
     /* VmRSS is to show live input buffers: under ASan, memory freed stays
      * resident in the quarantine (256 MiB by default), so the master gets
      * none (this test runs in its own child; the environment is its own) */
@@ -298,7 +302,7 @@ TEST(large_frames_before_hello_and_over_the_input_budget)
            (unsigned long long)(rss1 / MiB), ((long long)rss1 - (long long)rss0) / (long long)MiB);
     CHECK(rss0 > 0);
     CHECK(complete >= 1);                    /* one frame fits the budget and is read */
-    CHECK(rss1 < rss0 + 100 * MiB);
+    CHECK(!check_rss || rss1 < rss0 + 100 * MiB);
     CHECK(served(&m) == 0);
     /* the admitted frame completes and is answered; its memory goes to a
      * waiting one, which is then read whole */
@@ -332,7 +336,7 @@ TEST(large_frames_before_hello_and_over_the_input_budget)
     printf("    after the first frame was served: another sent whole: %d; RSS %llu MiB\n",
            complete2, (unsigned long long)(rss2 / MiB));
     CHECK_EQ(complete2, 1);
-    CHECK(rss2 < rss0 + 100 * MiB);
+    CHECK(!check_rss || rss2 < rss0 + 100 * MiB);
     /* once they go, their memory is free for the next large frame */
     for (int i = 0; i < N; i++)
         kvp_rpc_close(r[i]);
@@ -345,7 +349,9 @@ TEST(large_frames_before_hello_and_over_the_input_budget)
 TEST(client_that_never_reads_does_not_spin_the_master)
 {
     tp_master m;
-    CHECK(tp_master_start(&m, NULL) == 0);
+    /* client_ttl well past the test: a paused client is silent to the core,
+     * and its TTL would end the spin this test looks for */
+    CHECK(tp_master_start(&m, (const char *[]){"--client-ttl", "60s", NULL}) == 0);
     kvp_rpc *r;
     char err[256];
     CHECK(kvp_rpc_open(m.addr, NULL, &r, err, sizeof err) == 0);
@@ -355,24 +361,36 @@ TEST(client_that_never_reads_does_not_spin_the_master)
     CHECK(frames != NULL);
     for (int i = 0; i < BATCH; i++)
         frame_hdr(frames + (size_t)i * KVP_FRAME_HDR, KVP_OP_STATS, 1 + (uint64_t)i, 0);
-    /* STATS requests, pipelined and never read, for 3.5 s; the CPU window
-     * is the last 2.5 s (the master is paused by then) */
-    uint64_t t0 = tp_now_ms(), cpu0 = 0, w0 = 0;
+    /* STATS requests, pipelined and never read, until the master stops
+     * taking them (500 ms without progress: its output is full and paused)
+     * and has served what it took (its CPU over 500 ms below half; slow
+     * under TSan); at most 8 s; then 2.5 s more: the CPU window. Before
+     * the pause left the ready list, the master never came to rest. */
+    uint64_t t0 = tp_now_ms(), cpu0 = 0, w0 = 0, last_progress = t0;
+    uint64_t probe_t = 0, probe_cpu = 0;
     size_t sent = 0, off = 0, sent_at_window = 0;
     int served_ok = 0, served_bad = 0;
     uint64_t next_other = t0;
-    while (tp_now_ms() - t0 < 3500) {
+    for (;;) {
         uint64_t now = tp_now_ms();
-        if (!w0 && now - t0 >= 1000) {
-            w0 = now;
-            cpu0 = cpu_ms(m.pid);
-            sent_at_window = sent;
+        if (!w0 && now - last_progress >= 500 && (!probe_t || now - probe_t >= 500)) {
+            uint64_t cpu = cpu_ms(m.pid);
+            if ((probe_t && (cpu - probe_cpu) * 2 < now - probe_t) || now - t0 >= 8000) {
+                w0 = now;
+                cpu0 = cpu;
+                sent_at_window = sent;
+            }
+            probe_t = now;
+            probe_cpu = cpu;
         }
+        if (w0 && now - w0 >= 2500)
+            break;
         size_t n = (size_t)BATCH * KVP_FRAME_HDR - off;
         ssize_t w = send(fd, frames + off, n, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w > 0) {
             sent += (size_t)w;
             off = (off + (size_t)w) % ((size_t)BATCH * KVP_FRAME_HDR);
+            last_progress = now;
         }
         if (now >= next_other) { /* another client is served meanwhile */
             if (served(&m) == 0)
@@ -391,6 +409,7 @@ TEST(client_that_never_reads_does_not_spin_the_master)
            (unsigned long long)(w1 - w0), share * 100, served_ok, served_bad);
     CHECK(sent > (size_t)4 * MiB / 8); /* enough requests to fill its output */
     CHECK(share < 0.20);
+    CHECK(sent - sent_at_window < (size_t)MiB); /* it stopped reading */
     CHECK(served_ok >= 20);
     CHECK_EQ(served_bad, 0);
     kvp_rpc_close(r);
