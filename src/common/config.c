@@ -121,7 +121,21 @@ static const struct key_def keys[] = {
     {.name = "max_key_size", .type = KT_UINT, F_U64(max_key), .min = 1, .max = 65535,
      .def = "4096", .help = "longest key, in bytes"},
     {.name = "max_connections", .type = KT_UINT, F_U64(max_connections), .min = 1,
-     .max = 1048576, .def = "4096", .help = "most client connections the master holds"},
+     .max = 1048576, .def = "4096",
+     .help = "most client connections the master holds; connections that have not "
+             "completed HELLO may hold at most 7/8 of them"},
+    {.name = "max_connections_per_address", .type = KT_UINT, F_U64(max_conns_per_addr),
+     .min = 1, .max = 1048576, .def = "64",
+     .help = "most connections from one address (IPv6: one /64) that have not completed "
+             "HELLO; more are closed at once"},
+    {.name = "hello_timeout", .type = KT_DURATION, F_U64(hello_timeout_ms), .unit_ms = 1,
+     .min = 1, .max = DUR_MAX_MS, .def = "5s",
+     .help = "a connection that has not completed HELLO within this is answered and closed"},
+    {.name = "input_memory_budget", .type = KT_SIZE, F_U64(input_budget), .min = MIB_,
+     .max = UINT64_MAX, .def = "1GiB",
+     .help = "most bytes all connections' unserved input may hold together; a connection "
+             "whose next frame does not fit waits, unread (at least 16/15 of "
+             "max_frame_size)"},
     {.name = "max_segments", .type = KT_UINT, F_U64(max_segments), .min = 1, .max = 65535,
      .def = "4096", .help = "most memory segments that can be mounted"},
     {.name = "max_tenants", .type = KT_UINT, F_U64(max_tenants), .min = 1, .max = 65535,
@@ -1111,6 +1125,14 @@ int kvp_config_validate(const kvp_config *c, char *err, size_t errlen)
         return invalid(err, errlen,
                        "key \"shm_group\" must be a group name or a numeric gid (it is \"%s\")",
                        c->shm_group);
+    /* service.c: frames above 256 KiB may use 15/16 of the budget, so one
+     * largest frame must fit in that share */
+    if (c->input_budget - c->input_budget / 16 < c->max_frame + 24)
+        return invalid(err, errlen,
+                       "key \"input_memory_budget\" (%llu) must be at least 16/15 of key "
+                       "\"max_frame_size\" (%llu) plus 24 bytes: one largest frame must fit in "
+                       "the 15/16 of the budget large frames may use",
+                       (unsigned long long)c->input_budget, (unsigned long long)c->max_frame);
     if (c->max_key >= c->max_frame)
         return invalid(err, errlen,
                        "key \"max_key_size\" (%llu) must be less than key \"max_frame_size\" "

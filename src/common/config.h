@@ -41,6 +41,9 @@ typedef struct kvp_config {
     double evict_low;             /* "eviction_low_watermark_ratio": 0.90, < high */
     uint64_t max_key;             /* "max_key_size": 4096; 1 .. 65535 */
     uint64_t max_connections;     /* "max_connections": 4096 */
+    uint64_t max_conns_per_addr;  /* "max_connections_per_address": pre-HELLO, 64 */
+    uint64_t hello_timeout_ms;    /* "hello_timeout": 5 s */
+    uint64_t input_budget;        /* "input_memory_budget": bytes (1 GiB) */
     uint64_t max_segments;        /* "max_segments": 4096; 1 .. 65535 */
     uint64_t max_tenants;         /* "max_tenants": 1024; 1 .. 65535 */
     uint64_t max_objects;         /* "max_objects": 0 = unlimited */

@@ -2,13 +2,31 @@
  * service.c -- the master's epoll loop; see service.h.
  *
  * Connection states: OPEN (reading and answering) -> CLOSING (no more
- * reading; close once the output is flushed) -> closed. A connection is on
- * the `ready` list while it has complete frames it has not served yet
- * (budget used up, or output paused); the loop then polls without sleeping.
+ * reading; close once the output is flushed) -> closed. An OPEN connection
+ * is in one of these:
+ *   reading      EPOLLIN watched; read, then serve
+ *   ready        on the `ready` list: complete frames left after the frame
+ *                budget; served next turn (the loop then polls without
+ *                sleeping)
+ *   out_paused   unsent output above OUT_PAUSE: neither read nor served,
+ *                EPOLLIN off, until EPOLLOUT drains it to half of that
+ *   starved      on the `starved` list: its next frame does not fit the
+ *                input budget; EPOLLIN off until charges drop
+ * Until HELLO a connection is also on the `hello` FIFO (deadline
+ * hello_timeout, same for all, so only the head is ever checked), may send
+ * bodies of at most PRE_HELLO_FRAME bytes, and counts against the pre-HELLO
+ * caps (7/8 of max_connections; max_connections_per_address).
+ *
+ * Input budget: every connection's `charge` counts the bytes its input
+ * buffer may hold (>= in.len), and all charges together stay within
+ * input_memory_budget. A read first charges the whole frame in hand (its
+ * header says how long it is), so an admitted frame can always complete;
+ * the buffer's pages become resident only as bytes arrive.
  */
 #include "master/service.h"
 
 #include <errno.h>
+#include <netinet/in.h>
 #include <stddef.h>
 #include <signal.h>
 #include <stdio.h>
@@ -32,20 +50,45 @@
 #define MOD "master"
 #define FRAMES_PER_TURN 256           /* frames served per connection per turn */
 #define READ_PER_TURN (1u << 20)      /* bytes read per connection per turn */
+#define READ_AHEAD 65536u             /* bytes read past the frame in hand, budget allowing */
 #define OUT_PAUSE (8u << 20)          /* stop serving input above this much unsent output */
 #define ARENA_CAP (256u << 20)        /* decoded-request scratch per frame */
+#define PRE_HELLO_FRAME 65536u        /* largest body before HELLO (HELLO bodies are < 3 KiB) */
+#define IN_SMALL (256u << 10)         /* charges up to this may use the whole input budget */
+#define ACCEPT_PER_TURN 256           /* accepts per turn, refused ones included */
+#define ACCEPT_PAUSE_MIN_MS 100       /* EMFILE back-off: 100 ms, doubling ... */
+#define ACCEPT_PAUSE_MAX_MS 1000      /* ... up to 1 s */
 #define SUMMARY_MS 60000
+
+/* Connections before HELLO, counted per source address (IPv4 address, or
+ * IPv6 /64: one host owns a whole /64) in a chained hash map. */
+#define ADDR_KEY 9
+typedef struct addr_ent {
+    struct addr_ent *next;
+    uint8_t key[ADDR_KEY];
+    uint32_t n;
+} addr_ent;
 
 typedef struct conn {
     int fd;
     int closing;
-    int want_out;       /* EPOLLOUT registered */
+    int want_out;       /* unsent output: EPOLLOUT wanted */
+    uint32_t events;    /* what epoll watches for it now */
     int on_ready;
+    int out_paused;     /* unsent output passed OUT_PAUSE: input waits for EPOLLOUT */
+    int starved;        /* on s->starved: its next frame waits for input budget */
     kvp_buf in, out;
     size_t out_off;     /* bytes of `out` already sent */
+    size_t in_head;     /* in: bytes at its front already served (only while on_ready) */
+    size_t scan;        /* in: offset of the first frame not known to be complete */
+    size_t charge;      /* in: bytes counted against the input budget (>= in.len) */
+    uint64_t accepted_ms;
+    addr_ent *addr;     /* until HELLO: its address's count; NULL after */
     kvp_msess sess;
-    struct conn *prev, *next;   /* all connections */
+    struct conn *prev, *next;           /* all connections */
     struct conn *ready_next;
+    struct conn *hello_prev, *hello_next; /* pre-HELLO FIFO, by accept time */
+    struct conn *starved_prev, *starved_next;
     int on_pushed;
     struct conn *pushed_next;   /* connections with SEG_FREED output */
 } conn;
@@ -59,10 +102,233 @@ struct kvp_mserver {
     conn *conns;
     conn *ready;
     conn *pushed;
+    /* pre-HELLO connections: FIFO (the deadline is the same for all, so the
+     * head expires first), count, per-address counts */
+    conn *hello_head, *hello_tail;
+    uint32_t npre, pre_cap;
+    addr_ent **amap;
+    uint32_t amask;
+    uint64_t aseed;
+    /* input budget: sum of all charges; connections waiting for it */
+    size_t in_used, in_budget;
+    conn *starved, *starved_tail;
+    int in_freed;       /* a charge dropped this turn: try the starved */
+    /* EMFILE back-off: 0, or when to watch the listener again */
+    uint64_t accept_resume_ms;
+    uint32_t accept_pause_ms;
+    uint64_t n_refused, n_hello_timeouts, n_input_waits, logged_limits;
     kvp_arena arena;
     uint64_t last_summary, last_requests, last_expired;
     volatile int stop;
 };
+
+/* ---------------------------------------------------------- address map */
+
+static void addr_key(const struct sockaddr_storage *ss, uint8_t key[ADDR_KEY])
+{
+    memset(key, 0, ADDR_KEY);
+    if (ss->ss_family == AF_INET6) {
+        const uint8_t *a = ((const struct sockaddr_in6 *)ss)->sin6_addr.s6_addr;
+        static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        if (memcmp(a, v4mapped, 12) == 0) {
+            key[0] = 4;
+            memcpy(key + 1, a + 12, 4);
+        } else {
+            key[0] = 6;
+            memcpy(key + 1, a, 8);
+        }
+    } else if (ss->ss_family == AF_INET) {
+        key[0] = 4;
+        memcpy(key + 1, &((const struct sockaddr_in *)ss)->sin_addr, 4);
+    } /* else (unix, unknown): all share key 0 */
+}
+
+static uint32_t addr_hash(const kvp_mserver *s, const uint8_t key[ADDR_KEY])
+{
+    uint64_t h = 1469598103934665603ull ^ s->aseed; /* FNV-1a, seeded */
+    for (int i = 0; i < ADDR_KEY; i++)
+        h = (h ^ key[i]) * 1099511628211ull;
+    return (uint32_t)(h ^ (h >> 32)) & s->amask;
+}
+
+static addr_ent *addr_find(kvp_mserver *s, const uint8_t key[ADDR_KEY], int create)
+{
+    addr_ent **b = &s->amap[addr_hash(s, key)];
+    for (addr_ent *e = *b; e; e = e->next)
+        if (memcmp(e->key, key, ADDR_KEY) == 0)
+            return e;
+    if (!create)
+        return NULL;
+    addr_ent *e = kvp_calloc(1, sizeof *e);
+    if (!e)
+        return NULL;
+    memcpy(e->key, key, ADDR_KEY);
+    e->next = *b;
+    *b = e;
+    return e;
+}
+
+/* One pre-HELLO connection of e's address went away (HELLO or close). */
+static void addr_release(kvp_mserver *s, addr_ent *e)
+{
+    if (--e->n)
+        return;
+    addr_ent **pp = &s->amap[addr_hash(s, e->key)];
+    while (*pp != e)
+        pp = &(*pp)->next;
+    *pp = e->next;
+    kvp_free(e);
+}
+
+/* ------------------------------------------------------------- interest */
+
+/* Input is read only while the connection is open, its output drains and
+ * its next frame has budget; with EPOLLIN off, level-triggered epoll does
+ * not report the bytes waiting, so a waiting connection costs nothing. */
+static void conn_arm(kvp_mserver *s, conn *c)
+{
+    uint32_t ev = (!c->closing && !c->out_paused && !c->starved ? EPOLLIN : 0u) |
+                  (c->want_out ? EPOLLOUT : 0u);
+    if (ev == c->events)
+        return;
+    struct epoll_event e = {.events = ev, .data.ptr = c};
+    epoll_ctl(s->ep, EPOLL_CTL_MOD, c->fd, &e);
+    c->events = ev;
+}
+
+/* ---------------------------------------------------------- input budget */
+
+static void in_set_charge(kvp_mserver *s, conn *c, size_t charge)
+{
+    if (charge < c->charge)
+        s->in_freed = 1;
+    s->in_used = s->in_used - c->charge + charge;
+    c->charge = charge;
+}
+
+/* Raises c's charge to `total` if the budget allows: charges up to IN_SMALL
+ * may use all of it, larger ones 15/16, so a few large frames waiting for
+ * their bytes never lock small requests (HELLO, STATS) out. 1 granted. */
+static int in_grant(kvp_mserver *s, conn *c, size_t total)
+{
+    if (total <= c->charge)
+        return 1;
+    size_t limit = total <= IN_SMALL ? s->in_budget : s->in_budget - s->in_budget / 16;
+    if (s->in_used - c->charge + total > limit)
+        return 0;
+    in_set_charge(s, c, total);
+    return 1;
+}
+
+/* The largest body c may send now: small until HELLO. */
+static uint32_t frame_limit(const kvp_mserver *s, const conn *c)
+{
+    uint32_t max = (uint32_t)s->cfg.max_frame;
+    return c->sess.client || max < PRE_HELLO_FRAME ? max : PRE_HELLO_FRAME;
+}
+
+/* What c->in must be able to hold before the next recv: through the end of
+ * the first incomplete frame when its header is in, else through a header.
+ * Advances c->scan over complete frames. -1 on a header serve will refuse
+ * (nothing more is read; the refusal answers it). */
+static int in_need(const kvp_mserver *s, conn *c, size_t *need)
+{
+    uint32_t lim = frame_limit(s, c);
+    while (c->in.len - c->scan >= KVP_FRAME_HDR) {
+        kvp_frame_hdr h;
+        if (kvp_frame_hdr_decode(c->in.data + c->scan, lim, &h) != 0)
+            return -1;
+        size_t end = c->scan + KVP_FRAME_HDR + (size_t)h.body_len;
+        if (end > c->in.len) {
+            *need = end;
+            return 0;
+        }
+        c->scan = end;
+    }
+    *need = c->scan + KVP_FRAME_HDR;
+    return 0;
+}
+
+/* c waits, unread, until its next frame fits the budget (try_wake). */
+static void starve(kvp_mserver *s, conn *c)
+{
+    c->starved = 1;
+    c->starved_next = NULL;
+    c->starved_prev = s->starved_tail;
+    if (s->starved_tail)
+        s->starved_tail->starved_next = c;
+    else
+        s->starved = c;
+    s->starved_tail = c;
+    s->n_input_waits++;
+    conn_arm(s, c);
+}
+
+static void unstarve(kvp_mserver *s, conn *c)
+{
+    if (c->starved_prev) c->starved_prev->starved_next = c->starved_next;
+    else s->starved = c->starved_next;
+    if (c->starved_next) c->starved_next->starved_prev = c->starved_prev;
+    else s->starved_tail = c->starved_prev;
+    c->starved = 0;
+    c->starved_prev = c->starved_next = NULL;
+}
+
+/* Grants a waiting connection its next frame if that fits now, and
+ * watches its input again. The need is computed afresh: serving since it
+ * began to wait moved its frame to the front of the buffer. One still on
+ * the ready list is tried when it leaves it (conn_work). */
+static void try_wake(kvp_mserver *s, conn *c)
+{
+    if (c->on_ready)
+        return;
+    size_t need;
+    if (in_need(s, c, &need) < 0 || need > c->in.cap || in_grant(s, c, need)) {
+        unstarve(s, c); /* (the first two: serve decides, as in conn_readable) */
+        conn_arm(s, c);
+    }
+}
+
+/* After charges dropped: tries, oldest first, every waiting connection. */
+static void wake_starved(kvp_mserver *s)
+{
+    if (!s->in_freed)
+        return;
+    s->in_freed = 0;
+    for (conn *c = s->starved, *nx; c && s->in_used < s->in_budget; c = nx) {
+        nx = c->starved_next;
+        try_wake(s, c);
+    }
+}
+
+/* After serving: what c->in still holds is charged; an empty buffer gives
+ * its memory back (kept up to READ_AHEAD, which stays charged). A partial
+ * frame keeps its whole charge, so a frame once admitted can always
+ * complete. */
+static void in_settle(kvp_mserver *s, conn *c)
+{
+    c->scan = 0;
+    if (c->in.len == 0) {
+        kvp_buf_shrink(&c->in, READ_AHEAD);
+        in_set_charge(s, c, c->in.alloc < c->charge ? c->in.alloc : c->charge);
+    }
+}
+
+/* ------------------------------------------------------------ pre-HELLO */
+
+static void hello_unlink(kvp_mserver *s, conn *c)
+{
+    if (c->hello_prev) c->hello_prev->hello_next = c->hello_next;
+    else s->hello_head = c->hello_next;
+    if (c->hello_next) c->hello_next->hello_prev = c->hello_prev;
+    else s->hello_tail = c->hello_prev;
+    c->hello_prev = c->hello_next = NULL;
+    addr_release(s, c->addr);
+    c->addr = NULL;
+    s->npre--;
+}
+
+/* -------------------------------------------------------- connections */
 
 static void conn_close(kvp_mserver *s, conn *c)
 {
@@ -78,22 +344,29 @@ static void conn_close(kvp_mserver *s, conn *c)
         if (*pp)
             *pp = c->ready_next;
     }
+    if (c->addr)
+        hello_unlink(s, c);
+    if (c->starved)
+        unstarve(s, c);
+    in_set_charge(s, c, 0);
     kvp_buf_free(&c->in);
     kvp_buf_free(&c->out);
     kvp_free(c);
     s->nconns--;
 }
 
-static void set_out_interest(kvp_mserver *s, conn *c, int want)
+static void mark_ready(kvp_mserver *s, conn *c, int more)
 {
-    if (c->want_out == want)
-        return;
-    struct epoll_event ev = {.events = EPOLLIN | (want ? EPOLLOUT : 0), .data.ptr = c};
-    epoll_ctl(s->ep, EPOLL_CTL_MOD, c->fd, &ev);
-    c->want_out = want;
+    if (more && !c->on_ready) {
+        c->on_ready = 1;
+        c->ready_next = s->ready;
+        s->ready = c;
+    }
 }
 
-/* Sends what it can. -1 when the peer is gone (caller closes). */
+/* Sends what it can. -1 when the peer is gone (caller closes). Output
+ * paused above OUT_PAUSE resumes once half of that is left: its unserved
+ * frames go back on the ready list. */
 static int conn_flush(kvp_mserver *s, conn *c)
 {
     while (c->out_off < c->out.len) {
@@ -111,16 +384,19 @@ static int conn_flush(kvp_mserver *s, conn *c)
         kvp_buf_reset(&c->out);
         c->out_off = 0;
         kvp_buf_shrink(&c->out, 1u << 20);
-        set_out_interest(s, c, 0);
-    } else {
-        set_out_interest(s, c, 1);
     }
+    c->want_out = c->out.len > 0;
+    if (c->out_paused && c->out.len - c->out_off <= OUT_PAUSE / 2) {
+        c->out_paused = 0;
+        mark_ready(s, c, 1);
+    }
+    conn_arm(s, c);
     return 0;
 }
 
-/* Answers a frame that could not be served, echoing its request id when the
- * header was readable; the connection is closed after the flush. */
-static void refuse(kvp_mserver *s, conn *c, int err)
+/* Appends an error answer to c->out, echoing the request id of the frame at
+ * the head of c->in when its header is there; c closes after the flush. */
+static void answer_error(conn *c, int err)
 {
     uint64_t req_id = 0;
     uint16_t op = 0;
@@ -132,26 +408,38 @@ static void refuse(kvp_mserver *s, conn *c, int err)
     }
     size_t off = kvp_frame_begin(&c->out, op, KVP_FLAG_RESPONSE, req_id, err);
     kvp_frame_end(&c->out, off);
-    kvp_master_note_bad_frame(s->m);
     c->closing = 1;
-    KVP_WARN(MOD, "connection fd %d: %s; closing it", c->fd, kvp_strerror(err));
 }
 
-/* Serves up to FRAMES_PER_TURN complete frames from c->in. Returns 1 when
- * complete frames remain (budget or output pause), else 0. */
+/* Answers a frame that could not be served; the connection is closed after
+ * the flush. */
+static void refuse(kvp_mserver *s, conn *c, int err)
+{
+    answer_error(c, err);
+    kvp_master_note_bad_frame(s->m);
+    KVP_WARN_LIMITED(MOD, "connection fd %d: %s%s; closing it", c->fd, kvp_strerror(err),
+                     c->sess.client ? "" : " (before HELLO)");
+}
+
+/* Serves up to FRAMES_PER_TURN complete frames from c->in; stops early when
+ * the unsent output passes OUT_PAUSE (c->out_paused). Returns 1 when it
+ * stopped for the frame budget with complete frames left, else 0. */
 static int conn_serve(kvp_mserver *s, conn *c)
 {
-    size_t pos = 0;
+    size_t pos = c->in_head;
     int served = 0, more = 0;
-    uint32_t max_frame = (uint32_t)s->cfg.max_frame;
     while (!c->closing) {
-        if (served == FRAMES_PER_TURN || c->out.len - c->out_off >= OUT_PAUSE) {
+        if (c->out.len - c->out_off >= OUT_PAUSE) {
+            c->out_paused = 1;
+            break;
+        }
+        if (served == FRAMES_PER_TURN) {
             more = 1;
             break;
         }
         kvp_frame_hdr h;
         const uint8_t *body;
-        int rc = kvp_frame_next(c->in.data + pos, c->in.len - pos, max_frame, &h, &body);
+        int rc = kvp_frame_next(c->in.data + pos, c->in.len - pos, frame_limit(s, c), &h, &body);
         if (rc == 0)
             break;
         if (rc < 0) {
@@ -170,22 +458,55 @@ static int conn_serve(kvp_mserver *s, conn *c)
         if (c->sess.close_after)
             c->closing = 1;
     }
-    kvp_buf_consume(&c->in, pos);
-    if (c->in.len == 0)
-        kvp_buf_shrink(&c->in, 1u << 20);
+    /* Served frames stay in place while complete ones are left: a memmove
+     * of the rest every FRAMES_PER_TURN frames would make a long pipeline
+     * of small frames quadratic. */
+    if (more) {
+        c->in_head = pos;
+    } else {
+        kvp_buf_consume(&c->in, pos);
+        c->in_head = 0;
+    }
     return more;
 }
 
-/* Reads what is available (bounded), then serves. -1: close the connection. */
+/* Serves c and settles what serving changed: HELLO bookkeeping, the input
+ * charge, the ready list. The caller flushes (conn_after). */
+static void conn_work(kvp_mserver *s, conn *c)
+{
+    int more = conn_serve(s, c);
+    if (c->addr && c->sess.client)
+        hello_unlink(s, c); /* authenticated: no deadline, not counted per address */
+    in_settle(s, c);
+    mark_ready(s, c, more);
+    if (c->starved && !more)
+        try_wake(s, c);
+}
+
+/* Reads what is available: at most READ_PER_TURN, only into budget granted
+ * (the frame in hand whole, plus READ_AHEAD when it fits). When the next
+ * frame does not fit, c waits unread (starve). -1: close the connection. */
 static int conn_readable(kvp_mserver *s, conn *c)
 {
-    size_t cap = c->in.cap, got = 0;
+    size_t got = 0;
     while (got < READ_PER_TURN && !c->closing) {
-        if (c->in.len == cap) {
-            break; /* a whole frame fits `cap`: serve before reading more */
+        size_t need;
+        if (in_need(s, c, &need) < 0 || need > c->in.cap)
+            break; /* a header to refuse, or frames to serve before more fits */
+        size_t target = c->in.len + READ_AHEAD < c->in.cap ? c->in.len + READ_AHEAD : c->in.cap;
+        if (target < need)
+            target = need;
+        if (!in_grant(s, c, target)) {
+            target = need;
+            if (!in_grant(s, c, need)) {
+                starve(s, c);
+                break;
+            }
         }
-        size_t want = cap - c->in.len < 65536 ? cap - c->in.len : 65536;
-        if (kvp_buf_reserve(&c->in, want) != 0)
+        size_t want = target - c->in.len;
+        if (want > READ_PER_TURN - got)
+            want = READ_PER_TURN - got;
+        if (kvp_buf_reserve(&c->in, target - c->in.len) != 0)
             return -1;
         ssize_t n = recv(c->fd, c->in.data + c->in.len, want, 0);
         if (n == 0)
@@ -203,15 +524,6 @@ static int conn_readable(kvp_mserver *s, conn *c)
             break;
     }
     return 0;
-}
-
-static void mark_ready(kvp_mserver *s, conn *c, int more)
-{
-    if (more && !c->on_ready) {
-        c->on_ready = 1;
-        c->ready_next = s->ready;
-        s->ready = c;
-    }
 }
 
 /* After serving: flush, and close when finished or broken. */
@@ -239,48 +551,158 @@ static uint64_t peer_hash(const struct sockaddr_storage *sa, socklen_t len)
     return n ? h | 1 : 0;
 }
 
-static void on_accept(kvp_mserver *s)
+/* -------------------------------------------------------------- accept */
+
+/* Why a new connection from ss must be closed at once, or NULL; on NULL
+ * *ent is its address's count, already incremented. */
+static const char *admit(kvp_mserver *s, const struct sockaddr_storage *ss, addr_ent **ent)
 {
-    for (;;) {
-        struct sockaddr_storage sa;
-        socklen_t salen = sizeof sa;
-        int fd = accept4(s->lfd, (struct sockaddr *)&sa, &salen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (s->nconns >= s->cfg.max_connections)
+        return "max_connections reached";
+    if (s->npre >= s->pre_cap)
+        return "connections before HELLO at 7/8 of max_connections";
+    uint8_t key[ADDR_KEY];
+    addr_key(ss, key);
+    addr_ent *e = addr_find(s, key, 1);
+    if (!e)
+        return "out of memory";
+    if (e->n >= s->cfg.max_conns_per_addr) {
+        return "max_connections_per_address reached";
+    }
+    e->n++;
+    *ent = e;
+    return NULL;
+}
+
+/* A new connection: pre-HELLO, at the tail of the deadline FIFO. */
+static void conn_open(kvp_mserver *s, int fd, addr_ent *e, uint64_t peer, uint64_t now)
+{
+    conn *c = kvp_calloc(1, sizeof *c);
+    if (!c) {
+        addr_release(s, e);
+        close(fd);
+        return;
+    }
+    c->fd = fd;
+    kvp_net_set_nodelay(fd);
+    kvp_buf_init(&c->in, s->cfg.max_frame + KVP_FRAME_HDR);
+    kvp_buf_init(&c->out, s->cfg.max_frame + KVP_FRAME_HDR + OUT_PAUSE + 4096);
+    c->events = EPOLLIN;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+    if (epoll_ctl(s->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        addr_release(s, e);
+        close(fd);
+        kvp_free(c);
+        return;
+    }
+    kvp_master_sess_open(s->m, &c->sess);
+    c->sess.peer = peer;
+    c->accepted_ms = now;
+    c->addr = e;
+    c->hello_prev = s->hello_tail;
+    if (s->hello_tail)
+        s->hello_tail->hello_next = c;
+    else
+        s->hello_head = c;
+    s->hello_tail = c;
+    s->npre++;
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    s->nconns++;
+}
+
+/* Out of descriptors (or kernel memory): stop watching the listener for a
+ * while, doubling, instead of being woken for the same error at once. */
+static void accept_pause(kvp_mserver *s, int e, uint64_t now)
+{
+    s->accept_pause_ms = s->accept_pause_ms ? s->accept_pause_ms * 2 : ACCEPT_PAUSE_MIN_MS;
+    if (s->accept_pause_ms > ACCEPT_PAUSE_MAX_MS)
+        s->accept_pause_ms = ACCEPT_PAUSE_MAX_MS;
+    s->accept_resume_ms = now + s->accept_pause_ms;
+    struct epoll_event ev = {.events = 0, .data.ptr = &s->lfd};
+    epoll_ctl(s->ep, EPOLL_CTL_MOD, s->lfd, &ev);
+    KVP_WARN_LIMITED(MOD, "accept: %s; not accepting for %u ms", strerror(e), s->accept_pause_ms);
+}
+
+static void accept_resume(kvp_mserver *s, uint64_t now)
+{
+    if (!s->accept_resume_ms || now < s->accept_resume_ms)
+        return;
+    s->accept_resume_ms = 0;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->lfd};
+    epoll_ctl(s->ep, EPOLL_CTL_MOD, s->lfd, &ev);
+}
+
+/* Accepts up to ACCEPT_PER_TURN connections; one over a cap is accepted
+ * and closed at once (counted), so the kernel's backlog never fills. */
+static void on_accept(kvp_mserver *s, uint64_t now)
+{
+    for (int i = 0; i < ACCEPT_PER_TURN; i++) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno == EINTR)
+            int e = errno;
+            if (e == EINTR || e == ECONNABORTED)
                 continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                KVP_WARN(MOD, "accept: %s", strerror(errno));
+            if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM)
+                accept_pause(s, e, now);
+            else if (e != EAGAIN && e != EWOULDBLOCK)
+                KVP_WARN_LIMITED(MOD, "accept: %s", strerror(e));
             return;
         }
-        if (s->nconns >= s->cfg.max_connections) {
-            KVP_WARN(MOD, "connection refused: max_connections (%llu) reached",
-                     (unsigned long long)s->cfg.max_connections);
+        s->accept_pause_ms = 0;
+        addr_ent *e = NULL;
+        const char *why = admit(s, &ss, &e);
+        if (why) {
+            s->n_refused++;
+            KVP_WARN_LIMITED(MOD, "connection refused: %s", why);
             close(fd);
             continue;
         }
-        conn *c = kvp_calloc(1, sizeof *c);
-        if (!c) {
-            close(fd);
-            continue;
-        }
-        c->fd = fd;
-        kvp_net_set_nodelay(fd);
-        kvp_buf_init(&c->in, s->cfg.max_frame + KVP_FRAME_HDR);
-        kvp_buf_init(&c->out, s->cfg.max_frame + KVP_FRAME_HDR + OUT_PAUSE + 4096);
-        kvp_master_sess_open(s->m, &c->sess);
-        c->sess.peer = peer_hash(&sa, salen);
-        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
-        if (epoll_ctl(s->ep, EPOLL_CTL_ADD, fd, &ev) < 0) {
-            close(fd);
-            kvp_free(c);
-            continue;
-        }
-        c->next = s->conns;
-        if (s->conns)
-            s->conns->prev = c;
-        s->conns = c;
-        s->nconns++;
+        conn_open(s, fd, e, peer_hash(&ss, sl), now);
     }
+}
+
+/* Closes, with an error answer, every connection whose HELLO deadline has
+ * passed: the FIFO's head is the oldest, so this stops at the first that
+ * is still in time. */
+static void expire_hellos(kvp_mserver *s, uint64_t now)
+{
+    while (s->hello_head && now - s->hello_head->accepted_ms >= s->cfg.hello_timeout_ms) {
+        conn *c = s->hello_head;
+        s->n_hello_timeouts++;
+        KVP_WARN_LIMITED(MOD, "connection fd %d: no HELLO within %llu ms; closing it", c->fd,
+                         (unsigned long long)s->cfg.hello_timeout_ms);
+        kvp_buf_reset(&c->in); /* answer with request id 0: the frame in hand is not served */
+        c->in_head = 0;
+        answer_error(c, KVP_ENO_HELLO);
+        conn_flush(s, c); /* best effort */
+        conn_close(s, c);
+    }
+}
+
+/* How long the loop may sleep: 0 with work on the ready list, else until
+ * the core's next tick, the oldest HELLO deadline or the accept resume. */
+static int wait_ms(const kvp_mserver *s, uint32_t next_tick, uint64_t now)
+{
+    if (s->ready)
+        return 0;
+    uint64_t t = next_tick;
+    if (s->hello_head) {
+        uint64_t due = s->hello_head->accepted_ms + s->cfg.hello_timeout_ms;
+        uint64_t d = due > now ? due - now : 0;
+        if (d < t)
+            t = d;
+    }
+    if (s->accept_resume_ms) {
+        uint64_t d = s->accept_resume_ms > now ? s->accept_resume_ms - now : 0;
+        if (d < t)
+            t = d;
+    }
+    return (int)t;
 }
 
 int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **out, char *err,
@@ -294,6 +716,25 @@ int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **
     s->cfg = *cfg;
     s->ep = s->lfd = s->evfd = s->sigfd = -1;
     kvp_arena_init(&s->arena, ARENA_CAP);
+    /* 1/8 of the connections is kept for those that completed HELLO */
+    s->pre_cap = (uint32_t)(cfg->max_connections - cfg->max_connections / 8);
+    /* kvp_config_validate refuses a budget whose 15/16 cannot hold one
+     * largest frame; a config that skipped it gets the least that can */
+    s->in_budget = (size_t)cfg->input_budget;
+    size_t least = (size_t)(cfg->max_frame + KVP_FRAME_HDR) / 15 * 16 + 16;
+    if (s->in_budget < least)
+        s->in_budget = least;
+    uint32_t nb = 64;
+    while (nb < cfg->max_connections && nb < (1u << 16))
+        nb <<= 1;
+    s->amask = nb - 1;
+    s->aseed = kvp_now_ms() * 0x9E3779B97F4A7C15ull ^ (uint64_t)(uintptr_t)s;
+    s->amap = kvp_calloc(nb, sizeof *s->amap);
+    if (!s->amap) {
+        snprintf(err, errlen, "out of memory");
+        kvp_mserver_destroy(s);
+        return KVP_ENOMEM;
+    }
     int rc = kvp_master_create(cfg, kvp_now_ms(), &s->m);
     if (rc) {
         snprintf(err, errlen, "cannot create the master: %s", kvp_strerror(rc));
@@ -354,6 +795,15 @@ static void summary(kvp_mserver *s, uint64_t now)
     if (now - s->last_summary < SUMMARY_MS)
         return;
     s->last_summary = now;
+    uint64_t lim = s->n_refused + s->n_hello_timeouts + s->n_input_waits;
+    if (lim != s->logged_limits) {
+        s->logged_limits = lim;
+        KVP_INFO(MOD,
+                 "limits so far: %llu connections refused, %llu closed without HELLO, %llu "
+                 "waits for input memory (%zu of %zu bytes in use)",
+                 (unsigned long long)s->n_refused, (unsigned long long)s->n_hello_timeouts,
+                 (unsigned long long)s->n_input_waits, s->in_used, s->in_budget);
+    }
     uint64_t st[KVP_STAT__COUNT];
     kvp_master_stats(s->m, st);
     if (st[KVP_STAT_REQUESTS] == s->last_requests)
@@ -399,6 +849,56 @@ static void push_freed(kvp_mserver *s)
     }
 }
 
+/* One epoll event of a connection: read and serve when it is watched for
+ * input, then flush (EPOLLOUT lands here too). */
+static void conn_event(kvp_mserver *s, conn *c, uint32_t events)
+{
+    if (events & (EPOLLERR | EPOLLHUP) && !(events & EPOLLIN)) {
+        conn_close(s, c);
+        return;
+    }
+    /* the interest may have changed earlier in this batch */
+    if ((events & EPOLLIN) && (c->events & EPOLLIN) && !c->on_ready) {
+        if (conn_readable(s, c) < 0) {
+            conn_close(s, c);
+            return;
+        }
+        conn_work(s, c);
+    }
+    conn_after(s, c);
+}
+
+/* Connections with unserved frames from earlier turns; the list is
+ * detached so each is served once per turn (conn_close unlinks from
+ * s->ready, which is why this runs after the event loop). */
+static void serve_ready(kvp_mserver *s)
+{
+    conn *r = s->ready;
+    s->ready = NULL;
+    while (r) {
+        conn *c = r;
+        r = r->ready_next;
+        c->on_ready = 0;
+        conn_work(s, c);
+        conn_after(s, c);
+    }
+}
+
+/* Clients the core dropped by their TTL lose their connections. */
+static void close_expired(kvp_mserver *s)
+{
+    uint64_t st[KVP_STAT__COUNT];
+    kvp_master_stats(s->m, st);
+    if (st[KVP_STAT_CLIENTS_EXPIRED] == s->last_expired)
+        return;
+    s->last_expired = st[KVP_STAT_CLIENTS_EXPIRED];
+    for (conn *c = s->conns, *nx; c; c = nx) {
+        nx = c->next;
+        if (kvp_master_sess_dead(&c->sess))
+            conn_close(s, c);
+    }
+}
+
 int kvp_mserver_run(kvp_mserver *s)
 {
     struct epoll_event evs[128];
@@ -408,8 +908,7 @@ int kvp_mserver_run(kvp_mserver *s)
              s->cfg.listen, s->port, (unsigned long long)s->cfg.lease_ttl_ms,
              (unsigned long long)s->cfg.client_ttl_ms);
     while (!s->stop) {
-        int timeout = s->ready ? 0 : (int)next_tick;
-        int n = epoll_wait(s->ep, evs, 128, timeout);
+        int n = epoll_wait(s->ep, evs, 128, wait_ms(s, next_tick, kvp_now_ms()));
         if (n < 0 && errno != EINTR) {
             KVP_ERROR(MOD, "epoll_wait: %s", strerror(errno));
             return KVP_EIO;
@@ -417,7 +916,7 @@ int kvp_mserver_run(kvp_mserver *s)
         for (int i = 0; i < n; i++) {
             void *p = evs[i].data.ptr;
             if (p == &s->lfd) {
-                on_accept(s);
+                on_accept(s, kvp_now_ms());
             } else if (p == &s->evfd) {
                 uint64_t v;
                 ssize_t rd = read(s->evfd, &v, sizeof v);
@@ -428,46 +927,17 @@ int kvp_mserver_run(kvp_mserver *s)
                     KVP_INFO(MOD, "signal %u: shutting down", si.ssi_signo);
                 s->stop = 1;
             } else {
-                conn *c = p;
-                if (evs[i].events & (EPOLLERR | EPOLLHUP) && !(evs[i].events & EPOLLIN)) {
-                    conn_close(s, c);
-                    continue;
-                }
-                if ((evs[i].events & EPOLLIN) && !c->closing && !c->on_ready) {
-                    if (conn_readable(s, c) < 0) {
-                        conn_close(s, c);
-                        continue;
-                    }
-                    mark_ready(s, c, conn_serve(s, c));
-                }
-                conn_after(s, c);
+                conn_event(s, p, evs[i].events);
             }
         }
-        /* connections with unserved frames from earlier turns; the list is
-         * detached so each is served once per turn (conn_close unlinks from
-         * s->ready, which is why this runs after the event loop above) */
-        conn *r = s->ready;
-        s->ready = NULL;
-        while (r) {
-            conn *c = r;
-            r = r->ready_next;
-            c->on_ready = 0;
-            mark_ready(s, c, conn_serve(s, c));
-            conn_after(s, c);
-        }
+        serve_ready(s);
         uint64_t now = kvp_now_ms();
+        expire_hellos(s, now);
+        accept_resume(s, now);
+        wake_starved(s);
         next_tick = kvp_master_tick(s->m, now);
         push_freed(s);
-        uint64_t st[KVP_STAT__COUNT];
-        kvp_master_stats(s->m, st);
-        if (st[KVP_STAT_CLIENTS_EXPIRED] != s->last_expired) {
-            s->last_expired = st[KVP_STAT_CLIENTS_EXPIRED];
-            for (conn *c = s->conns, *nx; c; c = nx) { /* clients dropped by the TTL */
-                nx = c->next;
-                if (kvp_master_sess_dead(&c->sess))
-                    conn_close(s, c);
-            }
-        }
+        close_expired(s);
         summary(s, now);
     }
     return 0;
@@ -482,6 +952,7 @@ void kvp_mserver_destroy(kvp_mserver *s)
     if (s->m)
         kvp_master_destroy(s->m);
     kvp_arena_free(&s->arena);
+    kvp_free(s->amap); /* empty: every connection was closed */
     if (s->lfd >= 0) close(s->lfd);
     if (s->ep >= 0) close(s->ep);
     if (s->evfd >= 0) close(s->evfd);

@@ -7,6 +7,17 @@
  * loop iteration is bounded (frames per connection per turn, bytes read per
  * turn), so one busy client cannot starve the others. A connection whose
  * unsent output passes a bound stops being read until it drains.
+ *
+ * Limits against peers that never authenticate or never read
+ * (docs/ARCHITECTURE.md, "Service"): before HELLO a connection may send
+ * only a small frame (64 KiB body) and must complete HELLO within
+ * cfg->hello_timeout_ms, else it is answered and closed; such connections
+ * may hold 7/8 of cfg->max_connections and cfg->max_conns_per_addr per
+ * address, further ones are accepted and closed at once. All input buffers
+ * together hold at most cfg->input_budget bytes; a connection whose next
+ * frame does not fit is not read until it does. Out of descriptors, the
+ * listener is not watched for 100 ms .. 1 s. Peer-triggered log lines are
+ * rate-limited.
  */
 #ifndef KVP_SERVICE_H
 #define KVP_SERVICE_H

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -78,8 +79,9 @@ static void cleanup_dir(tp_master *m)
     m->dir[0] = 0;
 }
 
-/* fork + execv(argv) with stdin from /dev/null; the child's pid or -1. */
-static pid_t spawn_argv(const char *const *argv)
+/* fork + execv(argv) with stdin from /dev/null (and o's limit and stderr,
+ * when o is given); the child's pid or -1. */
+static pid_t spawn_argv_opts(const char *const *argv, const tp_master_opts *o)
 {
     fflush(stdout);
     fflush(stderr);
@@ -90,6 +92,20 @@ static pid_t spawn_argv(const char *const *argv)
             dup2(nul, 0);
             close(nul);
         }
+        if (o && o->stderr_path) {
+            int fd = open(o->stderr_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            if (fd >= 0) {
+                dup2(fd, 2);
+                close(fd);
+            }
+        }
+        if (o && o->nofile) {
+            struct rlimit rl = {o->nofile, o->nofile};
+            if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+                fprintf(stderr, "setrlimit: %s\n", strerror(errno));
+                _exit(127);
+            }
+        }
         execv(argv[0], (char *const *)argv);
         fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
         _exit(127);
@@ -97,7 +113,14 @@ static pid_t spawn_argv(const char *const *argv)
     return pid;
 }
 
+static pid_t spawn_argv(const char *const *argv) { return spawn_argv_opts(argv, NULL); }
+
 int tp_master_start(tp_master *m, const char *const *extra)
+{
+    return tp_master_start_opts(m, extra, NULL);
+}
+
+int tp_master_start_opts(tp_master *m, const char *const *extra, const tp_master_opts *o)
 {
     memset(m, 0, sizeof *m);
     const char *tmp = getenv("TMPDIR");
@@ -122,7 +145,7 @@ int tp_master_start(tp_master *m, const char *const *extra)
     for (int i = 0; extra && extra[i] && n < MAX_ARGS - 1; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    pid_t pid = spawn_argv(argv);
+    pid_t pid = spawn_argv_opts(argv, o);
     if (pid < 0) {
         cleanup_dir(m);
         return -1;

@@ -33,6 +33,14 @@ const char *tp_kvpool_bin(void);
  * waits up to 10 s for the port. 0, or -1 (the child is killed). */
 int tp_master_start(tp_master *m, const char *const *extra);
 
+/* tp_master_start with a descriptor limit and/or stderr sent to a file
+ * (the port file still counts against nofile). o may be NULL. */
+typedef struct tp_master_opts {
+    unsigned nofile;         /* RLIMIT_NOFILE (soft and hard) of the master; 0 = inherited */
+    const char *stderr_path; /* truncated and written instead of inheriting stderr; NULL */
+} tp_master_opts;
+int tp_master_start_opts(tp_master *m, const char *const *extra, const tp_master_opts *o);
+
 /* SIGTERM, then waits up to 15 s. Returns the exit status (0 = clean
  * shutdown), 128 + signal when it was killed by one, or -1 when it did not
  * stop in time (it is then killed with SIGKILL). */

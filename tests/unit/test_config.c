@@ -61,6 +61,9 @@ TEST(defaults_match_header)
     CHECK(c.evict_low == 0.90);
     CHECK(c.max_key == 4096);
     CHECK(c.max_connections == 4096);
+    CHECK(c.max_conns_per_addr == 64);
+    CHECK(c.hello_timeout_ms == 5000);
+    CHECK(c.input_budget == GI);
     CHECK(c.max_segments == 4096);
     CHECK(c.max_tenants == 1024);
     CHECK(c.max_objects == 0);
@@ -557,6 +560,17 @@ TEST(validation)
     CHECK_EQ(kvp_config_set(&c, "max_key_size", "4096", err, sizeof err), 0);
     CHECK_EQ(kvp_config_validate(&c, err, sizeof err), KVP_ECONFIG);
     CHECK(HAS(err, "key \"max_key_size\" (4096) must be less than key \"max_frame_size\" (4096)"));
+
+    /* one largest frame must fit the 15/16 of the input budget large frames may use */
+    kvp_config_defaults(&c);
+    CHECK_EQ(kvp_config_set(&c, "input_memory_budget", "64MiB", err, sizeof err), 0);
+    CHECK_EQ(kvp_config_validate(&c, err, sizeof err), KVP_ECONFIG);
+    CHECK(HAS(err, "key \"input_memory_budget\" (67108864) must be at least 16/15 of key "
+                   "\"max_frame_size\" (67108864)"));
+    CHECK_EQ(kvp_config_set(&c, "input_memory_budget", "69MiB", err, sizeof err), 0);
+    CHECK_EQ(kvp_config_validate(&c, err, sizeof err), 0);
+    CHECK_EQ(kvp_config_set(&c, "hello_timeout", "0", err, sizeof err), KVP_ECONFIG);
+    CHECK_EQ(kvp_config_set(&c, "max_connections_per_address", "0", err, sizeof err), KVP_ECONFIG);
 
     kvp_config_defaults(&c);
     memcpy(c.protocol, "udp", 4);
