@@ -39,6 +39,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -53,6 +54,7 @@
 #include "kvpool.h"
 #include "net/net.h"
 #include "node/grants.h"
+#include "node/server_internal.h"
 #include "node/unixsock.h"
 #include "proto/proto.h"
 
@@ -104,6 +106,10 @@ typedef struct conn {
     int active;           /* a byte moved since last_ms was set */
     struct clist *list;   /* the worker's list it is on, NULL = none yet */
     struct conn *prev, *next;
+#ifdef KVP_FUZZING
+    const uint8_t *feed;  /* server_internal.h: input from memory (fd < 0) */
+    size_t feed_left;
+#endif
 } conn;
 
 typedef struct clist {
@@ -287,6 +293,15 @@ static int out_flush(conn *c)
 /* Reads up to n bytes into p. >0 bytes, 0 would block, -1 closed/error. */
 static ssize_t rd(conn *c, void *p, size_t n)
 {
+#ifdef KVP_FUZZING
+    if (c->fd < 0) {
+        size_t k = n < c->feed_left ? n : c->feed_left;
+        memcpy(p, c->feed, k);
+        c->feed += k;
+        c->feed_left -= k;
+        return (ssize_t)k;
+    }
+#endif
     for (;;) {
         ssize_t r = recv(c->fd, p, n, MSG_DONTWAIT);
         if (r > 0) {
@@ -464,6 +479,30 @@ static void on_seg_io(struct kvp_segserver *s, conn *c)
     c->st = ST_WBODY;
 }
 
+#ifdef KVP_FUZZING
+/* The state invariants of the top of the file; aborts when one breaks. */
+static void fuzz_check(const kvp_segserver *s, const conn *c)
+{
+    const uint8_t *end = s->base + s->size;
+    if (c->on > OUTQ)
+        abort();
+    if (c->st == ST_WBODY && (c->wpos < s->base || c->wpos > end ||
+                              c->left > (uint64_t)(end - c->wpos)))
+        abort();
+    if ((c->st == ST_HDR && c->got > KVP_FRAME_HDR) ||
+        (c->st == ST_SEGIO && c->got > KVP_SEG_IO_SIZE) ||
+        (c->st == ST_SMALL && (c->h.body_len > SMALL_MAX || c->got > c->h.body_len)))
+        abort();
+    for (uint32_t k = 0; k < c->on; k++) {
+        const oitem *it = &c->outq[(c->oh + k) % OUTQ];
+        if (it->hlen > sizeof it->head ||
+            (it->data && (it->data < s->base || it->data > end ||
+                          it->dlen > (uint64_t)(end - it->data))))
+            abort();
+    }
+}
+#endif
+
 /* Reads and serves input within the budget. -1: close now. */
 static int conn_input(worker *w, conn *c)
 {
@@ -472,6 +511,9 @@ static int conn_input(worker *w, conn *c)
     int frames = 0;
     while (c->st != ST_CLOSING && budget && frames < FRAME_BUDGET) {
         ssize_t n;
+#ifdef KVP_FUZZING
+        fuzz_check(s, c); /* before every read: it stays inside what is checked */
+#endif
         switch (c->st) {
         case ST_HDR:
             if (c->on >= OUTQ)
@@ -1011,3 +1053,63 @@ void kvp_segserver_stop(kvp_segserver *s)
         close(s->acc_ep);
     kvp_free(s);
 }
+
+/* ------------------------------------------ server_internal.h (fuzzing) */
+#ifdef KVP_FUZZING
+
+int kvp_segserver_fuzz_new(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segserver **out)
+{
+    char err[256];
+    kvp_segserver *s;
+    if (server_new(seg, o, NULL, 1, &s, err, sizeof err) != 0)
+        return -1;
+    s->w[0].scratch = kvp_malloc(SCRATCH);
+    if (!s->w[0].scratch) {
+        kvp_segserver_stop(s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+struct conn *kvp_segserver_fuzz_conn(kvp_segserver *s, int is_unix)
+{
+    conn *c = kvp_calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    __atomic_add_fetch(&s->nconns, 1, __ATOMIC_RELAXED);
+    c->fd = -1;
+    c->is_unix = is_unix;
+    c->st = ST_HDR;
+    return c;
+}
+
+void kvp_segserver_fuzz_conn_free(kvp_segserver *s, struct conn *c) { conn_free(&s->w[0], c); }
+
+int kvp_segserver_fuzz_feed(kvp_segserver *s, struct conn *c, const uint8_t *p, size_t n,
+                            kvp_segserver_fuzz_answer_fn fn, void *arg)
+{
+    c->feed = p;
+    c->feed_left = n;
+    for (;;) {
+        size_t before = c->feed_left;
+        uint32_t queued = c->on;
+        int rc = conn_input(&s->w[0], c);
+        fuzz_check(s, c);
+        int answered = c->on != queued;
+        while (c->on) {
+            const oitem *it = &c->outq[c->oh];
+            fn(arg, it->head, it->hlen, it->data, it->dlen, it->pass_fd);
+            c->oh = (c->oh + 1) % OUTQ;
+            c->on--;
+        }
+        if (rc < 0 || c->st == ST_CLOSING)
+            return 0;
+        if (!c->feed_left)
+            return 1;
+        if (c->feed_left == before && !answered)
+            abort(); /* wedged: input left, none read, nothing answered */
+    }
+}
+
+#endif
