@@ -28,7 +28,10 @@
  * straight into the caller's iovecs. Answers come back in request order
  * (the server serves a connection in order); anything else breaks the
  * connection: the ops still open fail with TRANSFER_FAIL (RPC_TIMEOUT at the
- * deadline) and the fd is closed, to be reconnected by the next job.
+ * deadline) and the fd is closed, to be reconnected by the next job. A
+ * pooled connection is polled before each job: one the node has closed
+ * meanwhile (its idle timeout, a restart) reads EOF, and is replaced then
+ * rather than failing the job's ops.
  */
 #include "client/xfer.h"
 
@@ -686,6 +689,15 @@ static int tcp_pump(job *j, int fd)
     return 0;
 }
 
+/* A pooled connection that cannot carry a job: between jobs nothing may
+ * arrive, so readable means EOF (the node closed it), a reset, or a stray
+ * answer. */
+static int pooled_stale(int fd)
+{
+    struct pollfd p = {fd, POLLIN | POLLRDHUP, 0};
+    return poll(&p, 1, 0) != 0;
+}
+
 static void *tcp_exec(void *arg)
 {
     job *j = arg;
@@ -708,6 +720,10 @@ static void *tcp_exec(void *arg)
         }
     }
     int rc = 0;
+    if (s->fd >= 0 && pooled_stale(s->fd)) {
+        close(s->fd);
+        s->fd = -1;
+    }
     if (s->fd < 0) {
         uint64_t now = kvp_now_ms();
         int ms = j->deadline_ms > now ? (int)(j->deadline_ms - now) : 0;

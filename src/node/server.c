@@ -24,11 +24,22 @@
  * client that never reads cannot make the server buffer without bound.
  * Work per event is bounded (READ_BUDGET bytes, FRAME_BUDGET frames); the
  * epoll sets are level-triggered, so leftover input is seen next turn.
+ *
+ * Limits (server.h): the acceptor counts open connections (`nconns`,
+ * atomic) and closes new ones beyond max_conns at once. Each worker keeps
+ * its connections on two lists in arrival order, `pre` (no HELLO yet) and
+ * `auth`; a connection moves once its HELLO is accepted. Beyond the worker's
+ * share of max_pre_hello the head of `pre` (the oldest) is closed. Every
+ * TICK_MS a worker closes the connections past their deadline: `pre` from
+ * its head while they are too old (arrival order = deadline order), `auth`
+ * by a scan (at most max_conns entries, 5 times a second). A connection's
+ * last_ms is the last time a byte moved either way.
  */
 #include "node/server.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -44,6 +55,7 @@
 #include "kvpool.h"
 #include "net/net.h"
 #include "node/grants.h"
+#include "node/server_internal.h"
 #include "node/unixsock.h"
 #include "proto/proto.h"
 
@@ -55,7 +67,13 @@
 #define FRAME_BUDGET 256         /* frames per connection per event */
 #define SCRATCH 65536            /* per-worker discard buffer */
 #define MAX_IOV 64
-#define REFUSED_LOG_MS 10000     /* at most one "peer refused" line per 10 s */
+#define TICK_MS 200              /* deadline checks per worker */
+#define MAX_CONNS 4096
+#define HELLO_MS 5000
+#define IDLE_MS 300000
+#define STALL_MS 30000
+#define BACKOFF_MIN_MS 100       /* listener pause when out of descriptors */
+#define BACKOFF_MAX_MS 1000
 
 enum cstate { ST_HDR, ST_SEGIO, ST_SMALL, ST_WBODY, ST_SKIP, ST_CLOSING };
 
@@ -84,8 +102,21 @@ typedef struct conn {
     int refused;          /* ST_SKIP after a refused SEG_WRITE: answer when done */
     oitem outq[OUTQ];
     uint32_t oh, on;      /* ring head, count */
-    struct conn *next;
+    uint64_t born_ms;     /* accepted */
+    uint64_t last_ms;     /* a byte last moved */
+    int active;           /* a byte moved since last_ms was set */
+    struct clist *list;   /* the worker's list it is on, NULL = none yet */
+    struct conn *prev, *next;
+#ifdef KVP_FUZZING
+    const uint8_t *feed;  /* server_internal.h: input from memory (fd < 0) */
+    size_t feed_left;
+#endif
 } conn;
+
+typedef struct clist {
+    conn *head, *tail;
+    int n;
+} clist;
 
 typedef struct worker {
     struct kvp_segserver *s;
@@ -93,8 +124,9 @@ typedef struct worker {
     int started;
     int ep, evfd;
     pthread_mutex_t mu;
-    conn *incoming;       /* under mu */
-    conn *conns;          /* owned by the worker thread */
+    conn *incoming;       /* under mu, linked by next */
+    clist pre, auth;      /* owned by the worker thread, oldest first */
+    uint64_t tick_ms;     /* last deadline check */
     uint8_t *scratch;
 } worker;
 
@@ -116,10 +148,45 @@ struct kvp_segserver {
     int stop; /* atomic */
     kvp_proto_limits lim;
     kvp_unixsock_access access;  /* who besides our uid may use the unix socket */
-    uint64_t peer_refused;       /* atomic: unix connections refused by SO_PEERCRED */
-    uint64_t refused_logged;     /* acceptor only: count at the last log line */
-    uint64_t refused_log_ms;     /* acceptor only: time of that line */
+    int max_conns, pre_cap;      /* pre_cap: pre-HELLO connections per worker */
+    uint32_t hello_ms, idle_ms, stall_ms;
+    uint64_t nconns;             /* atomic: open connections, incoming included */
+    /* atomic counters (kvp_segserver_stats) */
+    uint64_t peer_refused, refused_full, evicted, hello_to, idle_to, stall_to, accept_pauses;
+    int paused;                  /* acceptor only: listeners out of acc_ep */
+    uint32_t backoff_ms;         /* acceptor only: last pause, 0 = none since an accept */
+    uint64_t resume_ms;          /* acceptor only: end of the pause */
 };
+
+static void count(uint64_t *ctr) { __atomic_add_fetch(ctr, 1, __ATOMIC_RELAXED); }
+
+static void cl_push(clist *l, conn *c)
+{
+    c->list = l;
+    c->next = NULL;
+    c->prev = l->tail;
+    if (l->tail)
+        l->tail->next = c;
+    else
+        l->head = c;
+    l->tail = c;
+    l->n++;
+}
+
+static void cl_del(clist *l, conn *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        l->head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    else
+        l->tail = c->prev;
+    l->n--;
+    c->list = NULL;
+    c->prev = c->next = NULL;
+}
 
 /* ------------------------------------------------------------ output */
 
@@ -203,6 +270,7 @@ static int out_flush(conn *c)
                 return 0;
             return -1;
         }
+        c->active |= w > 0;
         uint64_t adv = (uint64_t)w;
         while (adv && c->on) {
             oitem *it = &c->outq[c->oh];
@@ -226,10 +294,21 @@ static int out_flush(conn *c)
 /* Reads up to n bytes into p. >0 bytes, 0 would block, -1 closed/error. */
 static ssize_t rd(conn *c, void *p, size_t n)
 {
+#ifdef KVP_FUZZING
+    if (c->fd < 0) {
+        size_t k = n < c->feed_left ? n : c->feed_left;
+        memcpy(p, c->feed, k);
+        c->feed += k;
+        c->feed_left -= k;
+        return (ssize_t)k;
+    }
+#endif
     for (;;) {
         ssize_t r = recv(c->fd, p, n, MSG_DONTWAIT);
-        if (r > 0)
+        if (r > 0) {
+            c->active = 1;
             return r;
+        }
         if (r == 0)
             return -1;
         if (errno == EINTR)
@@ -276,8 +355,8 @@ static void on_hello(struct kvp_segserver *s, conn *c)
     }
     size_t tl = strlen(s->token);
     if (tl && !kvp_secret_equal(m.token.p, m.token.len, s->token, tl)) {
-        KVP_WARN(MOD, "HELLO from client %016llx refused: wrong cluster token",
-                 (unsigned long long)m.client_id);
+        KVP_WARN_LIMITED(MOD, "HELLO from client %016llx refused: wrong cluster token",
+                         (unsigned long long)m.client_id);
         refuse_close(c, KVP_EAUTH);
         return;
     }
@@ -401,6 +480,30 @@ static void on_seg_io(struct kvp_segserver *s, conn *c)
     c->st = ST_WBODY;
 }
 
+#ifdef KVP_FUZZING
+/* The state invariants of the top of the file; aborts when one breaks. */
+static void fuzz_check(const kvp_segserver *s, const conn *c)
+{
+    const uint8_t *end = s->base + s->size;
+    if (c->on > OUTQ)
+        abort();
+    if (c->st == ST_WBODY && (c->wpos < s->base || c->wpos > end ||
+                              c->left > (uint64_t)(end - c->wpos)))
+        abort();
+    if ((c->st == ST_HDR && c->got > KVP_FRAME_HDR) ||
+        (c->st == ST_SEGIO && c->got > KVP_SEG_IO_SIZE) ||
+        (c->st == ST_SMALL && (c->h.body_len > SMALL_MAX || c->got > c->h.body_len)))
+        abort();
+    for (uint32_t k = 0; k < c->on; k++) {
+        const oitem *it = &c->outq[(c->oh + k) % OUTQ];
+        if (it->hlen > sizeof it->head ||
+            (it->data && (it->data < s->base || it->data > end ||
+                          it->dlen > (uint64_t)(end - it->data))))
+            abort();
+    }
+}
+#endif
+
 /* Reads and serves input within the budget. -1: close now. */
 static int conn_input(worker *w, conn *c)
 {
@@ -409,6 +512,9 @@ static int conn_input(worker *w, conn *c)
     int frames = 0;
     while (c->st != ST_CLOSING && budget && frames < FRAME_BUDGET) {
         ssize_t n;
+#ifdef KVP_FUZZING
+        fuzz_check(s, c); /* before every read: it stays inside what is checked */
+#endif
         switch (c->st) {
         case ST_HDR:
             if (c->on >= OUTQ)
@@ -482,13 +588,13 @@ static int conn_input(worker *w, conn *c)
 
 static void conn_free(worker *w, conn *c)
 {
-    epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);
-    close(c->fd);
-    conn **pp = &w->conns;
-    while (*pp && *pp != c)
-        pp = &(*pp)->next;
-    if (*pp)
-        *pp = c->next;
+    if (c->fd >= 0) {
+        epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);
+        close(c->fd);
+    }
+    if (c->list)
+        cl_del(c->list, c);
+    __atomic_sub_fetch(&w->s->nconns, 1, __ATOMIC_RELAXED);
     kvp_free(c);
 }
 
@@ -528,7 +634,44 @@ static void conn_event(worker *w, conn *c, uint32_t ev)
         conn_free(w, c);
         return;
     }
+    if (c->active) {
+        c->last_ms = kvp_now_ms();
+        c->active = 0;
+    }
+    if (c->hello_ok && c->list == &w->pre) {
+        cl_del(&w->pre, c);
+        cl_push(&w->auth, c);
+    }
     set_interest(w, c);
+}
+
+/* Closes the connections past their deadline (see the top of the file). */
+static void sweep(worker *w, uint64_t now)
+{
+    struct kvp_segserver *s = w->s;
+    while (w->pre.head && now - w->pre.head->born_ms >= s->hello_ms) {
+        count(&s->hello_to);
+        KVP_WARN_LIMITED(MOD, "closed a connection that sent no HELLO within %u ms",
+                         (unsigned)s->hello_ms);
+        conn_free(w, w->pre.head);
+    }
+    for (conn *c = w->auth.head, *nx; c; c = nx) {
+        nx = c->next;
+        int busy = c->st != ST_HDR || c->got || c->on;
+        if (now - c->last_ms < (busy ? s->stall_ms : s->idle_ms))
+            continue;
+        if (busy) {
+            count(&s->stall_to);
+            KVP_WARN_LIMITED(MOD, "closed a connection stalled for %u ms %s",
+                             (unsigned)s->stall_ms,
+                             c->on ? "with answers it does not read" : "in the middle of a frame");
+        } else {
+            count(&s->idle_to);
+            kvp_log_limited(KVP_LOG_DEBUG, MOD, "closed a connection idle for %u ms",
+                            (unsigned)s->idle_ms);
+        }
+        conn_free(w, c);
+    }
 }
 
 static void take_incoming(worker *w)
@@ -546,12 +689,16 @@ static void take_incoming(worker *w)
         c->interest = EPOLLIN;
         struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
         if (epoll_ctl(w->ep, EPOLL_CTL_ADD, c->fd, &e) < 0) {
-            close(c->fd);
-            kvp_free(c);
+            conn_free(w, c);
             continue;
         }
-        c->next = w->conns;
-        w->conns = c;
+        cl_push(&w->pre, c);
+        if (w->pre.n > w->s->pre_cap) {
+            count(&w->s->evicted);
+            KVP_WARN_LIMITED(MOD, "%d connections without HELLO on a worker: closed the oldest",
+                             w->pre.n);
+            conn_free(w, w->pre.head);
+        }
     }
 }
 
@@ -559,8 +706,9 @@ static void *worker_main(void *arg)
 {
     worker *w = arg;
     struct epoll_event evs[64];
+    w->tick_ms = kvp_now_ms();
     while (!__atomic_load_n(&w->s->stop, __ATOMIC_ACQUIRE)) {
-        int n = epoll_wait(w->ep, evs, 64, 1000);
+        int n = epoll_wait(w->ep, evs, 64, TICK_MS);
         if (n < 0 && errno != EINTR) {
             KVP_ERROR(MOD, "epoll_wait: %s", strerror(errno));
             break;
@@ -574,30 +722,57 @@ static void *worker_main(void *arg)
             else
                 conn_event(w, p, evs[i].events);
         }
+        uint64_t now = kvp_now_ms();
+        if (now - w->tick_ms >= TICK_MS) {
+            w->tick_ms = now;
+            sweep(w, now);
+        }
     }
     return NULL;
 }
 
 /* SO_PEERCRED check of a unix connection (the socket file's mode already
  * keeps others out; this holds even if the file or directory mode is
- * loosened). A refusal is counted and logged at most every REFUSED_LOG_MS. */
+ * loosened). A refusal is counted and logged rate-limited. */
 static int peer_ok(struct kvp_segserver *s, int fd)
 {
     long uid;
     if (kvp_unixsock_peer_check(fd, &s->access, &uid))
         return 1;
     uint64_t n = __atomic_add_fetch(&s->peer_refused, 1, __ATOMIC_RELAXED);
-    uint64_t now = kvp_now_ms();
-    if (s->refused_logged == 0 || now - s->refused_log_ms >= REFUSED_LOG_MS) {
-        KVP_WARN(MOD, "unix socket %s: refused a connection from uid %ld (allowed: uid %u%s); "
-                      "%llu refused so far",
-                 s->unix_path, uid, (unsigned)geteuid(),
-                 s->access.has_group ? " and the members of the shm group" : "",
-                 (unsigned long long)n);
-        s->refused_logged = n;
-        s->refused_log_ms = now;
-    }
+    KVP_WARN_LIMITED(MOD, "unix socket %s: refused a connection from uid %ld (allowed: uid %u%s); "
+                          "%llu refused so far",
+                     s->unix_path, uid, (unsigned)geteuid(),
+                     s->access.has_group ? " and the members of the shm group" : "",
+                     (unsigned long long)n);
     return 0;
+}
+
+/* Puts the listeners in (on) or out of the acceptor's epoll set. */
+static void listeners_arm(struct kvp_segserver *s, int on)
+{
+    int *l[2] = {&s->tcp_fd, &s->unix_fd};
+    for (int i = 0; i < 2; i++) {
+        if (*l[i] < 0)
+            continue;
+        struct epoll_event e = {.events = EPOLLIN, .data.ptr = l[i]};
+        epoll_ctl(s->acc_ep, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, *l[i], &e);
+    }
+}
+
+/* accept failed with err (out of descriptors or worse): pending connections
+ * wait in the backlog while the listeners are paused, 100 ms doubling to 1 s. */
+static void accept_pause(struct kvp_segserver *s, int err)
+{
+    uint32_t b = s->backoff_ms ? 2 * s->backoff_ms : BACKOFF_MIN_MS;
+    s->backoff_ms = b > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : b;
+    s->resume_ms = kvp_now_ms() + s->backoff_ms;
+    listeners_arm(s, 0);
+    s->paused = 1;
+    count(&s->accept_pauses);
+    KVP_WARN_LIMITED(MOD, "accept: %s; not accepting for %u ms (%llu connections open)",
+                     strerror(err), (unsigned)s->backoff_ms,
+                     (unsigned long long)__atomic_load_n(&s->nconns, __ATOMIC_RELAXED));
 }
 
 static void *acceptor_main(void *arg)
@@ -606,22 +781,39 @@ static void *acceptor_main(void *arg)
     struct epoll_event evs[4];
     unsigned rr = 0;
     while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
-        int n = epoll_wait(s->acc_ep, evs, 4, 1000);
+        int tmo = 1000;
+        if (s->paused) {
+            uint64_t now = kvp_now_ms();
+            if (now >= s->resume_ms) {
+                listeners_arm(s, 1);
+                s->paused = 0;
+            } else {
+                tmo = (int)(s->resume_ms - now);
+            }
+        }
+        int n = epoll_wait(s->acc_ep, evs, 4, tmo);
         for (int i = 0; i < n; i++) {
             int *lfd = evs[i].data.ptr;
             if (lfd == &s->stop_fd)
                 continue;
-            for (;;) {
+            while (!s->paused) {
                 int fd = accept4(*lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
                 if (fd < 0) {
-                    if (errno == EINTR)
+                    if (errno == EINTR || errno == ECONNABORTED)
                         continue;
                     if (errno != EAGAIN && errno != EWOULDBLOCK)
-                        KVP_WARN(MOD, "accept: %s", strerror(errno));
+                        accept_pause(s, errno);
                     break;
                 }
+                s->backoff_ms = 0;
                 if (lfd == &s->unix_fd && !peer_ok(s, fd)) {
                     close(fd);
+                    continue;
+                }
+                if (__atomic_load_n(&s->nconns, __ATOMIC_RELAXED) >= (uint64_t)s->max_conns) {
+                    close(fd);
+                    count(&s->refused_full);
+                    KVP_WARN_LIMITED(MOD, "%d connections open: closed a new one", s->max_conns);
                     continue;
                 }
                 conn *c = kvp_calloc(1, sizeof *c);
@@ -629,9 +821,11 @@ static void *acceptor_main(void *arg)
                     close(fd);
                     continue;
                 }
+                __atomic_add_fetch(&s->nconns, 1, __ATOMIC_RELAXED);
                 c->fd = fd;
                 c->is_unix = lfd == &s->unix_fd;
                 c->st = ST_HDR;
+                c->born_ms = c->last_ms = kvp_now_ms();
                 if (!c->is_unix)
                     kvp_net_set_nodelay(fd);
                 worker *w = &s->w[rr++ % (unsigned)s->nworkers];
@@ -650,9 +844,16 @@ static void *acceptor_main(void *arg)
 
 /* -------------------------------------------------------------- setup */
 
-int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segserver **out,
-                        char *err, size_t errlen)
+static int opt_or(int v, int dflt) { return v > 0 ? v : dflt; }
+
+/* The server's state, no descriptors or threads yet. */
+static int server_new(kvp_segment *seg, const kvp_segserver_opts *o,
+                      const kvp_segserver_limits *lim, int nworkers, kvp_segserver **out,
+                      char *err, size_t errlen)
 {
+    static const kvp_segserver_limits dflt;
+    if (!lim)
+        lim = &dflt;
     if (!seg || !o || !o->listen || o->segment_id == 0 || !o->grants) {
         snprintf(err, errlen,
                  "segment server: segment, listen address, segment id and grants needed");
@@ -678,8 +879,14 @@ int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segse
         snprintf(s->token, sizeof s->token, "%s", o->cluster_token);
     kvp_proto_limits_default(&s->lim);
     s->tcp_fd = s->unix_fd = s->stop_fd = s->acc_ep = -1;
-    s->nworkers = o->io_threads > 0 ? o->io_threads : 2;
-    int rc = 0;
+    s->nworkers = nworkers;
+    s->max_conns = opt_or(lim->max_conns, MAX_CONNS);
+    int pre = opt_or(lim->max_pre_hello, s->max_conns / 4 > 0 ? s->max_conns / 4 : 1);
+    pre = pre < s->max_conns ? pre : s->max_conns;
+    s->pre_cap = (pre + nworkers - 1) / nworkers;
+    s->hello_ms = lim->hello_timeout_ms ? lim->hello_timeout_ms : HELLO_MS;
+    s->idle_ms = lim->idle_timeout_ms ? lim->idle_timeout_ms : IDLE_MS;
+    s->stall_ms = lim->stall_timeout_ms ? lim->stall_timeout_ms : STALL_MS;
     s->w = kvp_calloc((size_t)s->nworkers, sizeof *s->w);
     if (!s->w) {
         snprintf(err, errlen, "out of memory");
@@ -687,9 +894,29 @@ int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segse
         return KVP_ENOMEM;
     }
     for (int i = 0; i < s->nworkers; i++) {
+        s->w[i].s = s;
         s->w[i].ep = s->w[i].evfd = -1;
         pthread_mutex_init(&s->w[i].mu, NULL);
     }
+    *out = s;
+    return 0;
+}
+
+int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segserver **out,
+                        char *err, size_t errlen)
+{
+    return kvp_segserver_start_lim(seg, o, NULL, out, err, errlen);
+}
+
+int kvp_segserver_start_lim(kvp_segment *seg, const kvp_segserver_opts *o,
+                            const kvp_segserver_limits *lim, kvp_segserver **out, char *err,
+                            size_t errlen)
+{
+    kvp_segserver *s;
+    int rc = server_new(seg, o, lim, o && o->io_threads > 0 ? o->io_threads : 2, &s, err,
+                        errlen);
+    if (rc)
+        return rc;
     s->tcp_fd = kvp_net_listen(o->listen, 1024, &s->port, err, errlen);
     if (s->tcp_fd < 0) {
         rc = s->tcp_fd;
@@ -723,7 +950,6 @@ int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segse
     }
     for (int i = 0; i < s->nworkers; i++) {
         worker *w = &s->w[i];
-        w->s = s;
         w->scratch = kvp_malloc(SCRATCH);
         w->ep = epoll_create1(EPOLL_CLOEXEC);
         w->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -751,9 +977,14 @@ int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segse
         goto fail;
     }
     s->acc_started = 1;
-    KVP_INFO(MOD, "segment %016llx (%llu MiB) served on %s (port %u)%s%s, %d io threads",
+    KVP_INFO(MOD,
+             "segment %016llx (%llu MiB) served on %s (port %u)%s%s, %d io threads, "
+             "at most %d connections (%d per thread before HELLO), HELLO within %u ms, "
+             "idle %u s, stalled %u s",
              (unsigned long long)s->segment_id, (unsigned long long)(s->size >> 20), o->listen,
-             s->port, s->unix_path[0] ? " and " : "", s->unix_path, s->nworkers);
+             s->port, s->unix_path[0] ? " and " : "", s->unix_path, s->nworkers, s->max_conns,
+             s->pre_cap, (unsigned)s->hello_ms, (unsigned)(s->idle_ms / 1000),
+             (unsigned)(s->stall_ms / 1000));
     *out = s;
     return 0;
 fail:
@@ -766,6 +997,15 @@ uint16_t kvp_segserver_port(const kvp_segserver *s) { return s->port; }
 uint64_t kvp_segserver_peer_refused(const kvp_segserver *s)
 {
     return __atomic_load_n(&s->peer_refused, __ATOMIC_RELAXED);
+}
+
+void kvp_segserver_stats_get(const kvp_segserver *s, kvp_segserver_stats *out)
+{
+#define LD(f) __atomic_load_n(&s->f, __ATOMIC_RELAXED)
+    *out = (kvp_segserver_stats){LD(nconns),   LD(refused_full),  LD(evicted),
+                                 LD(hello_to), LD(idle_to),       LD(stall_to),
+                                 LD(accept_pauses), LD(peer_refused)};
+#undef LD
 }
 
 void kvp_segserver_stop(kvp_segserver *s)
@@ -784,8 +1024,10 @@ void kvp_segserver_stop(kvp_segserver *s)
         worker *w = &s->w[i];
         if (w->started)
             pthread_join(w->th, NULL);
-        while (w->conns)
-            conn_free(w, w->conns);
+        while (w->pre.head)
+            conn_free(w, w->pre.head);
+        while (w->auth.head)
+            conn_free(w, w->auth.head);
         while (w->incoming) {
             conn *c = w->incoming;
             w->incoming = c->next;
@@ -812,3 +1054,63 @@ void kvp_segserver_stop(kvp_segserver *s)
         close(s->acc_ep);
     kvp_free(s);
 }
+
+/* ------------------------------------------ server_internal.h (fuzzing) */
+#ifdef KVP_FUZZING
+
+int kvp_segserver_fuzz_new(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segserver **out)
+{
+    char err[256];
+    kvp_segserver *s;
+    if (server_new(seg, o, NULL, 1, &s, err, sizeof err) != 0)
+        return -1;
+    s->w[0].scratch = kvp_malloc(SCRATCH);
+    if (!s->w[0].scratch) {
+        kvp_segserver_stop(s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+struct conn *kvp_segserver_fuzz_conn(kvp_segserver *s, int is_unix)
+{
+    conn *c = kvp_calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    __atomic_add_fetch(&s->nconns, 1, __ATOMIC_RELAXED);
+    c->fd = -1;
+    c->is_unix = is_unix;
+    c->st = ST_HDR;
+    return c;
+}
+
+void kvp_segserver_fuzz_conn_free(kvp_segserver *s, struct conn *c) { conn_free(&s->w[0], c); }
+
+int kvp_segserver_fuzz_feed(kvp_segserver *s, struct conn *c, const uint8_t *p, size_t n,
+                            kvp_segserver_fuzz_answer_fn fn, void *arg)
+{
+    c->feed = p;
+    c->feed_left = n;
+    for (;;) {
+        size_t before = c->feed_left;
+        uint32_t queued = c->on;
+        int rc = conn_input(&s->w[0], c);
+        fuzz_check(s, c);
+        int answered = c->on != queued;
+        while (c->on) {
+            const oitem *it = &c->outq[c->oh];
+            fn(arg, it->head, it->hlen, it->data, it->dlen, it->pass_fd);
+            c->oh = (c->oh + 1) % OUTQ;
+            c->on--;
+        }
+        if (rc < 0 || c->st == ST_CLOSING)
+            return 0;
+        if (!c->feed_left)
+            return 1;
+        if (c->feed_left == before && !answered)
+            abort(); /* wedged: input left, none read, nothing answered */
+    }
+}
+
+#endif

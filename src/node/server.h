@@ -19,6 +19,18 @@
  *
  * Threads: one acceptor plus `io_threads` workers, each with its own epoll
  * set; connections are spread round-robin.
+ *
+ * Limits (kvp_segserver_limits): at most `max_conns` connections; beyond, a new one is accepted and
+ * closed at once. Of those, at most `max_pre_hello` (split evenly over the
+ * workers) have not said HELLO yet; beyond, the oldest of them is closed to
+ * make room, so a flood of silent connections cannot lock out clients that
+ * authenticate. Deadlines, checked every 200 ms: HELLO within
+ * `hello_timeout_ms` of the accept; a connection with no frame in flight and
+ * nothing to send is closed after `idle_timeout_ms`; one in the middle of a
+ * frame, or with answers its peer does not read, after `stall_timeout_ms`
+ * without a byte moving. Out of file descriptors (EMFILE, ENFILE, ENOBUFS,
+ * ENOMEM), the acceptor stops polling its listeners for 100 ms, doubling to
+ * 1 s while it lasts. Whatever a peer can cause is logged rate-limited.
  */
 #ifndef KVP_SEGSERVER_H
 #define KVP_SEGSERVER_H
@@ -43,11 +55,35 @@ typedef struct kvp_segserver_opts {
                                         unix socket (zero = nobody) */
 } kvp_segserver_opts;
 
+/* Connection limits (a struct of their own so that kvp_segserver_opts'
+ * positional initializers stay valid); 0 = the default. */
+typedef struct kvp_segserver_limits {
+    int max_conns;             /* open connections (4096) */
+    int max_pre_hello;         /* of which before HELLO (max_conns / 4) */
+    uint32_t hello_timeout_ms; /* accept .. HELLO answered (5 s) */
+    uint32_t idle_timeout_ms;  /* no frame in flight, nothing to send (5 min) */
+    uint32_t stall_timeout_ms; /* mid-frame or answers unread, no byte moved (30 s) */
+} kvp_segserver_limits;
+
+typedef struct kvp_segserver_stats {
+    uint64_t conns;            /* open now */
+    uint64_t refused_full;     /* closed at accept: max_conns open */
+    uint64_t evicted;          /* pre-HELLO connections closed for newer ones */
+    uint64_t hello_timeouts, idle_timeouts, stall_timeouts;
+    uint64_t accept_pauses;    /* listener pauses for want of descriptors */
+    uint64_t peer_refused;     /* unix connections refused by SO_PEERCRED */
+} kvp_segserver_stats;
+
 int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segserver **out,
                         char *err, size_t errlen);
+/* The same with limits (NULL = every default). */
+int kvp_segserver_start_lim(kvp_segment *seg, const kvp_segserver_opts *o,
+                            const kvp_segserver_limits *lim, kvp_segserver **out, char *err,
+                            size_t errlen);
 uint16_t kvp_segserver_port(const kvp_segserver *s);
 /* Unix connections refused so far because of the peer's credentials. */
 uint64_t kvp_segserver_peer_refused(const kvp_segserver *s);
+void kvp_segserver_stats_get(const kvp_segserver *s, kvp_segserver_stats *out);
 /* Stops every thread, closes every connection, removes the unix socket. */
 void kvp_segserver_stop(kvp_segserver *s);
 #endif
