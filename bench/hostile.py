@@ -25,8 +25,10 @@ what each attack saw (refusals, closes, forged descriptors accepted: must be 0).
                      [--targets master,node,lookup] [--kvpool build/kvpool]
 
 Run it with the venv's Python (scripts/python-env) after `make all python`.
-Exit status 1 if serve died, a wrong byte was seen or a forged / stale
-descriptor or a MOUNT/UNMOUNT without the node credential was accepted.
+Exit status 1 if serve died, a wrong byte was seen, a forged / stale
+descriptor, a refusable HELLO or a MOUNT/UNMOUNT without the node credential
+was accepted, or an attack could not do the genuine operations it builds on
+(an attacker failed, no real descriptor: the protocol changed under it).
 """
 from __future__ import annotations
 
@@ -1245,6 +1247,18 @@ def run_target(target: str, a: argparse.Namespace, ctx: Ctx, serve: Any,
     res["attacks"] = attacks
     res["attack_volume"] = {"connections": sum(s.get("conns", 0) for s in attacks.values()),
                             "bytes_sent": sum(s.get("bytes_sent", 0) for s in attacks.values())}
+    # attacks that must manage their genuine operations, or they prove nothing
+    # (e.g. the protocol changed under this script)
+    insane = [f"{n}: {e}" for n, e in ((n, s.get("error")) for n, s in attacks.items()) if e]
+    d = attacks.get("descriptors")
+    if d is not None and not d.get("valid_ok"):
+        insane.append("descriptors: no genuine SEG_READ / SEG_WRITE worked")
+    nr = attacks.get("never_reading")
+    if target == "node" and nr is not None and not nr.get("descriptors_fetched"):
+        insane.append("never_reading: no descriptor from a raw GET")
+    if len(attacks) != len(ATTACKS[target]):
+        insane.append(f"{len(ATTACKS[target]) - len(attacks)} attacker(s) reported nothing")
+    res["attack_problems"] = insane
     res["forged_accepted"] = sum(s.get("accepted", 0) + s.get("refusable_accepted", 0)
                                  for s in attacks.values())
     return res
@@ -1404,6 +1418,10 @@ def main() -> int:
     print(f"results: {a.out}")
     for t, r in out.get("targets", {}).items():
         if not r["serve_alive"] or r["victim"].get("wrong_bytes", 1) != 0 or r["forged_accepted"]:
+            rc = 1
+        if r["attack_problems"] and r["serve_alive"]:
+            print(f"{t}: attacks that did not work as meant (protocol changed?): "
+                  + "; ".join(r["attack_problems"]))
             rc = 1
     if not out.get("serve_alive_at_end", False) or len(out.get("targets", {})) != len(targets):
         rc = 1
