@@ -40,6 +40,7 @@ import os
 import random
 import resource
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -1351,7 +1352,6 @@ def main() -> int:
     os.environ.pop("MOONCAKE_CONFIG_PATH", None)
     spawn = mp.get_context("spawn")
     wd = Path(tempfile.mkdtemp(prefix="kvpool-hostile-"))
-    (wd / "run").mkdir(mode=0o700)
     extra = ["--hello-timeout", "2s", *a.serve_arg]
     serve, port = start_serve(binary, a.segment_size, wd, extra)
     engine = None
@@ -1413,6 +1413,7 @@ def main() -> int:
         tmp = a.out + ".tmp"
         Path(tmp).write_text(json.dumps(out, indent=1) + "\n")
         os.replace(tmp, a.out)
+        shutil.rmtree(wd, ignore_errors=True)
     if out.get("targets"):
         print_table(out)
     print(f"results: {a.out}")
