@@ -6,6 +6,7 @@
 #   make tsan     ThreadSanitizer build, then the threaded tests
 #   make fuzz     bounded run of every libFuzzer target (clang)
 #   make bench    benchmarks against real processes; results in bench/results/
+#   make bench-hostile  the hostile run (bench/hostile.py, HOSTILE_SECONDS per target)
 #   make demo     kvpool serve + kvpool sim (2 instances x TP 2, ~30 s), then stops
 #   make clean
 CC      ?= gcc
@@ -36,7 +37,7 @@ A_CFLAGS := $(CFLAGS_BASE) -O1 -fno-omit-frame-pointer -fsanitize=address,undefi
 T := build/tsan
 T_CFLAGS := $(CFLAGS_BASE) -O1 -fsanitize=thread -DKVP_TESTING=1
 
-.PHONY: all deps test tsan fuzz bench clean unit integ demo python
+.PHONY: all deps test tsan fuzz bench bench-hostile clean unit integ demo python
 all: deps $(R)/kvpool $(R)/libkvpool.so $(R)/libkvpool.a
 
 deps:
@@ -113,6 +114,11 @@ fuzz: deps $(FUZZ_BINS)
 
 bench: all
 	$(Q)bench/run.sh $(R)
+
+# the hostile run (bench/hostile.py): ~3 x (HOSTILE_SECONDS + 13) s
+HOSTILE_SECONDS ?= 60
+bench-hostile: all python
+	$(Q)$(PYVENV_PY) bench/hostile.py --kvpool $(R)/kvpool --seconds $(HOSTILE_SECONDS)
 
 demo: all
 	$(Q)scripts/demo

@@ -34,3 +34,12 @@ else
   echo "== bench/bench_python.py skipped: no Python with numpy at $venv/bin/python (set KVPOOL_VENV)"
 fi
 vv=${KVPOOL_VLLM_VENV:-$HOME/.cache/kvpool/venv-vllm}; if [ -x "$vv/bin/python" ] && "$vv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("vllm") is None)' 2>/dev/null; then echo "== bench/bench_vllm.py: vLLM 0.33 scheduler, no connector / kvpool / in-tree Mooncake connector on Mooncake and on kvpool (results: $out/vllm.json)"; "$vv/bin/python" "$(dirname "$0")/bench_vllm.py" --kvpool "$build/kvpool" --out "$out/vllm.json"; else echo "== bench/bench_vllm.py skipped: no vLLM venv at $vv (set KVPOOL_VLLM_VENV)"; fi
+# The hostile run (bench/hostile.py, about 4 minutes) only when asked for:
+# KVPOOL_BENCH_HOSTILE=1 (KVPOOL_HOSTILE_SECONDS per target, default 60).
+if [ "${KVPOOL_BENCH_HOSTILE:-0}" = 1 ]; then
+  echo "== bench/hostile.py: master, node and lookup socket under attack (results: $out/hostile.json)"
+  "$venv/bin/python" "$(dirname "$0")/hostile.py" --kvpool "$build/kvpool" \
+    --seconds "${KVPOOL_HOSTILE_SECONDS:-60}" --out "$out/hostile.json"
+else
+  echo "== bench/hostile.py skipped (KVPOOL_BENCH_HOSTILE=1 to run it, or make bench-hostile)"
+fi
