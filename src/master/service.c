@@ -26,6 +26,7 @@
 #include "master/service.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <stddef.h>
 #include <signal.h>
@@ -714,6 +715,11 @@ int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **
         return KVP_ENOMEM;
     }
     s->cfg = *cfg;
+    /* Connection buffers of large frames are freed when the frame is
+     * served; a fixed mmap threshold (glibc raises its own after every such
+     * free) keeps them mmapped, so their memory goes back to the system
+     * instead of staying in the heap after a burst (or an attack) ends. */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     s->ep = s->lfd = s->evfd = s->sigfd = -1;
     kvp_arena_init(&s->arena, ARENA_CAP);
     /* 1/8 of the connections is kept for those that completed HELLO */

@@ -487,19 +487,14 @@ TEST(failed_hellos_back_off)
     CHECK_EQ(tp_master_stop(&m), 0);
 }
 
-static int mount_raw(kvp_rpc *r, uint64_t id, const char *tcp_addr)
+/* One call whose answer is kvp_msg_results with one code: that code, or
+ * the transport / whole-request error. */
+static int one_result(kvp_rpc *r, uint16_t op, const void *body, size_t len)
 {
-    kvp_endpoint ep = {bs("tcp"), bs(tcp_addr)};
-    kvp_seg_desc d = {id, bs(tcp_addr), 1ull << 40, 1, &ep, 7, 1};
-    kvp_msg_mount mm = {1, &d};
-    kvp_buf b;
-    kvp_buf_init(&b, 4096);
-    kvp_enc_mount(&b, &mm);
     int32_t st;
     const uint8_t *resp;
     uint32_t rl;
-    int rc = kvp_rpc_call(r, KVP_OP_MOUNT_SEGMENT, b.data, b.len, &st, &resp, &rl);
-    kvp_buf_free(&b);
+    int rc = kvp_rpc_call(r, op, body, len, &st, &resp, &rl);
     if (rc || st)
         return rc ? rc : st;
     kvp_arena a;
@@ -513,27 +508,26 @@ static int mount_raw(kvp_rpc *r, uint64_t id, const char *tcp_addr)
     return rc;
 }
 
+static int mount_raw(kvp_rpc *r, uint64_t id, const char *tcp_addr)
+{
+    kvp_endpoint ep = {bs("tcp"), bs(tcp_addr)};
+    kvp_seg_desc d = {id, bs(tcp_addr), 1ull << 40, 1, &ep, 7, 1};
+    kvp_msg_mount mm = {1, &d};
+    kvp_buf b;
+    kvp_buf_init(&b, 4096);
+    kvp_enc_mount(&b, &mm);
+    int rc = one_result(r, KVP_OP_MOUNT_SEGMENT, b.data, b.len);
+    kvp_buf_free(&b);
+    return rc;
+}
+
 static int unmount_raw(kvp_rpc *r, uint64_t id)
 {
     uint8_t body[16];
     kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
     kvp_msg_ids ids = {1, &id};
     kvp_enc_ids(&b, &ids);
-    int32_t st;
-    const uint8_t *resp;
-    uint32_t rl;
-    int rc = kvp_rpc_call(r, KVP_OP_UNMOUNT_SEGMENT, body, b.len, &st, &resp, &rl);
-    if (rc || st)
-        return rc ? rc : st;
-    kvp_arena a;
-    kvp_arena_init(&a, 4096);
-    kvp_proto_limits lim;
-    kvp_proto_limits_default(&lim);
-    kvp_msg_results res;
-    rc = kvp_dec_results(resp, rl, &lim, &a, &res) == 0 && res.n == 1 ? res.codes[0]
-                                                                       : KVP_EPROTOCOL;
-    kvp_arena_free(&a);
-    return rc;
+    return one_result(r, KVP_OP_UNMOUNT_SEGMENT, body, b.len);
 }
 
 /* Finding 4: only holders of the node credential mount (a fake 1 TiB
