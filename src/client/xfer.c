@@ -52,6 +52,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/sys.h"
 #include "kvpool.h"
 #include "net/net.h"
 #include "node/node.h"
@@ -135,7 +136,7 @@ static int send_all(int fd, const void *p, size_t len, uint64_t deadline_ms)
 {
     const uint8_t *b = p;
     while (len) {
-        ssize_t n = send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n = kvp_sys.send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
             b += n;
             len -= (size_t)n;
@@ -172,7 +173,7 @@ static int recv_all(int fd, void *p, size_t len, uint64_t deadline_ms, int *pass
             mh.msg_control = cm.buf;
             mh.msg_controllen = sizeof cm.buf;
         }
-        ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        ssize_t n = kvp_sys.recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         if (n > 0) {
             if (passed) {
                 for (struct cmsghdr *ch = CMSG_FIRSTHDR(&mh); ch; ch = CMSG_NXTHDR(&mh, ch)) {
@@ -302,10 +303,10 @@ static int shm_attach(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
     if (pl >= sizeof sa.sun_path) /* kvp_xfer_add_segment keeps only paths that fit */
         return KVP_ETRANSFER_FAIL;
     memcpy(sa.sun_path, e->unix_path, pl + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = kvp_sys.socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return KVP_ETRANSFER_FAIL;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    if (kvp_sys.connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
         close(fd);
         return KVP_ETRANSFER_FAIL;
     }
@@ -360,10 +361,10 @@ static int shm_reconnect(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     memcpy(sa.sun_path, e->unix_path, strlen(e->unix_path) + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = kvp_sys.socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    if (kvp_sys.connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
         close(fd);
         return -1;
     }
@@ -388,7 +389,7 @@ static int shm_alive(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
     if (e->dead)
         return 0;
     struct pollfd p = {e->shm_fd, POLLIN | POLLRDHUP, 0};
-    if (e->shm_fd >= 0 && poll(&p, 1, 0) == 0)
+    if (e->shm_fd >= 0 && kvp_sys.poll(&p, 1, 0) == 0)
         return 1;
     if (e->shm_fd >= 0)
         close(e->shm_fd);
@@ -531,7 +532,7 @@ static int tcp_pump(job *j, int fd)
         if (now >= j->deadline_ms)
             return KVP_ERPC_TIMEOUT;
         struct pollfd pf = {fd, ev, 0};
-        int pr = poll(&pf, 1, (int)(j->deadline_ms - now));
+        int pr = kvp_sys.poll(&pf, 1, (int)(j->deadline_ms - now));
         if (pr < 0 && errno == EINTR)
             continue;
         if (pr < 0)
@@ -583,7 +584,7 @@ static int tcp_pump(job *j, int fd)
             struct msghdr mh = {0};
             mh.msg_iov = iov;
             mh.msg_iovlen = (size_t)n;
-            ssize_t w = n ? sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
+            ssize_t w = n ? kvp_sys.sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
             if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
                 return KVP_ETRANSFER_FAIL;
             uint64_t adv = w > 0 ? (uint64_t)w : 0;
@@ -603,7 +604,7 @@ static int tcp_pump(job *j, int fd)
             kvp_xfer_op *op = JOB_OP(j, ri);
             ssize_t r;
             if (!in_body) {
-                r = recv(fd, rh + rgot, KVP_FRAME_HDR - rgot, MSG_DONTWAIT);
+                r = kvp_sys.recv(fd, rh + rgot, KVP_FRAME_HDR - rgot, MSG_DONTWAIT);
                 if (r == 0)
                     return KVP_ETRANSFER_FAIL;
                 if (r < 0) {
@@ -642,7 +643,7 @@ static int tcp_pump(job *j, int fd)
             }
             if (op->status != 1) { /* error text: discard */
                 uint64_t want = rbody - rdone < sizeof sink ? rbody - rdone : sizeof sink;
-                r = recv(fd, sink, (size_t)want, MSG_DONTWAIT);
+                r = kvp_sys.recv(fd, sink, (size_t)want, MSG_DONTWAIT);
             } else { /* SEG_READ data: straight into the caller's iovecs */
                 struct iovec iov[MAX_IOV];
                 int n = 0;
@@ -660,7 +661,7 @@ static int tcp_pump(job *j, int fd)
                 struct msghdr mh = {0};
                 mh.msg_iov = iov;
                 mh.msg_iovlen = (size_t)n;
-                r = recvmsg(fd, &mh, MSG_DONTWAIT);
+                r = kvp_sys.recvmsg(fd, &mh, MSG_DONTWAIT);
             }
             if (r == 0)
                 return KVP_ETRANSFER_FAIL;
