@@ -49,6 +49,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/assert.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
@@ -599,11 +600,14 @@ static int tcp_pump(job *j, int fd)
                     soff = 0;
                 }
             }
+            /* the iovecs held only bytes of frames si.. : all accounted */
+            KVP_ASSERT(adv == 0);
         }
         if (pf.revents & (POLLIN | POLLHUP | POLLERR)) {
             kvp_xfer_op *op = JOB_OP(j, ri);
             ssize_t r;
             if (!in_body) {
+                KVP_ASSERT(rgot < KVP_FRAME_HDR);
                 r = kvp_sys.recv(fd, rh + rgot, KVP_FRAME_HDR - rgot, MSG_DONTWAIT);
                 if (r == 0)
                     return KVP_ETRANSFER_FAIL;
@@ -673,6 +677,8 @@ static int tcp_pump(job *j, int fd)
             if (op->status == 1 && op->want_csum) /* hash what just arrived: hot */
                 hash_range(&rst, op->iov, op->iovcnt, rdone, (uint64_t)r);
             rdone += (uint64_t)r;
+            /* reads fill iovecs of exactly rep.length == body_len bytes */
+            KVP_ASSERT(rdone <= rbody);
             if (rdone == rbody) {
                 in_body = 0;
                 if (op->status == 1) {
@@ -731,6 +737,8 @@ static void *tcp_exec(void *arg)
     }
     if (!rc)
         rc = tcp_pump(j, s->fd);
+    for (size_t k = 0; !rc && k < j->n; k++)
+        KVP_ASSERT(JOB_OP(j, k)->status != 1); /* a clean pump answered every op */
     if (rc) {
         fail_from(j, 0, rc);
         if (s->fd >= 0) {
@@ -980,6 +988,8 @@ int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t
                 ops[g[k]].status = e ? KVP_ETRANSFER_FAIL : KVP_ESEGMENT_NOT_FOUND;
             continue;
         }
+        /* a plan makes at most min(m, conns_per_node) jobs: jobs[] holds them */
+        KVP_ASSERT(nj + (m < (size_t)x->nconns ? m : (size_t)x->nconns) <= cap);
         nj += o->plan(x, e, is_write, ops, g, m, deadline_ms, jobs + nj);
     }
     /* threads for the tcp jobs (unless one job is all there is), then the
@@ -1002,8 +1012,9 @@ int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t
                 ops[i].status = KVP_ENOMEM;
     kvp_free(jobs);
     pthread_rwlock_unlock(&x->lock);
+    /* every op was decided above or by its job */
     for (size_t i = 0; i < n; i++)
-        if (ops[i].status == 1)
+        if (KVP_NEVER(ops[i].status == 1))
             ops[i].status = KVP_ETRANSFER_FAIL;
     kvp_free(idx);
     kvp_free(done);

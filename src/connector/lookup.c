@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/assert.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
@@ -158,6 +159,7 @@ static void conn_drop(struct conn *c)
 static int conn_reply(struct conn *c, uint8_t tag, const uint8_t *payload, size_t n)
 {
     uint8_t out[16];
+    KVP_ASSERT(n <= sizeof out - 5); /* replies carry at most 4 payload bytes */
     put_be32(out, (uint32_t)(1 + n));
     out[4] = tag;
     memcpy(out + 5, payload, n);
@@ -216,6 +218,7 @@ static int conn_serve_buffered(kvp_lookup_server *s, struct conn *c)
         off += 4 + (size_t)blen;
         served++;
     }
+    KVP_ASSERT(off <= c->len); /* frame_next only hands out whole frames */
     if (off) {
         memmove(c->buf, c->buf + off, c->len - off);
         c->len -= off;
@@ -231,7 +234,7 @@ static int conn_read(kvp_lookup_server *s, struct conn *c)
     bool served = false;
     for (;;) {
         if (c->len == c->alloc) {
-            if (c->alloc >= max)
+            if (KVP_NEVER(c->alloc >= max))
                 return -1; /* cannot happen: a full frame is served below */
             size_t na = c->alloc ? c->alloc * 2 : 4096;
             if (na > max)
@@ -831,6 +834,7 @@ static int client_send_recv(kvp_lookup_client *c, struct job *j)
                 if (flen != (j->tag == TAG_LOOKUP ? 5u : 2u))
                     return KVP_ERPC_FAIL;
                 need = 4 + flen;
+                KVP_ASSERT(need <= sizeof in);
             }
             continue;
         }
