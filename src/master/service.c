@@ -120,7 +120,7 @@ struct kvp_mserver {
     uint64_t n_refused, n_hello_timeouts, n_input_waits, logged_limits;
     kvp_arena arena;
     uint64_t last_summary, last_requests, last_expired;
-    volatile int stop;
+    _Atomic int stop; /* set by kvp_mserver_stop from any thread or a signal handler */
 };
 
 /* ---------------------------------------------------------- address map */
