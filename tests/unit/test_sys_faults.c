@@ -12,10 +12,13 @@
  *
  *  - client_*: the client library in this process (injected) against a real
  *    `kvpool master` and `kvpool store` (not injected): put/get/exist/
- *    remove over shm and over TCP, and kvp_client_open itself.
+ *    remove over shm and over TCP, on one long-lived client and on fresh
+ *    ones (open, shm attach, data-plane connect).
  *  - master_server: the master service in this process (kvp_mserver in a
  *    thread, injected) serving a forked embedded-mode client (its own
  *    process, so not injected) that puts, gets, tests and removes keys.
+ *  - lookup_*: the connector's lookup channel, the client injected against
+ *    a server in a child, and the server injected serving a child client.
  *
  * The injection counter is per process, so the side not under test lives
  * in another one.
@@ -32,6 +35,7 @@
 #include "common/config.h"
 #include "common/mem.h"
 #include "common/sys.h"
+#include "connector/lookup.h"
 #include "harness.h"
 #include "kvpool.h"
 #include "master/service.h"
@@ -290,49 +294,71 @@ TEST(client_tcp_sweep)
     cenv_down(&e);
 }
 
-/* kvp_client_open (connect, HELLO) with each call failing in turn: an
- * error or a working client; a reopen afterwards works. */
-TEST(client_open_sweep)
+/* A fresh client: kvp_client_open (connect, HELLO) and its first
+ * transfers (shm attach and descriptor passing, or the data-plane TCP
+ * connection and its HELLO) with each call failing in turn: open fails
+ * with a known error or the scenario's answers are right; afterwards a
+ * client (reopened if need be) works. */
+static void fresh_sweep(const char *addr)
 {
-    cenv e;
-    if (cenv_up(&e) != 0) {
-        th_fail(__FILE__, __LINE__, "env_up");
-        cenv_down(&e);
-        return;
-    }
     char err[512];
-    int rc;
+    int rc, ok_put[NKEYS];
     uint64_t before = kvp_sys_calls();
-    kvp_client *c = open_client(e.m.addr, err, sizeof err, &rc);
-    uint64_t ncalls = kvp_sys_calls() - before;
+    kvp_client *c = open_client(addr, err, sizeof err, &rc);
     if (!c)
         fprintf(stderr, "    open: %s\n", err);
     CHECK(c != NULL);
+    CHECK_EQ(scenario(c, 0, ok_put), 0);
+    uint64_t ncalls = kvp_sys_calls() - before;
     kvp_client_close(c);
-    fprintf(stderr, "    open: %llu system calls\n", (unsigned long long)ncalls);
+    fprintf(stderr, "    open + scenario: %llu system calls\n", (unsigned long long)ncalls);
     unsigned tag = 1;
+    uint64_t points = 0;
     for (size_t k = 0; k < NKINDS; k++) {
-        for (uint64_t n = 1; n <= ncalls + 1; n++) {
+        for (uint64_t n = 1; n <= ncalls + 1; n++, tag++, points++) {
             kvp_sys_fail_nth(n, 0, kinds[k]);
-            c = open_client(e.m.addr, err, sizeof err, &rc);
+            c = open_client(addr, err, sizeof err, &rc);
+            int r = c ? scenario(c, tag, ok_put) : 0;
             kvp_sys_fail_nth(0, 0, 0);
             if (!c && !known_err(rc)) {
                 th_fail(__FILE__, __LINE__, "open with %s at %llu: %d", kind_name(kinds[k]),
                         (unsigned long long)n, rc);
-                break;
+                return;
             }
-            if (!c)
-                c = open_client(e.m.addr, err, sizeof err, &rc);
-            int ok_put[NKEYS] = {0};
-            if (!c || works_again(c, tag++, ok_put) != 0) {
-                th_fail(__FILE__, __LINE__, "after %s at %llu", kind_name(kinds[k]),
+            if (!c) {
+                memset(ok_put, 0, sizeof ok_put);
+                c = open_client(addr, err, sizeof err, &rc);
+            }
+            if (r != 0 || !c || works_again(c, tag, ok_put) != 0) {
+                th_fail(__FILE__, __LINE__, "fresh client with %s at %llu", kind_name(kinds[k]),
                         (unsigned long long)n);
                 kvp_client_close(c);
-                break;
+                return;
             }
             kvp_client_close(c);
         }
     }
+    fprintf(stderr, "    %llu injection points\n", (unsigned long long)points);
+}
+
+TEST(client_fresh_shm_sweep)
+{
+    cenv e;
+    if (cenv_up(&e) == 0)
+        fresh_sweep(e.m.addr);
+    else
+        th_fail(__FILE__, __LINE__, "env_up");
+    cenv_down(&e);
+}
+
+TEST(client_fresh_tcp_sweep)
+{
+    setenv("KVPOOL_FORCE_TCP", "1", 1);
+    cenv e;
+    if (cenv_up(&e) == 0)
+        fresh_sweep(e.m.addr);
+    else
+        th_fail(__FILE__, __LINE__, "env_up");
     cenv_down(&e);
 }
 
@@ -464,4 +490,193 @@ TEST(master_server_sweep)
         }
     }
     fprintf(stderr, "    %llu injection points\n", (unsigned long long)points);
+}
+
+/* --------------------------------------------------------------- lookup */
+
+/* The answer the lookup server gives: 16 tokens per leading non-zero hash,
+ * floored below num_tokens (as test_lookup.c's fake). */
+static int lk_lookup(void *arg, uint32_t num_tokens, const uint8_t *hashes, size_t nhashes,
+                     size_t hash_len, int apply_eagle, uint32_t *hit)
+{
+    (void)arg, (void)apply_eagle;
+    uint32_t n = 0;
+    while (n < nhashes && hashes[n * hash_len] != 0)
+        n++;
+    *hit = n * 16 < num_tokens ? n * 16 : (num_tokens - 1) / 16 * 16;
+    return 0;
+}
+
+static int lk_reset(void *arg)
+{
+    (void)arg;
+    return 0;
+}
+
+static char lk_path[108];
+
+static kvp_lookup_server *lk_start(void)
+{
+    kvp_lookup_handler h = {.lookup = lk_lookup, .reset = lk_reset, .arg = NULL};
+    kvp_lookup_server *s = NULL;
+    return kvp_lookup_server_start(lk_path, &h, &s) == 0 ? s : NULL;
+}
+
+/* Three lookups and a reset. A lookup answers the right hit or 0 (a miss:
+ * what a channel error or timeout is reported as); a reset answers ok, or
+ * RPC_FAIL / RPC_TIMEOUT. 0, or -1 on a wrong answer. */
+static int lk_scenario(kvp_lookup_client *c, unsigned tag)
+{
+    uint8_t hs[8 * 32];
+    for (size_t i = 0; i < sizeof hs; i++)
+        hs[i] = (uint8_t)(i / 32 < 5 ? 1 + i % 200 : (i % 32 ? 9 : 0)); /* 5 leading non-zero */
+    for (int k = 0; k < 3; k++) {
+        char id[32];
+        snprintf(id, sizeof id, "r%u-%d", tag, k);
+        uint32_t hit = 12345;
+        int rc = kvp_lookup_client_lookup(c, id, (uint32_t)strlen(id), 1000, hs, 8, 32, false,
+                                          false, &hit);
+        if (rc != 0 || (hit != 80 && hit != 0)) {
+            fprintf(stderr, "    lookup %s: rc %d hit %u\n", id, rc, hit);
+            return -1;
+        }
+    }
+    bool ok = false;
+    int rc = kvp_lookup_client_reset(c, &ok);
+    if ((rc == 0 && !ok) || (rc != 0 && rc != KVP_ERPC_FAIL && rc != KVP_ERPC_TIMEOUT)) {
+        fprintf(stderr, "    reset: rc %d ok %d\n", rc, ok);
+        return -1;
+    }
+    return 0;
+}
+
+/* Injection off: a lookup gets the right answer (the first may reconnect). */
+static int lk_works(kvp_lookup_client *c, unsigned tag)
+{
+    uint8_t hs[2 * 32];
+    memset(hs, 7, sizeof hs);
+    char id[32];
+    snprintf(id, sizeof id, "ok%u", tag);
+    uint32_t hit = 0;
+    int rc = kvp_lookup_client_lookup(c, id, (uint32_t)strlen(id), 1000, hs, 2, 32, false,
+                                      false, &hit);
+    if (rc != 0 || hit != 32) {
+        fprintf(stderr, "    lookup after the fault: rc %d hit %u\n", rc, hit);
+        return -1;
+    }
+    return 0;
+}
+
+/* Waits (bounded) for the socket file. */
+static int lk_wait_path(void)
+{
+    for (int i = 0; i < 2000; i++) {
+        if (access(lk_path, F_OK) == 0)
+            return 0;
+        tp_sleep_ms(1);
+    }
+    return -1;
+}
+
+/* The client (injected) against a server in a forked child. */
+TEST(lookup_client_sweep)
+{
+    snprintf(lk_path, sizeof lk_path, "/tmp/kvp-sysf-%d-c.sock", (int)getpid());
+    pid_t pid = fork();
+    if (pid == 0) {
+        kvp_lookup_server *s = lk_start();
+        if (!s)
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    int ok = lk_wait_path() == 0;
+    kvp_lookup_client *c = NULL;
+    if (ok)
+        ok = kvp_lookup_client_open(lk_path, 1000, &c) == 0;
+    uint64_t before = kvp_sys_calls(), ncalls = 0, points = 0;
+    if (ok)
+        ok = lk_scenario(c, 0) == 0 && lk_works(c, 0) == 0;
+    ncalls = kvp_sys_calls() - before;
+    fprintf(stderr, "    lookup client: %llu system calls\n", (unsigned long long)ncalls);
+    unsigned tag = 1;
+    for (size_t k = 0; ok && k <= NKINDS; k++) {
+        int sticky = k == NKINDS;
+        int kind = sticky ? KVP_SYS_SHORT : kinds[k];
+        for (uint64_t n = 1; ok && n <= ncalls + 1; n++, tag++) {
+            kvp_sys_fail_nth(n, sticky, kind);
+            int r = lk_scenario(c, tag);
+            kvp_sys_fail_nth(0, 0, 0);
+            if (r != 0 || lk_works(c, tag) != 0) {
+                th_fail(__FILE__, __LINE__, "lookup client with %s%s at call %llu",
+                        kind_name(kind), sticky ? " (sticky)" : "", (unsigned long long)n);
+                ok = 0;
+            }
+            points++;
+        }
+    }
+    fprintf(stderr, "    %llu injection points\n", (unsigned long long)points);
+    kvp_lookup_client_close(c);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    unlink(lk_path);
+    CHECK(ok);
+}
+
+/* One run of the server (in this process, injected) serving a forked
+ * client; then, injection off, a client here gets right answers. The child
+ * is forked before the server thread starts. Child exit: 0 right answers,
+ * 2 a wrong one. */
+static int lk_server_run(uint64_t n, int sticky, int kind, uint64_t *calls)
+{
+    unlink(lk_path);
+    pid_t pid = fork();
+    if (pid == 0) {
+        kvp_lookup_client *c = NULL;
+        if (lk_wait_path() != 0 || kvp_lookup_client_open(lk_path, 1000, &c) != 0)
+            _exit(3);
+        int r = lk_scenario(c, 1);
+        kvp_lookup_client_close(c);
+        _exit(r ? 2 : 0);
+    }
+    uint64_t before = kvp_sys_calls();
+    kvp_sys_fail_nth(n, sticky, kind);
+    kvp_lookup_server *s = lk_start();
+    int st = 0;
+    waitpid(pid, &st, 0);
+    kvp_sys_fail_nth(0, 0, 0);
+    *calls = kvp_sys_calls() - before;
+    if (!s) /* the fault hit the server's own socket(): refused, cleanly */
+        return WIFEXITED(st) && WEXITSTATUS(st) == 3 ? 0 : -1;
+    kvp_lookup_client *c = NULL;
+    int good = kvp_lookup_client_open(lk_path, 1000, &c) == 0 && lk_works(c, 0) == 0;
+    kvp_lookup_client_close(c);
+    kvp_lookup_server_stop(s);
+    if (!good)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+TEST(lookup_server_sweep)
+{
+    snprintf(lk_path, sizeof lk_path, "/tmp/kvp-sysf-%d-s.sock", (int)getpid());
+    uint64_t ncalls = 0, dummy, points = 0;
+    CHECK_EQ(lk_server_run(0, 0, 0, &ncalls), 0);
+    fprintf(stderr, "    lookup server: %llu system calls\n", (unsigned long long)ncalls);
+    for (size_t k = 0; k <= NKINDS; k++) {
+        int sticky = k == NKINDS;
+        int kind = sticky ? KVP_SYS_SHORT : kinds[k];
+        for (uint64_t n = 1; n <= ncalls + 1; n++) {
+            int st = lk_server_run(n, sticky, kind, &dummy);
+            if (st != 0) {
+                th_fail(__FILE__, __LINE__, "lookup server with %s%s at call %llu: %d",
+                        kind_name(kind), sticky ? " (sticky)" : "", (unsigned long long)n, st);
+                unlink(lk_path);
+                return;
+            }
+            points++;
+        }
+    }
+    fprintf(stderr, "    %llu injection points\n", (unsigned long long)points);
+    unlink(lk_path);
 }
