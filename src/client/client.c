@@ -40,6 +40,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack: no malloc */
 #include <xxhash.h>
 
+#include "common/assert.h"
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -731,6 +732,7 @@ static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_b
                 oo++;
             }
         }
+        KVP_ASSERT(oo == nops && vo == niovs); /* both passes saw the same keys */
         int drc = discover(c, segids, nops);
         if (drc)
             KVP_DEBUG(MOD, "SEGMENT_INFO: %s", kvp_strerror(drc));
@@ -761,6 +763,7 @@ static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_b
                 endi[nend++] = i;
             }
         }
+        KVP_ASSERT(oo == nops && nend + nrev <= m);
     }
     if (nend) {
         scratch_reset(s);
@@ -784,6 +787,7 @@ static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_b
             }
         }
     }
+    KVP_ASSERT(nrev <= m); /* a key is revoked at most once: revk holds m */
     if (nrev) {
         scratch_reset(s);
         kvp_msg_keys rk = {tenant_of(c), (uint32_t)nrev, revk};

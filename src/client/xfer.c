@@ -52,9 +52,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/assert.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/sys.h"
 #include "kvpool.h"
 #include "net/net.h"
 #include "node/node.h"
@@ -138,7 +140,7 @@ static int send_all(int fd, const void *p, size_t len, uint64_t deadline_ms)
 {
     const uint8_t *b = p;
     while (len) {
-        ssize_t n = send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n = kvp_sys.send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
             b += n;
             len -= (size_t)n;
@@ -175,7 +177,7 @@ static int recv_all(int fd, void *p, size_t len, uint64_t deadline_ms, int *pass
             mh.msg_control = cm.buf;
             mh.msg_controllen = sizeof cm.buf;
         }
-        ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        ssize_t n = kvp_sys.recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
         if (n > 0) {
             if (passed) {
                 for (struct cmsghdr *ch = CMSG_FIRSTHDR(&mh); ch; ch = CMSG_NXTHDR(&mh, ch)) {
@@ -305,10 +307,10 @@ static int shm_attach(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
     if (pl >= sizeof sa.sun_path) /* kvp_xfer_add_segment keeps only paths that fit */
         return KVP_ETRANSFER_FAIL;
     memcpy(sa.sun_path, e->unix_path, pl + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = kvp_sys.socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return KVP_ETRANSFER_FAIL;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    if (kvp_sys.connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
         close(fd);
         return KVP_ETRANSFER_FAIL;
     }
@@ -363,10 +365,10 @@ static int shm_reconnect(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     memcpy(sa.sun_path, e->unix_path, strlen(e->unix_path) + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = kvp_sys.socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    if (kvp_sys.connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
         close(fd);
         return -1;
     }
@@ -391,7 +393,7 @@ static int shm_alive(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
     if (e->dead)
         return 0;
     struct pollfd p = {e->shm_fd, POLLIN | POLLRDHUP, 0};
-    if (e->shm_fd >= 0 && poll(&p, 1, 0) == 0)
+    if (e->shm_fd >= 0 && kvp_sys.poll(&p, 1, 0) == 0)
         return 1;
     if (e->shm_fd >= 0)
         close(e->shm_fd);
@@ -534,7 +536,7 @@ static int tcp_pump(job *j, int fd)
         if (now >= j->deadline_ms)
             return KVP_ERPC_TIMEOUT;
         struct pollfd pf = {fd, ev, 0};
-        int pr = poll(&pf, 1, (int)(j->deadline_ms - now));
+        int pr = kvp_sys.poll(&pf, 1, (int)(j->deadline_ms - now));
         if (pr < 0 && errno == EINTR)
             continue;
         if (pr < 0)
@@ -586,7 +588,7 @@ static int tcp_pump(job *j, int fd)
             struct msghdr mh = {0};
             mh.msg_iov = iov;
             mh.msg_iovlen = (size_t)n;
-            ssize_t w = n ? sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
+            ssize_t w = n ? kvp_sys.sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
             if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
                 return KVP_ETRANSFER_FAIL;
             uint64_t adv = w > 0 ? (uint64_t)w : 0;
@@ -601,12 +603,15 @@ static int tcp_pump(job *j, int fd)
                     soff = 0;
                 }
             }
+            /* the iovecs held only bytes of frames si.. : all accounted */
+            KVP_ASSERT(adv == 0);
         }
         if (pf.revents & (POLLIN | POLLHUP | POLLERR)) {
             kvp_xfer_op *op = JOB_OP(j, ri);
             ssize_t r;
             if (!in_body) {
-                r = recv(fd, rh + rgot, KVP_FRAME_HDR - rgot, MSG_DONTWAIT);
+                KVP_ASSERT(rgot < KVP_FRAME_HDR);
+                r = kvp_sys.recv(fd, rh + rgot, KVP_FRAME_HDR - rgot, MSG_DONTWAIT);
                 if (r == 0)
                     return KVP_ETRANSFER_FAIL;
                 if (r < 0) {
@@ -645,7 +650,7 @@ static int tcp_pump(job *j, int fd)
             }
             if (op->status != 1) { /* error text: discard */
                 uint64_t want = rbody - rdone < sizeof sink ? rbody - rdone : sizeof sink;
-                r = recv(fd, sink, (size_t)want, MSG_DONTWAIT);
+                r = kvp_sys.recv(fd, sink, (size_t)want, MSG_DONTWAIT);
             } else { /* SEG_READ data: straight into the caller's iovecs */
                 struct iovec iov[MAX_IOV];
                 int n = 0;
@@ -663,7 +668,7 @@ static int tcp_pump(job *j, int fd)
                 struct msghdr mh = {0};
                 mh.msg_iov = iov;
                 mh.msg_iovlen = (size_t)n;
-                r = recvmsg(fd, &mh, MSG_DONTWAIT);
+                r = kvp_sys.recvmsg(fd, &mh, MSG_DONTWAIT);
             }
             if (r == 0)
                 return KVP_ETRANSFER_FAIL;
@@ -675,6 +680,8 @@ static int tcp_pump(job *j, int fd)
             if (op->status == 1 && op->want_csum) /* hash what just arrived: hot */
                 hash_range(&rst, op->iov, op->iovcnt, rdone, (uint64_t)r);
             rdone += (uint64_t)r;
+            /* reads fill iovecs of exactly rep.length == body_len bytes */
+            KVP_ASSERT(rdone <= rbody);
             if (rdone == rbody) {
                 in_body = 0;
                 if (op->status == 1) {
@@ -746,6 +753,8 @@ static void *tcp_exec(void *arg)
     }
     if (!rc)
         rc = tcp_pump(j, s->fd);
+    for (size_t k = 0; !rc && k < j->n; k++)
+        KVP_ASSERT(JOB_OP(j, k)->status != 1); /* a clean pump answered every op */
     if (rc) {
         fail_from(j, 0, rc);
         if (s->fd >= 0) {
@@ -995,6 +1004,8 @@ int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t
                 ops[g[k]].status = e ? KVP_ETRANSFER_FAIL : KVP_ESEGMENT_NOT_FOUND;
             continue;
         }
+        /* a plan makes at most min(m, conns_per_node) jobs: jobs[] holds them */
+        KVP_ASSERT(nj + (m < (size_t)x->nconns ? m : (size_t)x->nconns) <= cap);
         nj += o->plan(x, e, is_write, ops, g, m, deadline_ms, jobs + nj);
     }
     /* threads for the tcp jobs (unless one job is all there is), then the
@@ -1017,8 +1028,9 @@ int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t
                 ops[i].status = KVP_ENOMEM;
     kvp_free(jobs);
     pthread_rwlock_unlock(&x->lock);
+    /* every op was decided above or by its job */
     for (size_t i = 0; i < n; i++)
-        if (ops[i].status == 1)
+        if (KVP_NEVER(ops[i].status == 1))
             ops[i].status = KVP_ETRANSFER_FAIL;
     kvp_free(idx);
     kvp_free(done);

@@ -1,5 +1,7 @@
 /* buf.c -- bounded writer, checked reader, bump arena. */
 #include "common/buf.h"
+
+#include "common/assert.h"
 #include "common/mem.h"
 #include "kvpool.h"
 
@@ -22,6 +24,7 @@ int kvp_buf_reserve(kvp_buf *b, size_t n)
 {
     if (b->err)
         return b->err;
+    KVP_ASSERT(b->len <= b->alloc && b->alloc <= b->cap);
     if (n > b->cap || b->len > b->cap - n)
         return b->err = KVP_ETOO_LARGE;
     size_t need = b->len + n;
@@ -63,6 +66,7 @@ void kvp_buf_put(kvp_buf *b, const void *p, size_t n)
 {
     if (n == 0 || kvp_buf_reserve(b, n))
         return;
+    KVP_ASSERT(b->len + n <= b->alloc);
     memcpy(b->data + b->len, p, n);
     b->len += n;
 }
@@ -99,7 +103,8 @@ void kvp_buf_bytes(kvp_buf *b, const void *p, uint32_t n)
 
 void kvp_buf_patch_u32(kvp_buf *b, size_t at, uint32_t v)
 {
-    if (b->err || at + 4 > b->len)
+    /* without an error every append landed, so what was written is there */
+    if (b->err || KVP_NEVER(at + 4 > b->len))
         return;
     for (int i = 0; i < 4; i++)
         b->data[at + (size_t)i] = (uint8_t)(v >> (8 * i));
@@ -109,6 +114,7 @@ void kvp_buf_patch_u32(kvp_buf *b, size_t at, uint32_t v)
 
 const uint8_t *kvp_rd_raw(kvp_rd *r, size_t n)
 {
+    KVP_ASSERT(r->off <= r->len); /* a reader never passes its end */
     if (r->err || n > r->len - r->off) {
         r->err = KVP_EPROTOCOL;
         return NULL;
@@ -172,6 +178,7 @@ uint32_t kvp_rd_count(kvp_rd *r, uint32_t max, size_t min_elem_size)
     uint32_t n = kvp_rd_u32(r);
     if (r->err)
         return 0;
+    KVP_ASSERT(r->off <= r->len);
     if (n > max || (min_elem_size && (size_t)n > (r->len - r->off) / min_elem_size)) {
         r->err = KVP_EPROTOCOL;
         return 0;
@@ -247,6 +254,7 @@ void *kvp_arena_alloc(kvp_arena *a, size_t n)
     n = (n + 15) & ~(size_t)15;
     if (n == 0)
         n = 16;
+    KVP_ASSERT(a->used <= a->alloc);
     if (n <= a->alloc - a->used) {
         void *p = a->data + a->used;
         a->used += n;

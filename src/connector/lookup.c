@@ -17,9 +17,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/assert.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/sys.h"
 
 #define MOD "lookup"
 #define TAG_LOOKUP 'L'
@@ -157,10 +159,11 @@ static void conn_drop(struct conn *c)
 static int conn_reply(struct conn *c, uint8_t tag, const uint8_t *payload, size_t n)
 {
     uint8_t out[16];
+    KVP_ASSERT(n <= sizeof out - 5); /* replies carry at most 4 payload bytes */
     put_be32(out, (uint32_t)(1 + n));
     out[4] = tag;
     memcpy(out + 5, payload, n);
-    ssize_t w = send(c->fd, out, 5 + n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t w = kvp_sys.send(c->fd, out, 5 + n, MSG_NOSIGNAL | MSG_DONTWAIT);
     return w == (ssize_t)(5 + n) ? 0 : -1;
 }
 
@@ -215,6 +218,7 @@ static int conn_serve_buffered(kvp_lookup_server *s, struct conn *c)
         off += 4 + (size_t)blen;
         served++;
     }
+    KVP_ASSERT(off <= c->len); /* frame_next only hands out whole frames */
     if (off) {
         memmove(c->buf, c->buf + off, c->len - off);
         c->len -= off;
@@ -230,7 +234,7 @@ static int conn_read(kvp_lookup_server *s, struct conn *c)
     bool served = false;
     for (;;) {
         if (c->len == c->alloc) {
-            if (c->alloc >= max)
+            if (KVP_NEVER(c->alloc >= max))
                 return -1; /* cannot happen: a full frame is served below */
             size_t na = c->alloc ? c->alloc * 2 : 4096;
             if (na > max)
@@ -241,7 +245,7 @@ static int conn_read(kvp_lookup_server *s, struct conn *c)
             c->buf = nb;
             c->alloc = na;
         }
-        ssize_t r = recv(c->fd, c->buf + c->len, c->alloc - c->len, MSG_DONTWAIT);
+        ssize_t r = kvp_sys.recv(c->fd, c->buf + c->len, c->alloc - c->len, MSG_DONTWAIT);
         if (r == 0)
             return -1;
         if (r < 0) {
@@ -323,7 +327,7 @@ static struct conn *server_slot(kvp_lookup_server *s)
  * (counted, logged with a rate limit), before it takes a slot. */
 static void server_accept(kvp_lookup_server *s)
 {
-    int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = kvp_sys.accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0)
         return;
     struct ucred cr;
@@ -382,7 +386,7 @@ static void *server_main(void *arg)
                 s->idx[n] = (int)i;
                 pf[n++] = (struct pollfd){.fd = s->conns[i].fd, .events = POLLIN};
             }
-        int r = poll(pf, (nfds_t)n, timeout);
+        int r = kvp_sys.poll(pf, (nfds_t)n, timeout);
         if (r < 0 && errno != EINTR) {
             KVP_ERROR(MOD, "poll: %s", strerror(errno));
             break;
@@ -422,10 +426,10 @@ static int path_reclaim(const char *path, const struct sockaddr_un *sa)
         KVP_ERROR(MOD, "cannot serve %s: it exists and is not a socket (not removing it)", path);
         return KVP_EINVALID_PARAMS;
     }
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int fd = kvp_sys.socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return KVP_EIO;
-    int rc = connect(fd, (const struct sockaddr *)sa, sizeof *sa) == 0 ? 0 : errno;
+    int rc = kvp_sys.connect(fd, (const struct sockaddr *)sa, sizeof *sa) == 0 ? 0 : errno;
     close(fd);
     if (rc == ECONNREFUSED) {
         if (unlink(path) == 0 || errno == ENOENT)
@@ -454,7 +458,7 @@ static int path_reclaim(const char *path, const struct sockaddr_un *sa)
  */
 static int server_listen(kvp_lookup_server *s, const struct sockaddr_un *sa)
 {
-    s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    s->lfd = kvp_sys.socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s->lfd < 0 || bind(s->lfd, (const struct sockaddr *)sa, sizeof *sa) != 0) {
         KVP_ERROR(MOD, "cannot serve %s: %s", s->path, strerror(errno));
         return KVP_EIO;
@@ -746,7 +750,7 @@ static int wait_io(kvp_lookup_client *c, short ev, uint64_t deadline_ns)
         if (ms == 0)
             return KVP_ERPC_TIMEOUT;
         struct pollfd pf[2] = {{.fd = c->fd, .events = ev}, {.fd = c->wake[0], .events = POLLIN}};
-        int r = poll(pf, 2, ms);
+        int r = kvp_sys.poll(pf, 2, ms);
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 || pf[1].revents)
@@ -767,17 +771,17 @@ static int client_connect(kvp_lookup_client *c, bool *reused)
     *reused = false;
     if (c->fd >= 0) {
         uint8_t b;
-        ssize_t r = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        ssize_t r = kvp_sys.recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
         if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) {
             *reused = true;
             return 0;
         }
         client_disconnect(c); /* closed for idleness or evicted: reopen */
     }
-    c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    c->fd = kvp_sys.socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (c->fd < 0)
         return KVP_ERPC_FAIL;
-    if (connect(c->fd, (struct sockaddr *)&c->sa, sizeof c->sa) != 0) {
+    if (kvp_sys.connect(c->fd, (struct sockaddr *)&c->sa, sizeof c->sa) != 0) {
         client_disconnect(c); /* no server (yet): answered as a miss */
         return KVP_ERPC_FAIL;
     }
@@ -804,7 +808,7 @@ static int client_send_recv(kvp_lookup_client *c, struct job *j)
 {
     size_t off = 0;
     while (off < j->frame_len) {
-        ssize_t w = send(c->fd, j->frame + off, j->frame_len - off, MSG_NOSIGNAL);
+        ssize_t w = kvp_sys.send(c->fd, j->frame + off, j->frame_len - off, MSG_NOSIGNAL);
         if (w > 0) {
             off += (size_t)w;
             continue;
@@ -822,7 +826,7 @@ static int client_send_recv(kvp_lookup_client *c, struct job *j)
     uint8_t in[4 + 5];
     size_t need = 4, got = 0;
     while (got < need) {
-        ssize_t r = recv(c->fd, in + got, need - got, 0);
+        ssize_t r = kvp_sys.recv(c->fd, in + got, need - got, 0);
         if (r > 0) {
             got += (size_t)r;
             if (got == 4 && need == 4) {
@@ -830,6 +834,7 @@ static int client_send_recv(kvp_lookup_client *c, struct job *j)
                 if (flen != (j->tag == TAG_LOOKUP ? 5u : 2u))
                     return KVP_ERPC_FAIL;
                 need = 4 + flen;
+                KVP_ASSERT(need <= sizeof in);
             }
             continue;
         }

@@ -6,6 +6,7 @@
 
 #include <string.h>
 
+#include "common/assert.h"
 #include "common/mem.h"
 
 enum {
@@ -387,6 +388,8 @@ static size_t req_size(const kvp_meta_req *r, const kvp_meta_base *d, uint8_t f)
 static void put_req(kvp_buf *b, const kvp_meta_req *r, const kvp_meta_base *d)
 {
     uint8_t f = req_flags(r);
+    /* base_check ran: a delta never starts past the current arrays */
+    KVP_ASSERT(d->hashes <= r->nhashes && d->tokens <= r->n_token_ids);
     size_t size = req_size(r, d, f);
     if (kvp_buf_reserve(b, size))
         return;
@@ -431,6 +434,7 @@ static void put_req(kvp_buf *b, const kvp_meta_req *r, const kvp_meta_base *d)
             w64(&p, r->tails[i].boundary_tokens);
         }
     }
+    KVP_ASSERT(p == b->data + b->len + size); /* wrote exactly what req_size counted */
     b->len += size;
 }
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/assert.h"
 #include "common/log.h"
 #include "common/mem.h"
 
@@ -168,6 +169,8 @@ static void ureq_remove(kvp_sched *s, struct ent *e)
 {
     if (!e->in_ureq)
         return;
+    KVP_ASSERT(e->uprev ? e->uprev->unext == e : s->uhead == e);
+    KVP_ASSERT(e->unext ? e->unext->uprev == e : s->utail == e);
     if (e->uprev)
         e->uprev->unext = e->unext;
     else
@@ -185,6 +188,7 @@ static void ureq_append(kvp_sched *s, struct ent *e)
 {
     if (e->in_ureq)
         return;
+    KVP_ASSERT(!e->uprev && !e->unext && s->uhead != e);
     e->uprev = s->utail;
     e->unext = NULL;
     if (s->utail)
@@ -242,8 +246,10 @@ static void ent_destroy(kvp_sched *s, struct ent *e)
     ureq_remove(s, e);
     tracker_drop(e);
     struct ent **pp = &s->tab[id_hash(e->id, e->id_len)];
-    while (*pp != e)
+    while (*pp != e) {
+        KVP_ASSERT(*pp != NULL); /* every record is in its bucket's chain */
         pp = &(*pp)->hnext;
+    }
     *pp = e->hnext;
     if (e->aprev)
         e->aprev->anext = e->anext;
@@ -300,6 +306,8 @@ static int ent_set_hashes(struct ent *e, const kvp_sched_request *r)
     memcpy(e->hashes + off, r->block_hashes + off, need - off);
     e->nhashes = n;
     e->hash_len = r->hash_len;
+    /* what the mirrors hold is a prefix of the current chain */
+    KVP_ASSERT(need <= e->hcap && e->sent_hashes <= e->nhashes);
     return 0;
 }
 

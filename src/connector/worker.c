@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/assert.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
@@ -755,8 +756,10 @@ static void *send_main(void *arg)
         pthread_mutex_lock(&w->lock);
         w->send_cur = NULL;
         sreq *e = sreq_find(w, j->req_id); /* finally: always release the pin */
-        if (e && e->inflight)
+        /* a send job exists only while its entry counts it in inflight */
+        if (KVP_ALWAYS(e && e->inflight))
             e->inflight--;
+        KVP_ASSERT(w->send_busy > 0);
         w->send_busy--;
         pthread_cond_broadcast(&w->idle_cv);
         pthread_mutex_unlock(&w->lock);
@@ -1345,8 +1348,9 @@ int kvp_worker_handle_preemptions(kvp_worker *w, const char *const *ids, size_t 
                 if (w->sq_tail == j)
                     w->sq_tail = prev;
                 sreq *e = sreq_find(w, ids[i]);
-                if (e && e->inflight)
+                if (KVP_ALWAYS(e && e->inflight))
                     e->inflight--;
+                KVP_ASSERT(w->send_busy > 0);
                 w->send_busy--;
                 job_free(j);
                 pthread_cond_broadcast(&w->idle_cv);

@@ -4,6 +4,7 @@
 
 #include <xxhash.h>
 
+#include "common/assert.h"
 #include "common/mem.h"
 #include "kvpool.h"
 
@@ -121,6 +122,7 @@ uint64_t kvp_index_step(kvp_index *ix, uint64_t budget)
             ix->mig++;
             continue;
         }
+        KVP_ASSERT(ix->old_count > 0);
         place(ix->slots, ix->mask, s);
         delete_at(ix->old, ix->old_mask, ix->mig, ix->mig); /* may refill old[mig] */
         ix->old_count--;
@@ -150,6 +152,10 @@ int kvp_index_reserve(kvp_index *ix)
 
 void kvp_index_insert(kvp_index *ix, uint64_t h, kvp_obj *o)
 {
+    /* kvp_index_reserve ran first: the table stays at most 3/4 full, and
+     * pointers fit the 48 bits a slot keeps of them */
+    KVP_ASSERT((ix->count + 1) * 4 <= (ix->mask + 1) * 3);
+    KVP_ASSERT(((uintptr_t)o & ~(uintptr_t)PTR_MASK) == 0);
     o->hash = (uint32_t)h;
     place(ix->slots, ix->mask, TAG(h) | ((uint64_t)(uintptr_t)o & PTR_MASK));
     ix->count++;
@@ -176,9 +182,12 @@ void kvp_index_remove(kvp_index *ix, kvp_obj *o)
     if (i >= 0) {
         delete_at(ix->slots, ix->mask, 0, (uint64_t)i);
     } else {
+        KVP_ASSERT(ix->old != NULL); /* o is in the index: if not new, then old */
         i = slot_of(ix->old, ix->old_mask, ix->mig, o);
+        KVP_ASSERT(i >= 0 && ix->old_count > 0);
         delete_at(ix->old, ix->old_mask, ix->mig, (uint64_t)i);
         ix->old_count--;
     }
+    KVP_ASSERT(ix->count > 0 && ix->count >= ix->old_count);
     ix->count--;
 }

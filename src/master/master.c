@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "common/assert.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/secret.h"
@@ -138,10 +139,12 @@ static void lru_account(kvp_master *m, kvp_obj *o, int sign)
     kvp_orep *r = kvp_obj_reps(o);
     uint64_t np = kvp_pages(o->size);
     for (unsigned i = 0; i < o->nrep; i++) {
-        if (sign > 0)
+        if (sign > 0) {
             m->segs[r[i].seg]->lru_pages += np;
-        else
+        } else {
+            KVP_ASSERT(m->segs[r[i].seg]->lru_pages >= np);
             m->segs[r[i].seg]->lru_pages -= np;
+        }
     }
 }
 
@@ -150,6 +153,9 @@ static void list_unlink(kvp_master *m, kvp_obj *o)
     olist *l = list_of(m, o);
     if (!l)
         return;
+    KVP_ASSERT(l->n > 0);
+    KVP_ASSERT(o->prev ? o->prev->next == o : l->head == o);
+    KVP_ASSERT(o->next ? o->next->prev == o : l->tail == o);
     if (o->list == KVP_LIST_LRU)
         lru_account(m, o, -1);
     if (o->prev) o->prev->next = o->next; else l->head = o->next;
@@ -159,8 +165,21 @@ static void list_unlink(kvp_master *m, kvp_obj *o)
     l->n--;
 }
 
+/* Every object is on exactly one list (master.h), the one its state says:
+ * pending = PENDING, leased = COMPLETE with leases, lru = COMPLETE,
+ * unleased, unpinned. */
+static void list_check_push(const kvp_obj *o, int which)
+{
+    KVP_ASSERT(o->list == KVP_LIST_NONE && !o->prev && !o->next);
+    KVP_ASSERT(which != KVP_LIST_PENDING || o->state == KVP_OBJ_PENDING);
+    KVP_ASSERT(which != KVP_LIST_LEASED || (o->state == KVP_OBJ_COMPLETE && o->aux > 0));
+    KVP_ASSERT(which != KVP_LIST_LRU || (o->state == KVP_OBJ_COMPLETE && o->aux == 0 &&
+                                         !(o->flags & KVP_OBJ_PINNED)));
+}
+
 static void list_push_tail(kvp_master *m, int which, kvp_obj *o)
 {
+    list_check_push(o, which);
     if (which == KVP_LIST_LRU)
         lru_account(m, o, +1);
     o->list = (uint8_t)which;
@@ -174,6 +193,7 @@ static void list_push_tail(kvp_master *m, int which, kvp_obj *o)
 
 static void list_push_head(kvp_master *m, int which, kvp_obj *o)
 {
+    list_check_push(o, which);
     if (which == KVP_LIST_LRU)
         lru_account(m, o, +1);
     o->list = (uint8_t)which;
@@ -235,6 +255,7 @@ static void free_replica(kvp_master *m, const kvp_obj *o, const kvp_orep *r)
 {
     kvp_mseg *s = m->segs[r->seg];
     uint32_t np = kvp_pages(o->size);
+    KVP_ASSERT(s->used_pages >= np && s->nrep > 0 && m->used_pages >= np);
     note_freed(m, s, r->seg, r->page, np, r->gen);
     kvp_segalloc_free(s->alloc, r->page, np);
     s->used_pages -= np;
@@ -247,6 +268,8 @@ enum { GONE_REMOVED, GONE_EVICTED, GONE_REVOKED, GONE_TIMEOUT };
 /* Removes an object entirely: list, replicas, index, record. */
 static void obj_destroy(kvp_master *m, kvp_obj *o, int why)
 {
+    KVP_ASSERT(o->nrep <= o->rep_cap);
+    KVP_ASSERT(m->tenant_nobj[o->tenant] > 0);
     list_unlink(m, o);
     kvp_orep *r = kvp_obj_reps(o);
     for (unsigned i = 0; i < o->nrep; i++)
@@ -255,10 +278,13 @@ static void obj_destroy(kvp_master *m, kvp_obj *o, int why)
     m->tenant_nobj[o->tenant]--;
     tenant_release_if_empty(m, o->tenant);
     if (o->state == KVP_OBJ_COMPLETE) {
+        KVP_ASSERT(m->stats[KVP_STAT_OBJECTS] > 0 && m->stats[KVP_STAT_BYTES] >= o->size &&
+                   m->stats[KVP_STAT_LEASES] >= o->aux);
         m->stats[KVP_STAT_OBJECTS]--;
         m->stats[KVP_STAT_BYTES] -= o->size;
         m->stats[KVP_STAT_LEASES] -= o->aux;
     } else {
+        KVP_ASSERT(m->stats[KVP_STAT_PENDING] > 0);
         m->stats[KVP_STAT_PENDING]--;
     }
     if (why == GONE_EVICTED) {
@@ -322,6 +348,7 @@ static void tenant_release_if_empty(kvp_master *m, int id)
 {
     if (id <= 0 || m->tenant_nobj[id] > 0 || !m->tenants[id])
         return;
+    KVP_ASSERT(m->ntenants_live > 0);
     kvp_free(m->tenants[id]);
     m->tenants[id] = NULL;
     m->tenant_len[id] = 0;
@@ -409,15 +436,22 @@ static void seg_unmount(kvp_master *m, uint32_t si)
             i--; /* backward shift may have moved an unvisited entry here */
             continue;
         }
-        if (o->list == KVP_LIST_LRU)
+        KVP_ASSERT(o->nrep > 1 && o->state == KVP_OBJ_COMPLETE);
+        if (o->list == KVP_LIST_LRU) {
+            KVP_ASSERT(s->lru_pages >= kvp_pages(o->size));
             s->lru_pages -= kvp_pages(o->size);
+        }
         free_replica(m, o, &r[k]);
         memmove(&r[k], &r[k + 1], (o->nrep - k - 1) * sizeof *r);
         o->nrep--;
     }
+    KVP_ASSERT(s->nrep == 0); /* every replica here was dropped above */
+    KVP_ASSERT(m->cap_pages >= s->capacity >> 12 && m->nseg > 0);
     m->cap_pages -= s->capacity >> 12;
-    if (s->suspect)
+    if (s->suspect) {
+        KVP_ASSERT(m->nsuspect > 0);
         m->nsuspect--;
+    }
     if (s->dirty) /* the node re-mounts with a new epoch: nothing to tell it */
         for (uint32_t i = 0; i < m->ndirty; i++)
             if (m->dirty[i] == si) {
@@ -431,8 +465,10 @@ static void seg_unmount(kvp_master *m, uint32_t si)
             break;
         }
     m->nseg--;
-    if (s->owner)
+    if (s->owner) {
+        KVP_ASSERT(s->owner->nseg > 0);
         s->owner->nseg--;
+    }
     KVP_INFO(MOD, "segment %016llx (%s) unmounted, %llu replicas dropped",
              (unsigned long long)s->id, s->name, (unsigned long long)dropped);
     seg_free(s);
@@ -565,9 +601,12 @@ static int client_new(kvp_master *m, uint64_t id, kvp_bytes name, uint64_t now, 
 
 static void client_free(kvp_master *m, kvp_mclient *c)
 {
+    KVP_ASSERT(m->clients[c->slot] == c && c->nconns == 0);
     m->clients[c->slot] = NULL;
-    if (!c->dropped)
+    if (!c->dropped) {
+        KVP_ASSERT(m->nclients > 0);
         m->nclients--;
+    }
     kvp_free(c);
 }
 
@@ -594,6 +633,7 @@ static void client_drop(kvp_master *m, kvp_mclient *c)
         if (m->segs[i] && m->segs[i]->owner == c)
             seg_unmount(m, i);
     revoke_pending_of(m, c->slot);
+    KVP_ASSERT(!c->dropped && m->nclients > 0);
     c->dropped = 1;
     m->nclients--;
     m->stats[KVP_STAT_CLIENTS_EXPIRED]++;
@@ -610,6 +650,9 @@ static unsigned evict_one(kvp_master *m, uint32_t freed[KVP_MAX_REPLICAS])
     kvp_obj *o = m->lru.tail;
     if (!o)
         return 0;
+    /* the LRU list holds exactly the evictable objects (master.h) */
+    KVP_ASSERT(o->list == KVP_LIST_LRU && o->state == KVP_OBJ_COMPLETE && o->aux == 0 &&
+               !(o->flags & KVP_OBJ_PINNED));
     unsigned n = o->nrep;
     kvp_orep *r = kvp_obj_reps(o);
     for (unsigned i = 0; i < n; i++)
@@ -735,6 +778,7 @@ static unsigned evict_background(kvp_master *m, unsigned budget)
 
 static void lease_grant(kvp_master *m, kvp_obj *o, uint64_t now)
 {
+    KVP_ASSERT(o->state == KVP_OBJ_COMPLETE);
     list_unlink(m, o);
     o->aux++;
     o->deadline = ms32(now + m->cfg.lease_ttl_ms);
@@ -746,6 +790,7 @@ static void lease_grant(kvp_master *m, kvp_obj *o, uint64_t now)
  * the old leases are ignored. */
 static void lease_expire_all(kvp_master *m, kvp_obj *o)
 {
+    KVP_ASSERT(m->stats[KVP_STAT_LEASES] >= o->aux);
     list_unlink(m, o);
     m->stats[KVP_STAT_LEASES] -= o->aux;
     o->aux = 0;
@@ -1027,6 +1072,7 @@ static void op_heartbeat(req *q)
     for (uint32_t i = 0; q->m->nsuspect && i < q->m->nseg; i++) {
         kvp_mseg *sg = q->m->segs[q->m->mounted[i]];
         if (sg->suspect && sg->owner == q->s->client) {
+            KVP_ASSERT(q->m->nsuspect > 0);
             sg->suspect = 0;
             q->m->nsuspect--;
         }
@@ -1271,6 +1317,7 @@ static int32_t do_put_end(req *q, kvp_obj *o, uint64_t checksum, int force)
         return o->checksum == checksum ? 0 : KVP_EOBJECT_ALREADY_EXISTS;
     if (o->aux != q->s->client->slot)
         return KVP_EILLEGAL_CLIENT;
+    KVP_ASSERT(o->list == KVP_LIST_PENDING && m->stats[KVP_STAT_PENDING] > 0);
     list_unlink(m, o);
     o->state = KVP_OBJ_COMPLETE;
     o->checksum = checksum;
@@ -1303,6 +1350,8 @@ static int32_t do_release(req *q, kvp_obj *o, uint64_t lease_id, int force)
         return KVP_EOBJECT_NOT_FOUND;
     if (o->aux == 0 || o->lease_seq != lease_id)
         return KVP_ELEASE_EXPIRED; /* expired, or not this object's */
+    /* a lease of the current epoch keeps the object on the leased list */
+    KVP_ASSERT(o->list == KVP_LIST_LEASED && m->stats[KVP_STAT_LEASES] > 0);
     o->aux--;
     m->stats[KVP_STAT_LEASES]--;
     if (o->aux == 0) {
@@ -1370,8 +1419,11 @@ static void op_replica_bad(req *q)
             obj_destroy(m, o, GONE_REMOVED);
             continue;
         }
-        if (o->list == KVP_LIST_LRU)
+        KVP_ASSERT(o->nrep > 1);
+        if (o->list == KVP_LIST_LRU) {
+            KVP_ASSERT(m->segs[r[j].seg]->lru_pages >= kvp_pages(o->size));
             m->segs[r[j].seg]->lru_pages -= kvp_pages(o->size);
+        }
         free_replica(m, o, &r[j]);
         memmove(&r[j], &r[j + 1], (o->nrep - j - 1) * sizeof *r);
         o->nrep--;

@@ -40,6 +40,7 @@
  */
 #include "master/segalloc.h"
 
+#include "common/assert.h"
 #include "common/mem.h"
 #include "kvpool.h"
 
@@ -217,6 +218,8 @@ static void pmap_put(pmap *m, uint32_t key, uint32_t val)
     if ((uint64_t)(m->count + 1) * 2 > m->mask + 1 && (m->mask + 1) * 2 <= m->cap)
         pmap_double(m);
     uint64_t i = pmap_find_slot(m, key);
+    KVP_ASSERT(m->s[i].val == 0); /* not present */
+    KVP_ASSERT((uint64_t)m->count + 1 <= m->mask); /* an empty slot stays */
     m->s[i].key = key;
     m->s[i].val = val + 1;
     m->count++;
@@ -226,6 +229,7 @@ static void pmap_put(pmap *m, uint32_t key, uint32_t val)
 static void pmap_del(pmap *m, uint32_t key)
 {
     uint64_t i = pmap_find_slot(m, key);
+    KVP_ASSERT(m->s[i].val != 0 && m->count > 0); /* present */
     uint64_t j = i;
     for (;;) {
         j = (j + 1) & m->mask;
@@ -310,17 +314,20 @@ static uint32_t find_suitable(const kvp_segalloc *a, unsigned fl, unsigned sl)
 /* Takes an unused record. Capacity was reserved: nfree < cap before. */
 static uint32_t rec_get(kvp_segalloc *a)
 {
+    KVP_ASSERT(a->nfree < a->cap);
     uint32_t b = a->recycle;
     if (b != NIL)
         a->recycle = a->blk[b].next;
     else
         b = a->hwm++;
+    KVP_ASSERT(b < a->cap);
     a->nfree++;
     return b;
 }
 
 static void rec_put(kvp_segalloc *a, uint32_t b)
 {
+    KVP_ASSERT(a->nfree > 0);
     a->blk[b].len = 0;
     a->blk[b].off = 0;
     a->blk[b].next = a->recycle;
@@ -447,6 +454,7 @@ int kvp_segalloc_alloc(kvp_segalloc *a, uint32_t n, uint32_t *off)
         return KVP_ENOMEM;
 
     fblock *f = &a->blk[b];
+    KVP_ASSERT(f->len >= n && f->len <= a->free_pages);
     uint32_t start = f->off;
     list_remove(a, b);
     pmap_del(&a->by_start, start);
@@ -468,6 +476,9 @@ int kvp_segalloc_alloc(kvp_segalloc *a, uint32_t n, uint32_t *off)
 void kvp_segalloc_free(kvp_segalloc *a, uint32_t off, uint32_t n)
 {
     uint32_t end = off + n; /* <= npages for a range alloc returned */
+    KVP_ASSERT(n > 0 && off < a->npages && n <= a->npages - off);
+    KVP_ASSERT(a->nalloc > 0 && a->free_pages + n <= a->npages);
+    KVP_ASSERT(pmap_get(&a->by_start, off) == NIL); /* not free already */
     uint32_t left = pmap_get(&a->by_end, off);
     uint32_t right = end < a->npages ? pmap_get(&a->by_start, end) : NIL;
 

@@ -43,6 +43,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/secret.h"
+#include "common/sys.h"
 #include "kvpool.h"
 #include "master/master.h"
 #include "net/net.h"
@@ -120,7 +121,7 @@ struct kvp_mserver {
     uint64_t n_refused, n_hello_timeouts, n_input_waits, logged_limits;
     kvp_arena arena;
     uint64_t last_summary, last_requests, last_expired;
-    volatile int stop;
+    _Atomic int stop; /* set by kvp_mserver_stop from any thread or a signal handler */
 };
 
 /* ---------------------------------------------------------- address map */
@@ -371,7 +372,7 @@ static void mark_ready(kvp_mserver *s, conn *c, int more)
 static int conn_flush(kvp_mserver *s, conn *c)
 {
     while (c->out_off < c->out.len) {
-        ssize_t n = send(c->fd, c->out.data + c->out_off, c->out.len - c->out_off, MSG_NOSIGNAL);
+        ssize_t n = kvp_sys.send(c->fd, c->out.data + c->out_off, c->out.len - c->out_off, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -509,7 +510,7 @@ static int conn_readable(kvp_mserver *s, conn *c)
             want = READ_PER_TURN - got;
         if (kvp_buf_reserve(&c->in, target - c->in.len) != 0)
             return -1;
-        ssize_t n = recv(c->fd, c->in.data + c->in.len, want, 0);
+        ssize_t n = kvp_sys.recv(c->fd, c->in.data + c->in.len, want, 0);
         if (n == 0)
             return -1;
         if (n < 0) {
@@ -643,7 +644,7 @@ static void on_accept(kvp_mserver *s, uint64_t now)
     for (int i = 0; i < ACCEPT_PER_TURN; i++) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
-        int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = kvp_sys.accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             int e = errno;
             if (e == EINTR || e == ECONNABORTED)
@@ -914,7 +915,7 @@ int kvp_mserver_run(kvp_mserver *s)
              s->cfg.listen, s->port, (unsigned long long)s->cfg.lease_ttl_ms,
              (unsigned long long)s->cfg.client_ttl_ms);
     while (!s->stop) {
-        int n = epoll_wait(s->ep, evs, 128, wait_ms(s, next_tick, kvp_now_ms()));
+        int n = kvp_sys.epoll_wait(s->ep, evs, 128, wait_ms(s, next_tick, kvp_now_ms()));
         if (n < 0 && errno != EINTR) {
             KVP_ERROR(MOD, "epoll_wait: %s", strerror(errno));
             return KVP_EIO;

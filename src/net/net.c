@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/sys.h"
 #include "kvpool.h"
 
 int kvp_net_split(const char *addr, char *host, size_t hostlen, uint16_t *port)
@@ -91,7 +92,7 @@ int kvp_net_listen(const char *addr, int backlog, uint16_t *port_out, char *err,
         return rc;
     int fd = -1;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+        fd = kvp_sys.socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
         if (fd < 0)
             continue;
         int one = 1;
@@ -123,13 +124,13 @@ int kvp_net_connect(const char *addr, int timeout_ms, char *err, size_t errlen)
     int fd = -1;
     rc = KVP_ERPC_FAIL;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        fd = kvp_sys.socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)
             continue;
-        int c = connect(fd, ai->ai_addr, ai->ai_addrlen);
+        int c = kvp_sys.connect(fd, ai->ai_addr, ai->ai_addrlen);
         if (c < 0 && errno == EINPROGRESS) {
             struct pollfd p = {fd, POLLOUT, 0};
-            int pr = poll(&p, 1, timeout_ms);
+            int pr = kvp_sys.poll(&p, 1, timeout_ms);
             if (pr == 0) {
                 snprintf(err, errlen, "connect to %s timed out after %d ms", addr, timeout_ms);
                 rc = KVP_ERPC_TIMEOUT;
@@ -164,7 +165,7 @@ int kvp_net_wait(int fd, short ev, uint64_t deadline_ms)
         if (now >= deadline_ms)
             return KVP_ERPC_TIMEOUT;
         struct pollfd p = {fd, ev, 0};
-        int n = poll(&p, 1, (int)(deadline_ms - now));
+        int n = kvp_sys.poll(&p, 1, (int)(deadline_ms - now));
         if (n > 0)
             return 0;
         if (n == 0)

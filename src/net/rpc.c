@@ -12,6 +12,7 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/mem.h"
+#include "common/sys.h"
 #include "kvpool.h"
 #include "net/net.h"
 
@@ -57,7 +58,7 @@ int kvp_rpc_flush(kvp_rpc *r)
     uint64_t deadline = kvp_now_ms() + (uint64_t)r->timeout_ms;
     size_t off = 0;
     while (off < r->out.len) {
-        ssize_t n = send(r->fd, r->out.data + off, r->out.len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n = kvp_sys.send(r->fd, r->out.data + off, r->out.len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
             off += (size_t)n;
             continue;
@@ -109,7 +110,7 @@ static ssize_t fill(kvp_rpc *r)
     for (;;) {
         if (kvp_buf_reserve(&r->in, 65536) != 0)
             return KVP_ERPC_FAIL;
-        ssize_t n = recv(r->fd, r->in.data + r->in.len, r->in.alloc - r->in.len, MSG_DONTWAIT);
+        ssize_t n = kvp_sys.recv(r->fd, r->in.data + r->in.len, r->in.alloc - r->in.len, MSG_DONTWAIT);
         if (n > 0) {
             r->in.len += (size_t)n;
             return n;
@@ -156,7 +157,7 @@ int kvp_rpc_poll(kvp_rpc *r, int timeout_ms)
         if (left <= 0)
             return 0;
         struct pollfd p = {r->fd, POLLIN, 0};
-        int n = poll(&p, 1, (int)left);
+        int n = kvp_sys.poll(&p, 1, (int)left);
         if (n < 0 && errno != EINTR)
             return KVP_ERPC_FAIL;
         if (n > 0 && fill(r) < 0)

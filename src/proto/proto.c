@@ -16,6 +16,7 @@
 
 #include <xxhash.h>
 
+#include "common/assert.h"
 #include "kvpool.h"
 
 /* Smallest encodings of repeated elements (used to bound counts). */
@@ -125,7 +126,8 @@ size_t kvp_frame_begin(kvp_buf *b, uint16_t op, uint8_t flags, uint64_t req_id, 
 /* A body over 4 GiB cannot be described by the header: KVP_ETOO_LARGE. */
 void kvp_frame_end(kvp_buf *b, size_t hdr_off)
 {
-    if (b->err || b->len < hdr_off + KVP_FRAME_HDR)
+    /* no error: the header kvp_frame_begin appended at hdr_off is there */
+    if (b->err || KVP_NEVER(b->len < hdr_off + KVP_FRAME_HDR))
         return;
     size_t body = b->len - hdr_off - KVP_FRAME_HDR;
     if (body > UINT32_MAX) {
@@ -234,6 +236,7 @@ static void rd_replicas(kvp_rd *r, uint32_t *n, kvp_replica *rep)
         rd_fail(r);
     if (r->err)
         *n = 0;
+    KVP_ASSERT(*n <= KVP_MAX_REPLICAS); /* rep[] holds KVP_MAX_REPLICAS */
     for (uint32_t i = 0; i < *n; i++)
         rd_rep(r, &rep[i]);
 }
@@ -257,6 +260,7 @@ static int rd_seg(kvp_rd *r, const kvp_proto_limits *l, kvp_arena *a, kvp_seg_de
     s->name = kvp_rd_bytes(r, l->max_str);
     s->capacity = kvp_rd_u64(r);
     s->n_endpoints = kvp_rd_count(r, MAX_ENDPOINTS, MIN_ENDPOINT);
+    KVP_ASSERT(s->n_endpoints <= MAX_ENDPOINTS);
     if (!ALLOC_ARRAY(a, s->endpoints, s->n_endpoints))
         return KVP_ENOMEM;
     for (uint32_t i = 0; i < s->n_endpoints && !r->err; i++) {
