@@ -51,6 +51,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/secret.h"
+#include "common/sys.h"
 #include "common/mem.h"
 #include "kvpool.h"
 #include "net/net.h"
@@ -262,7 +263,7 @@ static int out_flush(conn *c)
             ch->cmsg_len = CMSG_LEN(sizeof(int));
             memcpy(CMSG_DATA(ch), &first->pass_fd, sizeof(int));
         }
-        ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = kvp_sys.sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -304,7 +305,7 @@ static ssize_t rd(conn *c, void *p, size_t n)
     }
 #endif
     for (;;) {
-        ssize_t r = recv(c->fd, p, n, MSG_DONTWAIT);
+        ssize_t r = kvp_sys.recv(c->fd, p, n, MSG_DONTWAIT);
         if (r > 0) {
             c->active = 1;
             return r;
@@ -708,7 +709,7 @@ static void *worker_main(void *arg)
     struct epoll_event evs[64];
     w->tick_ms = kvp_now_ms();
     while (!__atomic_load_n(&w->s->stop, __ATOMIC_ACQUIRE)) {
-        int n = epoll_wait(w->ep, evs, 64, TICK_MS);
+        int n = kvp_sys.epoll_wait(w->ep, evs, 64, TICK_MS);
         if (n < 0 && errno != EINTR) {
             KVP_ERROR(MOD, "epoll_wait: %s", strerror(errno));
             break;
@@ -791,13 +792,13 @@ static void *acceptor_main(void *arg)
                 tmo = (int)(s->resume_ms - now);
             }
         }
-        int n = epoll_wait(s->acc_ep, evs, 4, tmo);
+        int n = kvp_sys.epoll_wait(s->acc_ep, evs, 4, tmo);
         for (int i = 0; i < n; i++) {
             int *lfd = evs[i].data.ptr;
             if (lfd == &s->stop_fd)
                 continue;
             while (!s->paused) {
-                int fd = accept4(*lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                int fd = kvp_sys.accept4(*lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
                 if (fd < 0) {
                     if (errno == EINTR || errno == ECONNABORTED)
                         continue;

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/sys.h"
 #include "kvpool.h"
 
 #define MOD "unixsock"
@@ -179,12 +180,12 @@ static enum probe probe(const char *path, int *eno)
         return P_UNKNOWN;
     }
     memcpy(sa.sun_path, path, strlen(path) + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int fd = kvp_sys.socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
         *eno = errno;
         return P_UNKNOWN;
     }
-    int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    int rc = kvp_sys.connect(fd, (struct sockaddr *)&sa, sizeof sa);
     *eno = rc ? errno : 0;
     close(fd);
     if (rc == 0 || *eno == EAGAIN || *eno == EINPROGRESS)
@@ -279,7 +280,7 @@ int kvp_unixsock_listen(const char *path, const kvp_unixsock_access *a, char *er
         return rc;
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     memcpy(sa.sun_path, path, len + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int fd = kvp_sys.socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
         snprintf(err, errlen, "unix socket: %s", strerror(errno));
         return KVP_EIO;

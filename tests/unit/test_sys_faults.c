@@ -17,6 +17,9 @@
  *  - master_server: the master service in this process (kvp_mserver in a
  *    thread, injected) serving a forked embedded-mode client (its own
  *    process, so not injected) that puts, gets, tests and removes keys.
+ *  - node_server: a storage node in this process (segment server and
+ *    master link, injected) against a real `kvpool master`, serving a
+ *    forked client over TCP (strided: ~12 points per fault kind).
  *  - lookup_*: the connector's lookup channel, the client injected against
  *    a server in a child, and the server injected serving a child client.
  *
@@ -39,6 +42,7 @@
 #include "harness.h"
 #include "kvpool.h"
 #include "master/service.h"
+#include "node/node.h"
 #include "proc.h"
 
 static const int kinds[] = {EINTR, EAGAIN, ECONNRESET, KVP_SYS_SHORT};
@@ -490,6 +494,135 @@ TEST(master_server_sweep)
         }
     }
     fprintf(stderr, "    %llu injection points\n", (unsigned long long)points);
+}
+
+/* ----------------------------------------------------------------- node */
+
+/* The forked client of node_run: waits for "go" on fd, then runs the
+ * scenario over TCP (through the injected segment server). Exit codes as
+ * child_client. */
+static void node_child(const char *master, int go)
+{
+    char c1;
+    if (read(go, &c1, 1) != 1)
+        _exit(2);
+    setenv("KVPOOL_FORCE_TCP", "1", 1);
+    char err[512];
+    int rc;
+    kvp_client *c = open_client(master, err, sizeof err, &rc);
+    if (!c)
+        _exit(known_err(rc) ? 3 : 2);
+    int ok_put[NKEYS];
+    rc = scenario(c, 2, ok_put);
+    kvp_client_close(c);
+    _exit(rc ? 2 : 0);
+}
+
+/* One run: the child is forked first (this process has no threads yet),
+ * then the node starts and mounts, then injection is armed and the child
+ * told to go. Afterwards, injection off, the node must serve a new client
+ * (its master link reconnected and remounted if a fault broke it).
+ * Returns the child's status (-1 crash/hang or a node that no longer
+ * serves); *calls = this process's system calls while armed. */
+static int node_run(const char *master, uint64_t n, int sticky, int kind, uint64_t *calls)
+{
+    int go[2];
+    if (pipe(go) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(go[1]);
+        node_child(master, go[0]);
+    }
+    close(go[0]);
+    kvp_config cfg;
+    kvp_config_defaults(&cfg);
+    snprintf(cfg.master_addr, sizeof cfg.master_addr, "%s", master);
+    cfg.global_segment_size = 16 << 20;
+    cfg.client_ttl_ms = 2000;
+    kvp_node_opts o = {.cfg = &cfg, .listen = "127.0.0.1:0", .io_threads = 1};
+    kvp_node *node = NULL;
+    char err[512];
+    int rc = kvp_node_start(&o, &node, err, sizeof err);
+    uint64_t before = kvp_sys_calls();
+    if (rc == 0)
+        kvp_sys_fail_nth(n, sticky, kind);
+    if (write(go[1], "g", 1) != 1)
+        rc = -1;
+    close(go[1]);
+    int st = 0, status = -1;
+    uint64_t end = tp_now_ms() + 30000;
+    while (waitpid(pid, &st, WNOHANG) == 0) {
+        if (tp_now_ms() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            break;
+        }
+        tp_sleep_ms(2);
+    }
+    if (WIFEXITED(st))
+        status = WEXITSTATUS(st);
+    kvp_sys_fail_nth(0, 0, 0);
+    *calls = kvp_sys_calls() - before;
+    if (rc != 0) {
+        fprintf(stderr, "    node start: %s\n", err);
+        return -1;
+    }
+    /* the node serves again: a put and a get over TCP from this process */
+    int serves = 0;
+    for (uint64_t t_end = tp_now_ms() + 5000; !serves && tp_now_ms() < t_end; tp_sleep_ms(50)) {
+        setenv("KVPOOL_FORCE_TCP", "1", 1);
+        int orc;
+        kvp_client *c = open_client(master, err, sizeof err, &orc);
+        unsetenv("KVPOOL_FORCE_TCP");
+        if (!c)
+            continue;
+        uint8_t v[5000], b[5000];
+        fill(v, sizeof v, n * 8 + (uint64_t)kind);
+        char key[48];
+        snprintf(key, sizeof key, "node-ok-%llu-%d-%d", (unsigned long long)n, kind, sticky);
+        serves = kvp_client_put(c, key, v, sizeof v) == 0 &&
+                 kvp_client_get(c, key, b, sizeof b) == (int64_t)sizeof b &&
+                 memcmp(v, b, sizeof v) == 0;
+        kvp_client_close(c);
+    }
+    kvp_node_stop(node);
+    /* wait until the master dropped this node's segment (unmounted on stop) */
+    for (uint64_t t_end = tp_now_ms() + 3000; tp_master_segments(master) > 0 && tp_now_ms() < t_end;)
+        tp_sleep_ms(20);
+    return serves ? status : -1;
+}
+
+TEST(node_server_sweep)
+{
+    tp_master m;
+    if (tp_master_start(&m, (const char *const[]){"--client-ttl", "2s", "--lease-ttl", "1s", NULL}) != 0) {
+        th_fail(__FILE__, __LINE__, "master start");
+        return;
+    }
+    uint64_t ncalls = 0;
+    int st = node_run(m.addr, 0, 0, 0, &ncalls);
+    CHECK_EQ(st, 0);
+    fprintf(stderr, "    node: %llu system calls\n", (unsigned long long)ncalls);
+    CHECK(ncalls > 10);
+    uint64_t step = ncalls > 12 ? ncalls / 12 : 1, points = 0;
+    for (size_t k = 0; k <= NKINDS && st == 0; k++) {
+        int sticky = k == NKINDS;
+        int kind = sticky ? KVP_SYS_SHORT : kinds[k];
+        for (uint64_t n = 1; n <= ncalls; n += step) {
+            uint64_t dummy;
+            int r = node_run(m.addr, n, sticky, kind, &dummy);
+            if (r != 0 && r != 3) {
+                th_fail(__FILE__, __LINE__, "node with %s%s at call %llu: %d", kind_name(kind),
+                        sticky ? " (sticky)" : "", (unsigned long long)n, r);
+                st = -1;
+                break;
+            }
+            points++;
+        }
+    }
+    fprintf(stderr, "    %llu injection points\n", (unsigned long long)points);
+    CHECK_EQ(tp_master_stop(&m), 0);
 }
 
 /* --------------------------------------------------------------- lookup */
