@@ -669,10 +669,18 @@ static int used_seg(const kvp_orep *reps, unsigned n, uint32_t seg)
     return 0;
 }
 
+/* Placement avoids a segment reported failing while some other segment is
+ * not: with every segment suspect (one node, a transient error) puts still
+ * go somewhere and find out. */
+static int avoid(const kvp_master *m, const kvp_mseg *s)
+{
+    return s->suspect && m->nsuspect < m->nseg;
+}
+
 static int try_alloc(kvp_master *m, uint32_t si, uint32_t np, kvp_orep *out)
 {
     kvp_mseg *s = m->segs[si];
-    if (s->suspect)
+    if (avoid(m, s))
         return KVP_ENO_AVAILABLE_HANDLE;
     uint32_t page;
     int rc = kvp_segalloc_alloc(s->alloc, np, &page);
@@ -740,7 +748,7 @@ static int place_one(kvp_master *m, uint32_t np, int pref, kvp_orep *reps, unsig
     int could_fit = 0;
     for (uint32_t i = 0; i < m->nseg && !could_fit; i++) {
         const kvp_mseg *sg = m->segs[m->mounted[i]];
-        could_fit = !used_seg(reps, have, m->mounted[i]) && !sg->suspect &&
+        could_fit = !used_seg(reps, have, m->mounted[i]) && !avoid(m, sg) &&
                     kvp_segalloc_free_pages(sg->alloc) + sg->lru_pages >= np;
     }
     if (!could_fit)
