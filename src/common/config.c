@@ -131,6 +131,18 @@ static const struct key_def keys[] = {
     {.name = "hello_timeout", .type = KT_DURATION, F_U64(hello_timeout_ms), .unit_ms = 1,
      .min = 1, .max = DUR_MAX_MS, .def = "5s",
      .help = "a connection that has not completed HELLO within this is answered and closed"},
+    {.name = "node_max_connections", .type = KT_UINT, F_U64(node_max_connections), .min = 4,
+     .max = 1048576, .def = "4096",
+     .help = "storage node: most connections its segment server holds (a quarter of them before "
+             "HELLO); more are closed at once"},
+    {.name = "idle_timeout", .type = KT_DURATION, F_U64(idle_timeout_ms), .unit_ms = 1, .min = 1,
+     .max = DUR_MAX_MS, .def = "5m",
+     .help = "storage node: a connection with no frame in flight and nothing to send is closed "
+             "after this (clients reconnect transparently)"},
+    {.name = "stall_timeout", .type = KT_DURATION, F_U64(stall_timeout_ms), .unit_ms = 1,
+     .min = 1, .max = DUR_MAX_MS, .def = "30s",
+     .help = "storage node: a connection in the middle of a frame, or not reading its answers, "
+             "is closed after this long without a byte moving"},
     {.name = "input_memory_budget", .type = KT_SIZE, F_U64(input_budget), .min = MIB_,
      .max = UINT64_MAX, .def = "1GiB",
      .help = "most bytes all connections' unserved input may hold together; a connection "

@@ -438,7 +438,11 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
     }
     kvp_segserver_opts so = {listen, n->unix_path, o->io_threads > 0 ? o->io_threads : 2,
                              cfg->cluster_token, n->seg_id, n->grants, ua};
-    rc = kvp_segserver_start(n->seg, &so, &n->srv, err, errlen);
+    kvp_segserver_limits lim = {(int)cfg->node_max_connections,
+                                (int)(cfg->node_max_connections / 4),
+                                (uint32_t)cfg->hello_timeout_ms, (uint32_t)cfg->idle_timeout_ms,
+                                (uint32_t)cfg->stall_timeout_ms};
+    rc = kvp_segserver_start_lim(n->seg, &so, &lim, &n->srv, err, errlen);
     if (rc) {
         n->srv = NULL;
         goto fail;

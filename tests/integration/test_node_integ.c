@@ -3,6 +3,8 @@
  * port, unmount and clean exit on SIGTERM; --unix-dir checks and stale
  * sockets. */
 #include <dirent.h>
+#include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 #include "common/buf.h"
 #include "harness.h"
 #include "kvpool.h"
+#include "net/net.h"
 #include "net/rpc.h"
 #include "proc.h"
 #include "proto/proto.h"
@@ -208,4 +211,59 @@ TEST(store_unix_dir)
     CHECK_EQ(node_socks(sd), 0); /* removed on a clean stop */
     CHECK_EQ(tp_master_stop(&m), 0);
     rmdir(sd);
+}
+
+/* Is fd closed by the peer within ms? (a read of 0 bytes, or an error) */
+static int closed_within(int fd, unsigned ms)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, (int)ms) <= 0)
+        return 0;
+    char b[256];
+    ssize_t n;
+    while ((n = recv(fd, b, sizeof b, MSG_DONTWAIT)) > 0)
+        ;
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+/* The storage node's connection limits come from the configuration:
+ * --hello-timeout and --idle-timeout close silent and idle connections. */
+TEST(store_connection_timeouts_from_config)
+{
+    tp_master m;
+    CHECK_EQ(tp_master_start(&m, NULL), 0);
+    if (m.pid <= 0)
+        return;
+    uint16_t port = 0;
+    char err[256];
+    int lfd = kvp_net_listen("127.0.0.1:0", 1, &port, err, sizeof err);
+    CHECK(lfd >= 0);
+    close(lfd);
+    char listen[64];
+    snprintf(listen, sizeof listen, "127.0.0.1:%u", port);
+    tp_store s;
+    CHECK_EQ(tp_store_start(&s, m.addr, (const char *const[]){"--segment-size", "8MiB", "--listen",
+                                                               listen, "--hello-timeout", "300ms",
+                                                               "--idle-timeout", "400ms", NULL}),
+             0);
+    char eh[256];
+    int silent = kvp_net_connect(listen, 2000, eh, sizeof eh);
+    CHECK(silent >= 0);
+    uint64_t t0 = tp_now_ms();
+    CHECK(closed_within(silent, 3000));
+    uint64_t t_silent = tp_now_ms() - t0;
+    close(silent);
+    kvp_rpc *r;
+    kvp_rpc_opts o = {.name = "idle", .timeout_ms = 2000};
+    CHECK_EQ(kvp_rpc_open(listen, &o, &r, err, sizeof err), 0); /* HELLO: now only idle */
+    t0 = tp_now_ms();
+    CHECK(closed_within(kvp_rpc_fd(r), 3000));
+    uint64_t t_idle = tp_now_ms() - t0;
+    kvp_rpc_close(r);
+    printf("  silent closed after %llu ms, idle after %llu ms\n", (unsigned long long)t_silent,
+           (unsigned long long)t_idle);
+    CHECK(t_silent >= 250 && t_silent < 1500);
+    CHECK(t_idle >= 350 && t_idle < 1500);
+    tp_store_kill(&s);
+    CHECK_EQ(tp_master_stop(&m), 0);
 }
