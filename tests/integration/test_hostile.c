@@ -824,13 +824,8 @@ TEST(restarted_node_takes_its_name_back)
     tp_store s = {0};
     static const char *const mopts[] = {"--client-ttl", "30s", NULL};
     CHECK_EQ(tp_master_start(&m, mopts), 0);
-    uint16_t port = 0;
-    char err[256];
-    int lfd = kvp_net_listen("127.0.0.1:0", 1, &port, err, sizeof err);
-    CHECK(lfd >= 0);
-    close(lfd);
     char listen[64];
-    snprintf(listen, sizeof listen, "127.0.0.1:%u", port);
+    CHECK_EQ(tp_free_addr(listen, sizeof listen), 0);
     const char *const sargs[] = {"--segment-size", "8MiB", "--listen", listen, NULL};
     CHECK_EQ(tp_store_start(&s, m.addr, sargs), 0);
     char name[256];

@@ -234,13 +234,8 @@ TEST(store_connection_timeouts_from_config)
     CHECK_EQ(tp_master_start(&m, NULL), 0);
     if (m.pid <= 0)
         return;
-    uint16_t port = 0;
-    char err[256];
-    int lfd = kvp_net_listen("127.0.0.1:0", 1, &port, err, sizeof err);
-    CHECK(lfd >= 0);
-    close(lfd);
     char listen[64];
-    snprintf(listen, sizeof listen, "127.0.0.1:%u", port);
+    CHECK_EQ(tp_free_addr(listen, sizeof listen), 0);
     tp_store s;
     CHECK_EQ(tp_store_start(&s, m.addr, (const char *const[]){"--segment-size", "8MiB", "--listen",
                                                                listen, "--hello-timeout", "300ms",
@@ -254,6 +249,7 @@ TEST(store_connection_timeouts_from_config)
     uint64_t t_silent = tp_now_ms() - t0;
     close(silent);
     kvp_rpc *r;
+    char err[256];
     kvp_rpc_opts o = {.name = "idle", .timeout_ms = 2000};
     CHECK_EQ(kvp_rpc_open(listen, &o, &r, err, sizeof err), 0); /* HELLO: now only idle */
     t0 = tp_now_ms();

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "net/net.h"
 #include "net/rpc.h"
 #include "proto/proto.h"
 
@@ -411,4 +412,16 @@ void tp_store_kill(tp_store *s)
         wait_bounded(s->pid, 5000);
     }
     s->pid = 0;
+}
+
+int tp_free_addr(char *out, size_t outlen)
+{
+    uint16_t port = 0;
+    char err[256];
+    int fd = kvp_net_listen("127.0.0.1:0", 1, &port, err, sizeof err);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    snprintf(out, outlen, "127.0.0.1:%u", port);
+    return 0;
 }

@@ -96,6 +96,11 @@ int tp_master_segments(const char *master_addr);
  */
 int tp_run_capture(const char *const *argv, int which, char *out, size_t outlen, int timeout_ms);
 
+/* "127.0.0.1:PORT" with a port nobody listened on a moment ago (bound to
+ * port 0, then closed), for processes that must be started on a known
+ * address. 0 or -1. */
+int tp_free_addr(char *out, size_t outlen);
+
 /* Monotonic milliseconds and a sleep, for tests. */
 uint64_t tp_now_ms(void);
 void tp_sleep_ms(unsigned ms);

@@ -277,26 +277,23 @@ static void client_sweep(const char *addr)
     kvp_client_close(c);
 }
 
-TEST(client_shm_sweep)
+/* Runs a sweep against a fresh master + store; tcp: KVPOOL_FORCE_TCP for
+ * this and every later test of the process (the data plane under test). */
+static void in_cenv(void (*sweep)(const char *addr), int tcp)
 {
+    if (tcp)
+        setenv("KVPOOL_FORCE_TCP", "1", 1);
     cenv e;
     if (cenv_up(&e) == 0)
-        client_sweep(e.m.addr);
+        sweep(e.m.addr);
     else
         th_fail(__FILE__, __LINE__, "env_up");
     cenv_down(&e);
 }
 
-TEST(client_tcp_sweep)
-{
-    setenv("KVPOOL_FORCE_TCP", "1", 1);
-    cenv e;
-    if (cenv_up(&e) == 0)
-        client_sweep(e.m.addr);
-    else
-        th_fail(__FILE__, __LINE__, "env_up");
-    cenv_down(&e);
-}
+TEST(client_shm_sweep) { in_cenv(client_sweep, 0); }
+
+TEST(client_tcp_sweep) { in_cenv(client_sweep, 1); }
 
 /* A fresh client: kvp_client_open (connect, HELLO) and its first
  * transfers (shm attach and descriptor passing, or the data-plane TCP
@@ -345,26 +342,9 @@ static void fresh_sweep(const char *addr)
     fprintf(stderr, "    %llu injection points\n", (unsigned long long)points);
 }
 
-TEST(client_fresh_shm_sweep)
-{
-    cenv e;
-    if (cenv_up(&e) == 0)
-        fresh_sweep(e.m.addr);
-    else
-        th_fail(__FILE__, __LINE__, "env_up");
-    cenv_down(&e);
-}
+TEST(client_fresh_shm_sweep) { in_cenv(fresh_sweep, 0); }
 
-TEST(client_fresh_tcp_sweep)
-{
-    setenv("KVPOOL_FORCE_TCP", "1", 1);
-    cenv e;
-    if (cenv_up(&e) == 0)
-        fresh_sweep(e.m.addr);
-    else
-        th_fail(__FILE__, __LINE__, "env_up");
-    cenv_down(&e);
-}
+TEST(client_fresh_tcp_sweep) { in_cenv(fresh_sweep, 1); }
 
 /* --------------------------------------------------------------- master */
 
