@@ -58,6 +58,8 @@ enum {
     STREAM_NON_BLOCKING = 0x1,
     EVENT_DISABLE_TIMING = 0x2,
     SRC_ACCESS_ORDER_STREAM = 0x1,
+    LOC_DEVICE = 0x1,
+    LOC_HOST = 0x2,
 };
 
 #define TILE (64u << 10)     /* kernel: bytes per tile (KVP_GPU_TILE) */
@@ -103,7 +105,7 @@ static struct {
 extern const char kvp_gpu_kernel_ptx[];
 
 enum { COPY_BATCH, COPY_KERNEL, COPY_EACH };
-static int c_mode = COPY_EACH;
+static int c_mode = COPY_EACH; /* atomic: lowered once when the driver refuses a mode */
 static CUfunction c_kernel;
 
 struct kvp_gpu_dev {
@@ -307,6 +309,7 @@ static int cuda_memcpy(void *dst, const void *src, size_t len)
 
 typedef struct cstream {
     CUstream st;
+    int ordinal;         /* its device's */
     CUevent ev[KVP_GPU_TICKETS];
     uint8_t *arena;      /* kernel mode: tile tables (page-locked, mapped) */
     size_t arena_used;
@@ -323,6 +326,7 @@ static void *cuda_stream_new(kvp_gpu_dev *d)
         kvp_free(s);
         return NULL;
     }
+    s->ordinal = d->ordinal;
     return s;
 }
 
@@ -385,7 +389,9 @@ static int copy_batch(cstream *s, int dir, const kvp_gpu_piece *p, size_t n)
 {
     CUdeviceptr dst[BATCH_MAX], src[BATCH_MAX];
     size_t len[BATCH_MAX], zero = 0, fail = 0;
-    cu_memcpy_attrs at = {SRC_ACCESS_ORDER_STREAM, {0, 0}, {0, 0}, 0};
+    cu_loc dev = {LOC_DEVICE, s->ordinal}, host = {LOC_HOST, 0};
+    cu_memcpy_attrs at = {SRC_ACCESS_ORDER_STREAM, dir == KVP_GPU_D2H ? dev : host,
+                          dir == KVP_GPU_D2H ? host : dev, 0};
     for (size_t o = 0; o < n; o += BATCH_MAX) {
         size_t m = n - o < BATCH_MAX ? n - o : BATCH_MAX;
         for (size_t i = 0; i < m; i++) {
@@ -456,13 +462,29 @@ static int copy_kernel(cstream *s, int dir, const kvp_gpu_piece *p, size_t n)
     return 0;
 }
 
+/* Copies in the process's mode. A batch or kernel call the driver refuses
+ * (an older or restricted driver) moves the process to the next mode for
+ * good, with a warning, and all n pieces go again that way: copies of the
+ * same bytes to the same place that were enqueued before the refusal are
+ * harmless repeats. */
 static int cuda_copy(void *bs, int dir, const kvp_gpu_piece *p, size_t n)
 {
     cstream *s = bs;
-    if (c_mode == COPY_BATCH)
-        return copy_batch(s, dir, p, n);
-    if (c_mode == COPY_KERNEL)
-        return copy_kernel(s, dir, p, n);
+    int mode = __atomic_load_n(&c_mode, __ATOMIC_RELAXED);
+    if (mode == COPY_BATCH && copy_batch(s, dir, p, n) == 0)
+        return 0;
+    if (mode == COPY_BATCH) {
+        mode = c_kernel ? COPY_KERNEL : COPY_EACH;
+        __atomic_store_n(&c_mode, mode, __ATOMIC_RELAXED);
+        KVP_WARN(MOD, "cuMemcpyBatchAsync refused; copies go %s from now on",
+                 mode == COPY_KERNEL ? "by the gather kernel" : "one call per piece");
+    }
+    if (mode == COPY_KERNEL && copy_kernel(s, dir, p, n) == 0)
+        return 0;
+    if (mode == COPY_KERNEL) {
+        __atomic_store_n(&c_mode, COPY_EACH, __ATOMIC_RELAXED);
+        KVP_WARN(MOD, "the gather kernel failed; copies go one call per piece from now on");
+    }
     for (size_t i = 0; i < n; i++)
         if (copy_one(s, dir, &p[i]) != 0)
             return KVP_EDEVICE;
