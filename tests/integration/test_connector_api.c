@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "client/gpu.h"
 #include "harness.h"
 #include "kvpool.h"
 #include "kvpool_connector.h"
@@ -35,7 +36,22 @@ typedef struct env {
     kvp_conn_sched *s;
     kvp_conn_worker *w[TP];
     uint8_t *kv[TP][LAYERS]; /* (2, NB, BS, DIM) each */
+    int dev;                 /* the KV caches are device memory (gpu.h's fake device) */
 } env;
+
+/* Bytes into / out of a KV cache, host or device. */
+static void kv_put(env *e, uint8_t *dst, const uint8_t *src, size_t len)
+{
+    if (e->dev)
+        kvp_gpu_memcpy(dst, src, len);
+    else
+        memcpy(dst, src, len);
+}
+
+static void kv_get(env *e, uint8_t *dst, const uint8_t *src, size_t len)
+{
+    kv_put(e, dst, src, len);
+}
 
 /* The engine's fence: remembers the highest step a store waited for. */
 static _Atomic uint64_t fence_max;
@@ -53,9 +69,11 @@ static void fill_block(env *e, int rank, uint32_t block, uint32_t seed)
     for (int l = 0; l < LAYERS; l++)
         for (int p = 0; p < 2; p++) {
             uint8_t *b = e->kv[rank][l] + (size_t)p * PLANE + (size_t)block * BS * DIM;
+            uint8_t v[BS * DIM];
             for (size_t i = 0; i < (size_t)BS * DIM; i++)
-                b[i] = (uint8_t)(seed * 131u + (uint32_t)rank * 29u + (uint32_t)l * 7u +
+                v[i] = (uint8_t)(seed * 131u + (uint32_t)rank * 29u + (uint32_t)l * 7u +
                                  (uint32_t)p * 3u + (uint32_t)i);
+            kv_put(e, b, v, sizeof v);
         }
 }
 
@@ -63,17 +81,21 @@ static int same_block(env *e, int rank, uint32_t a, uint32_t b)
 {
     for (int l = 0; l < LAYERS; l++)
         for (int p = 0; p < 2; p++) {
-            const uint8_t *x = e->kv[rank][l] + (size_t)p * PLANE + (size_t)a * BS * DIM;
-            const uint8_t *y = e->kv[rank][l] + (size_t)p * PLANE + (size_t)b * BS * DIM;
-            if (memcmp(x, y, (size_t)BS * DIM) != 0)
+            uint8_t x[BS * DIM], y[BS * DIM];
+            kv_get(e, x, e->kv[rank][l] + (size_t)p * PLANE + (size_t)a * BS * DIM, sizeof x);
+            kv_get(e, y, e->kv[rank][l] + (size_t)p * PLANE + (size_t)b * BS * DIM, sizeof y);
+            if (memcmp(x, y, sizeof x) != 0)
                 return 0;
         }
     return 1;
 }
 
-static int env_up(env *e, int num_kv_heads)
+static int env_up_kv(env *e, int num_kv_heads, int dev)
 {
     memset(e, 0, sizeof *e);
+    e->dev = dev;
+    if (dev)
+        kvp_gpu_use_fake();
     if (tp_master_start(&e->m, NULL) != 0)
         return -1;
     if (tp_store_start(&e->st, e->m.addr, (const char *const[]){"--segment-size", "64MiB", NULL}))
@@ -103,7 +125,7 @@ static int env_up(env *e, int num_kv_heads)
         }
         kvp_conn_tensor t[LAYERS];
         for (int l = 0; l < LAYERS; l++) {
-            e->kv[r][l] = calloc(1, 2 * PLANE);
+            e->kv[r][l] = dev ? kvp_gpu_dev_alloc(0, 2 * PLANE) : calloc(1, 2 * PLANE);
             if (!e->kv[r][l])
                 return -1;
             t[l] = (kvp_conn_tensor){.base = e->kv[r][l], .storage_len = 2 * PLANE,
@@ -121,13 +143,18 @@ static int env_up(env *e, int num_kv_heads)
     return 0;
 }
 
+static int env_up(env *e, int num_kv_heads) { return env_up_kv(e, num_kv_heads, 0); }
+
 static void env_down(env *e)
 {
     kvp_conn_sched_close(e->s);
     for (int r = 0; r < TP; r++) {
         kvp_conn_worker_close(e->w[r]);
         for (int l = 0; l < LAYERS; l++)
-            free(e->kv[r][l]);
+            if (e->dev)
+                kvp_gpu_dev_free(e->kv[r][l]);
+            else
+                free(e->kv[r][l]);
     }
     CHECK_EQ(tp_store_stop(&e->st), 0);
     CHECK_EQ(tp_master_stop(&e->m), 0);
@@ -180,10 +207,10 @@ static int until_reported(env *e, const char *fin, kvp_conn_str id, int want_sen
     return -1;
 }
 
-TEST(store_then_load_shared_prefix_tp2)
+static void shared_prefix_body(int dev)
 {
     env e;
-    CHECK(env_up(&e, 2) == 0); /* two KV heads: each rank its own bytes and keys */
+    CHECK(env_up_kv(&e, 2, dev) == 0); /* two KV heads: each rank its own bytes and keys */
 
     /* request A: 64 tokens = 4 blocks, computed in blocks 1..4 */
     enum { NA = 64, NBK = NA / BS, NBX = 80 / BS };
@@ -305,6 +332,13 @@ TEST(store_then_load_shared_prefix_tp2)
     CHECK_EQ(nn, (uint64_t)0);
     env_down(&e);
 }
+
+TEST(store_then_load_shared_prefix_tp2) { shared_prefix_body(0); }
+
+/* The same with the KV caches in device memory (the fake device: the CPU
+ * cannot touch them): register_kv_caches finds them device memory, stores
+ * and loads go by DMA, and the loaded blocks equal the stored ones. */
+TEST(store_then_load_device_kv_tp2) { shared_prefix_body(1); }
 
 TEST(undecodable_step_bytes_are_an_error)
 {
