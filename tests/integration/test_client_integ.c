@@ -76,26 +76,13 @@ static kvp_client *client_open(const char *addr, const char *extra_json)
 
 /* ------------------------------------------------------------- values */
 
-/* Deterministic bytes for (seed, len): what a key's value must be. */
-static void fill(uint8_t *p, size_t len, uint64_t seed)
-{
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
-    for (size_t i = 0; i < len; i++) {
-        if ((i & 7) == 0) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-        }
-        p[i] = (uint8_t)(x >> ((i & 7) * 8));
-    }
-}
 
 static int check_bytes(const uint8_t *p, size_t len, uint64_t seed)
 {
     uint8_t *want = malloc(len ? len : 1);
     if (!want)
         return 0;
-    fill(want, len, seed);
+    tp_fill(want, len, seed);
     int ok = memcmp(p, want, len) == 0;
     free(want);
     return ok;
@@ -160,7 +147,7 @@ static void rt_body(const char *addr, const char *tag)
             snprintf(names[i], sizeof names[i], "rt-%s-%d", tag, b + i);
             keys[i] = names[i];
             bufs[i] = malloc(sz[b + i]);
-            fill(bufs[i], sz[b + i], (uint64_t)(b + i));
+            tp_fill(bufs[i], sz[b + i], (uint64_t)(b + i));
             iov[i] = (kvp_iov){bufs[i], sz[b + i]};
             iovp[i] = &iov[i];
             niov[i] = 1;
@@ -224,7 +211,7 @@ static void sg_body(const char *addr)
     enum { A = 1000, B = 0, C = 70000, D = 1, E = 4096 };
     size_t total = A + B + C + D + E;
     uint8_t *src = malloc(total), *dst = malloc(total + 100);
-    fill(src, total, 7);
+    tp_fill(src, total, 7);
     kvp_iov in[5] = {{src, A}, {src + A, B}, {src + A, C}, {src + A + C, D}, {src + A + C + D, E}};
     const kvp_iov *inp = in;
     size_t nin = 5;
@@ -301,8 +288,8 @@ static void dedup_body(const char *addr)
     kvp_client *c = client_open(addr, NULL);
     CHECK(c != NULL);
     uint8_t a[5000], b[5000], got[5000];
-    fill(a, sizeof a, 1);
-    fill(b, sizeof b, 2);
+    tp_fill(a, sizeof a, 1);
+    tp_fill(b, sizeof b, 2);
     const char *key = "dup";
     kvp_iov va = {a, sizeof a}, vb = {b, sizeof b};
     const kvp_iov *pa = &va, *pb = &vb;
@@ -351,7 +338,7 @@ static void embedded_body(const char *addr)
     CHECK_EQ(rc, 0);
     CHECK_EQ(tp_master_segments(addr), 1);
     static uint8_t v[1 << 20], got[1 << 20];
-    fill(v, sizeof v, 9);
+    tp_fill(v, sizeof v, 9);
     CHECK_EQ(kvp_client_put(c, "emb", v, sizeof v), 0);
     CHECK_EQ(kvp_client_get(c, "emb", got, sizeof got), (int64_t)sizeof got);
     CHECK(memcmp(v, got, sizeof v) == 0);
@@ -395,7 +382,7 @@ static void *tp_thread(void *p)
         snprintf(key, sizeof key, "tp-%d-%d-%d", a->proc, a->thread, i);
         size_t len = 1 + rng_next(&s) % (64 * 1024);
         uint64_t seed = (uint64_t)(a->proc * 1000000 + a->thread * 10000 + i);
-        fill(buf, len, seed);
+        tp_fill(buf, len, seed);
         if (kvp_client_put(a->c, key, buf, len) != 0) {
             a->failures++;
             continue;
@@ -497,7 +484,7 @@ static void evict_body(const char *addr)
     for (int i = 0; i < n; i++) {
         char key[32];
         snprintf(key, sizeof key, "ev-%d", i);
-        fill(v, len, (uint64_t)i);
+        tp_fill(v, len, (uint64_t)i);
         int rc = kvp_client_put(c, key, v, len);
         if (rc)
             fprintf(stderr, "    put %s: %s\n", key, kvp_err_name(rc));
@@ -546,7 +533,7 @@ static void failover_body(env *e)
     for (int i = 0; i < FO_KEYS; i++) {
         char key[32];
         snprintf(key, sizeof key, "fo-%d", i);
-        fill(v, FO_LEN, (uint64_t)i);
+        tp_fill(v, FO_LEN, (uint64_t)i);
         CHECK_EQ(kvp_client_put(c, key, v, FO_LEN), 0);
     }
     char desc[512];
@@ -619,7 +606,7 @@ static void kill_put_body(env *e)
         for (int i = 0; i < KP_BATCH; i++) {
             snprintf(names[i], sizeof names[i], "kp-%d-%d", b, i);
             keys[i] = names[i];
-            fill(bufs[i], KP_LEN, (uint64_t)(b * KP_BATCH + i));
+            tp_fill(bufs[i], KP_LEN, (uint64_t)(b * KP_BATCH + i));
             iov[i] = (kvp_iov){bufs[i], KP_LEN};
             iovp[i] = &iov[i];
             niov[i] = 1;
@@ -676,7 +663,7 @@ static void restart_body(env *e)
     kvp_client *c = client_open(e->m.addr, ", \"rpc_timeout\": \"2s\"");
     CHECK(c != NULL);
     uint8_t v[10000], got[10000];
-    fill(v, sizeof v, 5);
+    tp_fill(v, sizeof v, 5);
     CHECK_EQ(kvp_client_put(c, "before", v, sizeof v), 0);
     char addr[64];
     snprintf(addr, sizeof addr, "%s", e->m.addr);
@@ -689,7 +676,7 @@ static void restart_body(env *e)
     CHECK_EQ(tp_master_segments(addr), 1);
     /* the old object's metadata died with the master */
     CHECK_EQ(kvp_client_get(c, "before", got, sizeof got), KVP_EOBJECT_NOT_FOUND);
-    fill(v, sizeof v, 6);
+    tp_fill(v, sizeof v, 6);
     CHECK_EQ(kvp_client_put(c, "after", v, sizeof v), 0);
     CHECK_EQ(kvp_client_get(c, "after", got, sizeof got), (int64_t)sizeof got);
     CHECK(memcmp(v, got, sizeof v) == 0);
@@ -892,7 +879,7 @@ static void extended_body(const char *addr)
     CHECK(strcmp(kvp_client_tenant(t), "other") == 0);
     CHECK(strcmp(kvp_client_segment_name(c), "") == 0); /* standalone-store: none */
     static uint8_t src[8192], dst[16384];
-    fill(src, sizeof src, 7);
+    tp_fill(src, sizeof src, 7);
 
     /* options: 2 replicas on 2 segments, hard pin, a bad struct_size */
     kvp_put_opts o;

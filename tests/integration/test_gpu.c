@@ -105,26 +105,14 @@ static kvp_client *open_client(const env *e, int tcp)
 
 /* ------------------------------------------------------------- values */
 
-static void fill(uint8_t *p, size_t len, uint64_t seed)
-{
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
-    for (size_t i = 0; i < len; i++) {
-        if ((i & 7) == 0) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-        }
-        p[i] = (uint8_t)(x >> ((i & 7) * 8));
-    }
-}
 
-/* Device memory [d, d+len) holds fill(seed)? (read back through the driver) */
+/* Device memory [d, d+len) holds tp_fill(seed)? (read back through the driver) */
 static int dev_holds(const void *d, size_t len, uint64_t seed)
 {
     uint8_t *got = malloc(len), *want = malloc(len);
     int ok = got && want && kvp_gpu_memcpy(got, d, len) == 0;
     if (ok) {
-        fill(want, len, seed);
+        tp_fill(want, len, seed);
         ok = memcmp(got, want, len) == 0;
     }
     free(got);
@@ -137,7 +125,7 @@ static int dev_fill(void *d, size_t len, uint64_t seed)
     uint8_t *h = malloc(len);
     if (!h)
         return -1;
-    fill(h, len, seed);
+    tp_fill(h, len, seed);
     int rc = kvp_gpu_memcpy(d, h, len);
     free(h);
     return rc;
@@ -248,10 +236,10 @@ static void sizes_body(int tcp, int reg)
         memset(host, 0, n);
         CHECK_EQ(kvp_client_get(c, key, host, n), (int64_t)n); /* put from device, get to host */
         uint8_t *want = malloc(n);
-        fill(want, n, n);
+        tp_fill(want, n, n);
         CHECK(memcmp(host, want, n) == 0);
         snprintf(key, sizeof key, "host-%d-%zu", tcp, n); /* put from host, get to device */
-        fill(host, n, n + 1);
+        tp_fill(host, n, n + 1);
         CHECK_EQ(kvp_client_put(c, key, host, n), 0);
         CHECK_EQ(kvp_client_get(c, key, dst + off, n), (int64_t)n);
         CHECK(dev_holds(dst + off, n, n + 1));
@@ -308,7 +296,7 @@ static void scatter_body(int tcp)
     uint8_t *hsrc = malloc(VK * VPIECE), *hdst = malloc(VK * VPIECE);
     CHECK(hsrc && hdst);
     CHECK_EQ(dev_fill(src, region, 42), 0);
-    fill(hsrc, VK * VPIECE, 43);
+    tp_fill(hsrc, VK * VPIECE, 43);
     static kvp_iov pv[VK][VP], gv[VK][VP];
     const kvp_iov *pp[VK], *gp[VK];
     size_t np[VK];
@@ -414,7 +402,7 @@ static void corrupt_body(int tcp)
     CHECK(c && (!tcp || t));
     size_t n = 256 * KiB;
     uint8_t *h = malloc(n);
-    fill(h, n, 5);
+    tp_fill(h, n, 5);
     CHECK_EQ(kvp_client_put(c, "bad", h, n), 0);
     uint64_t seg, off, msize;
     CHECK_EQ(locate(c, "bad", &seg, &off), 0);

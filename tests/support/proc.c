@@ -28,6 +28,19 @@ uint64_t tp_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+void tp_fill(uint8_t *p, size_t len, uint64_t seed)
+{
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+    for (size_t i = 0; i < len; i++) {
+        if ((i & 7) == 0) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+        }
+        p[i] = (uint8_t)(x >> ((i & 7) * 8));
+    }
+}
+
 void tp_sleep_ms(unsigned ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};

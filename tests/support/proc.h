@@ -104,5 +104,7 @@ int tp_free_addr(char *out, size_t outlen);
 /* Monotonic milliseconds and a sleep, for tests. */
 uint64_t tp_now_ms(void);
 void tp_sleep_ms(unsigned ms);
+/* Deterministic bytes for (seed, len): what a test key's value must be. */
+void tp_fill(uint8_t *p, size_t len, uint64_t seed);
 
 #endif
