@@ -44,6 +44,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -1175,6 +1176,24 @@ static int tcp_dev_pump(job *j, int fd)
 
 /* ----------------------------------------------------------- the table */
 
+/* Device jobs per shm segment: $KVPOOL_GPU_THREADS (1..64), else half the
+ * cores, 2 to 8 (each hashes ~10 GB/s from memory; a PCIe 5 link moves
+ * ~50 GB/s each way). */
+static int default_gpu_threads(void)
+{
+    const char *e = getenv("KVPOOL_GPU_THREADS");
+    char *end;
+    long v = e && *e ? strtol(e, &end, 10) : 0;
+    if (e && *e && (*end || v < 1 || v > 64)) {
+        KVP_WARN(MOD, "KVPOOL_GPU_THREADS=%s: not a number from 1 to 64; using the default", e);
+        v = 0;
+    }
+    if (v > 0)
+        return (int)v;
+    long n = sysconf(_SC_NPROCESSORS_ONLN) / 2;
+    return n < 2 ? 2 : n > 8 ? 8 : (int)n;
+}
+
 int kvp_xfer_create(const kvp_xfer_opts *o, kvp_xfer **out)
 {
     kvp_xfer *x = kvp_calloc(1, sizeof *x);
@@ -1189,7 +1208,7 @@ int kvp_xfer_create(const kvp_xfer_opts *o, kvp_xfer **out)
     x->nconns = o && o->conns_per_node > 0 ? o->conns_per_node : 4;
     x->force_tcp = o ? o->force_tcp : 0;
     x->timeout_ms = o && o->timeout_ms > 0 ? o->timeout_ms : 10000;
-    x->gpu_threads = o && o->gpu_threads > 0 ? o->gpu_threads : 4;
+    x->gpu_threads = o && o->gpu_threads > 0 ? o->gpu_threads : default_gpu_threads();
     pthread_rwlock_init(&x->lock, NULL);
     *out = x;
     return 0;

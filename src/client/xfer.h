@@ -35,8 +35,9 @@ typedef struct kvp_xfer_opts {
     int force_tcp;             /* never use shm (tests, benchmarks) */
     int timeout_ms;            /* connect/io deadline per call (0 = 10 s) */
     int gpu_threads;           /* shm jobs (each a thread and a stream) per segment
-                                  for device ops (0 = 4): checksums of
-                                  PCIe-speed copies need several cores */
+                                  for device ops (0 = $KVPOOL_GPU_THREADS, else
+                                  half the cores, 2..8): checksums of PCIe-speed
+                                  copies need several cores */
 } kvp_xfer_opts;
 
 int kvp_xfer_create(const kvp_xfer_opts *o, kvp_xfer **out);
