@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "_native.h"
+#include "client/gpu.h"
 #include "kvpool.h"
 
 /* Raised by Client(...) when kvp_client_open fails: args (code, message). */
@@ -1007,29 +1008,7 @@ static PyObject *Client_stat(Client *self, PyObject *unused) { return text_call(
  */
 int kvp_py_range_mapped_rw(uintptr_t p, size_t len)
 {
-    if (len == 0 || len > UINTPTR_MAX - p)
-        return 0;
-    uintptr_t cur = p, end = p + len;
-    FILE *f = fopen("/proc/self/maps", "re");
-    if (!f)
-        return 0;
-    char line[512];
-    while (cur < end && fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        char perms[8];
-        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3)
-            continue;
-        if (hi <= cur)
-            continue;
-        if (lo > cur || perms[0] != 'r' || perms[1] != 'w')
-            break; /* a hole, or not read-write */
-        cur = hi;
-        size_t l = strlen(line);
-        while (l && line[l - 1] != '\n' && fgets(line, sizeof line, f)) /* rest of a long line */
-            l = strlen(line);
-    }
-    fclose(f);
-    return cur >= end;
+    return kvp_gpu_host_mapped((const void *)p, len);
 }
 
 static PyObject *Client_register(Client *self, PyObject *args_)

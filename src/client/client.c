@@ -40,6 +40,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack: no malloc */
 #include <xxhash.h>
 
+#include "client/gpu.h"
 #include "common/assert.h"
 #include "common/buf.h"
 #include "common/clock.h"
@@ -120,6 +121,49 @@ static int fit_iov(const kvp_iov *v, size_t n, uint64_t size, struct iovec *out)
 
 /* A key as wire bytes, or KVP_EINVALID_KEY (NULL, empty, or longer than
  * max_key_size: the master would refuse the whole request). */
+/*
+ * Memory kinds of a key's pieces v[0..n) into dev[0..n) (1 = device
+ * memory) and the device they are on (*gdev, NULL when all are host
+ * memory). Registered ranges answer from the table (their kind was found
+ * at registration); other pieces are asked of the driver, and only when
+ * this process can hold device memory at all. 0, or KVP_EINVALID_PARAMS
+ * (pieces on two devices, a device piece crossing its allocation) /
+ * KVP_EDEVICE (the driver failed).
+ */
+static size_t reg_upper(const kvp_client *c, uintptr_t p);
+
+static int piece_kinds(kvp_client *c, const kvp_iov *v, size_t n, uint8_t *dev,
+                       struct kvp_gpu_dev **gdev)
+{
+    *gdev = NULL;
+    memset(dev, 0, n);
+    int active = kvp_gpu_active();
+    if (!active && __atomic_load_n(&c->ndevregs, __ATOMIC_ACQUIRE) == 0)
+        return 0; /* the common case: no device memory anywhere */
+    int rc = 0;
+    pthread_mutex_lock(&c->reg_mu);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        uintptr_t b = (uintptr_t)v[i].base;
+        struct kvp_gpu_dev *d = NULL;
+        if (v[i].len == 0)
+            continue;
+        size_t j = reg_upper(c, b);
+        if (j > 0 && b - c->regs[j - 1].base < c->regs[j - 1].len &&
+            v[i].len <= c->regs[j - 1].len - (b - c->regs[j - 1].base))
+            d = c->regs[j - 1].dev;
+        else if (active && (rc = kvp_gpu_classify(v[i].base, v[i].len, &d)) > 0)
+            rc = 0;
+        if (rc == 0 && d) {
+            if (*gdev && *gdev != d)
+                rc = KVP_EINVALID_PARAMS; /* one value, two devices */
+            *gdev = d;
+            dev[i] = 1;
+        }
+    }
+    pthread_mutex_unlock(&c->reg_mu);
+    return rc;
+}
+
 static int key_bytes(const kvp_client *c, const char *key, kvp_bytes *out)
 {
     if (!key)
@@ -685,6 +729,8 @@ static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_b
         }
     }
     struct iovec *iov = kvp_calloc(niovs + 1, sizeof *iov);
+    uint8_t *devs = kvp_calloc(niovs + 1, 1); /* per piece: device memory */
+    int *kerr = kvp_calloc(m, sizeof *kerr);  /* per key: its pieces' kinds are unusable */
     int *iovcnt = kvp_calloc(m, sizeof *iovcnt);
     size_t *iovoff = kvp_calloc(m, sizeof *iovoff);
     kvp_xfer_op *ops = kvp_calloc(nops + 1, sizeof *ops);
@@ -694,8 +740,8 @@ static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_b
     kvp_bytes *revk = kvp_calloc(m, sizeof *revk);
     size_t *endi = kvp_calloc(m, sizeof *endi);
     size_t *revi = kvp_calloc(m, sizeof *revi);
-    if (!iov || !iovcnt || !iovoff || !ops || !segids || !csums || !endk || !revk || !endi ||
-        !revi) {
+    if (!iov || !devs || !kerr || !iovcnt || !iovoff || !ops || !segids || !csums || !endk || !revk ||
+        !endi || !revi) {
         rc = KVP_ENOMEM;
         for (size_t i = 0; i < m; i++)
             results[idx[i]] = rc;
@@ -721,12 +767,16 @@ static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_b
                 iov[vo + j].iov_len = v[j].len;
             }
             iovcnt[i] = (int)niov[idx[i]];
+            struct kvp_gpu_dev *gd = NULL;
+            int krc = kerr[i] = piece_kinds(c, v, niov[idx[i]], devs + vo, &gd);
             vo += niov[idx[i]];
             for (uint32_t j = 0; j < r->n_replicas; j++) {
                 ops[oo].rep = r->replicas[j];
                 ops[oo].iov = iov + iovoff[i];
-                ops[oo].iovcnt = iovcnt[i];
+                ops[oo].iovcnt = krc ? -1 : iovcnt[i]; /* -1: not run (kerr says why) */
                 ops[oo].want_csum = j == 0; /* hashed while the first copy moves */
+                ops[oo].dev = gd ? devs + iovoff[i] : NULL;
+                ops[oo].gdev = gd;
                 ops[oo].status = 0;
                 segids[oo] = r->replicas[j].segment_id;
                 oo++;
@@ -748,7 +798,7 @@ static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_b
             kvp_put_result *r = &pr.results[i];
             if (r->status != 0 || r->n_replicas == 0 || r->n_replicas > KVP_MAX_REPLICAS)
                 continue;
-            int bad = 0;
+            int bad = kerr[i];
             csums[i] = ops[oo].csum; /* from the first replica's transfer */
             for (uint32_t j = 0; j < r->n_replicas; j++, oo++)
                 if (ops[oo].status && !bad)
@@ -798,6 +848,8 @@ static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_b
                       kvp_strerror(vrc));
     }
     kvp_free(iov);
+    kvp_free(devs);
+    kvp_free(kerr);
     kvp_free(iovcnt);
     kvp_free(iovoff);
     kvp_free(ops);
@@ -917,6 +969,9 @@ int kvp_client_put(kvp_client *c, const char *key, const void *buf, size_t len)
 typedef struct gstate {
     struct iovec *iov;
     int iovcnt;
+    const uint8_t *dev;       /* per piece: device memory (NULL: all host) */
+    struct kvp_gpu_dev *gdev;
+    int kind_err;
     uint32_t next;   /* index of the next replica to try */
     int last_err;    /* error of the last failed attempt */
     int done;
@@ -998,6 +1053,7 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
         }
     gstate *g = kvp_calloc(m, sizeof *g);
     struct iovec *iov = kvp_calloc(niovs + 1, sizeof *iov);
+    uint8_t *devs = kvp_calloc(niovs + 1, 1); /* per piece: device memory */
     kvp_xfer_op *ops = kvp_calloc(m + 1, sizeof *ops);
     size_t *opk = kvp_calloc(m + 1, sizeof *opk);
     uint64_t *segids = kvp_calloc(nrep + 1, sizeof *segids);
@@ -1005,7 +1061,7 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
     uint64_t *rell = kvp_calloc(m, sizeof *rell);
     kvp_bad_replica *bad = kvp_calloc(nrep + 1, sizeof *bad);
     size_t nrel = 0, nbad = 0;
-    int oom = !g || !iov || !ops || !opk || !segids || !relk || !rell || !bad;
+    int oom = !g || !iov || !devs || !ops || !opk || !segids || !relk || !rell || !bad;
 
     /* Results known from the answer alone; leases to give back. */
     size_t vo = 0, ns = 0;
@@ -1031,10 +1087,15 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
         } else if (r->n_replicas == 0 || r->n_replicas > KVP_MAX_REPLICAS) {
             results[idx[i]] = KVP_EINVALID_REPLICA;
             g[i].done = 1;
+        } else if ((g[i].kind_err = piece_kinds(c, iovs[idx[i]], niov[idx[i]], devs + vo,
+                                                &g[i].gdev)) != 0) {
+            results[idx[i]] = g[i].kind_err;
+            g[i].done = 1;
         } else {
             g[i].iov = iov + vo;
+            g[i].dev = g[i].gdev ? devs + vo : NULL;
             g[i].iovcnt = fit_iov(iovs[idx[i]], niov[idx[i]], r->size, g[i].iov);
-            vo += (size_t)g[i].iovcnt;
+            vo += niov[idx[i]]; /* devs + vo: room for every caller piece */
             g[i].last_err = KVP_EINVALID_REPLICA;
             for (uint32_t j = 0; j < r->n_replicas; j++)
                 segids[ns++] = r->replicas[j].segment_id;
@@ -1070,6 +1131,10 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
                 ops[no].iov = g[i].iov;
                 ops[no].iovcnt = g[i].iovcnt;
                 ops[no].want_csum = 1;
+                ops[no].dev = g[i].dev;
+                ops[no].gdev = g[i].gdev;
+                ops[no].verify = g[i].dev != NULL; /* no corrupt byte reaches the device */
+                ops[no].expect_csum = r->checksum;
                 ops[no].status = 0;
                 opk[no++] = i;
             }
@@ -1118,6 +1183,7 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
     }
     kvp_free(g);
     kvp_free(iov);
+    kvp_free(devs);
     kvp_free(ops);
     kvp_free(opk);
     kvp_free(segids);
@@ -1627,6 +1693,31 @@ static size_t reg_upper(const kvp_client *c, uintptr_t p)
     return lo;
 }
 
+/*
+ * What a range is, decided once here: device memory (of which device), or
+ * host memory mapped read-write in this process. Anything else is refused
+ * with the reason logged: memory that is neither would fault the first
+ * transfer.
+ */
+static int classify_region(const void *base, size_t len, struct kvp_gpu_dev **dev)
+{
+    int k = kvp_gpu_classify(base, len, dev);
+    if (k < 0) {
+        KVP_WARN(MOD, "register_buffer(%p, %zu): %s (%s)", base, len,
+                 k == KVP_EDEVICE ? "the CUDA driver cannot tell what this memory is"
+                                  : "device memory crossing the end of its allocation",
+                 kvp_gpu_status());
+        return k;
+    }
+    if (k == 0 && !kvp_gpu_host_mapped(base, len)) {
+        KVP_WARN(MOD, "register_buffer(%p, %zu): not host memory mapped read-write in this "
+                      "process, nor device memory the CUDA driver knows (%s)",
+                 base, len, kvp_gpu_status());
+        return KVP_EINVALID_PARAMS;
+    }
+    return 0;
+}
+
 int kvp_client_register_buffer(kvp_client *c, void *base, size_t len)
 {
     if (!c || !base || len == 0)
@@ -1634,6 +1725,10 @@ int kvp_client_register_buffer(kvp_client *c, void *base, size_t len)
     uintptr_t b = (uintptr_t)base;
     if (len > UINTPTR_MAX - b)
         return KVP_EINVALID_PARAMS;
+    struct kvp_gpu_dev *dev = NULL;
+    int crc = classify_region(base, len, &dev);
+    if (crc)
+        return crc;
     pthread_mutex_lock(&c->reg_mu);
     size_t i = reg_upper(c, b);
     int rc = 0;
@@ -1654,7 +1749,10 @@ int kvp_client_register_buffer(kvp_client *c, void *base, size_t len)
         memmove(c->regs + i + 1, c->regs + i, (c->nregs - i) * sizeof *c->regs);
         c->regs[i].base = b;
         c->regs[i].len = len;
+        c->regs[i].dev = dev;
         c->nregs++;
+        if (dev)
+            __atomic_add_fetch(&c->ndevregs, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&c->reg_mu);
     return rc;
@@ -1669,6 +1767,8 @@ int kvp_client_unregister_buffer(kvp_client *c, void *base)
     size_t i = reg_upper(c, b);
     int rc = KVP_EINVALID_PARAMS; /* not a registered base */
     if (i > 0 && c->regs[i - 1].base == b) {
+        if (c->regs[i - 1].dev)
+            __atomic_sub_fetch(&c->ndevregs, 1, __ATOMIC_RELEASE);
         memmove(c->regs + i - 1, c->regs + i, (c->nregs - i) * sizeof *c->regs);
         c->nregs--;
         rc = 0;

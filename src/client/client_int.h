@@ -30,10 +30,12 @@
 #include "net/rpc.h"
 #include "node/node.h"
 
-/* One registered caller range [base, base+len). */
+/* One registered caller range [base, base+len): host memory (dev NULL)
+ * or device memory of dev, as kvp_gpu_classify found at registration. */
 typedef struct kvp_creg {
     uintptr_t base;
     size_t len;
+    struct kvp_gpu_dev *dev;
 } kvp_creg;
 
 struct kvp_client {
@@ -57,6 +59,7 @@ struct kvp_client {
     pthread_mutex_t reg_mu;
     kvp_creg *regs;           /* sorted by base, non-overlapping */
     size_t nregs, cap_regs;
+    size_t ndevregs;          /* how many of them are device memory (atomic reads) */
 
     pthread_mutex_t hb_mu;
     pthread_cond_t hb_cv;     /* CLOCK_MONOTONIC */

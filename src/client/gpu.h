@@ -67,6 +67,11 @@ int kvp_gpu_active(void);
  */
 int kvp_gpu_classify(const void *p, size_t len, kvp_gpu_dev **dev);
 
+/* 1 when [p, p+len) lies in mappings of this process that are readable
+ * and writable (/proc/self/maps), else 0. Device memory is not (the driver
+ * reserves it PROT_NONE in this address space). */
+int kvp_gpu_host_mapped(const void *p, size_t len);
+
 /* Page-locks host memory for DMA (cuMemHostRegister, portable + mapped).
  * 0, or KVP_EDEVICE (copies from it then still work, slower). */
 int kvp_gpu_host_register(void *p, size_t len);

@@ -52,6 +52,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "client/gpu.h"
 #include "common/assert.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -88,6 +89,7 @@ typedef struct job {
     int own_thread;      /* wants a thread of its own */
     int threaded;        /* a thread was started for it */
     pthread_t th;
+    int dev;             /* its ops hold device memory (all of one kvp_gpu_dev) */
 } job;
 #define JOB_OP(j, k) (&(j)->ops[(j)->idx[(k) * (j)->stride]])
 
@@ -97,6 +99,10 @@ typedef struct xops {
      * for at least conns_per_node); returns how many. */
     size_t (*plan)(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, const size_t *idx,
                    size_t n, uint64_t deadline_ms, job *out);
+    /* The same for ops holding device memory of one device (at most
+     * max(conns_per_node, gpu_threads) jobs). */
+    size_t (*plan_dev)(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops,
+                       const size_t *idx, size_t n, uint64_t deadline_ms, job *out);
 } xops;
 
 struct seg_ent {
@@ -110,6 +116,8 @@ struct seg_ent {
     int shm_fd;       /* the unix connection of the attach, kept: its hang-up
                          tells that the node died (under attach_mu) */
     int dead;         /* the node is gone: the mapping is orphaned memory */
+    int pinned;       /* the mapping is page-locked for DMA: 1, -1 refused,
+                         0 not yet (under attach_mu) */
     slot *slots;      /* conns_per_node */
     unsigned rot;     /* next slot to start at (atomic) */
 };
@@ -120,12 +128,17 @@ struct kvp_xfer {
     int nconns;
     int force_tcp;
     int timeout_ms;
+    int gpu_threads;
     pthread_rwlock_t lock;
     seg_ent **segs;
     size_t nsegs, cap;
 };
 
 static const xops shm_ops, tcp_ops;
+static size_t shm_plan_dev(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops,
+                           const size_t *idx, size_t n, uint64_t deadline_ms, job *out);
+static size_t tcp_plan_dev(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops,
+                           const size_t *idx, size_t n, uint64_t deadline_ms, job *out);
 
 /* --------------------------------------------------------- io helpers */
 
@@ -483,15 +496,15 @@ static size_t shm_plan(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, 
     for (size_t k = 0; k < n; k++)
         bytes += ops[idx[k]].rep.length;
     if (n < 2 || bytes < SHM_SPLIT_BYTES || x->nconns < 2) {
-        *out = (job){x, e, is_write, ops, idx, n, 1, deadline_ms, shm_exec, 0, 0, 0};
+        *out = (job){x, e, is_write, ops, idx, n, 1, deadline_ms, shm_exec, 0, 0, 0, 0};
         return 1;
     }
-    out[0] = (job){x, e, is_write, ops, idx, (n + 1) / 2, 2, deadline_ms, shm_exec, 1, 0, 0};
-    out[1] = (job){x, e, is_write, ops, idx + 1, n / 2, 2, deadline_ms, shm_exec, 0, 0, 0};
+    out[0] = (job){x, e, is_write, ops, idx, (n + 1) / 2, 2, deadline_ms, shm_exec, 1, 0, 0, 0};
+    out[1] = (job){x, e, is_write, ops, idx + 1, n / 2, 2, deadline_ms, shm_exec, 0, 0, 0, 0};
     return 2;
 }
 
-static const xops shm_ops = {"shm", shm_plan};
+static const xops shm_ops = {"shm", shm_plan, shm_plan_dev};
 
 /* ---------------------------------------------------------------- tcp */
 
@@ -513,6 +526,21 @@ static void fail_from(job *j, size_t from, int code)
         if (JOB_OP(j, k)->status == 1)
             JOB_OP(j, k)->status = code;
 }
+
+/* The frame prefix (header + seg_io) of job op k: request id = the op's
+ * index in the batch + 1. */
+static void encode_prefix(uint8_t *p, const job *j, size_t k)
+{
+    const kvp_xfer_op *op = JOB_OP(j, k);
+    kvp_frame_hdr fh = {KVP_PROTO_VERSION, 0, j->is_write ? KVP_OP_SEG_WRITE : KVP_OP_SEG_READ,
+                        (uint64_t)j->idx[k * j->stride] + 1,
+                        (uint32_t)(KVP_SEG_IO_SIZE + (j->is_write ? op->rep.length : 0)), 0};
+    kvp_frame_hdr_encode(p, &fh);
+    kvp_buf b = {p + KVP_FRAME_HDR, 0, KVP_SEG_IO_SIZE, KVP_SEG_IO_SIZE, 0};
+    kvp_enc_seg_io(&b, &op->rep);
+}
+
+static int tcp_dev_pump(job *j, int fd);
 
 /* The pipelined duplex loop on one connected fd. Returns 0, or the code the
  * remaining ops fail with (the connection is then unusable). */
@@ -555,14 +583,7 @@ static int tcp_pump(job *j, int fd)
                     hashed = k + 1;
                 }
                 uint8_t *p = pre[n];
-                kvp_frame_hdr fh = {KVP_PROTO_VERSION, 0,
-                                    j->is_write ? KVP_OP_SEG_WRITE : KVP_OP_SEG_READ,
-                                    (uint64_t)j->idx[k * j->stride] + 1,
-                                    (uint32_t)(KVP_SEG_IO_SIZE + (j->is_write ? op->rep.length : 0)),
-                                    0};
-                kvp_frame_hdr_encode(p, &fh);
-                kvp_buf b = {p + KVP_FRAME_HDR, 0, KVP_SEG_IO_SIZE, KVP_SEG_IO_SIZE, 0};
-                kvp_enc_seg_io(&b, &op->rep);
+                encode_prefix(p, j, k);
                 if (off < PREFIX) {
                     iov[n].iov_base = p + off;
                     iov[n++].iov_len = PREFIX - off;
@@ -752,7 +773,7 @@ static void *tcp_exec(void *arg)
         }
     }
     if (!rc)
-        rc = tcp_pump(j, s->fd);
+        rc = j->dev ? tcp_dev_pump(j, s->fd) : tcp_pump(j, s->fd);
     for (size_t k = 0; !rc && k < j->n; k++)
         KVP_ASSERT(JOB_OP(j, k)->status != 1); /* a clean pump answered every op */
     if (rc) {
@@ -774,11 +795,383 @@ static size_t tcp_plan(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, 
     size_t nj = n < (size_t)x->nconns ? n : (size_t)x->nconns;
     for (size_t t = 0; t < nj; t++)
         out[t] = (job){x, e, is_write, ops, idx + t, (n - t + nj - 1) / nj, nj, deadline_ms,
-                       tcp_exec, 1, 0, 0};
+                       tcp_exec, 1, 0, 0, 0};
     return nj;
 }
 
-static const xops tcp_ops = {"tcp", tcp_plan};
+static const xops tcp_ops = {"tcp", tcp_plan, tcp_plan_dev};
+
+/* ------------------------------------------------------ device memory */
+
+#define DEV_WINDOW 16 /* shm: ops whose copies are in flight per job */
+#define REQ_WINDOW 32 /* tcp reads: SEG_READ requests sent ahead of the answer read */
+
+/*
+ * Bytes [off, off+len) of op's value against host memory h (the segment at
+ * the op's offset + off, or a staging slot): the device pieces become
+ * copies in out (d2h: device -> h, else h -> device); host pieces are
+ * copied by the CPU right here. Returns the number of copies.
+ */
+static size_t dev_pieces(const kvp_xfer_op *op, uint64_t off, uint64_t len, uint8_t *h, int d2h,
+                         kvp_gpu_piece *out)
+{
+    size_t n = 0;
+    uint64_t ps = 0, end = off + len; /* ps: value offset of piece i */
+    for (int i = 0; i < op->iovcnt && ps < end; ps += op->iov[i].iov_len, i++) {
+        uint64_t l = op->iov[i].iov_len;
+        if (ps + l <= off)
+            continue;
+        uint64_t a = off > ps ? off - ps : 0, b = end < ps + l ? end - ps : l;
+        uint8_t *u = (uint8_t *)op->iov[i].iov_base + a, *hh = h + (ps + a - off);
+        if (op->dev[i])
+            out[n++] = d2h ? (kvp_gpu_piece){hh, u, (size_t)(b - a)}
+                           : (kvp_gpu_piece){u, hh, (size_t)(b - a)};
+        else if (d2h)
+            memcpy(hh, u, (size_t)(b - a));
+        else
+            memcpy(u, hh, (size_t)(b - a));
+    }
+    return n;
+}
+
+/* The largest piece count of the job's ops (room for dev_pieces). */
+static size_t job_max_pieces(const job *j)
+{
+    size_t m = 1;
+    for (size_t k = 0; k < j->n; k++)
+        if ((size_t)JOB_OP(j, k)->iovcnt > m)
+            m = (size_t)JOB_OP(j, k)->iovcnt;
+    return m;
+}
+
+/* A stream of the job's device, current on this thread; NULL: KVP_EDEVICE. */
+static kvp_gpu_stream *job_stream(job *j)
+{
+    kvp_gpu_stream *s = kvp_gpu_stream_get(JOB_OP(j, 0)->gdev);
+    if (s && kvp_gpu_stream_bind(s) != 0) {
+        kvp_gpu_stream_put(s);
+        s = NULL;
+    }
+    return s;
+}
+
+/* Page-locks the segment mapping once, so the GPU copies straight into and
+ * out of it; a refusal is logged once and copies still work (the driver
+ * then stages them itself, slower). Needs a bound device. */
+static void shm_pin(seg_ent *e)
+{
+    pthread_mutex_lock(&e->attach_mu);
+    if (e->pinned == 0) {
+        e->pinned = kvp_gpu_host_register(e->map, e->map_size) == 0 ? 1 : -1;
+        if (e->pinned < 0)
+            KVP_WARN(MOD, "segment %016llx: page-locking its %llu-byte mapping failed; device "
+                          "copies go through the driver's staging", (unsigned long long)e->id,
+                     (unsigned long long)e->map_size);
+    }
+    pthread_mutex_unlock(&e->attach_mu);
+}
+
+/*
+ * shm, device ops: the GPU copies between device memory and the segment
+ * mapping; the CPU hashes the segment bytes meanwhile. Writes: copies of up
+ * to DEV_WINDOW ops in flight, each op hashed (from the segment: the bytes
+ * as they landed) once its copies are done. Reads: each op's value hashed
+ * from the segment and checked before its copies are enqueued, so the
+ * hash of op k+1 overlaps the DMA of op k and a corrupt value never
+ * reaches device memory.
+ */
+static void *shm_dev_exec(void *arg)
+{
+    job *j = arg;
+    seg_ent *e = j->e;
+    int w = j->is_write, err = 0;
+    kvp_gpu_piece *pc = kvp_malloc(job_max_pieces(j) * sizeof *pc);
+    kvp_gpu_stream *s = pc ? job_stream(j) : NULL;
+    if (!pc || !s)
+        err = pc ? KVP_EDEVICE : KVP_ENOMEM;
+    else
+        shm_pin(e);
+    uint64_t tk[DEV_WINDOW];
+    size_t wk[DEV_WINDOW], head = 0, cnt = 0;
+    for (size_t k = 0; k <= j->n; k++) {
+        /* retire the oldest op in flight: when the window is full, and all at the end */
+        while (cnt && (cnt == DEV_WINDOW || k == j->n)) {
+            kvp_xfer_op *op = JOB_OP(j, wk[head]);
+            int rc = err ? err : kvp_gpu_wait(s, tk[head], j->deadline_ms);
+            if (rc) {
+                op->status = err = rc;
+            } else {
+                if (w && op->want_csum)
+                    op->csum = XXH3_64bits(e->map + op->rep.offset, op->rep.length);
+                op->status = 0;
+            }
+            head = (head + 1) % DEV_WINDOW;
+            cnt--;
+        }
+        if (k == j->n)
+            break;
+        kvp_xfer_op *op = JOB_OP(j, k);
+        const kvp_replica *r = &op->rep;
+        if (err) {
+            op->status = err;
+            continue;
+        }
+        if (r->offset > e->map_size || r->length > e->map_size - r->offset) {
+            op->status = w ? KVP_EINVALID_WRITE : KVP_EINVALID_READ;
+            continue;
+        }
+        uint8_t *p = e->map + r->offset;
+        if (!w) {
+            op->csum = XXH3_64bits(p, r->length);
+            if (op->verify && op->csum != op->expect_csum) {
+                op->status = KVP_ECHECKSUM_MISMATCH; /* nothing copied */
+                continue;
+            }
+        }
+        size_t np = dev_pieces(op, 0, r->length, p, w, pc);
+        uint64_t t = kvp_gpu_copy(s, w ? KVP_GPU_D2H : KVP_GPU_H2D, pc, np) == 0 ? kvp_gpu_mark(s) : 0;
+        if (!t) {
+            op->status = err = KVP_EDEVICE;
+            continue;
+        }
+        tk[(head + cnt) % DEV_WINDOW] = t;
+        wk[(head + cnt) % DEV_WINDOW] = k;
+        cnt++;
+    }
+    kvp_gpu_stream_put(s); /* drains: no copy outlives the job */
+    kvp_free(pc);
+    return NULL;
+}
+
+/* Device ops of one segment over shm: min(n, gpu_threads) jobs, each on a
+ * thread and a stream of its own (hashing at PCIe speed needs cores). */
+static size_t shm_plan_dev(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops,
+                           const size_t *idx, size_t n, uint64_t deadline_ms, job *out)
+{
+    size_t nj = n < (size_t)x->gpu_threads ? n : (size_t)x->gpu_threads;
+    for (size_t t = 0; t < nj; t++)
+        out[t] = (job){x, e, is_write, ops, idx + t, (n - t + nj - 1) / nj, nj, deadline_ms,
+                       shm_dev_exec, 1, 0, 0, 1};
+    return nj;
+}
+
+/* tcp, device ops: like tcp_plan, each job's pump is tcp_dev_pump. */
+static size_t tcp_plan_dev(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops,
+                           const size_t *idx, size_t n, uint64_t deadline_ms, job *out)
+{
+    size_t nj = tcp_plan(x, e, is_write, ops, idx, n, deadline_ms, out);
+    for (size_t t = 0; t < nj; t++)
+        out[t].dev = 1;
+    return nj;
+}
+
+/* Answers of SEG_WRITEs [*ri, upto) of a device job: as many as have
+ * arrived (block: all of them, by the deadline). An answer sets its op's
+ * status. 0, or the code the remaining ops fail with. */
+typedef struct ans_rd {
+    uint8_t h[KVP_FRAME_HDR];
+    uint32_t got;
+    uint64_t skip; /* error text still to discard */
+} ans_rd;
+
+static int write_answers(job *j, int fd, size_t *ri, size_t upto, ans_rd *a, int block)
+{
+    uint8_t sink[4096];
+    while (*ri < upto || a->skip) {
+        ssize_t r = a->skip ? kvp_sys.recv(fd, sink, a->skip < sizeof sink ? (size_t)a->skip
+                                                                           : sizeof sink,
+                                           MSG_DONTWAIT)
+                            : kvp_sys.recv(fd, a->h + a->got, KVP_FRAME_HDR - a->got, MSG_DONTWAIT);
+        if (r == 0)
+            return KVP_ETRANSFER_FAIL;
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                return KVP_ETRANSFER_FAIL;
+            if (!block)
+                return 0;
+            int rc = wait_fd(fd, POLLIN, j->deadline_ms);
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (a->skip) {
+            a->skip -= (uint64_t)r;
+            continue;
+        }
+        if ((a->got += (uint32_t)r) < KVP_FRAME_HDR)
+            continue;
+        a->got = 0;
+        kvp_frame_hdr fh;
+        if (*ri >= upto || kvp_frame_hdr_decode(a->h, UINT32_MAX, &fh) != 0 ||
+            !(fh.flags & KVP_FLAG_RESPONSE) || fh.req_id != (uint64_t)j->idx[*ri * j->stride] + 1)
+            return KVP_ETRANSFER_FAIL;
+        kvp_xfer_op *op = JOB_OP(j, *ri);
+        if (fh.status == 0 && fh.body_len == 0) {
+            op->status = 0;
+        } else if (fh.status != 0 && fh.body_len <= ERR_BODY_MAX) {
+            op->status = fh.status < 0 ? fh.status : KVP_ETRANSFER_FAIL;
+            a->skip = fh.body_len;
+        } else {
+            return KVP_ETRANSFER_FAIL;
+        }
+        (*ri)++;
+    }
+    return 0;
+}
+
+/* Staged SEG_WRITEs: the ring's slots are filled device-to-host (chunks of
+ * at most one slot, in op order, up to every slot ahead) while the oldest
+ * filled slot is hashed and sent. */
+static int tcp_dev_write(job *j, int fd, kvp_gpu_stream *s, kvp_gpu_stage *st, kvp_gpu_piece *pc)
+{
+    size_t ns = kvp_gpu_stage_slots(st), sb = kvp_gpu_stage_slot_bytes(st);
+    uint64_t qt[64], ql[64];
+    size_t qh = 0, qn = 0, pk = 0, ri = 0;
+    uint64_t poff = 0;
+    ans_rd ar = {{0}, 0, 0};
+    XXH3_state_t hs;
+    KVP_ASSERT(ns <= 64);
+    for (size_t ck = 0; ck < j->n; ck++) {
+        kvp_xfer_op *op = JOB_OP(j, ck);
+        uint8_t pre[PREFIX];
+        encode_prefix(pre, j, ck);
+        int rc = send_all(fd, pre, PREFIX, j->deadline_ms);
+        if (rc)
+            return rc;
+        if (op->want_csum)
+            XXH3_64bits_reset(&hs);
+        for (uint64_t left = op->rep.length; left;) {
+            for (; qn < ns && pk < j->n; qn++) { /* fill every free sl */
+                kvp_xfer_op *po = JOB_OP(j, pk);
+                size_t sl = (qh + qn) % ns;
+                uint64_t c = po->rep.length - poff < sb ? po->rep.length - poff : sb;
+                size_t np = dev_pieces(po, poff, c, kvp_gpu_stage_slot(st, sl), 1, pc);
+                qt[sl] = kvp_gpu_copy(s, KVP_GPU_D2H, pc, np) == 0 ? kvp_gpu_mark(s) : 0;
+                ql[sl] = c;
+                if (!qt[sl])
+                    return KVP_EDEVICE;
+                if ((poff += c) == po->rep.length) {
+                    pk++;
+                    poff = 0;
+                }
+            }
+            if ((rc = kvp_gpu_wait(s, qt[qh], j->deadline_ms)) != 0)
+                return rc;
+            uint8_t *b = kvp_gpu_stage_slot(st, qh);
+            if (op->want_csum)
+                XXH3_64bits_update(&hs, b, (size_t)ql[qh]);
+            if ((rc = send_all(fd, b, (size_t)ql[qh], j->deadline_ms)) != 0)
+                return rc;
+            left -= ql[qh];
+            qh = (qh + 1) % ns;
+            qn--;
+        }
+        if (op->want_csum)
+            op->csum = XXH3_64bits_digest(&hs);
+        if ((rc = write_answers(j, fd, &ri, ck + 1, &ar, 0)) != 0)
+            return rc;
+    }
+    return write_answers(j, fd, &ri, j->n, &ar, 1);
+}
+
+#define LANDING 2 /* a read op whose bytes are verified and on their way to the device */
+
+/* Staged SEG_READs: requests go out REQ_WINDOW ahead; each answer's body
+ * is received sl by sl, hashed, and copied host-to-device while the
+ * next sl is received. A value that fits one sl is verified before
+ * its copy is enqueued; a larger one once it has landed. */
+static int tcp_dev_read(job *j, int fd, kvp_gpu_stream *s, kvp_gpu_stage *st, kvp_gpu_piece *pc)
+{
+    size_t ns = kvp_gpu_stage_slots(st), sb = kvp_gpu_stage_slot_bytes(st), cyc = 0, sent = 0;
+    uint64_t slot_t[64] = {0};
+    uint8_t sink[4096];
+    XXH3_state_t hs;
+    KVP_ASSERT(ns <= 64);
+    for (size_t ri = 0; ri < j->n; ri++) {
+        uint8_t pre[REQ_WINDOW][PREFIX];
+        size_t np0 = 0;
+        for (; sent < j->n && sent < ri + REQ_WINDOW; sent++)
+            encode_prefix(pre[np0++], j, sent);
+        int rc = np0 ? send_all(fd, pre, np0 * PREFIX, j->deadline_ms) : 0;
+        uint8_t h[KVP_FRAME_HDR];
+        if (rc || (rc = recv_all(fd, h, sizeof h, j->deadline_ms, NULL)) != 0)
+            return rc;
+        kvp_xfer_op *op = JOB_OP(j, ri);
+        kvp_frame_hdr fh;
+        if (kvp_frame_hdr_decode(h, UINT32_MAX, &fh) != 0 || !(fh.flags & KVP_FLAG_RESPONSE) ||
+            fh.req_id != (uint64_t)j->idx[ri * j->stride] + 1)
+            return KVP_ETRANSFER_FAIL;
+        if (fh.status != 0) { /* a refusal: its text is discarded */
+            if (fh.body_len > ERR_BODY_MAX)
+                return KVP_ETRANSFER_FAIL;
+            for (uint32_t left = fh.body_len; left;) {
+                uint32_t c = left < sizeof sink ? left : (uint32_t)sizeof sink;
+                if ((rc = recv_all(fd, sink, c, j->deadline_ms, NULL)) != 0)
+                    return rc;
+                left -= c;
+            }
+            op->status = fh.status < 0 ? fh.status : KVP_ETRANSFER_FAIL;
+            continue;
+        }
+        uint64_t len = op->rep.length;
+        if (fh.body_len != len)
+            return KVP_ETRANSFER_FAIL;
+        int whole = len <= sb, bad = 0;
+        XXH3_64bits_reset(&hs);
+        for (uint64_t pos = 0; pos < len && !bad;) {
+            size_t sl = cyc++ % ns;
+            if (slot_t[sl] && (rc = kvp_gpu_wait(s, slot_t[sl], j->deadline_ms)) != 0)
+                return rc;
+            uint64_t c = len - pos < sb ? len - pos : sb;
+            uint8_t *b = kvp_gpu_stage_slot(st, sl);
+            if ((rc = recv_all(fd, b, (size_t)c, j->deadline_ms, NULL)) != 0)
+                return rc;
+            XXH3_64bits_update(&hs, b, (size_t)c);
+            if (whole && op->verify && XXH3_64bits_digest(&hs) != op->expect_csum) {
+                bad = 1; /* nothing of it reaches the device */
+                break;
+            }
+            size_t np = dev_pieces(op, pos, c, b, 0, pc);
+            slot_t[sl] = kvp_gpu_copy(s, KVP_GPU_H2D, pc, np) == 0 ? kvp_gpu_mark(s) : 0;
+            if (!slot_t[sl])
+                return KVP_EDEVICE;
+            pos += c;
+        }
+        op->csum = XXH3_64bits_digest(&hs);
+        op->status = op->verify && op->csum != op->expect_csum ? KVP_ECHECKSUM_MISMATCH : LANDING;
+    }
+    uint64_t last = 0;
+    for (size_t i = 0; i < ns; i++)
+        last = slot_t[i] > last ? slot_t[i] : last;
+    int rc = last ? kvp_gpu_wait(s, last, j->deadline_ms) : 0;
+    for (size_t k = 0; k < j->n; k++)
+        if (JOB_OP(j, k)->status == LANDING)
+            JOB_OP(j, k)->status = rc;
+    return rc;
+}
+
+/* A device job on a connected fd: a stream and a staging ring for the
+ * job's life; both come back idle (every copy done) whatever happened. */
+static int tcp_dev_pump(job *j, int fd)
+{
+    kvp_gpu_piece *pc = kvp_malloc(job_max_pieces(j) * sizeof *pc);
+    kvp_gpu_stream *s = pc ? job_stream(j) : NULL;
+    kvp_gpu_stage *st = s ? kvp_gpu_stage_get(JOB_OP(j, 0)->gdev, j->deadline_ms) : NULL;
+    int rc;
+    if (!st)
+        rc = !pc ? KVP_ENOMEM : s && kvp_now_ms() >= j->deadline_ms ? KVP_ERPC_TIMEOUT : KVP_EDEVICE;
+    else
+        rc = j->is_write ? tcp_dev_write(j, fd, s, st, pc) : tcp_dev_read(j, fd, s, st, pc);
+    kvp_gpu_stream_put(s);
+    kvp_gpu_stage_put(st);
+    kvp_free(pc);
+    for (size_t k = 0; rc && k < j->n; k++)
+        if (JOB_OP(j, k)->status == LANDING)
+            JOB_OP(j, k)->status = rc;
+    return rc;
+}
 
 /* ----------------------------------------------------------- the table */
 
@@ -796,6 +1189,7 @@ int kvp_xfer_create(const kvp_xfer_opts *o, kvp_xfer **out)
     x->nconns = o && o->conns_per_node > 0 ? o->conns_per_node : 4;
     x->force_tcp = o ? o->force_tcp : 0;
     x->timeout_ms = o && o->timeout_ms > 0 ? o->timeout_ms : 10000;
+    x->gpu_threads = o && o->gpu_threads > 0 ? o->gpu_threads : 4;
     pthread_rwlock_init(&x->lock, NULL);
     *out = x;
     return 0;
@@ -803,6 +1197,8 @@ int kvp_xfer_create(const kvp_xfer_opts *o, kvp_xfer **out)
 
 static void ent_free(kvp_xfer *x, seg_ent *e)
 {
+    if (e->map && e->pinned == 1)
+        kvp_gpu_host_unregister(e->map);
     if (e->map)
         munmap(e->map, e->map_size);
     if (e->shm_fd >= 0)
@@ -916,6 +1312,16 @@ void kvp_xfer_drop_segment(kvp_xfer *x, uint64_t segment_id)
     pthread_rwlock_unlock(&x->lock);
 }
 
+uint8_t *kvp_xfer_shm_map(kvp_xfer *x, uint64_t segment_id, uint64_t *size)
+{
+    pthread_rwlock_rdlock(&x->lock);
+    seg_ent *e = find(x, segment_id);
+    uint8_t *m = e ? __atomic_load_n(&e->map, __ATOMIC_ACQUIRE) : NULL;
+    *size = m ? e->map_size : 0;
+    pthread_rwlock_unlock(&x->lock);
+    return m;
+}
+
 const char *kvp_xfer_transport(kvp_xfer *x, uint64_t segment_id)
 {
     pthread_rwlock_rdlock(&x->lock);
@@ -974,7 +1380,8 @@ int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t
         uint64_t tot;
         const kvp_replica *r = &ops[i].rep;
         if (iov_total(ops[i].iov, ops[i].iovcnt, &tot) != 0 || tot != r->length ||
-            r->length == 0 || r->length > UINT32_MAX - KVP_SEG_IO_SIZE) {
+            r->length == 0 || r->length > UINT32_MAX - KVP_SEG_IO_SIZE ||
+            (ops[i].dev && !ops[i].gdev)) {
             ops[i].status = KVP_EINVALID_PARAMS;
             done[i] = 1;
         } else {
@@ -983,16 +1390,18 @@ int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t
     }
     pthread_rwlock_rdlock(&x->lock);
     /* group by segment (each group a contiguous run of idx), plan jobs */
-    size_t cap = n < (x->nsegs + 1) * (size_t)x->nconns ? n : (x->nsegs + 1) * (size_t)x->nconns;
-    job *jobs = kvp_calloc(cap, sizeof *jobs);
+    job *jobs = kvp_calloc(n, sizeof *jobs);
     size_t nj = 0, used = 0;
     for (size_t i = 0; i < n && jobs; i++) {
         if (done[i])
             continue;
+        /* a group: one segment, and host ops or device ops of one device */
         uint64_t sid = ops[i].rep.segment_id;
+        struct kvp_gpu_dev *gd = ops[i].dev ? ops[i].gdev : NULL;
         size_t *g = idx + used, m = 0;
         for (size_t k = i; k < n; k++)
-            if (!done[k] && ops[k].rep.segment_id == sid) {
+            if (!done[k] && ops[k].rep.segment_id == sid &&
+                (ops[k].dev ? ops[k].gdev : NULL) == gd) {
                 g[m++] = k;
                 done[k] = 1;
             }
@@ -1004,9 +1413,11 @@ int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t
                 ops[g[k]].status = e ? KVP_ETRANSFER_FAIL : KVP_ESEGMENT_NOT_FOUND;
             continue;
         }
-        /* a plan makes at most min(m, conns_per_node) jobs: jobs[] holds them */
-        KVP_ASSERT(nj + (m < (size_t)x->nconns ? m : (size_t)x->nconns) <= cap);
-        nj += o->plan(x, e, is_write, ops, g, m, deadline_ms, jobs + nj);
+        /* a plan makes at most one job per op: jobs[] (n) holds them */
+        size_t made = gd ? o->plan_dev(x, e, is_write, ops, g, m, deadline_ms, jobs + nj)
+                         : o->plan(x, e, is_write, ops, g, m, deadline_ms, jobs + nj);
+        KVP_ASSERT(made <= m);
+        nj += made;
     }
     /* threads for the tcp jobs (unless one job is all there is), then the
      * caller runs the rest, then joins */

@@ -34,6 +34,9 @@ typedef struct kvp_xfer_opts {
     int conns_per_node;        /* tcp pool size per node (0 = 4) */
     int force_tcp;             /* never use shm (tests, benchmarks) */
     int timeout_ms;            /* connect/io deadline per call (0 = 10 s) */
+    int gpu_threads;           /* shm jobs (each a thread and a stream) per segment
+                                  for device ops (0 = 4): checksums of
+                                  PCIe-speed copies need several cores */
 } kvp_xfer_opts;
 
 int kvp_xfer_create(const kvp_xfer_opts *o, kvp_xfer **out);
@@ -54,12 +57,27 @@ typedef struct kvp_xfer_op {
     const struct iovec *iov;
     int iovcnt;
     int status; /* out: 0, KVP_ETRANSFER_FAIL, KVP_ERPC_TIMEOUT, KVP_ESEGMENT_NOT_FOUND,
-                   or the node's refusal (INVALID_WRITE / INVALID_READ) */
+                   the node's refusal (INVALID_WRITE / INVALID_READ), and for
+                   device ops KVP_EDEVICE or KVP_ECHECKSUM_MISMATCH (verify) */
     int want_csum;     /* compute csum while the bytes move: XXH3-64 of the
                           value, hashed chunk by chunk while each chunk is in
                           cache (shm), just before sending (tcp write) or just
                           after receiving (tcp read): no separate pass */
     uint64_t csum;     /* out, when want_csum and status is 0 */
+    /* Device memory (gpu.h): dev NULL = every piece is host memory; else
+     * dev[i] != 0 marks iov[i] as device memory of gdev (one device per
+     * op). Such ops move by DMA: over shm straight between device memory
+     * and the page-locked segment mapping, over tcp through a ring of
+     * page-locked staging buffers (device-to-host overlapped with sending,
+     * receiving with host-to-device). Their checksum is always computed,
+     * over the bytes in host memory (the segment, the staging buffer). */
+    const uint8_t *dev;
+    struct kvp_gpu_dev *gdev;
+    int verify;           /* reads: the checksum must equal expect_csum before
+                             bytes go to device memory (else CHECKSUM_MISMATCH,
+                             nothing copied; a value larger than one staging
+                             buffer over tcp is verified once it has landed) */
+    uint64_t expect_csum;
 } kvp_xfer_op;
 
 /*
@@ -69,6 +87,10 @@ typedef struct kvp_xfer_op {
  * the batch could not start.
  */
 int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t deadline_ms);
+
+/* The shm mapping of a segment this client attached (its size in *size),
+ * or NULL. For tests that must reach a node's bytes behind its back. */
+uint8_t *kvp_xfer_shm_map(kvp_xfer *x, uint64_t segment_id, uint64_t *size);
 
 /* The check an shm attach makes before mapping a received fd of `size`
  * announced bytes: a regular file (memfd) of at least `size` bytes (more is

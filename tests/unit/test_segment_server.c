@@ -156,8 +156,8 @@ static int roundtrip(kvp_xfer *x, const uint64_t *sizes, size_t n, int pieces, u
             ri[i * (size_t)pieces + (size_t)k] = (struct iovec){dst[i] + at, l};
             at += l;
         }
-        w[i] = (kvp_xfer_op){rep(off, sizes[i], i + 1), wi + i * (size_t)pieces, np, 99, 1, 0};
-        r[i] = (kvp_xfer_op){rep(off, sizes[i], i + 1), ri + i * (size_t)pieces, np, 99, 1, 0};
+        w[i] = (kvp_xfer_op){.rep = rep(off, sizes[i], i + 1), .iov = wi + i * (size_t)pieces, .iovcnt = np, .status = 99, .want_csum = 1, .csum = 0};
+        r[i] = (kvp_xfer_op){.rep = rep(off, sizes[i], i + 1), .iov = ri + i * (size_t)pieces, .iovcnt = np, .status = 99, .want_csum = 1, .csum = 0};
         off += (sizes[i] + 4095) & ~4095ull;
     }
     if (run_as(x, 1, w, n, kvp_now_ms() + 20000) != 0)
@@ -200,7 +200,7 @@ static void run_roundtrips(int force_tcp)
     if (fx_start(&f, 64 * MiB, NULL))
         return;
     kvp_xfer *x;
-    kvp_xfer_opts o = {NULL, 7, 3, force_tcp, 5000};
+    kvp_xfer_opts o = {.client_id = 7, .conns_per_node = 3, .force_tcp = force_tcp, .timeout_ms = 5000};
     CHECK_EQ(kvp_xfer_create(&o, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
@@ -216,12 +216,12 @@ static void run_roundtrips(int force_tcp)
     /* unknown segment */
     uint8_t b[8];
     struct iovec iv = {b, 8};
-    kvp_xfer_op op = {rep(0, 8, 1), &iv, 1, 0, 0, 0};
+    kvp_xfer_op op = {rep(0, 8, 1), &iv, 1, 0, 0, 0, NULL, NULL, 0, 0};
     op.rep.segment_id = 99;
     CHECK_EQ(run_as(x, 1, &op, 1, kvp_now_ms() + 1000), 0);
     CHECK_EQ(op.status, KVP_ESEGMENT_NOT_FOUND);
     /* iovecs not matching the length */
-    op = (kvp_xfer_op){rep(0, 9, 1), &iv, 1, 0, 0, 0};
+    op = (kvp_xfer_op){.rep = rep(0, 9, 1), .iov = &iv, .iovcnt = 1, .status = 0, .want_csum = 0, .csum = 0};
     CHECK_EQ(run_as(x, 1, &op, 1, kvp_now_ms() + 1000), 0);
     CHECK_EQ(op.status, KVP_EINVALID_PARAMS);
     kvp_xfer_drop_segment(x, SEG_ID);
@@ -239,20 +239,20 @@ TEST(refusals_over_tcp)
     if (fx_start(&f, 8 * MiB, NULL))
         return;
     kvp_xfer *x;
-    kvp_xfer_opts o = {NULL, 7, 1, 1, 3000};
+    kvp_xfer_opts o = {.client_id = 7, .conns_per_node = 1, .force_tcp = 1, .timeout_ms = 3000};
     CHECK_EQ(kvp_xfer_create(&o, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     uint8_t buf[8192];
     memset(buf, 0xAB, sizeof buf);
     struct iovec iv = {buf, 4096};
     kvp_xfer_op ops[5];
-    ops[0] = (kvp_xfer_op){rep(0, 4096, 1), &iv, 1, 0, 0, 0};
+    ops[0] = (kvp_xfer_op){.rep = rep(0, 4096, 1), .iov = &iv, .iovcnt = 1, .status = 0, .want_csum = 0, .csum = 0};
     ops[0].rep.tag ^= 1; /* wrong tag */
     kvp_replica oob = rep(8 * MiB - 100, 4096, 1);
-    ops[1] = (kvp_xfer_op){oob, &iv, 1, 0, 0, 0};
+    ops[1] = (kvp_xfer_op){.rep = oob, .iov = &iv, .iovcnt = 1, .status = 0, .want_csum = 0, .csum = 0};
     kvp_replica ovf = rep(UINT64_MAX - 100, 4096, 1);
-    ops[2] = (kvp_xfer_op){ovf, &iv, 1, 0, 0, 0};
-    ops[3] = (kvp_xfer_op){rep(4096, 4096, 3), &iv, 1, 0, 0, 0}; /* good, after refusals */
+    ops[2] = (kvp_xfer_op){.rep = ovf, .iov = &iv, .iovcnt = 1, .status = 0, .want_csum = 0, .csum = 0};
+    ops[3] = (kvp_xfer_op){.rep = rep(4096, 4096, 3), .iov = &iv, .iovcnt = 1, .status = 0, .want_csum = 0, .csum = 0}; /* good, after refusals */
     ops[4] = ops[3];
     ops[4].rep.segment_id = SEG_ID; /* same, also fine */
     CHECK_EQ(run_as(x, 1, ops, 5, kvp_now_ms() + 3000), 0);
@@ -288,7 +288,7 @@ TEST(two_segments_one_batch)
     b.desc = (kvp_seg_desc){SEG_ID + 1, {(const uint8_t *)b.addr, (uint32_t)strlen(b.addr)},
                             4 * MiB, 1, b.eps, 0, 0};
     kvp_xfer *x;
-    kvp_xfer_opts xo = {NULL, 7, 2, 0, 3000};
+    kvp_xfer_opts xo = {NULL, 7, 2, 0, 3000, 0};
     CHECK_EQ(kvp_xfer_create(&xo, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &a.desc), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &b.desc), 0);
@@ -302,8 +302,8 @@ TEST(two_segments_one_batch)
         wi[i] = (struct iovec){src[i], sizeof src[i]};
         ri[i] = (struct iovec){dst[i], sizeof dst[i]};
         kvp_replica rp = rep_seg(SEG_ID + (uint64_t)(i & 1), (uint64_t)i * 32768, sizeof src[i], 1);
-        w[i] = (kvp_xfer_op){rp, &wi[i], 1, 9, 0, 0};
-        r[i] = (kvp_xfer_op){rp, &ri[i], 1, 9, 0, 0};
+        w[i] = (kvp_xfer_op){.rep = rp, .iov = &wi[i], .iovcnt = 1, .status = 9, .want_csum = 0, .csum = 0};
+        r[i] = (kvp_xfer_op){.rep = rp, .iov = &ri[i], .iovcnt = 1, .status = 9, .want_csum = 0, .csum = 0};
     }
     CHECK_EQ(run_as(x, 1, w, 8, kvp_now_ms() + 3000), 0);
     CHECK_EQ(run_as(x, 0, r, 8, kvp_now_ms() + 3000), 0);
@@ -498,7 +498,7 @@ TEST(hostile_raw_socket)
     close(fd);
     /* a good client is served meanwhile */
     kvp_xfer *x;
-    kvp_xfer_opts o = {"tok", 7, 2, 1, 3000};
+    kvp_xfer_opts o = {"tok", 7, 2, 1, 3000, 0};
     CHECK_EQ(kvp_xfer_create(&o, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     uint64_t sz[] = {4096, 100};
@@ -514,12 +514,12 @@ TEST(hostile_raw_socket)
         }
     }
     /* wrong token through xfer: transfer fails, nothing hangs */
-    kvp_xfer_opts bo = {"nope", 7, 1, 1, 2000};
+    kvp_xfer_opts bo = {"nope", 7, 1, 1, 2000, 0};
     CHECK_EQ(kvp_xfer_create(&bo, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     uint8_t b[16];
     struct iovec iv = {b, 16};
-    kvp_xfer_op op = {rep(0, 16, 1), &iv, 1, 0, 0, 0};
+    kvp_xfer_op op = {rep(0, 16, 1), &iv, 1, 0, 0, 0, NULL, NULL, 0, 0};
     CHECK_EQ(run_as(x, 0, &op, 1, kvp_now_ms() + 2000), 0);
     CHECK_EQ(op.status, KVP_ETRANSFER_FAIL);
     kvp_xfer_destroy(x);
@@ -545,13 +545,13 @@ TEST(shm_attach_unix)
     close(fd);
     /* the shm writes are visible in the server's segment */
     kvp_xfer *x;
-    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000};
+    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000, 0};
     CHECK_EQ(kvp_xfer_create(&o, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     uint8_t v[100];
     memset(v, 0x77, sizeof v);
     struct iovec iv = {v, sizeof v};
-    kvp_xfer_op op = {rep(4096, 100, 1), &iv, 1, 0, 0, 0};
+    kvp_xfer_op op = {rep(4096, 100, 1), &iv, 1, 0, 0, 0, NULL, NULL, 0, 0};
     CHECK_EQ(run_as(x, 1, &op, 1, kvp_now_ms() + 2000), 0);
     CHECK_EQ(op.status, 0);
     CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), "shm"));
@@ -595,7 +595,7 @@ TEST(concurrent_threads)
         return;
     for (int mode = 0; mode < 2; mode++) {
         kvp_xfer *x;
-        kvp_xfer_opts o = {NULL, 7, 2, mode == 0, 5000};
+        kvp_xfer_opts o = {NULL, 7, 2, mode == 0, 5000, 0};
         CHECK_EQ(kvp_xfer_create(&o, &x), 0);
         CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
         pthread_t th[4];
@@ -623,16 +623,15 @@ TEST(throughput_64x512k)
     static uint8_t buf[64][512 * 1024];
     for (int mode = 0; mode < 2; mode++) {
         kvp_xfer *x;
-        kvp_xfer_opts o = {NULL, 7, 4, mode == 0, 5000};
+        kvp_xfer_opts o = {NULL, 7, 4, mode == 0, 5000, 0};
         CHECK_EQ(kvp_xfer_create(&o, &x), 0);
         CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
         kvp_xfer_op ops[64];
         struct iovec iv[64];
         for (int i = 0; i < 64; i++) {
             iv[i] = (struct iovec){buf[i], sizeof buf[i]};
-            ops[i] = (kvp_xfer_op){rep((uint64_t)mode * 32 * MiB + (uint64_t)i * sizeof buf[i],
-                                      sizeof buf[i], 1),
-                                  &iv[i], 1, 0, 0, 0};
+            ops[i] = (kvp_xfer_op){.rep = rep((uint64_t)mode * 32 * MiB + (uint64_t)i * sizeof buf[i],
+                                      sizeof buf[i], 1), .iov = &iv[i], .iovcnt = 1, .status = 0, .want_csum = 0, .csum = 0};
         }
         CHECK_EQ(run_as(x, 1, ops, 64, kvp_now_ms() + 10000), 0); /* warm up */
         for (int w = 1; w >= 0; w--) {
@@ -727,7 +726,7 @@ TEST(shm_fd_sealed)
     close(mfd);
     /* the segment still works for everyone */
     kvp_xfer *x;
-    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000};
+    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000, 0};
     CHECK_EQ(kvp_xfer_create(&o, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     uint64_t sz[] = {4 * MiB - 4096};
@@ -860,7 +859,7 @@ TEST(shm_undersized_memfd_falls_back_to_tcp)
     snprintf(shm, sizeof shm, "%s:%s", kvp_node_host_id(), r.path);
     f.eps[1].addr = (kvp_bytes){(const uint8_t *)shm, (uint32_t)strlen(shm)};
     kvp_xfer *x;
-    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000};
+    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000, 0};
     CHECK_EQ(kvp_xfer_create(&o, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), "shm"));
@@ -1253,7 +1252,7 @@ static long ms_until_closed(int fd, long max_ms)
 static kvp_xfer *tcp_client(fx *f, uint64_t client_id, int conns)
 {
     kvp_xfer *x = NULL;
-    kvp_xfer_opts o = {NULL, client_id, conns, 1, 5000};
+    kvp_xfer_opts o = {NULL, client_id, conns, 1, 5000, 0};
     if (kvp_xfer_create(&o, &x) != 0)
         return NULL;
     if (kvp_xfer_add_segment(x, &f->desc) != 0) {
