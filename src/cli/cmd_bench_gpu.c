@@ -131,6 +131,8 @@ typedef struct gcell {
     int state, rounds;
     double put_gbps, get_gbps, put_p50_us, get_p50_us;
     double put_cpu, get_cpu; /* CPU seconds per GB moved */
+    int fake;                 /* the fake backend's counters below are valid */
+    uint64_t fake_copies, fake_pageable; /* over the cell: pieces copied, of them pageable */
     char why[200];
 } gcell;
 
@@ -190,12 +192,16 @@ static uint64_t xs(uint64_t *x)
 /* The CUDA driver is used once this process has loaded it (gpu.h): a
  * program without torch loads it itself. The fake and off backends need
  * nothing; a failure is what kvp_gpu_status() then reports. */
+static char dl_error[200];
 static void load_driver(void)
 {
     const char *b = getenv("KVPOOL_GPU_BACKEND");
     if (b && (!strcmp(b, "fake") || !strcmp(b, "off")))
         return;
-    (void)dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL)) {
+        const char *e = dlerror();
+        snprintf(dl_error, sizeof dl_error, "%.190s", e ? e : "dlopen failed");
+    }
 }
 
 static void progress(const char *label, const shape *s, int r, int rounds)
@@ -378,9 +384,13 @@ static void run_cell(gk *k, kvp_client *c, const char *label, int si, gcell *out
         cell_fail(out, "", why);
         return;
     }
+    kvp_gpu_fake_stats f0 = {0}, f1 = {0};
+    int fake = !strcmp(kvp_gpu_copy_mode(), "fake");
     for (int r = -1; r < k->rounds; r++) {
         progress(label, s, r, k->rounds);
         make_keys(k, s->keys);
+        if (fake && r == 0) /* the timed rounds' copies (not the warm-up's read-back) */
+            kvp_gpu_fake_get_stats(&f0);
         uint64_t c0 = cpu_ns(), t0 = kvp_now_ns();
         if (kv_batch(k, c, si, 1, why, sizeof why)) {
             progress_clear();
@@ -416,6 +426,12 @@ static void run_cell(gk *k, kvp_client *c, const char *label, int si, gcell *out
             break;
     }
     progress_clear();
+    if (fake) {
+        kvp_gpu_fake_get_stats(&f1);
+        out->fake = 1;
+        out->fake_copies = f1.copies - f0.copies;
+        out->fake_pageable = f1.pageable - f0.pageable;
+    }
     uint64_t put = 0, get = 0, pc = 0, gc = 0;
     for (int i = 0; i < done; i++)
         put += k->put_ns[i], get += k->get_ns[i], pc += k->put_cpu[i], gc += k->get_cpu[i];
@@ -786,7 +802,7 @@ static void print_table(FILE *o, const report *R)
     for (int si = 0; si < NSHAPES; si++)
         fprintf(o, "  %-12s %s (%zu MiB per batch)\n", shapes[si].name, shapes[si].title,
                 batch_bytes(&shapes[si]) >> 20);
-    fprintf(o, "  %-7s %-4s %-12s %9s %7s %6s %8s   %9s %7s %6s %8s\n", "copy", "via", "shape",
+    fprintf(o, "  %-11s %-4s %-12s %9s %7s %6s %8s   %9s %7s %6s %8s\n", "copy", "via", "shape",
             "put GB/s", "limit", "ratio", "CPU s/GB", "get GB/s", "limit", "ratio", "CPU s/GB");
     for (int i = 0; i < R->nruns; i++) {
         const grun *g = &R->runs[i];
@@ -794,14 +810,14 @@ static void print_table(FILE *o, const report *R)
         snprintf(cp, sizeof cp, "%s%s%s", g->asked, g->mode[0] && strcmp(g->mode, g->asked) ? "=" : "",
                  g->mode[0] && strcmp(g->mode, g->asked) ? g->mode : "");
         if (g->state != CELL_OK) {
-            fprintf(o, "  %-7s %s: %s\n", cp, state_name[g->state], g->why);
+            fprintf(o, "  %-11s %s: %s\n", cp, state_name[g->state], g->why);
             continue;
         }
         for (int t = 0; t < NT; t++)
             for (int si = 0; si < NSHAPES; si++) {
                 const gcell *c = &g->cells[t][si];
                 const glimit *l = &g->lim[si];
-                fprintf(o, "  %-7s %-4s %-12s ", cp, tr_id[t], shapes[si].name);
+                fprintf(o, "  %-11s %-4s %-12s ", cp, tr_id[t], shapes[si].name);
                 if (c->state != CELL_OK) {
                     fprintf(o, "%s: %s\n", state_name[c->state], c->why);
                     continue;
@@ -812,12 +828,17 @@ static void print_table(FILE *o, const report *R)
                 snprintf(b, sizeof b, rg < 0 ? "-" : "%.2f", rg);
                 snprintf(la, sizeof la, l->state == CELL_OK ? "%.2f" : "-", l->d2h_gbps);
                 snprintf(lb, sizeof lb, l->state == CELL_OK ? "%.2f" : "-", l->h2d_gbps);
-                fprintf(o, "%9.2f %7s %6s %8.4f   %9.2f %7s %6s %8.4f\n", c->put_gbps, la, a,
+                fprintf(o, "%9.2f %7s %6s %8.4f   %9.2f %7s %6s %8.4f", c->put_gbps, la, a,
                         c->put_cpu, c->get_gbps, lb, b, c->get_cpu);
+                if (c->fake)
+                    fprintf(o, "   fake: %llu pieces, %llu pageable",
+                            (unsigned long long)c->fake_copies,
+                            (unsigned long long)c->fake_pageable);
+                fprintf(o, "\n");
             }
         for (int si = 0; si < NSHAPES; si++)
             if (g->lim[si].state == CELL_FAIL)
-                fprintf(o, "  %-7s limit %s failed: %s\n", cp, shapes[si].name, g->lim[si].why);
+                fprintf(o, "  %-11s limit %s failed: %s\n", cp, shapes[si].name, g->lim[si].why);
     }
     fprintf(o, "target: kvpool shm >= 0.8 x limit (put: device->host, get: host->device); best "
                "strategy per cell:\n");
@@ -898,6 +919,10 @@ static void print_json(FILE *o, const report *R)
                                "\"put_cpu_s_per_gb\": %.5f, \"get_cpu_s_per_gb\": %.5f",
                             c->rounds, c->put_gbps, c->get_gbps, c->put_p50_us, c->get_p50_us,
                             c->put_cpu, c->get_cpu);
+                    if (c->fake)
+                        fprintf(o, ", \"fake_pieces\": %llu, \"fake_pageable_pieces\": %llu",
+                                (unsigned long long)c->fake_copies,
+                                (unsigned long long)c->fake_pageable);
                     for (int get = 0; get < 2; get++) {
                         double r = ratio_of(g, t, si, get);
                         if (r < 0)
@@ -1074,10 +1099,16 @@ int kvp_bench_gpu(int argc, char **argv)
     if (!kvp_gpu_active()) {
         char s[300];
         json_escape(s, sizeof s, status);
-        fprintf(out, "kvpool bench gpu: skipped: no usable device backend: %s\n", status);
-        if (json)
-            printf("{\n  \"bench\": \"gpu\",\n  \"skipped\": \"no usable device backend: %s\",\n"
-                   "  \"gpu_status\": \"%s\"\n}\n", s, s);
+        char d[240] = "";
+        if (dl_error[0])
+            snprintf(d, sizeof d, " (dlopen: %.200s)", dl_error);
+        fprintf(out, "kvpool bench gpu: skipped: no usable device backend: %s%s\n", status, d);
+        if (json) {
+            char de[300];
+            json_escape(de, sizeof de, d);
+            printf("{\n  \"bench\": \"gpu\",\n  \"skipped\": \"no usable device backend: %s%s\",\n"
+                   "  \"gpu_status\": \"%s\"\n}\n", s, de, s);
+        }
         kvp_free(orig);
         return 0;
     }
