@@ -852,7 +852,7 @@ static void print_table(FILE *o, const report *R)
                     continue;
                 }
                 double r = ratio_of(&R->runs[b], t, si, get);
-                fprintf(o, "  %s %-6s %.2f%s", get ? "get" : "put", R->runs[b].asked, r,
+                fprintf(o, "  %s %-6s %.3f%s", get ? "get" : "put", R->runs[b].asked, r,
                         t == T_SHM ? (r >= 0.8 ? " met " : " MISS") : "");
             }
             fprintf(o, "\n");

@@ -215,24 +215,32 @@ def test_odd_offsets_and_lengths(client: Any, arenas: Any, dev: Any) -> None:
 
 
 def test_tensor_forms(client: Any, dev: Any) -> None:
-    """The package's buffer forms with CUDA tensors: put / put_batch of
-    tensors, get_into of a tensor, register_buffer(tensor) by object."""
+    """The package's tensor forms with CUDA tensors: register_buffer(tensor)
+    by object (kept alive until unregistered), then put / put_batch of
+    tensors (pieces too) and get_into / get_into_batch of tensors."""
     src = rand(MiB + 11, 500, dev)
     two = [rand(4096, 501, dev), rand(32 * KiB, 502, dev)]
     dst = torch.zeros(MiB + 11, dtype=torch.uint8, device=dev)
     whole = torch.zeros(4096 + 32 * KiB, dtype=torch.uint8, device=dev)
-    reg = rand(64 * KiB, 503, dev)
+    halves = [torch.zeros(2048, dtype=torch.uint8, device=dev),
+              torch.zeros(2048 + 32 * KiB, dtype=torch.uint8, device=dev)]
+    mine = [src, *two, dst, whole, *halves]
+    for t in mine:
+        client.register_buffer(t)
     sync()
     client.put("gpu/tensor/one", src)
     assert client.put_batch(["gpu/tensor/pieces"], [two]) == [None]
     assert client.get_into("gpu/tensor/one", dst) == MiB + 11
     same(src, dst, "put(tensor) / get_into(tensor)")
-    assert client.get_into("gpu/tensor/pieces", whole) == whole.numel()
-    same(torch.cat(two), whole, "put_batch of tensor pieces")
-    client.register_buffer(reg)  # by object: kept alive until unregistered
-    client.put_from("gpu/tensor/registered", reg.data_ptr() + 10, 1000)
-    assert client.get("gpu/tensor/registered") == reg[10:1010].cpu().numpy().tobytes()
-    client.unregister_buffer(reg)
+    assert client.get_into_batch(["gpu/tensor/pieces"], [whole]) == [whole.numel()]
+    same(torch.cat(two), whole, "put_batch of tensor pieces / get_into_batch")
+    assert client.get_into("gpu/tensor/pieces", halves) == whole.numel()
+    same(torch.cat(two), torch.cat(halves), "get_into of tensor pieces")
+    assert client.get("gpu/tensor/one") == src.cpu().numpy().tobytes()
+    client.put_from("gpu/tensor/registered", src.data_ptr() + 10, 1000)
+    assert client.get("gpu/tensor/registered") == src[10:1010].cpu().numpy().tobytes()
+    for t in mine:
+        client.unregister_buffer(t)
 
 
 def test_unregistered_device_memory_is_refused(client: Any, dev: Any) -> None:
