@@ -109,9 +109,9 @@ tsan: deps $(T)/kvpool $(T_TESTS) python
 # Ends with "N passed, N failed, N skipped".
 GPU_BACKEND ?= cuda
 GPU_PY ?= $(PYVENV_PY)
-test-gpu: deps $(R)/kvpool $(filter $(A)/tests/integration/test_gpu,$(A_TESTS)) python
-	$(Q)KVPOOL_BIN=$(R)/kvpool GPU_BACKEND=$(GPU_BACKEND) GPU_PY="$(GPU_PY)" \
-	    tests/gpu/run.sh $(A)/tests/integration/test_gpu
+test-gpu: deps $(R)/kvpool $(A)/kvpool $(filter $(A)/tests/integration/test_gpu,$(A_TESTS)) python
+	$(Q)KVPOOL_BIN=$(R)/kvpool KVPOOL_TEST_BIN=$(A)/kvpool GPU_BACKEND=$(GPU_BACKEND) \
+	    GPU_PY="$(GPU_PY)" tests/gpu/run.sh $(A)/tests/integration/test_gpu
 
 # fuzzing: clang libFuzzer, one binary per tests/fuzz/fuzz_*.c
 F := build/fuzz

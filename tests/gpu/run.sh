@@ -1,11 +1,13 @@
 #!/bin/sh
 # tests/gpu/run.sh TEST_GPU_BINARY -- what `make test-gpu` runs:
 #   1. the device-path test binary (the ASan build of tests/integration/
-#      test_gpu.c) with KVPOOL_GPU_BACKEND=$GPU_BACKEND (default cuda: the real
+#      test_gpu.c; its kvpool processes: $KVPOOL_TEST_BIN, default the ASan
+#      build) with KVPOOL_GPU_BACKEND=$GPU_BACKEND (default cuda: the real
 #      driver; ASan with protect_shadow_gap=0, which the CUDA driver needs, and
 #      the driver's own allocations kept out of the leak report: lsan.supp);
 #   2. tests/gpu with pytest under $GPU_PY (torch CUDA tensors; each test
-#      skips with its reason without torch, CUDA or kvpool._native).
+#      skips with its reason without torch, CUDA or kvpool._native; kvpool
+#      serve: $KVPOOL_BIN, default build/kvpool).
 # Prints the total as the last line: N passed, N failed, N skipped. A binary
 # that dies without its RESULT line counts as one failure; one that is not
 # built, or a Python without pytest, as one skip with the reason.
@@ -18,7 +20,7 @@ log=$(mktemp)
 
 echo "== $bin (KVPOOL_GPU_BACKEND=$backend)"
 if [ -x "$bin" ]; then
-    KVPOOL_GPU_BACKEND=$backend \
+    KVPOOL_BIN=${KVPOOL_TEST_BIN:-build/asan/kvpool} KVPOOL_GPU_BACKEND=$backend \
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}protect_shadow_gap=0" \
     LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$here/lsan.supp:print_suppressions=0" \
         "$bin" >"$log" 2>&1
