@@ -1092,6 +1092,12 @@ int kvp_bench_gpu(int argc, char **argv)
         return bench_child((int)childfd, v[F_COPY], v[F_MASTER], cfg.cluster_token, region,
                            (int)rounds);
     }
+    char modes[MAX_RUNS][16];
+    int nmodes = 0;
+    if (v[F_COPY] && parse_copy(v[F_COPY], modes, &nmodes)) { /* a bad flag first */
+        kvp_free(orig);
+        return 2;
+    }
     load_driver();
     const char *status = kvp_gpu_status();
     int json = v[F_JSON] != NULL;
@@ -1113,9 +1119,7 @@ int kvp_bench_gpu(int argc, char **argv)
         return 0;
     }
     int fake = !strncmp(status, "fake", 4);
-    char modes[MAX_RUNS][16];
-    int nmodes = 0;
-    if (parse_copy(v[F_COPY] ? v[F_COPY] : fake ? "auto" : DEFAULT_COPY, modes, &nmodes)) {
+    if (!v[F_COPY] && parse_copy(fake ? "auto" : DEFAULT_COPY, modes, &nmodes)) {
         kvp_free(orig);
         return 2;
     }
