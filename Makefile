@@ -10,6 +10,7 @@
 #   make bench    benchmarks against real processes; results in bench/results/
 #   make bench-hostile  the hostile run (bench/hostile.py, HOSTILE_SECONDS per target)
 #   make demo     kvpool serve + kvpool sim (2 instances x TP 2, ~30 s), then stops
+#   make gpu-kernel  regenerate src/client/gpu_kernel_ptx.c from gpu_kernel.cu (nvcc)
 #   make clean
 CC      ?= gcc
 FUZZCC  ?= clang
@@ -39,7 +40,7 @@ A_CFLAGS := $(CFLAGS_BASE) -O1 -fno-omit-frame-pointer -fsanitize=address,undefi
 T := build/tsan
 T_CFLAGS := $(CFLAGS_BASE) -O1 -fsanitize=thread -DKVP_TESTING=1
 
-.PHONY: all deps test test-gpu tsan fuzz bench bench-hostile clean unit integ demo python
+.PHONY: all deps test test-gpu tsan fuzz bench bench-hostile clean unit integ demo python gpu-kernel
 all: deps $(R)/kvpool $(R)/libkvpool.so $(R)/libkvpool.a
 
 deps:
@@ -135,6 +136,10 @@ bench-hostile: all python
 
 demo: all
 	$(Q)scripts/demo
+
+# the gather kernel's PTX is committed: builds never need nvcc
+gpu-kernel:
+	$(Q)scripts/gen-gpu-kernel
 
 clean:
 	rm -rf build

@@ -223,9 +223,12 @@ KVP_API int kvp_client_batch_put_opts(kvp_client *c, const char *const *keys,
                                       const kvp_iov *const *iovs, const size_t *niov, size_t n,
                                       const kvp_put_opts *opts, int64_t *results);
 
-/* Records caller memory ranges (the RDMA and GPU transports to come
- * register them with the device; TCP and shm need nothing). Overlapping or
- * unknown ranges: KVP_EINVALID_PARAMS. */
+/* Records a caller memory range and what it is: host memory mapped
+ * read-write in this process, or CUDA device memory (found once, here,
+ * through the driver loaded at run time). Pieces of every put and get may
+ * be device memory, registered or not (registered ranges skip the per-call
+ * driver query); a device copy that fails is KVP_EDEVICE for its key.
+ * Overlapping ranges, or memory that is neither: KVP_EINVALID_PARAMS. */
 KVP_API int kvp_client_register_buffer(kvp_client *c, void *base, size_t len);
 KVP_API int kvp_client_unregister_buffer(kvp_client *c, void *base);
 /* 0 when every piece v[0..n) lies inside one registered range (pieces of

@@ -168,8 +168,9 @@ def _torch_view(v: Any) -> Any:
         return v
     if v.device.type != "cpu":
         raise InvalidParamsError(codes["INVALID_PARAMS"],
-                                 f"a {v.device.type} tensor is not host memory (GPU memory: "
-                                 "register it and pass its data_ptr() once kvpool supports it)")
+                                 f"a {v.device.type} tensor among host values: device tensors go "
+                                 "by address (register_buffer(tensor) once; then a call whose "
+                                 "values are all device tensors, or put_from / get_into_ptr)")
     if not v.is_contiguous():
         raise InvalidParamsError(codes["INVALID_PARAMS"], "tensor must be contiguous")
     import torch  # only reached with a tensor in hand
@@ -187,13 +188,39 @@ def _torch_fix(values: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _with_buffers(fn: Any, keys: Sequence[Any], values: Sequence[Any], **kw: Any) -> Any:
+def _is_device(v: Any) -> bool:
+    return bool(getattr(v, "is_cuda", False))
+
+
+def _device_addresses(values: Sequence[Any]) -> Optional[tuple[list[Any], list[Any]]]:
+    """(ptrs, sizes) when every value (or piece) is a device tensor, else None."""
+    ptrs: list[Any] = []
+    sizes: list[Any] = []
+    for v in values:
+        pieces = v if isinstance(v, (list, tuple)) else [v]
+        if not pieces or not all(_is_device(p) for p in pieces):
+            return None
+        if not all(p.is_contiguous() for p in pieces):
+            raise InvalidParamsError(codes["INVALID_PARAMS"], "tensor must be contiguous")
+        a = [_address_of(p) for p in pieces]
+        ptrs.append([x for x, _ in a] if isinstance(v, (list, tuple)) else a[0][0])
+        sizes.append([n for _, n in a] if isinstance(v, (list, tuple)) else a[0][1])
+    return ptrs, sizes
+
+
+def _with_buffers(fn: Any, keys: Sequence[Any], values: Sequence[Any], ptr_fn: Any = None,
+                  **kw: Any) -> Any:
     """fn(keys, values): the C parser first; on a TypeError, once more with
     torch tensors converted (the only common values without the buffer
-    protocol), so plain buffers never pay for a Python loop."""
+    protocol), so plain buffers never pay for a Python loop. Values that are
+    all device (CUDA) tensors go by address through ptr_fn: their memory
+    must be registered (register_buffer), where its kind is found once."""
     try:
         return fn(keys, values, **kw)
     except builtins.TypeError:
+        dev = _device_addresses(values) if ptr_fn is not None else None
+        if dev is not None:
+            return ptr_fn(keys, dev[0], dev[1], **kw)
         fixed = _torch_fix(values)
         return fn(keys, fixed, **kw)
 
@@ -257,7 +284,8 @@ class Client:
                   replica_num: Optional[int] = None, pin: bool = False,
                   preferred_segment: Optional[str] = None) -> list[Optional[Error]]:
         """Per key: None (stored) or its Error."""
-        res = _with_buffers(self._c.put_buffers, keys, values, replica_num=replica_num,
+        res = _with_buffers(self._c.put_buffers, keys, values, self._c.put_ptrs,
+                            replica_num=replica_num,
                             flags=_native.PUT_HARD_PIN if pin else 0,
                             preferred=preferred_segment)
         return [None if r >= 0 else Error.from_code(r) for r in res]
@@ -292,10 +320,10 @@ class Client:
     def get_into(self, key: str, buffer: Value) -> int:
         """Reads the value into a writable buffer at least as large (or a list
         of pieces, filled in order). Returns the value's size."""
-        return _check(_with_buffers(self._c.get_buffers, [key], [buffer])[0])
+        return _check(_with_buffers(self._c.get_buffers, [key], [buffer], self._c.get_ptrs)[0])
 
     def get_into_batch(self, keys: Sequence[str], buffers: Sequence[Value]) -> list[Union[int, Error]]:
-        return _per_key(_with_buffers(self._c.get_buffers, keys, buffers))
+        return _per_key(_with_buffers(self._c.get_buffers, keys, buffers, self._c.get_ptrs))
 
     def get_into_ptr(self, key: str, ptr: Union[int, Sequence[int]],
                      size: Union[int, Sequence[int]]) -> int:
@@ -356,10 +384,11 @@ class Client:
 
     # registered memory
     def register_buffer(self, ptr: Union[int, Buffer], size: Optional[int] = None) -> None:
-        """Registers [ptr, ptr+size) for the address forms (it must be mapped,
-        readable and writable memory of this process: InvalidParamsError
-        otherwise), or the memory of a numpy array / CPU tensor, which the
-        client then keeps alive until unregister_buffer."""
+        """Registers [ptr, ptr+size) for the address forms (host memory mapped
+        readable and writable in this process, or CUDA device memory:
+        InvalidParamsError otherwise), or the memory of a numpy array / torch
+        tensor (CPU or CUDA), which the client then keeps alive until
+        unregister_buffer. Whether it is device memory is found here, once."""
         owner = None
         if size is not None:
             ptr = operator.index(ptr)  # numpy integers too

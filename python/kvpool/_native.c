@@ -1019,15 +1019,13 @@ static PyObject *Client_register(Client *self, PyObject *args_)
         return NULL;
     if (as_size(po, "buffer address", 0, &p) || as_size(lo, "size", 0, &len))
         return NULL;
-    int mapped;
-    Py_BEGIN_ALLOW_THREADS
-    mapped = kvp_py_range_mapped_rw((uintptr_t)p, len);
-    Py_END_ALLOW_THREADS
-    if (!mapped)
-        return PyLong_FromLong(KVP_EINVALID_PARAMS);
+    /* the C side decides what the range is: host memory mapped read-write
+     * here, or device memory the CUDA driver knows; anything else refused */
     int rc = enter(self);
     if (rc == 0) {
+        Py_BEGIN_ALLOW_THREADS
         rc = kvp_client_register_buffer(self->c, (void *)(uintptr_t)p, len);
+        Py_END_ALLOW_THREADS
         leave(self);
     }
     return PyLong_FromLong(rc);
@@ -1197,6 +1195,7 @@ PyMODINIT_FUNC PyInit__native(void)
     codes = NULL;
     if (PyModule_AddStringConstant(m, "version", kvp_version()) < 0 ||
         PyModule_AddIntConstant(m, "PUT_HARD_PIN", KVP_PUT_HARD_PIN) < 0 ||
+        PyModule_AddIntConstant(m, "DEVICE_MEMORY", 1) < 0 ||
         kvp_py_conn_init(m, OpenError) < 0)
         goto fail;
     return m;

@@ -30,10 +30,12 @@ Contracts
   * The worker half opens at register_kv_caches (num_blocks is known then);
     worker rank 0 serves the lookup channel the scheduler connects to, a unix
     socket under $VLLM_RPC_BASE_PATH named after the engine id.
-  * KV memory must be host memory here; CUDA tensors are refused with a
-    message until the store moves device memory. With CUDA tensors and that
-    support, wait_for_save records a CUDA event per step and the store thread
-    waits on it (fence="cuda") before reading KV memory.
+  * KV memory is host memory or CUDA device memory (the store moves device
+    memory by DMA: straight into a same-host node's page-locked segment, or
+    through page-locked staging over TCP). With CUDA tensors, wait_for_save
+    records a CUDA event per step and the store thread waits on it
+    (fence="cuda") before reading KV memory; a load is reported finished
+    only once its bytes are in device memory.
 """
 from __future__ import annotations
 
