@@ -4,6 +4,8 @@
 #                 tests (pytest); ends with "N passed, N failed, N skipped" over both
 #   make python   the Python extension (kvpool._native) built into python/kvpool/
 #   make tsan     ThreadSanitizer build, then the threaded tests
+#   make test-gpu the device-path tests on a CUDA machine (test_gpu on the real
+#                 driver, tests/gpu with torch CUDA tensors); skips without one
 #   make fuzz     bounded run of every libFuzzer target (clang)
 #   make bench    benchmarks against real processes; results in bench/results/
 #   make bench-hostile  the hostile run (bench/hostile.py, HOSTILE_SECONDS per target)
@@ -38,7 +40,7 @@ A_CFLAGS := $(CFLAGS_BASE) -O1 -fno-omit-frame-pointer -fsanitize=address,undefi
 T := build/tsan
 T_CFLAGS := $(CFLAGS_BASE) -O1 -fsanitize=thread -DKVP_TESTING=1
 
-.PHONY: all deps test tsan fuzz bench bench-hostile clean unit integ demo python gpu-kernel
+.PHONY: all deps test test-gpu tsan fuzz bench bench-hostile clean unit integ demo python gpu-kernel
 all: deps $(R)/kvpool $(R)/libkvpool.so $(R)/libkvpool.a
 
 deps:
@@ -100,6 +102,17 @@ test: deps $(A)/kvpool $(A_TESTS) $(R)/libkvpool.so python
 
 tsan: deps $(T)/kvpool $(T_TESTS) python
 	$(Q)KVPOOL_BIN=$(T)/kvpool KVP_TSAN=1 tests/run.sh $(T)/tests
+
+# GPU tests (scripts/gpu-check runs them on the GPU machine): the ASan
+# test_gpu with KVPOOL_GPU_BACKEND=$(GPU_BACKEND) (cuda: the real driver),
+# then tests/gpu (pytest, torch CUDA tensors) under GPU_PY (default: the
+# Python of make python); without CUDA every test skips with its reason.
+# Ends with "N passed, N failed, N skipped".
+GPU_BACKEND ?= cuda
+GPU_PY ?= $(PYVENV_PY)
+test-gpu: deps $(R)/kvpool $(A)/kvpool $(filter $(A)/tests/integration/test_gpu,$(A_TESTS)) python
+	$(Q)KVPOOL_BIN=$(R)/kvpool KVPOOL_TEST_BIN=$(A)/kvpool GPU_BACKEND=$(GPU_BACKEND) \
+	    GPU_PY="$(GPU_PY)" tests/gpu/run.sh $(A)/tests/integration/test_gpu
 
 # fuzzing: clang libFuzzer, one binary per tests/fuzz/fuzz_*.c
 F := build/fuzz

@@ -3,7 +3,8 @@
  * and memory, against a real master process on loopback. `kvpool bench
  * store` (the data plane) lives in cmd_bench_store.c, `kvpool bench
  * connector` (the connector's CPU overhead) in cmd_bench_connector.c, `kvpool
- * bench sim` (the simulator against the raw store) in cmd_bench_sim.c.
+ * bench sim` (the simulator against the raw store) in cmd_bench_sim.c, `kvpool
+ * bench gpu` (device memory to the pool and back) in cmd_bench_gpu.c.
  *
  * It starts `kvpool master` itself (same binary, free port) unless --master
  * is given, mounts a segment large enough for every object (the master never
@@ -466,21 +467,25 @@ int kvp_cmd_bench(int argc, char **argv)
     } benches[] = {{"master", "bench master", bench_master},
                    {"store", "bench store", kvp_bench_store},
                    {"connector", "bench connector", kvp_bench_connector},
-                   {"sim", "bench sim", kvp_bench_sim}};
+                   {"sim", "bench sim", kvp_bench_sim},
+                   {"gpu", "bench gpu", kvp_bench_gpu}};
     for (size_t i = 0; argc >= 2 && i < sizeof benches / sizeof benches[0]; i++)
         if (!strcmp(argv[1], benches[i].name)) {
             argv[1] = (char *)benches[i].label;
             return benches[i].fn(argc - 1, argv + 1);
         }
-    fprintf(stderr, "usage: kvpool bench master|store|connector|sim [--json]\n"
+    fprintf(stderr, "usage: kvpool bench master|store|connector|sim|gpu [--json]\n"
                     "       (kvpool bench master --help, kvpool bench store --help,\n"
-                    "        kvpool bench connector --help, kvpool bench sim --help)\n"
+                    "        kvpool bench connector --help, kvpool bench sim --help,\n"
+                    "        kvpool bench gpu --help)\n"
                     "  master  the master's throughput, latency and memory\n"
                     "  store   batch put/get GB/s: shm and tcp vs memcpy, raw TCP, redis, "
                     "memcached\n"
                     "  connector  the connector's CPU overhead per step / per 1,000 blocks "
                     "(in-process)\n"
                     "  sim     the engine simulator's GB/s as a fraction of the raw store's\n"
-                    "          batch bandwidth (same run, same pool)\n");
+                    "          batch bandwidth (same run, same pool)\n"
+                    "  gpu     batch put/get GB/s from / into CUDA device memory (shm, tcp) vs\n"
+                    "          the PCIe limit measured in the same run, per copy strategy\n");
     return argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? 0 : 2;
 }
