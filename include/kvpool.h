@@ -228,7 +228,12 @@ KVP_API int kvp_client_batch_put_opts(kvp_client *c, const char *const *keys,
  * through the driver loaded at run time). Pieces of every put and get may
  * be device memory, registered or not (registered ranges skip the per-call
  * driver query); a device copy that fails is KVP_EDEVICE for its key.
- * Overlapping ranges, or memory that is neither: KVP_EINVALID_PARAMS. */
+ * Overlapping ranges, or memory that is neither: KVP_EINVALID_PARAMS.
+ * Ordering: the library's copies run on its own CUDA streams, so a put
+ * reads device memory as it is when the call is made: the caller first
+ * makes sure kernels writing it are done (a stream synchronize, or an event
+ * as the connector's fence waits on). A get returns once the bytes are in
+ * device memory, visible to any work launched after it. */
 KVP_API int kvp_client_register_buffer(kvp_client *c, void *base, size_t len);
 KVP_API int kvp_client_unregister_buffer(kvp_client *c, void *base);
 /* 0 when every piece v[0..n) lies inside one registered range (pieces of
