@@ -1,6 +1,6 @@
 """Builds kvpool._native: the CPython extension (python/kvpool/_native.c) with
 the whole C core (src/) compiled in, so the wheel needs nothing but the Debian
-libraries the C build links (libjansson, libxxhash). Metadata: pyproject.toml."""
+libraries the C build links (libjansson, libxxhash, liburing). Metadata: pyproject.toml."""
 from __future__ import annotations
 
 import glob
@@ -33,7 +33,7 @@ native = Extension(
     sources=sources,
     include_dirs=["include", "src"],
     define_macros=[("_GNU_SOURCE", "1"), ("KVP_API", "")],  # nothing exported but PyInit
-    libraries=["jansson", "xxhash", "pthread", "m"],
+    libraries=["jansson", "xxhash", "uring", "pthread", "m"],
     extra_compile_args=[
         "-std=gnu11", "-O2", "-fvisibility=hidden", "-pthread",
         "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",

@@ -1,0 +1,1456 @@
+/*
+ * disk.c -- the SSD tier of a storage node; see disk.h.
+ *
+ * State (under d->mu): the pages (sorted by id; the last one is the open
+ * page the writer appends to), the index (chained hash of entries keyed by
+ * tenant + key; an entry is a live record or a tombstone, and sits on its
+ * page's list), the write queue, counters. The writer thread alone appends
+ * to the open page, creates, seals and drops pages; readers hold a page
+ * reference while they read its file, so a dropped page's fd is closed only
+ * once its last reader is done.
+ *
+ * Invariants:
+ *  - an entry (live or tombstone) is indexed only once its record is
+ *    durable (written and fdatasync'ed);
+ *  - items are written and completed in the order of their sequence
+ *    numbers (one FIFO queue, seq given under mu at enqueue), so when an
+ *    item completes every item queued before it has completed;
+ *  - page->live is the sum of the totals of the live (non-tombstone)
+ *    entries on its list.
+ */
+#include "node/disk.h"
+
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <liburing.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/assert.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "kvpool.h"
+
+#define MOD "disk"
+#define ALIGN KVP_DISK_ALIGN
+#define PAGE_MAGIC "KVPPAGE1"
+#define REC_MAGIC 0x5250564bu /* "KVPR" little-endian */
+#define REC_VERSION 1u
+#define BATCH_BYTES (64u << 20) /* writer: bytes per batch at most */
+#define READ_CHUNK (4u << 20)   /* reads: bytes per bounce buffer */
+
+static uint64_t align_up(uint64_t v) { return (v + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
+
+/* ------------------------------------------------------------ records */
+
+static void put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
+
+/* Header: u32 magic, u16 version, u16 flags, u32 key_len, u32 tenant_len,
+ * u64 size, u64 csum, u64 seq, u64 hdr_csum (XXH3 of bytes 0..40 + key +
+ * tenant), key, tenant. */
+size_t kvp_disk_hdr_encode(uint8_t *p, const kvp_disk_hdr *h)
+{
+    size_t hl = (size_t)align_up(KVP_DISK_HDR_FIXED + h->key_len + h->tenant_len);
+    memset(p, 0, hl);
+    put_u32(p, REC_MAGIC);
+    put_u16(p + 4, REC_VERSION);
+    put_u16(p + 6, (uint16_t)h->flags);
+    put_u32(p + 8, h->key_len);
+    put_u32(p + 12, h->tenant_len);
+    put_u64(p + 16, h->size);
+    put_u64(p + 24, h->csum);
+    put_u64(p + 32, h->seq);
+    memcpy(p + KVP_DISK_HDR_FIXED, h->key, h->key_len);
+    memcpy(p + KVP_DISK_HDR_FIXED + h->key_len, h->tenant, h->tenant_len);
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, p, 40);
+    XXH3_64bits_update(&st, p + KVP_DISK_HDR_FIXED, h->key_len + h->tenant_len);
+    put_u64(p + 40, XXH3_64bits_digest(&st));
+    return hl;
+}
+
+int kvp_disk_hdr_parse(const uint8_t *p, size_t len, kvp_disk_hdr *h)
+{
+    if (len < KVP_DISK_HDR_FIXED || get_u32(p) != REC_MAGIC ||
+        (p[4] | (p[5] << 8)) != REC_VERSION)
+        return -1;
+    h->flags = (uint32_t)(p[6] | (p[7] << 8));
+    h->key_len = get_u32(p + 8);
+    h->tenant_len = get_u32(p + 12);
+    h->size = get_u64(p + 16);
+    h->csum = get_u64(p + 24);
+    h->seq = get_u64(p + 32);
+    if ((h->flags & ~KVP_DISK_TOMBSTONE) || h->key_len == 0 || h->key_len > KVP_DISK_MAX_KEY ||
+        h->tenant_len > KVP_DISK_MAX_TENANT ||
+        (uint64_t)KVP_DISK_HDR_FIXED + h->key_len + h->tenant_len > len ||
+        ((h->flags & KVP_DISK_TOMBSTONE) && h->size) || h->size > (1ull << 40))
+        return -1;
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, p, 40);
+    XXH3_64bits_update(&st, p + KVP_DISK_HDR_FIXED, h->key_len + h->tenant_len);
+    if (XXH3_64bits_digest(&st) != get_u64(p + 40))
+        return -1;
+    h->key = p + KVP_DISK_HDR_FIXED;
+    h->tenant = h->key + h->key_len;
+    h->hdr_len = align_up(KVP_DISK_HDR_FIXED + h->key_len + h->tenant_len);
+    h->total = h->hdr_len + align_up(h->size);
+    return 0;
+}
+
+/* ------------------------------------------------------------- state */
+
+typedef struct dpage dpage;
+typedef struct dent dent;
+
+struct dpage {
+    uint64_t id;
+    int fd;
+    uint64_t used;     /* bytes appended, the page header included */
+    uint64_t live;     /* bytes of live records */
+    uint64_t last_use; /* ms: last append or read (LRU) */
+    int refs;          /* readers in its file */
+    int dropped;       /* gone: fd closed when refs reach 0 */
+    int compacting;
+    int sealed;        /* no more appends (scanned at open, or rolled past) */
+    uint64_t min_seq;  /* lowest record sequence in it (tombstones' reach) */
+    dent *list;        /* its entries */
+};
+
+struct dent {
+    dent *hnext;            /* hash chain */
+    dent *pprev, *pnext;    /* page list */
+    uint64_t hash;
+    dpage *page;
+    uint64_t off, total, hdr_len, size, csum, seq;
+    int tomb;
+    uint32_t klen, tlen;
+    uint8_t kt[];           /* key then tenant */
+};
+
+typedef struct witem {
+    struct witem *next;
+    uint8_t *buf;           /* aligned record: header block(s) + value + padding */
+    kvp_disk_hdr h;         /* h.key / h.tenant point into buf */
+    void *cookie;
+    uint64_t qno;           /* queue order (kvp_disk_flush) */
+    int internal;           /* a compaction move (no callback) */
+    dpage *from;
+    uint64_t from_off;
+    dpage *page;            /* where it went */
+    uint64_t off;
+    int status;
+} witem;
+
+struct kvp_disk {
+    kvp_disk_opts o;
+    char dir[4096];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* writer: queue or stop; flushers: progress */
+    dpage **pages;
+    size_t npages, cap_pages;
+    uint64_t next_page_id;
+    dent **ht;
+    uint64_t ht_mask, count;
+    witem *qhead, *qtail;
+    uint64_t queued;        /* staging bytes of queued items */
+    uint64_t seq;           /* last record sequence given */
+    uint64_t qno, done_qno; /* last item queued / completed (in order) */
+    uint64_t full_until;    /* ms: the disk was full; writes refused until then */
+    int stop;
+    pthread_t writer;
+    uint64_t reading;       /* read buffer bytes in use */
+    pthread_cond_t read_cv;
+    int uring_ok;
+    int started;            /* the writer thread runs */
+    int paused;             /* kvp_disk_pause (tests) */
+    struct io_uring ring;
+    kvp_disk_stats st;
+};
+
+static uint64_t key_hash(const uint8_t *t, uint32_t tl, const uint8_t *k, uint32_t kl)
+{
+    return XXH3_64bits_withSeed(k, kl, XXH3_64bits(t, tl));
+}
+
+/* The entry of (t, k), live or tombstone, or NULL. Caller holds mu. */
+static dent *find(kvp_disk *d, uint64_t h, const uint8_t *t, uint32_t tl, const uint8_t *k,
+                  uint32_t kl)
+{
+    for (dent *e = d->ht[h & d->ht_mask]; e; e = e->hnext)
+        if (e->hash == h && e->klen == kl && e->tlen == tl && !memcmp(e->kt, k, kl) &&
+            !memcmp(e->kt + kl, t, tl))
+            return e;
+    return NULL;
+}
+
+static void ht_grow(kvp_disk *d)
+{
+    uint64_t nm = d->ht_mask * 2 + 1;
+    dent **nt = kvp_calloc(nm + 1, sizeof *nt);
+    if (!nt)
+        return; /* chains just get longer */
+    for (uint64_t i = 0; i <= d->ht_mask; i++)
+        for (dent *e = d->ht[i], *n; e; e = n) {
+            n = e->hnext;
+            e->hnext = nt[e->hash & nm];
+            nt[e->hash & nm] = e;
+        }
+    kvp_free(d->ht);
+    d->ht = nt;
+    d->ht_mask = nm;
+}
+
+static void page_link(dpage *p, dent *e)
+{
+    e->page = p;
+    e->pprev = NULL;
+    e->pnext = p->list;
+    if (p->list)
+        p->list->pprev = e;
+    p->list = e;
+    if (!e->tomb)
+        p->live += e->total;
+}
+
+static void page_unlink(dent *e)
+{
+    dpage *p = e->page;
+    if (e->pprev)
+        e->pprev->pnext = e->pnext;
+    else
+        p->list = e->pnext;
+    if (e->pnext)
+        e->pnext->pprev = e->pprev;
+    if (!e->tomb)
+        p->live -= e->total;
+    e->page = NULL;
+}
+
+/* Unlinks e from the index and its page and frees it. Caller holds mu. */
+static void ent_del(kvp_disk *d, dent *e)
+{
+    dent **pp = &d->ht[e->hash & d->ht_mask];
+    while (*pp != e)
+        pp = &(*pp)->hnext;
+    *pp = e->hnext;
+    if (e->page)
+        page_unlink(e);
+    if (!e->tomb) {
+        d->st.records--;
+        d->st.live_bytes -= e->total;
+    }
+    d->count--;
+    kvp_free(e);
+}
+
+/* Indexes a durable record at (p, off): replaces an older entry of the
+ * key, is ignored when a newer one exists. Caller holds mu. 1 indexed. */
+static int ent_put(kvp_disk *d, const kvp_disk_hdr *h, dpage *p, uint64_t off)
+{
+    uint64_t hv = key_hash(h->tenant, h->tenant_len, h->key, h->key_len);
+    dent *old = find(d, hv, h->tenant, h->tenant_len, h->key, h->key_len);
+    if (old && old->seq > h->seq)
+        return 0;
+    if (old && old->seq == h->seq && !old->tomb == !(h->flags & KVP_DISK_TOMBSTONE)) {
+        /* the same record at a new place (compaction, or its copy seen in a scan) */
+        page_unlink(old);
+        old->off = off;
+        page_link(p, old);
+        return 1;
+    }
+    dent *e = kvp_malloc(sizeof *e + h->key_len + h->tenant_len);
+    if (!e)
+        return 0;
+    memset(e, 0, sizeof *e);
+    e->hash = hv;
+    e->off = off;
+    e->total = h->total;
+    e->hdr_len = h->hdr_len;
+    e->size = h->size;
+    e->csum = h->csum;
+    e->seq = h->seq;
+    e->tomb = (h->flags & KVP_DISK_TOMBSTONE) != 0;
+    e->klen = h->key_len;
+    e->tlen = h->tenant_len;
+    memcpy(e->kt, h->key, h->key_len);
+    memcpy(e->kt + h->key_len, h->tenant, h->tenant_len);
+    if (old)
+        ent_del(d, old);
+    if (d->count + 1 > d->ht_mask + 1)
+        ht_grow(d);
+    e->hnext = d->ht[hv & d->ht_mask];
+    d->ht[hv & d->ht_mask] = e;
+    d->count++;
+    page_link(p, e);
+    if (!e->tomb) {
+        d->st.records++;
+        d->st.live_bytes += e->total;
+    }
+    return 1;
+}
+
+static kvp_disk_rec rec_of(const dent *e)
+{
+    return (kvp_disk_rec){e->kt + e->klen, e->tlen, e->kt, e->klen, e->size, e->csum, e->seq};
+}
+
+/* ------------------------------------------------------------- pages */
+
+static void page_path(const kvp_disk *d, uint64_t id, char *out, size_t len)
+{
+    snprintf(out, len, "%s/kvpool-page-%016" PRIx64 ".log", d->dir, id);
+}
+
+static void idx_path(const kvp_disk *d, uint64_t id, char *out, size_t len);
+
+static int open_flags(const kvp_disk *d) { return d->o.direct >= 0 ? O_DIRECT : 0; }
+
+static void page_release(dpage *p)
+{
+    if (p->fd >= 0)
+        close(p->fd);
+    kvp_free(p);
+}
+
+/* Drops page p (caller holds mu; the writer thread): its entries leave the
+ * index and are returned in *recs (their key bytes copied) for on_dropped. */
+static void page_drop(kvp_disk *d, dpage *p, kvp_disk_rec **recs, uint8_t **keys, size_t *nrec)
+{
+    size_t n = 0, kb = 0;
+    for (dent *e = p->list; e; e = e->pnext)
+        if (!e->tomb) {
+            n++;
+            kb += e->klen + e->tlen;
+        }
+    *recs = n ? kvp_calloc(n, sizeof **recs) : NULL;
+    *keys = n ? kvp_malloc(kb) : NULL;
+    *nrec = 0;
+    uint8_t *kp = *keys;
+    while (p->list) {
+        dent *e = p->list;
+        if (!e->tomb && *recs && kp) {
+            memcpy(kp, e->kt, e->klen + e->tlen);
+            kvp_disk_rec r = rec_of(e);
+            r.key = kp;
+            r.tenant = kp + e->klen;
+            (*recs)[(*nrec)++] = r;
+            kp += e->klen + e->tlen;
+        }
+        ent_del(d, e);
+    }
+    char path[4200];
+    page_path(d, p->id, path, sizeof path);
+    unlink(path);
+    idx_path(d, p->id, path, sizeof path);
+    unlink(path);
+    for (size_t i = 0; i < d->npages; i++)
+        if (d->pages[i] == p) {
+            memmove(d->pages + i, d->pages + i + 1, (d->npages - i - 1) * sizeof *d->pages);
+            d->npages--;
+            break;
+        }
+    d->st.pages = d->npages;
+    d->st.used = d->npages * d->o.page_size;
+    p->dropped = 1;
+    if (p->refs == 0)
+        page_release(p);
+}
+
+static void report_dropped(kvp_disk *d, kvp_disk_rec *recs, uint8_t *keys, size_t n)
+{
+    if (n && d->o.on_dropped)
+        d->o.on_dropped(d->o.arg, recs, n);
+    kvp_free(recs);
+    kvp_free(keys);
+}
+
+/* Room for one more page: drops least recently used pages (never the open
+ * one) while more than high_watermark of capacity would be used, down to
+ * low_watermark, reporting their records (mu released around the
+ * callback). Writer thread; caller holds mu. */
+static void make_room(kvp_disk *d)
+{
+    double cap = (double)d->o.capacity, ps = (double)d->o.page_size;
+    if ((double)(d->npages + 1) * ps <= cap * d->o.high_watermark)
+        return;
+    while (d->npages > 1 && (double)(d->npages + 1) * ps > cap * d->o.low_watermark) {
+        dpage *v = NULL;
+        for (size_t i = 0; i + 1 < d->npages; i++) /* the last page is the open one */
+            if (!d->pages[i]->compacting && (!v || d->pages[i]->last_use < v->last_use))
+                v = d->pages[i];
+        if (!v)
+            break;
+        kvp_disk_rec *r;
+        uint8_t *k;
+        size_t n;
+        page_drop(d, v, &r, &k, &n);
+        d->st.dropped_pages++;
+        d->st.dropped_records += n;
+        pthread_mutex_unlock(&d->mu);
+        report_dropped(d, r, k, n);
+        pthread_mutex_lock(&d->mu);
+    }
+}
+
+/* Opens page id for appending (created, its header written). */
+static dpage *page_create(kvp_disk *d, uint64_t id, int *err)
+{
+    char path[4200];
+    page_path(d, id, path, sizeof path);
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | open_flags(d), 0600);
+    if (fd < 0) {
+        *err = errno;
+        return NULL;
+    }
+    if (posix_fallocate(fd, 0, (off_t)d->o.page_size) == ENOSPC) {
+        close(fd);
+        unlink(path);
+        *err = ENOSPC;
+        return NULL;
+    }
+    uint8_t *hb = NULL;
+    if (posix_memalign((void **)&hb, ALIGN, ALIGN) != 0) {
+        close(fd);
+        unlink(path);
+        *err = ENOMEM;
+        return NULL;
+    }
+    memset(hb, 0, ALIGN);
+    memcpy(hb, PAGE_MAGIC, 8);
+    put_u64(hb + 8, id);
+    put_u64(hb + 16, d->o.page_size);
+    put_u64(hb + 24, XXH3_64bits(hb, 24));
+    ssize_t w = pwrite(fd, hb, ALIGN, 0);
+    free(hb);
+    dpage *p = kvp_calloc(1, sizeof *p);
+    if (w != (ssize_t)ALIGN || !p) {
+        *err = w < 0 ? errno : EIO;
+        close(fd);
+        unlink(path);
+        kvp_free(p);
+        return NULL;
+    }
+    p->id = id;
+    p->fd = fd;
+    p->used = ALIGN;
+    p->last_use = kvp_now_ms();
+    return p;
+}
+
+static int pages_add(kvp_disk *d, dpage *p)
+{
+    if (d->npages == d->cap_pages) {
+        size_t nc = d->cap_pages ? d->cap_pages * 2 : 16;
+        dpage **np = kvp_realloc(d->pages, nc * sizeof *np);
+        if (!np)
+            return KVP_ENOMEM;
+        d->pages = np;
+        d->cap_pages = nc;
+    }
+    d->pages[d->npages++] = p;
+    d->st.pages = d->npages;
+    d->st.used = d->npages * d->o.page_size;
+    return 0;
+}
+
+/* ------------------------------------------------------- page indexes */
+
+/*
+ * A sealed page's index file, kvpool-page-<id>.idx: "KVPIDX01", u64 page
+ * id, u64 count, then per record u64 offset + its header bytes (fixed part,
+ * key, tenant), then u64 XXH3 of everything before. Written once when the
+ * page is sealed (temporary file, fdatasync, rename); a scan reads it in
+ * one go instead of one header per record from the page. Missing or
+ * damaged: the page itself is scanned.
+ */
+typedef struct idxbuf {
+    uint8_t *p;
+    size_t len, cap;
+    uint64_t count;
+} idxbuf;
+
+static void idx_add(idxbuf *b, uint64_t off, const uint8_t *hdr, size_t hlen)
+{
+    if (b->len + 8 + hlen > b->cap) {
+        size_t nc = b->cap ? b->cap * 2 : 65536;
+        while (nc < b->len + 8 + hlen)
+            nc *= 2;
+        uint8_t *np = kvp_realloc(b->p, nc);
+        if (!np) {
+            b->count = UINT64_MAX; /* poisoned: no index file for this page */
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+    if (b->count == UINT64_MAX)
+        return;
+    put_u64(b->p + b->len, off);
+    memcpy(b->p + b->len + 8, hdr, hlen);
+    b->len += 8 + hlen;
+    b->count++;
+}
+
+static void idx_path(const kvp_disk *d, uint64_t id, char *out, size_t len)
+{
+    snprintf(out, len, "%s/kvpool-page-%016" PRIx64 ".idx", d->dir, id);
+}
+
+static void idx_write(kvp_disk *d, uint64_t id, idxbuf *b)
+{
+    if (b->count == UINT64_MAX)
+        return;
+    char path[4200], tmp[4210];
+    idx_path(d, id, path, sizeof path);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    uint8_t head[24], tail[8];
+    memcpy(head, "KVPIDX01", 8);
+    put_u64(head + 8, id);
+    put_u64(head + 16, b->count);
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, head, sizeof head);
+    XXH3_64bits_update(&st, b->p, b->len);
+    put_u64(tail, XXH3_64bits_digest(&st));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int ok = fd >= 0 && write(fd, head, sizeof head) == (ssize_t)sizeof head &&
+             (b->len == 0 || write(fd, b->p, b->len) == (ssize_t)b->len) &&
+             write(fd, tail, sizeof tail) == (ssize_t)sizeof tail && fdatasync(fd) == 0;
+    if (fd >= 0)
+        close(fd);
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        KVP_WARN_LIMITED(MOD, "page %016" PRIx64 ": writing its index failed: a restart scans "
+                              "the page instead", id);
+    }
+}
+
+/* ------------------------------------------------------------- writer */
+
+typedef struct wbatch {
+    witem *it[256];
+    size_t n;
+} wbatch;
+
+/* Seals the open page (its index file) and opens the next one, after
+ * making room. 0 or an errno. Caller holds mu; writer thread. */
+static int roll(kvp_disk *d, idxbuf *ib)
+{
+    dpage *cur = d->npages ? d->pages[d->npages - 1] : NULL;
+    if (cur && ib->count) {
+        uint64_t id = cur->id;
+        pthread_mutex_unlock(&d->mu);
+        idx_write(d, id, ib);
+        pthread_mutex_lock(&d->mu);
+    }
+    if (cur)
+        cur->sealed = 1;
+    ib->len = 0;
+    ib->count = 0;
+    make_room(d);
+    if ((d->npages + 1) * d->o.page_size > d->o.capacity)
+        return ENOSPC; /* nothing could be dropped */
+    int err = 0;
+    uint64_t id = d->next_page_id;
+    pthread_mutex_unlock(&d->mu);
+    dpage *p = page_create(d, id, &err);
+    pthread_mutex_lock(&d->mu);
+    if (!p)
+        return err ? err : EIO;
+    d->next_page_id = id + 1;
+    if (pages_add(d, p) != 0) {
+        page_release(p);
+        return ENOMEM;
+    }
+    return 0;
+}
+
+/* Places the batch's items in the open page (rolling as needed). Items
+ * that could not be placed get their status. Caller holds mu. */
+static void place(kvp_disk *d, wbatch *b, idxbuf *ib)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        witem *w = b->it[i];
+        dpage *cur = d->npages ? d->pages[d->npages - 1] : NULL;
+        int err = 0;
+        if (!cur || cur->sealed || cur->used + w->h.total > d->o.page_size)
+            err = roll(d, ib);
+        if (err) {
+            w->status = err == ENOSPC ? KVP_ENO_AVAILABLE_HANDLE : KVP_EIO;
+            if (err == ENOSPC)
+                d->full_until = kvp_now_ms() + 500;
+            KVP_WARN_LIMITED(MOD, "%s: no page for a %llu-byte record: %s", d->dir,
+                             (unsigned long long)w->h.total, strerror(err));
+            continue;
+        }
+        cur = d->pages[d->npages - 1];
+        w->page = cur;
+        w->off = cur->used;
+        cur->min_seq = cur->min_seq && cur->min_seq < w->h.seq ? cur->min_seq : w->h.seq;
+        cur->used += w->h.total;
+        cur->last_use = kvp_now_ms();
+        idx_add(ib, w->off, w->buf, KVP_DISK_HDR_FIXED + w->h.key_len + w->h.tenant_len);
+    }
+}
+
+static int pwrite_all(int fd, const uint8_t *p, uint64_t len, uint64_t off)
+{
+    while (len) {
+        ssize_t w = pwrite(fd, p, (size_t)len, (off_t)off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 && errno == ENOSPC ? KVP_ENO_AVAILABLE_HANDLE : KVP_EIO;
+        p += w;
+        len -= (uint64_t)w;
+        off += (uint64_t)w;
+    }
+    return 0;
+}
+
+/* Writes the placed items (io_uring at io_depth, else pwrite) and makes
+ * them durable. No lock held. */
+static void submit(kvp_disk *d, wbatch *b)
+{
+    size_t next = 0, inflight = 0;
+    int uring = d->uring_ok;
+    while (uring && (next < b->n || inflight)) {
+        while (next < b->n && inflight < (size_t)d->o.io_depth) {
+            witem *w = b->it[next];
+            if (w->status || !w->page) {
+                next++;
+                continue;
+            }
+            struct io_uring_sqe *sq = io_uring_get_sqe(&d->ring);
+            if (!sq)
+                break;
+            io_uring_prep_write(sq, w->page->fd, w->buf, (unsigned)w->h.total, w->off);
+            io_uring_sqe_set_data(sq, w);
+            next++;
+            inflight++;
+        }
+        if (!inflight)
+            break;
+        if (io_uring_submit(&d->ring) < 0) {
+            uring = 0; /* finish what is in flight below, then pwrite the rest */
+        }
+        struct io_uring_cqe *cq;
+        if (io_uring_wait_cqe(&d->ring, &cq) != 0) {
+            uring = 0;
+            break;
+        }
+        witem *w = io_uring_cqe_get_data(cq);
+        if (cq->res != (int)w->h.total) /* a short or failed write: write it again plainly */
+            w->status = pwrite_all(w->page->fd, w->buf, w->h.total, w->off);
+        io_uring_cqe_seen(&d->ring, cq);
+        inflight--;
+    }
+    for (size_t i = uring ? b->n : 0; i < b->n; i++) {
+        witem *w = b->it[i];
+        if (!w->status && w->page && (i >= next || !d->uring_ok))
+            w->status = pwrite_all(w->page->fd, w->buf, w->h.total, w->off);
+    }
+    /* durable: one fdatasync per page written */
+    for (size_t i = 0; i < b->n; i++) {
+        witem *w = b->it[i];
+        if (w->status || !w->page)
+            continue;
+        int seen = 0;
+        for (size_t k = 0; k < i && !seen; k++)
+            seen = b->it[k]->page == w->page && !b->it[k]->status;
+        if (!seen && fdatasync(w->page->fd) != 0)
+            for (size_t k = i; k < b->n; k++)
+                if (b->it[k]->page == w->page)
+                    b->it[k]->status = KVP_EIO;
+    }
+}
+
+/* Indexes what was written and runs the callbacks. Caller holds mu. */
+static void complete(kvp_disk *d, wbatch *b)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        witem *w = b->it[i];
+        d->queued -= w->h.total;
+        if (w->status) { /* a failed move leaves the record where it is */
+            d->st.write_errors++;
+            if (w->status == KVP_ENO_AVAILABLE_HANDLE)
+                d->full_until = kvp_now_ms() + 500; /* the disk is full: -200 for a while */
+            continue;
+        }
+        if (w->internal) {
+            uint64_t hv = key_hash(w->h.tenant, w->h.tenant_len, w->h.key, w->h.key_len);
+            dent *e = find(d, hv, w->h.tenant, w->h.tenant_len, w->h.key, w->h.key_len);
+            if (e && e->seq == w->h.seq && e->page == w->from && e->off == w->from_off) {
+                ent_put(d, &w->h, w->page, w->off); /* same record, new place */
+                d->st.compacted_bytes += w->h.total;
+            }
+        } else {
+            ent_put(d, &w->h, w->page, w->off);
+            if (!(w->h.flags & KVP_DISK_TOMBSTONE)) {
+                d->st.writes++;
+                d->st.write_bytes += w->h.size;
+            }
+        }
+    }
+    /* pages emptied by compaction go */
+    for (size_t i = 0; i + 1 < d->npages; i++) {
+        dpage *p = d->pages[i];
+        if (p->compacting && !p->list) {
+            kvp_disk_rec *r;
+            uint8_t *k;
+            size_t n;
+            page_drop(d, p, &r, &k, &n);
+            KVP_ASSERT(n == 0);
+            kvp_free(r);
+            kvp_free(k);
+            d->st.compacted_pages++;
+            i--;
+        }
+    }
+}
+
+static void *writer_main(void *arg)
+{
+    kvp_disk *d = arg;
+    idxbuf ib = {0};
+    pthread_mutex_lock(&d->mu);
+    for (;;) {
+        while ((!d->qhead || d->paused) && !d->stop)
+            pthread_cond_wait(&d->cv, &d->mu);
+        if (!d->qhead)
+            break;
+        wbatch b;
+        b.n = 0;
+        uint64_t bytes = 0;
+        while (d->qhead && b.n < sizeof b.it / sizeof b.it[0] && bytes < BATCH_BYTES) {
+            witem *w = d->qhead;
+            d->qhead = w->next;
+            if (!d->qhead)
+                d->qtail = NULL;
+            b.it[b.n++] = w;
+            bytes += w->h.total;
+        }
+        place(d, &b, &ib);
+        pthread_mutex_unlock(&d->mu);
+        submit(d, &b);
+        pthread_mutex_lock(&d->mu);
+        complete(d, &b);
+        pthread_mutex_unlock(&d->mu);
+        for (size_t i = 0; i < b.n; i++) {
+            witem *w = b.it[i];
+            if (!w->internal && !(w->h.flags & KVP_DISK_TOMBSTONE) && d->o.on_durable) {
+                kvp_disk_rec r = {w->h.tenant, w->h.tenant_len, w->h.key, w->h.key_len,
+                                  w->h.size, w->h.csum, w->h.seq};
+                d->o.on_durable(d->o.arg, &r, w->cookie, w->status);
+            }
+        }
+        pthread_mutex_lock(&d->mu);
+        for (size_t i = 0; i < b.n; i++) {
+            d->done_qno = b.it[i]->qno; /* completed in queue order */
+            free(b.it[i]->buf);
+            kvp_free(b.it[i]);
+        }
+        d->st.capacity = d->o.capacity;
+        pthread_cond_broadcast(&d->cv);
+    }
+    dpage *cur = d->npages ? d->pages[d->npages - 1] : NULL;
+    if (cur && ib.count) {
+        uint64_t id = cur->id;
+        pthread_mutex_unlock(&d->mu);
+        idx_write(d, id, &ib);
+        pthread_mutex_lock(&d->mu);
+    }
+    pthread_mutex_unlock(&d->mu);
+    kvp_free(ib.p);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ writes */
+
+/* An aligned record buffer for h (header + value room), h->hdr_len and
+ * h->total set, the header encoded. NULL: ENOMEM. */
+static uint8_t *record_buf(kvp_disk_hdr *h)
+{
+    h->hdr_len = align_up(KVP_DISK_HDR_FIXED + h->key_len + h->tenant_len);
+    h->total = h->hdr_len + align_up(h->size);
+    uint8_t *b = NULL;
+    if (posix_memalign((void **)&b, ALIGN, (size_t)h->total) != 0)
+        return NULL;
+    kvp_disk_hdr_encode(b, h);
+    memset(b + h->hdr_len + h->size, 0, (size_t)(h->total - h->hdr_len - h->size)); /* padding */
+    h->key = b + KVP_DISK_HDR_FIXED;
+    h->tenant = h->key + h->key_len;
+    return b;
+}
+
+/* Queues w (budget checked by the caller). Caller holds mu. */
+static void enqueue(kvp_disk *d, witem *w)
+{
+    w->qno = ++d->qno;
+    d->queued += w->h.total;
+    if (d->qtail)
+        d->qtail->next = w;
+    else
+        d->qhead = w;
+    d->qtail = w;
+    pthread_cond_broadcast(&d->cv);
+}
+
+static int check_names(uint32_t tlen, uint32_t klen)
+{
+    return klen == 0 || klen > KVP_DISK_MAX_KEY || tlen > KVP_DISK_MAX_TENANT ? -1 : 0;
+}
+
+int kvp_disk_write(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uint8_t *key,
+                   uint32_t klen, uint64_t csum, const struct iovec *v, int n, uint64_t size,
+                   void *cookie)
+{
+    uint64_t tot = 0;
+    for (int i = 0; i < n; i++)
+        tot += v[i].iov_len;
+    if (!d || check_names(tlen, klen) || n < 0 || tot != size || size == 0 ||
+        size > (1ull << 40) || align_up(size) + 2 * ALIGN + KVP_DISK_MAX_KEY > d->o.page_size)
+        return KVP_EINVALID_PARAMS;
+    kvp_disk_hdr h = {0, klen, tlen, size, csum, 0, key, tenant, 0, 0};
+    uint64_t need = align_up(KVP_DISK_HDR_FIXED + klen + tlen) + align_up(size);
+    pthread_mutex_lock(&d->mu);
+    int refuse = d->stop || d->queued + need > d->o.staging_budget ||
+                 kvp_now_ms() < d->full_until;
+    if (refuse)
+        d->st.pressure++;
+    pthread_mutex_unlock(&d->mu);
+    if (refuse)
+        return KVP_ENO_AVAILABLE_HANDLE;
+    uint8_t *b = record_buf(&h);
+    witem *w = kvp_calloc(1, sizeof *w);
+    if (!b || !w) {
+        free(b);
+        kvp_free(w);
+        return KVP_ENOMEM;
+    }
+    uint8_t *p = b + h.hdr_len;
+    for (int i = 0; i < n; i++) {
+        memcpy(p, v[i].iov_base, v[i].iov_len);
+        p += v[i].iov_len;
+    }
+    w->buf = b;
+    w->cookie = cookie;
+    pthread_mutex_lock(&d->mu);
+    h.seq = ++d->seq; /* given under mu: the header is signed again with it */
+    h.key = key;        /* (from the caller's bytes: encode clears the block first) */
+    h.tenant = tenant;
+    kvp_disk_hdr_encode(b, &h);
+    h.key = b + KVP_DISK_HDR_FIXED;
+    h.tenant = h.key + klen;
+    w->h = h;
+    enqueue(d, w);
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
+int kvp_disk_remove(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uint8_t *key,
+                    uint32_t klen)
+{
+    if (!d || check_names(tlen, klen))
+        return KVP_EINVALID_PARAMS;
+    kvp_disk_hdr h = {KVP_DISK_TOMBSTONE, klen, tlen, 0, 0, 0, key, tenant, 0, 0};
+    uint8_t *b = record_buf(&h);
+    witem *w = kvp_calloc(1, sizeof *w);
+    if (!b || !w) {
+        free(b);
+        kvp_free(w);
+        return KVP_ENOMEM;
+    }
+    uint64_t hv = key_hash(tenant, tlen, key, klen);
+    pthread_mutex_lock(&d->mu);
+    dent *e = find(d, hv, tenant, tlen, key, klen);
+    if (!e || e->tomb) {
+        pthread_mutex_unlock(&d->mu);
+        free(b);
+        kvp_free(w);
+        return KVP_EOBJECT_NOT_FOUND;
+    }
+    /* unreadable from now on; the tombstone (a newer seq) keeps it so
+     * across a restart once durable */
+    ent_del(d, e);
+    h.seq = ++d->seq;
+    h.key = key;
+    h.tenant = tenant;
+    kvp_disk_hdr_encode(b, &h);
+    h.key = b + KVP_DISK_HDR_FIXED;
+    h.tenant = h.key + klen;
+    w->buf = b;
+    w->h = h;
+    enqueue(d, w);
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
+void kvp_disk_pause(kvp_disk *d, int on)
+{
+    pthread_mutex_lock(&d->mu);
+    d->paused = on;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+void kvp_disk_flush(kvp_disk *d)
+{
+    pthread_mutex_lock(&d->mu);
+    uint64_t want = d->qno;
+    while (d->done_qno < want)
+        pthread_cond_wait(&d->cv, &d->mu);
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* ------------------------------------------------------------- reads */
+
+/* Takes n bytes of the read budget (waits for them). */
+static void read_take(kvp_disk *d, uint64_t n)
+{
+    pthread_mutex_lock(&d->mu);
+    while (d->reading && d->reading + n > d->o.read_budget)
+        pthread_cond_wait(&d->read_cv, &d->mu);
+    d->reading += n;
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void read_give(kvp_disk *d, uint64_t n)
+{
+    pthread_mutex_lock(&d->mu);
+    d->reading -= n;
+    pthread_cond_broadcast(&d->read_cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+static int pread_all(int fd, uint8_t *p, uint64_t len, uint64_t off)
+{
+    while (len) {
+        ssize_t r = pread(fd, p, (size_t)len, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return KVP_EIO;
+        p += r;
+        len -= (uint64_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
+/* Page reference: the file stays open while held. */
+static void page_unref(kvp_disk *d, dpage *p)
+{
+    pthread_mutex_lock(&d->mu);
+    if (--p->refs == 0 && p->dropped)
+        page_release(p);
+    pthread_mutex_unlock(&d->mu);
+}
+
+int64_t kvp_disk_read(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uint8_t *key,
+                      uint32_t klen, void *dst, uint64_t cap, uint64_t *csum)
+{
+    if (!d || check_names(tlen, klen) || (cap && !dst))
+        return KVP_EINVALID_PARAMS;
+    uint64_t hv = key_hash(tenant, tlen, key, klen);
+    pthread_mutex_lock(&d->mu);
+    dent *e = find(d, hv, tenant, tlen, key, klen);
+    if (!e || e->tomb) {
+        d->st.read_misses++;
+        pthread_mutex_unlock(&d->mu);
+        return KVP_EOBJECT_NOT_FOUND;
+    }
+    dpage *p = e->page;
+    uint64_t off = e->off + e->hdr_len, size = e->size, want = e->csum, seq = e->seq;
+    if (size > cap) {
+        pthread_mutex_unlock(&d->mu);
+        return KVP_EBUFFER_OVERFLOW;
+    }
+    p->refs++;
+    p->last_use = kvp_now_ms();
+    pthread_mutex_unlock(&d->mu);
+
+    /* chunks through aligned bounce buffers, hashed as they land */
+    uint64_t chunk = READ_CHUNK < d->o.read_budget ? READ_CHUNK : d->o.read_budget;
+    uint64_t bl = align_up(size) < chunk ? align_up(size) : chunk;
+    read_take(d, bl);
+    uint8_t *bb = NULL;
+    int rc = posix_memalign((void **)&bb, ALIGN, (size_t)bl) == 0 ? 0 : KVP_ENOMEM;
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    for (uint64_t pos = 0; rc == 0 && pos < size; pos += bl) {
+        uint64_t n = size - pos < bl ? size - pos : bl;
+        rc = pread_all(p->fd, bb, align_up(n), off + pos);
+        if (rc == 0) {
+            XXH3_64bits_update(&st, bb, (size_t)n);
+            memcpy((uint8_t *)dst + pos, bb, (size_t)n);
+        }
+    }
+    free(bb);
+    read_give(d, bl);
+    page_unref(d, p);
+    if (rc)
+        return rc;
+    if (XXH3_64bits_digest(&st) != want) {
+        /* corrupt on disk: dropped, reported, never data */
+        kvp_disk_rec r = {tenant, tlen, key, klen, size, want, seq};
+        int dropped = 0;
+        pthread_mutex_lock(&d->mu);
+        d->st.corrupt++;
+        dent *again = find(d, hv, tenant, tlen, key, klen);
+        if (again && again->seq == seq && !again->tomb) {
+            ent_del(d, again);
+            dropped = 1;
+        }
+        pthread_mutex_unlock(&d->mu);
+        KVP_WARN_LIMITED(MOD, "%s: a %llu-byte record failed its checksum: dropped", d->dir,
+                         (unsigned long long)size);
+        if (dropped && d->o.on_dropped)
+            d->o.on_dropped(d->o.arg, &r, 1);
+        return KVP_ECHECKSUM_MISMATCH;
+    }
+    pthread_mutex_lock(&d->mu);
+    d->st.reads++;
+    d->st.read_bytes += size;
+    pthread_mutex_unlock(&d->mu);
+    if (csum)
+        *csum = want;
+    return (int64_t)size;
+}
+
+/* -------------------------------------------------------- compaction */
+
+uint64_t kvp_disk_tick(kvp_disk *d, uint64_t budget)
+{
+    if (!d || budget == 0)
+        return 0;
+    pthread_mutex_lock(&d->mu);
+    dpage *p = NULL;
+    for (size_t i = 0; i + 1 < d->npages && !p; i++)
+        if (d->pages[i]->compacting)
+            p = d->pages[i];
+    for (size_t i = 0; i + 1 < d->npages && !p; i++) { /* more than half dead */
+        dpage *c = d->pages[i];
+        if (c->used > ALIGN && c->live * 2 < c->used - ALIGN && (!p || c->live < p->live))
+            p = c;
+    }
+    if (!p || d->queued + budget > d->o.staging_budget) {
+        pthread_mutex_unlock(&d->mu);
+        return 0;
+    }
+    /* tombstones that can kill nothing (no other page holds a record as
+     * old) are dropped rather than moved */
+    for (dent *e = p->list, *n; e; e = n) {
+        n = e->pnext;
+        int reach = 0;
+        for (size_t i = 0; e->tomb && i < d->npages && !reach; i++)
+            reach = d->pages[i] != p && d->pages[i]->min_seq && d->pages[i]->min_seq < e->seq;
+        if (e->tomb && !reach)
+            ent_del(d, e);
+    }
+    if (!p->list) { /* nothing left: the page goes now */
+        kvp_disk_rec *r;
+        uint8_t *k;
+        size_t n;
+        page_drop(d, p, &r, &k, &n);
+        kvp_free(r);
+        kvp_free(k);
+        d->st.compacted_pages++;
+        pthread_mutex_unlock(&d->mu);
+        return 0;
+    }
+    p->compacting = 1;
+    /* the records to move this tick (copied: the list may change unlocked) */
+    enum { MAXMOVE = 256 };
+    struct {
+        uint64_t off, total;
+    } mv[MAXMOVE];
+    size_t nm = 0;
+    uint64_t bytes = 0;
+    for (dent *e = p->list; e && nm < MAXMOVE && bytes < budget; e = e->pnext) {
+        mv[nm].off = e->off;
+        mv[nm++].total = e->total;
+        bytes += e->total;
+    }
+    p->refs++;
+    pthread_mutex_unlock(&d->mu);
+    uint64_t moved = 0;
+    for (size_t i = 0; i < nm; i++) {
+        uint8_t *b = NULL;
+        witem *w = kvp_calloc(1, sizeof *w);
+        if (!w || posix_memalign((void **)&b, ALIGN, (size_t)mv[i].total) != 0 ||
+            pread_all(p->fd, b, mv[i].total, mv[i].off) != 0 ||
+            kvp_disk_hdr_parse(b, (size_t)mv[i].total, &w->h) != 0 || w->h.total != mv[i].total) {
+            free(b);
+            kvp_free(w);
+            continue;
+        }
+        w->buf = b;
+        w->internal = 1;
+        w->from = p;
+        w->from_off = mv[i].off;
+        pthread_mutex_lock(&d->mu);
+        enqueue(d, w);
+        pthread_mutex_unlock(&d->mu);
+        moved += mv[i].total;
+    }
+    page_unref(d, p);
+    return moved;
+}
+
+/* --------------------------------------------------------- open, scan */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Records of page p from its index file: 1 used, 0 when there is none
+ * usable (the page is scanned instead). */
+static int scan_idx(kvp_disk *d, dpage *p)
+{
+    char path[4200];
+    idx_path(d, p->id, path, sizeof path);
+    FILE *f = fopen(path, "rbe");
+    if (!f)
+        return 0;
+    struct stat sb;
+    uint8_t *buf = NULL;
+    int ok = fstat(fileno(f), &sb) == 0 && sb.st_size >= 32 && sb.st_size < (1ll << 32) &&
+             (buf = kvp_malloc((size_t)sb.st_size)) != NULL &&
+             fread(buf, 1, (size_t)sb.st_size, f) == (size_t)sb.st_size;
+    fclose(f);
+    size_t len = (size_t)sb.st_size;
+    ok = ok && !memcmp(buf, "KVPIDX01", 8) && get_u64(buf + 8) == p->id &&
+         XXH3_64bits(buf, len - 8) == get_u64(buf + len - 8);
+    uint64_t count = ok ? get_u64(buf + 16) : 0, end = ALIGN;
+    size_t pos = 24;
+    for (uint64_t i = 0; ok && i < count; i++) {
+        kvp_disk_hdr h;
+        if (pos + 8 > len - 8 || kvp_disk_hdr_parse(buf + pos + 8, len - 8 - pos - 8, &h) != 0) {
+            ok = 0;
+            break;
+        }
+        uint64_t off = get_u64(buf + pos);
+        if (off < ALIGN || off % ALIGN || off + h.total > d->o.page_size) {
+            ok = 0;
+            break;
+        }
+        ent_put(d, &h, p, off);
+        d->st.scan_records++;
+        p->min_seq = p->min_seq && p->min_seq < h.seq ? p->min_seq : h.seq;
+        end = off + h.total > end ? off + h.total : end;
+        pos += 8 + KVP_DISK_HDR_FIXED + h.key_len + h.tenant_len;
+    }
+    kvp_free(buf);
+    if (!ok) { /* undo: the page is scanned instead */
+        while (p->list)
+            ent_del(d, p->list);
+        return 0;
+    }
+    p->used = end;
+    return 1;
+}
+
+/* Scans page p record by record. verify: values too (the page was open
+ * when the node stopped: its tail may be torn). */
+static void scan_page(kvp_disk *d, dpage *p, int verify)
+{
+    uint8_t *hb = NULL, *vb = NULL;
+    size_t hcap = (size_t)align_up(KVP_DISK_HDR_FIXED + KVP_DISK_MAX_KEY + KVP_DISK_MAX_TENANT);
+    if (posix_memalign((void **)&hb, ALIGN, hcap) != 0 ||
+        posix_memalign((void **)&vb, ALIGN, READ_CHUNK) != 0) {
+        free(hb);
+        free(vb);
+        return;
+    }
+    uint64_t off = ALIGN;
+    while (off + ALIGN <= d->o.page_size) {
+        kvp_disk_hdr h;
+        if (pread_all(p->fd, hb, ALIGN, off) != 0)
+            break;
+        if (kvp_disk_hdr_parse(hb, ALIGN, &h) != 0) {
+            /* a header longer than one block: read the rest */
+            uint32_t kl = get_u32(hb + 8), tl = get_u32(hb + 12);
+            if (get_u32(hb) != REC_MAGIC || kl > KVP_DISK_MAX_KEY || tl > KVP_DISK_MAX_TENANT)
+                break;
+            uint64_t hl = align_up(KVP_DISK_HDR_FIXED + (uint64_t)kl + tl);
+            if (hl <= ALIGN || off + hl > d->o.page_size ||
+                pread_all(p->fd, hb, hl, off) != 0 || kvp_disk_hdr_parse(hb, (size_t)hl, &h) != 0)
+                break;
+        }
+        if (off + h.total > d->o.page_size)
+            break;
+        if (verify && h.size) {
+            XXH3_state_t st;
+            XXH3_64bits_reset(&st);
+            int bad = 0;
+            for (uint64_t pos = 0; pos < h.size && !bad; pos += READ_CHUNK) {
+                uint64_t n = h.size - pos < READ_CHUNK ? h.size - pos : READ_CHUNK;
+                bad = pread_all(p->fd, vb, align_up(n), off + h.hdr_len + pos) != 0;
+                if (!bad)
+                    XXH3_64bits_update(&st, vb, (size_t)n);
+            }
+            if (bad || XXH3_64bits_digest(&st) != h.csum) { /* skipped: never served */
+                d->st.scan_torn++;
+                KVP_WARN(MOD, "page %016" PRIx64 ": the record at %llu is torn or corrupt: "
+                              "dropped", p->id, (unsigned long long)off);
+                off += h.total;
+                continue;
+            }
+        }
+        ent_put(d, &h, p, off);
+        d->st.scan_records++;
+        p->min_seq = p->min_seq && p->min_seq < h.seq ? p->min_seq : h.seq;
+        off += h.total;
+    }
+    p->used = off;
+    free(hb);
+    free(vb);
+}
+
+static int scan(kvp_disk *d, char *err, size_t errlen)
+{
+    DIR *dir = opendir(d->dir);
+    if (!dir) {
+        snprintf(err, errlen, "offload_dir %s: %s", d->dir, strerror(errno));
+        return KVP_EIO;
+    }
+    uint64_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        unsigned long long id;
+        char tail[8];
+        if (sscanf(de->d_name, "kvpool-page-%16llx.%7s", &id, tail) != 2 || strcmp(tail, "log"))
+            continue;
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 64;
+            uint64_t *ni = kvp_realloc(ids, nc * sizeof *ni);
+            if (!ni)
+                break;
+            ids = ni;
+            cap = nc;
+        }
+        ids[n++] = id;
+    }
+    closedir(dir);
+    if (n)
+        qsort(ids, n, sizeof *ids, cmp_u64);
+    uint64_t now = kvp_now_ms();
+    for (size_t i = 0; i < n; i++) {
+        char path[4200];
+        page_path(d, ids[i], path, sizeof path);
+        int fd = open(path, O_RDONLY | O_CLOEXEC | open_flags(d));
+        uint8_t *hb = NULL;
+        int good = fd >= 0 && posix_memalign((void **)&hb, ALIGN, ALIGN) == 0 &&
+                   pread_all(fd, hb, ALIGN, 0) == 0 && !memcmp(hb, PAGE_MAGIC, 8) &&
+                   get_u64(hb + 8) == ids[i] && get_u64(hb + 16) == d->o.page_size &&
+                   get_u64(hb + 24) == XXH3_64bits(hb, 24);
+        free(hb);
+        dpage *p = good ? kvp_calloc(1, sizeof *p) : NULL;
+        if (!p || pages_add(d, p) != 0) {
+            KVP_WARN(MOD, "%s: not a page of this tier (or another page size): ignored", path);
+            if (fd >= 0)
+                close(fd);
+            kvp_free(p);
+            continue;
+        }
+        p->id = ids[i];
+        p->fd = fd;
+        p->sealed = 1;
+        p->last_use = now - (n - i); /* older pages are the less recently used */
+        if (!scan_idx(d, p))
+            scan_page(d, p, 1); /* no index: it was open when the node stopped */
+        d->next_page_id = ids[i] + 1;
+    }
+    kvp_free(ids);
+    /* tombstones that kill nothing are kept: an older copy may survive */
+    return 0;
+}
+
+static void defaults(kvp_disk_opts *o)
+{
+    if (!o->page_size)
+        o->page_size = 128u << 20;
+    if (o->high_watermark <= 0)
+        o->high_watermark = 0.95;
+    if (o->low_watermark <= 0)
+        o->low_watermark = 0.85;
+    if (!o->staging_budget)
+        o->staging_budget = 256u << 20;
+    if (!o->read_budget)
+        o->read_budget = 64u << 20;
+    if (o->io_depth <= 0)
+        o->io_depth = 32;
+}
+
+int kvp_disk_open(const kvp_disk_opts *opts, kvp_disk **out, char *err, size_t errlen)
+{
+    kvp_disk_opts o = *opts;
+    defaults(&o);
+    if (!o.dir || !*o.dir || strlen(o.dir) >= 4000) {
+        snprintf(err, errlen, "offload_dir: a directory is required");
+        return KVP_ECONFIG;
+    }
+    if (o.page_size < (1u << 20) || o.page_size > (1ull << 30) || o.page_size % ALIGN) {
+        snprintf(err, errlen, "page size %llu: from 1 MiB to 1 GiB, a multiple of 4 KiB",
+                 (unsigned long long)o.page_size);
+        return KVP_ECONFIG;
+    }
+    if (o.capacity < 2 * o.page_size) {
+        snprintf(err, errlen, "offload_capacity %llu: at least two pages (%llu bytes)",
+                 (unsigned long long)o.capacity, (unsigned long long)(2 * o.page_size));
+        return KVP_ECONFIG;
+    }
+    if (!(o.low_watermark < o.high_watermark) || o.high_watermark > 1.0) {
+        snprintf(err, errlen, "disk watermarks: low %.2f must be below high %.2f (<= 1)",
+                 o.low_watermark, o.high_watermark);
+        return KVP_ECONFIG;
+    }
+    if (o.staging_budget < (4u << 20) || o.read_budget < ALIGN) {
+        snprintf(err, errlen, "offload staging: at least 4 MiB");
+        return KVP_ECONFIG;
+    }
+    if (mkdir(o.dir, 0700) != 0 && errno != EEXIST) {
+        snprintf(err, errlen, "offload_dir %s: %s", o.dir, strerror(errno));
+        return KVP_EIO;
+    }
+    kvp_disk *d = kvp_calloc(1, sizeof *d);
+    if (!d)
+        return KVP_ENOMEM;
+    d->o = o;
+    snprintf(d->dir, sizeof d->dir, "%s", o.dir);
+    d->o.dir = d->dir;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cv, NULL);
+    pthread_cond_init(&d->read_cv, NULL);
+    d->ht_mask = 1023;
+    d->ht = kvp_calloc(d->ht_mask + 1, sizeof *d->ht);
+    if (!d->ht) {
+        kvp_disk_close(d);
+        return KVP_ENOMEM;
+    }
+    /* O_DIRECT where the filesystem takes it */
+    if (d->o.direct >= 0) {
+        char probe[4200];
+        snprintf(probe, sizeof probe, "%s/.kvpool-direct-probe", d->dir);
+        int fd = open(probe, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600);
+        if (fd < 0 && errno == EINVAL) {
+            KVP_WARN(MOD, "%s: the filesystem refuses O_DIRECT: buffered I/O", d->dir);
+            d->o.direct = -1;
+        }
+        if (fd >= 0)
+            close(fd);
+        unlink(probe);
+    }
+    uint64_t t0 = kvp_now_ms();
+    int rc = scan(d, err, errlen);
+    d->st.scan_ms = kvp_now_ms() - t0;
+    if (rc) {
+        kvp_disk_close(d);
+        return rc;
+    }
+    d->uring_ok = o.io != KVP_DISK_IO_PWRITE &&
+                  io_uring_queue_init((unsigned)d->o.io_depth, &d->ring, 0) == 0;
+    if (!d->uring_ok && o.io == KVP_DISK_IO_URING) {
+        snprintf(err, errlen, "io_uring is not available here (kernel or sandbox)");
+        kvp_disk_close(d);
+        return KVP_ECONFIG;
+    }
+    d->st.io = d->uring_ok ? "io_uring" : "pwrite";
+    d->st.capacity = o.capacity;
+    /* every seq after a restart is above every seq on disk */
+    for (uint64_t i = 0; i <= d->ht_mask; i++)
+        for (dent *e = d->ht[i]; e; e = e->hnext)
+            d->seq = e->seq > d->seq ? e->seq : d->seq;
+    d->seq += 1u << 20; /* records dropped by a torn scan may have had higher ones */
+    if (pthread_create(&d->writer, NULL, writer_main, d) != 0) {
+        snprintf(err, errlen, "cannot start the disk writer thread");
+        kvp_disk_close(d);
+        return KVP_ENOMEM;
+    }
+    d->started = 1;
+    KVP_INFO(MOD, "%s: %llu records in %zu pages (%llu MiB of %llu MiB) scanned in %llu ms, "
+                  "%s%s", d->dir, (unsigned long long)d->st.records, d->npages,
+             (unsigned long long)(d->st.live_bytes >> 20), (unsigned long long)(o.capacity >> 20),
+             (unsigned long long)d->st.scan_ms, d->st.io,
+             d->o.direct >= 0 ? ", O_DIRECT" : ", buffered");
+    *out = d;
+    return 0;
+}
+
+void kvp_disk_close(kvp_disk *d)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->mu);
+    d->stop = 1;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    if (d->started)
+        pthread_join(d->writer, NULL); /* it writes what is queued first */
+    for (uint64_t i = 0; d->ht && i <= d->ht_mask; i++)
+        for (dent *e = d->ht[i], *n; e; e = n) {
+            n = e->hnext;
+            kvp_free(e);
+        }
+    kvp_free(d->ht);
+    for (size_t i = 0; i < d->npages; i++)
+        page_release(d->pages[i]);
+    kvp_free(d->pages);
+    if (d->uring_ok)
+        io_uring_queue_exit(&d->ring);
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv);
+    pthread_cond_destroy(&d->read_cv);
+    kvp_free(d);
+}
+
+void kvp_disk_each(kvp_disk *d, void (*fn)(void *arg, const kvp_disk_rec *r), void *arg)
+{
+    pthread_mutex_lock(&d->mu);
+    for (uint64_t i = 0; i <= d->ht_mask; i++)
+        for (dent *e = d->ht[i]; e; e = e->hnext)
+            if (!e->tomb) {
+                kvp_disk_rec r = rec_of(e);
+                fn(arg, &r);
+            }
+    pthread_mutex_unlock(&d->mu);
+}
+
+void kvp_disk_get_stats(kvp_disk *d, kvp_disk_stats *out)
+{
+    pthread_mutex_lock(&d->mu);
+    *out = d->st;
+    out->capacity = d->o.capacity;
+    pthread_mutex_unlock(&d->mu);
+}
