@@ -536,8 +536,8 @@ static void choose_copy_mode(void)
     if (want == -2)
         KVP_WARN(MOD, "KVPOOL_GPU_COPY=%s: not one of auto, batch, kernel, each; using auto", e);
     int have_batch = cu.MemcpyBatch2 || cu.MemcpyBatch1;
-    if (want == COPY_KERNEL || (want < 0 && !have_batch))
-        load_kernel();
+    if (want == COPY_KERNEL || want < 0)
+        load_kernel(); /* auto: also what a refused batch falls back to */
     if (want == COPY_BATCH && !have_batch)
         KVP_WARN(MOD, "KVPOOL_GPU_COPY=batch: the driver has no cuMemcpyBatchAsync; using each");
     if (want == COPY_KERNEL && !c_kernel)
