@@ -9,6 +9,8 @@
 #                          the kernel, or to one copy per piece)
 #   driver-12.8            KVPOOL_GPU_COPY=auto on MOCK_DIR-12.8 (cuMemcpyBatchAsync
 #                          of CUDA 12.8, with failIdx), when that is built
+# then MOCK_DIR/test_multi_device (tests/support/cuda_mock/test_multi_device.c:
+# two devices in one process) in the modes batch, kernel and each,
 # and, with KVP_CUDA_MOCK_EXTRA=1, also no-kernel (the PTX does not load) and
 # launch-fail (launches refused). Each run's output is printed; the mock's
 # counters (KVP_CUDA_MOCK_STATS) must show the mode really ran, no host side
@@ -90,11 +92,31 @@ run() {
     esac
 }
 
+# multi MODE: MOCK_DIR/test_multi_device (two devices in one process), when built
+multi() {
+    t=$mock/test_multi_device
+    [ -x "$t" ] || return 0
+    echo "== cuda-mock multi-device $1: KVP_CUDA_MOCK_DEVICES=2 KVPOOL_GPU_COPY=$1"
+    env LD_LIBRARY_PATH="$mock${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" KVPOOL_GPU_BACKEND=cuda \
+        KVP_CUDA_MOCK_DEVICES=2 KVPOOL_GPU_COPY="$1" "$t" >"$log" 2>&1
+    rc=$?
+    cat "$log"
+    res=$(grep '^RESULT ' "$log" | tail -1)
+    if [ -n "$res" ]; then
+        set -- $res
+        P=$((P + $2)); F=$((F + $3)); S=$((S + $4))
+    else
+        echo "FAIL cuda-mock multi-device: exited $rc without a result line"
+        F=$((F + 1))
+    fi
+}
+
 run batch "$mock" KVPOOL_GPU_COPY=batch
 run kernel "$mock" KVPOOL_GPU_COPY=kernel
 run each "$mock" KVPOOL_GPU_COPY=each
 run no-batch "$mock" KVPOOL_GPU_COPY=auto KVP_CUDA_MOCK_NO_BATCH=1
 [ -e "$mock-12.8/libcuda.so.1" ] && run driver-12.8 "$mock-12.8" KVPOOL_GPU_COPY=auto
+for m in batch kernel each; do multi $m; done
 if [ "${KVP_CUDA_MOCK_EXTRA:-}" = 1 ]; then
     run no-kernel "$mock" KVPOOL_GPU_COPY=kernel KVP_CUDA_MOCK_NO_KERNEL=1
     run launch-fail "$mock" KVPOOL_GPU_COPY=kernel KVP_CUDA_MOCK_LAUNCH_FAIL=1
