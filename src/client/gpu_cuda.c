@@ -106,11 +106,14 @@ extern const char kvp_gpu_kernel_ptx[];
 
 enum { COPY_BATCH, COPY_KERNEL, COPY_EACH };
 static int c_mode = COPY_EACH; /* atomic: lowered once when the driver refuses a mode */
-static CUfunction c_kernel;
+static CUfunction c_kernel;    /* loaded at open (in c_kernel_ctx): the mode's probe */
+static CUcontext c_kernel_ctx;
 
 struct kvp_gpu_dev {
     CUcontext ctx;
     int ordinal;
+    int kernel_tried;  /* under c_mu */
+    CUfunction kernel; /* the gather kernel in ctx (a module is its context's), or NULL */
 };
 #define MAX_DEVS 64
 static pthread_mutex_t c_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -309,6 +312,7 @@ static int cuda_memcpy(void *dst, const void *src, size_t len)
 
 typedef struct cstream {
     CUstream st;
+    kvp_gpu_dev *dev;
     int ordinal;         /* its device's */
     CUevent ev[KVP_GPU_TICKETS];
     uint8_t *arena;      /* kernel mode: tile tables (page-locked, mapped) */
@@ -326,6 +330,7 @@ static void *cuda_stream_new(kvp_gpu_dev *d)
         kvp_free(s);
         return NULL;
     }
+    s->dev = d;
     s->ordinal = d->ordinal;
     return s;
 }
@@ -412,6 +417,26 @@ static int copy_batch(cstream *s, int dir, const kvp_gpu_piece *p, size_t n)
     return 0;
 }
 
+/* The gather kernel of s's device, loaded in its context (current on this
+ * thread) at the first need; NULL when it does not load there. */
+static CUfunction dev_kernel(cstream *s)
+{
+    kvp_gpu_dev *d = s->dev;
+    pthread_mutex_lock(&c_mu);
+    if (!d->kernel_tried) {
+        CUmodule m;
+        d->kernel_tried = 1;
+        if (d->ctx == c_kernel_ctx)
+            d->kernel = c_kernel;
+        else if (cu.ModuleLoadData(&m, kvp_gpu_kernel_ptx) != CU_OK ||
+                 cu.ModuleGetFunction(&d->kernel, m, "kvp_gpu_gather") != CU_OK)
+            d->kernel = NULL;
+    }
+    CUfunction f = d->kernel;
+    pthread_mutex_unlock(&c_mu);
+    return f;
+}
+
 typedef struct tile {
     unsigned long long dst, src, len;
 } tile;
@@ -422,7 +447,8 @@ typedef struct tile {
  * the arena, go one call each. */
 static int copy_kernel(cstream *s, int dir, const kvp_gpu_piece *p, size_t n)
 {
-    if (!s->arena && !(s->arena = cuda_host_alloc(ARENA)))
+    CUfunction fn = dev_kernel(s);
+    if (!fn || (!s->arena && !(s->arena = cuda_host_alloc(ARENA))))
         return KVP_EDEVICE;
     size_t cap = ARENA / sizeof(tile), i = 0;
     while (i < n) {
@@ -452,7 +478,7 @@ static int copy_kernel(cstream *s, int dir, const kvp_gpu_piece *p, size_t n)
             unsigned un = (unsigned)nt;
             void *args[] = {&tp, &un};
             unsigned grid = un < 1024 ? un : 1024;
-            CU_CHECK(cu.LaunchKernel(c_kernel, grid, 1, 1, 256, 1, 1, 0, s->st, args, NULL),
+            CU_CHECK(cu.LaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, s->st, args, NULL),
                      "cuLaunchKernel");
             s->arena_used += nt;
         } else if (i < n) {
@@ -519,7 +545,8 @@ static const kvp_gpu_backend cuda_backend = {
 static void load_kernel(void)
 {
     CUmodule m;
-    if (ensure_ctx() == 0 && cu.ModuleLoadData(&m, kvp_gpu_kernel_ptx) == CU_OK &&
+    if (ensure_ctx() == 0 && cu.CtxGetCurrent(&c_kernel_ctx) == CU_OK &&
+        cu.ModuleLoadData(&m, kvp_gpu_kernel_ptx) == CU_OK &&
         cu.ModuleGetFunction(&c_kernel, m, "kvp_gpu_gather") == CU_OK)
         return;
     c_kernel = NULL;
@@ -536,8 +563,8 @@ static void choose_copy_mode(void)
     if (want == -2)
         KVP_WARN(MOD, "KVPOOL_GPU_COPY=%s: not one of auto, batch, kernel, each; using auto", e);
     int have_batch = cu.MemcpyBatch2 || cu.MemcpyBatch1;
-    if (want == COPY_KERNEL || (want < 0 && !have_batch))
-        load_kernel();
+    if (want == COPY_KERNEL || want < 0)
+        load_kernel(); /* auto: also what a refused batch falls back to */
     if (want == COPY_BATCH && !have_batch)
         KVP_WARN(MOD, "KVPOOL_GPU_COPY=batch: the driver has no cuMemcpyBatchAsync; using each");
     if (want == COPY_KERNEL && !c_kernel)
