@@ -221,7 +221,8 @@ void kvp_gpu_stream_put(kvp_gpu_stream *s)
     if (!s)
         return;
     const kvp_gpu_backend *b = backend(0);
-    b->drain(s->bs); /* nothing may still be copying into memory we give back */
+    if (b->drain(s->bs) != 0) /* nothing may still be copying into memory we give back */
+        s->failed = 1;        /* and a stream that failed is not pooled */
     s->passed = s->next;
     if (s->failed) {
         b->stream_free(s->bs);
@@ -270,7 +271,8 @@ int kvp_gpu_wait(kvp_gpu_stream *s, uint64_t t, uint64_t deadline_ms)
 {
     const kvp_gpu_backend *b = backend(0);
     if (t == 0) {
-        b->drain(s->bs);
+        if (b->drain(s->bs) != 0)
+            s->failed = 1;
         s->passed = s->next;
         return s->failed ? KVP_EDEVICE : 0;
     }

@@ -13,7 +13,8 @@
  *   copy           enqueues pieces in one direction
  *   mark(t)        records marker t (slot t % KVP_GPU_TICKETS) after what
  *                  is enqueued; done(t): 0 passed, 1 not yet, < 0 failed
- *   drain          waits for everything on the stream (no deadline)
+ *   drain          waits for everything on the stream (no deadline); < 0 when
+ *                  something on it failed
  *   dev_alloc ...  test and benchmark memory; memcpy is synchronous
  * Every function returns 0 or KVP_EDEVICE unless stated; `why` fills
  * kvp_gpu_status()'s reason.
@@ -37,7 +38,7 @@ typedef struct kvp_gpu_backend {
     int (*copy)(void *s, int dir, const kvp_gpu_piece *p, size_t n);
     int (*mark)(void *s, uint64_t t);
     int (*done)(void *s, uint64_t t);
-    void (*drain)(void *s);
+    int (*drain)(void *s);
     void *(*dev_alloc)(int ordinal, size_t len);
     void (*dev_free)(void *p);
     int (*memcpy_sync)(void *dst, const void *src, size_t len);

@@ -335,13 +335,14 @@ static void *cuda_stream_new(kvp_gpu_dev *d)
     return s;
 }
 
-static void cuda_drain(void *bs)
+static int cuda_drain(void *bs)
 {
     cstream *s = bs;
     CUresult r = cu.StreamSynchronize(s->st);
     if (r != CU_OK)
         KVP_WARN_LIMITED(MOD, "cuStreamSynchronize: %s (%d)", cu_err(r), r);
     s->arena_used = 0;
+    return r == CU_OK ? 0 : -1;
 }
 
 static void cuda_stream_free(void *bs)
@@ -390,6 +391,18 @@ static int copy_one(cstream *s, int dir, const kvp_gpu_piece *p)
     return 0;
 }
 
+/* A call refused for what it is (not supported, not permitted, invalid
+ * here, no code for this GPU), as opposed to a failure of the device or of
+ * the copy (the sticky 7xx errors, out of memory): only a refusal lowers
+ * the copy mode. */
+static int refused(CUresult r)
+{
+    return r == 1 || r == 98 || r == 200 || r == 209 || r == 218 || r == 222 || r == 400 ||
+           r == 500 || r == 701 || r == 800 || r == 801;
+}
+
+/* Batch mode: one cuMemcpyBatchAsync per up to BATCH_MAX pieces. 0,
+ * KVP_ENOT_SUPPORTED (the driver refuses the call), or KVP_EDEVICE. */
 static int copy_batch(cstream *s, int dir, const kvp_gpu_piece *p, size_t n)
 {
     CUdeviceptr dst[BATCH_MAX], src[BATCH_MAX];
@@ -412,7 +425,10 @@ static int copy_batch(cstream *s, int dir, const kvp_gpu_piece *p, size_t n)
         CUresult r = cu.MemcpyBatch2
                          ? cu.MemcpyBatch2(dst, src, len, m, &at, &zero, 1, s->st)
                          : cu.MemcpyBatch1(dst, src, len, m, &at, &zero, 1, &fail, s->st);
-        CU_CHECK(r, "cuMemcpyBatchAsync");
+        if (r != CU_OK) {
+            KVP_WARN_LIMITED(MOD, "cuMemcpyBatchAsync: %s (%d)", cu_err(r), r);
+            return refused(r) ? KVP_ENOT_SUPPORTED : KVP_EDEVICE;
+        }
     }
     return 0;
 }
@@ -449,7 +465,7 @@ static int copy_kernel(cstream *s, int dir, const kvp_gpu_piece *p, size_t n)
 {
     CUfunction fn = dev_kernel(s);
     if (!fn || (!s->arena && !(s->arena = cuda_host_alloc(ARENA))))
-        return KVP_EDEVICE;
+        return KVP_ENOT_SUPPORTED;
     size_t cap = ARENA / sizeof(tile), i = 0;
     while (i < n) {
         if (cap - s->arena_used < 64)
@@ -478,8 +494,11 @@ static int copy_kernel(cstream *s, int dir, const kvp_gpu_piece *p, size_t n)
             unsigned un = (unsigned)nt;
             void *args[] = {&tp, &un};
             unsigned grid = un < 1024 ? un : 1024;
-            CU_CHECK(cu.LaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, s->st, args, NULL),
-                     "cuLaunchKernel");
+            CUresult r = cu.LaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, s->st, args, NULL);
+            if (r != CU_OK) {
+                KVP_WARN_LIMITED(MOD, "cuLaunchKernel: %s (%d)", cu_err(r), r);
+                return refused(r) ? KVP_ENOT_SUPPORTED : KVP_EDEVICE;
+            }
             s->arena_used += nt;
         } else if (i < n) {
             cuda_drain(s); /* the next piece needs a fresh lap */
@@ -489,27 +508,28 @@ static int copy_kernel(cstream *s, int dir, const kvp_gpu_piece *p, size_t n)
 }
 
 /* Copies in the process's mode. A batch or kernel call the driver refuses
- * (an older or restricted driver) moves the process to the next mode for
- * good, with a warning, and all n pieces go again that way: copies of the
- * same bytes to the same place that were enqueued before the refusal are
- * harmless repeats. */
+ * (an older or restricted driver: refused()) moves the process to the next
+ * mode for good, with a warning, and all n pieces go again that way:
+ * copies of the same bytes to the same place that were enqueued before the
+ * refusal are harmless repeats. Any other failure is KVP_EDEVICE for the
+ * caller's op, the mode unchanged. */
 static int cuda_copy(void *bs, int dir, const kvp_gpu_piece *p, size_t n)
 {
     cstream *s = bs;
-    int mode = __atomic_load_n(&c_mode, __ATOMIC_RELAXED);
-    if (mode == COPY_BATCH && copy_batch(s, dir, p, n) == 0)
-        return 0;
+    int mode = __atomic_load_n(&c_mode, __ATOMIC_RELAXED), rc = 0;
+    if (mode == COPY_BATCH && (rc = copy_batch(s, dir, p, n)) != KVP_ENOT_SUPPORTED)
+        return rc;
     if (mode == COPY_BATCH) {
         mode = c_kernel ? COPY_KERNEL : COPY_EACH;
         __atomic_store_n(&c_mode, mode, __ATOMIC_RELAXED);
         KVP_WARN(MOD, "cuMemcpyBatchAsync refused; copies go %s from now on",
                  mode == COPY_KERNEL ? "by the gather kernel" : "one call per piece");
     }
-    if (mode == COPY_KERNEL && copy_kernel(s, dir, p, n) == 0)
-        return 0;
+    if (mode == COPY_KERNEL && (rc = copy_kernel(s, dir, p, n)) != KVP_ENOT_SUPPORTED)
+        return rc;
     if (mode == COPY_KERNEL) {
         __atomic_store_n(&c_mode, COPY_EACH, __ATOMIC_RELAXED);
-        KVP_WARN(MOD, "the gather kernel failed; copies go one call per piece from now on");
+        KVP_WARN(MOD, "the gather kernel was refused; copies go one call per piece from now on");
     }
     for (size_t i = 0; i < n; i++)
         if (copy_one(s, dir, &p[i]) != 0)

@@ -257,13 +257,15 @@ static void *fake_stream_new(kvp_gpu_dev *dev)
     return s;
 }
 
-static void fake_drain(void *bs)
+static int fake_drain(void *bs)
 {
     fstream *s = bs;
     pthread_mutex_lock(&s->mu);
     while (s->head || s->busy)
         pthread_cond_wait(&s->cv, &s->mu);
+    int failed = s->failed;
     pthread_mutex_unlock(&s->mu);
+    return failed ? -1 : 0;
 }
 
 static void fake_stream_free(void *bs)

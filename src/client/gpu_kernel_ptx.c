@@ -8,7 +8,7 @@ const char kvp_gpu_kernel_ptx[] =
     "// Based on NVVM 7.0.1\n"
     "//\n"
     "\n"
-    ".version 9.0\n"
+    ".version 8.0\n"
     ".target sm_80\n"
     ".address_size 64\n"
     "\n"
