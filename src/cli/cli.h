@@ -20,6 +20,8 @@ int kvp_bench_connector(int argc, char **argv);
 int kvp_bench_sim(int argc, char **argv);
 /* `kvpool bench gpu` (cmd_bench_gpu.c); argv[0] is "bench gpu". */
 int kvp_bench_gpu(int argc, char **argv);
+/* `kvpool bench disk`: cmd_bench_disk.c */
+int kvp_bench_disk(int argc, char **argv);
 int kvp_cmd_stat(int argc, char **argv);
 int kvp_cmd_reset(int argc, char **argv);
 int kvp_cmd_serve(int argc, char **argv);

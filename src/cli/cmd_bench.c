@@ -468,16 +468,17 @@ int kvp_cmd_bench(int argc, char **argv)
                    {"store", "bench store", kvp_bench_store},
                    {"connector", "bench connector", kvp_bench_connector},
                    {"sim", "bench sim", kvp_bench_sim},
-                   {"gpu", "bench gpu", kvp_bench_gpu}};
+                   {"gpu", "bench gpu", kvp_bench_gpu},
+                   {"disk", "bench disk", kvp_bench_disk}};
     for (size_t i = 0; argc >= 2 && i < sizeof benches / sizeof benches[0]; i++)
         if (!strcmp(argv[1], benches[i].name)) {
             argv[1] = (char *)benches[i].label;
             return benches[i].fn(argc - 1, argv + 1);
         }
-    fprintf(stderr, "usage: kvpool bench master|store|connector|sim|gpu [--json]\n"
+    fprintf(stderr, "usage: kvpool bench master|store|connector|sim|gpu|disk [--json]\n"
                     "       (kvpool bench master --help, kvpool bench store --help,\n"
                     "        kvpool bench connector --help, kvpool bench sim --help,\n"
-                    "        kvpool bench gpu --help)\n"
+                    "        kvpool bench gpu --help, kvpool bench disk --help)\n"
                     "  master  the master's throughput, latency and memory\n"
                     "  store   batch put/get GB/s: shm and tcp vs memcpy, raw TCP, redis, "
                     "memcached\n"
@@ -486,6 +487,8 @@ int kvp_cmd_bench(int argc, char **argv)
                     "  sim     the engine simulator's GB/s as a fraction of the raw store's\n"
                     "          batch bandwidth (same run, same pool)\n"
                     "  gpu     batch put/get GB/s from / into CUDA device memory (shm, tcp) vs\n"
-                    "          the PCIe limit measured in the same run, per copy strategy\n");
+                    "          the PCIe limit measured in the same run, per copy strategy\n"
+                    "  disk    the SSD tier's store: write / read GB/s vs fio on the same\n"
+                    "          directory, and warm-restart times\n");
     return argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? 0 : 2;
 }

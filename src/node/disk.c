@@ -75,8 +75,8 @@ static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint6
  * tenant), key, tenant. */
 size_t kvp_disk_hdr_encode(uint8_t *p, const kvp_disk_hdr *h)
 {
-    size_t hl = (size_t)align_up(KVP_DISK_HDR_FIXED + h->key_len + h->tenant_len);
-    memset(p, 0, hl);
+    size_t hl = KVP_DISK_HDR_FIXED + h->key_len + h->tenant_len;
+    memset(p, 0, KVP_DISK_HDR_FIXED);
     put_u32(p, REC_MAGIC);
     put_u16(p + 4, REC_VERSION);
     put_u16(p + 6, (uint16_t)h->flags);
@@ -119,8 +119,8 @@ int kvp_disk_hdr_parse(const uint8_t *p, size_t len, kvp_disk_hdr *h)
         return -1;
     h->key = p + KVP_DISK_HDR_FIXED;
     h->tenant = h->key + h->key_len;
-    h->hdr_len = align_up(KVP_DISK_HDR_FIXED + h->key_len + h->tenant_len);
-    h->total = h->hdr_len + align_up(h->size);
+    h->hdr_len = KVP_DISK_HDR_FIXED + h->key_len + h->tenant_len;
+    h->total = align_up(h->hdr_len + h->size);
     return 0;
 }
 
@@ -160,6 +160,7 @@ typedef struct witem {
     kvp_disk_hdr h;         /* h.key / h.tenant point into buf */
     void *cookie;
     uint64_t qno;           /* queue order (kvp_disk_flush) */
+    uint64_t cap;           /* buf's capacity (buf_put) */
     int internal;           /* a compaction move (no callback) */
     dpage *from;
     uint64_t from_off;
@@ -185,6 +186,15 @@ struct kvp_disk {
     uint64_t full_until;    /* ms: the disk was full; writes refused until then */
     int stop;
     pthread_t writer;
+    /* record buffers kept for reuse (a fresh 2 MiB buffer costs 512 page
+     * faults: more than writing it), at most staging_budget bytes, under bmu */
+    pthread_mutex_t bmu;
+    struct {
+        uint8_t *p;
+        uint64_t len;
+    } bcache[256];
+    size_t nbcache;
+    uint64_t bcache_bytes;
     uint64_t reading;       /* read buffer bytes in use */
     pthread_cond_t read_cv;
     int uring_ok;
@@ -554,6 +564,8 @@ static void idx_write(kvp_disk *d, uint64_t id, idxbuf *b)
 
 /* ------------------------------------------------------------- writer */
 
+static void buf_put(kvp_disk *d, uint8_t *p, uint64_t cap);
+
 typedef struct wbatch {
     witem *it[256];
     size_t n;
@@ -774,7 +786,7 @@ static void *writer_main(void *arg)
         pthread_mutex_lock(&d->mu);
         for (size_t i = 0; i < b.n; i++) {
             d->done_qno = b.it[i]->qno; /* completed in queue order */
-            free(b.it[i]->buf);
+            buf_put(d, b.it[i]->buf, b.it[i]->cap);
             kvp_free(b.it[i]);
         }
         d->st.capacity = d->o.capacity;
@@ -796,12 +808,48 @@ static void *writer_main(void *arg)
 
 /* An aligned record buffer for h (header + value room), h->hdr_len and
  * h->total set, the header encoded. NULL: ENOMEM. */
-static uint8_t *record_buf(kvp_disk_hdr *h)
+/* An aligned buffer of at least len bytes: a cached one of len..2len, else
+ * a fresh one. Its capacity goes to *cap. */
+static uint8_t *buf_get(kvp_disk *d, uint64_t len, uint64_t *cap)
 {
-    h->hdr_len = align_up(KVP_DISK_HDR_FIXED + h->key_len + h->tenant_len);
-    h->total = h->hdr_len + align_up(h->size);
-    uint8_t *b = NULL;
-    if (posix_memalign((void **)&b, ALIGN, (size_t)h->total) != 0)
+    pthread_mutex_lock(&d->bmu);
+    for (size_t i = 0; i < d->nbcache; i++)
+        if (d->bcache[i].len >= len && d->bcache[i].len <= 2 * len) {
+            uint8_t *p = d->bcache[i].p;
+            *cap = d->bcache[i].len;
+            d->bcache_bytes -= *cap;
+            d->bcache[i] = d->bcache[--d->nbcache];
+            pthread_mutex_unlock(&d->bmu);
+            return p;
+        }
+    pthread_mutex_unlock(&d->bmu);
+    uint8_t *p = NULL;
+    *cap = len;
+    return posix_memalign((void **)&p, ALIGN, (size_t)len) == 0 ? p : NULL;
+}
+
+static void buf_put(kvp_disk *d, uint8_t *p, uint64_t cap)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&d->bmu);
+    if (d->nbcache < sizeof d->bcache / sizeof d->bcache[0] &&
+        d->bcache_bytes + cap <= d->o.staging_budget) {
+        d->bcache[d->nbcache].p = p;
+        d->bcache[d->nbcache++].len = cap;
+        d->bcache_bytes += cap;
+        p = NULL;
+    }
+    pthread_mutex_unlock(&d->bmu);
+    free(p);
+}
+
+static uint8_t *record_buf(kvp_disk *d, kvp_disk_hdr *h, uint64_t *cap)
+{
+    h->hdr_len = KVP_DISK_HDR_FIXED + h->key_len + h->tenant_len;
+    h->total = align_up(h->hdr_len + h->size);
+    uint8_t *b = buf_get(d, h->total, cap);
+    if (!b)
         return NULL;
     kvp_disk_hdr_encode(b, h);
     memset(b + h->hdr_len + h->size, 0, (size_t)(h->total - h->hdr_len - h->size)); /* padding */
@@ -836,10 +884,10 @@ int kvp_disk_write(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uint
     for (int i = 0; i < n; i++)
         tot += v[i].iov_len;
     if (!d || check_names(tlen, klen) || n < 0 || tot != size || size == 0 ||
-        size > (1ull << 40) || align_up(size) + 2 * ALIGN + KVP_DISK_MAX_KEY > d->o.page_size)
+        size > (1ull << 40) || align_up(size + KVP_DISK_MAX_KEY + ALIGN) + ALIGN > d->o.page_size)
         return KVP_EINVALID_PARAMS;
     kvp_disk_hdr h = {0, klen, tlen, size, csum, 0, key, tenant, 0, 0};
-    uint64_t need = align_up(KVP_DISK_HDR_FIXED + klen + tlen) + align_up(size);
+    uint64_t need = align_up(KVP_DISK_HDR_FIXED + klen + tlen + size);
     pthread_mutex_lock(&d->mu);
     int refuse = d->stop || d->queued + need > d->o.staging_budget ||
                  kvp_now_ms() < d->full_until;
@@ -848,14 +896,16 @@ int kvp_disk_write(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uint
     pthread_mutex_unlock(&d->mu);
     if (refuse)
         return KVP_ENO_AVAILABLE_HANDLE;
-    uint8_t *b = record_buf(&h);
+    uint64_t bcap = 0;
+    uint8_t *b = record_buf(d, &h, &bcap);
     witem *w = kvp_calloc(1, sizeof *w);
     if (!b || !w) {
-        free(b);
+        buf_put(d, b, bcap);
         kvp_free(w);
         return KVP_ENOMEM;
     }
-    uint8_t *p = b + h.hdr_len;
+    w->cap = bcap;
+    uint8_t *p = b + h.hdr_len; /* the value right after the header */
     for (int i = 0; i < n; i++) {
         memcpy(p, v[i].iov_base, v[i].iov_len);
         p += v[i].iov_len;
@@ -881,19 +931,21 @@ int kvp_disk_remove(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uin
     if (!d || check_names(tlen, klen))
         return KVP_EINVALID_PARAMS;
     kvp_disk_hdr h = {KVP_DISK_TOMBSTONE, klen, tlen, 0, 0, 0, key, tenant, 0, 0};
-    uint8_t *b = record_buf(&h);
+    uint64_t bcap = 0;
+    uint8_t *b = record_buf(d, &h, &bcap);
     witem *w = kvp_calloc(1, sizeof *w);
     if (!b || !w) {
-        free(b);
+        buf_put(d, b, bcap);
         kvp_free(w);
         return KVP_ENOMEM;
     }
+    w->cap = bcap;
     uint64_t hv = key_hash(tenant, tlen, key, klen);
     pthread_mutex_lock(&d->mu);
     dent *e = find(d, hv, tenant, tlen, key, klen);
     if (!e || e->tomb) {
         pthread_mutex_unlock(&d->mu);
-        free(b);
+        buf_put(d, b, bcap);
         kvp_free(w);
         return KVP_EOBJECT_NOT_FOUND;
     }
@@ -965,6 +1017,28 @@ static int pread_all(int fd, uint8_t *p, uint64_t len, uint64_t off)
     return 0;
 }
 
+/*
+ * Reads the value of the record at rec (hdr_len header bytes, then size
+ * value bytes) through an aligned bounce buffer of at most bl bytes: the
+ * reads cover whole blocks, from the block holding the value's first byte.
+ * Hashes what it reads; copies it to dst unless dst is NULL. 0 or KVP_EIO.
+ */
+static int read_value(int fd, uint64_t rec, uint64_t hdr_len, uint64_t size, uint8_t *bb,
+                      uint64_t bl, uint8_t *dst, XXH3_state_t *st)
+{
+    uint64_t vs = rec + hdr_len, ve = vs + size, end = align_up(ve);
+    for (uint64_t cur = vs & ~(uint64_t)(ALIGN - 1); cur < end; cur += bl) {
+        uint64_t n = end - cur < bl ? end - cur : bl;
+        if (pread_all(fd, bb, n, cur) != 0)
+            return KVP_EIO;
+        uint64_t a = vs > cur ? vs - cur : 0, b = ve < cur + n ? ve - cur : n;
+        XXH3_64bits_update(st, bb + a, (size_t)(b - a));
+        if (dst)
+            memcpy(dst + (cur + a - vs), bb + a, (size_t)(b - a));
+    }
+    return 0;
+}
+
 /* Page reference: the file stays open while held. */
 static void page_unref(kvp_disk *d, dpage *p)
 {
@@ -988,7 +1062,7 @@ int64_t kvp_disk_read(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const u
         return KVP_EOBJECT_NOT_FOUND;
     }
     dpage *p = e->page;
-    uint64_t off = e->off + e->hdr_len, size = e->size, want = e->csum, seq = e->seq;
+    uint64_t off = e->off, hl = e->hdr_len, size = e->size, want = e->csum, seq = e->seq;
     if (size > cap) {
         pthread_mutex_unlock(&d->mu);
         return KVP_EBUFFER_OVERFLOW;
@@ -999,20 +1073,15 @@ int64_t kvp_disk_read(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const u
 
     /* chunks through aligned bounce buffers, hashed as they land */
     uint64_t chunk = READ_CHUNK < d->o.read_budget ? READ_CHUNK : d->o.read_budget;
-    uint64_t bl = align_up(size) < chunk ? align_up(size) : chunk;
+    uint64_t span = align_up(off + hl + size) - ((off + hl) & ~(uint64_t)(ALIGN - 1));
+    uint64_t bl = span < chunk ? span : chunk;
     read_take(d, bl);
     uint8_t *bb = NULL;
     int rc = posix_memalign((void **)&bb, ALIGN, (size_t)bl) == 0 ? 0 : KVP_ENOMEM;
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
-    for (uint64_t pos = 0; rc == 0 && pos < size; pos += bl) {
-        uint64_t n = size - pos < bl ? size - pos : bl;
-        rc = pread_all(p->fd, bb, align_up(n), off + pos);
-        if (rc == 0) {
-            XXH3_64bits_update(&st, bb, (size_t)n);
-            memcpy((uint8_t *)dst + pos, bb, (size_t)n);
-        }
-    }
+    if (rc == 0)
+        rc = read_value(p->fd, off, hl, size, bb, bl, dst, &st);
     free(bb);
     read_give(d, bl);
     page_unref(d, p);
@@ -1103,15 +1172,16 @@ uint64_t kvp_disk_tick(kvp_disk *d, uint64_t budget)
     pthread_mutex_unlock(&d->mu);
     uint64_t moved = 0;
     for (size_t i = 0; i < nm; i++) {
-        uint8_t *b = NULL;
+        uint64_t bcap = 0;
         witem *w = kvp_calloc(1, sizeof *w);
-        if (!w || posix_memalign((void **)&b, ALIGN, (size_t)mv[i].total) != 0 ||
-            pread_all(p->fd, b, mv[i].total, mv[i].off) != 0 ||
+        uint8_t *b = w ? buf_get(d, mv[i].total, &bcap) : NULL;
+        if (!b || pread_all(p->fd, b, mv[i].total, mv[i].off) != 0 ||
             kvp_disk_hdr_parse(b, (size_t)mv[i].total, &w->h) != 0 || w->h.total != mv[i].total) {
-            free(b);
+            buf_put(d, b, bcap);
             kvp_free(w);
             continue;
         }
+        w->cap = bcap;
         w->buf = b;
         w->internal = 1;
         w->from = p;
@@ -1205,20 +1275,14 @@ static void scan_page(kvp_disk *d, dpage *p, int verify)
             uint64_t hl = align_up(KVP_DISK_HDR_FIXED + (uint64_t)kl + tl);
             if (hl <= ALIGN || off + hl > d->o.page_size ||
                 pread_all(p->fd, hb, hl, off) != 0 || kvp_disk_hdr_parse(hb, (size_t)hl, &h) != 0)
-                break;
+                break; /* (the header's first block is read again with the rest) */
         }
         if (off + h.total > d->o.page_size)
             break;
         if (verify && h.size) {
             XXH3_state_t st;
             XXH3_64bits_reset(&st);
-            int bad = 0;
-            for (uint64_t pos = 0; pos < h.size && !bad; pos += READ_CHUNK) {
-                uint64_t n = h.size - pos < READ_CHUNK ? h.size - pos : READ_CHUNK;
-                bad = pread_all(p->fd, vb, align_up(n), off + h.hdr_len + pos) != 0;
-                if (!bad)
-                    XXH3_64bits_update(&st, vb, (size_t)n);
-            }
+            int bad = read_value(p->fd, off, h.hdr_len, h.size, vb, READ_CHUNK, NULL, &st) != 0;
             if (bad || XXH3_64bits_digest(&st) != h.csum) { /* skipped: never served */
                 d->st.scan_torn++;
                 KVP_WARN(MOD, "page %016" PRIx64 ": the record at %llu is torn or corrupt: "
@@ -1351,6 +1415,7 @@ int kvp_disk_open(const kvp_disk_opts *opts, kvp_disk **out, char *err, size_t e
     snprintf(d->dir, sizeof d->dir, "%s", o.dir);
     d->o.dir = d->dir;
     pthread_mutex_init(&d->mu, NULL);
+    pthread_mutex_init(&d->bmu, NULL);
     pthread_cond_init(&d->cv, NULL);
     pthread_cond_init(&d->read_cv, NULL);
     d->ht_mask = 1023;
@@ -1429,6 +1494,9 @@ void kvp_disk_close(kvp_disk *d)
     kvp_free(d->pages);
     if (d->uring_ok)
         io_uring_queue_exit(&d->ring);
+    for (size_t i = 0; i < d->nbcache; i++)
+        free(d->bcache[i].p);
+    pthread_mutex_destroy(&d->bmu);
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv);
     pthread_cond_destroy(&d->read_cv);

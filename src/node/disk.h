@@ -5,12 +5,12 @@
  * Layout: under `dir`, page files kvpool-page-<16 hex id>.log of page_size
  * bytes (64 MiB .. 1 GiB, default 128 MiB), each a 4 KiB page header and
  * then records, appended in order, every one 4 KiB aligned:
- *   header block(s): magic "KVPR", version, flags (TOMBSTONE), key and
- *                    tenant lengths, value size, the object's end-to-end
- *                    checksum (XXH3-64 of the value, as the master knows it),
- *                    a sequence number, then the key and tenant bytes, and a
- *                    checksum of all of that; zero-padded to 4 KiB
- *   value           the bytes, zero-padded to 4 KiB
+ *   header  magic "KVPR", version, flags (TOMBSTONE), key and tenant
+ *           lengths, value size, the object's end-to-end checksum (XXH3-64
+ *           of the value, as the master knows it), a sequence number, a
+ *           checksum of the header, then the key and tenant bytes
+ *   value   the bytes, right after the header; the record zero-padded to
+ *           4 KiB (a small value costs one block, not two)
  * A remove appends a tombstone (a header-only record): after a restart a
  * record is live when no record of the same key has a higher sequence.
  *
@@ -94,7 +94,8 @@ int kvp_disk_open(const kvp_disk_opts *o, kvp_disk **out, char *err, size_t errl
 /* Waits for queued writes (their callbacks run), then closes. */
 void kvp_disk_close(kvp_disk *d);
 
-/* Calls fn for every live record (after open: what to register again). */
+/* Calls fn for every live record (after open: what to register again), with
+ * the module's lock held: fn must not call into this module. */
 void kvp_disk_each(kvp_disk *d, void (*fn)(void *arg, const kvp_disk_rec *r), void *arg);
 
 /* Queues value v[0..n) (size bytes in all, csum its XXH3-64 as the master
@@ -143,14 +144,14 @@ typedef struct kvp_disk_hdr {
     uint32_t flags, key_len, tenant_len;
     uint64_t size, csum, seq;
     const uint8_t *key, *tenant;
-    uint64_t hdr_len; /* aligned */
-    uint64_t total;   /* hdr_len + aligned value */
+    uint64_t hdr_len; /* fixed part + key + tenant: the value starts here */
+    uint64_t total;   /* header + value, aligned */
 } kvp_disk_hdr;
 #define KVP_DISK_TOMBSTONE 0x1u
 #define KVP_DISK_MAX_KEY 65536u
 #define KVP_DISK_MAX_TENANT 255u
 int kvp_disk_hdr_parse(const uint8_t *p, size_t len, kvp_disk_hdr *h);
-/* Writes a header block for h into p (room for h->hdr_len bytes, zeroed
- * past the header); returns hdr_len. */
+/* Writes h's header (fixed part, key, tenant) at p; returns its length.
+ * Bytes after it (the value) are not touched. */
 size_t kvp_disk_hdr_encode(uint8_t *p, const kvp_disk_hdr *h);
 #endif
