@@ -52,8 +52,10 @@ run() {
         return
     fi
     : >"$stats"
+    # the tests of the fake device's fault injection are the fake's alone
     env LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" KVPOOL_GPU_BACKEND=cuda \
-        KVP_CUDA_MOCK_STATS="$stats" "$@" "$bin" >"$log" 2>&1
+        KVP_CUDA_MOCK_STATS="$stats" "$@" "$bin" -device_faults_fail_that_key_only \
+        -segment_that_cannot_be_pinned_still_works >"$log" 2>&1
     rc=$?
     cat "$log"
     echo "cuda-mock $name counters: $(totals)"

@@ -509,7 +509,7 @@ TEST(segment_that_cannot_be_pinned_still_works)
 
 TEST(device_range_past_its_allocation_refused)
 {
-    NEED_FAKE();
+    NEED_DEVICE();
     env e;
     CHECK_EQ(env_up(&e, "16MiB"), 0);
     kvp_client *c = open_client(&e, 0);

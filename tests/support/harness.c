@@ -52,14 +52,20 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* No arguments: every test. "name": the named ones. "-name": every test
+ * but the ones so named. */
 static int selected(int argc, char **argv, const char *name)
 {
-    if (argc < 2)
-        return 1;
-    for (int i = 1; i < argc; i++)
+    int only = 0;
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] == '-' && strcmp(argv[i] + 1, name) == 0)
+            return 0;
+        only |= argv[i][0] != '-';
+    }
+    for (int i = 1; only && i < argc; i++)
         if (strcmp(argv[i], name) == 0)
             return 1;
-    return 0;
+    return !only;
 }
 
 int main(int argc, char **argv)

@@ -6,7 +6,7 @@
  * Every test runs in a forked child with a timeout (KVP_TEST_TIMEOUT seconds,
  * default 300), so a crash, a hang or a leak report (LeakSanitizer makes the
  * child exit non-zero) fails that test alone. `./test_x name...` runs only
- * the named tests. The last line is "RESULT <passed> <failed> <skipped>",
+ * the named tests, `./test_x -name...` all but those. The last line is "RESULT <passed> <failed> <skipped>",
  * which tests/run.sh adds up.
  */
 #ifndef KVP_HARNESS_H
