@@ -126,18 +126,18 @@ static int fit_iov(const kvp_iov *v, size_t n, uint64_t size, struct iovec *out)
  * memory) and the device they are on (*gdev, NULL when all are host
  * memory). Registered ranges answer from the table (their kind was found
  * at registration); other pieces are asked of the driver, and only when
- * this process can hold device memory at all. 0, or KVP_EINVALID_PARAMS
+ * this process can hold device memory at all (`active`: kvp_gpu_active(),
+ * asked once per request chunk, not per key: it costs a dlopen probe). 0, or KVP_EINVALID_PARAMS
  * (pieces on two devices, a device piece crossing its allocation) /
  * KVP_EDEVICE (the driver failed).
  */
 static size_t reg_upper(const kvp_client *c, uintptr_t p);
 
-static int piece_kinds(kvp_client *c, const kvp_iov *v, size_t n, uint8_t *dev,
+static int piece_kinds(kvp_client *c, int active, const kvp_iov *v, size_t n, uint8_t *dev,
                        struct kvp_gpu_dev **gdev)
 {
     *gdev = NULL;
     memset(dev, 0, n);
-    int active = kvp_gpu_active();
     if (!active && __atomic_load_n(&c->ndevregs, __ATOMIC_ACQUIRE) == 0)
         return 0; /* the common case: no device memory anywhere */
     int rc = 0;
@@ -748,6 +748,7 @@ static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_b
         nops = 0;
     }
     size_t nend = 0, nrev = 0;
+    int gpu = rc == 0 && kvp_gpu_active();
     if (rc == 0) {
         /* Every allocated key gets its pieces and checksum; every replica an op. */
         size_t vo = 0, oo = 0;
@@ -768,7 +769,7 @@ static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_b
             }
             iovcnt[i] = (int)niov[idx[i]];
             struct kvp_gpu_dev *gd = NULL;
-            int krc = kerr[i] = piece_kinds(c, v, niov[idx[i]], devs + vo, &gd);
+            int krc = kerr[i] = piece_kinds(c, gpu, v, niov[idx[i]], devs + vo, &gd);
             vo += niov[idx[i]];
             for (uint32_t j = 0; j < r->n_replicas; j++) {
                 ops[oo].rep = r->replicas[j];
@@ -1065,6 +1066,7 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
 
     /* Results known from the answer alone; leases to give back. */
     size_t vo = 0, ns = 0;
+    int gpu = kvp_gpu_active();
     for (size_t i = 0; i < m; i++) {
         kvp_get_result *r = &gr.results[i];
         if (r->status != 0) {
@@ -1087,7 +1089,7 @@ static void get_chunk(kvp_client *c, scratch *s, const kvp_bytes *k, const size_
         } else if (r->n_replicas == 0 || r->n_replicas > KVP_MAX_REPLICAS) {
             results[idx[i]] = KVP_EINVALID_REPLICA;
             g[i].done = 1;
-        } else if ((g[i].kind_err = piece_kinds(c, iovs[idx[i]], niov[idx[i]], devs + vo,
+        } else if ((g[i].kind_err = piece_kinds(c, gpu, iovs[idx[i]], niov[idx[i]], devs + vo,
                                                 &g[i].gdev)) != 0) {
             results[idx[i]] = g[i].kind_err;
             g[i].done = 1;

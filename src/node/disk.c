@@ -46,7 +46,7 @@
 #define PAGE_MAGIC "KVPPAGE1"
 #define REC_MAGIC 0x5250564bu /* "KVPR" little-endian */
 #define REC_VERSION 1u
-#define BATCH_BYTES (64u << 20) /* writer: bytes per batch at most */
+#define BATCH_BYTES (256u << 20) /* writer: bytes per batch at most */
 #define READ_CHUNK (4u << 20)   /* reads: bytes per bounce buffer */
 
 static uint64_t align_up(uint64_t v) { return (v + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
@@ -567,7 +567,7 @@ static void idx_write(kvp_disk *d, uint64_t id, idxbuf *b)
 static void buf_put(kvp_disk *d, uint8_t *p, uint64_t cap);
 
 typedef struct wbatch {
-    witem *it[256];
+    witem *it[1024];
     size_t n;
 } wbatch;
 
