@@ -20,6 +20,18 @@ int kvp_bench_connector(int argc, char **argv);
 int kvp_bench_sim(int argc, char **argv);
 /* `kvpool bench gpu` (cmd_bench_gpu.c); argv[0] is "bench gpu". */
 int kvp_bench_gpu(int argc, char **argv);
+/* Shared by the benchmarks (cmd_bench.c): s as the body of a JSON string
+ * (quotes and backslashes escaped, controls dropped); a standalone-store
+ * client of master (token "" or NULL = none), TCP-only when force_tcp, NULL
+ * with the reason in why; and a probe put of 4096 bytes of val under key
+ * probe, retried up to 10 s while the node mounts, which records the
+ * transport the client uses ("shm", "tcp") and removes the key: 0, or -1
+ * with why. */
+void kvp_bench_json_escape(char *out, size_t cap, const char *s);
+struct kvp_client *kvp_bench_client_open(const char *master, const char *token, int force_tcp,
+                                         char *why, size_t wl);
+int kvp_bench_client_probe(struct kvp_client *c, const char *probe, const void *val,
+                           char *transport, char *why, size_t wl);
 /* `kvpool bench disk`: cmd_bench_disk.c */
 int kvp_bench_disk(int argc, char **argv);
 int kvp_cmd_stat(int argc, char **argv);

@@ -459,6 +459,66 @@ out:
     return ret;
 }
 
+/* ------------------------------------------------ shared by benchmarks */
+
+void kvp_bench_json_escape(char *out, size_t cap, const char *s)
+{
+    size_t o = 0;
+    for (; *s && o + 3 < cap; s++) {
+        if (*s == '"' || *s == '\\')
+            out[o++] = '\\';
+        if ((unsigned char)*s >= 0x20)
+            out[o++] = *s;
+    }
+    out[o] = '\0';
+}
+
+kvp_client *kvp_bench_client_open(const char *master, const char *token, int force_tcp,
+                                  char *why, size_t wl)
+{
+    char m[300], t[300], conf[800], err[256];
+    kvp_bench_json_escape(m, sizeof m, master);
+    kvp_bench_json_escape(t, sizeof t, token ? token : "");
+    snprintf(conf, sizeof conf, "{\"master\": \"%s\", \"mode\": \"standalone-store\"%s%s%s}", m,
+             *t ? ", \"cluster_token\": \"" : "", t, *t ? "\"" : "");
+    kvp_client *c = NULL;
+    if (force_tcp)
+        setenv("KVPOOL_FORCE_TCP", "1", 1);
+    else
+        unsetenv("KVPOOL_FORCE_TCP");
+    int rc = kvp_client_open(conf, &c, err, sizeof err);
+    unsetenv("KVPOOL_FORCE_TCP");
+    if (rc) {
+        snprintf(why, wl, "kvp_client_open: %.160s", err[0] ? err : kvp_strerror(rc));
+        return NULL;
+    }
+    return c;
+}
+
+int kvp_bench_client_probe(kvp_client *c, const char *probe, const void *val, char *transport,
+                           char *why, size_t wl)
+{
+    int rc = 0;
+    for (int i = 0; i < 200; i++) { /* up to 10 s */
+        if ((rc = kvp_client_put(c, probe, val, 4096)) == 0)
+            break;
+        usleep(50000);
+    }
+    if (rc) {
+        snprintf(why, wl, "no put succeeded within 10 s: %s", kvp_strerror(rc));
+        return -1;
+    }
+    char desc[512];
+    snprintf(transport, 16, "unknown");
+    if (kvp_client_describe(c, probe, desc, sizeof desc) > 0) {
+        const char *via = strstr(desc, " via ");
+        if (via)
+            snprintf(transport, 16, "%.*s", (int)strcspn(via + 5, " ;,\n"), via + 5);
+    }
+    kvp_client_remove(c, probe, 1);
+    return 0;
+}
+
 int kvp_cmd_bench(int argc, char **argv)
 {
     static const struct {

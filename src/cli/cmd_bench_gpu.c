@@ -156,18 +156,6 @@ typedef struct grun {
 
 /* ------------------------------------------------------------ helpers */
 
-static void json_escape(char *out, size_t cap, const char *s)
-{
-    size_t o = 0;
-    for (; *s && o + 3 < cap; s++) {
-        if (*s == '"' || *s == '\\')
-            out[o++] = '\\';
-        if ((unsigned char)*s >= 0x20)
-            out[o++] = *s;
-    }
-    out[o] = '\0';
-}
-
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -481,48 +469,23 @@ static void measure_limit(gk *k, int si, glimit *l)
 static kvp_client *kv_open(gk *k, const char *master, const char *token, int force_tcp,
                            char *transport, char *why, size_t wl)
 {
-    char m[300], t[300], conf[800], err[256];
-    json_escape(m, sizeof m, master);
-    json_escape(t, sizeof t, token);
-    snprintf(conf, sizeof conf, "{\"master\": \"%s\", \"mode\": \"standalone-store\"%s%s%s}", m,
-             *t ? ", \"cluster_token\": \"" : "", t, *t ? "\"" : "");
-    kvp_client *c = NULL;
-    if (force_tcp)
-        setenv("KVPOOL_FORCE_TCP", "1", 1);
-    else
-        unsetenv("KVPOOL_FORCE_TCP");
-    int rc = kvp_client_open(conf, &c, err, sizeof err);
-    unsetenv("KVPOOL_FORCE_TCP");
-    if (rc) {
-        snprintf(why, wl, "kvp_client_open: %.160s", err[0] ? err : kvp_strerror(rc));
+    kvp_client *c = kvp_bench_client_open(master, token, force_tcp, why, wl);
+    if (!c)
         return NULL;
-    }
-    if ((rc = kvp_client_register_buffer(c, k->region, k->region_len)) != 0) {
+    int rc = kvp_client_register_buffer(c, k->region, k->region_len);
+    if (rc != 0) {
         snprintf(why, wl, "kvp_client_register_buffer(device region of %zu bytes): %s (%.80s)",
                  k->region_len, kvp_strerror(rc), kvp_gpu_status());
         kvp_client_close(c);
         return NULL;
     }
-    char probe[KEYCAP], desc[512];
+    char probe[KEYCAP];
     snprintf(probe, sizeof probe, "kvpool-bench/gpu-%016llx@probe%d", k->nonce, force_tcp);
-    for (int i = 0; i < 200; i++) { /* up to 10 s */
-        if ((rc = kvp_client_put(c, probe, k->hexp, 4096)) == 0)
-            break;
-        usleep(50000);
-    }
-    if (rc) {
-        snprintf(why, wl, "no put succeeded within 10 s: %s", kvp_strerror(rc));
+    if (kvp_bench_client_probe(c, probe, k->hexp, transport, why, wl) != 0) {
         kvp_client_unregister_buffer(c, k->region);
         kvp_client_close(c);
         return NULL;
     }
-    snprintf(transport, 16, "unknown");
-    if (kvp_client_describe(c, probe, desc, sizeof desc) > 0) {
-        const char *via = strstr(desc, " via ");
-        if (via)
-            snprintf(transport, 16, "%.*s", (int)strcspn(via + 5, " ;,\n"), via + 5);
-    }
-    kvp_client_remove(c, probe, 1);
     return c;
 }
 
@@ -862,8 +825,8 @@ static void print_table(FILE *o, const report *R)
 static void print_json(FILE *o, const report *R)
 {
     char st[300], m[300], w[480];
-    json_escape(st, sizeof st, R->status);
-    json_escape(m, sizeof m, R->master);
+    kvp_bench_json_escape(st, sizeof st, R->status);
+    kvp_bench_json_escape(m, sizeof m, R->master);
     fprintf(o, "{\n  \"bench\": \"gpu\",\n  \"gpu_status\": \"%s\",\n  \"master\": \"%s\",\n"
                "  \"spawned_serve\": %s,\n  \"segment_size\": \"%s\",\n  \"region_bytes\": %llu,\n"
                "  \"rounds\": %d,\n  \"checksums\": true,\n  \"shapes\": [",
@@ -880,7 +843,7 @@ static void print_json(FILE *o, const report *R)
         fprintf(o, "%s    {\"copy\": \"%s\", \"copy_mode\": \"%s\", \"status\": \"%s\"",
                 i ? ",\n" : "", g->asked, g->mode, state_name[g->state]);
         if (g->state != CELL_OK) {
-            json_escape(w, sizeof w, g->why);
+            kvp_bench_json_escape(w, sizeof w, g->why);
             fprintf(o, ", \"reason\": \"%s\"}", w);
             continue;
         }
@@ -893,7 +856,7 @@ static void print_json(FILE *o, const report *R)
             if (l->state == CELL_OK)
                 fprintf(o, ", \"d2h_gbps\": %.3f, \"h2d_gbps\": %.3f}", l->d2h_gbps, l->h2d_gbps);
             else {
-                json_escape(w, sizeof w, l->why);
+                kvp_bench_json_escape(w, sizeof w, l->why);
                 fprintf(o, ", \"reason\": \"%s\"}", w);
             }
         }
@@ -931,7 +894,7 @@ static void print_json(FILE *o, const report *R)
                             fprintf(o, ", \"%s_ratio\": %.3f", get ? "get" : "put", r);
                     }
                 } else {
-                    json_escape(w, sizeof w, c->why);
+                    kvp_bench_json_escape(w, sizeof w, c->why);
                     fprintf(o, ", \"reason\": \"%s\"", w);
                 }
                 fprintf(o, "}");
@@ -1104,14 +1067,14 @@ int kvp_bench_gpu(int argc, char **argv)
     FILE *out = json ? stderr : stdout;
     if (!kvp_gpu_active()) {
         char s[300];
-        json_escape(s, sizeof s, status);
+        kvp_bench_json_escape(s, sizeof s, status);
         char d[240] = "";
         if (dl_error[0])
             snprintf(d, sizeof d, " (dlopen: %.200s)", dl_error);
         fprintf(out, "kvpool bench gpu: skipped: no usable device backend: %s%s\n", status, d);
         if (json) {
             char de[300];
-            json_escape(de, sizeof de, d);
+            kvp_bench_json_escape(de, sizeof de, d);
             printf("{\n  \"bench\": \"gpu\",\n  \"skipped\": \"no usable device backend: %s%s\",\n"
                    "  \"gpu_status\": \"%s\"\n}\n", s, de, s);
         }

@@ -909,18 +909,6 @@ static int kv_clean(sb *b, void *sys, const shape *s, char *why, size_t wl)
     return 0;
 }
 
-/* JSON string body of s (quotes and backslashes escaped, controls dropped). */
-static void json_escape(char *out, size_t cap, const char *s)
-{
-    size_t o = 0;
-    for (; *s && o + 3 < cap; s++) {
-        if (*s == '"' || *s == '\\')
-            out[o++] = '\\';
-        if ((unsigned char)*s >= 0x20)
-            out[o++] = *s;
-    }
-    out[o] = '\0';
-}
 
 /* Opens a standalone-store client (TCP-only when force_tcp), waits until a
  * put succeeds (the node may still be mounting its segment), and records
@@ -928,41 +916,15 @@ static void json_escape(char *out, size_t cap, const char *s)
 static kvp_client *kv_open(sb *b, const char *master, const char *token, int force_tcp,
                            char *transport, char *why, size_t wl)
 {
-    char m[300], t[300], conf[800], err[256];
-    json_escape(m, sizeof m, master);
-    json_escape(t, sizeof t, token);
-    snprintf(conf, sizeof conf, "{\"master\": \"%s\", \"mode\": \"standalone-store\"%s%s%s}", m,
-             *t ? ", \"cluster_token\": \"" : "", t, *t ? "\"" : "");
-    kvp_client *c = NULL;
-    if (force_tcp)
-        setenv("KVPOOL_FORCE_TCP", "1", 1);
-    else
-        unsetenv("KVPOOL_FORCE_TCP");
-    int rc = kvp_client_open(conf, &c, err, sizeof err);
-    unsetenv("KVPOOL_FORCE_TCP");
-    if (rc) {
-        snprintf(why, wl, "kvp_client_open: %.160s", err[0] ? err : kvp_strerror(rc));
+    kvp_client *c = kvp_bench_client_open(master, token, force_tcp, why, wl);
+    if (!c)
         return NULL;
-    }
-    char probe[KEYCAP], desc[512];
+    char probe[KEYCAP];
     snprintf(probe, sizeof probe, "kvpool-bench/store-%016llx@probe%d", b->nonce, force_tcp);
-    for (int i = 0; i < 200; i++) { /* up to 10 s */
-        if ((rc = kvp_client_put(c, probe, b->src, 4096)) == 0)
-            break;
-        usleep(50000);
-    }
-    if (rc) {
-        snprintf(why, wl, "no put succeeded within 10 s: %s", kvp_strerror(rc));
+    if (kvp_bench_client_probe(c, probe, b->src, transport, why, wl) != 0) {
         kvp_client_close(c);
         return NULL;
     }
-    snprintf(transport, 16, "unknown");
-    if (kvp_client_describe(c, probe, desc, sizeof desc) > 0) {
-        const char *via = strstr(desc, " via ");
-        if (via)
-            snprintf(transport, 16, "%.*s", (int)strcspn(via + 5, " ;,\n"), via + 5);
-    }
-    kvp_client_remove(c, probe, 1);
     return c;
 }
 
@@ -1085,7 +1047,7 @@ static void print_table(const sb *b, const char *master, int spawned)
 static void print_json(const sb *b, const char *master, int spawned)
 {
     char m[300], w[400];
-    json_escape(m, sizeof m, master);
+    kvp_bench_json_escape(m, sizeof m, master);
     printf("{\n  \"bench\": \"store\",\n  \"master\": \"%s\",\n  \"spawned_serve\": %s,\n"
            "  \"segment_size\": \"%s\",\n  \"rounds\": %d,\n  \"connections\": %d,\n"
            "  \"transports\": {\"kvpool_shm\": \"%s\", \"kvpool_tcp\": \"%s\"},\n  \"shapes\": [",
@@ -1109,7 +1071,7 @@ static void print_json(const sb *b, const char *master, int spawned)
                        "\"put_p50_us\": %.1f, \"get_p50_us\": %.1f",
                        c->rounds, c->put_gbps, c->get_gbps, c->put_p50_us, c->get_p50_us);
             else if (c->why[0]) {
-                json_escape(w, sizeof w, c->why);
+                kvp_bench_json_escape(w, sizeof w, c->why);
                 printf(", \"reason\": \"%s\"", w);
             }
             printf("}");
