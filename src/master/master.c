@@ -1388,8 +1388,9 @@ static int32_t do_remove(req *q, kvp_obj *o, uint64_t arg, int force)
  * REPLICA_BAD (ONEWAY): a reader's checksum did not match. The replica named
  * (segment and generation: still the allocation the reader was given) is
  * dropped; an object with no replica left is removed, so the key can be put
- * again instead of being stuck behind a corrupt copy. Answered only when
- * the body cannot be decoded.
+ * again instead of being stuck behind a corrupt copy. A ONEWAY one is
+ * answered only when the body cannot be decoded; one sent as a request is
+ * answered (0, or the tenant refusal).
  */
 static void op_replica_bad(req *q)
 {
@@ -1399,9 +1400,13 @@ static void op_replica_bad(req *q)
         reply_status(q, KVP_EPROTOCOL);
         return;
     }
+    int oneway = (q->h->flags & KVP_FLAG_ONEWAY) != 0;
     int tenant = tenant_allowed(m, q->s->client, d.tenant) ? -1 : tenant_find(m, d.tenant);
-    if (tenant < 0)
+    if (tenant < 0) {
+        if (!oneway) /* sent as a request: it gets an answer */
+            reply_status(q, tenant_allowed(m, q->s->client, d.tenant));
         return;
+    }
     for (uint32_t i = 0; i < d.n; i++) {
         kvp_bytes k = d.bad[i].key;
         if (!key_ok(m, k))
@@ -1436,6 +1441,8 @@ static void op_replica_bad(req *q)
         memmove(&r[j], &r[j + 1], (o->nrep - j - 1) * sizeof *r);
         o->nrep--;
     }
+    if (!oneway)
+        reply_status(q, 0);
 }
 
 /*
@@ -1462,6 +1469,8 @@ static void op_seg_failing(req *q)
                               "there until its node heartbeats",
                          (unsigned long long)d.ids[i], m->segs[si]->name, q->s->client->name);
     }
+    if (!(q->h->flags & KVP_FLAG_ONEWAY)) /* sent as a request: it gets an answer */
+        reply_status(q, 0);
 }
 
 static void op_put_end(req *q)
