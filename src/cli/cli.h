@@ -28,6 +28,13 @@ int kvp_bench_gpu(int argc, char **argv);
  * transport the client uses ("shm", "tcp") and removes the key: 0, or -1
  * with why. */
 void kvp_bench_json_escape(char *out, size_t cap, const char *s);
+/* qsort order of uint64_t; every byte of p to fd (EINTR retried): 0 or -1;
+ * the "label shape round r/rounds" line on a terminal's stderr (r < 0:
+ * warm-up), and its erasure over width columns. */
+int kvp_bench_cmp_u64(const void *a, const void *b);
+int kvp_bench_write_all(int fd, const void *p, size_t n);
+void kvp_bench_progress(const char *label, int lw, const char *shape, int sw, int r, int rounds);
+void kvp_bench_progress_clear(int width);
 struct kvp_client *kvp_bench_client_open(const char *master, const char *token, int force_tcp,
                                          char *why, size_t wl);
 int kvp_bench_client_probe(struct kvp_client *c, const char *probe, const void *val,

@@ -473,6 +473,42 @@ void kvp_bench_json_escape(char *out, size_t cap, const char *s)
     out[o] = '\0';
 }
 
+int kvp_bench_cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int kvp_bench_write_all(int fd, const void *p, size_t n)
+{
+    const uint8_t *q = p;
+    while (n) {
+        ssize_t w = write(fd, q, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        q += w, n -= (size_t)w;
+    }
+    return 0;
+}
+
+void kvp_bench_progress(const char *label, int lw, const char *shape, int sw, int r, int rounds)
+{
+    if (!isatty(2))
+        return;
+    if (r < 0)
+        fprintf(stderr, "\r  %-*s %-*s warm-up      ", lw, label, sw, shape);
+    else
+        fprintf(stderr, "\r  %-*s %-*s round %d/%d  ", lw, label, sw, shape, r + 1, rounds);
+}
+
+void kvp_bench_progress_clear(int width)
+{
+    if (isatty(2))
+        fprintf(stderr, "\r%*s\r", width, "");
+}
+
 kvp_client *kvp_bench_client_open(const char *master, const char *token, int force_tcp,
                                   char *why, size_t wl)
 {

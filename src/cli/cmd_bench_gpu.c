@@ -156,12 +156,6 @@ typedef struct grun {
 
 /* ------------------------------------------------------------ helpers */
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 static uint64_t cpu_ns(void)
 {
     struct rusage u;
@@ -190,22 +184,6 @@ static void load_driver(void)
         const char *e = dlerror();
         snprintf(dl_error, sizeof dl_error, "%.190s", e ? e : "dlopen failed");
     }
-}
-
-static void progress(const char *label, const shape *s, int r, int rounds)
-{
-    if (!isatty(2))
-        return;
-    if (r < 0)
-        fprintf(stderr, "\r  %-16s %-12s warm-up      ", label, s->name);
-    else
-        fprintf(stderr, "\r  %-16s %-12s round %d/%d  ", label, s->name, r + 1, rounds);
-}
-
-static void progress_clear(void)
-{
-    if (isatty(2))
-        fprintf(stderr, "\r%70s\r", "");
 }
 
 /* ------------------------------------------------------------ child */
@@ -375,25 +353,25 @@ static void run_cell(gk *k, kvp_client *c, const char *label, int si, gcell *out
     kvp_gpu_fake_stats f0 = {0}, f1 = {0};
     int fake = !strcmp(kvp_gpu_copy_mode(), "fake");
     for (int r = -1; r < k->rounds; r++) {
-        progress(label, s, r, k->rounds);
+        kvp_bench_progress(label, 16, s->name, 12, r, k->rounds);
         make_keys(k, s->keys);
         if (fake && r == 0) /* the timed rounds' copies (not the warm-up's read-back) */
             kvp_gpu_fake_get_stats(&f0);
         uint64_t c0 = cpu_ns(), t0 = kvp_now_ns();
         if (kv_batch(k, c, si, 1, why, sizeof why)) {
-            progress_clear();
+            kvp_bench_progress_clear(70);
             cell_fail(out, "put: ", why);
             return;
         }
         uint64_t t1 = kvp_now_ns(), c1 = cpu_ns();
         if (kv_batch(k, c, si, 0, why, sizeof why)) {
-            progress_clear();
+            kvp_bench_progress_clear(70);
             cell_fail(out, "get: ", why);
             return;
         }
         uint64_t t2 = kvp_now_ns(), c2 = cpu_ns();
         if (r < 0 && verify(k, si, why, sizeof why)) {
-            progress_clear();
+            kvp_bench_progress_clear(70);
             cell_fail(out, "warm-up: ", why);
             return;
         }
@@ -406,14 +384,14 @@ static void run_cell(gk *k, kvp_client *c, const char *label, int si, gcell *out
             done++;
         }
         if (kv_clean(k, c, s->keys, why, sizeof why)) {
-            progress_clear();
+            kvp_bench_progress_clear(70);
             cell_fail(out, "between rounds: ", why);
             return;
         }
         if (done >= 3 && spent > CELL_NS)
             break;
     }
-    progress_clear();
+    kvp_bench_progress_clear(70);
     if (fake) {
         kvp_gpu_fake_get_stats(&f1);
         out->fake = 1;
@@ -424,8 +402,8 @@ static void run_cell(gk *k, kvp_client *c, const char *label, int si, gcell *out
     for (int i = 0; i < done; i++)
         put += k->put_ns[i], get += k->get_ns[i], pc += k->put_cpu[i], gc += k->get_cpu[i];
     double bytes = (double)batch_bytes(s) * done;
-    qsort(k->put_ns, (size_t)done, sizeof *k->put_ns, cmp_u64);
-    qsort(k->get_ns, (size_t)done, sizeof *k->get_ns, cmp_u64);
+    qsort(k->put_ns, (size_t)done, sizeof *k->put_ns, kvp_bench_cmp_u64);
+    qsort(k->get_ns, (size_t)done, sizeof *k->get_ns, kvp_bench_cmp_u64);
     out->state = CELL_OK;
     out->rounds = done;
     out->put_gbps = put ? bytes / (double)put : 0;
@@ -487,20 +465,6 @@ static kvp_client *kv_open(gk *k, const char *master, const char *token, int for
         return NULL;
     }
     return c;
-}
-
-static int write_all(int fd, const void *p, size_t n)
-{
-    const uint8_t *q = p;
-    while (n) {
-        ssize_t w = write(fd, q, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        q += w, n -= (size_t)w;
-    }
-    return 0;
 }
 
 /* One strategy, in this (child) process; the report goes to fd. */
@@ -574,7 +538,7 @@ static int bench_child(int fd, const char *asked, const char *master, const char
         if (isatty(2))
             fprintf(stderr, "\r  %-16s %-12s limit        ", asked, shapes[si].name);
         measure_limit(k, si, &g->lim[si]);
-        progress_clear();
+        kvp_bench_progress_clear(70);
     }
     g->state = CELL_OK;
     for (int t = 0; t < NT; t++) {
@@ -597,7 +561,7 @@ oom:
     g->state = CELL_FAIL;
     snprintf(g->why, sizeof g->why, "out of memory");
 report:;
-    int rc = write_all(fd, g, sizeof *g);
+    int rc = kvp_bench_write_all(fd, g, sizeof *g);
     close(fd);
     if (k->region)
         kvp_gpu_dev_free(k->region);

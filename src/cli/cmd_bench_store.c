@@ -120,46 +120,10 @@ static void make_keys(sb *b, uint32_t n)
     }
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 static void fail(cell *c, const char *fmt, const char *what)
 {
     c->state = CELL_FAIL;
     snprintf(c->why, sizeof c->why, fmt, what);
-}
-
-static void progress(const char *label, const shape *s, int r, int rounds)
-{
-    if (!isatty(2))
-        return;
-    if (r < 0)
-        fprintf(stderr, "\r  %-12s %-10s warm-up      ", label, s->name);
-    else
-        fprintf(stderr, "\r  %-12s %-10s round %d/%d  ", label, s->name, r + 1, rounds);
-}
-
-static void progress_clear(void)
-{
-    if (isatty(2))
-        fprintf(stderr, "\r%60s\r", "");
-}
-
-static int write_all(int fd, const void *p, size_t n)
-{
-    const uint8_t *q = p;
-    while (n) {
-        ssize_t w = write(fd, q, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        q += w, n -= (size_t)w;
-    }
-    return 0;
 }
 
 /* Writes every byte of iov[0..cnt) (modifies the array). */
@@ -421,8 +385,8 @@ static void summarize(sb *b, const shape *s, int done, cell *c)
     for (int i = 0; i < done; i++)
         put += b->put_ns[i], get += b->get_ns[i];
     double bytes = (double)s->n * (double)s->size * done;
-    qsort(b->put_ns, (size_t)done, sizeof *b->put_ns, cmp_u64);
-    qsort(b->get_ns, (size_t)done, sizeof *b->get_ns, cmp_u64);
+    qsort(b->put_ns, (size_t)done, sizeof *b->put_ns, kvp_bench_cmp_u64);
+    qsort(b->get_ns, (size_t)done, sizeof *b->get_ns, kvp_bench_cmp_u64);
     c->state = CELL_OK;
     c->rounds = done;
     c->put_gbps = put ? bytes / (double)put : 0;
@@ -441,25 +405,25 @@ static void run_cell(sb *b, const char *label, batch_fn fn, clean_fn clean, void
     int done = 0;
     uint64_t spent = 0;
     for (int r = -1; r < b->rounds; r++) {
-        progress(label, s, r, b->rounds);
+        kvp_bench_progress(label, 12, s->name, 10, r, b->rounds);
         make_keys(b, s->n);
         if (r < 0)
             memset(b->dst, 0, BATCH_BYTES);
         uint64_t t0 = kvp_now_ns();
         if (fn(b, sys, s, 1, why, sizeof why)) {
-            progress_clear();
+            kvp_bench_progress_clear(60);
             fail(c, "put: %s", why);
             return;
         }
         uint64_t t1 = kvp_now_ns();
         if (fn(b, sys, s, 0, why, sizeof why)) {
-            progress_clear();
+            kvp_bench_progress_clear(60);
             fail(c, "get: %s", why);
             return;
         }
         uint64_t t2 = kvp_now_ns();
         if (r < 0 && verify(b, s, why, sizeof why)) {
-            progress_clear();
+            kvp_bench_progress_clear(60);
             fail(c, "%s", why);
             return;
         }
@@ -470,14 +434,14 @@ static void run_cell(sb *b, const char *label, batch_fn fn, clean_fn clean, void
             done++;
         }
         if (clean && clean(b, sys, s, why, sizeof why)) {
-            progress_clear();
+            kvp_bench_progress_clear(60);
             fail(c, "between rounds: %s", why);
             return;
         }
         if (done >= 3 && spent > CELL_NS)
             break;
     }
-    progress_clear();
+    kvp_bench_progress_clear(60);
     summarize(b, s, done, c);
 }
 
@@ -490,7 +454,7 @@ static void bench_memcpy(sb *b, const shape *s, cell *c)
     uint64_t best = UINT64_MAX;
     memset(b->dst, 0, BATCH_BYTES);
     for (int r = 0; r < rounds; r++) {
-        progress("memcpy", s, r, rounds);
+        kvp_bench_progress("memcpy", 12, s->name, 10, r, rounds);
         uint64_t t0 = kvp_now_ns();
         for (uint32_t i = 0; i < s->n; i++)
             memcpy(b->dst + i * s->size, b->src + i * s->size, s->size);
@@ -500,7 +464,7 @@ static void bench_memcpy(sb *b, const shape *s, cell *c)
             best = t;
         b->put_ns[r] = t;
     }
-    progress_clear();
+    kvp_bench_progress_clear(60);
     char why[160];
     if (verify(b, s, why, sizeof why)) {
         fail(c, "%s", why);
@@ -510,7 +474,7 @@ static void bench_memcpy(sb *b, const shape *s, cell *c)
     c->state = CELL_OK;
     c->rounds = rounds;
     c->put_gbps = c->get_gbps = bytes / (double)best;
-    qsort(b->put_ns, (size_t)rounds, sizeof *b->put_ns, cmp_u64);
+    qsort(b->put_ns, (size_t)rounds, sizeof *b->put_ns, kvp_bench_cmp_u64);
     c->put_p50_us = c->get_p50_us = (double)b->put_ns[rounds / 2] / 1e3;
 }
 
@@ -531,7 +495,7 @@ static int raw_work(void *arg, int i, char *why, size_t wl)
     int conn = i % BENCH_CONNS, sender = i < BENCH_CONNS;
     for (uint32_t v = (uint32_t)conn; v < x->s->n; v += BENCH_CONNS) {
         size_t off = v * x->s->size;
-        int rc = sender ? write_all(x->snd[conn], x->b->src + off, x->s->size)
+        int rc = sender ? kvp_bench_write_all(x->snd[conn], x->b->src + off, x->s->size)
                         : read_all(x->rcv[conn], x->b->dst + off, x->s->size);
         if (rc) {
             snprintf(why, wl, "%s on connection %d: %s", sender ? "send" : "receive", conn,
@@ -704,7 +668,7 @@ static int peer_batch(sb *b, void *sys, const shape *s, int is_put, char *why, s
 static int peer_cmd(peer *p, const char *cmd, const char *want, char *why, size_t wl)
 {
     char line[256];
-    if (write_all(p->fd[0], cmd, strlen(cmd)) || rd_line(p->rd[0], line, sizeof line)) {
+    if (kvp_bench_write_all(p->fd[0], cmd, strlen(cmd)) || rd_line(p->rd[0], line, sizeof line)) {
         snprintf(why, wl, "%s", strerror(errno));
         return -1;
     }
