@@ -96,7 +96,8 @@ extern "C" {
     XX(LIMIT, -2011, "a configured limit was reached")                         \
     XX(OBJECT_PINNED, -2012, "object is pinned: remove it with force")         \
     XX(OBJECT_TOO_LARGE, -2013, "object larger than the pool can keep (max_object_size, low watermark)") \
-    XX(DEVICE, -2014, "device memory error: the CUDA driver is missing or failed (see the log)")
+    XX(DEVICE, -2014, "device memory error: the CUDA driver is missing or failed (see the log)") \
+    XX(OBJECT_LOADING, -2015, "object is being read back from the SSD tier: ask again shortly")
 
 enum kvp_errno {
 #define KVP__ERR_ENUM(name, num, msg) KVP_E##name = (num),

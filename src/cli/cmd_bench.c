@@ -375,7 +375,7 @@ static int bench_master(int argc, char **argv)
     /* twice what is stored: stays below the eviction watermarks */
     uint64_t total = 2 * ((nbig > nobj ? nbig : nobj) + nops + 1024);
     kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)"127.0.0.1:1", 11}};
-    kvp_seg_desc sd = {0xBE7C4, {(const uint8_t *)"bench-node:1", 12}, total * 4096, 1, &ep, 0x5EC2E7, 1};
+    kvp_seg_desc sd = {0xBE7C4, {(const uint8_t *)"bench-node:1", 12}, total * 4096, 1, &ep, 0x5EC2E7, 1, 0};
     kvp_msg_mount mm = {1, &sd};
     kvp_enc_mount(&b.body, &mm);
     const uint8_t *resp;

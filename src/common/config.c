@@ -176,7 +176,33 @@ static const struct key_def keys[] = {
     {.name = "local_buffer_size", .type = KT_SIZE, F_U64(local_buffer_size), .min = 0,
      .max = UINT64_MAX, .def = "0", .help = "client: local staging buffer for transfers"},
     {.name = "enable_offload", .type = KT_BOOL, F_INT(enable_offload), .def = "false",
-     .help = "client: offload evicted objects to local storage"},
+     .help = "storage node: keep objects evicted from DRAM in an SSD tier under offload_dir "
+             "(needs it); connector: a 1280 MiB load staging budget unless staging_budget "
+             "is given"},
+    {.name = "offload_dir", .aliases = {"offload_file_storage_path"}, .type = KT_STRING,
+     F_STR(offload_dir), .def = "",
+     .help = "storage node: directory of the SSD tier's page files (created 0700; reopened "
+             "warm after a restart)"},
+    {.name = "offload_capacity", .aliases = {"offload_total_size_limit_bytes"}, .type = KT_SIZE,
+     F_U64(offload_capacity), .min = 0, .max = UINT64_MAX, .def = "0",
+     .help = "storage node: bytes the SSD tier may use (at least 2 pages); 0 = 90 % of the "
+             "filesystem's size"},
+    {.name = "offload_page_size", .type = KT_SIZE, F_U64(offload_page_size), .min = 64 * MIB_,
+     .max = GIB_, .def = "128MiB",
+     .help = "storage node: SSD tier page file size (a 4 KiB multiple); pages are reclaimed "
+             "whole"},
+    {.name = "offload_high_watermark_ratio", .type = KT_RATIO, F_DBL(offload_high), .lo = 0,
+     .hi = 1, .lo_open = 1, .def = "0.95",
+     .help = "storage node: the SSD tier drops its least recently used pages past this share "
+             "of offload_capacity"},
+    {.name = "offload_low_watermark_ratio", .type = KT_RATIO, F_DBL(offload_low), .lo = 0,
+     .hi = 1, .hi_open = 1, .def = "0.85",
+     .help = "storage node: ... down to this share (< high)"},
+    {.name = "offload_staging_budget", .aliases = {"offload_local_buffer_size_bytes"},
+     .type = KT_SIZE, F_U64(offload_staging), .min = 4 * MIB_, .max = UINT64_MAX,
+     .def = "256MiB",
+     .help = "storage node: bytes of spills waiting for the disk; beyond, spills fail and "
+             "puts that need the room get -200 until the writer catches up"},
     {.name = "rpc_timeout", .type = KT_DURATION, F_U64(rpc_timeout_ms), .unit_ms = 1, .min = 1,
      .max = DUR_MAX_MS, .def = "10s", .help = "client: timeout of one request to the master"},
     {.name = "replica_num", .type = KT_UINT, F_U64(replica_num), .min = 1, .max = 3, .def = "1",
@@ -1100,6 +1126,21 @@ int kvp_config_validate(const kvp_config *c, char *err, size_t errlen)
                        "key \"eviction_low_watermark_ratio\" (%g) must be less than key "
                        "\"eviction_high_watermark_ratio\" (%g)",
                        c->evict_low, c->evict_high);
+    if (!(c->offload_low < c->offload_high))
+        return invalid(err, errlen,
+                       "key \"offload_low_watermark_ratio\" (%g) must be less than key "
+                       "\"offload_high_watermark_ratio\" (%g)",
+                       c->offload_low, c->offload_high);
+    if (c->offload_page_size % 4096)
+        return invalid(err, errlen,
+                       "key \"offload_page_size\": %llu is not a multiple of 4 KiB",
+                       (unsigned long long)c->offload_page_size);
+    if (c->offload_capacity && c->offload_capacity < 2 * c->offload_page_size)
+        return invalid(err, errlen,
+                       "key \"offload_capacity\" (%llu) must hold at least two pages of "
+                       "key \"offload_page_size\" (%llu), or be 0 (90 %% of the filesystem)",
+                       (unsigned long long)c->offload_capacity,
+                       (unsigned long long)c->offload_page_size);
     if (c->lease_ttl_ms > c->client_ttl_ms) {
         char a[32], b[32];
         fmt_ms(c->lease_ttl_ms, a, sizeof a);

@@ -60,7 +60,14 @@ typedef struct kvp_config {
     char mode[32];                /* "mode": embedded | standalone-store */
     uint64_t global_segment_size; /* "global_segment_size": bytes (4 GiB) */
     uint64_t local_buffer_size;   /* "local_buffer_size": bytes (0) */
-    int enable_offload;           /* "enable_offload": bool (false) */
+    int enable_offload;           /* "enable_offload": bool (false); a storage node: an SSD
+                                     tier in offload_dir; a connector: 1280 MiB staging */
+    char offload_dir[1024];       /* "offload_dir": the node's SSD tier directory ("") */
+    uint64_t offload_capacity;    /* "offload_capacity": bytes (0 = 90 % of the filesystem) */
+    uint64_t offload_page_size;   /* "offload_page_size": bytes (128 MiB); 64 MiB .. 1 GiB */
+    double offload_high;          /* "offload_high_watermark_ratio": 0.95 */
+    double offload_low;           /* "offload_low_watermark_ratio": 0.85, < high */
+    uint64_t offload_staging;     /* "offload_staging_budget": bytes (256 MiB) */
     uint64_t rpc_timeout_ms;      /* "rpc_timeout": 10 s */
     uint64_t replica_num;         /* "replica_num": copies written per put (1); 1 .. 3 */
     char preferred_segment[256];  /* "preferred_segment": host:port puts prefer ("" = unset) */

@@ -29,6 +29,10 @@
 #define AUTHFAIL_SLOTS 1024
 #define AUTHFAIL_FREE 3            /* failed HELLOs a peer gets before backing off */
 #define AUTHFAIL_MAX_MS 30000      /* longest back-off */
+#define DQ_MAX (4u << 20)          /* bytes of SSD tier commands queued per segment */
+#define SPILL_INFLIGHT ((128ull << 20) >> 12) /* pages being spilled per segment at once */
+#define LOAD_SHARE 4               /* loads stage at most 1/LOAD_SHARE of a segment at once */
+#define LOAD_EVICT_MAX 64          /* evictions one load may cause to find room */
 
 typedef struct olist {
     kvp_obj *head, *tail;
@@ -69,14 +73,29 @@ typedef struct kvp_mseg {
     int dirty;            /* on m->dirty */
     int suspect;          /* a client's transfers failed here: no placement until
                              the owner's next HEARTBEAT */
+    /* SSD tier (disk_cap > 0): victims here are spilled, not dropped */
+    uint64_t disk_cap;    /* bytes of the node's SSD tier */
+    uint64_t disk_objs, disk_bytes; /* objects with a disk record here (ONDISK) */
+    uint64_t spill_pages; /* pages of objects being spilled here */
+    uint64_t load_pages;  /* pages of staging allocations being loaded here */
+    kvp_buf dq;           /* DISK_CMD entries not yet sent, encoded */
+    uint32_t dq_n;
 } kvp_mseg;
+
+/* The staging allocation of a load whose object went away meanwhile: the
+ * node may still be writing into it, so it is freed only when the node
+ * reports the load done (or the segment goes). */
+typedef struct quar {
+    uint32_t seg, page, gen;
+    uint64_t size;
+} quar;
 
 struct kvp_master {
     kvp_config cfg;
     kvp_proto_limits lim;
     uint64_t id;
     kvp_index ix;
-    olist pending, leased, lru;
+    olist pending, leased, lru, diskio, disk;
     kvp_mseg **segs;      /* max_segments slots, NULL = free */
     uint32_t *mounted;    /* the nseg occupied slots, in no particular order */
     uint32_t nseg;
@@ -103,6 +122,10 @@ struct kvp_master {
     uint32_t ndirty;
     uint64_t freed_dropped; /* frees never told (notice buffer full, no session) */
     uint32_t nsuspect;      /* segments with `suspect` set */
+    quar *quar;             /* staging allocations of gone loads (see quar) */
+    uint32_t nquar, quar_cap;
+    uint64_t quar_pages;
+    uint64_t spill_total;   /* sum of the segments' spill_pages */
 };
 
 #define FREED_MAX 65536     /* notices held per segment; past it, expiry revokes */
@@ -128,6 +151,8 @@ static olist *list_of(kvp_master *m, kvp_obj *o)
     case KVP_LIST_PENDING: return &m->pending;
     case KVP_LIST_LEASED: return &m->leased;
     case KVP_LIST_LRU: return &m->lru;
+    case KVP_LIST_DISKIO: return &m->diskio;
+    case KVP_LIST_DISK: return &m->disk;
     }
     return NULL;
 }
@@ -174,7 +199,12 @@ static void list_check_push(const kvp_obj *o, int which)
     KVP_ASSERT(which != KVP_LIST_PENDING || o->state == KVP_OBJ_PENDING);
     KVP_ASSERT(which != KVP_LIST_LEASED || (o->state == KVP_OBJ_COMPLETE && o->aux > 0));
     KVP_ASSERT(which != KVP_LIST_LRU || (o->state == KVP_OBJ_COMPLETE && o->aux == 0 &&
-                                         !(o->flags & KVP_OBJ_PINNED)));
+                                         !(o->flags & KVP_OBJ_PINNED) && o->nrep > 0));
+    KVP_ASSERT(which != KVP_LIST_DISKIO ||
+               (o->state == KVP_OBJ_COMPLETE && o->aux == 0 &&
+                (o->flags & (KVP_OBJ_SPILLING | KVP_OBJ_LOADING))));
+    KVP_ASSERT(which != KVP_LIST_DISK || (o->state == KVP_OBJ_COMPLETE && o->aux == 0 &&
+                                          o->nrep == 0 && (o->flags & KVP_OBJ_ONDISK)));
 }
 
 static void list_push_tail(kvp_master *m, int which, kvp_obj *o)
@@ -205,11 +235,24 @@ static void list_push_head(kvp_master *m, int which, kvp_obj *o)
     l->n++;
 }
 
+/* The list an unleased COMPLETE object belongs on (master.h). */
+static int unleased_list(const kvp_obj *o)
+{
+    if (o->flags & (KVP_OBJ_SPILLING | KVP_OBJ_LOADING))
+        return KVP_LIST_DISKIO;
+    if (o->nrep == 0)
+        return KVP_LIST_DISK;
+    return (o->flags & KVP_OBJ_PINNED) ? KVP_LIST_NONE : KVP_LIST_LRU;
+}
+
 /* Puts a COMPLETE object with no lease where it belongs: LRU head (most
- * recently used) unless pinned. */
+ * recently used) unless pinned; waiting on its node; only on disk. */
 static void settle_unleased(kvp_master *m, kvp_obj *o)
 {
-    if (!(o->flags & KVP_OBJ_PINNED))
+    int which = unleased_list(o);
+    if (which == KVP_LIST_DISK || which == KVP_LIST_DISKIO)
+        list_push_tail(m, which, o);
+    else if (which == KVP_LIST_LRU)
         list_push_head(m, KVP_LIST_LRU, o);
 }
 
@@ -265,15 +308,40 @@ static void free_replica(kvp_master *m, const kvp_obj *o, const kvp_orep *r)
 
 enum { GONE_REMOVED, GONE_EVICTED, GONE_REVOKED, GONE_TIMEOUT };
 
-/* Removes an object entirely: list, replicas, index, record. */
+static void disk_cmd(kvp_master *m, uint32_t si, uint8_t what, const kvp_obj *o, uint32_t page,
+                     uint64_t gen);
+static void disk_forget(kvp_master *m, kvp_obj *o);
+static void quarantine(kvp_master *m, const kvp_obj *o, const kvp_orep *r);
+
+/* Removes an object entirely: list, replicas, index, record; and its disk
+ * record (FORGET), or what it has in flight there. */
 static void obj_destroy(kvp_master *m, kvp_obj *o, int why)
 {
     KVP_ASSERT(o->nrep <= o->rep_cap);
     KVP_ASSERT(m->tenant_nobj[o->tenant] > 0);
     list_unlink(m, o);
     kvp_orep *r = kvp_obj_reps(o);
-    for (unsigned i = 0; i < o->nrep; i++)
-        free_replica(m, o, &r[i]);
+    if (o->flags & KVP_OBJ_SPILLING) {
+        kvp_mseg *ds = m->segs[o->disk_seg];
+        KVP_ASSERT(ds->spill_pages >= kvp_pages(o->size) && m->stats[KVP_STAT_SPILLING] > 0);
+        ds->spill_pages -= kvp_pages(o->size);
+        m->spill_total -= kvp_pages(o->size);
+        m->stats[KVP_STAT_SPILLING]--;
+        /* the record, when it lands, is reported for an object no longer
+         * spilling: the answer to that report forgets it */
+    }
+    if (o->flags & KVP_OBJ_ONDISK)
+        disk_forget(m, o);
+    if (o->flags & KVP_OBJ_LOADING) {
+        KVP_ASSERT(o->nrep == 1 && r[0].seg == o->disk_seg);
+        kvp_mseg *ds = m->segs[o->disk_seg];
+        KVP_ASSERT(ds->load_pages >= kvp_pages(o->size));
+        ds->load_pages -= kvp_pages(o->size);
+        quarantine(m, o, &r[0]); /* the node may still be writing it */
+    } else {
+        for (unsigned i = 0; i < o->nrep; i++)
+            free_replica(m, o, &r[i]);
+    }
     kvp_index_remove(&m->ix, o);
     m->tenant_nobj[o->tenant]--;
     tenant_release_if_empty(m, o->tenant);
@@ -403,6 +471,7 @@ static int seg_find_name(const kvp_master *m, kvp_bytes name)
 
 static void seg_free(kvp_mseg *s)
 {
+    kvp_buf_free(&s->dq);
     kvp_free(s->freed);
     kvp_segalloc_destroy(s->alloc);
     kvp_free(s->name);
@@ -419,11 +488,56 @@ static void seg_unmount(kvp_master *m, uint32_t si)
 {
     kvp_mseg *s = m->segs[si];
     uint64_t dropped = 0;
+    for (uint32_t i = 0; i < m->nquar;) { /* the node is gone: nothing writes there */
+        if (m->quar[i].seg == si) {
+            quar q = m->quar[i];
+            m->quar[i] = m->quar[--m->nquar];
+            kvp_orep r = {q.seg, q.page, q.gen};
+            kvp_obj tmp = {.size = q.size};
+            m->quar_pages -= kvp_pages(q.size);
+            free_replica(m, &tmp, &r);
+        } else {
+            i++;
+        }
+    }
     kvp_index_settle(&m->ix);
-    for (uint64_t i = 0; s->nrep > 0 && i <= m->ix.mask; i++) {
+    for (uint64_t i = 0; (s->nrep > 0 || s->disk_objs > 0 || s->spill_pages > 0) &&
+                         i <= m->ix.mask;
+         i++) {
         kvp_obj *o = kvp_index_at(&m->ix, i);
         if (!o)
             continue;
+        if ((o->flags & (KVP_OBJ_ONDISK | KVP_OBJ_SPILLING | KVP_OBJ_LOADING)) &&
+            o->disk_seg == si) {
+            /* its disk record goes with the node: what DRAM holds stays */
+            int loading = (o->flags & KVP_OBJ_LOADING) != 0;
+            list_unlink(m, o);
+            if (o->flags & KVP_OBJ_ONDISK) {
+                KVP_ASSERT(s->disk_objs > 0 && s->disk_bytes >= o->size);
+                s->disk_objs--;
+                s->disk_bytes -= o->size;
+                m->stats[KVP_STAT_DISK_OBJECTS]--;
+                m->stats[KVP_STAT_DISK_BYTES] -= o->size;
+            }
+            if (o->flags & KVP_OBJ_SPILLING) {
+                s->spill_pages -= kvp_pages(o->size);
+                m->spill_total -= kvp_pages(o->size);
+                m->stats[KVP_STAT_SPILLING]--;
+            }
+            if (loading)
+                s->load_pages -= kvp_pages(o->size);
+            o->flags &= (uint8_t)~(KVP_OBJ_ONDISK | KVP_OBJ_SPILLING | KVP_OBJ_LOADING);
+            if (o->nrep == 0 || loading) { /* a staging copy is not readable */
+                dropped++;
+                obj_destroy(m, o, GONE_REMOVED);
+                i--;
+                continue;
+            }
+            if (o->aux == 0)
+                settle_unleased(m, o);
+            else
+                list_push_tail(m, KVP_LIST_LEASED, o);
+        }
         kvp_orep *r = kvp_obj_reps(o);
         unsigned k;
         for (k = 0; k < o->nrep && r[k].seg != si; k++)
@@ -445,9 +559,10 @@ static void seg_unmount(kvp_master *m, uint32_t si)
         memmove(&r[k], &r[k + 1], (o->nrep - k - 1) * sizeof *r);
         o->nrep--;
     }
-    KVP_ASSERT(s->nrep == 0); /* every replica here was dropped above */
+    KVP_ASSERT(s->nrep == 0 && s->disk_objs == 0 && s->spill_pages == 0 && s->load_pages == 0);
     KVP_ASSERT(m->cap_pages >= s->capacity >> 12 && m->nseg > 0);
     m->cap_pages -= s->capacity >> 12;
+    m->stats[KVP_STAT_DISK_CAPACITY] -= s->disk_cap;
     if (s->suspect) {
         KVP_ASSERT(m->nsuspect > 0);
         m->nsuspect--;
@@ -534,6 +649,7 @@ static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
     kvp_mseg *s = kvp_calloc(1, sizeof *s);
     if (!s)
         return KVP_ENOMEM;
+    kvp_buf_init(&s->dq, DQ_MAX + 65536);
     kvp_buf eb;
     kvp_buf_init(&eb, 64 * 1024);
     kvp_buf_u32(&eb, d->n_endpoints);
@@ -547,6 +663,7 @@ static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
     s->capacity = cap;
     s->secret = d->secret;
     s->epoch = d->epoch;
+    s->disk_cap = d->disk_capacity;
     s->owner = c;
     s->endpoints = eb.data;
     s->endpoints_len = (uint32_t)eb.len;
@@ -561,9 +678,10 @@ static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
     m->mounted[m->nseg++] = slot;
     m->cap_pages += cap >> 12;
     c->nseg++;
-    KVP_INFO(MOD, "segment %016llx (%s, %llu MiB) mounted by client %016llx",
+    m->stats[KVP_STAT_DISK_CAPACITY] += s->disk_cap;
+    KVP_INFO(MOD, "segment %016llx (%s, %llu MiB, SSD tier %llu MiB) mounted by client %016llx",
              (unsigned long long)s->id, s->name, (unsigned long long)(cap >> 20),
-             (unsigned long long)c->id);
+             (unsigned long long)(s->disk_cap >> 20), (unsigned long long)c->id);
     return 0;
 }
 
@@ -643,22 +761,165 @@ static void client_drop(kvp_master *m, kvp_mclient *c)
 
 /* ================================================ placement, eviction */
 
-/* Evicts the least recently used evictable object; returns the segment
- * slots it freed space on (count), or 0 if nothing is evictable. */
-static unsigned evict_one(kvp_master *m, uint32_t freed[KVP_MAX_REPLICAS])
+/* ========================================================== SSD tier */
+
+/* Queues one DISK_CMD entry for segment slot si's node (sent by
+ * kvp_master_push_freed). Callers of SPILL and LOAD checked disk_can_send. */
+static void disk_cmd_ent(kvp_master *m, uint32_t si, const kvp_disk_ent *ent)
+{
+    kvp_mseg *s = m->segs[si];
+    kvp_disk_ent e = *ent;
+    size_t mark = s->dq.len;
+    kvp_enc_disk_ent(&s->dq, &e);
+    if (s->dq.err) { /* only FORGET gets here unchecked: the record stays, unlisted */
+        s->dq.err = 0;
+        s->dq.len = mark;
+        m->freed_dropped++;
+        return;
+    }
+    s->dq_n++;
+    if (!s->dirty) {
+        s->dirty = 1;
+        m->dirty[m->ndirty++] = si;
+    }
+}
+
+static void disk_cmd(kvp_master *m, uint32_t si, uint8_t what, const kvp_obj *o, uint32_t page,
+                     uint64_t gen)
+{
+    const char *t = m->tenants[o->tenant];
+    kvp_disk_ent e = {what, 0, {(const uint8_t *)t, m->tenant_len[o->tenant]},
+                      {kvp_obj_key(o), o->keylen}, o->size, o->checksum, page, gen};
+    disk_cmd_ent(m, si, &e);
+}
+
+/* Can a command reach si's node now (a session, room in its queue)? */
+static int disk_can_send(const kvp_master *m, uint32_t si)
+{
+    const kvp_mseg *s = m->segs[si];
+    return s->disk_cap && s->owner && s->owner->notify && s->dq.len + 4096 + 2 * 65536 < DQ_MAX;
+}
+
+static void disk_unadopt(kvp_master *m, kvp_obj *o)
+{
+    KVP_ASSERT(o->flags & KVP_OBJ_ONDISK);
+    kvp_mseg *s = m->segs[o->disk_seg];
+    KVP_ASSERT(s->disk_objs > 0 && s->disk_bytes >= o->size);
+    s->disk_objs--;
+    s->disk_bytes -= o->size;
+    m->stats[KVP_STAT_DISK_OBJECTS]--;
+    m->stats[KVP_STAT_DISK_BYTES] -= o->size;
+    o->flags &= (uint8_t)~KVP_OBJ_ONDISK;
+}
+
+/* The object's disk record is no longer wanted: ONDISK cleared, counts
+ * adjusted, the node told to remove it (when it can be told). */
+static void disk_forget(kvp_master *m, kvp_obj *o)
+{
+    uint32_t si = o->disk_seg;
+    disk_unadopt(m, o);
+    if (m->segs[si]->owner && m->segs[si]->owner->notify)
+        disk_cmd(m, si, KVP_DISK_FORGET, o, 0, 0);
+}
+
+static void disk_adopt(kvp_master *m, kvp_obj *o, uint32_t si)
+{
+    kvp_mseg *s = m->segs[si];
+    o->flags |= KVP_OBJ_ONDISK;
+    o->disk_seg = si;
+    s->disk_objs++;
+    s->disk_bytes += o->size;
+    m->stats[KVP_STAT_DISK_OBJECTS]++;
+    m->stats[KVP_STAT_DISK_BYTES] += o->size;
+}
+
+static void quarantine(kvp_master *m, const kvp_obj *o, const kvp_orep *r)
+{
+    if (m->nquar == m->quar_cap) {
+        uint32_t cap = m->quar_cap ? m->quar_cap * 2 : 16;
+        quar *q = kvp_realloc(m->quar, cap * sizeof *q);
+        if (!q) { /* cannot remember it: the pages stay allocated until unmount */
+            KVP_WARN(MOD, "out of memory: %llu staging pages held until their segment goes",
+                     (unsigned long long)kvp_pages(o->size));
+            return;
+        }
+        m->quar = q;
+        m->quar_cap = cap;
+    }
+    m->quar[m->nquar++] = (quar){r->seg, r->page, r->gen, o->size};
+    m->quar_pages += kvp_pages(o->size);
+}
+
+/* Frees every DRAM replica of an object that has a disk record; it stays
+ * visible, served from disk. */
+static void drop_dram(kvp_master *m, kvp_obj *o)
+{
+    KVP_ASSERT((o->flags & KVP_OBJ_ONDISK) && !(o->flags & KVP_OBJ_LOADING) && o->aux == 0);
+    list_unlink(m, o);
+    kvp_orep *r = kvp_obj_reps(o);
+    for (unsigned i = 0; i < o->nrep; i++)
+        free_replica(m, o, &r[i]);
+    o->nrep = 0;
+    settle_unleased(m, o);
+}
+
+/* Starts writing o (an LRU victim) to disk from its replica k: 1 started,
+ * 0 that segment has no reachable SSD tier, -1 the tier is busy (enough
+ * being spilled there already: the caller waits for it). */
+static int spill_start(kvp_master *m, kvp_obj *o, unsigned k)
+{
+    kvp_orep *r = &kvp_obj_reps(o)[k];
+    kvp_mseg *s = m->segs[r->seg];
+    if (!s->disk_cap)
+        return 0;
+    if (!disk_can_send(m, r->seg))
+        return s->owner && s->owner->notify ? -1 : 0;
+    if (s->spill_pages >= SPILL_INFLIGHT)
+        return -1;
+    disk_cmd(m, r->seg, KVP_DISK_SPILL, o, r->page, wire_gen(s, r->gen));
+    list_unlink(m, o);
+    o->flags |= KVP_OBJ_SPILLING;
+    o->disk_seg = r->seg;
+    s->spill_pages += kvp_pages(o->size);
+    m->spill_total += kvp_pages(o->size);
+    m->stats[KVP_STAT_SPILLING]++;
+    settle_unleased(m, o);
+    return 1;
+}
+
+/*
+ * Evicts the least recently used evictable object. With `spill`, a victim
+ * on a segment with an SSD tier is written there instead of being dropped
+ * (it frees its DRAM once durable), and one that already has a disk record
+ * only loses its DRAM copy; without, the victim is removed (limits on the
+ * object count and metadata memory). Returns the number of segment slots it
+ * freed space on (in freed), 0 when a spill started (space comes later), or
+ * -1 when nothing is evictable now.
+ */
+static int evict_one(kvp_master *m, uint32_t freed[KVP_MAX_REPLICAS], int spill)
 {
     kvp_obj *o = m->lru.tail;
     if (!o)
-        return 0;
+        return -1;
     /* the LRU list holds exactly the evictable objects (master.h) */
     KVP_ASSERT(o->list == KVP_LIST_LRU && o->state == KVP_OBJ_COMPLETE && o->aux == 0 &&
-               !(o->flags & KVP_OBJ_PINNED));
+               !(o->flags & (KVP_OBJ_PINNED | KVP_OBJ_SPILLING | KVP_OBJ_LOADING)));
     unsigned n = o->nrep;
     kvp_orep *r = kvp_obj_reps(o);
+    if (spill && !(o->flags & KVP_OBJ_ONDISK)) {
+        for (unsigned i = 0; i < n; i++) {
+            int st = spill_start(m, o, i);
+            if (st)
+                return st > 0 ? 0 : -1;
+        }
+    }
     for (unsigned i = 0; i < n; i++)
         freed[i] = r[i].seg;
-    obj_destroy(m, o, GONE_EVICTED);
-    return n;
+    if (spill && (o->flags & KVP_OBJ_ONDISK))
+        drop_dram(m, o);
+    else
+        obj_destroy(m, o, GONE_EVICTED);
+    return (int)n;
 }
 
 static int used_seg(const kvp_orep *reps, unsigned n, uint32_t seg)
@@ -751,13 +1012,24 @@ static int place_one(kvp_master *m, uint32_t np, int pref, kvp_orep *reps, unsig
         could_fit = !used_seg(reps, have, m->mounted[i]) && !avoid(m, sg) &&
                     kvp_segalloc_free_pages(sg->alloc) + sg->lru_pages >= np;
     }
-    if (!could_fit)
+    if (!could_fit) {
+        if (m->stats[KVP_STAT_SPILLING] > 0)
+            m->stats[KVP_STAT_SPILL_PRESSURE]++;
         return KVP_ENO_AVAILABLE_HANDLE;
-    /* inline eviction: puts keep succeeding while anything is evictable */
+    }
+    /* inline eviction: puts keep succeeding while anything is evictable;
+     * victims being spilled free their room later, so once as much is on
+     * its way to disk as this replica needs, the answer is -200 (the
+     * writer's cue to back off) rather than spilling the whole cache */
     uint32_t freed[KVP_MAX_REPLICAS];
-    unsigned nf;
-    while ((nf = evict_one(m, freed)) > 0) {
-        for (unsigned i = 0; i < nf; i++) {
+    int nf;
+    uint64_t before = m->spill_total;
+    while ((nf = evict_one(m, freed, 1)) >= 0) {
+        if (nf == 0 && m->spill_total - before >= np) {
+            m->stats[KVP_STAT_SPILL_PRESSURE]++;
+            return KVP_ENO_AVAILABLE_HANDLE;
+        }
+        for (unsigned i = 0; i < (unsigned)nf; i++) {
             if (used_seg(reps, have, freed[i]))
                 continue;
             rc = try_alloc(m, freed[i], np, &reps[have]);
@@ -769,7 +1041,8 @@ static int place_one(kvp_master *m, uint32_t np, int pref, kvp_orep *reps, unsig
     return nomem ? KVP_ENOMEM : KVP_ENO_AVAILABLE_HANDLE;
 }
 
-/* Background eviction above the high watermark, down to the low one. */
+/* Background eviction above the high watermark, down to the low one
+ * (counting room that spills in flight will free). */
 static unsigned evict_background(kvp_master *m, unsigned budget)
 {
     if (m->cap_pages == 0 || (double)m->used_pages <= m->cfg.evict_high * (double)m->cap_pages)
@@ -777,7 +1050,8 @@ static unsigned evict_background(kvp_master *m, unsigned budget)
     double low = m->cfg.evict_low * (double)m->cap_pages;
     unsigned n = 0;
     uint32_t freed[KVP_MAX_REPLICAS];
-    while (n < budget && (double)m->used_pages > low && evict_one(m, freed))
+    while (n < budget && (double)(m->used_pages - m->spill_total) > low &&
+           evict_one(m, freed, 1) >= 0)
         n++;
     return n;
 }
@@ -1175,13 +1449,14 @@ static void op_put_start(req *q)
             r.status = KVP_EOBJECT_ALREADY_EXISTS;
         } else if ((r.status = kvp_index_reserve(&m->ix)) == 0) {
             uint32_t freed[KVP_MAX_REPLICAS];
-            while (m->cfg.max_objects && m->ix.count >= m->cfg.max_objects && evict_one(m, freed))
+            while (m->cfg.max_objects && m->ix.count >= m->cfg.max_objects &&
+                   evict_one(m, freed, 0) >= 0)
                 ;
             if (m->cfg.max_objects && m->ix.count >= m->cfg.max_objects)
                 r.status = KVP_ENO_AVAILABLE_HANDLE;
             /* metadata memory: evict the oldest objects, as for space */
             while (r.status == 0 && kvp_mem_used() > m->cfg.max_master_memory &&
-                   evict_one(m, freed))
+                   evict_one(m, freed, 0) >= 0)
                 ;
             if (r.status == 0 && kvp_mem_used() > m->cfg.max_master_memory)
                 r.status = KVP_ENO_AVAILABLE_HANDLE;
@@ -1513,6 +1788,259 @@ static void op_remove(req *q)
 }
 
 
+/*
+ * A GET of an object only on disk: a staging allocation on the disk node's
+ * segment (evicting there if needed, at most LOAD_EVICT_MAX victims), and a
+ * LOAD command; the node fills it and reports LOADED, and from then on the
+ * object is read like any other, from DRAM (the copy stays there: it is the
+ * promotion, and evicting it later costs no write). Loads in flight may
+ * stage at most 1/LOAD_SHARE of the segment. The answer for now is
+ * OBJECT_LOADING: the client asks again shortly.
+ */
+static int32_t load_start(kvp_master *m, kvp_obj *o)
+{
+    KVP_ASSERT(o->list == KVP_LIST_DISK && o->nrep == 0 && o->rep_cap >= 1);
+    uint32_t si = o->disk_seg;
+    kvp_mseg *s = m->segs[si];
+    uint32_t np = kvp_pages(o->size);
+    if (!disk_can_send(m, si) ||
+        (s->load_pages > 0 && s->load_pages + np > (s->capacity >> 12) / LOAD_SHARE))
+        return KVP_EOBJECT_LOADING; /* the node is busy or away: ask again */
+    kvp_orep rep;
+    uint32_t freed[KVP_MAX_REPLICAS];
+    int rc = try_alloc(m, si, np, &rep);
+    uint64_t before = s->spill_pages;
+    for (int k = 0; rc == KVP_ENO_AVAILABLE_HANDLE && k < LOAD_EVICT_MAX; k++) {
+        int nf = evict_one(m, freed, 1);
+        if (nf < 0 || s->spill_pages - before >= np)
+            break; /* nothing to evict, or enough on its way to disk */
+        for (int i = 0; i < nf; i++)
+            if (freed[i] == si) {
+                rc = try_alloc(m, si, np, &rep);
+                break;
+            }
+    }
+    if (rc)
+        return rc == KVP_ENOMEM ? KVP_ENOMEM : KVP_EOBJECT_LOADING;
+    list_unlink(m, o);
+    kvp_obj_reps(o)[0] = rep;
+    o->nrep = 1;
+    o->flags |= KVP_OBJ_LOADING;
+    s->load_pages += np;
+    disk_cmd(m, si, KVP_DISK_LOAD, o, rep.page, wire_gen(s, rep.gen));
+    settle_unleased(m, o);
+    m->stats[KVP_STAT_DISK_HITS]++;
+    return KVP_EOBJECT_LOADING;
+}
+
+/* ------------------------------------------------------- DISK_REPORT */
+
+static int has_replica_gen(const kvp_master *m, kvp_obj *o, uint32_t si, uint64_t gen)
+{
+    const kvp_orep *r = kvp_obj_reps(o);
+    for (unsigned k = 0; k < o->nrep; k++)
+        if (r[k].seg == si && wire_gen(m->segs[si], r[k].gen) == gen)
+            return 1;
+    return 0;
+}
+
+static void forget_ent(kvp_master *m, uint32_t si, const kvp_disk_ent *e)
+{
+    kvp_disk_ent f = {KVP_DISK_FORGET, 0, e->tenant, e->key, e->size, e->checksum, 0, 0};
+    disk_cmd_ent(m, si, &f);
+}
+
+/* A spill finished: durable (the DRAM copies go, unless a reader holds a
+ * lease: then they stay until it ends) or failed (the victim is dropped,
+ * as it would have been without a disk tier). A record of an object that
+ * is gone, or is another value by now, is forgotten. */
+static void rep_spilled(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent *e)
+{
+    kvp_mseg *s = m->segs[si];
+    if (!o || o->state != KVP_OBJ_COMPLETE || !(o->flags & KVP_OBJ_SPILLING) ||
+        o->disk_seg != si || o->checksum != e->checksum || o->size != e->size ||
+        !has_replica_gen(m, o, si, e->generation)) {
+        if (e->status == 0)
+            forget_ent(m, si, e);
+        return;
+    }
+    uint32_t np = kvp_pages(o->size);
+    KVP_ASSERT(s->spill_pages >= np && m->spill_total >= np && m->stats[KVP_STAT_SPILLING] > 0);
+    s->spill_pages -= np;
+    m->spill_total -= np;
+    m->stats[KVP_STAT_SPILLING]--;
+    o->flags &= (uint8_t)~KVP_OBJ_SPILLING;
+    if (e->status == 0) {
+        m->stats[KVP_STAT_SPILLS]++;
+        disk_adopt(m, o, si);
+        if (o->list == KVP_LIST_DISKIO)
+            drop_dram(m, o);
+        return;
+    }
+    m->stats[KVP_STAT_SPILL_FAILS]++;
+    KVP_DEBUG(MOD, "spill of a %llu-byte object to segment %016llx failed: %s",
+              (unsigned long long)o->size, (unsigned long long)s->id, kvp_strerror(e->status));
+    if (o->list == KVP_LIST_DISKIO)
+        obj_destroy(m, o, GONE_EVICTED);
+}
+
+static void quar_release(kvp_master *m, uint32_t si, uint64_t gen)
+{
+    for (uint32_t i = 0; i < m->nquar; i++) {
+        quar q = m->quar[i];
+        if (q.seg != si || wire_gen(m->segs[si], q.gen) != gen)
+            continue;
+        m->quar[i] = m->quar[--m->nquar];
+        kvp_orep r = {q.seg, q.page, q.gen};
+        kvp_obj tmp = {.size = q.size};
+        m->quar_pages -= kvp_pages(q.size);
+        free_replica(m, &tmp, &r);
+        return;
+    }
+}
+
+/* A load finished: the staging copy is the object's DRAM replica now, or
+ * it is freed; a record the node could not read (gone, corrupt) takes the
+ * object with it -- reported missing, never served. */
+static void rep_loaded(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent *e)
+{
+    kvp_mseg *s = m->segs[si];
+    if (!o || !(o->flags & KVP_OBJ_LOADING) || o->disk_seg != si ||
+        !has_replica_gen(m, o, si, e->generation)) {
+        quar_release(m, si, e->generation);
+        return;
+    }
+    uint32_t np = kvp_pages(o->size);
+    KVP_ASSERT(o->nrep == 1 && o->list == KVP_LIST_DISKIO && s->load_pages >= np);
+    s->load_pages -= np;
+    o->flags &= (uint8_t)~KVP_OBJ_LOADING;
+    list_unlink(m, o);
+    if (e->status == 0) {
+        m->stats[KVP_STAT_LOADS]++;
+        settle_unleased(m, o);
+        return;
+    }
+    m->stats[KVP_STAT_LOAD_FAILS]++;
+    free_replica(m, o, &kvp_obj_reps(o)[0]);
+    o->nrep = 0;
+    int32_t st = e->status;
+    if (st == KVP_EOBJECT_NOT_FOUND || st == KVP_ECHECKSUM_MISMATCH || st == KVP_EIO ||
+        st == KVP_EBUFFER_OVERFLOW || !(o->flags & KVP_OBJ_ONDISK)) {
+        KVP_WARN(MOD, "load of a %llu-byte object from segment %016llx failed (%s): removed",
+                 (unsigned long long)o->size, (unsigned long long)s->id, kvp_strerror(st));
+        obj_destroy(m, o, GONE_REMOVED);
+        return;
+    }
+    settle_unleased(m, o); /* a passing failure: the next GET tries again */
+}
+
+/* A durable record the node holds (after its mount): the object it is --
+ * one the master knows with the same value, or a new one only on disk. */
+static void rep_have(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent *e)
+{
+    if (o) {
+        if (o->state == KVP_OBJ_COMPLETE && o->checksum == e->checksum && o->size == e->size) {
+            if (o->flags & KVP_OBJ_SPILLING)
+                return; /* its own spill reports it */
+            if ((o->flags & KVP_OBJ_ONDISK) && o->disk_seg == si)
+                return;
+            if (o->flags & KVP_OBJ_LOADING)
+                return; /* staged from another record; keep that one */
+            if (o->flags & KVP_OBJ_ONDISK)
+                disk_unadopt(m, o); /* a restarted node took over the record */
+            disk_adopt(m, o, si);
+            m->stats[KVP_STAT_DISK_REGISTERED]++;
+            return;
+        }
+        forget_ent(m, si, e); /* another value under the key (or one being written) */
+        return;
+    }
+    if (e->size == 0 || e->size > m->cfg.max_object_size ||
+        (m->cfg.max_objects && m->ix.count >= m->cfg.max_objects) ||
+        kvp_mem_used() > m->cfg.max_master_memory)
+        return; /* not registered now; the record stays for a later mount */
+    int tenant = tenant_get(m, e->tenant);
+    if (tenant < 0)
+        return;
+    kvp_obj *n = NULL;
+    if (kvp_index_reserve(&m->ix) == 0)
+        n = kvp_salloc(kvp_obj_bytes((uint16_t)e->key.len, 1));
+    if (!n) {
+        tenant_release_if_empty(m, tenant);
+        return;
+    }
+    memset(n, 0, sizeof *n);
+    n->size = e->size;
+    n->checksum = e->checksum;
+    n->tenant = (uint16_t)tenant;
+    n->keylen = (uint16_t)e->key.len;
+    n->state = KVP_OBJ_COMPLETE;
+    n->rep_cap = 1;
+    n->lease_seq = ++m->lease_seq;
+    memcpy((uint8_t *)(n + 1), e->key.p, e->key.len);
+    kvp_index_insert(&m->ix, kvp_index_hash((uint16_t)tenant, e->key.p, e->key.len), n);
+    m->tenant_nobj[tenant]++;
+    m->stats[KVP_STAT_OBJECTS]++;
+    m->stats[KVP_STAT_BYTES] += n->size;
+    m->stats[KVP_STAT_DISK_REGISTERED]++;
+    disk_adopt(m, n, si);
+    settle_unleased(m, n);
+}
+
+/* The tier dropped a record (for room, or corrupt): an object left with no
+ * copy is gone. */
+static void rep_gone(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent *e)
+{
+    if (!o || !(o->flags & KVP_OBJ_ONDISK) || o->disk_seg != si || o->checksum != e->checksum)
+        return;
+    m->stats[KVP_STAT_DISK_DROPPED]++;
+    disk_unadopt(m, o);
+    if (o->nrep == 0)
+        obj_destroy(m, o, GONE_EVICTED);
+    /* a LOADING object learns it from its load's failure */
+}
+
+/*
+ * DISK_REPORT (ONEWAY, from the node that owns the segment): outcomes of
+ * the master's DISK_CMDs and the records the node holds. Answered only when
+ * the body cannot be decoded, or when sent as a request.
+ */
+static void op_disk_report(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_disk d;
+    if (kvp_dec_disk(q->body, q->h->body_len, &m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int oneway = (q->h->flags & KVP_FLAG_ONEWAY) != 0;
+    int si = seg_find_id(m, d.segment_id);
+    if (si < 0 || m->segs[si]->owner != q->s->client || !m->segs[si]->disk_cap) {
+        if (!oneway)
+            reply_status(q, si < 0 ? KVP_ESEGMENT_NOT_FOUND : KVP_EILLEGAL_CLIENT);
+        return;
+    }
+    for (uint32_t i = 0; i < d.n && m->segs[si]; i++) {
+        const kvp_disk_ent *e = &d.e[i];
+        if (!key_ok(m, e->key) || e->tenant.len > 255)
+            continue;
+        int tenant = tenant_find(m, e->tenant);
+        kvp_obj *o = NULL;
+        if (tenant >= 0)
+            o = kvp_index_find(&m->ix, kvp_index_hash((uint16_t)tenant, e->key.p, e->key.len),
+                               (uint16_t)tenant, e->key.p, e->key.len);
+        switch (e->what) {
+        case KVP_DISK_SPILLED: rep_spilled(m, (uint32_t)si, o, e); break;
+        case KVP_DISK_LOADED: rep_loaded(m, (uint32_t)si, o, e); break;
+        case KVP_DISK_HAVE: rep_have(m, (uint32_t)si, o, e); break;
+        case KVP_DISK_GONE: rep_gone(m, (uint32_t)si, o, e); break;
+        default: break; /* commands are not reports */
+        }
+    }
+    if (!oneway)
+        reply_status(q, 0);
+}
+
 static void op_get(req *q)
 {
     kvp_master *m = q->m;
@@ -1542,6 +2070,10 @@ static void op_get(req *q)
         if (!o || o->state != KVP_OBJ_COMPLETE) {
             r.status = o ? KVP_EREPLICA_IS_NOT_READY : KVP_EOBJECT_NOT_FOUND;
             m->stats[KVP_STAT_MISSES]++;
+        } else if (o->flags & KVP_OBJ_LOADING) {
+            r.status = KVP_EOBJECT_LOADING;
+        } else if (o->nrep == 0) {
+            r.status = load_start(m, o);
         } else {
             lease_grant(m, o, q->now);
             m->stats[KVP_STAT_HITS]++;
@@ -1807,6 +2339,7 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
         case KVP_OP_SEGMENT_INFO: op_seg_info(&q); break;
         case KVP_OP_REPLICA_BAD: op_replica_bad(&q); break;
         case KVP_OP_SEG_FAILING: op_seg_failing(&q); break;
+        case KVP_OP_DISK_REPORT: op_disk_report(&q); break;
         default: reply_status(&q, KVP_EUNKNOWN_OP); break;
         }
     }
@@ -1955,6 +2488,7 @@ void kvp_master_destroy(kvp_master *m)
     kvp_free(m->tenants);
     kvp_free(m->tenant_len);
     kvp_free(m->tenant_nobj);
+    kvp_free(m->quar);
     if (m->tcreds)
         memset(m->tcreds, 0, m->ntcreds * sizeof *m->tcreds);
     kvp_free(m->tcreds);
@@ -1995,22 +2529,47 @@ void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms)
 
 int kvp_master_sess_dead(const kvp_msess *s) { return s->client && s->client->dropped; }
 
+/* Sends si's queued DISK_CMD entries in one frame; 0, or -1 when they
+ * could not go now (they stay queued: a spill or load waits for them). */
+static int push_disk(kvp_master *m, uint32_t si, kvp_buf *out)
+{
+    kvp_mseg *s = m->segs[si];
+    if (!out)
+        return -1;
+    size_t mark = out->len;
+    size_t off = kvp_frame_begin(out, KVP_OP_DISK_CMD, KVP_FLAG_ONEWAY, 0, 0);
+    kvp_buf_u64(out, s->id);
+    kvp_buf_u32(out, s->dq_n);
+    kvp_buf_put(out, s->dq.data, s->dq.len);
+    kvp_frame_end(out, off);
+    if (out->err) {
+        out->err = 0;
+        out->len = mark;
+        return -1;
+    }
+    s->dq.len = 0;
+    s->dq_n = 0;
+    kvp_buf_shrink(&s->dq, 65536);
+    return 0;
+}
+
 void kvp_master_push_freed(kvp_master *m, kvp_buf *(*out_for)(kvp_msess *s, void *ctx),
                            void *ctx)
 {
-    while (m->ndirty > 0) {
-        uint32_t si = m->dirty[--m->ndirty];
+    uint32_t n = m->ndirty, keep = 0;
+    for (uint32_t d = 0; d < n; d++) {
+        uint32_t si = m->dirty[d];
         kvp_mseg *s = m->segs[si];
         s->dirty = 0;
         kvp_msess *to = s->owner ? s->owner->notify : NULL;
         kvp_buf *out = to ? out_for(to, ctx) : NULL;
-        if (!out) {
+        if (s->nfreed && !out) {
             m->freed_dropped += s->nfreed;
-        } else {
+        } else if (s->nfreed) {
             size_t mark = out->len;
             for (uint32_t at = 0; at < s->nfreed; at += FREED_PER_FRAME) {
-                uint32_t n = s->nfreed - at < FREED_PER_FRAME ? s->nfreed - at : FREED_PER_FRAME;
-                kvp_msg_seg_freed f = {s->id, n, s->freed + at};
+                uint32_t k = s->nfreed - at < FREED_PER_FRAME ? s->nfreed - at : FREED_PER_FRAME;
+                kvp_msg_seg_freed f = {s->id, k, s->freed + at};
                 size_t off = kvp_frame_begin(out, KVP_OP_SEG_FREED, KVP_FLAG_ONEWAY, 0, 0);
                 kvp_enc_seg_freed(out, &f);
                 kvp_frame_end(out, off);
@@ -2022,7 +2581,14 @@ void kvp_master_push_freed(kvp_master *m, kvp_buf *(*out_for)(kvp_msess *s, void
             }
         }
         s->nfreed = 0;
+        /* SSD tier commands are never dropped: a spill or a load waits for
+         * its command, so those that cannot go now stay for the next turn */
+        if (s->dq_n && push_disk(m, si, out) != 0) {
+            s->dirty = 1;
+            m->dirty[keep++] = si; /* keep <= d: not yet visited slots are untouched */
+        }
     }
+    m->ndirty = keep;
 }
 
 void kvp_master_stats(const kvp_master *m, uint64_t out[KVP_STAT__COUNT])
@@ -2053,8 +2619,11 @@ int kvp_master_check(const kvp_master *m)
     uint64_t listed = 0, n = 0, none = 0, used = 0;
     if (check_list(&m->pending, KVP_LIST_PENDING, &listed) ||
         check_list(&m->leased, KVP_LIST_LEASED, &listed) ||
-        check_list(&m->lru, KVP_LIST_LRU, &listed))
+        check_list(&m->lru, KVP_LIST_LRU, &listed) ||
+        check_list(&m->diskio, KVP_LIST_DISKIO, &listed) ||
+        check_list(&m->disk, KVP_LIST_DISK, &listed))
         return -1;
+    uint64_t disk_objs = 0, spill = 0;
     uint64_t total = m->ix.mask + 1 + (m->ix.old ? m->ix.old_mask + 1 : 0);
     for (uint64_t t = 0; t < total; t++) { /* current table, then a draining one */
         uint64_t sv = t <= m->ix.mask ? m->ix.slots[t] : m->ix.old[t - m->ix.mask - 1];
@@ -2068,13 +2637,21 @@ int kvp_master_check(const kvp_master *m)
         n++;
         int want = o->state == KVP_OBJ_PENDING ? KVP_LIST_PENDING
                    : o->aux > 0                ? KVP_LIST_LEASED
-                   : (o->flags & KVP_OBJ_PINNED) ? KVP_LIST_NONE
-                                                  : KVP_LIST_LRU;
+                                               : unleased_list(o);
         if (o->list != want)
             return -2;
         none += want == KVP_LIST_NONE;
-        if (o->nrep == 0 || o->nrep > o->rep_cap)
+        if ((o->nrep == 0 && !(o->flags & KVP_OBJ_ONDISK)) || o->nrep > o->rep_cap)
             return -3;
+        if (o->flags & (KVP_OBJ_ONDISK | KVP_OBJ_SPILLING | KVP_OBJ_LOADING)) {
+            if (o->disk_seg >= m->cfg.max_segments || !m->segs[o->disk_seg] ||
+                !m->segs[o->disk_seg]->disk_cap)
+                return -11;
+            disk_objs += (o->flags & KVP_OBJ_ONDISK) != 0;
+            spill += (o->flags & KVP_OBJ_SPILLING) ? kvp_pages(o->size) : 0;
+            if ((o->flags & KVP_OBJ_ONDISK) && (o->flags & KVP_OBJ_SPILLING))
+                return -12;
+        }
         const kvp_orep *r = kvp_obj_reps((kvp_obj *)o);
         for (unsigned k = 0; k < o->nrep; k++) {
             if (r[k].seg >= m->cfg.max_segments || !m->segs[r[k].seg])
@@ -2082,8 +2659,10 @@ int kvp_master_check(const kvp_master *m)
             used += kvp_pages(o->size);
         }
     }
-    if (n != m->ix.count || listed + none != n || used != m->used_pages)
+    if (n != m->ix.count || listed + none != n || used + m->quar_pages != m->used_pages)
         return -5;
+    if (disk_objs != m->stats[KVP_STAT_DISK_OBJECTS] || spill != m->spill_total)
+        return -13;
     uint64_t seg_used = 0;
     for (uint32_t i = 0; i < m->cfg.max_segments; i++) {
         if (!m->segs[i])

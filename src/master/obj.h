@@ -2,8 +2,8 @@
  * obj.h -- the master's object record (internal to src/master).
  *
  * One record per object, allocated with kvp_salloc in one piece:
- *   [struct kvp_obj 56 B][key bytes][pad to 4][kvp_orep x rep_cap]
- * For a 100-byte key and one replica that is 168 bytes (176 with malloc's
+ *   [struct kvp_obj 64 B][key bytes][pad to 4][kvp_orep x rep_cap]
+ * For a 100-byte key and one replica that is 176 bytes (184 with malloc's
  * overhead), the bulk of the <= 200 B/object budget (DESIGN §3).
  *
  * Field ownership: the master loop thread only.
@@ -16,9 +16,23 @@
 #include <string.h>
 
 enum { KVP_OBJ_PENDING = 1, KVP_OBJ_COMPLETE = 2 };
-enum { KVP_OBJ_PINNED = 0x1 };
+/*
+ * Flags. The SSD tier (master.h): ONDISK = segment slot disk_seg's node holds
+ * a durable disk record of the object; SPILLING = that node is writing one
+ * from the DRAM replica on disk_seg (the replicas stay until it is durable);
+ * LOADING = the only replica is a staging allocation on disk_seg the node is
+ * filling from its disk record (not readable until it reports LOADED).
+ */
+enum { KVP_OBJ_PINNED = 0x1, KVP_OBJ_ONDISK = 0x2, KVP_OBJ_SPILLING = 0x4, KVP_OBJ_LOADING = 0x8 };
 /* which list the prev/next links belong to */
-enum { KVP_LIST_NONE = 0, KVP_LIST_PENDING, KVP_LIST_LEASED, KVP_LIST_LRU };
+enum {
+    KVP_LIST_NONE = 0,
+    KVP_LIST_PENDING,
+    KVP_LIST_LEASED,
+    KVP_LIST_LRU,
+    KVP_LIST_DISKIO, /* unleased, SPILLING or LOADING: waiting for the node */
+    KVP_LIST_DISK,   /* unleased, no DRAM replica, ONDISK: only on disk */
+};
 
 /* One replica: allocation of npages(size) pages at `page` in segment slot
  * `seg`, generation `gen` of that segment's allocator. */
@@ -43,8 +57,9 @@ typedef struct kvp_obj {
     uint8_t state;               /* KVP_OBJ_PENDING / KVP_OBJ_COMPLETE */
     uint8_t nrep;                /* replicas in use */
     uint8_t rep_cap;             /* replicas allocated in the record */
-    uint8_t flags : 4;           /* KVP_OBJ_PINNED */
+    uint8_t flags : 4;           /* KVP_OBJ_* */
     uint8_t list : 4;            /* KVP_LIST_* */
+    uint32_t disk_seg;           /* ONDISK / SPILLING / LOADING: the node's segment slot */
 } kvp_obj;
 
 static inline const uint8_t *kvp_obj_key(const kvp_obj *o) { return (const uint8_t *)(o + 1); }

@@ -215,7 +215,7 @@ static int link_mount(kvp_node *n, char *err, size_t errlen)
      * takes this one, above every earlier, so its generations are too */
     kvp_seg_desc d = {n->seg_id, {(const uint8_t *)n->name, (uint32_t)strlen(n->name)},
                       kvp_segment_size(n->seg), n->unix_path[0] ? 2 : 1, eps, n->secret,
-                      ++n->epoch};
+                      ++n->epoch, 0};
     kvp_msg_mount m = {1, &d};
     uint8_t body[2048];
     kvp_buf b = {body, 0, sizeof body, sizeof body, 0};

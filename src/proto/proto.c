@@ -24,7 +24,7 @@
 #define MIN_KEY (MIN_BYTES + 1)                 /* keys are 1..max_key bytes */
 #define MIN_ENDPOINT (2 * MIN_BYTES)            /* transport, addr */
 #define MIN_SEG (8 + MIN_BYTES + 8 + 4)         /* id, name, capacity, n_endpoints */
-#define MIN_MOUNT_SEG (MIN_SEG + 12)            /* + secret, epoch */
+#define MIN_MOUNT_SEG (MIN_SEG + 20)            /* + secret, epoch, disk capacity */
 #define MIN_SEG_STAT (8 + MIN_BYTES + 4 * 8)    /* id, name, capacity, used, objects, free */
 #define MIN_STATUS 4u                           /* a result that is only an error code */
 #define MAX_ENDPOINTS 16
@@ -38,7 +38,9 @@ const char *kvp_stat_name(unsigned i)
         "objects", "bytes",       "capacity",     "used",        "hits",
         "misses",  "evictions",   "evicted_bytes", "leases",     "pending",
         "clients", "segments",    "put_timeouts", "put_revoked", "clients_expired",
-        "requests", "bad_frames", "bad_replicas"};
+        "requests", "bad_frames", "bad_replicas", "disk_capacity", "disk_objects",
+        "disk_bytes", "spilling", "spills", "spill_fails", "disk_hits", "loads",
+        "load_fails", "disk_dropped", "disk_registered", "spill_pressure"};
     return i < KVP_STAT__COUNT ? names[i] : "unknown";
 }
 
@@ -350,6 +352,7 @@ void kvp_enc_mount(kvp_buf *b, const kvp_msg_mount *m)
         wr_seg(b, &m->segs[i]);
         kvp_buf_u64(b, m->segs[i].secret);
         kvp_buf_u32(b, m->segs[i].epoch);
+        kvp_buf_u64(b, m->segs[i].disk_capacity);
     }
 }
 
@@ -365,6 +368,7 @@ int kvp_dec_mount(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp
             return KVP_ENOMEM;
         m->segs[i].secret = kvp_rd_u64(&r);
         m->segs[i].epoch = kvp_rd_u32(&r);
+        m->segs[i].disk_capacity = kvp_rd_u64(&r);
     }
     DEC_END;
 }
@@ -794,6 +798,50 @@ int kvp_dec_seg_freed(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
         m->freed[i].page = kvp_rd_u32(&r);
         m->freed[i].pages = kvp_rd_u32(&r);
         m->freed[i].generation = kvp_rd_u64(&r);
+    }
+    DEC_END;
+}
+
+void kvp_enc_disk_ent(kvp_buf *b, const kvp_disk_ent *e)
+{
+    kvp_buf_u8(b, e->what);
+    kvp_buf_u32(b, (uint32_t)e->status);
+    wr_bytes(b, e->tenant);
+    wr_bytes(b, e->key);
+    kvp_buf_u64(b, e->size);
+    kvp_buf_u64(b, e->checksum);
+    kvp_buf_u32(b, e->page);
+    kvp_buf_u64(b, e->generation);
+}
+
+void kvp_enc_disk(kvp_buf *b, const kvp_msg_disk *m)
+{
+    kvp_buf_u64(b, m->segment_id);
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++)
+        kvp_enc_disk_ent(b, &m->e[i]);
+}
+
+int kvp_dec_disk(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                 kvp_msg_disk *m)
+{
+    DEC_BEGIN;
+    m->segment_id = kvp_rd_u64(&r);
+    m->n = kvp_rd_count(&r, l->max_batch, KVP_DISK_ENT_FIXED + 1);
+    if (!ALLOC_ARRAY(a, m->e, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n && !r.err; i++) {
+        kvp_disk_ent *e = &m->e[i];
+        e->what = kvp_rd_u8(&r);
+        e->status = (int32_t)kvp_rd_u32(&r);
+        e->tenant = kvp_rd_bytes(&r, l->max_str);
+        e->key = rd_key(&r, l);
+        e->size = kvp_rd_u64(&r);
+        e->checksum = kvp_rd_u64(&r);
+        e->page = kvp_rd_u32(&r);
+        e->generation = kvp_rd_u64(&r);
+        if (e->what < KVP_DISK_SPILL || e->what > KVP_DISK_GONE)
+            rd_fail(&r);
     }
     DEC_END;
 }

@@ -66,7 +66,9 @@
     XX(REMOVE_REGEX, 19, "remove a tenant's keys matching a POSIX extended regex") \
     XX(SEG_FREED, 20, "master -> node: freed allocations; their descriptors are revoked") \
     XX(REPLICA_BAD, 21, "a reader found replicas corrupt: the master drops them") \
-    XX(SEG_FAILING, 22, "a client could not reach segments: no placement there until they heartbeat")
+    XX(SEG_FAILING, 22, "a client could not reach segments: no placement there until they heartbeat") \
+    XX(DISK_CMD, 23, "master -> node: spill replicas to the SSD tier, load them back, forget records") \
+    XX(DISK_REPORT, 24, "node -> master: spills durable, loads done, records held (after a mount), dropped")
 
 enum kvp_op {
 #define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
@@ -172,6 +174,8 @@ typedef struct kvp_seg_desc {
                           high half of generations of a fresh mount (a
                           remount of a segment the master holds keeps its
                           epoch) */
+    uint64_t disk_capacity; /* MOUNT_SEGMENT only: bytes of the node's SSD tier,
+                               0 = none (victims are dropped, not spilled) */
 } kvp_seg_desc;
 
 /* SEG_FAILING (ONEWAY): segment ids a client's transfers failed on (kvp_msg_ids). */
@@ -346,6 +350,19 @@ enum kvp_stat {
     KVP_STAT_REQUESTS,       /* frames served */
     KVP_STAT_BAD_FRAMES,     /* frames refused as malformed */
     KVP_STAT_BAD_REPLICAS,   /* replicas dropped after a reader's checksum mismatch */
+    /* the SSD tier */
+    KVP_STAT_DISK_CAPACITY,  /* sum of mounted nodes' SSD tier bytes */
+    KVP_STAT_DISK_OBJECTS,   /* objects with a durable disk record */
+    KVP_STAT_DISK_BYTES,     /* their bytes */
+    KVP_STAT_SPILLING,       /* objects being written to disk now */
+    KVP_STAT_SPILLS,         /* DRAM victims made durable on disk */
+    KVP_STAT_SPILL_FAILS,    /* spills the node could not do (the victim was dropped) */
+    KVP_STAT_DISK_HITS,      /* GETs of objects only on disk (a load started) */
+    KVP_STAT_LOADS,          /* loads back into DRAM done (promotions) */
+    KVP_STAT_LOAD_FAILS,     /* loads that failed (record gone or corrupt: object dropped) */
+    KVP_STAT_DISK_DROPPED,   /* records the disk tier dropped (room, corruption) */
+    KVP_STAT_DISK_REGISTERED,/* records a node reported after mounting (warm restart) */
+    KVP_STAT_SPILL_PRESSURE, /* put replicas refused (-200) while spills free the room */
     KVP_STAT__COUNT
 };
 /* Name of a counter ("objects", "hits", ...), as `kvpool stat --json` prints it. */
@@ -417,6 +434,51 @@ typedef struct kvp_msg_seg_freed {
 void kvp_enc_seg_freed(kvp_buf *b, const kvp_msg_seg_freed *m);
 int kvp_dec_seg_freed(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
                       kvp_msg_seg_freed *m);
+
+/*
+ * The SSD tier's traffic between the master and a node (node/disk.h), both
+ * ONEWAY: DISK_CMD unsolicited on the node's master connection, DISK_REPORT
+ * from the node as a request. Body: u64 segment_id (the node's), u32 n, then
+ * n x (u8 what, i32 status, bytes tenant, bytes key, u64 size, u64 checksum,
+ * u32 page, u64 generation).
+ *   SPILL   copy the replica at page (generation) to disk; report SPILLED
+ *           once durable (status 0) or failed
+ *   LOAD    read the disk record into the allocation at page (generation):
+ *           the master's staging copy; report LOADED
+ *   FORGET  remove the disk record (the object is gone); no report
+ *   SPILLED, LOADED  the outcome, page/generation as commanded
+ *   HAVE    a durable record the node holds (sent after every mount: a
+ *           restarted node or master learns what the disk tier keeps)
+ *   GONE    a record left the tier (dropped for room, or found corrupt)
+ */
+enum {
+    KVP_DISK_SPILL = 1,
+    KVP_DISK_LOAD,
+    KVP_DISK_FORGET,
+    KVP_DISK_SPILLED,
+    KVP_DISK_LOADED,
+    KVP_DISK_HAVE,
+    KVP_DISK_GONE,
+};
+typedef struct kvp_disk_ent {
+    uint8_t what;
+    int32_t status;
+    kvp_bytes tenant, key;
+    uint64_t size, checksum;
+    uint32_t page;
+    uint64_t generation;
+} kvp_disk_ent;
+typedef struct kvp_msg_disk {
+    uint64_t segment_id;
+    uint32_t n;
+    kvp_disk_ent *e;
+} kvp_msg_disk;
+/* bytes of one entry besides its tenant and key */
+#define KVP_DISK_ENT_FIXED (1 + 4 + 4 + 4 + 8 + 8 + 4 + 8)
+void kvp_enc_disk_ent(kvp_buf *b, const kvp_disk_ent *e);
+void kvp_enc_disk(kvp_buf *b, const kvp_msg_disk *m);
+int kvp_dec_disk(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                 kvp_msg_disk *m);
 
 /*
  * Storage-node data operations. SEG_WRITE's body is the 56-byte kvp_seg_io

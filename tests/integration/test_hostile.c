@@ -511,7 +511,7 @@ static int one_result(kvp_rpc *r, uint16_t op, const void *body, size_t len)
 static int mount_raw(kvp_rpc *r, uint64_t id, const char *tcp_addr)
 {
     kvp_endpoint ep = {bs("tcp"), bs(tcp_addr)};
-    kvp_seg_desc d = {id, bs(tcp_addr), 1ull << 40, 1, &ep, 7, 1};
+    kvp_seg_desc d = {id, bs(tcp_addr), 1ull << 40, 1, &ep, 7, 1, 0};
     kvp_msg_mount mm = {1, &d};
     kvp_buf b;
     kvp_buf_init(&b, 4096);

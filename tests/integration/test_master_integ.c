@@ -76,7 +76,7 @@ static kvp_bytes bstr(const char *s) { return (kvp_bytes){(const uint8_t *)s, s 
 static int mount(cl *c, uint64_t id, const char *name, uint64_t cap)
 {
     kvp_endpoint ep = {bstr("tcp"), bstr(name)};
-    kvp_seg_desc d = {id, bstr(name), cap, 1, &ep, 0, 1};
+    kvp_seg_desc d = {id, bstr(name), cap, 1, &ep, 0, 1, 0};
     kvp_msg_mount mm = {1, &d};
     kvp_enc_mount(&c->body, &mm);
     REQUIRE(cl_call(c, KVP_OP_MOUNT_SEGMENT) == 0);

@@ -107,7 +107,7 @@ static int hello(core *c, sess *s, uint64_t id)
 static int mount(core *c, sess *s, uint64_t id, const char *name, uint64_t cap)
 {
     kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)name, (uint32_t)strlen(name)}};
-    kvp_seg_desc d = {id, {(const uint8_t *)name, (uint32_t)strlen(name)}, cap, 1, &ep, 0, 1};
+    kvp_seg_desc d = {id, {(const uint8_t *)name, (uint32_t)strlen(name)}, cap, 1, &ep, 0, 1, 0};
     kvp_msg_mount mm = {1, &d};
     kvp_enc_mount(&c->body, &mm);
     REQUIRE(call(c, s, KVP_OP_MOUNT_SEGMENT, 0) == 0);
@@ -868,5 +868,284 @@ TEST(no_flush_when_eviction_cannot_make_room)
     CHECK_EQ(exists(&c, &s, 7), 0);
     CHECK_EQ(kvp_master_check(c.m), 0);
     kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* ------------------------------------------------------------ SSD tier */
+
+static int mount_disk(core *c, sess *s, uint64_t id, const char *name, uint64_t cap,
+                      uint64_t disk)
+{
+    kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)name, (uint32_t)strlen(name)}};
+    kvp_seg_desc d = {id, {(const uint8_t *)name, (uint32_t)strlen(name)}, cap, 1, &ep, 0, 1,
+                      disk};
+    kvp_msg_mount mm = {1, &d};
+    kvp_enc_mount(&c->body, &mm);
+    REQUIRE(call(c, s, KVP_OP_MOUNT_SEGMENT, 0) == 0);
+    REQUIRE(c->status == 0);
+    return 0;
+}
+
+/* What the master pushed to the node: DISK_CMD entries, copied out. */
+typedef struct pushed {
+    kvp_buf out;
+    int n;
+    struct {
+        uint8_t what;
+        char key[32];
+        uint64_t size, csum, gen;
+        uint32_t page;
+    } e[256];
+} pushed;
+
+static kvp_buf *push_out(kvp_msess *s, void *ctx)
+{
+    (void)s;
+    return &((pushed *)ctx)->out;
+}
+
+static int take_push(core *c, pushed *p)
+{
+    p->n = 0;
+    kvp_buf_init(&p->out, 64 * MiB);
+    kvp_master_push_freed(c->m, push_out, p);
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    size_t at = 0;
+    kvp_frame_hdr h;
+    const uint8_t *b;
+    while (at < p->out.len && kvp_frame_next(p->out.data + at, p->out.len - at, 1u << 30, &h, &b) == 1) {
+        if (h.op == KVP_OP_DISK_CMD) {
+            kvp_msg_disk d;
+            kvp_arena_reset(&c->ra);
+            REQUIRE(kvp_dec_disk(b, h.body_len, &l, &c->ra, &d) == 0);
+            for (uint32_t i = 0; i < d.n && p->n < 256; i++, p->n++) {
+                p->e[p->n].what = d.e[i].what;
+                snprintf(p->e[p->n].key, sizeof p->e[p->n].key, "%.*s", (int)d.e[i].key.len,
+                         (const char *)d.e[i].key.p);
+                p->e[p->n].size = d.e[i].size;
+                p->e[p->n].csum = d.e[i].checksum;
+                p->e[p->n].gen = d.e[i].generation;
+                p->e[p->n].page = d.e[i].page;
+            }
+        }
+        at += KVP_FRAME_HDR + h.body_len;
+    }
+    kvp_buf_free(&p->out);
+    return 0;
+}
+
+/* Index of the last pushed entry of kind what, -1 if none. */
+static int find_cmd(const pushed *p, uint8_t what)
+{
+    int at = -1;
+    for (int i = 0; i < p->n; i++)
+        if (p->e[i].what == what)
+            at = i;
+    return at;
+}
+
+/* One DISK_REPORT entry from the node of segment seg. */
+static int report(core *c, sess *s, uint64_t seg, uint8_t what, int32_t status, const char *key,
+                   uint64_t size, uint64_t csum, uint32_t page, uint64_t gen)
+{
+    kvp_disk_ent e = {what, status, {NULL, 0}, {(const uint8_t *)key, (uint32_t)strlen(key)},
+                      size, csum, page, gen};
+    kvp_msg_disk d = {seg, 1, &e};
+    kvp_enc_disk(&c->body, &d);
+    REQUIRE(call(c, s, KVP_OP_DISK_REPORT, KVP_FLAG_ONEWAY) == 0);
+    REQUIRE(c->out.len == 0); /* a ONEWAY report gets no answer */
+    return 0;
+}
+
+static int32_t get_status(core *c, sess *s, int i, kvp_get_result *out)
+{
+    int32_t code;
+    REQUIRE(keys_op(c, s, KVP_OP_GET, i, 1, NULL, &code) == 0);
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    kvp_msg_get_resp g;
+    REQUIRE(kvp_dec_get_resp(c->resp, c->resp_len, &l, &c->ra, &g) == 0 && g.n == 1);
+    if (out)
+        *out = g.results[0];
+    return g.results[0].status;
+}
+
+TEST(disk_tier_spill_load_forget)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount_disk(&c, &s, 7, "n:1", 100 * 4096, 1ull << 30), 0);
+    CHECK_EQ(put(&c, &s, 0, 10, 10 * 4096), 0); /* full */
+    kvp_msg_put_start_resp r;
+    /* the next put needs room: the LRU victim (key 0) is spilled, not
+     * dropped, and the put is told to back off until it is durable */
+    CHECK_EQ(put_start(&c, &s, 100, 1, 10 * 4096, 1, 0, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, KVP_ENO_AVAILABLE_HANDLE);
+    CHECK_EQ(exists(&c, &s, 0), 1);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    pushed *p = calloc(1, sizeof *p);
+    take_push(&c, p);
+    CHECK_EQ(p->n, 1);
+    CHECK_EQ(p->e[0].what, KVP_DISK_SPILL);
+    CHECK(!strcmp(p->e[0].key, "key-000000"));
+    CHECK_EQ(p->e[0].csum, 0xC0DE0000u);
+    /* still readable from DRAM while the spill is in flight */
+    kvp_get_result g;
+    CHECK_EQ(get_status(&c, &s, 0, &g), 0);
+    CHECK_EQ(g.n_replicas, 1);
+    uint64_t lid = g.lease_id;
+    int32_t code;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_RELEASE, 0, 1, &lid, &code), 0);
+    /* durable: the DRAM copy goes, the object stays (on disk) */
+    report(&c, &s, 7, KVP_DISK_SPILLED, 0, "key-000000", 10 * 4096, 0xC0DE0000u, p->e[0].page,
+           p->e[0].gen);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_SPILLS], 1);
+    CHECK_EQ(st[KVP_STAT_DISK_OBJECTS], 1);
+    CHECK_EQ(st[KVP_STAT_EVICTIONS], 0);
+    CHECK_EQ(st[KVP_STAT_USED], 90 * 4096);
+    CHECK_EQ(exists(&c, &s, 0), 1);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* the put now fits */
+    CHECK_EQ(put(&c, &s, 100, 1, 10 * 4096), 0);
+    /* a GET of the disk object: LOADING, and a LOAD command (a victim is
+     * spilled for its staging room: key 1) */
+    CHECK_EQ(get_status(&c, &s, 0, NULL), KVP_EOBJECT_LOADING);
+    take_push(&c, p);
+    int load = -1, spill = -1;
+    for (int i = 0; i < p->n; i++) {
+        if (p->e[i].what == KVP_DISK_LOAD)
+            load = i;
+        if (p->e[i].what == KVP_DISK_SPILL)
+            spill = i;
+    }
+    CHECK(spill >= 0 && !strcmp(p->e[spill].key, "key-000001"));
+    CHECK_EQ(get_status(&c, &s, 0, NULL), KVP_EOBJECT_LOADING);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    report(&c, &s, 7, KVP_DISK_SPILLED, 0, "key-000001", 10 * 4096, 0xC0DE0001u,
+           p->e[spill].page, p->e[spill].gen);
+    CHECK_EQ(get_status(&c, &s, 0, NULL), KVP_EOBJECT_LOADING);
+    take_push(&c, p);
+    for (int i = 0; i < p->n; i++)
+        if (p->e[i].what == KVP_DISK_LOAD)
+            load = i;
+    CHECK(load >= 0 && !strcmp(p->e[load].key, "key-000000"));
+    report(&c, &s, 7, KVP_DISK_LOADED, 0, "key-000000", 10 * 4096, 0xC0DE0000u, p->e[load].page,
+           p->e[load].gen);
+    CHECK_EQ(get_status(&c, &s, 0, &g), 0);
+    CHECK_EQ(g.replicas[0].offset, (uint64_t)p->e[load].page << 12);
+    CHECK_EQ(g.checksum, 0xC0DE0000u);
+    lid = g.lease_id;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_RELEASE, 0, 1, &lid, &code), 0);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_LOADS], 1);
+    CHECK_EQ(st[KVP_STAT_DISK_HITS], 1);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* remove: the disk record is forgotten */
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 1, 1, NULL, &code), 0);
+    CHECK_EQ(code, 0);
+    take_push(&c, p);
+    CHECK(p->n >= 1 && p->e[p->n - 1].what == KVP_DISK_FORGET &&
+          !strcmp(p->e[p->n - 1].key, "key-000001"));
+    /* a spill that fails: the victim is dropped as without a tier */
+    CHECK_EQ(put_start(&c, &s, 101, 1, 10 * 4096, 1, 0, NULL, &r), 0);
+    take_push(&c, p);
+    CHECK(p->n == 0 || p->e[0].what == KVP_DISK_SPILL);
+    if (p->n) {
+        const char *k = p->e[0].key;
+        int idx = atoi(k + 4);
+        report(&c, &s, 7, KVP_DISK_SPILLED, KVP_ENO_AVAILABLE_HANDLE, k, 10 * 4096,
+               0xC0DE0000u + (uint64_t)idx, p->e[0].page, p->e[0].gen);
+        CHECK_EQ(exists(&c, &s, idx), 0);
+        stats(&c, st);
+        CHECK_EQ(st[KVP_STAT_SPILL_FAILS], 1);
+    }
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* a stale report (unknown key) is answered with FORGET, changes nothing */
+    report(&c, &s, 7, KVP_DISK_SPILLED, 0, "nope", 4096, 1, 0, 0);
+    take_push(&c, p);
+    CHECK(p->n == 1 && p->e[0].what == KVP_DISK_FORGET);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    free(p);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+TEST(disk_tier_have_gone_unmount_and_quarantine)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s, o;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(hello(&c, &o, 2), 0);
+    CHECK_EQ(mount_disk(&c, &s, 7, "n:1", 100 * 4096, 1ull << 30), 0);
+    /* a restarted node reports what its disk holds: the objects appear */
+    report(&c, &s, 7, KVP_DISK_HAVE, 0, "key-000005", 8192, 0xAB, 0, 0);
+    report(&c, &s, 7, KVP_DISK_HAVE, 0, "key-000006", 8192, 0xAC, 0, 0);
+    CHECK_EQ(exists(&c, &s, 5), 1);
+    CHECK_EQ(exists(&c, &s, 6), 1);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_DISK_REGISTERED], 2);
+    CHECK_EQ(st[KVP_STAT_OBJECTS], 2);
+    CHECK_EQ(st[KVP_STAT_USED], 0);
+    /* reported again (a remount): nothing doubles */
+    report(&c, &s, 7, KVP_DISK_HAVE, 0, "key-000005", 8192, 0xAB, 0, 0);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_OBJECTS], 2);
+    /* a report for a segment the session does not own is ignored */
+    report(&c, &o, 7, KVP_DISK_GONE, 0, "key-000005", 8192, 0xAB, 0, 0);
+    CHECK_EQ(exists(&c, &s, 5), 1);
+    /* dropped by the tier: gone */
+    report(&c, &s, 7, KVP_DISK_GONE, 0, "key-000005", 8192, 0xAB, 0, 0);
+    CHECK_EQ(exists(&c, &s, 5), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* a load whose object is removed meanwhile: its staging pages wait for
+     * the node's report (it may be writing them), then are freed */
+    CHECK_EQ(get_status(&c, &s, 6, NULL), KVP_EOBJECT_LOADING);
+    pushed *p = calloc(1, sizeof *p);
+    take_push(&c, p);
+    CHECK(p->n == 1 && p->e[0].what == KVP_DISK_LOAD);
+    int32_t code;
+    uint64_t force = 1;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 6, 1, &force, &code), 0);
+    CHECK_EQ(code, 0);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_USED], 8192); /* held */
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    report(&c, &s, 7, KVP_DISK_LOADED, 0, "key-000006", 8192, 0xAC, p->e[0].page, p->e[0].gen);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_USED], 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* a failed load of a corrupt record: reported missing */
+    report(&c, &s, 7, KVP_DISK_HAVE, 0, "key-000008", 8192, 0xAD, 0, 0);
+    CHECK_EQ(get_status(&c, &s, 8, NULL), KVP_EOBJECT_LOADING);
+    take_push(&c, p);
+    int ld = find_cmd(p, KVP_DISK_LOAD);
+    CHECK(ld >= 0 && !strcmp(p->e[ld].key, "key-000008"));
+    CHECK_EQ(find_cmd(p, KVP_DISK_FORGET), 0); /* key 6's record, removed above */
+    report(&c, &s, 7, KVP_DISK_LOADED, KVP_ECHECKSUM_MISMATCH, "key-000008", 8192, 0xAD,
+           p->e[ld].page, p->e[ld].gen);
+    CHECK_EQ(get_status(&c, &s, 8, NULL), KVP_EOBJECT_NOT_FOUND);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* the node leaves: objects only on its disk go with it */
+    report(&c, &s, 7, KVP_DISK_HAVE, 0, "key-000009", 8192, 0xAE, 0, 0);
+    CHECK_EQ(put(&c, &s, 20, 1, 8192), 0);
+    uint64_t id = 7;
+    kvp_msg_ids ids = {1, &id};
+    kvp_enc_ids(&c.body, &ids);
+    CHECK_EQ(call(&c, &s, KVP_OP_UNMOUNT_SEGMENT, 0), 0);
+    CHECK_EQ(exists(&c, &s, 9), 0);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_OBJECTS], 0);
+    CHECK_EQ(st[KVP_STAT_DISK_OBJECTS], 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    free(p);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    kvp_master_sess_close(c.m, &o.s, c.now);
     core_free(&c);
 }

@@ -570,7 +570,7 @@ TEST(other_limits)
     kvp_endpoint ep[17];
     for (int i = 0; i < 17; i++)
         ep[i] = (kvp_endpoint){PC_B("tcp"), PC_B("h:1")};
-    kvp_seg_desc sd = {1, PC_B("n"), 4096, 17, ep, 0, 1};
+    kvp_seg_desc sd = {1, PC_B("n"), 4096, 17, ep, 0, 1, 0};
     kvp_buf b;
     kvp_buf_init(&b, 1 << 20);
     kvp_enc_mount(&b, &(kvp_msg_mount){1, &sd});
