@@ -83,7 +83,8 @@ int kvp_cmd_serve(int argc, char **argv)
     }
     char seg_listen[300];
     snprintf(seg_listen, sizeof seg_listen, "%s:0", host);
-    kvp_node_opts no = {.cfg = &cfg, .listen = v[1] ? v[1] : seg_listen, .io_threads = 4};
+    kvp_node_opts no = {.cfg = &cfg, .listen = v[1] ? v[1] : seg_listen, .io_threads = 4,
+                        .standalone = 1};
     kvp_node *node = NULL;
     int ret = 0;
     if (kvp_node_start(&no, &node, err, sizeof err) != 0) {

@@ -60,7 +60,7 @@ int kvp_cmd_store(int argc, char **argv)
     sigaddset(&ss, SIGINT);
     sigprocmask(SIG_BLOCK, &ss, NULL); /* before any thread starts: all inherit it */
     signal(SIGPIPE, SIG_IGN);
-    kvp_node_opts o = {&cfg, vals[0], vals[2], (int)io, vals[4] != NULL};
+    kvp_node_opts o = {&cfg, vals[0], vals[2], (int)io, vals[4] != NULL, 1};
     kvp_node *n;
     rc = kvp_node_start(&o, &n, err, sizeof err);
     if (rc) {

@@ -1212,10 +1212,28 @@ static int batch_get(kvp_client *c, const char *const *keys, const kvp_iov *cons
     size_t m = valid_keys(c, keys, n, k, idx, results, NULL);
     scratch s;
     scratch_init(&s);
-    for (size_t off = 0; off < m;) {
-        size_t l = chunk_len(c, k + off, m - off, 0, RESP_PER_GET);
-        get_chunk(c, &s, k + off, idx + off, l, iovs, niov, trim, ga, results);
-        off += l;
+    /* Keys only on the SSD tier answer OBJECT_LOADING while the master has
+     * their node stage them in DRAM: they are asked again, backing off from
+     * 0.5 to 20 ms, until rpc_timeout. */
+    uint64_t deadline = kvp_now_ms() + c->cfg.rpc_timeout_ms;
+    unsigned wait_us = 500;
+    for (;;) {
+        for (size_t off = 0; off < m;) {
+            size_t l = chunk_len(c, k + off, m - off, 0, RESP_PER_GET);
+            get_chunk(c, &s, k + off, idx + off, l, iovs, niov, trim, ga, results);
+            off += l;
+        }
+        size_t nl = 0;
+        for (size_t i = 0; i < m; i++)
+            if (results[idx[i]] == KVP_EOBJECT_LOADING) {
+                k[nl] = k[i];
+                idx[nl++] = idx[i];
+            }
+        m = nl;
+        if (m == 0 || kvp_now_ms() >= deadline)
+            break;
+        usleep(wait_us);
+        wait_us = wait_us * 2 > 20000 ? 20000 : wait_us * 2;
     }
     scratch_free(&s);
     kvp_free(k);
@@ -1295,6 +1313,8 @@ static int get_meta(kvp_client *c, scratch *s, const char *key, kvp_get_result *
     if (rc)
         return rc;
     *out = gr.results[0];
+    if (out->status == KVP_EOBJECT_LOADING) /* on the SSD tier: size and checksum known */
+        return 0;
     if (out->status)
         return out->status;
     scratch_reset(s);
@@ -1338,11 +1358,14 @@ int kvp_client_batch_size(kvp_client *c, const char *const *keys, size_t n, int6
         size_t nrel = 0;
         for (size_t i = 0; i < l; i++) {
             const kvp_get_result *r = rc ? NULL : &gr.results[i];
-            if (r && r->status == 0) {
+            if (r && (r->status == 0 || r->status == KVP_EOBJECT_LOADING)) {
+                /* a key on the SSD tier has its size known without waiting */
                 results[idx[off + i]] = r->size > (uint64_t)INT64_MAX ? KVP_EPROTOCOL
                                                                        : (int64_t)r->size;
-                relk[nrel] = k[off + i];
-                lease[nrel++] = r->lease_id;
+                if (r->status == 0) {
+                    relk[nrel] = k[off + i];
+                    lease[nrel++] = r->lease_id;
+                }
             } else {
                 results[idx[off + i]] = rc ? rc : r->status;
             }
@@ -1435,12 +1458,15 @@ static int describe(kvp_client *c, const char *key, int json, char *buf, size_t 
         if (si.infos[j].status == 0 && !kvp_xfer_has_segment(c->xfer, ids[j]))
             kvp_xfer_add_segment(c->xfer, &si.infos[j].desc);
     size_t w = 0;
+    int on_disk = r.status == KVP_EOBJECT_LOADING;
     if (json) {
         appendf(buf, len, &w, "{\"key\": \"");
         append_json_str(buf, len, &w, key, strlen(key));
-        appendf(buf, len, &w, "\", \"size\": %llu, \"replicas\": [", (unsigned long long)r.size);
+        appendf(buf, len, &w, "\", \"size\": %llu, \"tier\": \"%s\", \"replicas\": [",
+                (unsigned long long)r.size, on_disk ? "disk" : "dram");
     } else {
-        appendf(buf, len, &w, "size %llu", (unsigned long long)r.size);
+        appendf(buf, len, &w, "size %llu%s", (unsigned long long)r.size,
+                on_disk ? "; tier disk (being staged into DRAM)" : "");
     }
     for (uint32_t j = 0; j < nr; j++) {
         const kvp_replica *p = &r.replicas[j];

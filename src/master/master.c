@@ -126,6 +126,7 @@ struct kvp_master {
     uint32_t nquar, quar_cap;
     uint64_t quar_pages;
     uint64_t spill_total;   /* sum of the segments' spill_pages */
+    uint64_t now;           /* the last handle / tick's clock */
 };
 
 #define FREED_MAX 65536     /* notices held per segment; past it, expiry revokes */
@@ -250,6 +251,8 @@ static int unleased_list(const kvp_obj *o)
 static void settle_unleased(kvp_master *m, kvp_obj *o)
 {
     int which = unleased_list(o);
+    if (which == KVP_LIST_DISKIO) /* the node gets put_timeout to answer */
+        o->deadline = ms32(m->now + m->cfg.put_timeout_ms);
     if (which == KVP_LIST_DISK || which == KVP_LIST_DISKIO)
         list_push_tail(m, which, o);
     else if (which == KVP_LIST_LRU)
@@ -1850,27 +1853,17 @@ static void forget_ent(kvp_master *m, uint32_t si, const kvp_disk_ent *e)
     disk_cmd_ent(m, si, &f);
 }
 
-/* A spill finished: durable (the DRAM copies go, unless a reader holds a
- * lease: then they stay until it ends) or failed (the victim is dropped,
- * as it would have been without a disk tier). A record of an object that
- * is gone, or is another value by now, is forgotten. */
-static void rep_spilled(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent *e)
+/* Ends o's spill to slot si's node with status. */
+static void spill_done(kvp_master *m, kvp_obj *o, uint32_t si, int32_t status)
 {
     kvp_mseg *s = m->segs[si];
-    if (!o || o->state != KVP_OBJ_COMPLETE || !(o->flags & KVP_OBJ_SPILLING) ||
-        o->disk_seg != si || o->checksum != e->checksum || o->size != e->size ||
-        !has_replica_gen(m, o, si, e->generation)) {
-        if (e->status == 0)
-            forget_ent(m, si, e);
-        return;
-    }
     uint32_t np = kvp_pages(o->size);
     KVP_ASSERT(s->spill_pages >= np && m->spill_total >= np && m->stats[KVP_STAT_SPILLING] > 0);
     s->spill_pages -= np;
     m->spill_total -= np;
     m->stats[KVP_STAT_SPILLING]--;
     o->flags &= (uint8_t)~KVP_OBJ_SPILLING;
-    if (e->status == 0) {
+    if (status == 0) {
         m->stats[KVP_STAT_SPILLS]++;
         disk_adopt(m, o, si);
         if (o->list == KVP_LIST_DISKIO)
@@ -1879,9 +1872,61 @@ static void rep_spilled(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_e
     }
     m->stats[KVP_STAT_SPILL_FAILS]++;
     KVP_DEBUG(MOD, "spill of a %llu-byte object to segment %016llx failed: %s",
-              (unsigned long long)o->size, (unsigned long long)s->id, kvp_strerror(e->status));
+              (unsigned long long)o->size, (unsigned long long)s->id, kvp_strerror(status));
     if (o->list == KVP_LIST_DISKIO)
         obj_destroy(m, o, GONE_EVICTED);
+}
+
+/* A spill finished: durable (the DRAM copies go, unless a reader holds a
+ * lease: then they stay until it ends) or failed (the victim is dropped,
+ * as it would have been without a disk tier). A record of an object that
+ * is gone, or is another value by now, is forgotten. */
+static void rep_spilled(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent *e)
+{
+    if (!o || o->state != KVP_OBJ_COMPLETE || !(o->flags & KVP_OBJ_SPILLING) ||
+        o->disk_seg != si || o->checksum != e->checksum || o->size != e->size ||
+        !has_replica_gen(m, o, si, e->generation)) {
+        /* the record the master knows already (a HAVE got there first) stays */
+        int known = o && (o->flags & KVP_OBJ_ONDISK) && o->disk_seg == si &&
+                    o->checksum == e->checksum;
+        if (e->status == 0 && !known)
+            forget_ent(m, si, e);
+        return;
+    }
+    spill_done(m, o, si, e->status);
+}
+
+/*
+ * A node that has not answered a spill or a load within put_timeout (its
+ * command or report was lost with a connection, or it is stuck): the spill
+ * is abandoned (the object stays in DRAM, evictable again); the load's
+ * staging allocation is held until the node reports it or goes (it may
+ * still be writing there) and the object is on disk only again.
+ */
+static void disk_timeout(kvp_master *m, kvp_obj *o)
+{
+    uint32_t si = o->disk_seg;
+    kvp_mseg *s = m->segs[si];
+    uint32_t np = kvp_pages(o->size);
+    KVP_WARN(MOD, "segment %016llx did not answer a %s of a %llu-byte object in %llu ms",
+             (unsigned long long)s->id, (o->flags & KVP_OBJ_SPILLING) ? "spill" : "load",
+             (unsigned long long)o->size, (unsigned long long)m->cfg.put_timeout_ms);
+    list_unlink(m, o);
+    if (o->flags & KVP_OBJ_SPILLING) {
+        s->spill_pages -= np;
+        m->spill_total -= np;
+        m->stats[KVP_STAT_SPILLING]--;
+        m->stats[KVP_STAT_SPILL_FAILS]++;
+        o->flags &= (uint8_t)~KVP_OBJ_SPILLING;
+    } else {
+        KVP_ASSERT((o->flags & KVP_OBJ_LOADING) && o->nrep == 1);
+        s->load_pages -= np;
+        m->stats[KVP_STAT_LOAD_FAILS]++;
+        quarantine(m, o, &kvp_obj_reps(o)[0]);
+        o->nrep = 0;
+        o->flags &= (uint8_t)~KVP_OBJ_LOADING;
+    }
+    settle_unleased(m, o);
 }
 
 static void quar_release(kvp_master *m, uint32_t si, uint64_t gen)
@@ -1940,8 +1985,12 @@ static void rep_have(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent 
 {
     if (o) {
         if (o->state == KVP_OBJ_COMPLETE && o->checksum == e->checksum && o->size == e->size) {
-            if (o->flags & KVP_OBJ_SPILLING)
-                return; /* its own spill reports it */
+            if (o->flags & KVP_OBJ_SPILLING) {
+                /* durable, its SPILLED lost with a connection: done */
+                if (o->disk_seg == si)
+                    spill_done(m, o, si, 0);
+                return;
+            }
             if ((o->flags & KVP_OBJ_ONDISK) && o->disk_seg == si)
                 return;
             if (o->flags & KVP_OBJ_LOADING)
@@ -2075,6 +2124,12 @@ static void op_get(req *q)
         } else if (o->nrep == 0) {
             r.status = load_start(m, o);
         } else {
+            r.status = 0;
+        }
+        if (r.status == KVP_EOBJECT_LOADING) { /* what is known without the bytes */
+            r.size = o->size;
+            r.checksum = o->checksum;
+        } else if (r.status == 0) {
             lease_grant(m, o, q->now);
             m->stats[KVP_STAT_HITS]++;
             r.size = o->size;
@@ -2308,6 +2363,7 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
                       kvp_arena *a, kvp_buf *out, uint64_t now_ms)
 {
     req q = {m, s, h, body, a, out, now_ms};
+    m->now = now_ms;
     size_t mark = out->len;
     m->stats[KVP_STAT_REQUESTS]++;
     if (h->flags & KVP_FLAG_RESPONSE) {
@@ -2360,6 +2416,11 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
 uint32_t kvp_master_tick(kvp_master *m, uint64_t now)
 {
     unsigned work = 0;
+    m->now = now;
+    while (work < TICK_BUDGET && m->diskio.head && due(m->diskio.head->deadline, now)) {
+        disk_timeout(m, m->diskio.head);
+        work++;
+    }
     while (work < TICK_BUDGET && m->leased.head && due(m->leased.head->deadline, now)) {
         lease_expire_all(m, m->leased.head);
         work++;

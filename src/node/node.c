@@ -18,6 +18,7 @@
 #include "node/node.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -36,6 +37,7 @@
 #include "node/grants.h"
 #include "node/segment.h"
 #include "node/server.h"
+#include "node/tier.h"
 #include "node/unixsock.h"
 #include "proto/proto.h"
 
@@ -50,6 +52,7 @@ struct kvp_node {
     kvp_segment *seg;
     kvp_segserver *srv;
     kvp_grants *grants;   /* descriptor checks; shared with srv */
+    kvp_tier *tier;       /* the SSD tier, NULL = none */
     uint64_t seg_id, secret, client_id;
     uint32_t epoch;       /* mount attempts: the high half of generations */
     uint8_t session[KVP_SESSION_LEN]; /* from the master's HELLO: rejoin as client_id */
@@ -144,6 +147,10 @@ static void link_drop(kvp_node *n)
 static void on_push(void *ctx, const kvp_frame_hdr *h, const uint8_t *body)
 {
     kvp_node *n = ctx;
+    if (h->op == KVP_OP_DISK_CMD && n->tier) {
+        kvp_tier_command(n->tier, body, h->body_len);
+        return;
+    }
     if (h->op != KVP_OP_SEG_FREED)
         return;
     kvp_arena a;
@@ -215,7 +222,7 @@ static int link_mount(kvp_node *n, char *err, size_t errlen)
      * takes this one, above every earlier, so its generations are too */
     kvp_seg_desc d = {n->seg_id, {(const uint8_t *)n->name, (uint32_t)strlen(n->name)},
                       kvp_segment_size(n->seg), n->unix_path[0] ? 2 : 1, eps, n->secret,
-                      ++n->epoch, 0};
+                      ++n->epoch, n->tier ? kvp_tier_capacity(n->tier) : 0};
     kvp_msg_mount m = {1, &d};
     uint8_t body[2048];
     kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
@@ -253,7 +260,30 @@ static int link_mount(kvp_node *n, char *err, size_t errlen)
     KVP_INFO(MOD, "segment %016llx (%s, %llu MiB) mounted at master %s",
              (unsigned long long)n->seg_id, n->name,
              (unsigned long long)(kvp_segment_size(n->seg) >> 20), n->cfg.master_addr);
+    if (n->tier) { /* what the disk holds, for a master that may not know it */
+        uint64_t k = kvp_tier_register(n->tier);
+        if (k)
+            KVP_INFO(MOD, "%llu SSD tier records reported to master %s", (unsigned long long)k,
+                     n->cfg.master_addr);
+    }
     return 0;
+}
+
+static int report_send(void *ctx, const uint8_t *body, size_t len)
+{
+    kvp_node *n = ctx;
+    kvp_rpc_queue(n->rpc, KVP_OP_DISK_REPORT, KVP_FLAG_ONEWAY, body, len);
+    return 0;
+}
+
+/* Sends the SSD tier's waiting reports (mounted only: they name the
+ * segment). 0 or the connection's error. */
+static int link_reports(kvp_node *n)
+{
+    if (!n->tier || !n->rpc || !__atomic_load_n(&n->mounted, __ATOMIC_ACQUIRE))
+        return 0;
+    kvp_tier_take(n->tier, report_send, n);
+    return kvp_rpc_flush(n->rpc);
 }
 
 /* HEARTBEAT. 0 fine, 1 remount needed, < 0 connection trouble. */
@@ -299,19 +329,31 @@ static void link_unmount(kvp_node *n)
     set_mounted(n, 0);
 }
 
-/* Connected and idle for ms: serves the master's SEG_FREED notices as they
- * come. 1 stop requested, 0 time is up, < 0 the connection broke. */
+/* Connected and idle for ms: serves the master's SEG_FREED notices and
+ * DISK_CMDs as they come, and sends the SSD tier's reports as they appear.
+ * 1 stop requested, 0 time is up, < 0 the connection broke. */
 static int link_wait(kvp_node *n, uint64_t ms)
 {
     uint64_t end = kvp_now_ms() + ms;
     for (;;) {
         if (stopping(n))
             return 1;
+        int rc = link_reports(n);
+        if (rc)
+            return rc;
         uint64_t now = kvp_now_ms();
         if (now >= end)
             return 0;
         uint64_t slice = end - now < LINK_POLL_MS ? end - now : LINK_POLL_MS;
-        int rc = kvp_rpc_poll(n->rpc, (int)slice);
+        if (!n->tier) {
+            rc = kvp_rpc_poll(n->rpc, (int)slice);
+        } else {
+            /* the master's frames or the tier's reports, whichever comes */
+            struct pollfd p[2] = {{kvp_rpc_fd(n->rpc), POLLIN, 0},
+                                  {kvp_tier_wake_fd(n->tier), POLLIN, 0}};
+            int k = poll(p, 2, (int)slice);
+            rc = k > 0 && p[0].revents ? kvp_rpc_poll(n->rpc, 1) : kvp_rpc_poll(n->rpc, 0);
+        }
         if (rc)
             return rc;
     }
@@ -431,6 +473,11 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
     rc = kvp_segment_create(cfg->global_segment_size, nm, &n->seg, err, errlen);
     if (rc)
         goto fail;
+    if (cfg->enable_offload && (cfg->offload_dir[0] || o->standalone)) {
+        rc = kvp_tier_open(cfg, n->seg, n->seg_id, &n->tier, err, errlen);
+        if (rc)
+            goto fail;
+    }
     rc = kvp_grants_create(kvp_segment_size(n->seg), n->secret, &n->grants);
     if (rc) {
         snprintf(err, errlen, "out of memory (descriptor table)");
@@ -496,6 +543,7 @@ void kvp_node_stop(kvp_node *n)
     else
         link_unmount(n);
     link_drop(n);
+    kvp_tier_close(n->tier); /* before the segment: loads write into it */
     kvp_segserver_stop(n->srv);
     kvp_grants_destroy(n->grants);
     kvp_segment_destroy(n->seg);

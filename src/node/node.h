@@ -12,6 +12,11 @@
  *   ("shm", "HOSTID:/path/to/sock")    HOSTID = kvp_node_host_id(); a client
  *                                      with the same host id attaches the memfd
  * Segment id and secret are random per node start.
+ *
+ * With enable_offload the node has an SSD tier (node/tier.h) in offload_dir:
+ * MOUNT_SEGMENT announces its capacity, the link serves the master's
+ * DISK_CMDs and sends the tier's reports, and every mount is followed by a
+ * HAVE for each record on disk (a restarted node or master gets them back).
  */
 #ifndef KVP_NODE_H
 #define KVP_NODE_H
@@ -33,6 +38,9 @@ typedef struct kvp_node_opts {
     int io_threads;            /* 0 = 2 */
     int master_optional;       /* start even when the master is unreachable
                                   (keep retrying in the background) */
+    int standalone;            /* a storage node (kvpool store / serve): enable_offload
+                                  requires offload_dir; an embedded client's segment has
+                                  an SSD tier only when both are set */
 } kvp_node_opts;
 
 int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t errlen);
