@@ -157,6 +157,16 @@ KVP_API void kvp_client_close(kvp_client *c);
 
 /* Per key: 1 present, 0 absent, < 0 error. No side effects. */
 KVP_API int kvp_client_exist(kvp_client *c, const char *const *keys, size_t n, int *results);
+/* 1 when the configuration sets enable_offload (the pool has an SSD tier:
+ * the connector then stages each load batch within 1280 MiB), else 0. */
+KVP_API int kvp_client_offload(const kvp_client *c);
+/* Per key: where the value is, 0 absent (or a bit set of KVP_TIER_DRAM, a
+ * DRAM replica, and KVP_TIER_DISK, a durable record on a node's SSD tier),
+ * or < 0. No side effects (a GET of a key only on disk stages it in DRAM;
+ * this does not). */
+#define KVP_TIER_DRAM 1
+#define KVP_TIER_DISK 2
+KVP_API int kvp_client_tiers(kvp_client *c, const char *const *keys, size_t n, int *results);
 /* Number of leading keys present (>= 0), or < 0. */
 KVP_API int64_t kvp_client_prefix(kvp_client *c, const char *const *keys, size_t n);
 

@@ -341,6 +341,19 @@ class Client:
     def exist_batch(self, keys: Sequence[str]) -> list[Union[bool, Error]]:
         return [r == 1 if r >= 0 else Error.from_code(r) for r in self._c.exist(keys)]
 
+    def tiers_batch(self, keys: Sequence[str]) -> list[Union[tuple[str, ...], Error]]:
+        """Where each value is, without side effects: ("dram",), ("disk",)
+        (only on a node's SSD tier: a get stages it back), ("dram", "disk"),
+        or () when absent."""
+        out: list[Union[tuple[str, ...], Error]] = []
+        for r in self._c.tiers(keys):
+            if r < 0:
+                out.append(Error.from_code(r))
+            else:
+                out.append(tuple(n for n, b in (("dram", _native.TIER_DRAM),
+                                                ("disk", _native.TIER_DISK)) if r & b))
+        return out
+
     def size(self, key: str) -> int:
         return _check(self._c.sizes([key])[0])
 

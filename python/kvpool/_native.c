@@ -842,7 +842,7 @@ done:
 
 /* ================================================ metadata calls */
 
-enum keyed { K_EXIST, K_SIZE, K_REMOVE, K_REMOVE_FORCE };
+enum keyed { K_EXIST, K_SIZE, K_REMOVE, K_REMOVE_FORCE, K_TIERS };
 
 static PyObject *keyed_call(Client *self, PyObject *keys, enum keyed op)
 {
@@ -860,6 +860,9 @@ static PyObject *keyed_call(Client *self, PyObject *keys, enum keyed op)
     switch (op) {
     case K_EXIST:
         rc = kvp_client_exist(self->c, a.keys, n, a.codes);
+        break;
+    case K_TIERS:
+        rc = kvp_client_tiers(self->c, a.keys, n, a.codes);
         break;
     case K_SIZE:
         rc = kvp_client_batch_size(self->c, a.keys, n, a.results);
@@ -880,6 +883,7 @@ done:
 }
 
 static PyObject *Client_exist(Client *self, PyObject *keys) { return keyed_call(self, keys, K_EXIST); }
+static PyObject *Client_tiers(Client *self, PyObject *keys) { return keyed_call(self, keys, K_TIERS); }
 static PyObject *Client_sizes(Client *self, PyObject *keys) { return keyed_call(self, keys, K_SIZE); }
 
 static PyObject *Client_remove(Client *self, PyObject *args_, PyObject *kw)
@@ -1100,6 +1104,8 @@ static PyMethodDef Client_methods[] = {
      "get_ptrs(keys, ptrs, sizes, exact=False) -> list[int]"},
     {"get_bytes", (PyCFunction)Client_get_bytes, METH_O, "get_bytes(keys) -> list[bytes | int]"},
     {"exist", (PyCFunction)Client_exist, METH_O, "exist(keys) -> list[int]: 1, 0 or < 0"},
+    {"tiers", (PyCFunction)Client_tiers, METH_O,
+     "tiers(keys) -> list[int]: TIER_DRAM | TIER_DISK bits, 0 absent, or < 0"},
     {"sizes", (PyCFunction)Client_sizes, METH_O, "sizes(keys) -> list[int]"},
     {"prefix", (PyCFunction)Client_prefix, METH_O, "prefix(keys) -> int"},
     {"remove", (PyCFunction)(void (*)(void))Client_remove, METH_VARARGS | METH_KEYWORDS,
@@ -1196,6 +1202,8 @@ PyMODINIT_FUNC PyInit__native(void)
     if (PyModule_AddStringConstant(m, "version", kvp_version()) < 0 ||
         PyModule_AddIntConstant(m, "PUT_HARD_PIN", KVP_PUT_HARD_PIN) < 0 ||
         PyModule_AddIntConstant(m, "DEVICE_MEMORY", 1) < 0 ||
+        PyModule_AddIntConstant(m, "TIER_DRAM", KVP_TIER_DRAM) < 0 ||
+        PyModule_AddIntConstant(m, "TIER_DISK", KVP_TIER_DISK) < 0 ||
         kvp_py_conn_init(m, OpenError) < 0)
         goto fail;
     return m;

@@ -214,9 +214,19 @@ for _e in (ObjectDataType, ReplicaStatus, TaskType, TaskStatus):
 del _e
 
 
+class DiskDescriptor:
+    """A disk replica: the record on a storage node's SSD tier (kvpool keeps
+    records in page files, so there is no per-object file path)."""
+
+    def __init__(self, object_size: int) -> None:
+        self.file_path = ""
+        self.object_size = object_size
+
+
 class ReplicaDescriptor:
-    """One replica of an object. kvpool lists published replicas only, all
-    in DRAM: status COMPLETE, is_memory_replica() True."""
+    """One replica of an object. kvpool lists published replicas only:
+    status COMPLETE; a DRAM replica (is_memory_replica()) or the durable
+    record on a storage node's SSD tier (is_disk_replica())."""
 
     def __init__(self, d: dict[str, Any]) -> None:
         self._status = ReplicaStatus.COMPLETE
@@ -241,11 +251,15 @@ class ReplicaDescriptor:
     def get_memory_descriptor(self) -> MemoryDescriptor:
         return self._mem
 
-    def get_disk_descriptor(self) -> Any:
-        raise RuntimeError("not a disk replica")
+    def get_disk_descriptor(self) -> DiskDescriptor:
+        if self.tier != "disk":
+            raise RuntimeError("not a disk replica")
+        return DiskDescriptor(self._mem.buffer_descriptor.size)
 
     def __repr__(self) -> str:
         b = self._mem.buffer_descriptor
+        if self.tier == "disk":
+            return f"ReplicaDescriptor(disk, size={b.size})"
         return f"ReplicaDescriptor(memory, {b.transport_endpoint}, size={b.size})"
 
 

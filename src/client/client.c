@@ -1458,7 +1458,9 @@ static int describe(kvp_client *c, const char *key, int json, char *buf, size_t 
         if (si.infos[j].status == 0 && !kvp_xfer_has_segment(c->xfer, ids[j]))
             kvp_xfer_add_segment(c->xfer, &si.infos[j].desc);
     size_t w = 0;
-    int on_disk = r.status == KVP_EOBJECT_LOADING;
+    int on_disk = r.status == KVP_EOBJECT_LOADING, tier = 0;
+    if (kvp_client_tiers(c, &key, 1, &tier) != 0 || tier < 0)
+        tier = 0;
     if (json) {
         appendf(buf, len, &w, "{\"key\": \"");
         append_json_str(buf, len, &w, key, strlen(key));
@@ -1490,6 +1492,13 @@ static int describe(kvp_client *c, const char *key, int json, char *buf, size_t 
                     j + 1, nr, (unsigned long long)p->segment_id, name,
                     (unsigned long long)p->offset, via ? via : "none");
         }
+    }
+    if (tier & KVP_TIER_DISK) { /* the record on a node's SSD tier */
+        if (json)
+            appendf(buf, len, &w, "%s{\"tier\": \"disk\", \"length\": %llu}", nr ? ", " : "",
+                    (unsigned long long)r.size);
+        else
+            appendf(buf, len, &w, "; a durable copy on the SSD tier");
     }
     if (json)
         appendf(buf, len, &w, "]}");
@@ -1585,7 +1594,8 @@ static int codes_batch(kvp_client *c, const char *const *keys, size_t n, int for
         if (force < 0) {
             kvp_msg_keys q = {tenant_of(c), (uint32_t)l, k + off};
             kvp_enc_keys(&s.req, &q);
-            rc = mcall(c, KVP_OP_EXIST, &s.req, RETRY_SAFE, &s.resp);
+            rc = mcall(c, force == -2 ? KVP_OP_TIERS : KVP_OP_EXIST, &s.req, RETRY_SAFE,
+                       &s.resp);
         } else {
             kvp_msg_remove q = {tenant_of(c), (uint8_t)(force != 0), (uint32_t)l, k + off};
             kvp_enc_remove(&s.req, &q);
@@ -1609,6 +1619,13 @@ static int codes_batch(kvp_client *c, const char *const *keys, size_t n, int for
 int kvp_client_exist(kvp_client *c, const char *const *keys, size_t n, int *results)
 {
     return codes_batch(c, keys, n, -1, results);
+}
+
+int kvp_client_offload(const kvp_client *c) { return c && c->cfg.enable_offload; }
+
+int kvp_client_tiers(kvp_client *c, const char *const *keys, size_t n, int *results)
+{
+    return codes_batch(c, keys, n, -2, results);
 }
 
 int64_t kvp_client_prefix(kvp_client *c, const char *const *keys, size_t n)

@@ -17,9 +17,12 @@
  */
 #include "connector/worker.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/assert.h"
 #include "common/clock.h"
@@ -138,6 +141,8 @@ struct kvp_worker {
     int tp_rank, tp_size, pcp_size, dcp_size, pp_size;
     int eagle_prefix_hashing, enable_kv_events;
     uint64_t staging_budget;
+    double staging_ratio;   /* usable share of it ($VLLM_MOONCAKE_DISK_STAGING_USABLE_RATIO) */
+    int tier_log;           /* $VLLM_MOONCAKE_STORE_TIER_LOG: each load's tiers logged */
     unsigned nrecv;
     kvp_worker_fence_fn fence;
     void *fence_arg;
@@ -789,6 +794,24 @@ static int load_aborted(kvp_worker *w, const char *id)
     return r;
 }
 
+/* VLLM_MOONCAKE_STORE_TIER_LOG: where one load batch's keys were (as
+ * looked up just before the get) and how the get went, per tier. */
+static void tier_summary(const char *req_id, const int *tiers, const int64_t *res, size_t n)
+{
+    size_t dram = 0, disk = 0, gone = 0, ok[3] = {0}, err[3] = {0};
+    for (size_t i = 0; i < n; i++) {
+        int t = tiers[i] < 0 ? 2 : (tiers[i] & KVP_TIER_DRAM) ? 0 : (tiers[i] & KVP_TIER_DISK) ? 1 : 2;
+        dram += t == 0, disk += t == 1, gone += t == 2;
+        if (res[i] >= 0)
+            ok[t]++;
+        else
+            err[t]++;
+    }
+    KVP_INFO(MOD, "load of %s: %zu keys: %zu in DRAM (%zu ok, %zu failed), %zu on disk only "
+                  "(%zu ok, %zu failed), %zu missing (%zu ok, %zu failed)",
+             req_id, n, dram, ok[0], err[0], disk, ok[1], err[1], gone, ok[2], err[2]);
+}
+
 static int recv_job(kvp_worker *w, job *j)
 {
     uint64_t T = j->ls.kvpool_cached_tokens;
@@ -868,7 +891,7 @@ static int recv_job(kvp_worker *w, job *j)
     uint64_t raw = w->staging_budget, total = 0;
     for (size_t i = 0; raw && i < b.n; i++)
         total += staging(oiov[i], oniov[i]);
-    uint64_t usable = (uint64_t)((double)raw * 0.9);
+    uint64_t usable = (uint64_t)((double)raw * w->staging_ratio);
     if (usable < 1)
         usable = 1;
     if (raw && total > usable) {
@@ -905,6 +928,11 @@ static int recv_job(kvp_worker *w, job *j)
         size_t s = bstart[bi], n = bstart[bi + 1] - s;
         if (bi > 0 && load_aborted(w, j->req_id)) /* the engine finished it: its */
             break;                                 /* blocks are not needed any more */
+        int *tiers = w->tier_log ? kvp_calloc(n, sizeof *tiers) : NULL;
+        if (tiers && kvp_client_tiers(w->client, (const char *const *)okeys + s, n, tiers) != 0) {
+            kvp_free(tiers); /* looked up before the get: its time is not the get's */
+            tiers = NULL;
+        }
         uint64_t t0 = kvp_now_ns();
         rc = kvp_client_batch_get_into_multi_buffers(w->client, (const char *const *)okeys + s,
                                                      (const kvp_iov *const *)oiov + s,
@@ -927,6 +955,10 @@ static int recv_job(kvp_worker *w, job *j)
             }
         }
         stat_rec(w, KVP_WORKER_OP_LOAD_GET, t0, n, bytes, failed, 0, 0);
+        if (tiers) {
+            tier_summary(j->req_id, tiers, ores + s, n);
+            kvp_free(tiers);
+        }
         if (failed) {
             KVP_WARN(MOD, "load of %s: %zu of %zu keys failed", j->req_id, failed, n);
             mark_invalid(w, j->req_id, obid + s + n, b.n - s - n); /* defect fix: never attempted */
@@ -994,6 +1026,31 @@ static void set_err(char *err, size_t errlen, const char *msg)
 {
     if (err && errlen)
         snprintf(err, errlen, "%s", msg);
+}
+
+/* $VLLM_MOONCAKE_DISK_STAGING_USABLE_RATIO (0, 1], default 0.9, and
+ * $VLLM_MOONCAKE_STORE_TIER_LOG (1/true/yes/on). */
+static int staging_env(kvp_worker *w, char *err, size_t errlen)
+{
+    w->staging_ratio = 0.9;
+    const char *r = getenv("VLLM_MOONCAKE_DISK_STAGING_USABLE_RATIO");
+    if (r && *r) {
+        char *end;
+        errno = 0;
+        double v = strtod(r, &end);
+        if (errno || end == r || *end || !(v > 0 && v <= 1)) {
+            if (err && errlen)
+                snprintf(err, errlen,
+                         "VLLM_MOONCAKE_DISK_STAGING_USABLE_RATIO=\"%.40s\" is not a ratio in "
+                         "(0, 1]", r);
+            return KVP_EINVALID_PARAMS;
+        }
+        w->staging_ratio = v;
+    }
+    const char *t = getenv("VLLM_MOONCAKE_STORE_TIER_LOG");
+    w->tier_log = t && (!strcmp(t, "1") || !strcasecmp(t, "true") || !strcasecmp(t, "yes") ||
+                        !strcasecmp(t, "on"));
+    return 0;
 }
 
 int kvp_worker_capacity_only(const kvp_worker *w) { return w->capacity_only; }
@@ -1076,6 +1133,12 @@ int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, si
     w->fence = cfg->fence;
     w->fence_arg = cfg->fence_arg;
     int rc = kvp_client_open(cfg->store_config, &w->client, err, errlen);
+    if (rc != 0)
+        goto fail;
+    /* the seeds' rule: with an SSD tier and no budget given, 1280 MiB */
+    if (!w->staging_budget && kvp_client_offload(w->client))
+        w->staging_budget = KVP_WORKER_DISK_STAGING_DEFAULT;
+    rc = staging_env(w, err, errlen);
     if (rc != 0)
         goto fail;
     if (w->capacity_only) {

@@ -99,6 +99,10 @@
 #include "connector/tokendb.h"
 #include "kvpool.h"
 
+/* The load staging budget with an SSD tier (Mooncake's FileStorageConfig
+ * local_buffer_size; the seeds' DEFAULT_MOONCAKE_DISK_STAGING_BUFFER_BYTES). */
+#define KVP_WORKER_DISK_STAGING_DEFAULT (1280ull << 20)
+
 enum kvp_worker_role {
     KVP_WORKER_PRODUCER = 1, /* kv_producer: stores only */
     KVP_WORKER_CONSUMER = 2, /* kv_consumer: loads only, never saves */
@@ -131,7 +135,9 @@ typedef struct kvp_worker_cfg {
     int64_t retention_interval; /* < 0 = None */
     size_t num_gpu_blocks;      /* blocks per registered KV tensor, > 0 */
     unsigned num_recv_threads;  /* 0 is read as 1 */
-    uint64_t staging_budget;    /* §10.7 raw staging budget in bytes; 0 = no split */
+    uint64_t staging_budget;    /* §10.7 raw staging budget in bytes; 0 = no split, or
+                                   KVP_WORKER_DISK_STAGING_DEFAULT when the store
+                                   config sets enable_offload */
     int enable_kv_events;
     kvp_worker_fence_fn fence; /* may be NULL: engine memory is always coherent */
     void *fence_arg;

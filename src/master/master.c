@@ -2143,6 +2143,7 @@ static void op_get(req *q)
     reply_end(q, off);
 }
 
+/* EXIST (mode 0), PREFIX (1), TIERS (2). */
 static void op_exist(req *q, int prefix)
 {
     kvp_master *m = q->m;
@@ -2159,7 +2160,7 @@ static void op_exist(req *q, int prefix)
     int tenant = tenant_find(m, d.tenant);
     lk l;
     lk_init(&l, m, tenant, d.keys, d.n);
-    if (prefix) {
+    if (prefix == 1) {
         uint32_t n = 0;
         while (n < d.n) {
             kvp_obj *o = lk_next(&l);
@@ -2180,6 +2181,9 @@ static void op_exist(req *q, int prefix)
         for (uint32_t i = 0; i < d.n; i++) {
             kvp_obj *o = lk_next(&l);
             uint32_t v = o && o->state == KVP_OBJ_COMPLETE;
+            if (v && prefix == 2)
+                v = (o->nrep > 0 && !(o->flags & KVP_OBJ_LOADING) ? KVP_TIER_DRAM : 0) |
+                    ((o->flags & KVP_OBJ_ONDISK) ? KVP_TIER_DISK : 0);
             p[4 * i] = (uint8_t)v;
             p[4 * i + 1] = p[4 * i + 2] = p[4 * i + 3] = 0;
         }
@@ -2396,6 +2400,7 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
         case KVP_OP_REPLICA_BAD: op_replica_bad(&q); break;
         case KVP_OP_SEG_FAILING: op_seg_failing(&q); break;
         case KVP_OP_DISK_REPORT: op_disk_report(&q); break;
+        case KVP_OP_TIERS: op_exist(&q, 2); break;
         default: reply_status(&q, KVP_EUNKNOWN_OP); break;
         }
     }

@@ -550,6 +550,11 @@ int kvp_dec_put_end(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, k
 void kvp_enc_get_result(kvp_buf *b, const kvp_get_result *res)
 {
     kvp_buf_i32(b, res->status);
+    if (res->status == KVP_EOBJECT_LOADING) { /* what is known of a value on disk */
+        kvp_buf_u64(b, res->size);
+        kvp_buf_u64(b, res->checksum);
+        return;
+    }
     if (res->status != 0)
         return;
     kvp_buf_u64(b, res->size);
@@ -579,6 +584,11 @@ int kvp_dec_get_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, 
         kvp_get_result *res = &m->results[i];
         memset(res, 0, sizeof *res);
         res->status = kvp_rd_i32(&r);
+        if (res->status == KVP_EOBJECT_LOADING) {
+            res->size = kvp_rd_u64(&r);
+            res->checksum = kvp_rd_u64(&r);
+            continue;
+        }
         if (res->status != 0)
             continue;
         res->size = kvp_rd_u64(&r);

@@ -68,7 +68,8 @@
     XX(REPLICA_BAD, 21, "a reader found replicas corrupt: the master drops them") \
     XX(SEG_FAILING, 22, "a client could not reach segments: no placement there until they heartbeat") \
     XX(DISK_CMD, 23, "master -> node: spill replicas to the SSD tier, load them back, forget records") \
-    XX(DISK_REPORT, 24, "node -> master: spills durable, loads done, records held (after a mount), dropped")
+    XX(DISK_REPORT, 24, "node -> master: spills durable, loads done, records held (after a mount), dropped") \
+    XX(TIERS, 25, "per key: where it is (KVP_TIER_DRAM | KVP_TIER_DISK), 0 absent; no side effects")
 
 enum kvp_op {
 #define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
@@ -284,7 +285,9 @@ typedef struct kvp_msg_put_end {
 } kvp_msg_put_end;
 
 typedef struct kvp_get_result {
-    int32_t status;     /* 0, OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY, ... */
+    int32_t status;     /* 0, OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY, ...;
+                           OBJECT_LOADING (only on the SSD tier: being staged
+                           into DRAM, ask again) carries size and checksum */
     uint64_t size;
     uint64_t checksum;
     uint64_t lease_id;  /* give back with RELEASE */

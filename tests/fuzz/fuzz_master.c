@@ -19,6 +19,15 @@
 #include "master/master.h"
 #include "proto/proto.h"
 
+/* kvp_master_push_freed's sink: what would go to the node is dropped. */
+static kvp_buf *sink(kvp_msess *s, void *ctx)
+{
+    (void)s;
+    kvp_buf *b = ctx;
+    kvp_buf_reset(b);
+    return b;
+}
+
 static void serve(kvp_master *m, kvp_msess *s, kvp_arena *a, kvp_buf *out, uint16_t op,
                   const uint8_t *body, uint32_t len, uint64_t now)
 {
@@ -50,13 +59,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvp_buf out, b;
     kvp_buf_init(&out, 64u << 20);
     kvp_buf_init(&b, 1u << 20);
-    /* an established session with one small segment */
+    /* an established session with one small segment that has an SSD tier:
+     * DISK_REPORTs (segment 7) from the input drive spills, loads and
+     * re-registration; the commands the master pushes are drained */
     kvp_msg_hello he = {KVP_PROTO_VERSION, 42, {NULL, 0}, {NULL, 0}};
     kvp_enc_hello(&b, &he);
     serve(m, &s, &a, &out, KVP_OP_HELLO, b.data, (uint32_t)b.len, now);
     kvp_buf_reset(&b);
     kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)"h:1", 3}};
-    kvp_seg_desc sd = {7, {(const uint8_t *)"h:1", 3}, 64 * 4096, 1, &ep, 0};
+    kvp_seg_desc sd = {7, {(const uint8_t *)"h:1", 3}, 64 * 4096, 1, &ep, 0, 1, 1ull << 30};
     kvp_msg_mount mm = {1, &sd};
     kvp_enc_mount(&b, &mm);
     serve(m, &s, &a, &out, KVP_OP_MOUNT_SEGMENT, b.data, (uint32_t)b.len, now);
@@ -81,6 +92,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort();
         }
         kvp_master_tick(m, now);
+        kvp_master_push_freed(m, sink, &b);
         if (kvp_master_check(m) != 0)
             abort();
         if (s.close_after || kvp_master_sess_dead(&s))

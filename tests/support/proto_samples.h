@@ -44,7 +44,8 @@
     XX(seg_info_resp, LA)                                                      \
     XX(remove_regex, L)                                                        \
     XX(seg_freed, LA)                                                          \
-    XX(replica_bad, LA)
+    XX(replica_bad, LA)                                                        \
+    XX(disk, LA)
 
 enum pc_kind {
 #define PC__ENUM(t, sig) PC_##t,
@@ -110,6 +111,9 @@ static PC_UNUSED const struct { int req, resp; } pc_op_kinds[KVP_OP__MAX] = {
     [KVP_OP_SEG_FREED] = {PC_seg_freed, PC_NONE},     /* ONEWAY */
     [KVP_OP_REPLICA_BAD] = {PC_replica_bad, PC_NONE}, /* ONEWAY */
     [KVP_OP_SEG_FAILING] = {PC_ids, PC_NONE},         /* ONEWAY */
+    [KVP_OP_DISK_CMD] = {PC_disk, PC_NONE},           /* ONEWAY */
+    [KVP_OP_DISK_REPORT] = {PC_disk, PC_NONE},        /* ONEWAY */
+    [KVP_OP_TIERS] = {PC_keys, PC_results},
 };
 
 /* ------------------------------------------------------------- samples */
@@ -134,12 +138,13 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     static kvp_bytes keys3[3], keys_max[2];
     static uint64_t u64s[3] = {1, 4096, UINT64_MAX};
     static kvp_put_result pres[3];
-    static kvp_get_result gres[3];
+    static kvp_get_result gres[4];
     static uint64_t counters[1024];
     static kvp_seg_stat sstats[2];
     static kvp_seg_info infos[3], info_max;
     static kvp_freed freed[3] = {{0, 1, 1}, {7, 512, 0x100000002ull}, {UINT32_MAX, UINT32_MAX, UINT64_MAX}};
     static kvp_bad_replica bad[2];
+    static kvp_disk_ent dents[3];
     const uint8_t *big = pc_big();
     kvp_bytes str_max = {big, 1024}, key_max = {big, 4096};
     kvp_replica reps[3] = {{7, 0, 4096, 1, 5000, KVP_ACCESS_WRITE, 11}, {8, 1ull << 40, 123456789, 2, 0, KVP_ACCESS_READ, 0}, {UINT64_MAX, 4096, 1, UINT64_MAX, UINT64_MAX, KVP_ACCESS_READ, UINT64_MAX}};
@@ -148,9 +153,9 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
         ep2[i] = (kvp_endpoint){i ? PC_B("shm") : PC_B("tcp"), i ? PC_B("/kvpool-7") : PC_B("10.0.0.1:7000")};
     for (int i = 0; i < 16; i++)
         ep16[i] = (kvp_endpoint){i == 15 ? str_max : PC_B("tcp"), i == 0 ? str_max : PC_B("")};
-    segs[0] = (kvp_seg_desc){42, PC_B("host-a:7000"), 1ull << 30, 0, NULL, 0, 1};
-    segs[1] = (kvp_seg_desc){UINT64_MAX, PC_B(""), 4096, 2, ep2, 0, UINT32_MAX};
-    seg_max = (kvp_seg_desc){9, str_max, UINT64_MAX, 16, ep16, 0, 7};
+    segs[0] = (kvp_seg_desc){42, PC_B("host-a:7000"), 1ull << 30, 0, NULL, 0, 1, 0};
+    segs[1] = (kvp_seg_desc){UINT64_MAX, PC_B(""), 4096, 2, ep2, 0, UINT32_MAX, 1ull << 40};
+    seg_max = (kvp_seg_desc){9, str_max, UINT64_MAX, 16, ep16, 0, 7, UINT64_MAX};
     keys3[0] = PC_B("k");
     keys3[1] = PC_B("model/layer.7/\0bin\xff");
     keys3[2] = PC_B("another-key");
@@ -162,16 +167,21 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     gres[0] = (kvp_get_result){0, 4096, 0xdeadbeefcafef00dull, 77, 2, {reps[1], reps[2]}};
     gres[1] = (kvp_get_result){KVP_EOBJECT_NOT_FOUND, 0, 0, 0, 0, {{0, 0, 0, 0, 0, 0, 0}}};
     gres[2] = (kvp_get_result){0, 1, 0, UINT64_MAX, 3, {reps[0], reps[1], reps[2]}};
+    gres[3] = (kvp_get_result){KVP_EOBJECT_LOADING, 2u << 20, 0xABCDull, 0, 0, {{0, 0, 0, 0, 0, 0, 0}}};
     for (int i = 0; i < 1024; i++)
         counters[i] = (uint64_t)i * 0x9E3779B97F4A7C15ull;
     sstats[0] = (kvp_seg_stat){42, PC_B("host-a:7000"), 1ull << 30, 8192, 2, 1ull << 29};
     sstats[1] = (kvp_seg_stat){UINT64_MAX, PC_B(""), 0, 0, 0, 0};
     infos[0] = (kvp_seg_info){0, segs[1]};
-    infos[1] = (kvp_seg_info){KVP_ESEGMENT_NOT_FOUND, {0, {NULL, 0}, 0, 0, NULL, 0, 0}};
+    infos[1] = (kvp_seg_info){KVP_ESEGMENT_NOT_FOUND, {0, {NULL, 0}, 0, 0, NULL, 0, 0, 0}};
     infos[2] = (kvp_seg_info){0, segs[0]};
     info_max = (kvp_seg_info){0, seg_max};
     bad[0] = (kvp_bad_replica){PC_B("k"), 42, 0x100000001ull};
     bad[1] = (kvp_bad_replica){key_max, UINT64_MAX, UINT64_MAX};
+    dents[0] = (kvp_disk_ent){KVP_DISK_SPILL, 0, PC_B(""), PC_B("k"), 4096, 0xC0DE, 7, 0x100000001ull};
+    dents[1] = (kvp_disk_ent){KVP_DISK_LOADED, KVP_ECHECKSUM_MISMATCH, PC_B("tenant-1"), key_max,
+                              UINT64_MAX, UINT64_MAX, UINT32_MAX, UINT64_MAX};
+    dents[2] = (kvp_disk_ent){KVP_DISK_GONE, INT32_MIN, str_max, PC_B("x"), 1, 2, 3, 4};
 
     memset(m, 0, sizeof *m);
     switch (kind * 4 + v) {
@@ -202,7 +212,7 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(put_end, 1) m->put_end = (kvp_msg_put_end){PC_B("t"), 3, keys3, u64s}; return 0;
     S(put_end, 2) m->put_end = (kvp_msg_put_end){str_max, 2, keys_max, u64s}; return 0;
     S(get_resp, 0) m->get_resp.lease_ttl_ms = 5000; return 0;
-    S(get_resp, 1) m->get_resp = (kvp_msg_get_resp){UINT32_MAX, 3, gres}; return 0;
+    S(get_resp, 1) m->get_resp = (kvp_msg_get_resp){UINT32_MAX, 4, gres}; return 0;
     S(prefix_resp, 0) return 0;
     S(prefix_resp, 1) m->prefix_resp.count = 7; return 0;
     S(remove, 0) return 0;
@@ -226,6 +236,8 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(seg_freed, 1) m->seg_freed = (kvp_msg_seg_freed){42, 3, freed}; return 0;
     S(replica_bad, 0) return 0;
     S(replica_bad, 1) m->replica_bad = (kvp_msg_replica_bad){PC_B("tenant-1"), 2, bad}; return 0;
+    S(disk, 0) return 0;
+    S(disk, 1) m->disk = (kvp_msg_disk){0xD15C, 3, dents}; return 0;
 #undef S
     }
     return -1;
@@ -303,7 +315,8 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
         for (uint32_t i = 0; i < x->mount.n; i++)
             if (!pc_seg_eq(&x->mount.segs[i], &y->mount.segs[i]) ||
                 x->mount.segs[i].secret != y->mount.segs[i].secret ||
-                x->mount.segs[i].epoch != y->mount.segs[i].epoch)
+                x->mount.segs[i].epoch != y->mount.segs[i].epoch ||
+                x->mount.segs[i].disk_capacity != y->mount.segs[i].disk_capacity)
                 return 0;
         return 1;
     case PC_ids:
@@ -348,6 +361,8 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
             if (a->status != b->status ||
                 (a->status == 0 && (a->size != b->size || a->checksum != b->checksum ||
                                     a->lease_id != b->lease_id)) ||
+                (a->status == KVP_EOBJECT_LOADING &&
+                 (a->size != b->size || a->checksum != b->checksum)) ||
                 !pc_reps_eq(a->status, a->n_replicas, a->replicas, b->n_replicas, b->replicas))
                 return 0;
         }
@@ -381,6 +396,19 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
                 a->bad[i].segment_id != b->bad[i].segment_id ||
                 a->bad[i].generation != b->bad[i].generation)
                 return 0;
+        return 1;
+    }
+    case PC_disk: {
+        const kvp_msg_disk *a = &x->disk, *b = &y->disk;
+        if (a->segment_id != b->segment_id || a->n != b->n)
+            return 0;
+        for (uint32_t i = 0; i < a->n; i++) {
+            const kvp_disk_ent *e = &a->e[i], *f = &b->e[i];
+            if (e->what != f->what || e->status != f->status || !pc_beq(e->tenant, f->tenant) ||
+                !pc_beq(e->key, f->key) || e->size != f->size || e->checksum != f->checksum ||
+                e->page != f->page || e->generation != f->generation)
+                return 0;
+        }
         return 1;
     }
     case PC_remove_regex:

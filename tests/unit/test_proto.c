@@ -324,7 +324,7 @@ TEST(roundtrip_every_message)
             n++;
         }
     }
-    CHECK_EQ(n, 50); /* every kind, SEG_FREED and REPLICA_BAD included */
+    CHECK_EQ(n, 52); /* every kind, SEG_FREED, REPLICA_BAD and the SSD tier's included */
 }
 
 TEST(decoded_bytes_borrow_from_body)

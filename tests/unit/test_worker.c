@@ -1682,6 +1682,71 @@ TEST(worker_load_rotation_split_stop_oversize)
     env_down(&e);
 }
 
+/* The seeds' staging rule: enable_offload and no budget = 1280 MiB, of
+ * which $VLLM_MOONCAKE_DISK_STAGING_USABLE_RATIO is usable (here a ratio
+ * that leaves exactly 2 keys of 12288 staging bytes: 3 GETs of 2); an
+ * explicit budget wins; a bad ratio is refused. The tier log runs too. */
+TEST(worker_disk_staging_default_and_ratio)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache cs;
+    cache_init(&cs);
+    kvp_worker *ws = worker_open(&e, &cs, &(wopts){.heads = 1});
+    CHECK(ws != NULL);
+    uint8_t hk[NCH * HL];
+    hashes(hk, NCH, 48);
+    uint32_t sb[NCH] = {1, 2, 3, 4, 5, 6}, lb[NCH] = {20, 21, 22, 23, 24, 25}, errs[NB];
+    fill(&cs, 48, sb, NCH);
+    rq q;
+    rq_save(&q, "dsk-s", sb, NCH, hk);
+    CHECK_EQ(store_wait(ws, &q), 0);
+    kvp_worker_destroy(ws);
+    char plain[256];
+    snprintf(plain, sizeof plain, "%s", e.cfg);
+    snprintf(e.cfg + strlen(e.cfg) - 1, sizeof e.cfg - strlen(e.cfg) + 1,
+             ", \"enable_offload\": true}");
+    setenv("VLLM_MOONCAKE_DISK_STAGING_USABLE_RATIO", "1.8310919404e-05", 1);
+    setenv("VLLM_MOONCAKE_STORE_TIER_LOG", "1", 1);
+    size_t ne = 0;
+    kvp_worker_stats st;
+    cache c;
+    cache_init(&c);
+    CHECK_EQ(load_rank1(&e, &c, 0, hk, lb, errs, &ne, &st), 0);
+    CHECK_EQ(ne, 0);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].count, 3);
+    for (int k = 0; k < NCH; k++)
+        CHECK_EQ(block_state(&c, 48, lb[k], k), 1);
+    cache_free(&c);
+    /* without enable_offload: no budget, one GET */
+    char off[256];
+    snprintf(off, sizeof off, "%s", e.cfg);
+    snprintf(e.cfg, sizeof e.cfg, "%s", plain);
+    cache_init(&c);
+    CHECK_EQ(load_rank1(&e, &c, 0, hk, lb, errs, &ne, &st), 0);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].count, 1);
+    cache_free(&c);
+    /* an explicit budget wins over the default */
+    snprintf(e.cfg, sizeof e.cfg, "%s", off);
+    cache_init(&c);
+    CHECK_EQ(load_rank1(&e, &c, 1ull << 40, hk, lb, errs, &ne, &st), 0);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOAD_GET].count, 1);
+    cache_free(&c);
+    /* a ratio outside (0, 1] is refused at create */
+    setenv("VLLM_MOONCAKE_DISK_STAGING_USABLE_RATIO", "1.5", 1);
+    cache_init(&c);
+    CHECK(worker_open(&e, &c, NULL) == NULL);
+    cache_free(&c);
+    unsetenv("VLLM_MOONCAKE_DISK_STAGING_USABLE_RATIO");
+    unsetenv("VLLM_MOONCAKE_STORE_TIER_LOG");
+    cache_free(&cs);
+    env_down(&e);
+}
+
 /* §10.3: only NO_AVAILABLE_HANDLE (-200) backs a request off. A storage
  * node that died while still mounted fails the transfer with another code:
  * the request's next job is attempted again. */
