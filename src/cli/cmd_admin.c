@@ -70,6 +70,22 @@ static void print_table(const kvp_msg_stats_resp *s)
            (unsigned long long)c[KVP_STAT_EVICTIONS], (unsigned long long)c[KVP_STAT_LEASES],
            (unsigned long long)c[KVP_STAT_PENDING], (unsigned long long)c[KVP_STAT_CLIENTS],
            (unsigned long long)c[KVP_STAT_SEGMENTS]);
+    if (s->n_counters > KVP_STAT_SPILL_PRESSURE && c[KVP_STAT_DISK_CAPACITY]) {
+        char d[32], dc[32];
+        printf("SSD tier: %llu objects (%s) of %s; spills %llu (%llu in flight, %llu failed), "
+               "disk hits %llu, loads %llu (%llu failed), dropped %llu, registered %llu, "
+               "puts backed off %llu\n",
+               (unsigned long long)c[KVP_STAT_DISK_OBJECTS],
+               kvp_size_format(c[KVP_STAT_DISK_BYTES], d, sizeof d),
+               kvp_size_format(c[KVP_STAT_DISK_CAPACITY], dc, sizeof dc),
+               (unsigned long long)c[KVP_STAT_SPILLS], (unsigned long long)c[KVP_STAT_SPILLING],
+               (unsigned long long)c[KVP_STAT_SPILL_FAILS],
+               (unsigned long long)c[KVP_STAT_DISK_HITS], (unsigned long long)c[KVP_STAT_LOADS],
+               (unsigned long long)c[KVP_STAT_LOAD_FAILS],
+               (unsigned long long)c[KVP_STAT_DISK_DROPPED],
+               (unsigned long long)c[KVP_STAT_DISK_REGISTERED],
+               (unsigned long long)c[KVP_STAT_SPILL_PRESSURE]);
+    }
     printf("\n%-16s  %-24s %12s %12s %6s %10s %12s\n", "SEGMENT", "NAME", "CAPACITY", "USED",
            "USE%", "REPLICAS", "LARGEST FREE");
     for (uint32_t i = 0; i < s->n_segs; i++) {

@@ -213,15 +213,22 @@ static double jnum(const char *s, const char *key)
     return end == p + strlen(pat) ? -1 : v;
 }
 
+/* The ratio run's workload. */
+static const char *const WORKLOAD[] = {"--instances", "2", "--tp", "2", "--layers", "4",
+                                       "--block-bytes", "16384", "--num-blocks", "256",
+                                       "--users", "16", "--turns", "4",
+                                       "--system-prompt-tokens", "512", "--turn-tokens", "128",
+                                       "--reply-tokens", "64", NULL};
+
 static void bench_sim(const char *master, const char *duration, const char *verify,
-                      const char *seed, simres *r)
+                      const char *seed, const char *const *workload, simres *r)
 {
-    const char *argv[] = {"kvpool", "sim", "--master", master, "--json", "--duration", duration,
-                          "--verify", verify, "--seed", seed,
-                          "--instances", "2", "--tp", "2", "--layers", "4", "--block-bytes",
-                          "16384", "--num-blocks", "256", "--users", "16", "--turns", "4",
-                          "--system-prompt-tokens", "512", "--turn-tokens", "128",
-                          "--reply-tokens", "64", NULL};
+    const char *argv[64] = {"kvpool", "sim", "--master", master, "--json", "--duration",
+                            duration, "--verify", verify, "--seed", seed};
+    size_t na = 11;
+    for (size_t i = 0; workload[i] && na < 63; i++)
+        argv[na++] = workload[i];
+    argv[na] = NULL;
     int p[2];
     if (pipe(p) != 0) {
         snprintf(r->why, sizeof r->why, "pipe: %s", strerror(errno));
@@ -275,24 +282,136 @@ static void bench_sim(const char *master, const char *duration, const char *veri
                  r->mismatches ? " with mismatches" : "");
 }
 
+/*
+ * --tier: the SSD tier's worth. The same workload -- a working set about
+ * ten times the DRAM segment (32 users x 6 turns over a 512-token system
+ * prompt, 256-token turns, 4 layers x 16 KiB per block and plane) -- runs
+ * once against `kvpool serve --segment-size TIER_DRAM` and once against the
+ * same with an SSD tier (--enable-offload, TIER_DISK in a temporary
+ * directory under $TMPDIR or /tmp); hit rate, GB/s and the master's tier
+ * counters of each. One pass of the workload each (--duration 0).
+ */
+#define TIER_DRAM "96MiB"
+#define TIER_DISK "2GiB"
+static const char *const TIER_WORKLOAD[] = {"--instances", "2", "--tp", "1", "--layers", "4",
+                                            "--block-bytes", "16384", "--num-blocks", "512",
+                                            "--users", "32", "--turns", "6",
+                                            "--system-prompt-tokens", "512", "--turn-tokens",
+                                            "256", "--reply-tokens", "64", NULL};
+
+typedef struct tierres {
+    simres sim;
+    long long spills, loads, disk_hits, evictions, disk_objects;
+} tierres;
+
+static long long stat_counter(const char *stats, const char *name)
+{
+    double v = jnum(stats, name);
+    return v < 0 ? -1 : (long long)v;
+}
+
+static void tier_run(int ssd, tierres *t)
+{
+    char dir[512] = "", addr[300];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/kvpool-bench-tier-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (ssd && !mkdtemp(dir)) {
+        snprintf(t->sim.why, sizeof t->sim.why, "mkdtemp: %s", strerror(errno));
+        return;
+    }
+    const char *dram[] = {"serve", "--segment-size", TIER_DRAM, "--log-level", "warn", NULL};
+    const char *tiered[] = {"serve", "--segment-size", TIER_DRAM, "--log-level", "warn",
+                            "--enable-offload", "--offload-dir", dir, "--offload-capacity",
+                            TIER_DISK, "--offload-page-size", "64MiB", NULL};
+    pid_t pid = kvp_cli_spawn_self(ssd ? tiered : dram, 30000, addr, sizeof addr);
+    if (pid <= 0) {
+        snprintf(t->sim.why, sizeof t->sim.why, "could not start `kvpool serve`");
+    } else {
+        bench_sim(addr, "0", "full", "3", TIER_WORKLOAD, &t->sim);
+        char cfg[400], err[256], stats[16384];
+        snprintf(cfg, sizeof cfg, "{\"master\": \"%s\", \"mode\": \"standalone-store\"}", addr);
+        kvp_client *c = NULL;
+        if (kvp_client_open(cfg, &c, err, sizeof err) == 0 &&
+            kvp_client_stat(c, stats, sizeof stats) > 0) {
+            t->spills = stat_counter(stats, "spills");
+            t->loads = stat_counter(stats, "loads");
+            t->disk_hits = stat_counter(stats, "disk_hits");
+            t->evictions = stat_counter(stats, "evictions");
+            t->disk_objects = stat_counter(stats, "disk_objects");
+        }
+        kvp_client_close(c);
+        kill(pid, SIGTERM);
+        waitpid(pid, NULL, 0);
+    }
+    if (ssd) { /* the page files and their indexes */
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "kvpool bench sim: could not remove %s\n", dir);
+    }
+}
+
+static int bench_tier(int json)
+{
+    tierres a = {0}, b = {0};
+    tier_run(0, &a);
+    tier_run(1, &b);
+    FILE *o = json ? stderr : stdout;
+    fprintf(o, "kvpool bench sim --tier: the same workload (32 users x 6 turns, working set "
+               "~10x DRAM) on a %s DRAM pool, without and with a %s SSD tier\n",
+            TIER_DRAM, TIER_DISK);
+    for (int i = 0; i < 2; i++) {
+        const tierres *t = i ? &b : &a;
+        if (t->sim.ok)
+            fprintf(o, "  %-10s hit rate %5.1f%%, %.3f GB/s, %.1f s, %llu requests, %llu "
+                       "mismatches; evictions %lld, spills %lld, disk hits %lld, loads %lld\n",
+                    i ? "DRAM+SSD" : "DRAM only", t->sim.hit_rate * 100, t->sim.gbps,
+                    t->sim.seconds, t->sim.requests, t->sim.mismatches, t->evictions,
+                    t->spills, t->disk_hits, t->loads);
+        else
+            fprintf(o, "  %-10s FAILED: %s\n", i ? "DRAM+SSD" : "DRAM only", t->sim.why);
+    }
+    if (json) {
+        printf("{\n  \"bench\": \"sim_tier\",\n  \"dram\": \"%s\",\n  \"disk\": \"%s\",\n",
+               TIER_DRAM, TIER_DISK);
+        for (int i = 0; i < 2; i++) {
+            const tierres *t = i ? &b : &a;
+            printf("  \"%s\": {\"ok\": %s, \"hit_rate\": %.4f, \"gbps\": %.3f, \"seconds\": %.3f, "
+                   "\"requests\": %llu, \"mismatches\": %llu, \"bytes_stored\": %llu, "
+                   "\"bytes_loaded\": %llu, \"evictions\": %lld, \"spills\": %lld, "
+                   "\"disk_hits\": %lld, \"loads\": %lld},\n",
+                   i ? "dram_ssd" : "dram_only", t->sim.ok ? "true" : "false", t->sim.hit_rate,
+                   t->sim.gbps, t->sim.seconds, t->sim.requests, t->sim.mismatches,
+                   t->sim.stored, t->sim.loaded, t->evictions, t->spills, t->disk_hits, t->loads);
+        }
+        printf("  \"hit_rate_gain\": %.4f\n}\n", b.sim.hit_rate - a.sim.hit_rate);
+    }
+    fflush(stdout);
+    return a.sim.ok && b.sim.ok ? 0 : 1;
+}
+
 static void usage(void)
 {
-    printf("usage: kvpool bench sim [--master HOST:PORT] [--duration SECONDS] [--json]\n\n"
+    printf("usage: kvpool bench sim [--master HOST:PORT] [--duration SECONDS] [--json]\n"
+           "       kvpool bench sim --tier [--json]\n\n"
            "The engine simulator's end-to-end GB/s (stored + loaded over wall time, every\n"
            "loaded block verified) as a fraction of the store's raw batch put + get\n"
            "bandwidth for the same block shape (%d keys x %d pieces of %u bytes),\n"
            "both measured in this run. Target: >= %.1f.\n\n"
            "  --master HOST:PORT  use this pool (default: start `kvpool serve`, segment %s)\n"
            "  --duration SECONDS  each of the two simulator runs (default 8)\n"
-           "  --json              results as JSON on stdout (the table goes to stderr)\n",
+           "  --json              results as JSON on stdout (the table goes to stderr)\n"
+           "  --tier              instead: hit rate and GB/s of one workload on a " TIER_DRAM "\n"
+           "                      DRAM pool without and with a " TIER_DISK " SSD tier\n",
            RAW_KEYS, PIECES, BLOCK_BYTES, TARGET, SEGMENT);
 }
 
 int kvp_bench_sim(int argc, char **argv)
 {
     static const kvp_cli_flag own[] = {{"json", KVP_CLI_BOOL}, {"master", KVP_CLI_CONNECT},
-                                       {"duration", KVP_CLI_TEXT}, {NULL, KVP_CLI_TEXT}};
-    const char *v[3] = {NULL};
+                                       {"duration", KVP_CLI_TEXT}, {"tier", KVP_CLI_BOOL},
+                                       {NULL, KVP_CLI_TEXT}};
+    const char *v[4] = {NULL};
     int rc = kvp_cli_scan(argc, argv, own, v, NULL);
     if (rc == 1) {
         usage();
@@ -304,6 +423,8 @@ int kvp_bench_sim(int argc, char **argv)
     const char *master = v[1], *duration = v[2] ? v[2] : "8";
     int json = v[0] != NULL;
     signal(SIGPIPE, SIG_IGN);
+    if (v[3])
+        return bench_tier(json);
     char addr[300];
     pid_t pid = 0;
     if (master) {
@@ -321,8 +442,8 @@ int kvp_bench_sim(int argc, char **argv)
     bench_raw(addr, &raw);
     if (raw.ok) {
         /* another seed: the second run must not find the first one's blocks */
-        bench_sim(addr, duration, "full", "1", &sim);
-        bench_sim(addr, duration, "sample", "2", &sam);
+        bench_sim(addr, duration, "full", "1", WORKLOAD, &sim);
+        bench_sim(addr, duration, "sample", "2", WORKLOAD, &sam);
         bench_raw(addr, &raw2);
         if (!raw2.ok)
             raw = raw2; /* a failure is reported */

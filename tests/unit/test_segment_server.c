@@ -68,7 +68,7 @@ static int fx_start_lim(fx *f, uint64_t size, const char *token, const kvp_segse
     f->eps[1] = (kvp_endpoint){{(const uint8_t *)"shm", 3},
                                {(const uint8_t *)f->shm_ep, (uint32_t)strlen(f->shm_ep)}};
     f->desc = (kvp_seg_desc){SEG_ID, {(const uint8_t *)f->addr, (uint32_t)strlen(f->addr)},
-                             kvp_segment_size(f->seg), 2, f->eps, 0, 0};
+                             kvp_segment_size(f->seg), 2, f->eps, 0, 0, 0};
     return 0;
 }
 
@@ -286,7 +286,7 @@ TEST(two_segments_one_batch)
     b.eps[0] = (kvp_endpoint){{(const uint8_t *)"tcp", 3},
                               {(const uint8_t *)b.addr, (uint32_t)strlen(b.addr)}};
     b.desc = (kvp_seg_desc){SEG_ID + 1, {(const uint8_t *)b.addr, (uint32_t)strlen(b.addr)},
-                            4 * MiB, 1, b.eps, 0, 0};
+                            4 * MiB, 1, b.eps, 0, 0, 0};
     kvp_xfer *x;
     kvp_xfer_opts xo = {NULL, 7, 2, 0, 3000, 0};
     CHECK_EQ(kvp_xfer_create(&xo, &x), 0);
