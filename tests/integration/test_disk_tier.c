@@ -8,6 +8,7 @@
  */
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,13 +111,18 @@ static long long counter(kvp_client *c, const char *name)
 
 static void key_name(char *k, size_t n, int i) { snprintf(k, n, "tier-key-%04d", i); }
 
+/* Puts keys [from, to), as put_all. */
+static int put_range(kvp_client *c, int from, int to);
+
 /* Puts keys [0, n): a -200 (the tier is still writing the room out) is
  * retried, as the connector's back-off would. */
-static int put_all(kvp_client *c, int n)
+static int put_all(kvp_client *c, int n) { return put_range(c, 0, n); }
+
+static int put_range(kvp_client *c, int from, int to)
 {
     uint8_t *v = malloc(VAL);
     int rc = 0;
-    for (int i = 0; i < n && rc == 0; i++) {
+    for (int i = from; i < to && rc == 0; i++) {
         char k[32];
         key_name(k, sizeof k, i);
         tp_fill(v, VAL, (uint64_t)i);
@@ -131,13 +137,13 @@ static int put_all(kvp_client *c, int n)
     return rc;
 }
 
-/* Reads keys [0, n): each is byte-exact or (when missing_ok) not found.
+/* Reads keys [from, to): each is byte-exact or (when missing_ok) not found.
  * Returns how many were found, -1 on a wrong byte or another error. */
-static int get_all(kvp_client *c, int n, int missing_ok)
+static int get_range(kvp_client *c, int from, int to, int missing_ok)
 {
     uint8_t *v = malloc(VAL), *want = malloc(VAL);
     int found = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = from; i < to; i++) {
         char k[32];
         key_name(k, sizeof k, i);
         memset(v, 0xEE, VAL);
@@ -157,6 +163,8 @@ static int get_all(kvp_client *c, int n, int missing_ok)
     free(want);
     return found;
 }
+
+static int get_all(kvp_client *c, int n, int missing_ok) { return get_range(c, 0, n, missing_ok); }
 
 static int wait_segments(const char *addr, int want, unsigned ms)
 {
@@ -318,5 +326,47 @@ TEST(corrupt_records_reported_missing_never_served)
     CHECK(counter(c, "load_fails") >= bad);
     CHECK_EQ(counter(c, "disk_objects"), found); /* the corrupt ones are gone */
     kvp_client_close(c);
+    env_stop(&e);
+}
+
+/* The disk fills up (a small tmpfs, less than offload_capacity claims):
+ * spills fail and their victims are dropped as without a tier (puts go on,
+ * after -200 back-offs); once space returns, spills succeed again and those
+ * objects come back from disk. */
+TEST(disk_full_then_space_returns)
+{
+    env e;
+    memset(&e, 0, sizeof e);
+    snprintf(e.dir, sizeof e.dir, "/tmp/kvpool-disk-full-XXXXXX");
+    CHECK(mkdtemp(e.dir) != NULL);
+    if (mount("tmpfs", e.dir, "tmpfs", 0, "size=150m") != 0) {
+        rmdir(e.dir);
+        SKIP("cannot mount a small tmpfs here (needs CAP_SYS_ADMIN)");
+    }
+    char filler[300];
+    snprintf(filler, sizeof filler, "%s/filler", e.dir);
+    int fd = open(filler, O_WRONLY | O_CREAT, 0600);
+    CHECK(fd >= 0);
+    CHECK_EQ(posix_fallocate(fd, 0, 60 * MiB), 0); /* room for one 64 MiB page, not two */
+    close(fd);
+    CHECK(master_start(&e, 0) == 0);
+    CHECK(store_start(&e) == 0);
+    kvp_client *c = client_open(e.addr);
+    CHECK(c != NULL);
+    CHECK_EQ(put_range(c, 0, 110), 0); /* about 90 MiB to spill: the disk fills */
+    CHECK(counter(c, "spill_fails") > 0);
+    CHECK(counter(c, "evictions") > 0);
+    long long spills = counter(c, "spills");
+    CHECK(spills > 0);
+    CHECK(get_range(c, 0, 110, 1) >= 0); /* what is there is byte-exact */
+    unlink(filler); /* space returns */
+    tp_sleep_ms(700);
+    CHECK_EQ(put_range(c, 200, 250), 0);
+    CHECK(counter(c, "spills") > spills);
+    CHECK_EQ(get_range(c, 200, 230, 0), 30); /* spilled after the recovery: all back */
+    kvp_client_close(c);
+    tp_store_stop(&e.st);
+    e.st.pid = 0;
+    umount(e.dir);
     env_stop(&e);
 }
