@@ -427,3 +427,20 @@ TEST(concurrent_spills_loads_removes)
     kvp_client_close(c);
     env_stop(&e);
 }
+
+/* Start-up refusals name the key: offload without a directory, a directory
+ * that cannot be created. */
+TEST(store_refuses_a_bad_tier_config)
+{
+    char out[4096];
+    const char *a1[] = {tp_kvpool_bin(), "store", "--master", "127.0.0.1:1", "--segment-size",
+                        "4MiB", "--enable-offload", "--master-optional", NULL};
+    CHECK_EQ(tp_run_capture(a1, 2, out, sizeof out, 10000), 1);
+    CHECK(strstr(out, "key \"enable_offload\" needs key \"offload_dir\"") != NULL);
+    const char *a2[] = {tp_kvpool_bin(), "store", "--master", "127.0.0.1:1", "--segment-size",
+                        "4MiB", "--enable-offload", "--offload-dir", "/proc/kvpool-nope",
+                        "--offload-capacity", "128MiB", "--offload-page-size", "64MiB",
+                        "--master-optional", NULL};
+    CHECK_EQ(tp_run_capture(a2, 2, out, sizeof out, 10000), 1);
+    CHECK(strstr(out, "/proc/kvpool-nope") != NULL);
+}

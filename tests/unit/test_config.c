@@ -600,6 +600,40 @@ TEST(validation)
     CHECK_EQ(kvp_config_validate(NULL, err, sizeof err), KVP_ECONFIG);
 }
 
+/* The SSD tier's keys: Mooncake names, sizes, ratios and their checks. */
+TEST(offload_keys)
+{
+    kvp_config c;
+    char err[KVP_CONFIG_ERRLEN];
+    CHECK_EQ(load(&c, "{\"enable_offload\": true, \"offload_file_storage_path\": \"/nvme/kv\", "
+                      "\"offload_total_size_limit_bytes\": \"2TB\", \"offload_page_size\": "
+                      "\"256MiB\", \"offload_local_buffer_size_bytes\": \"1.25GiB\"}", err), 0);
+    CHECK(c.enable_offload && !strcmp(c.offload_dir, "/nvme/kv"));
+    CHECK_EQ(c.offload_capacity, 2ull << 40); /* "TB" is binary, as Mooncake's sizes */
+    CHECK_EQ(c.offload_page_size, 256ull << 20);
+    CHECK_EQ(c.offload_staging, 1342177280ull);
+    CHECK_EQ(kvp_config_validate(&c, err, sizeof err), 0);
+    CHECK_EQ(load(&c, "{\"offload_page_size\": \"32MiB\"}", err), KVP_ECONFIG);
+    CHECK(HAS(err, "key \"offload_page_size\"", "32MiB"));
+    CHECK_EQ(load(&c, "{\"offload_page_size\": 67112960}", err), 0); /* 64 MiB + 4 KiB */
+    CHECK_EQ(load(&c, "{\"offload_page_size\": 67109000}", err), 0);
+    CHECK_EQ(kvp_config_validate(&c, err, sizeof err), KVP_ECONFIG);
+    CHECK(HAS(err, "key \"offload_page_size\": 67109000 is not a multiple of 4 KiB"));
+    CHECK_EQ(load(&c, "{\"offload_capacity\": \"100MiB\"}", err), 0);
+    CHECK_EQ(kvp_config_validate(&c, err, sizeof err), KVP_ECONFIG);
+    CHECK(HAS(err, "key \"offload_capacity\"", "at least two pages"));
+    CHECK_EQ(load(&c, "{\"offload_low_watermark_ratio\": 0.96}", err), 0);
+    CHECK_EQ(kvp_config_validate(&c, err, sizeof err), KVP_ECONFIG);
+    CHECK(HAS(err, "key \"offload_low_watermark_ratio\" (0.96) must be less than key "
+                   "\"offload_high_watermark_ratio\" (0.95)"));
+    CHECK_EQ(load(&c, "{\"offload_high_watermark_ratio\": 1.5}", err), KVP_ECONFIG);
+    CHECK(HAS(err, "key \"offload_high_watermark_ratio\""));
+    CHECK_EQ(load(&c, "{\"offload_staging_budget\": \"1MiB\"}", err), KVP_ECONFIG);
+    CHECK(HAS(err, "key \"offload_staging_budget\""));
+    CHECK_EQ(kvp_config_set(&c, "offload-dir", "/tmp/x", err, sizeof err), 0); /* a flag too */
+    CHECK(!strcmp(c.offload_dir, "/tmp/x"));
+}
+
 TEST(reference_lists_every_key)
 {
     char *buf = NULL;
