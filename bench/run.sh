@@ -16,6 +16,12 @@ mv "$out/connector.json.tmp" "$out/connector.json"
 echo "== kvpool bench sim (results: $out/sim.json)"
 "$build/kvpool" bench sim --json >"$out/sim.json.tmp"
 mv "$out/sim.json.tmp" "$out/sim.json"
+echo "== kvpool bench sim --tier: DRAM only vs DRAM + SSD (results: $out/sim_tier.json)"
+"$build/kvpool" bench sim --tier --json >"$out/sim_tier.json.tmp"
+mv "$out/sim_tier.json.tmp" "$out/sim_tier.json"
+echo "== kvpool bench disk: the SSD tier's store vs fio (results: $out/disk.json)"
+"$build/kvpool" bench disk --json >"$out/disk.json.tmp"
+mv "$out/disk.json.tmp" "$out/disk.json"
 venv=${KVPOOL_VENV:-$HOME/.cache/kvpool/venv}
 if "$venv/bin/python" -c 'import numpy' 2>/dev/null; then
   echo "== bench/bench_python.py: kvpool.mooncake, the C client, Mooncake (results: $out/python.json)"
