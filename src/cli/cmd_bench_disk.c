@@ -145,6 +145,7 @@ static void bench_store(const opts *o, res *r)
 {
     uint64_t n = o->size / o->value;
     uint64_t cap = (o->size + o->size / 4 + (256u << 20)) & ~((128ull << 20) - 1);
+    rm_dir(o->dir); /* what an interrupted run left would count against capacity */
     kvp_disk *d = open_store(o->dir, cap, o->depth, r->why, sizeof r->why);
     if (!d)
         return;
@@ -303,6 +304,7 @@ static void bench_small(const opts *o, res *r)
     snprintf(dir, sizeof dir, "%s-small", o->dir);
     uint64_t n = o->restart_records;
     uint64_t cap = ((n * 4096 + n * 4096 / 4) & ~((128ull << 20) - 1)) + (512ull << 20);
+    rm_dir(dir);
     kvp_disk *d = open_store(dir, cap, o->depth, r->why, sizeof r->why);
     if (!d) {
         r->ok = 0;
