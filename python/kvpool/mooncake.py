@@ -287,7 +287,7 @@ _PASS = {"global_segment_size", "protocol", "replica_num",
          "preferred_segment", "rpc_timeout", "cluster_token", "log_level"}
 _IGNORED = {"local_buffer_size",  # no staging buffer: any value, "infinite" too
             "metadata_server", "rdma_devices", "device_name", "engine", "ipc_socket_path",
-            "enable_client_http_server", "client_http_port", "ssd_offload_path",
+            "enable_client_http_server", "client_http_port",
             "master_metrics_port", "transfer_timeout", "use_ascend_direct", "te_meta_data_server"}
 
 
@@ -318,12 +318,20 @@ def _store_config(opts: dict[str, Any]) -> dict[str, Any]:
                 cfg["tenant"] = str(v)
         elif k in ("enable_ssd_offload", "enable_offload"):
             cfg["enable_offload"] = _parse_bool(v)
+        elif k in ("ssd_offload_path", "offload_dir"):
+            if str(v):
+                cfg["offload_dir"] = str(v)
         elif k in _PASS:
             cfg[k] = v if not isinstance(v, bool) else v
         elif k in _IGNORED:
             continue
         else:
             log.debug("setup: key %r is not used by kvpool", k)
+    # Mooncake's client-side SSD offload directory: an embedded segment's tier
+    if cfg.get("enable_offload") and "offload_dir" not in cfg:
+        env_dir = os.environ.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "")
+        if env_dir:
+            cfg["offload_dir"] = env_dir
     proto = str(cfg.get("protocol", "tcp")).lower()
     if proto != "tcp":
         log.warning("protocol %r: kvpool has no %s transport yet; using shared memory on this "

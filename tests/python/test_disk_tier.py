@@ -85,3 +85,27 @@ def test_mooncake_replica_descriptors_show_the_disk(tiered: kvpool_procs.Proc) -
     finally:
         store.remove_all()
         store.close()
+
+
+def test_mooncake_embedded_ssd_offload(tmp_path: "os.PathLike[str]") -> None:
+    """Mooncake's client-side SSD offload: setup(..., enable_ssd_offload=True,
+    ssd_offload_path=DIR) gives the embedded segment an SSD tier."""
+    from kvpool import mooncake
+    m = kvpool_procs.master("--lease-ttl", "5s", "--client-ttl", "10s")
+    store = mooncake.MooncakeDistributedStore()
+    try:
+        assert store.setup("127.0.0.1", "P2PHANDSHAKE", 8 * MiB, 0, "tcp", "", m.addr,
+                           enable_ssd_offload=True, ssd_offload_path=str(tmp_path)) == 0
+        for i in range(20):
+            v = _value(i)
+            end = time.monotonic() + 20
+            while store.put(f"emb-tier-{i}", v) != 0:
+                assert time.monotonic() < end
+                time.sleep(0.005)
+        assert any(d.is_disk_replica() for d in store.get_replica_desc("emb-tier-0"))
+        for i in range(20):
+            assert store.get(f"emb-tier-{i}") == _value(i)
+        assert any(p.name.endswith(".log") for p in os.scandir(tmp_path))
+    finally:
+        store.close()
+        m.stop()
