@@ -270,6 +270,72 @@ TEST(every_size_over_tcp)
     sizes_body(1, 1);
 }
 
+/* The SSD tier into device memory: values put from device memory into a
+ * 16 MiB segment with a disk tier, most of them spilled, come back into
+ * device memory byte-exact (staged into DRAM by the node, then the usual
+ * device paths), over shm and over tcp. */
+static void disk_tier_body(int tcp)
+{
+    char dir[] = "/tmp/kvpool-gpu-tier-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    env e;
+    memset(&e, 0, sizeof e);
+    CHECK_EQ(tp_master_start(&e.m, NULL), 0);
+    CHECK_EQ(tp_store_start(&e.st, e.m.addr,
+                            (const char *const[]){"--segment-size", "16MiB", "--enable-offload",
+                                                  "--offload-dir", dir, "--offload-capacity",
+                                                  "256MiB", "--offload-page-size", "64MiB",
+                                                  NULL}),
+             0);
+    kvp_client *c = open_client(&e, tcp);
+    CHECK(c);
+    enum { N = 40 };
+    uint8_t *src = kvp_gpu_dev_alloc(0, MiB), *dst = kvp_gpu_dev_alloc(0, MiB);
+    CHECK(src && dst);
+    for (int i = 0; i < N; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "gpu-tier-%d-%d", tcp, i);
+        CHECK_EQ(dev_fill(src, MiB, (uint64_t)i + 100), 0);
+        int rc;
+        uint64_t end = tp_now_ms() + 20000;
+        while ((rc = kvp_client_put(c, key, src, MiB)) == KVP_ENO_AVAILABLE_HANDLE &&
+               tp_now_ms() < end)
+            tp_sleep_ms(5);
+        CHECK_EQ(rc, 0);
+    }
+    int on_disk = 0;
+    for (int i = 0; i < N; i++) {
+        char key[64];
+        const char *kp = key;
+        snprintf(key, sizeof key, "gpu-tier-%d-%d", tcp, i);
+        int t = 0;
+        CHECK_EQ(kvp_client_tiers(c, &kp, 1, &t), 0);
+        on_disk += t == KVP_TIER_DISK;
+        CHECK_EQ(kvp_client_get(c, key, dst, MiB), (int64_t)MiB);
+        CHECK(dev_holds(dst, MiB, (uint64_t)i + 100));
+    }
+    CHECK(on_disk >= N - 16); /* those were read back from disk */
+    kvp_client_close(c);
+    env_down(&e);
+    kvp_gpu_dev_free(src);
+    kvp_gpu_dev_free(dst);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ(system(cmd), 0);
+}
+
+TEST(disk_tier_into_device_memory_shm)
+{
+    NEED_DEVICE();
+    disk_tier_body(0);
+}
+
+TEST(disk_tier_into_device_memory_tcp)
+{
+    NEED_DEVICE();
+    disk_tier_body(1);
+}
+
 TEST(unregistered_device_pointers)
 {
     NEED_DEVICE();
