@@ -17,13 +17,19 @@
  *    of its page file did; a page's index file lists only such records and
  *    is written once everything placed in the page has finished;
  *  - items are placed, submitted and completed (indexed, reported) in
- *    queue order, one FIFO, so when an item completes every item queued
- *    before it has completed, and a later write of a key replaces an
- *    earlier one;
+ *    queue order, one FIFO (the tombstones carried out of dropped pages
+ *    go to its front and have no place in the flush order), so when an
+ *    item completes every item queued before it has completed, and a later
+ *    write of a key replaces an earlier one;
  *  - a page with items placed in it and not finished (pending) is never
  *    dropped, compacted, nor given its index file;
  *  - page->live is the sum of the totals of the live (non-tombstone)
- *    entries on its list.
+ *    entries on its list;
+ *  - a copy of a key's record that is still in a page file but not indexed
+ *    (a ghost) stays dead across a restart: the key's entry has a higher
+ *    sequence (or is a tombstone of the same one) and records where ghosts
+ *    may be; when the entry's record leaves while ghosts remain, a
+ *    tombstone of its sequence is made durable before its page file goes.
  */
 #include "node/disk.h"
 
@@ -165,16 +171,36 @@ struct dpage {
     dent *list;        /* its entries */
 };
 
+/*
+ * Ghosts: copies of a key's records that are still in page files but that
+ * the index does not point at (older values, records a tombstone killed,
+ * the old copy of a record compaction moved, a stale compaction move). A
+ * restart would see them again; what keeps them dead is the entry of the
+ * key with a higher sequence (or a tombstone of the same one). So an entry
+ * remembers the range of page ids that may hold ghosts of its key (glo,
+ * ghi: ids + 1; 0, 0 = none), and when its own record leaves (its page
+ * dropped for room, a checksum failure) while such a page is still there, a
+ * tombstone of its sequence is written first (a carry): see make_room.
+ */
 struct dent {
     dent *hnext;            /* hash chain */
     dent *pprev, *pnext;    /* page list */
     uint64_t hash;
     dpage *page;
     uint64_t off, total, hdr_len, size, csum, seq;
+    uint64_t glo, ghi;      /* ghosts */
     int tomb;
     uint32_t klen, tlen;
     uint8_t kt[];           /* key then tenant */
 };
+
+/* A page dropped for room whose file stays until the tombstones carried
+ * out of it are durable. */
+typedef struct zombie {
+    uint64_t id;
+    size_t left;            /* carries not yet finished */
+    int failed;             /* one failed: the file stays (a restart scans it) */
+} zombie;
 
 typedef struct witem {
     struct witem *next;
@@ -183,9 +209,12 @@ typedef struct witem {
     uint8_t *hb;            /* the header bytes, kept from buf once written */
     kvp_disk_hdr h;         /* h.key / h.tenant point into buf, then hb */
     void *cookie;
-    uint64_t qno;           /* queue order (kvp_disk_flush) */
+    uint64_t qno;           /* queue order (kvp_disk_flush); 0: a carry */
     uint64_t cap;           /* buf's capacity (buf_put) */
-    int internal;           /* a compaction move (no callback) */
+    int internal;           /* a compaction move or a carry (no callback) */
+    int carry;              /* a tombstone carried out of a dropped record */
+    zombie *zb;             /* the carry's dropped page */
+    uint64_t glo, ghi;      /* ghosts the record's entry takes over */
     dpage *from;
     uint64_t from_off;
     dpage *page;            /* where it went */
@@ -215,6 +244,8 @@ struct kvp_disk {
     uint64_t full_until;    /* ms: the disk was full; writes refused until then */
     size_t ncompacting;     /* pages with compacting set */
     size_t nidx_ready;      /* pages with idx_state IDX_READY */
+    zombie **zombies;
+    size_t nzombies, cap_zombies;
     int stop, wdone;
     pthread_t writer, syncer;
     /* record buffers kept for reuse (a fresh 2 MiB buffer costs 512 page
@@ -312,16 +343,89 @@ static void ent_del(kvp_disk *d, dent *e)
     kvp_free(e);
 }
 
-/* Indexes a durable record at (p, off): replaces an older entry of the
- * key, is ignored when a newer one exists. Caller holds mu. 1 indexed. */
-static int ent_put(kvp_disk *d, const kvp_disk_hdr *h, dpage *p, uint64_t off)
+/* ------------------------------------------------------------ ghosts */
+
+static void ghost_add(uint64_t *lo, uint64_t *hi, uint64_t id)
 {
+    id++;
+    if (!*lo || id < *lo)
+        *lo = id;
+    if (id > *hi)
+        *hi = id;
+}
+
+static void ghost_merge(uint64_t *lo, uint64_t *hi, uint64_t olo, uint64_t ohi)
+{
+    if (ohi) {
+        ghost_add(lo, hi, olo - 1);
+        ghost_add(lo, hi, ohi - 1);
+    }
+}
+
+/* The first index in d->pages (sorted by id) whose id is >= id. */
+static size_t page_lb(const kvp_disk *d, uint64_t id)
+{
+    size_t a = 0, b = d->npages;
+    while (a < b) {
+        size_t m = a + (b - a) / 2;
+        if (d->pages[m]->id < id)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a;
+}
+
+/* Whether a page file other than ex's that may hold ghosts in [*lo, *hi]
+ * is still there (a page, or a zombie). Narrows the range to the files
+ * still there: page ids are never used again. Caller holds mu. */
+static int ghosts_exist(kvp_disk *d, uint64_t *lo, uint64_t *hi, const dpage *ex)
+{
+    if (!*hi)
+        return 0;
+    uint64_t a = *lo - 1, b = *hi - 1, nlo = 0, nhi = 0;
+    int any = 0;
+    size_t i = page_lb(d, a), j = page_lb(d, b + 1);
+    if (i < j) {
+        ghost_add(&nlo, &nhi, d->pages[i]->id);
+        ghost_add(&nlo, &nhi, d->pages[j - 1]->id);
+        any = j - i > 1 || d->pages[i] != ex;
+    }
+    for (size_t k = 0; k < d->nzombies; k++)
+        if (d->zombies[k]->id >= a && d->zombies[k]->id <= b) {
+            ghost_add(&nlo, &nhi, d->zombies[k]->id);
+            any = 1;
+        }
+    *lo = nlo;
+    *hi = nhi;
+    return any;
+}
+
+/*
+ * Indexes a durable record at (p, off), taking over ghosts [glo, ghi]:
+ * replaces an older entry of the key, is ignored when a newer one exists (a
+ * tombstone also wins over a record of its own sequence: a carry). The copy
+ * that loses stays in its page: a ghost of the winner's. Caller holds mu.
+ * 1 indexed.
+ */
+static int ent_put(kvp_disk *d, const kvp_disk_hdr *h, dpage *p, uint64_t off, uint64_t glo,
+                   uint64_t ghi)
+{
+    int tomb = (h->flags & KVP_DISK_TOMBSTONE) != 0;
     uint64_t hv = key_hash(h->tenant, h->tenant_len, h->key, h->key_len);
     dent *old = find(d, hv, h->tenant, h->tenant_len, h->key, h->key_len);
-    if (old && old->seq > h->seq)
+    if (old && (old->seq > h->seq || (old->seq == h->seq && old->tomb && !tomb))) {
+        if (!tomb)
+            ghost_add(&old->glo, &old->ghi, p->id);
+        ghost_merge(&old->glo, &old->ghi, glo, ghi);
         return 0;
-    if (old && old->seq == h->seq && !old->tomb == !(h->flags & KVP_DISK_TOMBSTONE)) {
-        /* the same record at a new place (compaction, or its copy seen in a scan) */
+    }
+    if (old && old->seq == h->seq && old->tomb == tomb) {
+        /* the same record at a new place (compaction, or its copy seen in a
+         * scan): the other copy stays until its page goes */
+        if (!tomb)
+            ghost_add(&old->glo, &old->ghi, old->page->id);
+        ghost_merge(&old->glo, &old->ghi, glo, ghi);
         page_unlink(old);
         old->off = off;
         page_link(p, old);
@@ -338,13 +442,19 @@ static int ent_put(kvp_disk *d, const kvp_disk_hdr *h, dpage *p, uint64_t off)
     e->size = h->size;
     e->csum = h->csum;
     e->seq = h->seq;
-    e->tomb = (h->flags & KVP_DISK_TOMBSTONE) != 0;
+    e->tomb = tomb;
     e->klen = h->key_len;
     e->tlen = h->tenant_len;
+    e->glo = glo;
+    e->ghi = ghi;
     memcpy(e->kt, h->key, h->key_len);
     memcpy(e->kt + h->key_len, h->tenant, h->tenant_len);
-    if (old)
+    if (old) {
+        ghost_merge(&e->glo, &e->ghi, old->glo, old->ghi);
+        if (!old->tomb)
+            ghost_add(&e->glo, &e->ghi, old->page->id);
         ent_del(d, old);
+    }
     if (d->count + 1 > d->ht_mask + 1)
         ht_grow(d);
     e->hnext = d->ht[hv & d->ht_mask];
@@ -393,8 +503,9 @@ static void page_unlink_files(kvp_disk *d, uint64_t id)
 
 /* Drops page p (caller holds mu; p->pending is 0): its entries leave the
  * index and are returned in *recs (their key bytes copied) for on_dropped;
- * its files are deleted. */
-static void page_drop(kvp_disk *d, dpage *p, kvp_disk_rec **recs, uint8_t **keys, size_t *nrec)
+ * its files are deleted unless keep_files (a zombie's). */
+static void page_drop(kvp_disk *d, dpage *p, kvp_disk_rec **recs, uint8_t **keys, size_t *nrec,
+                      int keep_files)
 {
     KVP_ASSERT(p->pending == 0);
     size_t n = 0, kb = 0;
@@ -419,7 +530,8 @@ static void page_drop(kvp_disk *d, dpage *p, kvp_disk_rec **recs, uint8_t **keys
         }
         ent_del(d, e);
     }
-    page_unlink_files(d, p->id);
+    if (!keep_files)
+        page_unlink_files(d, p->id);
     for (size_t i = 0; i < d->npages; i++)
         if (d->pages[i] == p) {
             memmove(d->pages + i, d->pages + i + 1, (d->npages - i - 1) * sizeof *d->pages);
@@ -443,10 +555,121 @@ static void report_dropped(kvp_disk *d, kvp_disk_rec *recs, uint8_t *keys, size_
     kvp_free(keys);
 }
 
+static uint8_t *record_buf(kvp_disk *d, kvp_disk_hdr *h, uint64_t *cap);
+static void buf_put(kvp_disk *d, uint8_t *p, uint64_t cap);
+
+/* A tombstone of (t, k) at sequence seq that takes over ghosts [glo, ghi],
+ * queued first (no callback, no place in the flush order). Caller holds
+ * mu. 0, or -1 (no memory). */
+static int carry(kvp_disk *d, const uint8_t *t, uint32_t tl, const uint8_t *k, uint32_t kl,
+                 uint64_t seq, uint64_t glo, uint64_t ghi, zombie *zb)
+{
+    kvp_disk_hdr h = {KVP_DISK_TOMBSTONE, kl, tl, 0, 0, seq, k, t, 0, 0};
+    uint64_t cap = 0;
+    witem *w = kvp_calloc(1, sizeof *w);
+    uint8_t *b = w ? record_buf(d, &h, &cap) : NULL;
+    if (!b) {
+        kvp_free(w);
+        return -1;
+    }
+    w->buf = b;
+    w->cap = cap;
+    w->h = h;
+    w->internal = 1;
+    w->carry = 1;
+    w->zb = zb;
+    w->glo = glo;
+    w->ghi = ghi;
+    d->queued += h.total;
+    w->next = d->qhead;
+    d->qhead = w;
+    if (!d->qtail)
+        d->qtail = w;
+    pthread_cond_broadcast(&d->cv);
+    return 0;
+}
+
+/* Carries out of page v the tombstones its entries need (an entry whose
+ * key has ghosts in other page files). 0 (*zb: the zombie to keep v's file
+ * under, or NULL when nothing was carried), or -1 (no memory: v must stay).
+ * Caller holds mu. */
+static int carry_out(kvp_disk *d, dpage *v, zombie **zb)
+{
+    size_t n = 0;
+    *zb = NULL;
+    for (dent *e = v->list; e; e = e->pnext)
+        n += ghosts_exist(d, &e->glo, &e->ghi, v);
+    if (!n)
+        return 0;
+    zombie *z = kvp_calloc(1, sizeof *z);
+    if (!z)
+        return -1;
+    if (d->nzombies == d->cap_zombies) {
+        size_t nc = d->cap_zombies ? d->cap_zombies * 2 : 8;
+        zombie **nz = kvp_realloc(d->zombies, nc * sizeof *nz);
+        if (!nz) {
+            kvp_free(z);
+            return -1;
+        }
+        d->zombies = nz;
+        d->cap_zombies = nc;
+    }
+    z->id = v->id;
+    /* all of them or none: the queue is only touched once every one exists */
+    witem *saved = d->qhead, *saved_tail = d->qtail;
+    uint64_t saved_queued = d->queued;
+    for (dent *e = v->list; e; e = e->pnext) {
+        if (!ghosts_exist(d, &e->glo, &e->ghi, v))
+            continue;
+        uint64_t lo = e->glo, hi = e->ghi;
+        if (!e->tomb)
+            ghost_add(&lo, &hi, v->id); /* the record itself, while v's file stays */
+        if (carry(d, e->kt + e->klen, e->tlen, e->kt, e->klen, e->seq, lo, hi, z) != 0) {
+            while (d->qhead != saved) {
+                witem *w = d->qhead;
+                d->qhead = w->next;
+                buf_put(d, w->buf, w->cap);
+                kvp_free(w);
+            }
+            d->qtail = saved_tail;
+            d->queued = saved_queued;
+            kvp_free(z);
+            return -1;
+        }
+        z->left++;
+    }
+    d->zombies[d->nzombies++] = z;
+    *zb = z;
+    return 0;
+}
+
+/* A carry finished: the zombie's file goes once all of its carries are
+ * durable. Caller holds mu. */
+static void zombie_done(kvp_disk *d, zombie *z, int failed)
+{
+    z->failed |= failed;
+    if (--z->left)
+        return;
+    if (z->failed) {
+        KVP_WARN_LIMITED(MOD, "page %016" PRIx64 ": a tombstone carried out of it failed: its "
+                              "file stays (a restart scans it again)", z->id);
+        return; /* stays a zombie: its records are still there */
+    }
+    page_unlink_files(d, z->id);
+    for (size_t i = 0; i < d->nzombies; i++)
+        if (d->zombies[i] == z) {
+            d->zombies[i] = d->zombies[--d->nzombies];
+            break;
+        }
+    kvp_free(z);
+}
+
 /* Room for one more page: drops least recently used pages (never the open
  * one, nor one with writes pending or being compacted) while more than
  * high_watermark of capacity would be used, down to low_watermark,
- * reporting their records (mu released around the callback). Writer
+ * reporting their records (mu released around the callback). A page whose
+ * entries still shadow ghosts elsewhere gets their tombstones carried into
+ * the open page first; its file goes once they are durable. Writer
  * thread; caller holds mu. */
 static void make_room(kvp_disk *d)
 {
@@ -462,10 +685,16 @@ static void make_room(kvp_disk *d)
         }
         if (!v)
             break;
+        zombie *z;
+        if (carry_out(d, v, &z) != 0) {
+            KVP_WARN_LIMITED(MOD, "%s: out of memory for the tombstones of a page to drop: "
+                                  "kept", d->dir);
+            break;
+        }
         kvp_disk_rec *r;
         uint8_t *k;
         size_t n;
-        page_drop(d, v, &r, &k, &n);
+        page_drop(d, v, &r, &k, &n, z != NULL);
         d->st.dropped_pages++;
         d->st.dropped_records += n;
         pthread_mutex_unlock(&d->mu);
@@ -643,8 +872,6 @@ static void idx_ready(kvp_disk *d, dpage *p)
 }
 
 /* ------------------------------------------------------------- writer */
-
-static void buf_put(kvp_disk *d, uint8_t *p, uint64_t cap);
 
 /*
  * Two threads. The writer takes items off the queue in order, places them
@@ -907,7 +1134,7 @@ static void *writer_main(void *arg)
         handoff(d, &whead, &wtail);
         if (!nsub && !inflight) {
             if (d->stop && !d->qhead && !d->syncing)
-                break; /* (once the syncer has finished what it holds) */
+                break; /* (a carry the syncer queues is written first) */
             pthread_cond_wait(&d->cv, &d->mu);
             continue;
         }
@@ -931,20 +1158,35 @@ static void complete(kvp_disk *d, witem *g)
             d->st.write_errors++;
             if (w->status == KVP_ENO_AVAILABLE_HANDLE)
                 d->full_until = kvp_now_ms() + 500; /* the disk is full: -200 for a while */
+            if (w->zb)
+                zombie_done(d, w->zb, 1);
             continue;
         }
+        int tomb = (w->h.flags & KVP_DISK_TOMBSTONE) != 0;
         if (w->page->idx_state == IDX_COLLECT)
             idx_add(&w->page->idx, w->off, w->hb ? w->hb : w->buf, w->h.hdr_len);
-        if (w->internal) {
+        if (w->internal && !w->carry) {
             uint64_t hv = key_hash(w->h.tenant, w->h.tenant_len, w->h.key, w->h.key_len);
             dent *e = find(d, hv, w->h.tenant, w->h.tenant_len, w->h.key, w->h.key_len);
             if (e && e->seq == w->h.seq && e->page == w->from && e->off == w->from_off) {
-                ent_put(d, &w->h, w->page, w->off); /* same record, new place */
+                ent_put(d, &w->h, w->page, w->off, 0, 0); /* same record, new place */
                 d->st.compacted_bytes += w->h.total;
+            } else if (e && !tomb) {
+                ent_put(d, &w->h, w->page, w->off, 0, 0); /* a stale copy: e's ghost */
+            } else if (!tomb) {
+                /* a stale copy of a key removed or dropped meanwhile: it
+                 * must not come back after a restart */
+                uint64_t lo = 0, hi = 0;
+                ghost_add(&lo, &hi, w->page->id);
+                if (carry(d, w->h.tenant, w->h.tenant_len, w->h.key, w->h.key_len, w->h.seq, lo,
+                          hi, NULL) != 0)
+                    KVP_WARN_LIMITED(MOD, "%s: out of memory for a tombstone", d->dir);
             }
         } else {
-            ent_put(d, &w->h, w->page, w->off);
-            if (!(w->h.flags & KVP_DISK_TOMBSTONE)) {
+            ent_put(d, &w->h, w->page, w->off, w->glo, w->ghi);
+            if (w->zb)
+                zombie_done(d, w->zb, 0);
+            if (!w->internal && !tomb) {
                 d->st.writes++;
                 d->st.write_bytes += w->h.size;
             }
@@ -957,7 +1199,7 @@ static void complete(kvp_disk *d, witem *g)
             kvp_disk_rec *r;
             uint8_t *k;
             size_t n;
-            page_drop(d, p, &r, &k, &n);
+            page_drop(d, p, &r, &k, &n, 0);
             KVP_ASSERT(n == 0);
             kvp_free(r);
             kvp_free(k);
@@ -1299,7 +1541,11 @@ int kvp_disk_remove(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uin
         return KVP_EOBJECT_NOT_FOUND;
     }
     /* unreadable from now on; the tombstone (a newer seq) keeps it so
-     * across a restart once durable */
+     * across a restart once durable, and takes over the record (and its
+     * ghosts) as a ghost */
+    w->glo = e->glo;
+    w->ghi = e->ghi;
+    ghost_add(&w->glo, &w->ghi, e->page->id);
     ent_del(d, e);
     h.seq = ++d->seq;
     h.key = key;
@@ -1444,6 +1690,12 @@ int64_t kvp_disk_read(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const u
         d->st.corrupt++;
         dent *again = find(d, hv, tenant, tlen, key, klen);
         if (again && again->seq == seq && !again->tomb) {
+            /* reported dropped: neither it nor an older copy of the key
+             * comes back after a restart (a tombstone of its sequence) */
+            uint64_t lo = again->glo, hi = again->ghi;
+            ghost_add(&lo, &hi, again->page->id);
+            if (carry(d, tenant, tlen, key, klen, seq, lo, hi, NULL) != 0)
+                KVP_WARN_LIMITED(MOD, "%s: out of memory for a tombstone", d->dir);
             ent_del(d, again);
             dropped = 1;
         }
@@ -1485,20 +1737,22 @@ uint64_t kvp_disk_tick(kvp_disk *d, uint64_t budget)
         return 0;
     }
     /* tombstones that can kill nothing (no other page holds a record as
-     * old) are dropped rather than moved */
+     * old, nor a ghost of their key) are dropped rather than moved */
     for (dent *e = p->list, *n; e; e = n) {
         n = e->pnext;
-        int reach = 0;
-        for (size_t i = 0; e->tomb && i < d->npages && !reach; i++)
+        if (!e->tomb)
+            continue;
+        int reach = ghosts_exist(d, &e->glo, &e->ghi, p);
+        for (size_t i = 0; i < d->npages && !reach; i++)
             reach = d->pages[i] != p && d->pages[i]->min_seq && d->pages[i]->min_seq < e->seq;
-        if (e->tomb && !reach)
+        if (!reach)
             ent_del(d, e);
     }
     if (!p->list) { /* nothing left: the page goes now */
         kvp_disk_rec *r;
         uint8_t *k;
         size_t n;
-        page_drop(d, p, &r, &k, &n);
+        page_drop(d, p, &r, &k, &n, 0);
         kvp_free(r);
         kvp_free(k);
         d->st.compacted_pages++;
@@ -1574,30 +1828,34 @@ static int scan_idx(kvp_disk *d, dpage *p)
     ok = ok && !memcmp(buf, "KVPIDX01", 8) && get_u64(buf + 8) == p->id &&
          XXH3_64bits(buf, len - 8) == get_u64(buf + len - 8);
     uint64_t count = ok ? get_u64(buf + 16) : 0, end = ALIGN;
-    size_t pos = 24;
-    for (uint64_t i = 0; ok && i < count; i++) {
-        kvp_disk_hdr h;
-        if (pos + 8 > len - 8 || kvp_disk_hdr_parse(buf + pos + 8, len - 8 - pos - 8, &h) != 0) {
-            ok = 0;
-            break;
+    /* checked whole first (pass 0), then indexed: a damaged file changes
+     * nothing (the page is scanned instead) */
+    for (int pass = 0; ok && pass < 2; pass++) {
+        size_t pos = 24;
+        for (uint64_t i = 0; ok && i < count; i++) {
+            kvp_disk_hdr h;
+            if (pos + 8 > len - 8 ||
+                kvp_disk_hdr_parse(buf + pos + 8, len - 8 - pos - 8, &h) != 0) {
+                ok = 0;
+                break;
+            }
+            uint64_t off = get_u64(buf + pos);
+            if (off < ALIGN || off % ALIGN || off + h.total > d->o.page_size) {
+                ok = 0;
+                break;
+            }
+            pos += 8 + KVP_DISK_HDR_FIXED + h.key_len + h.tenant_len;
+            if (!pass)
+                continue;
+            ent_put(d, &h, p, off, 0, 0);
+            d->st.scan_records++;
+            p->min_seq = p->min_seq && p->min_seq < h.seq ? p->min_seq : h.seq;
+            end = off + h.total > end ? off + h.total : end;
         }
-        uint64_t off = get_u64(buf + pos);
-        if (off < ALIGN || off % ALIGN || off + h.total > d->o.page_size) {
-            ok = 0;
-            break;
-        }
-        ent_put(d, &h, p, off);
-        d->st.scan_records++;
-        p->min_seq = p->min_seq && p->min_seq < h.seq ? p->min_seq : h.seq;
-        end = off + h.total > end ? off + h.total : end;
-        pos += 8 + KVP_DISK_HDR_FIXED + h.key_len + h.tenant_len;
     }
     kvp_free(buf);
-    if (!ok) { /* undo: the page is scanned instead */
-        while (p->list)
-            ent_del(d, p->list);
+    if (!ok)
         return 0;
-    }
     p->used = end;
     return 1;
 }
@@ -1643,7 +1901,7 @@ static void scan_page(kvp_disk *d, dpage *p, int verify)
                 continue;
             }
         }
-        ent_put(d, &h, p, off);
+        ent_put(d, &h, p, off, 0, 0);
         d->st.scan_records++;
         p->min_seq = p->min_seq && p->min_seq < h.seq ? p->min_seq : h.seq;
         off += h.total;
@@ -1866,6 +2124,9 @@ void kvp_disk_close(kvp_disk *d)
         free(w->buf);
         kvp_free(w);
     }
+    for (size_t i = 0; i < d->nzombies; i++)
+        kvp_free(d->zombies[i]);
+    kvp_free(d->zombies);
     for (uint64_t i = 0; d->ht && i <= d->ht_mask; i++)
         for (dent *e = d->ht[i], *n; e; e = n) {
             n = e->hnext;

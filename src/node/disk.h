@@ -12,7 +12,8 @@
  *   value   the bytes, right after the header; the record zero-padded to
  *           4 KiB (a small value costs one block, not two)
  * A remove appends a tombstone (a header-only record): after a restart a
- * record is live when no record of the same key has a higher sequence.
+ * record is live when no record of the same key has a higher sequence (nor
+ * is a tombstone of the same one).
  *
  * Writes are asynchronous: kvp_disk_write copies the value into the
  * writer's staging memory (bounded by staging_budget: beyond it the answer
@@ -29,13 +30,18 @@
  *
  * Reads are synchronous on the caller's thread (pread, O_DIRECT, through a
  * bounded pool of aligned buffers), verify the value against its checksum
- * and never return a wrong byte: a mismatch drops the record (on_dropped)
- * and is KVP_ECHECKSUM_MISMATCH.
+ * and never return a wrong byte: a mismatch drops the record (on_dropped;
+ * a tombstone keeps it dropped across a restart) and is
+ * KVP_ECHECKSUM_MISMATCH.
  *
  * Space: at most `capacity` bytes of page files. Past high_watermark the
  * least recently used pages (by their last write or read; never one with
  * writes still in flight) are dropped whole down to low_watermark, their
- * live records reported (on_dropped).
+ * live records reported (on_dropped). What was dropped stays gone across a
+ * restart: where another page still holds an older copy of a dropped
+ * record's key (an older value, a record a removed tombstone had killed),
+ * a tombstone of the record's sequence is written into the open page first,
+ * and the dropped page's file is deleted once that is durable.
  * Pages mostly dead are compacted: kvp_disk_tick moves at most `budget`
  * bytes of live records per call into the open page, then deletes the
  * page.
