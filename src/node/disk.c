@@ -1828,32 +1828,28 @@ static int scan_idx(kvp_disk *d, dpage *p)
     ok = ok && !memcmp(buf, "KVPIDX01", 8) && get_u64(buf + 8) == p->id &&
          XXH3_64bits(buf, len - 8) == get_u64(buf + len - 8);
     uint64_t count = ok ? get_u64(buf + 16) : 0, end = ALIGN;
-    /* checked whole first (pass 0), then indexed: a damaged file changes
-     * nothing (the page is scanned instead) */
-    for (int pass = 0; ok && pass < 2; pass++) {
-        size_t pos = 24;
-        for (uint64_t i = 0; ok && i < count; i++) {
-            kvp_disk_hdr h;
-            if (pos + 8 > len - 8 ||
-                kvp_disk_hdr_parse(buf + pos + 8, len - 8 - pos - 8, &h) != 0) {
-                ok = 0;
-                break;
-            }
-            uint64_t off = get_u64(buf + pos);
-            if (off < ALIGN || off % ALIGN || off + h.total > d->o.page_size) {
-                ok = 0;
-                break;
-            }
-            pos += 8 + KVP_DISK_HDR_FIXED + h.key_len + h.tenant_len;
-            if (!pass)
-                continue;
-            ent_put(d, &h, p, off, 0, 0);
-            d->st.scan_records++;
-            p->min_seq = p->min_seq && p->min_seq < h.seq ? p->min_seq : h.seq;
-            end = off + h.total > end ? off + h.total : end;
+    size_t pos = 24;
+    for (uint64_t i = 0; ok && i < count; i++) {
+        kvp_disk_hdr h;
+        if (pos + 8 > len - 8 || kvp_disk_hdr_parse(buf + pos + 8, len - 8 - pos - 8, &h) != 0) {
+            ok = 0;
+            break;
         }
+        uint64_t off = get_u64(buf + pos);
+        if (off < ALIGN || off % ALIGN || off + h.total > d->o.page_size) {
+            ok = 0;
+            break;
+        }
+        ent_put(d, &h, p, off, 0, 0);
+        d->st.scan_records++;
+        p->min_seq = p->min_seq && p->min_seq < h.seq ? p->min_seq : h.seq;
+        end = off + h.total > end ? off + h.total : end;
+        pos += 8 + KVP_DISK_HDR_FIXED + h.key_len + h.tenant_len;
     }
     kvp_free(buf);
+    /* (a file that passed its checksum but does not parse: what it gave
+     * stays indexed -- records the page holds -- and the page is scanned
+     * as well; undoing it would lose the entries, and ghosts, it replaced) */
     if (!ok)
         return 0;
     p->used = end;
