@@ -1724,7 +1724,7 @@ uint64_t kvp_disk_tick(kvp_disk *d, uint64_t budget)
     pthread_mutex_lock(&d->mu);
     dpage *p = NULL;
     for (size_t i = 0; i + 1 < d->npages && !p; i++)
-        if (d->pages[i]->compacting)
+        if (d->pages[i]->compacting && !d->pages[i]->pending)
             p = d->pages[i];
     for (size_t i = 0; i + 1 < d->npages && !p; i++) { /* more than half dead */
         dpage *c = d->pages[i];
