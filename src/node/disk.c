@@ -202,6 +202,14 @@ typedef struct zombie {
     int failed;             /* one failed: the file stays (a restart scans it) */
 } zombie;
 
+/* Records of a page dropped for room, for the syncer to report. */
+typedef struct droprep {
+    struct droprep *next;
+    kvp_disk_rec *recs;
+    uint8_t *keys;
+    size_t n;
+} droprep;
+
 typedef struct witem {
     struct witem *next;
     uint8_t *buf;           /* aligned record: header block(s) + value + padding;
@@ -236,6 +244,7 @@ struct kvp_disk {
     uint64_t ht_mask, count;
     witem *qhead, *qtail;   /* queued, not yet taken by the writer */
     witem *shead, *stail;   /* written, for the syncer (in queue order) */
+    droprep *dhead, *dtail; /* pages dropped for room, for the syncer to report */
     uint64_t syncing;       /* items handed to the syncer, not yet finished */
     uint64_t sync_bytes;    /* ... their record bytes (at most staging_budget) */
     uint64_t queued;        /* staging bytes of items not yet written */
@@ -666,8 +675,10 @@ static void zombie_done(kvp_disk *d, zombie *z, int failed)
 
 /* Room for one more page: drops least recently used pages (never the open
  * one, nor one with writes pending or being compacted) while more than
- * high_watermark of capacity would be used, down to low_watermark,
- * reporting their records (mu released around the callback). A page whose
+ * high_watermark of capacity would be used, down to low_watermark; their
+ * records go to the syncer to report (on_dropped), so that a drop is
+ * reported before the on_durable of any record indexed after it, on one
+ * thread, as the writer alone did before the syncer. A page whose
  * entries still shadow ghosts elsewhere gets their tombstones carried into
  * the open page first; its file goes once they are durable. Writer
  * thread; caller holds mu. */
@@ -697,9 +708,22 @@ static void make_room(kvp_disk *d)
         page_drop(d, v, &r, &k, &n, z != NULL);
         d->st.dropped_pages++;
         d->st.dropped_records += n;
-        pthread_mutex_unlock(&d->mu);
-        report_dropped(d, r, k, n);
-        pthread_mutex_lock(&d->mu);
+        droprep *dr = n ? kvp_calloc(1, sizeof *dr) : NULL;
+        if (dr) {
+            dr->recs = r;
+            dr->keys = k;
+            dr->n = n;
+            if (d->dtail)
+                d->dtail->next = dr;
+            else
+                d->dhead = dr;
+            d->dtail = dr;
+            pthread_cond_signal(&d->scv);
+        } else { /* nothing to report, or no memory: reported here */
+            pthread_mutex_unlock(&d->mu);
+            report_dropped(d, r, k, n);
+            pthread_mutex_lock(&d->mu);
+        }
     }
 }
 
@@ -1282,9 +1306,9 @@ static void *syncer_main(void *arg)
     int jfd[IDX_JOBS];
     pthread_mutex_lock(&d->mu);
     for (;;) {
-        while (!d->shead && !d->nidx_ready && !d->wdone)
+        while (!d->shead && !d->nidx_ready && !d->dhead && !d->wdone)
             pthread_cond_wait(&d->scv, &d->mu);
-        if (!d->shead && !d->nidx_ready)
+        if (!d->shead && !d->nidx_ready && !d->dhead)
             break;
         witem *g = d->shead;
         d->shead = d->stail = NULL;
@@ -1358,7 +1382,14 @@ static void *syncer_main(void *arg)
         }
         pthread_mutex_lock(&d->mu);
         complete(d, g);
+        droprep *dl = d->dhead; /* drops before these records were indexed */
+        d->dhead = d->dtail = NULL;
         pthread_mutex_unlock(&d->mu);
+        for (droprep *dr = dl, *next; dr; dr = next) {
+            next = dr->next;
+            report_dropped(d, dr->recs, dr->keys, dr->n);
+            kvp_free(dr);
+        }
         for (witem *w = g; w; w = w->next)
             if (!w->internal && !(w->h.flags & KVP_DISK_TOMBSTONE) && d->o.on_durable) {
                 kvp_disk_rec r = {w->h.tenant, w->h.tenant_len, w->h.key, w->h.key_len,
@@ -2119,6 +2150,11 @@ void kvp_disk_close(kvp_disk *d)
         n = w->next;
         free(w->buf);
         kvp_free(w);
+    }
+    for (droprep *dr = d->dhead, *n; dr; dr = n) { /* (nothing: the syncer reported them) */
+        n = dr->next;
+        report_dropped(d, dr->recs, dr->keys, dr->n);
+        kvp_free(dr);
     }
     for (size_t i = 0; i < d->nzombies; i++)
         kvp_free(d->zombies[i]);

@@ -52,10 +52,11 @@
  * live records so the node can register them with the master again.
  *
  * Thread-safe: any number of threads may call write / read / remove / stats
- * at once; callbacks run with no lock of this module held: on_durable on
- * the syncer thread (in queue order), on_dropped on the writer thread
- * (pages dropped for room) or on a reader's (a checksum failure); a page
- * drop never reports a record before its on_durable has run.
+ * at once; callbacks run with no lock of this module held, on the syncer
+ * thread: on_durable (in queue order) and on_dropped for pages dropped for
+ * room (a drop is reported before the on_durable of any record indexed
+ * after it, and never reports a record before its on_durable); on_dropped
+ * for a checksum failure runs on the reader's thread.
  */
 #ifndef KVP_DISK_H
 #define KVP_DISK_H
