@@ -12,24 +12,36 @@
  *   value   the bytes, right after the header; the record zero-padded to
  *           4 KiB (a small value costs one block, not two)
  * A remove appends a tombstone (a header-only record): after a restart a
- * record is live when no record of the same key has a higher sequence.
+ * record is live when no record of the same key has a higher sequence (nor
+ * is a tombstone of the same one).
  *
  * Writes are asynchronous: kvp_disk_write copies the value into the
  * writer's staging memory (bounded by staging_budget: beyond it the answer
  * is KVP_ENO_AVAILABLE_HANDLE, -200, the caller's cue to back off) and
- * returns; the writer thread appends batches (io_uring through liburing at
- * queue depth io_depth where the kernel allows it, else pwrite), makes them
- * durable (fdatasync), and only then indexes the records and calls
- * on_durable: a record is never readable, nor reported, before it is.
+ * returns; a writer thread appends the records in queue order, keeping
+ * io_depth writes in flight (io_uring through liburing where the kernel
+ * allows it, else pwrite one after the other), and gives a value's staging
+ * memory back once its write has finished; a syncer thread makes what has
+ * been written durable in groups (group commit: one fdatasync of each page
+ * file written, issued at once, while the next writes go on), and only
+ * then indexes the records and calls on_durable, in queue order: a record
+ * is never readable, nor reported, before it is durable, and a later write
+ * of a key replaces an earlier one.
  *
  * Reads are synchronous on the caller's thread (pread, O_DIRECT, through a
  * bounded pool of aligned buffers), verify the value against its checksum
- * and never return a wrong byte: a mismatch drops the record (on_dropped)
- * and is KVP_ECHECKSUM_MISMATCH.
+ * and never return a wrong byte: a mismatch drops the record (on_dropped;
+ * a tombstone keeps it dropped across a restart) and is
+ * KVP_ECHECKSUM_MISMATCH.
  *
  * Space: at most `capacity` bytes of page files. Past high_watermark the
- * least recently used pages (by their last write or read) are dropped
- * whole down to low_watermark, their live records reported (on_dropped).
+ * least recently used pages (by their last write or read; never one with
+ * writes still in flight) are dropped whole down to low_watermark, their
+ * live records reported (on_dropped). What was dropped stays gone across a
+ * restart: where another page still holds an older copy of a dropped
+ * record's key (an older value, a record a removed tombstone had killed),
+ * a tombstone of the record's sequence is written into the open page first,
+ * and the dropped page's file is deleted once that is durable.
  * Pages mostly dead are compacted: kvp_disk_tick moves at most `budget`
  * bytes of live records per call into the open page, then deletes the
  * page.
@@ -40,8 +52,11 @@
  * live records so the node can register them with the master again.
  *
  * Thread-safe: any number of threads may call write / read / remove / stats
- * at once; callbacks run on the writer thread (on_dropped also on a
- * reader's) with no lock of this module held.
+ * at once; callbacks run with no lock of this module held, on the syncer
+ * thread: on_durable (in queue order) and on_dropped for pages dropped for
+ * room (a drop is reported before the on_durable of any record indexed
+ * after it, and never reports a record before its on_durable); on_dropped
+ * for a checksum failure runs on the reader's thread.
  */
 #ifndef KVP_DISK_H
 #define KVP_DISK_H
@@ -72,7 +87,10 @@ typedef struct kvp_disk_opts {
     uint64_t page_size;       /* 0 = 128 MiB; 64 MiB .. 1 GiB, 4 KiB multiple */
     double high_watermark;    /* 0 = 0.95: above this share of capacity, drop pages */
     double low_watermark;     /* 0 = 0.85: ... down to this share */
-    uint64_t staging_budget;  /* 0 = 256 MiB: bytes waiting to be written */
+    uint64_t staging_budget;  /* 0 = 256 MiB: bytes waiting to be written (also
+                                 the most bytes of written records waiting
+                                 for their fdatasync: only their headers
+                                 stay in memory) */
     uint64_t read_budget;     /* 0 = 64 MiB: aligned read buffers in use at once */
     int io;                   /* KVP_DISK_IO_* */
     int io_depth;             /* 0 = 32: writes in flight (io_uring) */
@@ -91,7 +109,7 @@ typedef struct kvp_disk_opts {
 /* Opens (scanning what `dir` holds). 0, or KVP_ECONFIG / KVP_EIO with the
  * reason in err. */
 int kvp_disk_open(const kvp_disk_opts *o, kvp_disk **out, char *err, size_t errlen);
-/* Waits for queued writes (their callbacks run), then closes. */
+/* Waits for queued writes (made durable, their callbacks run), then closes. */
 void kvp_disk_close(kvp_disk *d);
 
 /* Calls fn for every live record (after open: what to register again), with
