@@ -29,7 +29,9 @@
 #define AUTHFAIL_SLOTS 1024
 #define AUTHFAIL_FREE 3            /* failed HELLOs a peer gets before backing off */
 #define AUTHFAIL_MAX_MS 30000      /* longest back-off */
-#define DQ_MAX (4u << 20)          /* bytes of SSD tier commands queued per segment */
+#define DQ_MAX (4u << 20)          /* bytes of SPILL / LOAD commands queued per segment */
+#define DQ_HARD (256u << 20)       /* ... of every command (FORGETs of a large remove) */
+#define DQ_FRAME (1u << 20)        /* one DISK_CMD frame carries about this much */
 #define SPILL_INFLIGHT ((128ull << 20) >> 12) /* pages being spilled per segment at once */
 #define LOAD_SHARE 4               /* loads stage at most 1/LOAD_SHARE of a segment at once */
 #define LOAD_EVICT_MAX 64          /* evictions one load may cause to find room */
@@ -80,6 +82,11 @@ typedef struct kvp_mseg {
     uint64_t load_pages;  /* pages of staging allocations being loaded here */
     kvp_buf dq;           /* DISK_CMD entries not yet sent, encoded */
     uint32_t dq_n;
+    struct dq_cut {       /* frame boundaries in dq: entries [.., end) are n */
+        size_t end;
+        uint32_t n;
+    } *dq_cuts;
+    uint32_t ndq_cuts, dq_cuts_cap;
 } kvp_mseg;
 
 /* The staging allocation of a load whose object went away meanwhile: the
@@ -475,6 +482,7 @@ static int seg_find_name(const kvp_master *m, kvp_bytes name)
 static void seg_free(kvp_mseg *s)
 {
     kvp_buf_free(&s->dq);
+    kvp_free(s->dq_cuts);
     kvp_free(s->freed);
     kvp_segalloc_destroy(s->alloc);
     kvp_free(s->name);
@@ -652,7 +660,7 @@ static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
     kvp_mseg *s = kvp_calloc(1, sizeof *s);
     if (!s)
         return KVP_ENOMEM;
-    kvp_buf_init(&s->dq, DQ_MAX + 65536);
+    kvp_buf_init(&s->dq, DQ_HARD);
     kvp_buf eb;
     kvp_buf_init(&eb, 64 * 1024);
     kvp_buf_u32(&eb, d->n_endpoints);
@@ -781,6 +789,23 @@ static void disk_cmd_ent(kvp_master *m, uint32_t si, const kvp_disk_ent *ent)
         return;
     }
     s->dq_n++;
+    size_t last = s->ndq_cuts ? s->dq_cuts[s->ndq_cuts - 1].end : 0;
+    if (s->dq.len - last >= DQ_FRAME) { /* close a frame's worth */
+        if (s->ndq_cuts == s->dq_cuts_cap) {
+            uint32_t cap = s->dq_cuts_cap ? s->dq_cuts_cap * 2 : 8;
+            struct dq_cut *c = kvp_realloc(s->dq_cuts, cap * sizeof *c);
+            if (c) {
+                s->dq_cuts = c;
+                s->dq_cuts_cap = cap;
+            }
+        }
+        if (s->ndq_cuts < s->dq_cuts_cap) {
+            uint32_t before = 0;
+            for (uint32_t i = 0; i < s->ndq_cuts; i++)
+                before += s->dq_cuts[i].n;
+            s->dq_cuts[s->ndq_cuts++] = (struct dq_cut){s->dq.len, s->dq_n - before};
+        }
+    }
     if (!s->dirty) {
         s->dirty = 1;
         m->dirty[m->ndirty++] = si;
@@ -2595,28 +2620,48 @@ void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms)
 
 int kvp_master_sess_dead(const kvp_msess *s) { return s->client && s->client->dropped; }
 
-/* Sends si's queued DISK_CMD entries in one frame; 0, or -1 when they
- * could not go now (they stay queued: a spill or load waits for them). */
+/* Sends si's queued DISK_CMD entries, a frame per DQ_FRAME of them; 0,
+ * or -1 when they could not all go now (what did not stays queued: a spill
+ * or load waits for its command). */
 static int push_disk(kvp_master *m, uint32_t si, kvp_buf *out)
 {
     kvp_mseg *s = m->segs[si];
     if (!out)
         return -1;
-    size_t mark = out->len;
-    size_t off = kvp_frame_begin(out, KVP_OP_DISK_CMD, KVP_FLAG_ONEWAY, 0, 0);
-    kvp_buf_u64(out, s->id);
-    kvp_buf_u32(out, s->dq_n);
-    kvp_buf_put(out, s->dq.data, s->dq.len);
-    kvp_frame_end(out, off);
-    if (out->err) {
-        out->err = 0;
-        out->len = mark;
-        return -1;
+    size_t from = 0;
+    uint32_t sent = 0, cut = 0;
+    int rc = 0;
+    while (from < s->dq.len) {
+        size_t end = cut < s->ndq_cuts ? s->dq_cuts[cut].end : s->dq.len;
+        uint32_t n = cut < s->ndq_cuts ? s->dq_cuts[cut].n : s->dq_n - sent;
+        size_t mark = out->len;
+        size_t off = kvp_frame_begin(out, KVP_OP_DISK_CMD, KVP_FLAG_ONEWAY, 0, 0);
+        kvp_buf_u64(out, s->id);
+        kvp_buf_u32(out, n);
+        kvp_buf_put(out, s->dq.data + from, end - from);
+        kvp_frame_end(out, off);
+        if (out->err) { /* the node's output is full: the rest next turn */
+            out->err = 0;
+            out->len = mark;
+            rc = -1;
+            break;
+        }
+        from = end;
+        sent += n;
+        cut++;
     }
-    s->dq.len = 0;
-    s->dq_n = 0;
-    kvp_buf_shrink(&s->dq, 65536);
-    return 0;
+    /* keep what was not sent, at the front */
+    if (from && from < s->dq.len)
+        memmove(s->dq.data, s->dq.data + from, s->dq.len - from);
+    s->dq.len -= from;
+    s->dq_n -= sent;
+    uint32_t left = s->ndq_cuts > cut ? s->ndq_cuts - cut : 0;
+    for (uint32_t i = 0; i < left; i++)
+        s->dq_cuts[i] = (struct dq_cut){s->dq_cuts[cut + i].end - from, s->dq_cuts[cut + i].n};
+    s->ndq_cuts = left;
+    if (s->dq.len == 0)
+        kvp_buf_shrink(&s->dq, 65536);
+    return rc;
 }
 
 void kvp_master_push_freed(kvp_master *m, kvp_buf *(*out_for)(kvp_msess *s, void *ctx),

@@ -889,7 +889,7 @@ static int mount_disk(core *c, sess *s, uint64_t id, const char *name, uint64_t 
 /* What the master pushed to the node: DISK_CMD entries, copied out. */
 typedef struct pushed {
     kvp_buf out;
-    int n;
+    int n, total, frames; /* entries kept (at most 256), entries and frames seen */
     struct {
         uint8_t what;
         char key[32];
@@ -906,7 +906,7 @@ static kvp_buf *push_out(kvp_msess *s, void *ctx)
 
 static int take_push(core *c, pushed *p)
 {
-    p->n = 0;
+    p->n = p->total = p->frames = 0;
     kvp_buf_init(&p->out, 64 * MiB);
     kvp_master_push_freed(c->m, push_out, p);
     kvp_proto_limits l;
@@ -919,6 +919,9 @@ static int take_push(core *c, pushed *p)
             kvp_msg_disk d;
             kvp_arena_reset(&c->ra);
             REQUIRE(kvp_dec_disk(b, h.body_len, &l, &c->ra, &d) == 0);
+            REQUIRE(h.body_len <= 2u << 20); /* frames stay small */
+            p->total += (int)d.n;
+            p->frames++;
             for (uint32_t i = 0; i < d.n && p->n < 256; i++, p->n++) {
                 p->e[p->n].what = d.e[i].what;
                 snprintf(p->e[p->n].key, sizeof p->e[p->n].key, "%.*s", (int)d.e[i].key.len,
@@ -1147,5 +1150,50 @@ TEST(disk_tier_have_gone_unmount_and_quarantine)
     free(p);
     kvp_master_sess_close(c.m, &s.s, c.now);
     kvp_master_sess_close(c.m, &o.s, c.now);
+    core_free(&c);
+}
+
+/* A large remove forgets every disk record: the FORGETs are never dropped,
+ * and go in frames of about 1 MiB. */
+TEST(disk_tier_large_remove_forgets_everything)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount_disk(&c, &s, 7, "n:1", 100 * 4096, 1ull << 40), 0);
+    enum { N = 20000 };
+    kvp_disk_ent *e = calloc(1000, sizeof *e);
+    for (int b = 0; b < N / 1000; b++) {
+        for (int i = 0; i < 1000; i++) {
+            char *kk = malloc(260);
+            memset(kk, 'k', 250);
+            snprintf(kk + 250, 10, "%06d", b * 1000 + i);
+            e[i] = (kvp_disk_ent){KVP_DISK_HAVE, 0, {NULL, 0}, {(const uint8_t *)kk, 256}, 4096,
+                                  (uint64_t)(b * 1000 + i), 0, 0};
+        }
+        kvp_msg_disk d = {7, 1000, e};
+        kvp_enc_disk(&c.body, &d);
+        CHECK_EQ(call(&c, &s, KVP_OP_DISK_REPORT, KVP_FLAG_ONEWAY), 0);
+        for (int i = 0; i < 1000; i++)
+            free((void *)e[i].key.p);
+    }
+    free(e);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_DISK_OBJECTS], N);
+    kvp_msg_remove_all ra = {{NULL, 0}, 1};
+    kvp_enc_remove_all(&c.body, &ra);
+    CHECK_EQ(call(&c, &s, KVP_OP_REMOVE_ALL, 0), 0);
+    pushed *p = calloc(1, sizeof *p);
+    take_push(&c, p);
+    CHECK_EQ(p->total, N);
+    CHECK(p->frames >= 5);
+    CHECK_EQ(find_cmd(p, KVP_DISK_FORGET), 255);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_DISK_OBJECTS], 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    free(p);
+    kvp_master_sess_close(c.m, &s.s, c.now);
     core_free(&c);
 }
