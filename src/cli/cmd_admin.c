@@ -85,6 +85,15 @@ static void print_table(const kvp_msg_stats_resp *s)
                (unsigned long long)c[KVP_STAT_DISK_DROPPED],
                (unsigned long long)c[KVP_STAT_DISK_REGISTERED],
                (unsigned long long)c[KVP_STAT_SPILL_PRESSURE]);
+        if (s->n_counters > KVP_STAT_DISK_DROPPED_PAGES) {
+            char u[32], cb[32];
+            printf("SSD tier files: %s; compaction moved %s, reclaimed %llu pages; %llu pages "
+                   "dropped for room\n",
+                   kvp_size_format(c[KVP_STAT_DISK_USED], u, sizeof u),
+                   kvp_size_format(c[KVP_STAT_DISK_COMPACTED], cb, sizeof cb),
+                   (unsigned long long)c[KVP_STAT_DISK_COMPACTED_PAGES],
+                   (unsigned long long)c[KVP_STAT_DISK_DROPPED_PAGES]);
+        }
     }
     printf("\n%-16s  %-24s %12s %12s %6s %10s %12s\n", "SEGMENT", "NAME", "CAPACITY", "USED",
            "USE%", "REPLICAS", "LARGEST FREE");

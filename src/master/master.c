@@ -80,6 +80,8 @@ typedef struct kvp_mseg {
     uint64_t disk_objs, disk_bytes; /* objects with a disk record here (ONDISK) */
     uint64_t spill_pages; /* pages of objects being spilled here */
     uint64_t load_pages;  /* pages of staging allocations being loaded here */
+    uint64_t disk_usage[4]; /* the node's last USAGE: file bytes, compacted bytes,
+                               compacted pages, dropped pages */
     kvp_buf dq;           /* DISK_CMD entries not yet sent, encoded */
     uint32_t dq_n;
     struct dq_cut {       /* frame boundaries in dq: entries [.., end) are n */
@@ -2096,7 +2098,7 @@ static void op_disk_report(req *q)
     }
     for (uint32_t i = 0; i < d.n && m->segs[si]; i++) {
         const kvp_disk_ent *e = &d.e[i];
-        if (!key_ok(m, e->key) || e->tenant.len > 255)
+        if ((!key_ok(m, e->key) && e->what != KVP_DISK_USAGE) || e->tenant.len > 255)
             continue;
         int tenant = tenant_find(m, e->tenant);
         kvp_obj *o = NULL;
@@ -2108,6 +2110,11 @@ static void op_disk_report(req *q)
         case KVP_DISK_LOADED: rep_loaded(m, (uint32_t)si, o, e); break;
         case KVP_DISK_HAVE: rep_have(m, (uint32_t)si, o, e); break;
         case KVP_DISK_GONE: rep_gone(m, (uint32_t)si, o, e); break;
+        case KVP_DISK_USAGE: {
+            uint64_t *u = m->segs[si]->disk_usage;
+            u[0] = e->size, u[1] = e->checksum, u[2] = e->generation, u[3] = e->page;
+            break;
+        }
         default: break; /* commands are not reports */
         }
     }
@@ -2709,6 +2716,13 @@ void kvp_master_stats(const kvp_master *m, uint64_t out[KVP_STAT__COUNT])
     out[KVP_STAT_USED] = m->used_pages << 12;
     out[KVP_STAT_CLIENTS] = m->nclients;
     out[KVP_STAT_SEGMENTS] = m->nseg;
+    for (uint32_t i = 0; i < m->nseg; i++) {
+        const uint64_t *u = m->segs[m->mounted[i]]->disk_usage;
+        out[KVP_STAT_DISK_USED] += u[0];
+        out[KVP_STAT_DISK_COMPACTED] += u[1];
+        out[KVP_STAT_DISK_COMPACTED_PAGES] += u[2];
+        out[KVP_STAT_DISK_DROPPED_PAGES] += u[3];
+    }
 }
 
 static int check_list(const olist *l, int which, uint64_t *seen)

@@ -71,6 +71,7 @@ struct kvp_tier {
     } la[LOADERS];
     int nth;
     kvp_tier_stats st;         /* under mu */
+    uint64_t usage[4];         /* last USAGE reported (compactor thread) */
 };
 
 /* ------------------------------------------------------------ reports */
@@ -301,6 +302,20 @@ static void load_one(kvp_tier *t, const job *j)
     count(t, rc ? &t->st.load_fails : &t->st.loads, 1);
 }
 
+/* The tier's figures for the master's `stat`, when they changed (at most
+ * every TICK_MS). */
+static void usage_report(kvp_tier *t)
+{
+    kvp_disk_stats ds;
+    kvp_disk_get_stats(t->disk, &ds);
+    uint64_t u[4] = {ds.used, ds.compacted_bytes, ds.compacted_pages, ds.dropped_pages};
+    if (!memcmp(u, t->usage, sizeof u))
+        return;
+    memcpy(t->usage, u, sizeof u);
+    report_add(t, KVP_DISK_USAGE, 0, NULL, 0, (const uint8_t *)"usage", 5, u[0], u[1],
+               (uint32_t)u[3], u[2]);
+}
+
 static void *loader_main(void *arg)
 {
     struct loader *la = arg;
@@ -337,6 +352,7 @@ static void *loader_main(void *arg)
         if (compactor && (now.tv_sec > next.tv_sec ||
                           (now.tv_sec == next.tv_sec && now.tv_nsec >= next.tv_nsec))) {
             kvp_disk_tick(t->disk, TICK_BUDGET);
+            usage_report(t);
             next = now;
             next.tv_nsec += TICK_MS * 1000000L;
             if (next.tv_nsec >= 1000000000L) {

@@ -40,7 +40,8 @@ const char *kvp_stat_name(unsigned i)
         "clients", "segments",    "put_timeouts", "put_revoked", "clients_expired",
         "requests", "bad_frames", "bad_replicas", "disk_capacity", "disk_objects",
         "disk_bytes", "spilling", "spills", "spill_fails", "disk_hits", "loads",
-        "load_fails", "disk_dropped", "disk_registered", "spill_pressure"};
+        "load_fails", "disk_dropped", "disk_registered", "spill_pressure", "disk_used",
+        "disk_compacted_bytes", "disk_compacted_pages", "disk_dropped_pages"};
     return i < KVP_STAT__COUNT ? names[i] : "unknown";
 }
 
@@ -850,7 +851,7 @@ int kvp_dec_disk(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_
         e->checksum = kvp_rd_u64(&r);
         e->page = kvp_rd_u32(&r);
         e->generation = kvp_rd_u64(&r);
-        if (e->what < KVP_DISK_SPILL || e->what > KVP_DISK_GONE)
+        if (e->what < KVP_DISK_SPILL || e->what > KVP_DISK_USAGE)
             rd_fail(&r);
     }
     DEC_END;

@@ -366,6 +366,10 @@ enum kvp_stat {
     KVP_STAT_DISK_DROPPED,   /* records the disk tier dropped (room, corruption) */
     KVP_STAT_DISK_REGISTERED,/* records a node reported after mounting (warm restart) */
     KVP_STAT_SPILL_PRESSURE, /* put replicas refused (-200) while spills free the room */
+    KVP_STAT_DISK_USED,      /* bytes of the nodes' page files (their last USAGE) */
+    KVP_STAT_DISK_COMPACTED, /* bytes compaction moved (nodes' totals) */
+    KVP_STAT_DISK_COMPACTED_PAGES, /* pages compaction reclaimed */
+    KVP_STAT_DISK_DROPPED_PAGES,   /* pages dropped for room */
     KVP_STAT__COUNT
 };
 /* Name of a counter ("objects", "hits", ...), as `kvpool stat --json` prints it. */
@@ -453,6 +457,9 @@ int kvp_dec_seg_freed(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
  *   HAVE    a durable record the node holds (sent after every mount: a
  *           restarted node or master learns what the disk tier keeps)
  *   GONE    a record left the tier (dropped for room, or found corrupt)
+ *   USAGE   the tier's own figures (key "usage"): size = bytes of page
+ *           files, checksum = bytes compaction moved, generation = pages it
+ *           reclaimed, page = pages dropped for room (totals since start)
  */
 enum {
     KVP_DISK_SPILL = 1,
@@ -462,6 +469,7 @@ enum {
     KVP_DISK_LOADED,
     KVP_DISK_HAVE,
     KVP_DISK_GONE,
+    KVP_DISK_USAGE,
 };
 typedef struct kvp_disk_ent {
     uint8_t what;

@@ -194,6 +194,11 @@ TEST(spilled_objects_come_back_byte_exact)
     CHECK(counter(c, "disk_hits") > 0);
     CHECK(counter(c, "loads") > 0);
     CHECK_EQ(counter(c, "load_fails"), 0);
+    /* the node's own figures reach `stat` (page files in use) */
+    uint64_t until = tp_now_ms() + 3000;
+    while (counter(c, "disk_used") <= 0 && tp_now_ms() < until)
+        tp_sleep_ms(20);
+    CHECK(counter(c, "disk_used") >= 64 << 20);
     /* the tier in a description */
     char d[2048];
     char k[32];
