@@ -60,29 +60,13 @@ static int env_start(env *e)
     return store_start(e);
 }
 
-static void rm_rf(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *de;
-    char p[512];
-    while ((de = readdir(d)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-            unlink(p);
-        }
-    closedir(d);
-    rmdir(dir);
-}
-
 static void env_stop(env *e)
 {
     if (e->st.pid)
         tp_store_stop(&e->st);
     if (e->m.pid)
         tp_master_stop(&e->m);
-    rm_rf(e->dir);
+    tp_rm_dir(e->dir);
 }
 
 static kvp_client *client_open(const char *addr)

@@ -319,9 +319,7 @@ static void disk_tier_body(int tcp)
     env_down(&e);
     kvp_gpu_dev_free(src);
     kvp_gpu_dev_free(dst);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK_EQ(system(cmd), 0);
+    tp_rm_dir(dir);
 }
 
 TEST(disk_tier_into_device_memory_shm)

@@ -200,9 +200,7 @@ TEST(sim_ssd_tier_raises_the_hit_rate)
     CHECK(mkdtemp(dir) != NULL);
     double dram = tier_hit_rate(NULL);
     double ssd = tier_hit_rate(dir);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK_EQ(system(cmd), 0);
+    tp_rm_dir(dir);
     fprintf(stderr, "    hit rate: DRAM only %.3f, DRAM + SSD %.3f\n", dram, ssd);
     CHECK(dram >= 0 && ssd >= 0);
     CHECK(ssd > dram + 0.1);

@@ -104,6 +104,9 @@ int tp_free_addr(char *out, size_t outlen);
 /* Monotonic milliseconds and a sleep, for tests. */
 uint64_t tp_now_ms(void);
 void tp_sleep_ms(unsigned ms);
+/* Removes dir and the files directly in it (a test's temporary directory;
+ * no subdirectories). Quiet when it does not exist. */
+void tp_rm_dir(const char *dir);
 /* Deterministic bytes for (seed, len): what a test key's value must be. */
 void tp_fill(uint8_t *p, size_t len, uint64_t seed);
 
