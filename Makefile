@@ -47,13 +47,13 @@ deps:
 	$(Q)scripts/install-deps
 
 # generic compile rules per variant
-$(R)/obj/%.o: %.c
+$(R)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(R_CFLAGS) -MMD -MP -c $< -o $@
-$(A)/obj/%.o: %.c
+$(A)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(A_CFLAGS) -MMD -MP -c $< -o $@
-$(T)/obj/%.o: %.c
+$(T)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(T_CFLAGS) -MMD -MP -c $< -o $@
 
@@ -120,7 +120,7 @@ F_CFLAGS := -D_GNU_SOURCE $(CSTD) $(INC) -g -O1 -fsanitize=fuzzer,address,undefi
 FUZZ_LIB_SRCS := $(LIB_SRCS)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(F)/%,$(FUZZ_SRCS))
 FUZZ_SECONDS ?= 20
-$(F)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS)
+$(F)/%: tests/fuzz/%.c $(FUZZ_LIB_SRCS) | deps
 	@mkdir -p $(dir $@)
 	$(Q)$(FUZZCC) $(F_CFLAGS) -o $@ $< $(FUZZ_LIB_SRCS) $(LDLIBS)
 fuzz: deps $(FUZZ_BINS)
