@@ -522,6 +522,7 @@ static void hold(kvp_mserver *s, conn *c, uint64_t now)
 {
     c->held = 1;
     c->release_ms = now + c->sess.hold_ms;
+    c->sess.hold_ms = 0;
     c->held_next = NULL;
     c->held_prev = s->held_tail;
     if (s->held_tail)
@@ -541,7 +542,7 @@ static void conn_work(kvp_mserver *s, conn *c)
     int more = conn_serve(s, c);
     if (c->addr && c->sess.client)
         hello_unlink(s, c); /* authenticated: no deadline, not counted per address */
-    if (c->sess.hold_ms && !c->held)
+    if (c->sess.hold_ms)
         hold(s, c, kvp_now_ms());
     in_settle(s, c);
     mark_ready(s, c, more);
