@@ -506,3 +506,90 @@ TEST(client_retries_a_hello_the_master_closed)
         kvp_rpc_close(full[i]);
     CHECK_EQ(tp_master_stop(&m), 0);
 }
+
+/* ---------------------------------------------------------- storage node */
+
+static int port_of(const char *addr)
+{
+    const char *p = strrchr(addr, ':');
+    return p ? atoi(p + 1) : 0;
+}
+
+/* A fresh client (its own master connection, HELLO at the node over TCP)
+ * reads `key` and gets `want`. 0 or the error. */
+static int fresh_get(const char *maddr, const char *key, const uint8_t *want, size_t len,
+                     char *why, size_t wl)
+{
+    char cfg[512];
+    snprintf(cfg, sizeof cfg,
+             "{\"master\": \"%s\", \"mode\": \"standalone-store\", \"rpc_timeout\": \"3s\"}", maddr);
+    kvp_client *c = NULL;
+    int rc = kvp_client_open(cfg, &c, why, wl);
+    if (rc)
+        return rc;
+    uint8_t *got = malloc(len);
+    int64_t n = got ? kvp_client_get(c, key, got, len) : KVP_ENOMEM;
+    rc = n == (int64_t)len && memcmp(got, want, len) == 0 ? 0 : n < 0 ? (int)n : -1;
+    if (rc)
+        snprintf(why, wl, "get: %lld", (long long)n);
+    free(got);
+    kvp_client_close(c);
+    return rc;
+}
+
+/* The storage node's segment server already closes its oldest connection
+ * without HELLO for a new one (a quarter of node_max_connections per
+ * worker) and has no per-address cap: the same floods at its TCP port must
+ * not keep a fresh client's reads out either. */
+TEST(flood_at_a_storage_node)
+{
+    use_bound_connect();
+    if (raise_nofile(8192) != 0)
+        SKIP("cannot raise RLIMIT_NOFILE");
+    setenv("KVPOOL_FORCE_TCP", "1", 1); /* the data plane over the node's TCP port */
+    tp_master m;
+    CHECK_EQ(start_master(&m), 0);
+    char naddr[64];
+    CHECK_EQ(tp_free_addr(naddr, sizeof naddr), 0);
+    tp_store st;
+    CHECK_EQ(tp_store_start(&st, m.addr, (const char *[]){"--listen", naddr, NULL}), 0);
+    enum { LEN = 256 << 10 };
+    static uint8_t val[LEN];
+    tp_fill(val, LEN, 77);
+    char why[512] = "";
+    {
+        char cfg[512];
+        snprintf(cfg, sizeof cfg, "{\"master\": \"%s\", \"mode\": \"standalone-store\"}", m.addr);
+        kvp_client *w = NULL;
+        CHECK_EQ(kvp_client_open(cfg, &w, why, sizeof why), 0);
+        CHECK_EQ(kvp_client_put(w, "flooded-node-key", val, LEN), 0);
+        kvp_client_close(w);
+    }
+    CHECK_EQ(fresh_get(m.addr, "flooded-node-key", val, LEN, why, sizeof why), 0);
+    const struct { int n, naddr, reopen; } sc[] = {{5000, 79, 0}, {2000, 0, 1}};
+    for (size_t k = 0; k < sizeof sc / sizeof sc[0]; k++) {
+        flood f;
+        CHECK_EQ(flood_start(&f, (uint16_t)port_of(naddr), sc[k].n, sc[k].naddr, sc[k].reopen), 0);
+        int checks = 0, failed = 0;
+        char first[512] = "";
+        uint64_t t0 = tp_now_ms();
+        while (tp_now_ms() - t0 < 3000) {
+            why[0] = 0;
+            int rc = fresh_get(m.addr, "flooded-node-key", val, LEN, why, sizeof why);
+            checks++;
+            if (rc && !failed++)
+                snprintf(first, sizeof first, "%d %.400s", rc, why);
+            tp_sleep_ms(ROUND_MS);
+        }
+        uint64_t connects = __atomic_load_n(&f.connects, __ATOMIC_RELAXED);
+        flood_stop(&f);
+        printf("  node: %d connections from %d address(es)%s: %llu connects; %d of %d reads "
+               "failed%s%s\n", sc[k].n, sc[k].naddr ? sc[k].naddr : 1,
+               sc[k].reopen ? ", reopened" : ", held", (unsigned long long)connects, failed, checks,
+               failed ? "; first: " : "", first);
+        CHECK_EQ(failed, 0);
+        CHECK(checks >= 4);
+    }
+    CHECK_EQ(tp_store_stop(&st), 0);
+    CHECK_EQ(tp_master_stop(&m), 0);
+}
