@@ -21,6 +21,8 @@
  *
  * Checks from another source address go through the product's client: the
  * test's kvp_sys.connect binds the socket to a per-thread address first.
+ * The last tests: the client's HELLO retry on its own, and the same floods at
+ * a storage node's TCP port (which already evicted on 0a85b26: a guard).
  */
 #include <errno.h>
 #include <netinet/in.h>
