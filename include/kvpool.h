@@ -97,7 +97,8 @@ extern "C" {
     XX(OBJECT_PINNED, -2012, "object is pinned: remove it with force")         \
     XX(OBJECT_TOO_LARGE, -2013, "object larger than the pool can keep (max_object_size, low watermark)") \
     XX(DEVICE, -2014, "device memory error: the CUDA driver is missing or failed (see the log)") \
-    XX(OBJECT_LOADING, -2015, "object is being read back from the SSD tier: ask again shortly")
+    XX(OBJECT_LOADING, -2015, "object is being read back from the SSD tier: ask again shortly") \
+    XX(AUTH_BACKOFF, -2016, "authentication failed, and too many failed attempts from this address: answers are delayed (back-off)")
 
 enum kvp_errno {
 #define KVP__ERR_ENUM(name, num, msg) KVP_E##name = (num),

@@ -123,11 +123,12 @@ static const struct key_def keys[] = {
     {.name = "max_connections", .type = KT_UINT, F_U64(max_connections), .min = 1,
      .max = 1048576, .def = "4096",
      .help = "most client connections the master holds; connections that have not "
-             "completed HELLO may hold at most 7/8 of them"},
+             "completed HELLO may hold at most 7/8 of them (over a cap, a newer one evicts "
+             "the oldest)"},
     {.name = "max_connections_per_address", .type = KT_UINT, F_U64(max_conns_per_addr),
      .min = 1, .max = 1048576, .def = "64",
      .help = "most connections from one address (IPv6: one /64) that have not completed "
-             "HELLO; more are closed at once"},
+             "HELLO; a newer one evicts the oldest"},
     {.name = "hello_timeout", .type = KT_DURATION, F_U64(hello_timeout_ms), .unit_ms = 1,
      .min = 1, .max = DUR_MAX_MS, .def = "5s",
      .help = "a connection that has not completed HELLO within this is answered and closed"},

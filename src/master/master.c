@@ -29,6 +29,7 @@
 #define AUTHFAIL_SLOTS 1024
 #define AUTHFAIL_FREE 3            /* failed HELLOs a peer gets before backing off */
 #define AUTHFAIL_MAX_MS 30000      /* longest back-off */
+#define AUTHFAIL_HOLD_MS 1000      /* a failed HELLO past the free ones is answered this late */
 #define DQ_MAX (4u << 20)          /* bytes of SPILL / LOAD commands queued per segment */
 #define DQ_HARD (256u << 20)       /* ... of every command (FORGETs of a large remove) */
 #define DQ_FRAME (1u << 20)        /* one DISK_CMD frame carries about this much */
@@ -124,7 +125,7 @@ struct kvp_master {
     uint32_t *tenant_nobj;   /* objects (pending too) per tenant: one exists while > 0 */
     uint32_t ntenants_live;
     struct authfail {        /* failed HELLOs per peer (hashed slots, overwritten) */
-        uint64_t peer, until;
+        uint64_t peer, until, last; /* back-off end; last failure */
         uint32_t fails;
     } authfail[AUTHFAIL_SLOTS];
     uint32_t *dirty;      /* slots of segments with frees to send */
@@ -1167,37 +1168,38 @@ static struct authfail *authfail_slot(kvp_master *m, uint64_t peer)
     return &m->authfail[(peer * 0x9E3779B97F4A7C15ull) >> 54]; /* 1024 slots */
 }
 
-/* Is this peer backing off after failed HELLOs? */
-static int auth_blocked(kvp_master *m, uint64_t peer, uint64_t now)
-{
-    struct authfail *f = authfail_slot(m, peer);
-    return peer && f->peer == peer && now < f->until;
-}
-
-/* A failed HELLO: past AUTHFAIL_FREE failures, the peer waits 100 ms,
- * doubling to AUTHFAIL_MAX_MS, before its next HELLO is even looked at. */
-static void auth_failed(kvp_master *m, uint64_t peer, uint64_t now)
+/*
+ * Failed HELLOs per peer address. Credentials are always checked, so a
+ * correct one is accepted whatever others from the same address (a NAT, a
+ * shared host) got wrong; the back-off slows the guesser instead: past
+ * AUTHFAIL_FREE failures, each failed HELLO is answered only after
+ * AUTHFAIL_HOLD_MS (the service holds the answer, without blocking its
+ * loop), with KVP_EAUTH_BACKOFF and how long the address's back-off (100 ms,
+ * doubling to AUTHFAIL_MAX_MS) has left. A success does not clear the
+ * record (a guesser sharing the address would get free attempts again);
+ * it is forgotten once the back-off is over and the last failure is
+ * AUTHFAIL_MAX_MS old. Returns the
+ * back-off left (ms), 0 while the failures are still free.
+ */
+static uint64_t auth_failed(kvp_master *m, uint64_t peer, uint64_t now)
 {
     if (!peer)
-        return;
+        return 0;
     struct authfail *f = authfail_slot(m, peer);
-    if (f->peer != peer) {
+    if (f->peer != peer || (now >= f->until && now - f->last >= AUTHFAIL_MAX_MS)) {
         f->peer = peer;
         f->fails = 0;
+        f->until = 0;
     }
-    f->fails++;
-    if (f->fails > AUTHFAIL_FREE) {
-        uint32_t k = f->fails - AUTHFAIL_FREE - 1;
-        uint64_t wait = k >= 9 ? AUTHFAIL_MAX_MS : 100ull << k;
-        f->until = now + (wait > AUTHFAIL_MAX_MS ? AUTHFAIL_MAX_MS : wait);
-    }
-}
-
-static void auth_ok(kvp_master *m, uint64_t peer)
-{
-    struct authfail *f = authfail_slot(m, peer);
-    if (peer && f->peer == peer)
-        f->peer = 0;
+    f->last = now;
+    if (f->fails < UINT32_MAX)
+        f->fails++;
+    if (f->fails <= AUTHFAIL_FREE)
+        return 0;
+    uint32_t k = f->fails - AUTHFAIL_FREE - 1;
+    uint64_t wait = k >= 9 ? AUTHFAIL_MAX_MS : 100ull << k;
+    f->until = now + (wait > AUTHFAIL_MAX_MS ? AUTHFAIL_MAX_MS : wait);
+    return f->until - now;
 }
 
 /* Which credentials the HELLO proves: *node, *tcred (-1 none). 0 or
@@ -1234,6 +1236,34 @@ static void hello_refuse(req *q, int err)
     q->s->close_after = 1;
 }
 
+/* A HELLO refused for its credentials (err: KVP_EAUTH, KVP_EILLEGAL_CLIENT):
+ * counted against the peer; past the free failures answered late with
+ * KVP_EAUTH_BACKOFF (auth_failed). */
+static void hello_refuse_cred(req *q, int err)
+{
+    uint64_t left = auth_failed(q->m, q->s->peer, q->now);
+    if (!left) {
+        hello_refuse(q, err);
+        return;
+    }
+    KVP_WARN_LIMITED(MOD, "HELLO from %s refused: too many failed attempts; answered after "
+                          "%u ms, back-off %llu ms",
+                     q->s->peer_addr, AUTHFAIL_HOLD_MS, (unsigned long long)left);
+    uint64_t after = left > AUTHFAIL_HOLD_MS ? left - AUTHFAIL_HOLD_MS : 0;
+    const char *a = q->s->peer_addr;
+    size_t al = strnlen(a, sizeof q->s->peer_addr);
+    kvp_msg_hello_backoff b = {(uint32_t)after,
+                               {(const uint8_t *)a, (uint32_t)(al > KVP_BACKOFF_ADDR_MAX
+                                                                   ? KVP_BACKOFF_ADDR_MAX
+                                                                   : al)}};
+    size_t off = kvp_frame_begin(q->out, q->h->op, KVP_FLAG_RESPONSE, q->h->req_id,
+                                 KVP_EAUTH_BACKOFF);
+    kvp_enc_hello_backoff(q->out, &b);
+    kvp_frame_end(q->out, off);
+    q->s->close_after = 1;
+    q->s->hold_ms = AUTHFAIL_HOLD_MS;
+}
+
 /*
  * HELLO: version, credentials, identity. A client_id already live is
  * joined only with the session secret the master gave it (so knowing an
@@ -1256,16 +1286,12 @@ static void op_hello(req *q)
         hello_refuse(q, KVP_EINVALID_VERSION);
         return;
     }
-    /* phase 1: credentials, with back-off for a peer that keeps failing */
+    /* phase 1: credentials, always checked; a peer that keeps failing is
+     * answered late (hello_refuse_cred) */
     int node, tcred;
-    if (auth_blocked(m, q->s->peer, q->now)) {
-        hello_refuse(q, KVP_EAUTH);
-        return;
-    }
     if (hello_creds(m, &h, &node, &tcred) != 0) {
-        KVP_WARN_LIMITED(MOD, "HELLO refused: wrong credential");
-        auth_failed(m, q->s->peer, q->now);
-        hello_refuse(q, KVP_EAUTH);
+        KVP_WARN_LIMITED(MOD, "HELLO from %s refused: wrong credential", q->s->peer_addr);
+        hello_refuse_cred(q, KVP_EAUTH);
         return;
     }
     /* phase 2: identity */
@@ -1280,8 +1306,7 @@ static void op_hello(req *q)
                   c->node != node || c->tcred != tcred)) {
             KVP_WARN_LIMITED(MOD, "HELLO refused: a client id already in use, without its "
                                   "session secret or with other credentials");
-            auth_failed(m, q->s->peer, q->now);
-            hello_refuse(q, KVP_EILLEGAL_CLIENT);
+            hello_refuse_cred(q, KVP_EILLEGAL_CLIENT);
             return;
         }
         if (!c) {
@@ -1302,7 +1327,6 @@ static void op_hello(req *q)
         c->nconns++;
         q->s->client = c;
     }
-    auth_ok(m, q->s->peer);
     c->last_seen = q->now;
     kvp_msg_hello_resp r = {KVP_PROTO_VERSION, m->id, (uint32_t)m->cfg.max_frame,
                             (uint32_t)m->cfg.lease_ttl_ms, (uint32_t)m->cfg.client_ttl_ms,
@@ -2603,6 +2627,8 @@ void kvp_master_sess_open(kvp_master *m, kvp_msess *s)
     s->client = NULL;
     s->close_after = 0;
     s->peer = 0;
+    s->hold_ms = 0;
+    snprintf(s->peer_addr, sizeof s->peer_addr, "?");
 }
 
 void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms)

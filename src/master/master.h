@@ -40,6 +40,9 @@ typedef struct kvp_msess {
     int close_after;     /* set by the core: flush the response, then close */
     uint64_t peer;       /* the peer's address, hashed by the service (0 = unknown):
                             failed HELLOs back off per peer */
+    char peer_addr[48];  /* the peer's address as text (service), for messages */
+    uint32_t hold_ms;    /* set by the core with close_after: send the answer only
+                            after this long (a refused HELLO of a peer backing off) */
 } kvp_msess;
 
 /* Copies what it needs from cfg and loads cfg->tenant_tokens_file. 0,

@@ -13,9 +13,22 @@
  *   starved      on the `starved` list: its next frame does not fit the
  *                input budget; EPOLLIN off until charges drop
  * Until HELLO a connection is also on the `hello` FIFO (deadline
- * hello_timeout, same for all, so only the head is ever checked), may send
- * bodies of at most PRE_HELLO_FRAME bytes, and counts against the pre-HELLO
- * caps (7/8 of max_connections; max_connections_per_address).
+ * hello_timeout, same for all, so only the head is ever checked) and on its
+ * address's FIFO, may send bodies of at most PRE_HELLO_FRAME bytes, and
+ * counts against the pre-HELLO caps (7/8 of max_connections;
+ * max_connections_per_address). A new connection over a cap evicts the
+ * oldest pre-HELLO connection (of its address, or of all), so idle or
+ * reopened connections cannot keep a prompt HELLO out; only when every
+ * candidate was accepted in this very turn (it has not been read yet) is
+ * the new one closed instead. Connections that completed HELLO are never
+ * evicted. Accepting runs after a turn's events, and a new connection is
+ * read at once: a client's HELLO is usually there already.
+ *
+ *   held         a refused HELLO of a peer backing off (master.h,
+ *                kvp_msess.hold_ms): its answer is in `out` but sent only
+ *                after hold_ms (the `held` FIFO, one delay for all), the
+ *                connection unread meanwhile. It stays pre-HELLO (counted,
+ *                evictable), so holds are bounded by the pre-HELLO caps.
  *
  * Input budget: every connection's `charge` counts the bytes its input
  * buffer may hold (>= in.len), and all charges together stay within
@@ -27,6 +40,7 @@
 
 #include <errno.h>
 #include <malloc.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stddef.h>
 #include <signal.h>
@@ -65,10 +79,12 @@
 /* Connections before HELLO, counted per source address (IPv4 address, or
  * IPv6 /64: one host owns a whole /64) in a chained hash map. */
 #define ADDR_KEY 9
+struct conn;
 typedef struct addr_ent {
     struct addr_ent *next;
     uint8_t key[ADDR_KEY];
-    uint32_t n;
+    uint32_t n;                       /* pre-HELLO connections, new ones being admitted included */
+    struct conn *head, *tail;         /* its pre-HELLO connections, by accept time */
 } addr_ent;
 
 typedef struct conn {
@@ -85,7 +101,12 @@ typedef struct conn {
     size_t scan;        /* in: offset of the first frame not known to be complete */
     size_t charge;      /* in: bytes counted against the input budget (>= in.len) */
     uint64_t accepted_ms;
+    uint64_t accept_turn; /* the loop turn that accepted it (eviction spares that turn's) */
     addr_ent *addr;     /* until HELLO: its address's count; NULL after */
+    struct conn *addr_prev, *addr_next; /* its address's pre-HELLO FIFO */
+    int held;           /* on s->held: output held until release_ms */
+    uint64_t release_ms;
+    struct conn *held_prev, *held_next;
     kvp_msess sess;
     struct conn *prev, *next;           /* all connections */
     struct conn *ready_next;
@@ -108,6 +129,9 @@ struct kvp_mserver {
      * head expires first), count, per-address counts */
     conn *hello_head, *hello_tail;
     uint32_t npre, pre_cap;
+    uint64_t turn;      /* loop turns so far */
+    int accept_due;     /* the listener was readable this turn */
+    conn *held_head, *held_tail; /* held answers, by release time */
     addr_ent **amap;
     uint32_t amask;
     uint64_t aseed;
@@ -118,7 +142,7 @@ struct kvp_mserver {
     /* EMFILE back-off: 0, or when to watch the listener again */
     uint64_t accept_resume_ms;
     uint32_t accept_pause_ms;
-    uint64_t n_refused, n_hello_timeouts, n_input_waits, logged_limits;
+    uint64_t n_refused, n_evicted, n_held, n_hello_timeouts, n_input_waits, logged_limits;
     kvp_arena arena;
     uint64_t last_summary, last_requests, last_expired;
     _Atomic int stop; /* set by kvp_mserver_stop from any thread or a signal handler */
@@ -325,9 +349,26 @@ static void hello_unlink(kvp_mserver *s, conn *c)
     if (c->hello_next) c->hello_next->hello_prev = c->hello_prev;
     else s->hello_tail = c->hello_prev;
     c->hello_prev = c->hello_next = NULL;
+    addr_ent *e = c->addr;
+    if (c->addr_prev) c->addr_prev->addr_next = c->addr_next;
+    else e->head = c->addr_next;
+    if (c->addr_next) c->addr_next->addr_prev = c->addr_prev;
+    else e->tail = c->addr_prev;
+    c->addr_prev = c->addr_next = NULL;
     addr_release(s, c->addr);
     c->addr = NULL;
     s->npre--;
+}
+
+/* A held answer is sent (release_held) or its connection closed. */
+static void held_unlink(kvp_mserver *s, conn *c)
+{
+    if (c->held_prev) c->held_prev->held_next = c->held_next;
+    else s->held_head = c->held_next;
+    if (c->held_next) c->held_next->held_prev = c->held_prev;
+    else s->held_tail = c->held_prev;
+    c->held_prev = c->held_next = NULL;
+    c->held = 0;
 }
 
 /* -------------------------------------------------------- connections */
@@ -348,6 +389,8 @@ static void conn_close(kvp_mserver *s, conn *c)
     }
     if (c->addr)
         hello_unlink(s, c);
+    if (c->held)
+        held_unlink(s, c);
     if (c->starved)
         unstarve(s, c);
     in_set_charge(s, c, 0);
@@ -472,6 +515,26 @@ static int conn_serve(kvp_mserver *s, conn *c)
     return more;
 }
 
+/* The core asked to delay c's answer (a refused HELLO of a peer backing
+ * off; it closes after): c joins the tail of the held FIFO, unread. The
+ * delay is the same for every hold, so the FIFO is in release order. */
+static void hold(kvp_mserver *s, conn *c, uint64_t now)
+{
+    c->held = 1;
+    c->release_ms = now + c->sess.hold_ms;
+    c->sess.hold_ms = 0;
+    c->held_next = NULL;
+    c->held_prev = s->held_tail;
+    if (s->held_tail)
+        s->held_tail->held_next = c;
+    else
+        s->held_head = c;
+    s->held_tail = c;
+    s->n_held++;
+    c->closing = 1; /* (the core set close_after too) */
+    conn_arm(s, c);
+}
+
 /* Serves c and settles what serving changed: HELLO bookkeeping, the input
  * charge, the ready list. The caller flushes (conn_after). */
 static void conn_work(kvp_mserver *s, conn *c)
@@ -479,6 +542,8 @@ static void conn_work(kvp_mserver *s, conn *c)
     int more = conn_serve(s, c);
     if (c->addr && c->sess.client)
         hello_unlink(s, c); /* authenticated: no deadline, not counted per address */
+    if (c->sess.hold_ms)
+        hold(s, c, kvp_now_ms());
     in_settle(s, c);
     mark_ready(s, c, more);
     if (c->starved && !more)
@@ -528,11 +593,17 @@ static int conn_readable(kvp_mserver *s, conn *c)
     return 0;
 }
 
-/* After serving: flush, and close when finished or broken. */
-static void conn_after(kvp_mserver *s, conn *c)
+/* After serving: flush, and close when finished or broken. 1 when c was
+ * closed (freed). */
+static int conn_after(kvp_mserver *s, conn *c)
 {
-    if (conn_flush(s, c) < 0 || (c->closing && c->out.len == 0))
+    if (c->held)
+        return 0; /* release_held flushes it */
+    if (conn_flush(s, c) < 0 || (c->closing && c->out.len == 0)) {
         conn_close(s, c);
+        return 1;
+    }
+    return 0;
 }
 
 /* The peer's address (not its port) hashed, for per-peer HELLO back-off. */
@@ -555,35 +626,83 @@ static uint64_t peer_hash(const struct sockaddr_storage *sa, socklen_t len)
 
 /* -------------------------------------------------------------- accept */
 
-/* Why a new connection from ss must be closed at once, or NULL; on NULL
- * *ent is its address's count, already incremented. */
+/* Closes c, a pre-HELLO connection, to make room for a new one. */
+static void evict(kvp_mserver *s, conn *c, const char *why)
+{
+    s->n_evicted++;
+    KVP_WARN_LIMITED(MOD, "connection fd %d from %s closed before HELLO: %s", c->fd,
+                     c->sess.peer_addr, why);
+    conn_close(s, c);
+}
+
+/* May `c`, the oldest pre-HELLO connection of a set, make room? Not when
+ * it was accepted this turn: it has not been read yet, and a client's
+ * HELLO may be in its buffer. */
+static int evictable(const kvp_mserver *s, const conn *c)
+{
+    return c && c->accept_turn != s->turn;
+}
+
+/*
+ * Why a new connection from ss must be closed at once, or NULL; on NULL
+ * *ent is its address's count, already incremented. Over a pre-HELLO cap
+ * (all of them, or its address's) or max_connections, the oldest pre-HELLO
+ * connection of that set is evicted to make room; the new one is refused
+ * only when there is none to evict (all completed HELLO, or all came in
+ * this turn).
+ */
 static const char *admit(kvp_mserver *s, const struct sockaddr_storage *ss, addr_ent **ent)
 {
-    if (s->nconns >= s->cfg.max_connections)
-        return "max_connections reached";
-    if (s->npre >= s->pre_cap)
-        return "connections before HELLO at 7/8 of max_connections";
+    if (s->nconns >= s->cfg.max_connections) {
+        if (!evictable(s, s->hello_head))
+            return "max_connections reached";
+        evict(s, s->hello_head, "max_connections reached; a newer connection came");
+    }
+    if (s->npre >= s->pre_cap) {
+        if (!evictable(s, s->hello_head))
+            return "connections before HELLO at 7/8 of max_connections";
+        evict(s, s->hello_head, "connections before HELLO at 7/8 of max_connections");
+    }
     uint8_t key[ADDR_KEY];
     addr_key(ss, key);
     addr_ent *e = addr_find(s, key, 1);
     if (!e)
         return "out of memory";
-    if (e->n >= s->cfg.max_conns_per_addr) {
-        return "max_connections_per_address reached";
+    e->n++; /* counted first: evicting the last other one must not free e */
+    if (e->n > s->cfg.max_conns_per_addr) {
+        if (!evictable(s, e->head)) {
+            addr_release(s, e);
+            return "max_connections_per_address reached";
+        }
+        evict(s, e->head, "max_connections_per_address reached; a newer connection came");
     }
-    e->n++;
     *ent = e;
     return NULL;
 }
 
-/* A new connection: pre-HELLO, at the tail of the deadline FIFO. */
-static void conn_open(kvp_mserver *s, int fd, addr_ent *e, uint64_t peer, uint64_t now)
+/* The peer's address as text, for log lines and back-off answers. */
+static void peer_text(const struct sockaddr_storage *ss, char *out, size_t outlen)
+{
+    const void *a = NULL;
+    int fam = ss->ss_family;
+    if (fam == AF_INET)
+        a = &((const struct sockaddr_in *)ss)->sin_addr;
+    else if (fam == AF_INET6)
+        a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+    if (!a || !inet_ntop(fam, a, out, (socklen_t)outlen))
+        snprintf(out, outlen, "?");
+}
+
+/* A new connection: pre-HELLO, at the tails of the deadline FIFO and its
+ * address's FIFO. NULL when it could not be set up (fd closed). */
+static conn *conn_open(kvp_mserver *s, int fd, addr_ent *e, const struct sockaddr_storage *ss,
+                       socklen_t sl, uint64_t now)
 {
     conn *c = kvp_calloc(1, sizeof *c);
     if (!c) {
         addr_release(s, e);
         close(fd);
-        return;
+        return NULL;
     }
     c->fd = fd;
     kvp_net_set_nodelay(fd);
@@ -595,11 +714,13 @@ static void conn_open(kvp_mserver *s, int fd, addr_ent *e, uint64_t peer, uint64
         addr_release(s, e);
         close(fd);
         kvp_free(c);
-        return;
+        return NULL;
     }
     kvp_master_sess_open(s->m, &c->sess);
-    c->sess.peer = peer;
+    c->sess.peer = peer_hash(ss, sl);
+    peer_text(ss, c->sess.peer_addr, sizeof c->sess.peer_addr);
     c->accepted_ms = now;
+    c->accept_turn = s->turn;
     c->addr = e;
     c->hello_prev = s->hello_tail;
     if (s->hello_tail)
@@ -607,13 +728,22 @@ static void conn_open(kvp_mserver *s, int fd, addr_ent *e, uint64_t peer, uint64
     else
         s->hello_head = c;
     s->hello_tail = c;
+    c->addr_prev = e->tail;
+    if (e->tail)
+        e->tail->addr_next = c;
+    else
+        e->head = c;
+    e->tail = c;
     s->npre++;
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;
     s->conns = c;
     s->nconns++;
+    return c;
 }
+
+static void conn_event(kvp_mserver *s, conn *c, uint32_t events);
 
 /* Out of descriptors (or kernel memory): stop watching the listener for a
  * while, doubling, instead of being woken for the same error at once. */
@@ -637,8 +767,10 @@ static void accept_resume(kvp_mserver *s, uint64_t now)
     epoll_ctl(s->ep, EPOLL_CTL_MOD, s->lfd, &ev);
 }
 
-/* Accepts up to ACCEPT_PER_TURN connections; one over a cap is accepted
- * and closed at once (counted), so the kernel's backlog never fills. */
+/* Accepts up to ACCEPT_PER_TURN connections, after the turn's events (an
+ * eviction must not free a connection whose event is still to come); one
+ * that cannot be admitted is accepted and closed at once (counted), so the
+ * kernel's backlog never fills. Each new connection is read at once. */
 static void on_accept(kvp_mserver *s, uint64_t now)
 {
     for (int i = 0; i < ACCEPT_PER_TURN; i++) {
@@ -664,7 +796,9 @@ static void on_accept(kvp_mserver *s, uint64_t now)
             close(fd);
             continue;
         }
-        conn_open(s, fd, e, peer_hash(&ss, sl), now);
+        conn *c = conn_open(s, fd, e, &ss, sl, now);
+        if (c)
+            conn_event(s, c, EPOLLIN);
     }
 }
 
@@ -675,6 +809,12 @@ static void expire_hellos(kvp_mserver *s, uint64_t now)
 {
     while (s->hello_head && now - s->hello_head->accepted_ms >= s->cfg.hello_timeout_ms) {
         conn *c = s->hello_head;
+        if (c->held) { /* its answer is due anyway */
+            held_unlink(s, c);
+            if (!conn_after(s, c))
+                hello_unlink(s, c); /* output still to send; closes once it is */
+            continue;
+        }
         s->n_hello_timeouts++;
         KVP_WARN_LIMITED(MOD, "connection fd %d: no HELLO within %llu ms; closing it", c->fd,
                          (unsigned long long)s->cfg.hello_timeout_ms);
@@ -686,8 +826,19 @@ static void expire_hellos(kvp_mserver *s, uint64_t now)
     }
 }
 
+/* Sends the held answers that are due (their connections close after). */
+static void release_held(kvp_mserver *s, uint64_t now)
+{
+    while (s->held_head && s->held_head->release_ms <= now) {
+        conn *c = s->held_head;
+        held_unlink(s, c);
+        conn_after(s, c);
+    }
+}
+
 /* How long the loop may sleep: 0 with work on the ready list, else until
- * the core's next tick, the oldest HELLO deadline or the accept resume. */
+ * the core's next tick, the oldest HELLO deadline, the first held answer
+ * or the accept resume. */
 static int wait_ms(const kvp_mserver *s, uint32_t next_tick, uint64_t now)
 {
     if (s->ready)
@@ -696,6 +847,11 @@ static int wait_ms(const kvp_mserver *s, uint32_t next_tick, uint64_t now)
     if (s->hello_head) {
         uint64_t due = s->hello_head->accepted_ms + s->cfg.hello_timeout_ms;
         uint64_t d = due > now ? due - now : 0;
+        if (d < t)
+            t = d;
+    }
+    if (s->held_head) {
+        uint64_t d = s->held_head->release_ms > now ? s->held_head->release_ms - now : 0;
         if (d < t)
             t = d;
     }
@@ -802,13 +958,15 @@ static void summary(kvp_mserver *s, uint64_t now)
     if (now - s->last_summary < SUMMARY_MS)
         return;
     s->last_summary = now;
-    uint64_t lim = s->n_refused + s->n_hello_timeouts + s->n_input_waits;
+    uint64_t lim = s->n_refused + s->n_evicted + s->n_held + s->n_hello_timeouts + s->n_input_waits;
     if (lim != s->logged_limits) {
         s->logged_limits = lim;
         KVP_INFO(MOD,
-                 "limits so far: %llu connections refused, %llu closed without HELLO, %llu "
-                 "waits for input memory (%zu of %zu bytes in use)",
-                 (unsigned long long)s->n_refused, (unsigned long long)s->n_hello_timeouts,
+                 "limits so far: %llu connections refused, %llu evicted before HELLO for newer "
+                 "ones, %llu refused HELLOs answered late (back-off), %llu closed without HELLO, "
+                 "%llu waits for input memory (%zu of %zu bytes in use)",
+                 (unsigned long long)s->n_refused, (unsigned long long)s->n_evicted,
+                 (unsigned long long)s->n_held, (unsigned long long)s->n_hello_timeouts,
                  (unsigned long long)s->n_input_waits, s->in_used, s->in_budget);
     }
     uint64_t st[KVP_STAT__COUNT];
@@ -923,7 +1081,7 @@ int kvp_mserver_run(kvp_mserver *s)
         for (int i = 0; i < n; i++) {
             void *p = evs[i].data.ptr;
             if (p == &s->lfd) {
-                on_accept(s, kvp_now_ms());
+                s->accept_due = 1;
             } else if (p == &s->evfd) {
                 uint64_t v;
                 ssize_t rd = read(s->evfd, &v, sizeof v);
@@ -938,7 +1096,13 @@ int kvp_mserver_run(kvp_mserver *s)
             }
         }
         serve_ready(s);
+        if (s->accept_due) {
+            s->accept_due = 0;
+            on_accept(s, kvp_now_ms());
+        }
+        s->turn++;
         uint64_t now = kvp_now_ms();
+        release_held(s, now);
         expire_hellos(s, now);
         accept_resume(s, now);
         wake_starved(s);

@@ -13,7 +13,9 @@
  * only a small frame (64 KiB body) and must complete HELLO within
  * cfg->hello_timeout_ms, else it is answered and closed; such connections
  * may hold 7/8 of cfg->max_connections and cfg->max_conns_per_addr per
- * address, further ones are accepted and closed at once. All input buffers
+ * address: a new one over a cap evicts the oldest of its set (service.c),
+ * so a flood cannot keep a prompt HELLO out. A refused HELLO of a peer
+ * backing off is answered late without blocking the loop. All input buffers
  * together hold at most cfg->input_budget bytes; a connection whose next
  * frame does not fit is not read until it does. Out of descriptors, the
  * listener is not watched for 100 ms .. 1 s. Peer-triggered log lines are

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/buf.h"
@@ -189,6 +190,80 @@ int kvp_rpc_call(kvp_rpc *r, uint16_t op, const void *body, size_t len, int32_t 
     }
 }
 
+/* One HELLO on r's fresh connection, within r->timeout_ms. 0 or the error
+ * (a status of the server, or the transport's), with a message in err. */
+static int say_hello(kvp_rpc *r, const char *addr, const kvp_rpc_opts *o, char *err, size_t errlen)
+{
+    kvp_buf b;
+    kvp_buf_init(&b, 4096);
+    kvp_msg_hello h = {KVP_PROTO_VERSION, r->client_id, {NULL, 0}, {NULL, 0},
+                       {NULL, 0}, {NULL, 0}, {NULL, 0}};
+    static const uint8_t zero[KVP_SESSION_LEN];
+    if (o->session && memcmp(o->session, zero, KVP_SESSION_LEN) != 0)
+        h.session = (kvp_bytes){o->session, KVP_SESSION_LEN};
+    if (o->node_token && *o->node_token)
+        h.node_cred = (kvp_bytes){(const uint8_t *)o->node_token,
+                                  (uint32_t)strlen(o->node_token)};
+    if (o->tenant_token && *o->tenant_token)
+        h.tenant_cred = (kvp_bytes){(const uint8_t *)o->tenant_token,
+                                    (uint32_t)strlen(o->tenant_token)};
+    if (o->token) {
+        h.token.p = (const uint8_t *)o->token;
+        h.token.len = (uint32_t)strlen(o->token);
+    }
+    if (o->name) {
+        h.name.p = (const uint8_t *)o->name;
+        h.name.len = (uint32_t)strlen(o->name);
+    }
+    kvp_enc_hello(&b, &h);
+    int32_t st = 0;
+    const uint8_t *resp;
+    uint32_t rl;
+    int rc = b.err ? b.err : kvp_rpc_call(r, KVP_OP_HELLO, b.data, b.len, &st, &resp, &rl);
+    kvp_buf_free(&b);
+    kvp_msg_hello_backoff bo;
+    if (rc == 0 && st == KVP_EAUTH_BACKOFF && kvp_dec_hello_backoff(resp, rl, &bo) == 0) {
+        snprintf(err, errlen, "HELLO to %s failed: wrong credential, and too many failed attempts "
+                 "from %.*s; retry in %u ms", addr, (int)bo.addr.len, (const char *)bo.addr.p,
+                 bo.retry_ms);
+        return KVP_EAUTH_BACKOFF;
+    }
+    if (rc == 0 && st != 0)
+        rc = st;
+    if (rc == 0)
+        rc = kvp_dec_hello_resp(resp, rl, &r->hello);
+    if (rc == 0 && o->session)
+        memcpy(o->session, r->hello.session, KVP_SESSION_LEN);
+    if (rc)
+        snprintf(err, errlen, "HELLO to %s failed: %s", addr, kvp_strerror(rc));
+    return rc;
+}
+
+/* Waits before the next HELLO attempt: `step` ms (doubled by the caller,
+ * 10 ms .. 500 ms) with jitter (half to all of it), never past deadline. */
+static void retry_pause(uint32_t step, uint64_t deadline)
+{
+    uint32_t j = 0;
+    if (getrandom(&j, sizeof j, GRND_NONBLOCK) != sizeof j)
+        j = (uint32_t)kvp_now_ns();
+    uint64_t ms = step / 2 + j % (step / 2 + 1);
+    uint64_t now = kvp_now_ms();
+    if (now + ms > deadline)
+        ms = deadline > now ? deadline - now : 0;
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+/*
+ * Connects and says HELLO, within timeout_ms in all. A connection that
+ * breaks before the HELLO is answered (a server over its limits closes or
+ * evicts connections that have not said HELLO) is tried again, with a new
+ * random client id unless the caller chose one, after a pause that doubles
+ * (with jitter) until the deadline. A connect that fails (nothing listens,
+ * or it timed out) and a definite answer (a wrong credential, with or
+ * without back-off; another version) are not retried.
+ */
 int kvp_rpc_open(const char *addr, const kvp_rpc_opts *o, kvp_rpc **out, char *err, size_t errlen)
 {
     kvp_rpc_opts def = {0};
@@ -204,57 +279,46 @@ int kvp_rpc_open(const char *addr, const kvp_rpc_opts *o, kvp_rpc **out, char *e
     r->client_id = o->client_id;
     r->on_push = o->on_push;
     r->push_ctx = o->push_ctx;
-    while (r->client_id == 0)
-        if (getrandom(&r->client_id, sizeof r->client_id, 0) != sizeof r->client_id)
-            r->client_id = kvp_now_ns();
+    r->fd = -1;
     kvp_buf_init(&r->out, (size_t)r->max_frame * 4 + 4096);
     kvp_buf_init(&r->in, (size_t)r->max_frame + KVP_FRAME_HDR + 65536);
-    r->fd = kvp_net_connect(addr, r->timeout_ms, err, errlen);
-    if (r->fd < 0) {
-        int rc = r->fd;
-        r->fd = -1;
-        kvp_rpc_close(r);
-        return rc;
-    }
-    if (!o->no_hello) {
-        kvp_buf b;
-        kvp_buf_init(&b, 4096);
-        kvp_msg_hello h = {KVP_PROTO_VERSION, r->client_id, {NULL, 0}, {NULL, 0},
-                           {NULL, 0}, {NULL, 0}, {NULL, 0}};
-        static const uint8_t zero[KVP_SESSION_LEN];
-        if (o->session && memcmp(o->session, zero, KVP_SESSION_LEN) != 0)
-            h.session = (kvp_bytes){o->session, KVP_SESSION_LEN};
-        if (o->node_token && *o->node_token)
-            h.node_cred = (kvp_bytes){(const uint8_t *)o->node_token,
-                                      (uint32_t)strlen(o->node_token)};
-        if (o->tenant_token && *o->tenant_token)
-            h.tenant_cred = (kvp_bytes){(const uint8_t *)o->tenant_token,
-                                        (uint32_t)strlen(o->tenant_token)};
-        if (o->token) {
-            h.token.p = (const uint8_t *)o->token;
-            h.token.len = (uint32_t)strlen(o->token);
-        }
-        if (o->name) {
-            h.name.p = (const uint8_t *)o->name;
-            h.name.len = (uint32_t)strlen(o->name);
-        }
-        kvp_enc_hello(&b, &h);
-        int32_t st = 0;
-        const uint8_t *resp;
-        uint32_t rl;
-        int rc = b.err ? b.err : kvp_rpc_call(r, KVP_OP_HELLO, b.data, b.len, &st, &resp, &rl);
-        kvp_buf_free(&b);
-        if (rc == 0 && st != 0)
-            rc = st;
-        if (rc == 0)
-            rc = kvp_dec_hello_resp(resp, rl, &r->hello);
-        if (rc == 0 && o->session)
-            memcpy(o->session, r->hello.session, KVP_SESSION_LEN);
-        if (rc) {
-            snprintf(err, errlen, "HELLO to %s failed: %s", addr, kvp_strerror(rc));
+    const int timeout = r->timeout_ms;
+    const uint64_t deadline = kvp_now_ms() + (uint64_t)timeout;
+    uint32_t step = 10;
+    for (;;) {
+        if (!o->client_id)
+            r->client_id = 0;
+        while (r->client_id == 0)
+            if (getrandom(&r->client_id, sizeof r->client_id, 0) != sizeof r->client_id)
+                r->client_id = kvp_now_ns();
+        uint64_t now = kvp_now_ms();
+        int left = now < deadline ? (int)(deadline - now) : 1;
+        r->fd = kvp_net_connect(addr, left, err, errlen);
+        if (r->fd < 0) {
+            int rc = r->fd;
+            r->fd = -1;
             kvp_rpc_close(r);
             return rc;
         }
+        if (o->no_hello)
+            break;
+        r->timeout_ms = left;
+        int rc = say_hello(r, addr, o, err, errlen);
+        r->timeout_ms = timeout;
+        if (rc == 0)
+            break;
+        if (rc != KVP_ERPC_FAIL || kvp_now_ms() + step / 2 >= deadline) {
+            kvp_rpc_close(r);
+            return rc;
+        }
+        /* closed before the answer: a fresh connection, after a pause */
+        close(r->fd);
+        r->fd = -1;
+        kvp_buf_reset(&r->in);
+        kvp_buf_reset(&r->out);
+        r->in_consumed = 0;
+        retry_pause(step, deadline);
+        step = step >= 250 ? 500 : step * 2;
     }
     *out = r;
     return 0;

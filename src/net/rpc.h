@@ -36,8 +36,12 @@ typedef struct kvp_rpc_opts {
     void *push_ctx;
 } kvp_rpc_opts;
 
-/* Connects and says HELLO. 0 or KVP_ERPC_FAIL / KVP_ERPC_TIMEOUT /
- * KVP_EAUTH / KVP_EINVALID_VERSION, with a message in err. */
+/* Connects and says HELLO, within timeout_ms in all; a connection closed
+ * before the HELLO is answered (a server shedding connections that have not
+ * said HELLO) is retried with back-off and jitter until then (rpc.c). 0 or
+ * KVP_ERPC_FAIL / KVP_ERPC_TIMEOUT / KVP_EAUTH / KVP_EAUTH_BACKOFF (wrong,
+ * and the address failed too often: the message says how long its back-off
+ * lasts) / KVP_EINVALID_VERSION, with a message in err. */
 int kvp_rpc_open(const char *addr, const kvp_rpc_opts *o, kvp_rpc **out, char *err, size_t errlen);
 void kvp_rpc_close(kvp_rpc *r);
 int kvp_rpc_fd(const kvp_rpc *r);

@@ -343,6 +343,23 @@ int kvp_dec_hello_resp(const uint8_t *p, uint32_t len, kvp_msg_hello_resp *m)
     DEC_END;
 }
 
+void kvp_enc_hello_backoff(kvp_buf *b, const kvp_msg_hello_backoff *m)
+{
+    kvp_buf_u32(b, m->retry_ms);
+    wr_bytes(b, m->addr);
+}
+
+int kvp_dec_hello_backoff(const uint8_t *p, uint32_t len, kvp_msg_hello_backoff *m)
+{
+    DEC_BEGIN;
+    m->retry_ms = kvp_rd_u32(&r);
+    m->addr = kvp_rd_bytes(&r, KVP_BACKOFF_ADDR_MAX);
+    for (uint32_t i = 0; i < m->addr.len; i++)
+        if (m->addr.p[i] < 0x21 || m->addr.p[i] > 0x7e) /* printed in messages */
+            rd_fail(&r);
+    DEC_END;
+}
+
 /* --------------------------------------------------------------- mount */
 
 /* Per segment: the seg_desc encoding, then u64 secret. */

@@ -158,6 +158,15 @@ typedef struct kvp_msg_hello_resp {
     uint8_t session[KVP_SESSION_LEN]; /* the client's session secret (zeros from a node) */
 } kvp_msg_hello_resp;
 
+/* Body of a HELLO answered KVP_EAUTH_BACKOFF (older peers see only the
+ * status): the credential was checked and is wrong, and the address has
+ * failed too often, so the answer came late. */
+#define KVP_BACKOFF_ADDR_MAX 64
+typedef struct kvp_msg_hello_backoff {
+    uint32_t retry_ms; /* the address's back-off left when this was answered */
+    kvp_bytes addr;    /* the address as the server saw it (text) */
+} kvp_msg_hello_backoff;
+
 typedef struct kvp_endpoint {
     kvp_bytes transport; /* "tcp", "shm", ... */
     kvp_bytes addr;      /* transport-specific address */
@@ -514,6 +523,9 @@ void kvp_enc_hello(kvp_buf *b, const kvp_msg_hello *m);
 int kvp_dec_hello(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_msg_hello *m);
 void kvp_enc_hello_resp(kvp_buf *b, const kvp_msg_hello_resp *m);
 int kvp_dec_hello_resp(const uint8_t *p, uint32_t len, kvp_msg_hello_resp *m);
+void kvp_enc_hello_backoff(kvp_buf *b, const kvp_msg_hello_backoff *m);
+/* addr: at most KVP_BACKOFF_ADDR_MAX printable ASCII bytes, else KVP_EPROTOCOL. */
+int kvp_dec_hello_backoff(const uint8_t *p, uint32_t len, kvp_msg_hello_backoff *m);
 
 void kvp_enc_mount(kvp_buf *b, const kvp_msg_mount *m);
 int kvp_dec_mount(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
