@@ -55,6 +55,22 @@ TEST(fake_mount_with_tenants_needs_node_token)
     tp_master_opts mo = {0, log};
     unsetenv("KVPOOL_NODE_TOKEN");
     int started = tp_master_start_opts(&m, margs, &mo);
+    if (started == 0) { /* 0a85b26: it starts, and the attack works */
+        int rc;
+        tp_store s0 = {0};
+        tp_store_start(&s0, m.addr, (const char *const[]){"--segment-size", "16MiB", NULL});
+        kvp_rpc *attacker = tq_hello(m.addr, NULL, NULL, &rc);
+        kvp_rpc *alice = tq_hello(m.addr, NULL, "tok-alice-0123456789", &rc);
+        uint64_t seg = 0;
+        int mrc = attacker ? tq_mount(attacker, FAKE_SEG, "127.0.0.1:9", 1ull << 40, 0) : -1;
+        int prc = alice ? tq_put_start(alice, "alice", "kv/layer0/block7", 1 << 20, &seg) : -1;
+        printf("  started without node_token: fake 1 TiB mount %d, alice's put %d placed on "
+               "%s\n", mrc, prc, seg == FAKE_SEG ? "the fake segment" : "a real node");
+        kvp_rpc_close(attacker);
+        kvp_rpc_close(alice);
+        tp_store_kill(&s0);
+        tp_master_kill(&m);
+    }
     CHECK(started != 0); /* refused to start */
     char text[8192];
     slurp(log, text, sizeof text);
