@@ -156,9 +156,11 @@ int kvp_cmd_stat(int argc, char **argv)
     int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
     if (rc == 1) {
         printf("usage: kvpool stat [--master HOST:PORT] [--json] [--watch SECONDS]\n"
-               "Shows the pool: objects, usage, hits, misses, evictions, and per segment its\n"
-               "capacity, usage, replicas and largest free block. --watch repeats every\n"
-               "SECONDS (default 2) until interrupted.\n");
+               "Shows the pool: objects, usage, hits, misses, evictions; per segment its\n"
+               "capacity, usage, replicas and largest free block; per tenant its objects,\n"
+               "bytes, pool bytes, quotas, share, evictions and refused puts (a session with\n"
+               "a tenant token sees its own tenant only). --watch repeats every SECONDS\n"
+               "(default 2) until interrupted.\n");
         return 0;
     }
     if (rc < 0)
