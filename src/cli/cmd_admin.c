@@ -29,6 +29,19 @@ static int connect_master(const kvp_config *cfg, const char *cmd, kvp_rpc **r)
 }
 
 
+static void print_json_str(kvp_bytes b)
+{
+    for (uint32_t k = 0; k < b.len; k++) {
+        uint8_t c = b.p[k];
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 32 || c > 126)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+}
+
 static void print_json(const kvp_msg_stats_resp *s)
 {
     printf("{\"counters\": {");
@@ -38,18 +51,23 @@ static void print_json(const kvp_msg_stats_resp *s)
     for (uint32_t i = 0; i < s->n_segs; i++) {
         const kvp_seg_stat *g = &s->segs[i];
         printf("%s{\"id\": \"%016llx\", \"name\": \"", i ? ", " : "", (unsigned long long)g->id);
-        for (uint32_t k = 0; k < g->name.len; k++) {
-            uint8_t c = g->name.p[k];
-            if (c == '"' || c == '\\')
-                printf("\\%c", c);
-            else if (c < 32 || c > 126)
-                printf("\\u%04x", c);
-            else
-                putchar(c);
-        }
+        print_json_str(g->name);
         printf("\", \"capacity\": %llu, \"used\": %llu, \"objects\": %llu, \"largest_free\": %llu}",
                (unsigned long long)g->capacity, (unsigned long long)g->used,
                (unsigned long long)g->objects, (unsigned long long)g->largest_free);
+    }
+    printf("], \"tenants\": [");
+    for (uint32_t i = 0; i < s->n_tenants; i++) {
+        const kvp_tenant_stat *t = &s->tenants[i];
+        printf("%s{\"name\": \"", i ? ", " : "");
+        print_json_str(t->name);
+        printf("\", \"objects\": %llu, \"bytes\": %llu, \"pool_bytes\": %llu, "
+               "\"max_bytes\": %llu, \"max_objects\": %llu, \"share\": %u, "
+               "\"evictions\": %llu, \"refused\": %llu}",
+               (unsigned long long)t->objects, (unsigned long long)t->bytes,
+               (unsigned long long)t->pool_bytes, (unsigned long long)t->max_bytes,
+               (unsigned long long)t->max_objects, t->share, (unsigned long long)t->evictions,
+               (unsigned long long)t->refused);
     }
     printf("]}\n");
     fflush(stdout);
@@ -108,6 +126,23 @@ static void print_table(const kvp_msg_stats_resp *s)
     }
     if (s->n_segs == 0)
         printf("(no segments mounted)\n");
+    if (s->n_tenants > 0)
+        printf("\n%-24s %10s %12s %12s %12s %12s %6s %10s %8s\n", "TENANT", "OBJECTS", "BYTES",
+               "POOL", "MAX BYTES", "MAX OBJECTS", "SHARE", "EVICTIONS", "REFUSED");
+    for (uint32_t i = 0; i < s->n_tenants; i++) {
+        const kvp_tenant_stat *t = &s->tenants[i];
+        char by[32], pb[32], mb[32], mo[32];
+        if (t->max_objects)
+            snprintf(mo, sizeof mo, "%llu", (unsigned long long)t->max_objects);
+        else
+            snprintf(mo, sizeof mo, "-");
+        printf("%-24.*s %10llu %12s %12s %12s %12s %6u %10llu %8llu\n",
+               (int)(t->name.len > 24 ? 24 : t->name.len), (const char *)t->name.p,
+               (unsigned long long)t->objects, kvp_size_format(t->bytes, by, sizeof by),
+               kvp_size_format(t->pool_bytes, pb, sizeof pb),
+               t->max_bytes ? kvp_size_format(t->max_bytes, mb, sizeof mb) : "-", mo, t->share,
+               (unsigned long long)t->evictions, (unsigned long long)t->refused);
+    }
     fflush(stdout);
 }
 
@@ -121,9 +156,11 @@ int kvp_cmd_stat(int argc, char **argv)
     int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
     if (rc == 1) {
         printf("usage: kvpool stat [--master HOST:PORT] [--json] [--watch SECONDS]\n"
-               "Shows the pool: objects, usage, hits, misses, evictions, and per segment its\n"
-               "capacity, usage, replicas and largest free block. --watch repeats every\n"
-               "SECONDS (default 2) until interrupted.\n");
+               "Shows the pool: objects, usage, hits, misses, evictions; per segment its\n"
+               "capacity, usage, replicas and largest free block; per tenant its objects,\n"
+               "bytes, pool bytes, quotas, share, evictions and refused puts (a session with\n"
+               "a tenant token sees its own tenant only). --watch repeats every SECONDS\n"
+               "(default 2) until interrupted.\n");
         return 0;
     }
     if (rc < 0)

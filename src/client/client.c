@@ -1550,6 +1550,20 @@ int kvp_client_stat(kvp_client *c, char *buf, size_t len)
                     (unsigned long long)g->capacity, (unsigned long long)g->used,
                     (unsigned long long)g->objects, (unsigned long long)g->largest_free);
         }
+        appendf(buf, len, &w, "], \"tenants\": [");
+        for (uint32_t i = 0; i < st.n_tenants; i++) {
+            const kvp_tenant_stat *t = &st.tenants[i];
+            appendf(buf, len, &w, "%s{\"name\": \"", i ? ", " : "");
+            append_json_str(buf, len, &w, (const char *)t->name.p, t->name.len);
+            appendf(buf, len, &w,
+                    "\", \"objects\": %llu, \"bytes\": %llu, \"pool_bytes\": %llu, "
+                    "\"max_bytes\": %llu, \"max_objects\": %llu, \"share\": %u, "
+                    "\"evictions\": %llu, \"refused\": %llu}",
+                    (unsigned long long)t->objects, (unsigned long long)t->bytes,
+                    (unsigned long long)t->pool_bytes, (unsigned long long)t->max_bytes,
+                    (unsigned long long)t->max_objects, t->share,
+                    (unsigned long long)t->evictions, (unsigned long long)t->refused);
+        }
         appendf(buf, len, &w, "]}");
     }
     scratch_free(&s);

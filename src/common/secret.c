@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/mem.h"
+#include "common/size.h"
 #include "kvpool.h"
 #include "net/net.h"
 
@@ -120,6 +121,55 @@ int kvp_secret_resolve(kvp_config *c, char *err, size_t errlen)
     return rc;
 }
 
+/* The options after "TENANT TOKEN" on a tenant line: NAME=VALUE words. */
+static int tenant_opts(const char *p, kvp_tenant_cred *lim, const char *path, unsigned line,
+                       char *err, size_t errlen)
+{
+    unsigned seen = 0;
+    char w[300];
+    int used;
+    while (sscanf(p, "%299s%n", w, &used) == 1) {
+        p += used;
+        char *eq = strchr(w, '=');
+        unsigned bit = 0;
+        int bad = !eq || (*p && *p != ' ' && *p != '\t'); /* a word cut at 299 bytes */
+        if (!bad) {
+            *eq = 0;
+            const char *v = eq + 1;
+            char *end;
+            if (!strcmp(w, "max_bytes")) {
+                bit = 1;
+                bad = kvp_size_parse(v, &lim->max_bytes) != 0;
+            } else if (!strcmp(w, "max_objects")) {
+                bit = 2;
+                bad = !*v || *v == '-' || !(*v >= '0' && *v <= '9');
+                end = NULL;
+                unsigned long long n = bad ? 0 : strtoull(v, &end, 10);
+                bad = bad || *end || n >= (1ull << 48);
+                lim->max_objects = n;
+            } else if (!strcmp(w, "share")) {
+                bit = 4;
+                bad = !(*v >= '1' && *v <= '9');
+                end = NULL;
+                unsigned long n = bad ? 0 : strtoul(v, &end, 10);
+                bad = bad || *end || n > KVP_TENANT_SHARE_MAX;
+                lim->share = (uint32_t)n;
+            } else {
+                bad = 1;
+            }
+            *eq = '=';
+        }
+        if (bad || (seen & bit)) {
+            snprintf(err, errlen,
+                     "%s:%u: \"%.64s\": %s (max_bytes=SIZE, max_objects=N, share=1..%u)", path,
+                     line, w, bad ? "not a valid option" : "given twice", KVP_TENANT_SHARE_MAX);
+            return KVP_ECONFIG;
+        }
+        seen |= bit;
+    }
+    return 0;
+}
+
 int kvp_secret_tenants_load(const char *path, kvp_tenant_cred **out, size_t *n, char *err,
                             size_t errlen)
 {
@@ -145,14 +195,21 @@ int kvp_secret_tenants_load(const char *path, kvp_tenant_cred **out, size_t *n, 
         char *s = p + strspn(p, " \t");
         if (!*s || *s == '#')
             continue;
-        char name[300], tok[300], extra[2];
-        int k = sscanf(s, "%299s %299s %1s", name, tok, extra);
+        char name[300], tok[300];
+        int used = 0;
+        int k = sscanf(s, "%299s %299s%n", name, tok, &used);
         if (k != 2 || strlen(name) > 255 || strlen(tok) > 255) {
-            snprintf(err, errlen, "%s:%u: expected \"TENANT TOKEN\" (each at most 255 bytes)",
+            snprintf(err, errlen,
+                     "%s:%u: expected \"TENANT TOKEN [max_bytes=SIZE] [max_objects=N] "
+                     "[share=W]\" (tenant and token each at most 255 bytes)",
                      path, line);
             rc = KVP_ECONFIG;
             break;
         }
+        kvp_tenant_cred lim = {.share = 1};
+        rc = tenant_opts(s + used, &lim, path, line, err, errlen);
+        if (rc)
+            break;
         for (size_t i = 0; i < nt && rc == 0; i++)
             if (!strcmp(t[i].tenant, name) || !strcmp(t[i].token, tok)) {
                 snprintf(err, errlen, "%s:%u: tenant \"%s\" %s", path, line, name,
@@ -174,6 +231,9 @@ int kvp_secret_tenants_load(const char *path, kvp_tenant_cred **out, size_t *n, 
         }
         memcpy(t[nt].tenant, name, strlen(name) + 1); /* <= 255 bytes, checked */
         memcpy(t[nt].token, tok, strlen(tok) + 1);
+        t[nt].max_bytes = lim.max_bytes;
+        t[nt].max_objects = lim.max_objects;
+        t[nt].share = lim.share;
         nt++;
     }
     memset(text, 0, CAP);

@@ -18,6 +18,7 @@
 #define KVP_SECRET_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/config.h"
 
@@ -34,15 +35,23 @@ int kvp_secret_resolve(kvp_config *c, char *err, size_t errlen);
  * KVP_ECONFIG with a message naming the file. */
 int kvp_secret_read_file(const char *path, char *out, size_t cap, char *err, size_t errlen);
 
-/* One entry of the master's tenant credential table. */
+/* One entry of the master's tenant credential table, with the tenant's
+ * limits in the pool (0 = unlimited) and its weight in fair eviction. */
 typedef struct kvp_tenant_cred {
     char tenant[256];
     char token[256];
+    uint64_t max_bytes;   /* pool (DRAM) bytes its objects may hold, replicas counted */
+    uint64_t max_objects; /* objects it may hold (pending ones count) */
+    uint32_t share;       /* weight of its fair share of the pool, 1 .. KVP_TENANT_SHARE_MAX */
 } kvp_tenant_cred;
 
-/* Loads "TENANT TOKEN" lines ('#' comments, blank lines skipped) from a
- * file with the same checks as kvp_secret_read_file. A tenant or a token
- * listed twice is an error. *out is kvp_malloc'ed (kvp_free it). */
+#define KVP_TENANT_SHARE_MAX 1000000u
+
+/* Loads "TENANT TOKEN [max_bytes=SIZE] [max_objects=N] [share=W]" lines
+ * ('#' comments, blank lines skipped; options in any order, each at most
+ * once; SIZE through kvp_size_parse, default share 1) from a file with the
+ * same checks as kvp_secret_read_file. A tenant or a token listed twice is
+ * an error. *out is kvp_malloc'ed (kvp_free it). */
 int kvp_secret_tenants_load(const char *path, kvp_tenant_cred **out, size_t *n, char *err,
                             size_t errlen);
 

@@ -26,6 +26,7 @@
 #define TICK_IDLE_MS 100      /* tick period when nothing is due */
 #define PLACE_CANDIDATES 16   /* segments sampled per placement */
 #define MAX_ENDPOINTS 16
+#define STATS_TENANTS 1024    /* tenants one STATS answer lists at most */
 #define AUTHFAIL_SLOTS 1024
 #define AUTHFAIL_FREE 3            /* failed HELLOs a peer gets before backing off */
 #define AUTHFAIL_MAX_MS 30000      /* longest back-off */
@@ -41,6 +42,25 @@ typedef struct olist {
     kvp_obj *head, *tail;
     uint64_t n;
 } olist;
+
+/*
+ * A tenant's standing in the pool (slot = tenant id): its evictable
+ * objects, what it holds, its limits and its weight in fair eviction. A
+ * tenant "in use" holds DRAM pages; its fair share of the pool is
+ * cap_pages * share / share_sum (the sum over tenants in use).
+ */
+typedef struct mtenant {
+    olist lru;            /* its evictable objects: head = most recent use */
+    uint64_t pages;       /* DRAM pages its objects' replicas hold (staging loads too) */
+    uint64_t bytes;       /* value bytes of its objects, every tier, pending ones too */
+    uint64_t max_pages;   /* quota on pages (0 = none) */
+    uint64_t max_objects; /* quota on objects (0 = none) */
+    uint64_t evictions;   /* victims taken from it (dropped, spilled or DRAM copy freed) */
+    uint64_t refused;     /* put keys its quota refused */
+    uint32_t share;       /* fair-share weight, >= 1 */
+    int32_t evpos;        /* index in m->evt while lru is not empty, else -1 */
+    uint8_t configured;   /* listed in tenant_tokens_file: the slot is never released */
+} mtenant;
 
 struct kvp_mclient {
     uint64_t id;
@@ -105,7 +125,7 @@ struct kvp_master {
     kvp_proto_limits lim;
     uint64_t id;
     kvp_index ix;
-    olist pending, leased, lru, diskio, disk;
+    olist pending, leased, diskio, disk; /* the LRU lists are per tenant (mtenant) */
     kvp_mseg **segs;      /* max_segments slots, NULL = free */
     uint32_t *mounted;    /* the nseg occupied slots, in no particular order */
     uint32_t nseg;
@@ -123,6 +143,10 @@ struct kvp_master {
     kvp_tenant_cred *tcreds; /* tenant_tokens_file */
     size_t ntcreds;
     uint32_t *tenant_nobj;   /* objects (pending too) per tenant: one exists while > 0 */
+    mtenant *tq;             /* per tenant: LRU list, use, quotas (max_tenants slots) */
+    uint32_t *evt;           /* ids of the tenants with evictable objects (nevt) */
+    uint32_t nevt;
+    uint64_t share_sum;      /* shares of the tenants holding DRAM pages */
     uint32_t ntenants_live;
     struct authfail {        /* failed HELLOs per peer (hashed slots, overwritten) */
         uint64_t peer, until, last; /* back-off end; last failure */
@@ -161,11 +185,52 @@ static olist *list_of(kvp_master *m, kvp_obj *o)
     switch (o->list) {
     case KVP_LIST_PENDING: return &m->pending;
     case KVP_LIST_LEASED: return &m->leased;
-    case KVP_LIST_LRU: return &m->lru;
+    case KVP_LIST_LRU: return &m->tq[o->tenant].lru;
     case KVP_LIST_DISKIO: return &m->diskio;
     case KVP_LIST_DISK: return &m->disk;
     }
     return NULL;
+}
+
+/* The tenants with evictable objects, for victim selection: a tenant joins
+ * when its LRU list gets its first object and leaves when it empties. */
+static void evt_join(kvp_master *m, uint32_t t)
+{
+    KVP_ASSERT(m->tq[t].evpos < 0 && m->nevt < m->cfg.max_tenants);
+    m->tq[t].evpos = (int32_t)m->nevt;
+    m->evt[m->nevt++] = t;
+}
+
+static void evt_leave(kvp_master *m, uint32_t t)
+{
+    int32_t k = m->tq[t].evpos;
+    KVP_ASSERT(k >= 0 && (uint32_t)k < m->nevt && m->evt[k] == t);
+    m->evt[k] = m->evt[--m->nevt];
+    m->tq[m->evt[k]].evpos = k;
+    m->tq[t].evpos = -1;
+}
+
+/* A tenant's DRAM use changes by `reps` replicas of o (+ allocated, -
+ * freed); share_sum follows the tenants that start or stop holding pages.
+ * Called wherever an object's nrep changes. */
+static void tenant_pages(kvp_master *m, const kvp_obj *o, int reps)
+{
+    mtenant *t = &m->tq[o->tenant];
+    uint64_t np = (uint64_t)kvp_pages(o->size) * (uint64_t)(reps < 0 ? -reps : reps);
+    if (np == 0)
+        return;
+    if (reps > 0) {
+        if (t->pages == 0)
+            m->share_sum += t->share;
+        t->pages += np;
+        return;
+    }
+    KVP_ASSERT(t->pages >= np);
+    t->pages -= np;
+    if (t->pages == 0) {
+        KVP_ASSERT(m->share_sum >= t->share);
+        m->share_sum -= t->share;
+    }
 }
 
 /* Keeps each segment's count of evictable pages: +/- when an object
@@ -197,8 +262,11 @@ static void list_unlink(kvp_master *m, kvp_obj *o)
     if (o->prev) o->prev->next = o->next; else l->head = o->next;
     if (o->next) o->next->prev = o->prev; else l->tail = o->prev;
     o->prev = o->next = NULL;
+    int was = o->list;
     o->list = KVP_LIST_NONE;
     l->n--;
+    if (was == KVP_LIST_LRU && l->n == 0)
+        evt_leave(m, o->tenant);
 }
 
 /* Every object is on exactly one list (master.h), the one its state says:
@@ -229,7 +297,8 @@ static void list_push_tail(kvp_master *m, int which, kvp_obj *o)
     o->prev = l->tail;
     if (l->tail) l->tail->next = o; else l->head = o;
     l->tail = o;
-    l->n++;
+    if (l->n++ == 0 && which == KVP_LIST_LRU)
+        evt_join(m, o->tenant);
 }
 
 static void list_push_head(kvp_master *m, int which, kvp_obj *o)
@@ -243,7 +312,8 @@ static void list_push_head(kvp_master *m, int which, kvp_obj *o)
     o->next = l->head;
     if (l->head) l->head->prev = o; else l->tail = o;
     l->head = o;
-    l->n++;
+    if (l->n++ == 0 && which == KVP_LIST_LRU)
+        evt_join(m, o->tenant);
 }
 
 /* The list an unleased COMPLETE object belongs on (master.h). */
@@ -331,8 +401,10 @@ static void quarantine(kvp_master *m, const kvp_obj *o, const kvp_orep *r);
 static void obj_destroy(kvp_master *m, kvp_obj *o, int why)
 {
     KVP_ASSERT(o->nrep <= o->rep_cap);
-    KVP_ASSERT(m->tenant_nobj[o->tenant] > 0);
+    KVP_ASSERT(m->tenant_nobj[o->tenant] > 0 && m->tq[o->tenant].bytes >= o->size);
     list_unlink(m, o);
+    tenant_pages(m, o, -(int)o->nrep);
+    m->tq[o->tenant].bytes -= o->size;
     kvp_orep *r = kvp_obj_reps(o);
     if (o->flags & KVP_OBJ_SPILLING) {
         kvp_mseg *ds = m->segs[o->disk_seg];
@@ -385,7 +457,8 @@ static void obj_destroy(kvp_master *m, kvp_obj *o, int why)
  * Tenants: id -> name, ids reused. A tenant exists while it holds an
  * object (pending ones count): PUT_STARTs that store nothing leave no
  * tenant behind, so naming new tenants cannot fill the table. "default"
- * (id 0) always exists.
+ * (id 0) and the tenants of tenant_tokens_file (with their quotas and
+ * shares) always exist.
  */
 
 /* Tenant id of a name; -1 if unknown. Empty name = "default" (id 0). */
@@ -397,6 +470,14 @@ static int tenant_find(const kvp_master *m, kvp_bytes t)
         if (m->tenants[i] && m->tenant_len[i] == t.len && memcmp(m->tenants[i], t.p, t.len) == 0)
             return (int)i;
     return -1;
+}
+
+/* A fresh slot: no quota, share 1. */
+static void tenant_reset(mtenant *t)
+{
+    memset(t, 0, sizeof *t);
+    t->share = 1;
+    t->evpos = -1;
 }
 
 /* Tenant id, created if new. KVP_ELIMIT / KVP_ENOMEM / KVP_EINVALID_PARAMS. */
@@ -418,17 +499,19 @@ static int tenant_get(kvp_master *m, kvp_bytes t)
     m->tenants[slot] = n;
     m->tenant_len[slot] = (uint16_t)t.len;
     m->tenant_nobj[slot] = 0;
+    tenant_reset(&m->tq[slot]);
     m->ntenants_live++;
     if (slot == m->ntenants)
         m->ntenants++;
     return (int)slot;
 }
 
-/* Frees a tenant that holds nothing (never "default"). */
+/* Frees a tenant that holds nothing (never "default" nor a configured one). */
 static void tenant_release_if_empty(kvp_master *m, int id)
 {
-    if (id <= 0 || m->tenant_nobj[id] > 0 || !m->tenants[id])
+    if (id <= 0 || m->tenant_nobj[id] > 0 || !m->tenants[id] || m->tq[id].configured)
         return;
+    KVP_ASSERT(m->tq[id].pages == 0 && m->tq[id].bytes == 0 && m->tq[id].lru.n == 0);
     KVP_ASSERT(m->ntenants_live > 0);
     kvp_free(m->tenants[id]);
     m->tenants[id] = NULL;
@@ -570,6 +653,7 @@ static void seg_unmount(kvp_master *m, uint32_t si)
             s->lru_pages -= kvp_pages(o->size);
         }
         free_replica(m, o, &r[k]);
+        tenant_pages(m, o, -1);
         memmove(&r[k], &r[k + 1], (o->nrep - k - 1) * sizeof *r);
         o->nrep--;
     }
@@ -624,6 +708,15 @@ static int endpoint_ok(const kvp_endpoint *e)
     return 0; /* a transport this master does not know */
 }
 
+/* Is the node that mounted s gone: no connection left (its process died),
+ * or silent for half the client TTL (it heartbeats every third)? Its
+ * segment stays until the TTL, but a restarted node may take its place. */
+static int owner_gone(const kvp_master *m, const kvp_mseg *s)
+{
+    const kvp_mclient *c = s->owner;
+    return !c || c->nconns == 0 || m->now - c->last_seen > m->cfg.client_ttl_ms / 2;
+}
+
 static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
 {
     for (uint32_t i = 0; i < d->n_endpoints; i++)
@@ -645,11 +738,19 @@ static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
     }
     int old = seg_find_name(m, d->name);
     if (old >= 0) {
-        /* the name is the node's HOST:PORT, which the new node now listens
-         * on: the old node is gone (a restart within its TTL); a holder of
-         * the node credential takes the name back */
-        if (m->segs[old]->owner == c || !may_mount(m, c))
+        /* the name is the node's HOST:PORT, which a restarted node listens
+         * on again within its old session's TTL: it takes the name back --
+         * but only from a node that is gone (no connection left, or silent
+         * for half the TTL). A live node keeps its name: another mounter
+         * (a plain client where anyone may mount) cannot replace it and so
+         * drop its objects. */
+        if (m->segs[old]->owner == c || !may_mount(m, c) || !owner_gone(m, m->segs[old])) {
+            KVP_WARN_LIMITED(MOD, "MOUNT_SEGMENT of %016llx refused: segment %016llx of a live "
+                                  "node already has the name %s",
+                             (unsigned long long)d->id, (unsigned long long)m->segs[old]->id,
+                             m->segs[old]->name);
             return KVP_ESEGMENT_ALREADY_EXISTS;
+        }
         KVP_INFO(MOD, "segment %016llx (%s) replaced by %016llx: its node restarted",
                  (unsigned long long)m->segs[old]->id, m->segs[old]->name,
                  (unsigned long long)d->id);
@@ -890,6 +991,7 @@ static void drop_dram(kvp_master *m, kvp_obj *o)
     kvp_orep *r = kvp_obj_reps(o);
     for (unsigned i = 0; i < o->nrep; i++)
         free_replica(m, o, &r[i]);
+    tenant_pages(m, o, -(int)o->nrep);
     o->nrep = 0;
     settle_unleased(m, o);
 }
@@ -919,7 +1021,39 @@ static int spill_start(kvp_master *m, kvp_obj *o, unsigned k)
 }
 
 /*
- * Evicts the least recently used evictable object. With `spill`, a victim
+ * Fair eviction: which tenant gives the next victim. A tenant at or over
+ * its fair share of `factor` x the pool (cap_pages * factor * share /
+ * share_sum, counting `who` as in use) gives first, the most over (pages
+ * per share) first; else `who`'s own objects (the tenant making room; -1
+ * for background eviction). So a tenant within its share is never evicted
+ * for another tenant's flood: the flooder evicts its own objects, or is
+ * answered -200 once it has nothing evictable. Cost: O(tenants with
+ * evictable objects) per victim, O(1) with one tenant. -1 = no victim.
+ */
+static int victim_tenant(const kvp_master *m, int who, double factor)
+{
+    uint64_t sum = m->share_sum;
+    if (who >= 0 && m->tq[who].pages == 0)
+        sum += m->tq[who].share;
+    double room = factor * (double)m->cap_pages / (double)(sum ? sum : 1);
+    int best = -1;
+    double best_r = -1;
+    for (uint32_t k = 0; k < m->nevt; k++) {
+        const mtenant *t = &m->tq[m->evt[k]];
+        double r = (double)t->pages / (double)t->share; /* pages per share */
+        if (r >= room && r > best_r) {
+            best = (int)m->evt[k];
+            best_r = r;
+        }
+    }
+    if (best < 0 && who >= 0 && m->tq[who].lru.n > 0)
+        best = who;
+    return best;
+}
+
+/*
+ * Evicts tenant t's least recently used evictable object (t < 0: none,
+ * answers -1; see victim_tenant). With `spill`, a victim
  * on a segment with an SSD tier is written there instead of being dropped
  * (it frees its DRAM once durable), and one that already has a disk record
  * only loses its DRAM copy; without, the victim is removed (limits on the
@@ -927,9 +1061,9 @@ static int spill_start(kvp_master *m, kvp_obj *o, unsigned k)
  * freed space on (in freed), 0 when a spill started (space comes later), or
  * -1 when nothing is evictable now.
  */
-static int evict_one(kvp_master *m, uint32_t freed[KVP_MAX_REPLICAS], int spill)
+static int evict_one(kvp_master *m, int t, uint32_t freed[KVP_MAX_REPLICAS], int spill)
 {
-    kvp_obj *o = m->lru.tail;
+    kvp_obj *o = t >= 0 ? m->tq[t].lru.tail : NULL;
     if (!o)
         return -1;
     /* the LRU list holds exactly the evictable objects (master.h) */
@@ -940,10 +1074,13 @@ static int evict_one(kvp_master *m, uint32_t freed[KVP_MAX_REPLICAS], int spill)
     if (spill && !(o->flags & KVP_OBJ_ONDISK)) {
         for (unsigned i = 0; i < n; i++) {
             int st = spill_start(m, o, i);
+            if (st > 0)
+                m->tq[t].evictions++;
             if (st)
                 return st > 0 ? 0 : -1;
         }
     }
+    m->tq[t].evictions++;
     for (unsigned i = 0; i < n; i++)
         freed[i] = r[i].seg;
     if (spill && (o->flags & KVP_OBJ_ONDISK))
@@ -990,11 +1127,13 @@ static int try_alloc(kvp_master *m, uint32_t si, uint32_t np, kvp_orep *out)
 /*
  * Places one more replica of np pages on a segment not in reps[0..have).
  * Order: the preferred segment when it has room, then sampled segments by
- * most free space; when none has room, evicts LRU objects one at a time and
- * retries on the segments each eviction freed, until it fits or nothing is
- * evictable. 0, KVP_ENO_AVAILABLE_HANDLE or KVP_ENOMEM.
+ * most free space; when none has room, evicts LRU objects one at a time
+ * (fairly across tenants, for tenant `who`: victim_tenant) and retries on
+ * the segments each eviction freed, until it fits or nothing is evictable.
+ * 0, KVP_ENO_AVAILABLE_HANDLE or KVP_ENOMEM.
  */
-static int place_one(kvp_master *m, uint32_t np, int pref, kvp_orep *reps, unsigned have)
+static int place_one(kvp_master *m, int who, uint32_t np, int pref, kvp_orep *reps,
+                     unsigned have)
 {
     int nomem = 0, rc;
     if (pref >= 0 && !used_seg(reps, have, (uint32_t)pref)) {
@@ -1055,7 +1194,7 @@ static int place_one(kvp_master *m, uint32_t np, int pref, kvp_orep *reps, unsig
     uint32_t freed[KVP_MAX_REPLICAS];
     int nf;
     uint64_t before = m->spill_total;
-    while ((nf = evict_one(m, freed, 1)) >= 0) {
+    while ((nf = evict_one(m, victim_tenant(m, who, 1.0), freed, 1)) >= 0) {
         if (nf == 0 && m->spill_total - before >= np) {
             m->stats[KVP_STAT_SPILL_PRESSURE]++;
             return KVP_ENO_AVAILABLE_HANDLE;
@@ -1073,7 +1212,8 @@ static int place_one(kvp_master *m, uint32_t np, int pref, kvp_orep *reps, unsig
 }
 
 /* Background eviction above the high watermark, down to the low one
- * (counting room that spills in flight will free). */
+ * (counting room that spills in flight will free); victims from the
+ * tenants over their share of the low watermark (victim_tenant). */
 static unsigned evict_background(kvp_master *m, unsigned budget)
 {
     if (m->cap_pages == 0 || (double)m->used_pages <= m->cfg.evict_high * (double)m->cap_pages)
@@ -1082,7 +1222,7 @@ static unsigned evict_background(kvp_master *m, unsigned budget)
     unsigned n = 0;
     uint32_t freed[KVP_MAX_REPLICAS];
     while (n < budget && (double)(m->used_pages - m->spill_total) > low &&
-           evict_one(m, freed, 1) >= 0)
+           evict_one(m, victim_tenant(m, -1, m->cfg.evict_low), freed, 1) >= 0)
         n++;
     return n;
 }
@@ -1457,6 +1597,46 @@ static uint64_t keep_limit(const kvp_master *m)
     return lim;
 }
 
+/*
+ * Tenant t's quotas before placing `*want` replicas of np pages: over
+ * max_objects, its own least recently used objects are removed; over
+ * max_pages, its own objects are evicted (spilled with an SSD tier) until
+ * the replicas fit, with fewer replicas when even that many never could.
+ * 0, KVP_EOBJECT_TOO_LARGE (one replica is over max_bytes), or
+ * KVP_ENO_AVAILABLE_HANDLE: nothing of its own is evictable now, or its
+ * spills in flight will make the room (the writer backs off, as when the
+ * pool is full). Called inside PUT_START, whose pin counts in tenant_nobj.
+ */
+static int quota_room(kvp_master *m, int t, uint32_t np, unsigned *want)
+{
+    mtenant *tq = &m->tq[t];
+    uint32_t freed[KVP_MAX_REPLICAS];
+    if (tq->max_objects) {
+        while (m->tenant_nobj[t] - 1 >= tq->max_objects && evict_one(m, t, freed, 0) >= 0)
+            ;
+        if (m->tenant_nobj[t] - 1 >= tq->max_objects) {
+            tq->refused++;
+            return KVP_ENO_AVAILABLE_HANDLE;
+        }
+    }
+    if (!tq->max_pages)
+        return 0;
+    if (np > tq->max_pages)
+        return KVP_EOBJECT_TOO_LARGE;
+    if ((uint64_t)np * *want > tq->max_pages)
+        *want = (unsigned)(tq->max_pages / np); /* best effort, as for segments */
+    /* a victim being spilled keeps its DRAM until durable: count what is
+     * on its way out (at least one replica's pages each) */
+    uint64_t need = (uint64_t)np * *want, before = m->spill_total;
+    while (tq->pages - (m->spill_total - before) + need > tq->max_pages &&
+           evict_one(m, t, freed, 1) >= 0)
+        ;
+    if (tq->pages + need <= tq->max_pages)
+        return 0;
+    tq->refused++;
+    return KVP_ENO_AVAILABLE_HANDLE;
+}
+
 static void op_put_start(req *q)
 {
     kvp_master *m = q->m;
@@ -1504,21 +1684,23 @@ static void op_put_start(req *q)
         } else if ((r.status = kvp_index_reserve(&m->ix)) == 0) {
             uint32_t freed[KVP_MAX_REPLICAS];
             while (m->cfg.max_objects && m->ix.count >= m->cfg.max_objects &&
-                   evict_one(m, freed, 0) >= 0)
+                   evict_one(m, victim_tenant(m, tenant, 1.0), freed, 0) >= 0)
                 ;
             if (m->cfg.max_objects && m->ix.count >= m->cfg.max_objects)
                 r.status = KVP_ENO_AVAILABLE_HANDLE;
             /* metadata memory: evict the oldest objects, as for space */
             while (r.status == 0 && kvp_mem_used() > m->cfg.max_master_memory &&
-                   evict_one(m, freed, 0) >= 0)
+                   evict_one(m, victim_tenant(m, tenant, 1.0), freed, 0) >= 0)
                 ;
             if (r.status == 0 && kvp_mem_used() > m->cfg.max_master_memory)
                 r.status = KVP_ENO_AVAILABLE_HANDLE;
             unsigned want = d.replicas < m->nseg ? d.replicas : m->nseg;
             if (want == 0 && r.status == 0)
                 r.status = KVP_ENO_AVAILABLE_HANDLE;
+            if (r.status == 0)
+                r.status = quota_room(m, tenant, np, &want);
             while (r.status == 0 && have < want) {
-                int rc = place_one(m, np, pref, reps, have);
+                int rc = place_one(m, tenant, np, pref, reps, have);
                 if (rc) {
                     if (have == 0)
                         r.status = rc;
@@ -1547,6 +1729,8 @@ static void op_put_start(req *q)
             memcpy(kvp_obj_reps(o), reps, have * sizeof *reps);
             kvp_index_insert(&m->ix, h, o);
             m->tenant_nobj[tenant]++;
+            tenant_pages(m, o, (int)have);
+            m->tq[tenant].bytes += o->size;
             list_push_tail(m, KVP_LIST_PENDING, o);
             m->stats[KVP_STAT_PENDING]++;
             r.n_replicas = describe(m, reps, have, d.sizes[i], KVP_ACCESS_WRITE,
@@ -1767,6 +1951,7 @@ static void op_replica_bad(req *q)
             m->segs[r[j].seg]->lru_pages -= kvp_pages(o->size);
         }
         free_replica(m, o, &r[j]);
+        tenant_pages(m, o, -1);
         memmove(&r[j], &r[j + 1], (o->nrep - j - 1) * sizeof *r);
         o->nrep--;
     }
@@ -1865,7 +2050,7 @@ static int32_t load_start(kvp_master *m, kvp_obj *o)
     int rc = try_alloc(m, si, np, &rep);
     uint64_t before = s->spill_pages;
     for (int k = 0; rc == KVP_ENO_AVAILABLE_HANDLE && k < LOAD_EVICT_MAX; k++) {
-        int nf = evict_one(m, freed, 1);
+        int nf = evict_one(m, victim_tenant(m, o->tenant, 1.0), freed, 1);
         if (nf < 0 || s->spill_pages - before >= np)
             break; /* nothing to evict, or enough on its way to disk */
         for (int i = 0; i < nf; i++)
@@ -1879,6 +2064,7 @@ static int32_t load_start(kvp_master *m, kvp_obj *o)
     list_unlink(m, o);
     kvp_obj_reps(o)[0] = rep;
     o->nrep = 1;
+    tenant_pages(m, o, +1);
     o->flags |= KVP_OBJ_LOADING;
     s->load_pages += np;
     disk_cmd(m, si, KVP_DISK_LOAD, o, rep.page, wire_gen(s, rep.gen));
@@ -1974,6 +2160,7 @@ static void disk_timeout(kvp_master *m, kvp_obj *o)
         s->load_pages -= np;
         m->stats[KVP_STAT_LOAD_FAILS]++;
         quarantine(m, o, &kvp_obj_reps(o)[0]);
+        tenant_pages(m, o, -1);
         o->nrep = 0;
         o->flags &= (uint8_t)~KVP_OBJ_LOADING;
     }
@@ -2018,6 +2205,7 @@ static void rep_loaded(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_en
     }
     m->stats[KVP_STAT_LOAD_FAILS]++;
     free_replica(m, o, &kvp_obj_reps(o)[0]);
+    tenant_pages(m, o, -1);
     o->nrep = 0;
     int32_t st = e->status;
     if (st == KVP_EOBJECT_NOT_FOUND || st == KVP_ECHECKSUM_MISMATCH || st == KVP_EIO ||
@@ -2028,6 +2216,21 @@ static void rep_loaded(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_en
         return;
     }
     settle_unleased(m, o); /* a passing failure: the next GET tries again */
+}
+
+/*
+ * May the owner of a segment report disk records (HAVE) in tenant t? A
+ * HAVE re-creates objects the master cannot check (a restarted node's
+ * records), so only a peer that may write t: a holder of the node
+ * credential (a trusted storage node) not bound to a tenant, any mounter
+ * where no tenant is protected, and a tenant-bound one (an embedded
+ * client's segment) only in its own tenant.
+ */
+static int have_allowed(const kvp_master *m, const kvp_mclient *c, kvp_bytes t)
+{
+    if (c->tcred >= 0)
+        return tenant_allowed(m, c, t) == 0;
+    return c->node || m->ntcreds == 0;
 }
 
 /* A durable record the node holds (after its mount): the object it is --
@@ -2046,6 +2249,8 @@ static void rep_have(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent 
                 return;
             if (o->flags & KVP_OBJ_LOADING)
                 return; /* staged from another record; keep that one */
+            if ((o->flags & KVP_OBJ_ONDISK) && !owner_gone(m, m->segs[o->disk_seg]))
+                return; /* a live node holds it: never shadowed by another's record */
             if (o->flags & KVP_OBJ_ONDISK)
                 disk_unadopt(m, o); /* a restarted node took over the record */
             disk_adopt(m, o, si);
@@ -2080,6 +2285,7 @@ static void rep_have(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent 
     memcpy((uint8_t *)(n + 1), e->key.p, e->key.len);
     kvp_index_insert(&m->ix, kvp_index_hash((uint16_t)tenant, e->key.p, e->key.len), n);
     m->tenant_nobj[tenant]++;
+    m->tq[tenant].bytes += n->size;
     m->stats[KVP_STAT_OBJECTS]++;
     m->stats[KVP_STAT_BYTES] += n->size;
     m->stats[KVP_STAT_DISK_REGISTERED]++;
@@ -2132,7 +2338,13 @@ static void op_disk_report(req *q)
         switch (e->what) {
         case KVP_DISK_SPILLED: rep_spilled(m, (uint32_t)si, o, e); break;
         case KVP_DISK_LOADED: rep_loaded(m, (uint32_t)si, o, e); break;
-        case KVP_DISK_HAVE: rep_have(m, (uint32_t)si, o, e); break;
+        case KVP_DISK_HAVE:
+            if (have_allowed(m, q->s->client, e->tenant))
+                rep_have(m, (uint32_t)si, o, e);
+            else
+                KVP_WARN_LIMITED(MOD, "DISK_REPORT from client %s: a record in a tenant it may "
+                                      "not write ignored", q->s->client->name);
+            break;
         case KVP_DISK_GONE: rep_gone(m, (uint32_t)si, o, e); break;
         case KVP_DISK_USAGE: {
             uint64_t *u = m->segs[si]->disk_usage;
@@ -2383,7 +2595,28 @@ static void op_stats(req *q)
         ss[n].largest_free = (uint64_t)kvp_segalloc_largest_free(s->alloc) << 12;
         n++;
     }
-    kvp_msg_stats_resp r = {KVP_STAT__COUNT, c, n, ss};
+    /* tenants: a tenant-bound session sees only its own; others every
+     * tenant that exists, in slot order (the configured ones first), up
+     * to STATS_TENANTS */
+    kvp_tenant_stat *ts = kvp_arena_alloc(q->a, (size_t)STATS_TENANTS * sizeof *ts);
+    if (!ts) {
+        reply_status(q, KVP_ENOMEM);
+        return;
+    }
+    uint32_t nt = 0;
+    const kvp_mclient *cl = q->s->client;
+    for (uint32_t i = 0; i < m->ntenants && nt < STATS_TENANTS; i++) {
+        if (!m->tenants[i])
+            continue;
+        kvp_bytes name = {(const uint8_t *)m->tenants[i], m->tenant_len[i]};
+        if (cl->tcred >= 0 && tenant_allowed(m, cl, name) != 0)
+            continue;
+        const mtenant *t = &m->tq[i];
+        ts[nt++] = (kvp_tenant_stat){name,         m->tenant_nobj[i], t->bytes,
+                                     t->pages << 12, t->max_pages << 12, t->max_objects,
+                                     t->evictions, t->refused,        t->share};
+    }
+    kvp_msg_stats_resp r = {KVP_STAT__COUNT, c, n, ss, nt, ts};
     size_t off = reply_begin(q);
     kvp_enc_stats_resp(q->out, &r);
     reply_end(q, off);
@@ -2525,6 +2758,44 @@ uint32_t kvp_master_tick(kvp_master *m, uint64_t now)
 
 /* ======================================================= life, stats */
 
+/*
+ * With tenant credentials: the master needs the node credential (else any
+ * client could mount a segment and receive tenants' bytes, or report disk
+ * records into their namespaces), and every listed tenant gets its slot,
+ * quotas and share now. 0 or KVP_ECONFIG / KVP_ENOMEM (logged).
+ */
+static int tenants_configure(kvp_master *m)
+{
+    if (!m->cfg.node_token[0]) {
+        KVP_ERROR(MOD, "key \"tenant_tokens_file\" needs key \"node_token\": with tenants, only "
+                       "holders of the node credential may mount segments; set node_token "
+                       "(node_token_file or $KVPOOL_NODE_TOKEN) on the master and every "
+                       "storage node");
+        return KVP_ECONFIG;
+    }
+    if (m->ntcreds + 1 > m->cfg.max_tenants) {
+        KVP_ERROR(MOD, "key \"tenant_tokens_file\": %zu tenants, more than max_tenants (%llu) "
+                       "leaves room for",
+                  m->ntcreds, (unsigned long long)m->cfg.max_tenants - 1);
+        return KVP_ECONFIG;
+    }
+    for (size_t i = 0; i < m->ntcreds; i++) {
+        const kvp_tenant_cred *c = &m->tcreds[i];
+        int id = tenant_get(m, (kvp_bytes){(const uint8_t *)c->tenant, (uint32_t)strlen(c->tenant)});
+        if (id < 0) {
+            KVP_ERROR(MOD, "key \"tenant_tokens_file\": tenant \"%s\": %s", c->tenant,
+                      kvp_strerror(id));
+            return id == KVP_ENOMEM ? KVP_ENOMEM : KVP_ECONFIG;
+        }
+        mtenant *t = &m->tq[id];
+        t->configured = 1;
+        t->max_pages = c->max_bytes ? (c->max_bytes + 4095) >> 12 : 0;
+        t->max_objects = c->max_objects;
+        t->share = c->share ? c->share : 1;
+    }
+    return 0;
+}
+
 int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
 {
     kvp_master *m = kvp_calloc(1, sizeof *m);
@@ -2545,8 +2816,10 @@ int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
     m->tenants = kvp_calloc(cfg->max_tenants, sizeof *m->tenants);
     m->tenant_len = kvp_calloc(cfg->max_tenants, sizeof *m->tenant_len);
     m->tenant_nobj = kvp_calloc(cfg->max_tenants, sizeof *m->tenant_nobj);
+    m->tq = kvp_calloc(cfg->max_tenants, sizeof *m->tq);
+    m->evt = kvp_calloc(cfg->max_tenants, sizeof *m->evt);
     if (!m->segs || !m->mounted || !m->dirty || !m->clients || !m->tenants || !m->tenant_len ||
-        !m->tenant_nobj ||
+        !m->tenant_nobj || !m->tq || !m->evt ||
         kvp_index_init(&m->ix, 0) != 0) {
         kvp_free(m->segs);
         kvp_free(m->mounted);
@@ -2555,9 +2828,13 @@ int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
         kvp_free(m->tenants);
         kvp_free(m->tenant_len);
         kvp_free(m->tenant_nobj);
+        kvp_free(m->tq);
+        kvp_free(m->evt);
         kvp_free(m);
         return KVP_ENOMEM;
     }
+    for (uint32_t i = 0; i < cfg->max_tenants; i++)
+        tenant_reset(&m->tq[i]);
     m->tenants[0] = NULL; /* "default": matched by name below */
     m->ntenants = 1;
     m->ntenants_live = 1;
@@ -2578,6 +2855,11 @@ int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
             return rc;
         }
         KVP_INFO(MOD, "%zu tenant credentials from %s", m->ntcreds, cfg->tenant_tokens_file);
+        rc = tenants_configure(m);
+        if (rc) {
+            kvp_master_destroy(m);
+            return rc;
+        }
     }
     *out = m;
     return 0;
@@ -2610,6 +2892,8 @@ void kvp_master_destroy(kvp_master *m)
     kvp_free(m->tenants);
     kvp_free(m->tenant_len);
     kvp_free(m->tenant_nobj);
+    kvp_free(m->tq);
+    kvp_free(m->evt);
     kvp_free(m->quar);
     if (m->tcreds)
         memset(m->tcreds, 0, m->ntcreds * sizeof *m->tcreds);
@@ -2770,10 +3054,30 @@ int kvp_master_check(const kvp_master *m)
     uint64_t listed = 0, n = 0, none = 0, used = 0;
     if (check_list(&m->pending, KVP_LIST_PENDING, &listed) ||
         check_list(&m->leased, KVP_LIST_LEASED, &listed) ||
-        check_list(&m->lru, KVP_LIST_LRU, &listed) ||
         check_list(&m->diskio, KVP_LIST_DISKIO, &listed) ||
         check_list(&m->disk, KVP_LIST_DISK, &listed))
         return -1;
+    /* per tenant: its LRU list holds only its objects; evt lists exactly
+     * the tenants with one; pages, bytes and share_sum add up (below) */
+    uint32_t nevt = 0;
+    uint64_t share_sum = 0;
+    for (uint32_t t = 0; t < m->ntenants; t++) {
+        const mtenant *tq = &m->tq[t];
+        if (check_list(&tq->lru, KVP_LIST_LRU, &listed))
+            return -1;
+        for (const kvp_obj *o = tq->lru.head; o; o = o->next)
+            if (o->tenant != t)
+                return -14;
+        if ((tq->lru.n > 0) != (tq->evpos >= 0) ||
+            (tq->evpos >= 0 && ((uint32_t)tq->evpos >= m->nevt || m->evt[tq->evpos] != t)))
+            return -15;
+        nevt += tq->lru.n > 0;
+        share_sum += tq->pages ? tq->share : 0;
+        if (!m->tenants[t] && (tq->pages || tq->bytes || tq->lru.n))
+            return -16;
+    }
+    if (nevt != m->nevt || share_sum != m->share_sum)
+        return -15;
     uint64_t disk_objs = 0, spill = 0;
     uint64_t total = m->ix.mask + 1 + (m->ix.old ? m->ix.old_mask + 1 : 0);
     for (uint64_t t = 0; t < total; t++) { /* current table, then a draining one */
@@ -2809,11 +3113,30 @@ int kvp_master_check(const kvp_master *m)
                 return -4;
             used += kvp_pages(o->size);
         }
+        if (o->tenant >= m->ntenants || !m->tenants[o->tenant])
+            return -16;
     }
     if (n != m->ix.count || listed + none != n || used + m->quar_pages != m->used_pages)
         return -5;
     if (disk_objs != m->stats[KVP_STAT_DISK_OBJECTS] || spill != m->spill_total)
         return -13;
+    uint64_t *tsum = kvp_calloc(2 * (size_t)m->ntenants, sizeof *tsum);
+    if (tsum) { /* each tenant's pages and bytes are its objects' */
+        for (uint64_t t = 0; t < total; t++) {
+            uint64_t sv = t <= m->ix.mask ? m->ix.slots[t] : m->ix.old[t - m->ix.mask - 1];
+            const kvp_obj *o = (const kvp_obj *)(uintptr_t)(sv & 0xFFFFFFFFFFFFull);
+            if (o) {
+                tsum[2 * o->tenant] += (uint64_t)kvp_pages(o->size) * o->nrep;
+                tsum[2 * o->tenant + 1] += o->size;
+            }
+        }
+        int bad = 0;
+        for (uint32_t t = 0; t < m->ntenants; t++)
+            bad |= tsum[2 * t] != m->tq[t].pages || tsum[2 * t + 1] != m->tq[t].bytes;
+        kvp_free(tsum);
+        if (bad)
+            return -17;
+    }
     uint64_t seg_used = 0;
     for (uint32_t i = 0; i < m->cfg.max_segments; i++) {
         if (!m->segs[i])
@@ -2827,11 +3150,12 @@ int kvp_master_check(const kvp_master *m)
     }
     uint64_t *lru = kvp_calloc(m->cfg.max_segments, sizeof *lru);
     if (lru) { /* skipped only when the check itself cannot allocate */
-        for (const kvp_obj *o = m->lru.head; o; o = o->next) {
-            const kvp_orep *r = kvp_obj_reps((kvp_obj *)o);
-            for (unsigned k = 0; k < o->nrep; k++)
-                lru[r[k].seg] += kvp_pages(o->size);
-        }
+        for (uint32_t t = 0; t < m->ntenants; t++)
+            for (const kvp_obj *o = m->tq[t].lru.head; o; o = o->next) {
+                const kvp_orep *r = kvp_obj_reps((kvp_obj *)o);
+                for (unsigned k = 0; k < o->nrep; k++)
+                    lru[r[k].seg] += kvp_pages(o->size);
+            }
         int bad = 0;
         for (uint32_t i = 0; i < m->cfg.max_segments; i++)
             bad |= m->segs[i] && m->segs[i]->lru_pages != lru[i];

@@ -17,10 +17,14 @@
  * selection O(1):
  *   pending  PENDING objects, FIFO by put deadline
  *   leased   COMPLETE objects with read leases, FIFO by lease expiry
- *   lru      COMPLETE, unleased, unpinned objects; head = most recent use
+ *   lru      COMPLETE, unleased, unpinned objects; head = most recent use;
+ *            one list per tenant
  *   (none)   COMPLETE, unleased, pinned objects
- * So the LRU list holds exactly the evictable objects: eviction pops its
- * tail, and pending, leased and pinned objects can never be chosen.
+ * (and the SSD tier's diskio / disk lists, master.c). So the LRU lists hold
+ * exactly the evictable objects: eviction pops the tail of the tenant fair
+ * eviction chooses (the one most over its share of the pool, else the
+ * tenant making room), and pending, leased and pinned objects can never be
+ * chosen.
  */
 #ifndef KVP_MASTER_H
 #define KVP_MASTER_H

@@ -26,6 +26,7 @@
 #define MIN_SEG (8 + MIN_BYTES + 8 + 4)         /* id, name, capacity, n_endpoints */
 #define MIN_MOUNT_SEG (MIN_SEG + 20)            /* + secret, epoch, disk capacity */
 #define MIN_SEG_STAT (8 + MIN_BYTES + 4 * 8)    /* id, name, capacity, used, objects, free */
+#define MIN_TENANT_STAT (MIN_BYTES + 7 * 8 + 4) /* name, 7 counters, share */
 #define MIN_STATUS 4u                           /* a result that is only an error code */
 #define MAX_ENDPOINTS 16
 #define MAX_COUNTERS 1024
@@ -719,6 +720,19 @@ void kvp_enc_stats_resp(kvp_buf *b, const kvp_msg_stats_resp *m)
         kvp_buf_u64(b, s->objects);
         kvp_buf_u64(b, s->largest_free);
     }
+    kvp_buf_u32(b, m->n_tenants);
+    for (uint32_t i = 0; i < m->n_tenants; i++) {
+        const kvp_tenant_stat *t = &m->tenants[i];
+        wr_bytes(b, t->name);
+        kvp_buf_u64(b, t->objects);
+        kvp_buf_u64(b, t->bytes);
+        kvp_buf_u64(b, t->pool_bytes);
+        kvp_buf_u64(b, t->max_bytes);
+        kvp_buf_u64(b, t->max_objects);
+        kvp_buf_u64(b, t->evictions);
+        kvp_buf_u64(b, t->refused);
+        kvp_buf_u32(b, t->share);
+    }
 }
 
 int kvp_dec_stats_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
@@ -741,6 +755,21 @@ int kvp_dec_stats_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l
         s->used = kvp_rd_u64(&r);
         s->objects = kvp_rd_u64(&r);
         s->largest_free = kvp_rd_u64(&r);
+    }
+    m->n_tenants = kvp_rd_count(&r, l->max_batch, MIN_TENANT_STAT);
+    if (!ALLOC_ARRAY(a, m->tenants, m->n_tenants))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n_tenants && !r.err; i++) {
+        kvp_tenant_stat *t = &m->tenants[i];
+        t->name = kvp_rd_bytes(&r, l->max_str);
+        t->objects = kvp_rd_u64(&r);
+        t->bytes = kvp_rd_u64(&r);
+        t->pool_bytes = kvp_rd_u64(&r);
+        t->max_bytes = kvp_rd_u64(&r);
+        t->max_objects = kvp_rd_u64(&r);
+        t->evictions = kvp_rd_u64(&r);
+        t->refused = kvp_rd_u64(&r);
+        t->share = kvp_rd_u32(&r);
     }
     DEC_END;
 }

@@ -393,11 +393,28 @@ typedef struct kvp_seg_stat {
     uint64_t largest_free;
 } kvp_seg_stat;
 
+/* One tenant's standing in the pool (0 = no such limit). */
+typedef struct kvp_tenant_stat {
+    kvp_bytes name;
+    uint64_t objects;     /* objects, pending ones too */
+    uint64_t bytes;       /* value bytes of its objects, every tier */
+    uint64_t pool_bytes;  /* DRAM its replicas hold (4 KiB pages) */
+    uint64_t max_bytes;   /* quota on pool_bytes */
+    uint64_t max_objects; /* quota on objects */
+    uint64_t evictions;   /* victims taken from it */
+    uint64_t refused;     /* put keys its quota refused */
+    uint32_t share;       /* fair-share weight */
+} kvp_tenant_stat;
+
+/* STATS response: counters, segments, tenants (the tenants a session may
+ * see, see the master). */
 typedef struct kvp_msg_stats_resp {
     uint32_t n_counters;
     uint64_t *counters;  /* index by enum kvp_stat when < n_counters */
     uint32_t n_segs;
     kvp_seg_stat *segs;
+    uint32_t n_tenants;
+    kvp_tenant_stat *tenants;
 } kvp_msg_stats_resp;
 
 /* SEGMENT_INFO response. */

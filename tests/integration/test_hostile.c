@@ -647,12 +647,16 @@ TEST(tenants_isolate_and_do_not_fill_the_table)
     CHECK(chmod(path, 0600) == 0);
     tp_master m;
     tp_store s = {0};
+    setenv("KVPOOL_NODE_TOKEN", "node-secret", 1); /* tenants need the node credential */
     int started = tp_master_start(&m, (const char *[]){"--tenant-tokens-file", path,
                                                        "--max-tenants", "4", NULL});
     CHECK_EQ(started, 0);
-    if (started)
+    if (started) {
+        unsetenv("KVPOOL_NODE_TOKEN");
         return;
+    }
     CHECK_EQ(tp_store_start(&s, m.addr, (const char *const[]){"--segment-size", "8MiB", NULL}), 0);
+    unsetenv("KVPOOL_NODE_TOKEN");
     int rc;
     kvp_rpc *a = hello_as(m.addr, NULL, NULL, "tok-a-0123456789", 0, NULL, &rc);
     kvp_rpc *b = hello_as(m.addr, NULL, NULL, "tok-b-0123456789", 0, NULL, &rc);

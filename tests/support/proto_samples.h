@@ -141,6 +141,7 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     static kvp_get_result gres[4];
     static uint64_t counters[1024];
     static kvp_seg_stat sstats[2];
+    static kvp_tenant_stat tstats[2];
     static kvp_seg_info infos[3], info_max;
     static kvp_freed freed[3] = {{0, 1, 1}, {7, 512, 0x100000002ull}, {UINT32_MAX, UINT32_MAX, UINT64_MAX}};
     static kvp_bad_replica bad[2];
@@ -172,6 +173,8 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
         counters[i] = (uint64_t)i * 0x9E3779B97F4A7C15ull;
     sstats[0] = (kvp_seg_stat){42, PC_B("host-a:7000"), 1ull << 30, 8192, 2, 1ull << 29};
     sstats[1] = (kvp_seg_stat){UINT64_MAX, PC_B(""), 0, 0, 0, 0};
+    tstats[0] = (kvp_tenant_stat){PC_B("alice"), 8, 8u << 20, 8u << 20, 4ull << 30, 100, 3, 1, 2};
+    tstats[1] = (kvp_tenant_stat){str_max, UINT64_MAX, UINT64_MAX, 0, 0, 0, 0, UINT64_MAX, UINT32_MAX};
     infos[0] = (kvp_seg_info){0, segs[1]};
     infos[1] = (kvp_seg_info){KVP_ESEGMENT_NOT_FOUND, {0, {NULL, 0}, 0, 0, NULL, 0, 0, 0}};
     infos[2] = (kvp_seg_info){0, segs[0]};
@@ -227,8 +230,8 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(remove_all_resp, 0) return 0;
     S(remove_all_resp, 1) m->remove_all_resp.removed = UINT64_MAX; return 0;
     S(stats_resp, 0) return 0;
-    S(stats_resp, 1) m->stats_resp = (kvp_msg_stats_resp){KVP_STAT__COUNT, counters, 2, sstats}; return 0;
-    S(stats_resp, 2) m->stats_resp = (kvp_msg_stats_resp){1024, counters, 0, NULL}; return 0;
+    S(stats_resp, 1) m->stats_resp = (kvp_msg_stats_resp){KVP_STAT__COUNT, counters, 2, sstats, 2, tstats}; return 0;
+    S(stats_resp, 2) m->stats_resp = (kvp_msg_stats_resp){1024, counters, 0, NULL, 0, NULL}; return 0;
     S(seg_info_resp, 0) return 0;
     S(seg_info_resp, 1) m->seg_info_resp = (kvp_msg_seg_info_resp){3, infos}; return 0;
     S(seg_info_resp, 2) m->seg_info_resp = (kvp_msg_seg_info_resp){1, &info_max}; return 0;
@@ -424,6 +427,16 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
             const kvp_seg_stat *s = &a->segs[i], *t = &b->segs[i];
             if (s->id != t->id || !pc_beq(s->name, t->name) || s->capacity != t->capacity ||
                 s->used != t->used || s->objects != t->objects || s->largest_free != t->largest_free)
+                return 0;
+        }
+        if (a->n_tenants != b->n_tenants)
+            return 0;
+        for (uint32_t i = 0; i < a->n_tenants; i++) {
+            const kvp_tenant_stat *s = &a->tenants[i], *t = &b->tenants[i];
+            if (!pc_beq(s->name, t->name) || s->objects != t->objects || s->bytes != t->bytes ||
+                s->pool_bytes != t->pool_bytes || s->max_bytes != t->max_bytes ||
+                s->max_objects != t->max_objects || s->evictions != t->evictions ||
+                s->refused != t->refused || s->share != t->share)
                 return 0;
         }
         return 1;

@@ -1197,3 +1197,134 @@ TEST(disk_tier_large_remove_forgets_everything)
     kvp_master_sess_close(c.m, &s.s, c.now);
     core_free(&c);
 }
+
+/* ------------------------------------------ tenants: fair eviction, names */
+
+/* PUT_START + PUT_END of one key in a tenant: 0 or the first failure. */
+static int tput(core *c, sess *s, const char *tenant, const char *key, uint64_t size)
+{
+    kvp_bytes t = {(const uint8_t *)tenant, (uint32_t)strlen(tenant)};
+    kvp_bytes k = {(const uint8_t *)key, (uint32_t)strlen(key)};
+    kvp_msg_put_start ps = {t, 1, 0, {NULL, 0}, 1, &k, &size};
+    kvp_enc_put_start(&c->body, &ps);
+    REQUIRE(call(c, s, KVP_OP_PUT_START, 0) == 0);
+    if (c->status)
+        return c->status;
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    kvp_msg_put_start_resp r;
+    REQUIRE(kvp_dec_put_start_resp(c->resp, c->resp_len, &l, &c->ra, &r) == 0 && r.n == 1);
+    if (r.results[0].status)
+        return r.results[0].status;
+    uint64_t cs = 0xC0DE;
+    kvp_msg_put_end pe = {t, 1, &k, &cs};
+    kvp_enc_put_end(&c->body, &pe);
+    REQUIRE(call(c, s, KVP_OP_PUT_END, 0) == 0);
+    kvp_msg_results res;
+    REQUIRE(kvp_dec_results(c->resp, c->resp_len, &l, &c->ra, &res) == 0 && res.n == 1);
+    return res.codes[0];
+}
+
+/* EXIST (which = 0) or TIERS (which = 2) of one key in a tenant. */
+static int texist(core *c, sess *s, const char *tenant, const char *key, int tiers)
+{
+    kvp_bytes k = {(const uint8_t *)key, (uint32_t)strlen(key)};
+    kvp_msg_keys g = {{(const uint8_t *)tenant, (uint32_t)strlen(tenant)}, 1, &k};
+    kvp_enc_keys(&c->body, &g);
+    REQUIRE(call(c, s, tiers ? KVP_OP_TIERS : KVP_OP_EXIST, 0) == 0);
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    kvp_msg_results res;
+    REQUIRE(kvp_dec_results(c->resp, c->resp_len, &l, &c->ra, &res) == 0 && res.n == 1);
+    return res.codes[0];
+}
+
+/* With an SSD tier, fair eviction spills the flooding tenant's objects:
+ * every SPILL the master sends names one of bob's keys, alice's objects
+ * stay in DRAM; the per-tenant accounts agree throughout. */
+TEST(fair_eviction_spills_the_flooder)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount_disk(&c, &s, 7, "n:1", 64 * 4096, 1ull << 30), 0);
+    char key[32];
+    for (int i = 0; i < 8; i++) {
+        snprintf(key, sizeof key, "a-%d", i);
+        CHECK_EQ(tput(&c, &s, "alice", key, 4096), 0);
+    }
+    pushed *p = calloc(1, sizeof *p);
+    int spills = 0, others = 0;
+    for (int i = 0; i < 120; i++) {
+        snprintf(key, sizeof key, "b-%d", i);
+        int rc = tput(&c, &s, "bob", key, 4096);
+        CHECK(rc == 0 || rc == KVP_ENO_AVAILABLE_HANDLE); /* -200: spills in flight */
+        take_push(&c, p);
+        for (int k = 0; k < p->n; k++) {
+            if (p->e[k].what != KVP_DISK_SPILL)
+                continue;
+            spills++;
+            others += strncmp(p->e[k].key, "b-", 2) != 0;
+            /* the node makes it durable: bob's DRAM copy goes */
+            report(&c, &s, 7, KVP_DISK_SPILLED, 0, p->e[k].key, p->e[k].size, p->e[k].csum,
+                   p->e[k].page, p->e[k].gen);
+        }
+        CHECK_EQ(kvp_master_check(c.m), 0);
+    }
+    printf("  %d spills, all of bob's objects\n", spills - others);
+    CHECK(spills >= 30); /* 120 puts into the 56 pages alice leaves */
+    CHECK_EQ(others, 0);
+    for (int i = 0; i < 8; i++) {
+        snprintf(key, sizeof key, "a-%d", i);
+        CHECK_EQ(texist(&c, &s, "alice", key, 1), KVP_TIER_DRAM);
+    }
+    free(p);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* A segment name held by a connected node is not taken by another
+ * mounter; once that node's connections are gone (a restart), it is. */
+TEST(segment_name_taken_only_from_a_gone_node)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess node, other;
+    CHECK_EQ(hello(&c, &node, 1), 0);
+    CHECK_EQ(hello(&c, &other, 2), 0);
+    CHECK_EQ(mount(&c, &node, 7, "10.0.0.1:7000", 64 * 4096), 0);
+    CHECK_EQ(put(&c, &node, 0, 4, 4096), 0);
+    CHECK_EQ(mount(&c, &other, 8, "10.0.0.1:7000", 1ull << 40), KVP_ESEGMENT_ALREADY_EXISTS);
+    CHECK_EQ(exists(&c, &other, 0), 1);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &node.s, c.now); /* the node's process died */
+    CHECK_EQ(mount(&c, &other, 8, "10.0.0.1:7000", 64 * 4096), 0);
+    CHECK_EQ(exists(&c, &other, 0), 0); /* the old segment's objects went with it */
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &other.s, c.now);
+    core_free(&c);
+}
+
+/* A record (HAVE) from a second node for an object a live node holds on
+ * its disk does not take it over: the first node's record stays the
+ * object's (its GONE removes the object). */
+TEST(have_does_not_shadow_a_live_nodes_record)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess a, b;
+    CHECK_EQ(hello(&c, &a, 1), 0);
+    CHECK_EQ(hello(&c, &b, 2), 0);
+    CHECK_EQ(mount_disk(&c, &a, 7, "n:1", 16 * 4096, 1ull << 30), 0);
+    CHECK_EQ(mount_disk(&c, &b, 8, "n:2", 16 * 4096, 1ull << 30), 0);
+    report(&c, &a, 7, KVP_DISK_HAVE, 0, "key-000003", 8192, 0xAB, 0, 0);
+    CHECK_EQ(exists(&c, &a, 3), 1);
+    report(&c, &b, 8, KVP_DISK_HAVE, 0, "key-000003", 8192, 0xAB, 0, 0);
+    report(&c, &a, 7, KVP_DISK_GONE, 0, "key-000003", 8192, 0xAB, 0, 0);
+    CHECK_EQ(exists(&c, &a, 3), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &a.s, c.now);
+    kvp_master_sess_close(c.m, &b.s, c.now);
+    core_free(&c);
+}

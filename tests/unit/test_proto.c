@@ -583,7 +583,7 @@ TEST(other_limits)
     /* 1024 counters fine (sample 2), 1025 not */
     static uint64_t ctr[1025];
     kvp_buf_init(&b, 1 << 20);
-    kvp_enc_stats_resp(&b, &(kvp_msg_stats_resp){1025, ctr, 0, NULL});
+    kvp_enc_stats_resp(&b, &(kvp_msg_stats_resp){1025, ctr, 0, NULL, 0, NULL});
     CHECK_EQ(dec_copy(PC_stats_resp, b.data, b.len, &l, ARENA_CAP), KVP_EPROTOCOL);
     kvp_buf_free(&b);
     /* max_batch, every batch kind: the v1 samples have 3 or more elements,
@@ -804,4 +804,31 @@ TEST(fuzz_corpus_valid)
         closedir(dir);
     }
     CHECK(files > 10);
+}
+
+/* The STATS answer's tenants section: round trip; an answer without it
+ * or cut inside it is refused. */
+TEST(stats_tenants_section)
+{
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    static uint64_t ctr[3] = {1, 2, 3};
+    kvp_buf b;
+    kvp_buf_init(&b, 1 << 20);
+    kvp_enc_stats_resp(&b, &(kvp_msg_stats_resp){3, ctr, 0, NULL, 0, NULL});
+    kvp_arena a;
+    kvp_arena_init(&a, 1 << 20);
+    kvp_msg_stats_resp s;
+    CHECK_EQ(kvp_dec_stats_resp(b.data, (uint32_t)b.len, &l, &a, &s), 0);
+    CHECK_EQ(s.n_tenants, 0);
+    CHECK_EQ(kvp_dec_stats_resp(b.data, (uint32_t)b.len - 4, &l, &a, &s), KVP_EPROTOCOL);
+    kvp_tenant_stat t = {{(const uint8_t *)"bob", 3}, 80, 80u << 20, 64u << 20, 0, 0, 72, 0, 1};
+    b.len = 0;
+    kvp_enc_stats_resp(&b, &(kvp_msg_stats_resp){3, ctr, 0, NULL, 1, &t});
+    CHECK_EQ(kvp_dec_stats_resp(b.data, (uint32_t)b.len, &l, &a, &s), 0);
+    CHECK(s.n_tenants == 1 && s.tenants[0].name.len == 3 && s.tenants[0].evictions == 72 &&
+          s.tenants[0].pool_bytes == 64u << 20 && s.tenants[0].share == 1);
+    CHECK_EQ(kvp_dec_stats_resp(b.data, (uint32_t)b.len - 1, &l, &a, &s), KVP_EPROTOCOL);
+    kvp_arena_free(&a);
+    kvp_buf_free(&b);
 }
