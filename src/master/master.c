@@ -1542,27 +1542,31 @@ static void op_unmount(req *q)
  * SEG_FREED_ACK (ONEWAY, from the segment's owner): {segment id, seq}: the
  * node applied the notices up to seq and stopped their transfers. They
  * leave the queue, and the space quarantined behind them is free. Anything
- * else (another client's segment, a seq not sent) is ignored.
+ * else (another client's segment, a seq not sent) is ignored. Answered, as
+ * REPLICA_BAD, when the body cannot be decoded or it came as a request.
  */
 static void op_seg_freed_ack(req *q)
 {
     kvp_master *m = q->m;
+    int oneway = (q->h->flags & KVP_FLAG_ONEWAY) != 0;
     kvp_msg_ids d;
-    if (kvp_dec_ids(q->body, q->h->body_len, &m->lim, q->a, &d) || d.n != 2)
+    if (kvp_dec_ids(q->body, q->h->body_len, &m->lim, q->a, &d) || d.n != 2) {
+        reply_status(q, KVP_EPROTOCOL);
         return;
+    }
     int si = seg_find_id(m, d.ids[0]);
-    if (si < 0 || m->segs[si]->owner != q->s->client)
-        return;
-    kvp_mseg *s = m->segs[si];
+    kvp_mseg *s = si >= 0 ? m->segs[si] : NULL;
     uint64_t seq = d.ids[1];
-    if (seq < s->seq_head || seq >= s->seq_head + s->nsent)
-        return;
-    uint32_t k = (uint32_t)(seq - s->seq_head + 1);
-    memmove(s->ntc, s->ntc + k, (s->nntc - k) * sizeof *s->ntc);
-    s->nntc -= k;
-    s->nsent -= k;
-    s->seq_head += k;
-    xq_release(m, (uint32_t)si, seq);
+    if (s && s->owner == q->s->client && seq >= s->seq_head && seq < s->seq_head + s->nsent) {
+        uint32_t k = (uint32_t)(seq - s->seq_head + 1);
+        memmove(s->ntc, s->ntc + k, (s->nntc - k) * sizeof *s->ntc);
+        s->nntc -= k;
+        s->nsent -= k;
+        s->seq_head += k;
+        xq_release(m, (uint32_t)si, seq);
+    }
+    if (!oneway)
+        reply_status(q, 0);
 }
 
 static void op_heartbeat(req *q)
