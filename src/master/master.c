@@ -163,12 +163,14 @@ struct kvp_master {
     uint64_t now;           /* the last handle / tick's clock */
 };
 
-#define FREED_MAX 65536     /* notices held per segment; past it they are lost */
+/* notices held per segment until acknowledged (32 B each); past it they are
+ * lost, and what they would free waits for the node's next remount */
+#define FREED_MAX (1u << 22)
 /* A descriptor is honoured by the node up to its expiry + 500 ms of the
  * master's clock (node/grants.h, KVP_GRANT_SLACK_MS, the node's clock taken
  * conservatively); after XFER_MARGIN_MS more no transfer on it moves. */
 #define XFER_MARGIN_MS 1000
-#define FREED_PER_FRAME 4096
+#define FREED_PER_FRAME 256 /* entries per SEG_FREED frame (encoded from the stack) */
 
 static inline uint32_t ms32(uint64_t now) { return (uint32_t)now; }
 static inline int due(uint32_t deadline, uint64_t now) { return (int32_t)(deadline - ms32(now)) <= 0; }

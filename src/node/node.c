@@ -178,6 +178,7 @@ static int link_ack(kvp_node *n)
  * transfer in flight cut (see the top of the file). 0, or 1 when stopped. */
 static int link_fence(kvp_node *n)
 {
+    n->ack_want = n->ack_sent = 0; /* the mount numbers its notices anew */
     n->secret = rand64();
     kvp_grants_rekey(n->grants, n->secret);
     while (kvp_segserver_revoke(n->srv, 1, 1000) != 0) {
