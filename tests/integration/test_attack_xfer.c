@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -303,14 +304,17 @@ typedef struct env {
     tp_store s;
 } env;
 
-static int env_up(env *e)
+static int env_up_ttl(env *e, const char *ttl)
 {
     memset(e, 0, sizeof *e);
-    if (tp_master_start(&e->m, NULL) != 0)
+    const char *const opts[] = {"--client-ttl", ttl, "--lease-ttl", ttl, NULL};
+    if (tp_master_start(&e->m, ttl ? opts : NULL) != 0)
         return -1;
     return tp_store_start(&e->s, e->m.addr,
                           (const char *const[]){"--segment-size", "64MiB", NULL});
 }
+
+static int env_up(env *e) { return env_up_ttl(e, NULL); }
 
 static void env_down(env *e)
 {
@@ -531,3 +535,81 @@ TEST(write_descriptor_dies_at_put_end)
 }
 
 
+
+/* The master forgets a node that went silent (client TTL) -- and with it
+ * every allocation and quarantine there -- while a slow writer's transfer
+ * is in flight (its WRITE descriptor lives until the put deadline, longer
+ * than any lease); the node comes back and remounts, and another tenant's
+ * value lands in the space; the writer sends the rest. On 0a85b26 the node
+ * kept its secret and the write went on into the victim's value. Now
+ * every remount re-keys and cuts the transfers begun before it. */
+static void remount_body(env *e)
+{
+    raw a, v;
+    if (raw_open(&a, e->m.addr) || raw_open(&v, e->m.addr))
+        return;
+    kvp_replica wa, wv, rv;
+    CHECK_EQ(put_start(&a, "tenant-a", "mine", HALF, 0, &wa), 0);
+    int fd = node_conn(a.node, 0);
+    uint8_t *body = malloc(HALF);
+    CHECK(body);
+    memset(body, 0xEE, HALF);
+    kvp_buf b;
+    kvp_buf_init(&b, 1 * MiB);
+    seg_frame(&b, KVP_OP_SEG_WRITE, &wa);
+    CHECK(send_all(fd, b.data, b.len) == 0);
+    kvp_buf_free(&b);
+    CHECK(send_all(fd, body, MiB) == 0);
+    tp_sleep_ms(200);
+
+    /* the node freezes past the client TTL: the master drops its segment */
+    CHECK(kill(e->s.pid, SIGSTOP) == 0);
+    uint64_t end = tp_now_ms() + 10000;
+    while (tp_master_segments(e->m.addr) != 0 && tp_now_ms() < end) {
+        keyed(&a, KVP_OP_EXIST, "tenant-a", "mine", 0); /* the clients stay alive */
+        keyed(&v, KVP_OP_EXIST, "tenant-v", "victim", 0);
+        tp_sleep_ms(100);
+    }
+    CHECK_EQ(tp_master_segments(e->m.addr), 0);
+    CHECK(kill(e->s.pid, SIGCONT) == 0);
+    end = tp_now_ms() + 10000;
+    while (tp_master_segments(e->m.addr) != 1 && tp_now_ms() < end)
+        tp_sleep_ms(50);
+    CHECK_EQ(tp_master_segments(e->m.addr), 1);
+    CHECK_EQ(put_value(&v, "tenant-v", "victim", HALF, 0x5A, 0, &wv), 0);
+    CHECK(overlap(&wv, &wa)); /* the attack's premise: the same space */
+
+    int sent = send_all(fd, body + MiB, HALF - MiB) == 0;
+    uint8_t hdr[KVP_FRAME_HDR];
+    size_t n = recv_upto(fd, hdr, sizeof hdr, 5000);
+    kvp_frame_hdr rh;
+    int answered_ok = n == sizeof hdr && kvp_frame_hdr_decode(hdr, 1u << 20, &rh) == 0 &&
+                      rh.status == 0;
+    printf("  writer: rest of the body %s, %s\n", sent ? "sent" : "refused (connection cut)",
+           answered_ok ? "answered OK" : "not answered OK");
+    CHECK(!answered_ok);
+    close(fd);
+    CHECK_EQ(get(&v, "tenant-v", "victim", &rv, NULL), 0);
+    uint8_t *back = malloc(HALF);
+    CHECK(back);
+    CHECK_EQ(seg_read(&v, &rv, back), 0);
+    size_t intact = count_of(back, HALF, 0x5A);
+    printf("  victim: %zu KiB of %llu KiB intact\n", intact >> 10, HALF >> 10);
+    CHECK_EQ(intact, HALF);
+    free(back);
+    free(body);
+    raw_close(&a);
+    raw_close(&v);
+}
+
+TEST(remount_cuts_transfers_begun_before)
+{
+    env e;
+    if (env_up_ttl(&e, "2s") == 0)
+        remount_body(&e);
+    else
+        CHECK(!"master or store did not start");
+    if (e.s.pid > 0)
+        kill(e.s.pid, SIGCONT);
+    env_down(&e);
+}
