@@ -3005,7 +3005,8 @@ int kvp_master_check(const kvp_master *m)
             used += kvp_pages(o->size);
         }
     }
-    if (n != m->ix.count || listed + none != n || used + m->quar_pages + m->xq_pages != m->used_pages)
+    if (n != m->ix.count || listed + none != n ||
+        used + m->quar_pages + m->xq_pages != m->used_pages)
         return -5;
     if (disk_objs != m->stats[KVP_STAT_DISK_OBJECTS] || spill != m->spill_total)
         return -13;

@@ -400,15 +400,13 @@ static int link_wait(kvp_node *n, uint64_t ms)
         if (now >= end)
             return 0;
         uint64_t slice = end - now < LINK_POLL_MS ? end - now : LINK_POLL_MS;
-        if (!n->tier) {
-            rc = kvp_rpc_poll(n->rpc, (int)slice);
-        } else {
-            /* the master's frames or the tier's reports, whichever comes */
-            struct pollfd p[2] = {{kvp_rpc_fd(n->rpc), POLLIN, 0},
-                                  {kvp_tier_wake_fd(n->tier), POLLIN, 0}};
-            int k = poll(p, 2, (int)slice);
-            rc = k > 0 && p[0].revents ? kvp_rpc_poll(n->rpc, 1) : kvp_rpc_poll(n->rpc, 0);
-        }
+        /* the master's frames or the tier's reports, whichever comes; back
+         * at once after frames, so SEG_FREED is acknowledged without delay
+         * (the master's space waits for it) */
+        struct pollfd p[2] = {{kvp_rpc_fd(n->rpc), POLLIN, 0},
+                              {n->tier ? kvp_tier_wake_fd(n->tier) : -1, POLLIN, 0}};
+        int k = poll(p, n->tier ? 2 : 1, (int)slice);
+        rc = k > 0 && p[0].revents ? kvp_rpc_poll(n->rpc, 1) : kvp_rpc_poll(n->rpc, 0);
         if (rc)
             return rc;
     }

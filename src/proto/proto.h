@@ -70,7 +70,7 @@
     XX(DISK_CMD, 23, "master -> node: spill replicas to the SSD tier, load them back, forget records") \
     XX(DISK_REPORT, 24, "node -> master: spills durable, loads done, records held (after a mount), dropped") \
     XX(TIERS, 25, "per key: where it is (KVP_TIER_DRAM | KVP_TIER_DISK), 0 absent; no side effects") \
-    XX(SEG_FREED_ACK, 26, "node -> master: SEG_FREED notices up to a sequence number applied, their transfers stopped")
+    XX(SEG_FREED_ACK, 26, "node -> master: SEG_FREED applied up to a seq, their transfers stopped")
 
 enum kvp_op {
 #define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
