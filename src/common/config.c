@@ -140,6 +140,10 @@ static const struct key_def keys[] = {
      .max = DUR_MAX_MS, .def = "5m",
      .help = "storage node: a connection with no frame in flight and nothing to send is closed "
              "after this (clients reconnect transparently)"},
+    {.name = "min_transfer_rate", .type = KT_SIZE, F_U64(min_transfer_rate), .min = 1,
+     .max = UINT64_MAX, .def = "64KiB",
+     .help = "storage node: bytes a second a connection in the middle of a transfer must move "
+             "(averaged over 10 s); a slower one is closed"},
     {.name = "stall_timeout", .type = KT_DURATION, F_U64(stall_timeout_ms), .unit_ms = 1,
      .min = 1, .max = DUR_MAX_MS, .def = "30s",
      .help = "storage node: a connection in the middle of a frame, or not reading its answers, "

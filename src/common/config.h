@@ -35,6 +35,8 @@ typedef struct kvp_config {
     uint64_t node_max_connections; /* "node_max_connections": segment server (4096) */
     uint64_t idle_timeout_ms;     /* "idle_timeout": segment server idle connections (5 min) */
     uint64_t stall_timeout_ms;    /* "stall_timeout": segment server stalled frames (30 s) */
+    uint64_t min_transfer_rate;   /* "min_transfer_rate": bytes/s a busy node connection
+                                     moves at least (64 KiB) */
     uint64_t max_master_memory;   /* "max_master_memory": bytes of metadata (4 GiB) */
     uint64_t max_frame;           /* "max_frame_size": bytes (64 MiB); 4 KiB .. 1 GiB */
     uint64_t lease_ttl_ms;        /* "lease_ttl" / "default_kv_lease_ttl" (ms): 5 s */

@@ -91,8 +91,19 @@ typedef struct kvp_mseg {
     kvp_mclient *owner;
     uint8_t *endpoints;   /* encoded: u32 n, then (bytes transport, bytes addr) */
     uint32_t endpoints_len;
-    kvp_freed *freed;     /* frees not yet sent to the node (SEG_FREED) */
-    uint32_t nfreed, freed_cap;
+    /* revocation notices (SEG_FREED) the node has not acknowledged, in
+     * queue order: [0, nsent) sent on the current session, the rest not
+     * yet; entry i has sequence number seq_head + i */
+    struct notice {
+        kvp_freed f;
+        uint32_t ms;      /* queued at (ms32) */
+        uint32_t stamp;   /* m->stamp when queued */
+    } *ntc;
+    uint32_t nntc, nsent, ntc_cap;
+    uint64_t seq_head;
+    int lost;             /* a notice could not be queued since the last re-key ... */
+    uint32_t lost_ms, lost_stamp; /* ... the first such: time (ms32) and stamp */
+    int going;            /* being unmounted: its node is gone */
     int dirty;            /* on m->dirty */
     int suspect;          /* a client's transfers failed here: no placement until
                              the owner's next HEARTBEAT */
@@ -119,6 +130,15 @@ typedef struct quar {
     uint32_t seg, page, gen;
     uint64_t size;
 } quar;
+
+/* A freed allocation that a TCP transfer begun before the free may still
+ * touch (its object's descriptors were not all dead, see exposed()): its
+ * space is reused only once the node acknowledges notice `seq` (it stopped
+ * every transfer on it), re-keys at a remount, or its segment goes. */
+typedef struct xquar {
+    uint32_t seg, page, pages;
+    uint64_t seq;           /* UINT64_MAX: the notice was lost; a re-key frees it */
+} xquar;
 
 struct kvp_master {
     kvp_config cfg;
@@ -159,12 +179,23 @@ struct kvp_master {
     quar *quar;             /* staging allocations of gone loads (see quar) */
     uint32_t nquar, quar_cap;
     uint64_t quar_pages;
+    xquar *xq;              /* see xquar */
+    uint32_t nxq, xq_cap;
+    uint64_t xq_pages;
+    uint32_t stamp;         /* notices queued (or lost), all segments: orders them
+                               (wrapping; a segment holds < 2^31 in flight) */
     uint64_t spill_total;   /* sum of the segments' spill_pages */
     uint64_t now;           /* the last handle / tick's clock */
 };
 
-#define FREED_MAX 65536     /* notices held per segment; past it, expiry revokes */
-#define FREED_PER_FRAME 4096
+/* notices held per segment until acknowledged (32 B each); past it they are
+ * lost, and what they would free waits for the node's next remount */
+#define FREED_MAX (1u << 22)
+/* A descriptor is honoured by the node up to its expiry + 500 ms of the
+ * master's clock (node/grants.h, KVP_GRANT_SLACK_MS, the node's clock taken
+ * conservatively); after XFER_MARGIN_MS more no transfer on it moves. */
+#define XFER_MARGIN_MS 1000
+#define FREED_PER_FRAME 256 /* entries per SEG_FREED frame (encoded from the stack) */
 
 static inline uint32_t ms32(uint64_t now) { return (uint32_t)now; }
 static inline int due(uint32_t deadline, uint64_t now) { return (int32_t)(deadline - ms32(now)) <= 0; }
@@ -349,31 +380,128 @@ static inline uint64_t wire_gen(const kvp_mseg *s, uint32_t gen)
     return (uint64_t)s->epoch << 32 | gen;
 }
 
-/* Queues a SEG_FREED notice for the segment's node: descriptors of this
- * allocation stop working at once rather than at their expiry. Without a
- * session to tell, or with FREED_MAX notices queued, the notice is dropped
- * and counted (expiry still bounds the descriptor). */
-static void note_freed(kvp_master *m, kvp_mseg *s, uint32_t si, uint32_t page, uint32_t np,
-                       uint32_t gen)
+/* a is later than b (ms32, wrapping) */
+static inline int after(uint32_t a, uint32_t b) { return (int32_t)(a - b) > 0; }
+
+static void seg_dirty(kvp_master *m, kvp_mseg *s, uint32_t si)
 {
-    if (!s->owner || !s->owner->notify || s->nfreed >= FREED_MAX) {
-        m->freed_dropped++;
-        return;
-    }
-    if (s->nfreed == s->freed_cap) {
-        uint32_t cap = s->freed_cap ? s->freed_cap * 2 : 64;
-        kvp_freed *f = kvp_realloc(s->freed, cap * sizeof *f);
-        if (!f) {
-            m->freed_dropped++;
-            return;
-        }
-        s->freed = f;
-        s->freed_cap = cap;
-    }
-    s->freed[s->nfreed++] = (kvp_freed){page, np, wire_gen(s, gen)};
     if (!s->dirty) {
         s->dirty = 1;
         m->dirty[m->ndirty++] = si;
+    }
+}
+
+/*
+ * Queues a revocation notice (SEG_FREED) for the segment's node: freed (the
+ * allocation's descriptors stop working at once rather than at their
+ * expiry) or published (its WRITE descriptors do). Returns the notice's
+ * sequence number, or UINT64_MAX when it could not be queued (no session
+ * to tell, FREED_MAX queued, no memory): counted, and remembered in
+ * lost / lost_ms until the node re-keys.
+ */
+static uint64_t note_freed(kvp_master *m, kvp_mseg *s, uint32_t si, uint32_t page, uint32_t np,
+                           uint32_t gen, uint32_t flags)
+{
+    if (!s->owner || !s->owner->notify || s->nntc >= FREED_MAX)
+        goto lost;
+    if (s->nntc == s->ntc_cap) {
+        uint32_t cap = s->ntc_cap ? s->ntc_cap * 2 : 64;
+        struct notice *f = kvp_realloc(s->ntc, cap * sizeof *f);
+        if (!f)
+            goto lost;
+        s->ntc = f;
+        s->ntc_cap = cap;
+    }
+    s->ntc[s->nntc++] =
+        (struct notice){{page, np, wire_gen(s, gen), flags}, ms32(m->now), ++m->stamp};
+    seg_dirty(m, s, si);
+    return s->seq_head + s->nntc - 1;
+lost:
+    m->freed_dropped++;
+    ++m->stamp;
+    if (!s->lost) {
+        s->lost = 1;
+        s->lost_ms = ms32(m->now);
+        s->lost_stamp = m->stamp;
+    }
+    return UINT64_MAX;
+}
+
+/*
+ * Whether a TCP transfer begun before now may still touch a replica on s
+ * of object o (see xquar). Every descriptor of o is dead at the node, and
+ * every transfer on it stopped, once
+ *   - its WRITE descriptors are: a pending object's expire at o->exposed
+ *     (the put deadline); a complete one's were revoked by the notices
+ *     PUT_END queued (o->exposed is their stamp), applied once every
+ *     notice queued up to them is acknowledged with none lost since;
+ *   - and its READ descriptors are (KVP_OBJ_READ; o->exposed is then the
+ *     latest expiry, later than the publication): expired XFER_MARGIN_MS
+ *     before now; the publication's notices are then older than any queued
+ *     after that expiry.
+ * A false "exposed" only delays reuse by a node round trip.
+ */
+static int exposed(const kvp_master *m, const kvp_mseg *s, const kvp_obj *o)
+{
+    if (s->going)
+        return 0; /* the node is gone, and with it its transfers */
+    if (o->state != KVP_OBJ_COMPLETE)
+        return !due(o->exposed + XFER_MARGIN_MS, m->now);
+    if (o->flags & KVP_OBJ_READ) {
+        if (!due(o->exposed + XFER_MARGIN_MS, m->now))
+            return 1;
+        if (s->lost && !after(s->lost_ms, o->exposed))
+            return 1;
+        return s->nntc > 0 && !after(s->ntc[0].ms, o->exposed);
+    }
+    if (s->lost && !after(s->lost_stamp, o->exposed))
+        return 1;
+    return s->nntc > 0 && !after(s->ntc[0].stamp, o->exposed);
+}
+
+/* Returns np pages at `page` to si's allocator. */
+static void space_free(kvp_master *m, uint32_t si, uint32_t page, uint32_t np)
+{
+    kvp_mseg *s = m->segs[si];
+    KVP_ASSERT(s->used_pages >= np && s->nrep > 0 && m->used_pages >= np);
+    kvp_segalloc_free(s->alloc, page, np);
+    s->used_pages -= np;
+    s->nrep--;
+    m->used_pages -= np;
+}
+
+/* Remembers a freed allocation until its notice is acknowledged (xquar);
+ * its pages stay allocated and counted. Without memory to remember it the
+ * pages stay allocated until the segment goes. */
+static void xquarantine(kvp_master *m, uint32_t si, uint32_t page, uint32_t np, uint64_t seq)
+{
+    if (m->nxq == m->xq_cap) {
+        uint32_t cap = m->xq_cap ? m->xq_cap * 2 : 16;
+        xquar *q = kvp_realloc(m->xq, cap * sizeof *q);
+        if (!q) {
+            KVP_WARN(MOD, "out of memory: %u pages held until their segment goes", np);
+            return;
+        }
+        m->xq = q;
+        m->xq_cap = cap;
+    }
+    m->xq[m->nxq++] = (xquar){si, page, np, seq};
+    m->xq_pages += np;
+}
+
+/* Frees the quarantined allocations of segment slot si with a notice up
+ * to seq acknowledged (UINT64_MAX: all of them). */
+static void xq_release(kvp_master *m, uint32_t si, uint64_t seq)
+{
+    for (uint32_t i = 0; i < m->nxq;) {
+        xquar q = m->xq[i];
+        if (q.seg != si || (q.seq > seq && seq != UINT64_MAX)) {
+            i++;
+            continue;
+        }
+        m->xq[i] = m->xq[--m->nxq];
+        m->xq_pages -= q.pages;
+        space_free(m, si, q.page, q.pages);
     }
 }
 
@@ -382,11 +510,23 @@ static void free_replica(kvp_master *m, const kvp_obj *o, const kvp_orep *r)
     kvp_mseg *s = m->segs[r->seg];
     uint32_t np = kvp_pages(o->size);
     KVP_ASSERT(s->used_pages >= np && s->nrep > 0 && m->used_pages >= np);
-    note_freed(m, s, r->seg, r->page, np, r->gen);
-    kvp_segalloc_free(s->alloc, r->page, np);
-    s->used_pages -= np;
-    s->nrep--;
-    m->used_pages -= np;
+    int hold = exposed(m, s, o);
+    uint64_t seq = s->going ? UINT64_MAX : note_freed(m, s, r->seg, r->page, np, r->gen, 0);
+    if (hold)
+        xquarantine(m, r->seg, r->page, np, seq);
+    else
+        space_free(m, r->seg, r->page, np);
+}
+
+/* A replica's space that no descriptor ever named (an undone placement, a
+ * staging copy the node fills itself): freed at once. */
+static void free_unexposed(kvp_master *m, const kvp_orep *r, uint64_t size)
+{
+    kvp_mseg *s = m->segs[r->seg];
+    uint32_t np = kvp_pages(size);
+    if (!s->going)
+        note_freed(m, s, r->seg, r->page, np, r->gen, 0);
+    space_free(m, r->seg, r->page, np);
 }
 
 enum { GONE_REMOVED, GONE_EVICTED, GONE_REVOKED, GONE_TIMEOUT };
@@ -569,7 +709,7 @@ static void seg_free(kvp_mseg *s)
 {
     kvp_buf_free(&s->dq);
     kvp_free(s->dq_cuts);
-    kvp_free(s->freed);
+    kvp_free(s->ntc);
     kvp_segalloc_destroy(s->alloc);
     kvp_free(s->name);
     kvp_free(s->endpoints);
@@ -585,14 +725,15 @@ static void seg_unmount(kvp_master *m, uint32_t si)
 {
     kvp_mseg *s = m->segs[si];
     uint64_t dropped = 0;
+    s->going = 1;
+    xq_release(m, si, UINT64_MAX);
     for (uint32_t i = 0; i < m->nquar;) { /* the node is gone: nothing writes there */
         if (m->quar[i].seg == si) {
             quar q = m->quar[i];
             m->quar[i] = m->quar[--m->nquar];
             kvp_orep r = {q.seg, q.page, q.gen};
-            kvp_obj tmp = {.size = q.size};
             m->quar_pages -= kvp_pages(q.size);
-            free_replica(m, &tmp, &r);
+            free_unexposed(m, &r, q.size);
         } else {
             i++;
         }
@@ -717,6 +858,29 @@ static int owner_gone(const kvp_master *m, const kvp_mseg *s)
     return !c || c->nconns == 0 || m->now - c->last_seen > m->cfg.client_ttl_ms / 2;
 }
 
+/*
+ * A remount by the segment's owner. A new secret means the node re-keyed
+ * and cut every transfer in flight before mounting (node.c link_fence):
+ * every descriptor issued before is dead, so the quarantined space is free
+ * and the unacknowledged notices are moot. The same secret: the notices not
+ * acknowledged go again on the new session.
+ */
+static void seg_rekeyed(kvp_master *m, uint32_t si, uint64_t secret)
+{
+    kvp_mseg *s = m->segs[si];
+    if (s->secret == secret) {
+        s->nsent = 0;
+        if (s->nntc)
+            seg_dirty(m, s, si);
+        return;
+    }
+    s->secret = secret;
+    s->seq_head += s->nntc;
+    s->nntc = s->nsent = 0;
+    s->lost = 0;
+    xq_release(m, si, UINT64_MAX);
+}
+
 static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
 {
     for (uint32_t i = 0; i < d->n_endpoints; i++)
@@ -732,8 +896,9 @@ static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
         kvp_mseg *s = m->segs[si];
         if (s->owner != c)
             return KVP_ESEGMENT_ALREADY_EXISTS;
-        if (s->capacity != cap || s->secret != d->secret)
+        if (s->capacity != cap)
             return KVP_EINVALID_PARAMS;
+        seg_rekeyed(m, (uint32_t)si, d->secret);
         return 0; /* remount by its owner: idempotent */
     }
     int old = seg_find_name(m, d->name);
@@ -777,6 +942,7 @@ static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
     s->namelen = d->name.len;
     s->capacity = cap;
     s->secret = d->secret;
+    s->seq_head = 1;
     s->epoch = d->epoch;
     s->disk_cap = d->disk_capacity;
     s->owner = c;
@@ -1538,6 +1704,37 @@ static void op_unmount(req *q)
     reply_results(q, d.n, codes);
 }
 
+/*
+ * SEG_FREED_ACK (ONEWAY, from the segment's owner): {segment id, seq}: the
+ * node applied the notices up to seq and stopped their transfers. They
+ * leave the queue, and the space quarantined behind them is free. Anything
+ * else (another client's segment, a seq not sent) is ignored. Answered, as
+ * REPLICA_BAD, when the body cannot be decoded or it came as a request.
+ */
+static void op_seg_freed_ack(req *q)
+{
+    kvp_master *m = q->m;
+    int oneway = (q->h->flags & KVP_FLAG_ONEWAY) != 0;
+    kvp_msg_ids d;
+    if (kvp_dec_ids(q->body, q->h->body_len, &m->lim, q->a, &d) || d.n != 2) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int si = seg_find_id(m, d.ids[0]);
+    kvp_mseg *s = si >= 0 ? m->segs[si] : NULL;
+    uint64_t seq = d.ids[1];
+    if (s && s->owner == q->s->client && seq >= s->seq_head && seq < s->seq_head + s->nsent) {
+        uint32_t k = (uint32_t)(seq - s->seq_head + 1);
+        memmove(s->ntc, s->ntc + k, (s->nntc - k) * sizeof *s->ntc);
+        s->nntc -= k;
+        s->nsent -= k;
+        s->seq_head += k;
+        xq_release(m, (uint32_t)si, seq);
+    }
+    if (!oneway)
+        reply_status(q, 0);
+}
+
 static void op_heartbeat(req *q)
 {
     if (q->h->body_len != 0) {
@@ -1724,6 +1921,7 @@ static void op_put_start(req *q)
             o->flags = (d.flags & KVP_PUT_PIN) ? KVP_OBJ_PINNED : 0;
             o->aux = q->s->client->slot;
             o->deadline = ms32(q->now + m->cfg.put_timeout_ms);
+            o->exposed = o->deadline; /* its WRITE descriptors' expiry */
             o->lease_seq = ++m->lease_seq;
             memcpy((uint8_t *)(o + 1), k.p, k.len);
             memcpy(kvp_obj_reps(o), reps, have * sizeof *reps);
@@ -1736,10 +1934,8 @@ static void op_put_start(req *q)
             r.n_replicas = describe(m, reps, have, d.sizes[i], KVP_ACCESS_WRITE,
                                     q->now + m->cfg.put_timeout_ms, r.replicas);
         } else {
-            for (unsigned j = 0; j < have; j++) { /* undo a partial placement */
-                kvp_obj tmp = {.size = d.sizes[i]};
-                free_replica(m, &tmp, &reps[j]);
-            }
+            for (unsigned j = 0; j < have; j++) /* undo a partial placement */
+                free_unexposed(m, &reps[j], d.sizes[i]);
         }
         kvp_enc_put_result(q->out, &r);
     }
@@ -1843,6 +2039,14 @@ static int32_t do_put_end(req *q, kvp_obj *o, uint64_t checksum, int force)
     o->state = KVP_OBJ_COMPLETE;
     o->checksum = checksum;
     o->aux = 0;
+    /* its bytes are final: the WRITE descriptors die now, not at the put
+     * deadline (a write in flight is cut); from here o->exposed waits for
+     * the node to acknowledge that (exposed()) */
+    kvp_orep *r = kvp_obj_reps(o);
+    for (unsigned i = 0; i < o->nrep; i++)
+        note_freed(m, m->segs[r[i].seg], r[i].seg, r[i].page, kvp_pages(o->size), r[i].gen,
+                   KVP_FREED_PUBLISHED);
+    o->exposed = m->stamp;
     settle_unleased(m, o);
     m->stats[KVP_STAT_PENDING]--;
     m->stats[KVP_STAT_OBJECTS]++;
@@ -2175,9 +2379,8 @@ static void quar_release(kvp_master *m, uint32_t si, uint64_t gen)
             continue;
         m->quar[i] = m->quar[--m->nquar];
         kvp_orep r = {q.seg, q.page, q.gen};
-        kvp_obj tmp = {.size = q.size};
         m->quar_pages -= kvp_pages(q.size);
-        free_replica(m, &tmp, &r);
+        free_unexposed(m, &r, q.size);
         return;
     }
 }
@@ -2405,6 +2608,10 @@ static void op_get(req *q)
             r.lease_id = o->lease_seq;
             r.n_replicas = describe(m, kvp_obj_reps(o), o->nrep, o->size, KVP_ACCESS_READ,
                                     q->now + m->cfg.lease_ttl_ms, r.replicas);
+            uint32_t until = ms32(q->now + m->cfg.lease_ttl_ms);
+            if (!(o->flags & KVP_OBJ_READ) || after(until, o->exposed))
+                o->exposed = until;
+            o->flags |= KVP_OBJ_READ;
         }
         kvp_enc_get_result(q->out, &r);
     }
@@ -2690,6 +2897,7 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
         case KVP_OP_SEG_FAILING: op_seg_failing(&q); break;
         case KVP_OP_DISK_REPORT: op_disk_report(&q); break;
         case KVP_OP_TIERS: op_exist(&q, 2); break;
+        case KVP_OP_SEG_FREED_ACK: op_seg_freed_ack(&q); break;
         default: reply_status(&q, KVP_EUNKNOWN_OP); break;
         }
     }
@@ -2895,6 +3103,7 @@ void kvp_master_destroy(kvp_master *m)
     kvp_free(m->tq);
     kvp_free(m->evt);
     kvp_free(m->quar);
+    kvp_free(m->xq);
     if (m->tcreds)
         memset(m->tcreds, 0, m->ntcreds * sizeof *m->tcreds);
     kvp_free(m->tcreds);
@@ -2991,27 +3200,39 @@ void kvp_master_push_freed(kvp_master *m, kvp_buf *(*out_for)(kvp_msess *s, void
         s->dirty = 0;
         kvp_msess *to = s->owner ? s->owner->notify : NULL;
         kvp_buf *out = to ? out_for(to, ctx) : NULL;
-        if (s->nfreed && !out) {
-            m->freed_dropped += s->nfreed;
-        } else if (s->nfreed) {
+        int again = 0;
+        /* unsent notices go in order; they stay queued until acknowledged
+         * (op_seg_freed_ack), or dropped at a re-key (seg_mount). Without a
+         * session they wait: a new one starts with a remount. */
+        if (out && s->nsent < s->nntc) {
             size_t mark = out->len;
-            for (uint32_t at = 0; at < s->nfreed; at += FREED_PER_FRAME) {
-                uint32_t k = s->nfreed - at < FREED_PER_FRAME ? s->nfreed - at : FREED_PER_FRAME;
-                kvp_msg_seg_freed f = {s->id, k, s->freed + at};
+            kvp_freed fr[FREED_PER_FRAME];
+            uint32_t at = s->nsent;
+            while (at < s->nntc) {
+                uint32_t k = s->nntc - at < FREED_PER_FRAME ? s->nntc - at : FREED_PER_FRAME;
+                for (uint32_t j = 0; j < k; j++)
+                    fr[j] = s->ntc[at + j].f;
+                kvp_msg_seg_freed f = {s->id, s->seq_head + at + k - 1, k, fr};
                 size_t off = kvp_frame_begin(out, KVP_OP_SEG_FREED, KVP_FLAG_ONEWAY, 0, 0);
                 kvp_enc_seg_freed(out, &f);
                 kvp_frame_end(out, off);
+                if (out->err)
+                    break;
+                at += k;
+                mark = out->len;
             }
-            if (out->err) { /* the node's output is full: expiry revokes these */
-                m->freed_dropped += s->nfreed;
+            if (out->err) { /* the node's output is full: the rest next turn */
                 out->err = 0;
                 out->len = mark;
+                again = 1;
             }
+            s->nsent = at;
         }
-        s->nfreed = 0;
         /* SSD tier commands are never dropped: a spill or a load waits for
          * its command, so those that cannot go now stay for the next turn */
-        if (s->dq_n && push_disk(m, si, out) != 0) {
+        if (s->dq_n && push_disk(m, si, out) != 0)
+            again = 1;
+        if (again) {
             s->dirty = 1;
             m->dirty[keep++] = si; /* keep <= d: not yet visited slots are untouched */
         }
@@ -3116,7 +3337,8 @@ int kvp_master_check(const kvp_master *m)
         if (o->tenant >= m->ntenants || !m->tenants[o->tenant])
             return -16;
     }
-    if (n != m->ix.count || listed + none != n || used + m->quar_pages != m->used_pages)
+    if (n != m->ix.count || listed + none != n ||
+        used + m->quar_pages + m->xq_pages != m->used_pages)
         return -5;
     if (disk_objs != m->stats[KVP_STAT_DISK_OBJECTS] || spill != m->spill_total)
         return -13;

@@ -24,6 +24,8 @@ enum { KVP_OBJ_PENDING = 1, KVP_OBJ_COMPLETE = 2 };
  * filling from its disk record (not readable until it reports LOADED).
  */
 enum { KVP_OBJ_PINNED = 0x1, KVP_OBJ_ONDISK = 0x2, KVP_OBJ_SPILLING = 0x4, KVP_OBJ_LOADING = 0x8 };
+/* READ: a READ descriptor was issued for it (exposed is the latest expiry) */
+enum { KVP_OBJ_READ = 0x10 };
 /* which list the prev/next links belong to */
 enum {
     KVP_LIST_NONE = 0,
@@ -57,9 +59,13 @@ typedef struct kvp_obj {
     uint8_t state;               /* KVP_OBJ_PENDING / KVP_OBJ_COMPLETE */
     uint8_t nrep;                /* replicas in use */
     uint8_t rep_cap;             /* replicas allocated in the record */
-    uint8_t flags : 4;           /* KVP_OBJ_* */
-    uint8_t list : 4;            /* KVP_LIST_* */
+    uint8_t flags : 5;           /* KVP_OBJ_* */
+    uint8_t list : 3;            /* KVP_LIST_* */
     uint32_t disk_seg;           /* ONDISK / SPILLING / LOADING: the node's segment slot */
+    uint32_t exposed;            /* ms, wrapping: pending: its WRITE descriptors'
+                                    expiry; complete: its publication, or with
+                                    KVP_OBJ_READ the latest READ descriptor's
+                                    expiry (master.c exposed()) */
 } kvp_obj;
 
 static inline const uint8_t *kvp_obj_key(const kvp_obj *o) { return (const uint8_t *)(o + 1); }

@@ -10,7 +10,8 @@ struct kvp_grants {
     uint64_t size;
     uint64_t npages;
     uint64_t secret;      /* atomic */
-    int64_t offset_ms;    /* atomic: master clock - local clock */
+    int64_t offset_ms;    /* atomic: the LATEST master clock - local clock
+                             (the clock sample's upper bound) */
     uint64_t *floor;      /* per 4 KiB page; atomic entries */
     kvp_grants_stats st;  /* atomic counters */
 };
@@ -48,9 +49,37 @@ void kvp_grants_destroy(kvp_grants *g)
 uint64_t kvp_grants_secret(const kvp_grants *g) { return LD(&g->secret); }
 void kvp_grants_rekey(kvp_grants *g, uint64_t secret) { ST(&g->secret, secret); }
 
-void kvp_grants_set_clock(kvp_grants *g, uint64_t master_ms, uint64_t local_ms)
+void kvp_grants_set_clock(kvp_grants *g, uint64_t master_ms, uint64_t sent_ms, uint64_t recv_ms)
 {
-    ST(&g->offset_ms, (int64_t)(master_ms - local_ms));
+    /* master_ms was read no earlier than sent_ms: now + (master_ms -
+     * sent_ms) is never behind the master's clock (monotonic clocks drift
+     * by parts per million between samples); the price is expiring up to
+     * one round trip early */
+    (void)recv_ms;
+    ST(&g->offset_ms, (int64_t)(master_ms - sent_ms));
+}
+
+#define GEN_MAX (1ull << 62) /* 2g + 2 must not wrap */
+
+static int pages_pass(const kvp_grants *g, uint64_t offset, uint64_t length, uint64_t limit)
+{
+    uint64_t p0 = offset >> 12, p1 = (offset + length + 4095) >> 12;
+    for (uint64_t p = p0; p < p1; p++)
+        if (LD(&g->floor[p]) > limit)
+            return 0;
+    return 1;
+}
+
+/* the largest floor an access with generation gen passes */
+static uint64_t limit_of(uint64_t gen, uint32_t access)
+{
+    return access == KVP_ACCESS_WRITE ? 2 * gen : 2 * gen + 1;
+}
+
+int kvp_grants_live(const kvp_grants *g, uint64_t offset, uint64_t length, uint64_t generation,
+                    uint32_t access)
+{
+    return pages_pass(g, offset, length, limit_of(generation, access));
 }
 
 /* Raises floor[p] to at least v. */
@@ -63,13 +92,13 @@ static void raise_floor(uint64_t *f, uint64_t v)
 }
 
 int kvp_grants_check(kvp_grants *g, uint64_t segment_id, const kvp_replica *r, uint32_t access,
-                     uint64_t now_ms)
+                     uint64_t now_ms, uint64_t *deadline_ms)
 {
     int err = access == KVP_ACCESS_WRITE ? KVP_EINVALID_WRITE : KVP_EINVALID_READ;
     /* phase 1: bounds, without overflow; a frame body is at most u32 */
     if (r->segment_id != segment_id || r->length == 0 || r->offset > g->size ||
         r->length > g->size - r->offset || r->length > UINT32_MAX - KVP_SEG_IO_SIZE ||
-        (r->offset & 4095)) {
+        (r->offset & 4095) || r->generation >= GEN_MAX) {
         BUMP(&g->st.out_of_bounds);
         return err;
     }
@@ -82,31 +111,42 @@ int kvp_grants_check(kvp_grants *g, uint64_t segment_id, const kvp_replica *r, u
         BUMP(&g->st.wrong_access);
         return err;
     }
-    int64_t master_now = (int64_t)now_ms + LD(&g->offset_ms);
-    if (master_now > (int64_t)r->expires_ms + KVP_GRANT_SLACK_MS) {
+    int64_t off = LD(&g->offset_ms);
+    int64_t master_now = (int64_t)now_ms + off;
+    int64_t last = r->expires_ms > (uint64_t)INT64_MAX / 2 ? INT64_MAX / 2
+                                                            : (int64_t)r->expires_ms;
+    last += KVP_GRANT_SLACK_MS;
+    if (master_now > last) {
         BUMP(&g->st.expired);
         return err;
     }
-    /* phase 3: the allocation is still the live one on every page */
-    uint64_t p0 = r->offset >> 12, p1 = (r->offset + r->length + 4095) >> 12;
-    for (uint64_t p = p0; p < p1; p++)
-        if (LD(&g->floor[p]) > r->generation) {
-            BUMP(&g->st.stale);
-            return err;
-        }
-    if (access == KVP_ACCESS_WRITE)
+    /* phase 3: the allocation is still the live one on every page (and,
+     * for a WRITE, its object not yet published) */
+    if (!pages_pass(g, r->offset, r->length, limit_of(r->generation, access))) {
+        BUMP(&g->st.stale);
+        return err;
+    }
+    if (access == KVP_ACCESS_WRITE) {
+        uint64_t p0 = r->offset >> 12, p1 = (r->offset + r->length + 4095) >> 12;
         for (uint64_t p = p0; p < p1; p++)
-            raise_floor(&g->floor[p], r->generation);
+            raise_floor(&g->floor[p], 2 * r->generation);
+    }
+    if (deadline_ms)
+        *deadline_ms = (uint64_t)(last - off);
     return 0;
 }
 
-void kvp_grants_freed(kvp_grants *g, uint32_t page, uint32_t pages, uint64_t generation)
+void kvp_grants_freed(kvp_grants *g, uint32_t page, uint32_t pages, uint64_t generation,
+                      int published)
 {
+    if (generation >= GEN_MAX)
+        generation = GEN_MAX - 1; /* no descriptor of it passes the check anyway */
+    uint64_t v = 2 * generation + (published ? 1 : 2);
     uint64_t end = (uint64_t)page + pages;
     if (end > g->npages)
         end = g->npages;
     for (uint64_t p = page; p < end; p++)
-        raise_floor(&g->floor[p], generation + 1);
+        raise_floor(&g->floor[p], v);
 }
 
 void kvp_grants_stats_get(const kvp_grants *g, kvp_grants_stats *out)

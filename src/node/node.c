@@ -12,6 +12,15 @@
  *   stop requested -> UNMOUNT_SEGMENT (best effort, bounded), close
  * `mounted` is written by the link thread only and read atomically.
  *
+ * Revocations: a SEG_FREED frame raises the floors (grants.h) as it comes;
+ * the link then runs the segment server's revocation barrier and, once it
+ * returned, answers SEG_FREED_ACK with the frame's sequence number: the
+ * master may reuse the space of quarantined allocations only then. Every
+ * mount after the first (a reconnect, a master restart) first re-keys the
+ * grants and runs a barrier that cuts every transfer in flight, so neither
+ * a descriptor nor a transfer begun under the earlier mount outlives it
+ * (the master adopts the new secret, and what it quarantined is released).
+ *
  * Advertised TCP host: the listen address's host when it is a specific
  * address, else cfg->local_hostname (a wildcard address cannot be dialled).
  */
@@ -57,6 +66,8 @@ struct kvp_node {
     uint32_t epoch;       /* mount attempts: the high half of generations */
     uint8_t session[KVP_SESSION_LEN]; /* from the master's HELLO: rejoin as client_id */
     uint64_t freed_notices; /* SEG_FREED entries applied (link thread) */
+    uint64_t ack_want, ack_sent; /* SEG_FREED seq applied / acknowledged (link thread) */
+    int remount;          /* the next mount follows an earlier one (link thread) */
     char name[320];       /* "HOST:PORT": segment name and tcp endpoint */
     char shm_addr[512];   /* "HOSTID:/path" */
     char unix_path[KVP_UNIXSOCK_PATH_MAX + 1];
@@ -140,7 +151,42 @@ static void link_drop(kvp_node *n)
         kvp_rpc_close(n->rpc);
         n->rpc = NULL;
     }
+    n->ack_want = n->ack_sent = 0;
     set_mounted(n, 0);
+}
+
+/* Applied SEG_FREED frames not yet acknowledged: stop their transfers
+ * (barrier), then SEG_FREED_ACK. 0, or the connection's error (a barrier
+ * that timed out is tried again on the next turn). */
+static int link_ack(kvp_node *n)
+{
+    if (n->ack_want <= n->ack_sent || !n->rpc)
+        return 0;
+    if (kvp_segserver_revoke(n->srv, 0, LINK_POLL_MS) != 0)
+        return 0;
+    uint64_t v[2] = {n->seg_id, n->ack_want};
+    kvp_msg_ids ids = {2, v};
+    uint8_t body[32];
+    kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
+    kvp_enc_ids(&b, &ids);
+    kvp_rpc_queue(n->rpc, KVP_OP_SEG_FREED_ACK, KVP_FLAG_ONEWAY, body, b.len);
+    n->ack_sent = n->ack_want;
+    return kvp_rpc_flush(n->rpc);
+}
+
+/* Before a mount that follows an earlier one: a new secret, and every
+ * transfer in flight cut (see the top of the file). 0, or 1 when stopped. */
+static int link_fence(kvp_node *n)
+{
+    n->ack_want = n->ack_sent = 0; /* the mount numbers its notices anew */
+    n->secret = rand64();
+    kvp_grants_rekey(n->grants, n->secret);
+    while (kvp_segserver_revoke(n->srv, 1, 1000) != 0) {
+        KVP_WARN(MOD, "segment server slow to stop its transfers before a remount");
+        if (stopping(n))
+            return 1;
+    }
+    return 0;
 }
 
 /* SEG_FREED from the master: revoke the freed allocations' descriptors. */
@@ -160,8 +206,11 @@ static void on_push(void *ctx, const kvp_frame_hdr *h, const uint8_t *body)
     kvp_msg_seg_freed f;
     if (kvp_dec_seg_freed(body, h->body_len, &lim, &a, &f) == 0 && f.segment_id == n->seg_id) {
         for (uint32_t i = 0; i < f.n; i++)
-            kvp_grants_freed(n->grants, f.freed[i].page, f.freed[i].pages, f.freed[i].generation);
+            kvp_grants_freed(n->grants, f.freed[i].page, f.freed[i].pages, f.freed[i].generation,
+                             (f.freed[i].flags & KVP_FREED_PUBLISHED) != 0);
         n->freed_notices += f.n;
+        if (f.seq > n->ack_want)
+            n->ack_want = f.seq; /* acknowledged after the barrier (link_ack) */
     }
     kvp_arena_free(&a);
 }
@@ -193,6 +242,7 @@ static int link_open(kvp_node *n, char *err, size_t errlen)
                       .session = n->session,
                       .on_push = on_push,
                       .push_ctx = n};
+    uint64_t sent = kvp_now_ms();
     int rc = kvp_rpc_open(n->cfg.master_addr, &o, &n->rpc, err, errlen);
     if (rc == KVP_EILLEGAL_CLIENT) {
         /* our id is taken by someone without our session: be someone else
@@ -205,7 +255,7 @@ static int link_open(kvp_node *n, char *err, size_t errlen)
         return rc;
     }
     const kvp_msg_hello_resp *hr = kvp_rpc_hello_resp(n->rpc);
-    kvp_grants_set_clock(n->grants, hr->now_ms, kvp_now_ms());
+    kvp_grants_set_clock(n->grants, hr->now_ms, sent, kvp_now_ms());
     master_changed(n, hr->master_id);
     return 0;
 }
@@ -257,6 +307,7 @@ static int link_mount(kvp_node *n, char *err, size_t errlen)
         return rc;
     }
     set_mounted(n, 1);
+    n->remount = 1;
     KVP_INFO(MOD, "segment %016llx (%s, %llu MiB) mounted at master %s",
              (unsigned long long)n->seg_id, n->name,
              (unsigned long long)(kvp_segment_size(n->seg) >> 20), n->cfg.master_addr);
@@ -292,6 +343,7 @@ static int link_heartbeat(kvp_node *n)
     int32_t st;
     const uint8_t *resp;
     uint32_t rl;
+    uint64_t sent = kvp_now_ms();
     int rc = kvp_rpc_call(n->rpc, KVP_OP_HEARTBEAT, NULL, 0, &st, &resp, &rl);
     if (rc)
         return rc;
@@ -300,7 +352,7 @@ static int link_heartbeat(kvp_node *n)
     kvp_msg_heartbeat_resp h;
     if (kvp_dec_heartbeat_resp(resp, rl, &h) != 0)
         return KVP_EPROTOCOL;
-    kvp_grants_set_clock(n->grants, h.now_ms, kvp_now_ms());
+    kvp_grants_set_clock(n->grants, h.now_ms, sent, kvp_now_ms());
     if (h.master_id != n->master_id || h.n_segments == 0) {
         KVP_WARN(MOD, "master %s no longer holds segment %016llx: remounting",
                  n->cfg.master_addr, (unsigned long long)n->seg_id);
@@ -342,18 +394,19 @@ static int link_wait(kvp_node *n, uint64_t ms)
         if (rc)
             return rc;
         uint64_t now = kvp_now_ms();
+        rc = link_ack(n);
+        if (rc)
+            return rc;
         if (now >= end)
             return 0;
         uint64_t slice = end - now < LINK_POLL_MS ? end - now : LINK_POLL_MS;
-        if (!n->tier) {
-            rc = kvp_rpc_poll(n->rpc, (int)slice);
-        } else {
-            /* the master's frames or the tier's reports, whichever comes */
-            struct pollfd p[2] = {{kvp_rpc_fd(n->rpc), POLLIN, 0},
-                                  {kvp_tier_wake_fd(n->tier), POLLIN, 0}};
-            int k = poll(p, 2, (int)slice);
-            rc = k > 0 && p[0].revents ? kvp_rpc_poll(n->rpc, 1) : kvp_rpc_poll(n->rpc, 0);
-        }
+        /* the master's frames or the tier's reports, whichever comes; back
+         * at once after frames, so SEG_FREED is acknowledged without delay
+         * (the master's space waits for it) */
+        struct pollfd p[2] = {{kvp_rpc_fd(n->rpc), POLLIN, 0},
+                              {n->tier ? kvp_tier_wake_fd(n->tier) : -1, POLLIN, 0}};
+        int k = poll(p, n->tier ? 2 : 1, (int)slice);
+        rc = k > 0 && p[0].revents ? kvp_rpc_poll(n->rpc, 1) : kvp_rpc_poll(n->rpc, 0);
         if (rc)
             return rc;
     }
@@ -377,6 +430,8 @@ static void *link_main(void *arg)
             }
         }
         if (!__atomic_load_n(&n->mounted, __ATOMIC_ACQUIRE)) {
+            if (n->remount && link_fence(n))
+                break;
             if (link_mount(n, err, sizeof err) != 0) {
                 KVP_WARN(MOD, "%s (retrying)", err);
                 link_drop(n);
@@ -488,7 +543,7 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
     kvp_segserver_limits lim = {(int)cfg->node_max_connections,
                                 (int)(cfg->node_max_connections / 4),
                                 (uint32_t)cfg->hello_timeout_ms, (uint32_t)cfg->idle_timeout_ms,
-                                (uint32_t)cfg->stall_timeout_ms};
+                                (uint32_t)cfg->stall_timeout_ms, cfg->min_transfer_rate, 0};
     rc = kvp_segserver_start_lim(n->seg, &so, &lim, &n->srv, err, errlen);
     if (rc) {
         n->srv = NULL;

@@ -33,7 +33,26 @@
  * TICK_MS a worker closes the connections past their deadline: `pre` from
  * its head while they are too old (arrival order = deadline order), `auth`
  * by a scan (at most max_conns entries, 5 times a second). A connection's
- * last_ms is the last time a byte moved either way.
+ * last_ms is the last time a byte moved either way. A busy connection (a
+ * frame in flight or answers unread) must also move min_rate bytes a second
+ * over every rate window (win_ms, win_moved), or it is closed.
+ *
+ * Transfers in flight. A SEG_READ answer (an oitem with data) and a
+ * SEG_WRITE body (ST_WBODY) are transfers: each remembers the descriptor's
+ * range, generation and deadline (grants.h). Invariant: no byte moves
+ * between the socket and the segment for a transfer past its deadline
+ * (out_flush and the ST_WBODY read test it first: the connection is cut),
+ * nor after a revocation barrier (kvp_segserver_revoke) that saw its grant
+ * dead. The barrier: the caller raised the floors, then bumps `rev`
+ * (release) and wakes every worker; a worker that sees a new `rev`
+ * (acquire) re-tests every transfer of its connections against the floors
+ * (kvp_grants_live) -- or, for a barrier asking for all, takes every
+ * transfer as dead -- cuts the connections of dead ones (a cut SEG_WRITE is
+ * never answered), then publishes `seen`. Every check that passed before
+ * the floors rose queued its transfer before that worker's scan (same
+ * thread), and every check after it sees the raised floors; so once every
+ * worker's `seen` reached the barrier's number, no transfer on a revoked
+ * grant moves another byte.
  */
 #include "node/server.h"
 
@@ -46,6 +65,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -75,6 +95,8 @@
 #define STALL_MS 30000
 #define BACKOFF_MIN_MS 100       /* listener pause when out of descriptors */
 #define BACKOFF_MAX_MS 1000
+#define MIN_RATE (64u << 10)     /* bytes a second a busy connection must move */
+#define RATE_WINDOW_MS 10000     /* ... measured over this */
 
 enum cstate { ST_HDR, ST_SEGIO, ST_SMALL, ST_WBODY, ST_SKIP, ST_CLOSING };
 
@@ -85,6 +107,8 @@ typedef struct oitem {
     uint64_t dlen;
     uint64_t sent;       /* bytes of head+data already sent */
     int pass_fd;         /* fd to attach to the first byte, -1 = none */
+    uint64_t gen;        /* data: the READ descriptor's generation */
+    uint64_t deadline;   /* data: local ms after which no byte may go */
 } oitem;
 
 typedef struct conn {
@@ -100,12 +124,15 @@ typedef struct conn {
     uint32_t got;         /* bytes of hdr / sio / small read so far */
     uint8_t *wpos;        /* ST_WBODY: next segment byte */
     uint64_t left;        /* ST_WBODY / ST_SKIP: bytes still to read */
+    uint64_t woff, wlen, wgen, wdeadline; /* ST_WBODY: the WRITE descriptor */
     int refused;          /* ST_SKIP after a refused SEG_WRITE: answer when done */
     oitem outq[OUTQ];
     uint32_t oh, on;      /* ring head, count */
     uint64_t born_ms;     /* accepted */
     uint64_t last_ms;     /* a byte last moved */
     int active;           /* a byte moved since last_ms was set */
+    uint64_t moved;       /* bytes moved either way, ever */
+    uint64_t win_ms, win_moved; /* rate window: start, `moved` then */
     struct clist *list;   /* the worker's list it is on, NULL = none yet */
     struct conn *prev, *next;
 #ifdef KVP_FUZZING
@@ -129,6 +156,7 @@ typedef struct worker {
     clist pre, auth;      /* owned by the worker thread, oldest first */
     uint64_t tick_ms;     /* last deadline check */
     uint8_t *scratch;
+    uint64_t seen;        /* atomic: the last revocation barrier scanned */
 } worker;
 
 struct kvp_segserver {
@@ -150,10 +178,17 @@ struct kvp_segserver {
     kvp_proto_limits lim;
     kvp_unixsock_access access;  /* who besides our uid may use the unix socket */
     int max_conns, pre_cap;      /* pre_cap: pre-HELLO connections per worker */
-    uint32_t hello_ms, idle_ms, stall_ms;
+    uint32_t hello_ms, idle_ms, stall_ms, rate_window_ms;
+    uint64_t min_rate;           /* bytes a second */
+    /* revocation barriers (kvp_segserver_revoke), under rev_mu: */
+    pthread_mutex_t rev_mu;
+    pthread_cond_t rev_cv;       /* a worker published `seen` */
+    uint64_t rev;                /* atomic: the last barrier's number */
+    uint64_t rev_all;            /* atomic: the last barrier that cuts every transfer */
     uint64_t nconns;             /* atomic: open connections, incoming included */
     /* atomic counters (kvp_segserver_stats) */
     uint64_t peer_refused, refused_full, evicted, hello_to, idle_to, stall_to, accept_pauses;
+    uint64_t cut_revoked, cut_expired, cut_slow;
     int paused;                  /* acceptor only: listeners out of acc_ep */
     uint32_t backoff_ms;         /* acceptor only: last pause, 0 = none since an accept */
     uint64_t resume_ms;          /* acceptor only: end of the pause */
@@ -200,6 +235,8 @@ static oitem *out_push(conn *c)
     it->dlen = 0;
     it->sent = 0;
     it->pass_fd = -1;
+    it->gen = 0;
+    it->deadline = 0;
     return it;
 }
 
@@ -220,9 +257,27 @@ static void answer(conn *c, int32_t status, const void *body, uint32_t blen,
     it->pass_fd = pass_fd;
 }
 
-/* Sends queued answers. 0, or -1 when the peer is gone. */
-static int out_flush(conn *c)
+/* 1 when an answer with segment bytes still to send is past its deadline. */
+static int out_expired(const conn *c, uint64_t now)
 {
+    for (uint32_t k = 0; k < c->on; k++) {
+        const oitem *it = &c->outq[(c->oh + k) % OUTQ];
+        if (it->dlen && it->sent < it->hlen + it->dlen && now > it->deadline)
+            return 1;
+    }
+    return 0;
+}
+
+/* Sends queued answers. 0, or -1 when the peer is gone or an answer's
+ * descriptor expired before all its bytes went (the connection is cut:
+ * the answer cannot be finished). */
+static int out_flush(struct kvp_segserver *srv, conn *c)
+{
+    if (c->on && out_expired(c, kvp_now_ms())) {
+        count(&srv->cut_expired);
+        KVP_WARN_LIMITED(MOD, "closed a connection whose read outlived its descriptor");
+        return -1;
+    }
     while (c->on) {
         oitem *first = &c->outq[c->oh];
         struct iovec iov[MAX_IOV];
@@ -272,6 +327,7 @@ static int out_flush(conn *c)
             return -1;
         }
         c->active |= w > 0;
+        c->moved += (uint64_t)w;
         uint64_t adv = (uint64_t)w;
         while (adv && c->on) {
             oitem *it = &c->outq[c->oh];
@@ -308,6 +364,7 @@ static ssize_t rd(conn *c, void *p, size_t n)
         ssize_t r = kvp_sys.recv(c->fd, p, n, MSG_DONTWAIT);
         if (r > 0) {
             c->active = 1;
+            c->moved += (uint64_t)r;
             return r;
         }
         if (r == 0)
@@ -337,10 +394,12 @@ static void skip(conn *c, uint64_t n, int refused)
         answer(c, refused, NULL, 0, NULL, 0, -1);
 }
 
-/* Checks a seg_io for `access` (grants.h). 0 or KVP_EINVALID_READ/WRITE. */
-static int seg_check(const struct kvp_segserver *s, const kvp_replica *r, uint32_t access)
+/* Checks a seg_io for `access` (grants.h). 0 or KVP_EINVALID_READ/WRITE;
+ * *deadline: when a transfer on it must stop. */
+static int seg_check(const struct kvp_segserver *s, const kvp_replica *r, uint32_t access,
+                     uint64_t *deadline)
 {
-    return kvp_grants_check(s->grants, s->segment_id, r, access, kvp_now_ms());
+    return kvp_grants_check(s->grants, s->segment_id, r, access, kvp_now_ms(), deadline);
 }
 
 static void on_hello(struct kvp_segserver *s, conn *c)
@@ -461,10 +520,15 @@ static void on_seg_io(struct kvp_segserver *s, conn *c)
     c->got = 0;
     if (c->h.op == KVP_OP_SEG_READ) {
         c->st = ST_HDR;
-        if (seg_check(s, &r, KVP_ACCESS_READ))
+        uint64_t dl;
+        if (seg_check(s, &r, KVP_ACCESS_READ, &dl)) {
             answer(c, KVP_EINVALID_READ, NULL, 0, NULL, 0, -1);
-        else
+        } else {
             answer(c, 0, NULL, 0, s->base + r.offset, r.length, -1);
+            oitem *it = &c->outq[(c->oh + c->on - 1) % OUTQ];
+            it->gen = r.generation;
+            it->deadline = dl;
+        }
         return;
     }
     uint64_t body_rest = (uint64_t)c->h.body_len - KVP_SEG_IO_SIZE;
@@ -472,10 +536,13 @@ static void on_seg_io(struct kvp_segserver *s, conn *c)
         refuse_close(c, KVP_EINVALID_WRITE); /* the body cannot be delimited */
         return;
     }
-    if (seg_check(s, &r, KVP_ACCESS_WRITE)) {
+    if (seg_check(s, &r, KVP_ACCESS_WRITE, &c->wdeadline)) {
         skip(c, body_rest, KVP_EINVALID_WRITE);
         return;
     }
+    c->woff = r.offset;
+    c->wlen = r.length;
+    c->wgen = r.generation;
     c->wpos = s->base + r.offset;
     c->left = r.length;
     c->st = ST_WBODY;
@@ -552,6 +619,11 @@ static int conn_input(worker *w, conn *c)
             break;
         case ST_WBODY: {
             size_t want = c->left < budget ? (size_t)c->left : budget;
+            if (kvp_now_ms() > c->wdeadline) { /* never answered: the body is cut */
+                count(&s->cut_expired);
+                KVP_WARN_LIMITED(MOD, "closed a connection whose write outlived its descriptor");
+                return -1;
+            }
             n = rd(c, c->wpos, want);
             if (n <= 0)
                 return (int)n;
@@ -619,7 +691,7 @@ static void conn_event(worker *w, conn *c, uint32_t ev)
         conn_free(w, c);
         return;
     }
-    if (c->on && out_flush(c) < 0) {
+    if (c->on && out_flush(w->s, c) < 0) {
         conn_free(w, c);
         return;
     }
@@ -627,7 +699,7 @@ static void conn_event(worker *w, conn *c, uint32_t ev)
         conn_free(w, c);
         return;
     }
-    if (c->on && out_flush(c) < 0) {
+    if (c->on && out_flush(w->s, c) < 0) {
         conn_free(w, c);
         return;
     }
@@ -659,6 +731,25 @@ static void sweep(worker *w, uint64_t now)
     for (conn *c = w->auth.head, *nx; c; c = nx) {
         nx = c->next;
         int busy = c->st != ST_HDR || c->got || c->on;
+        if (busy && ((c->st == ST_WBODY && now > c->wdeadline) || out_expired(c, now))) {
+            count(&s->cut_expired);
+            KVP_WARN_LIMITED(MOD, "closed a connection whose transfer outlived its descriptor");
+            conn_free(w, c);
+            continue;
+        }
+        if (!busy || now - c->win_ms >= s->rate_window_ms) {
+            uint64_t el = now - c->win_ms;
+            if (busy && (c->moved - c->win_moved) * 1000 < s->min_rate * el) {
+                count(&s->cut_slow);
+                KVP_WARN_LIMITED(MOD, "closed a connection moving %llu B/s (at least %llu B/s)",
+                                 (unsigned long long)((c->moved - c->win_moved) * 1000 / el),
+                                 (unsigned long long)s->min_rate);
+                conn_free(w, c);
+                continue;
+            }
+            c->win_ms = now;
+            c->win_moved = c->moved;
+        }
         if (now - c->last_ms < (busy ? s->stall_ms : s->idle_ms))
             continue;
         if (busy) {
@@ -703,6 +794,79 @@ static void take_incoming(worker *w)
     }
 }
 
+/* 1 when a transfer of c is on a grant that is no longer live (all: every
+ * transfer counts as such). */
+static int has_dead_transfer(const struct kvp_segserver *s, const conn *c, int all)
+{
+    if (c->st == ST_WBODY &&
+        (all || !kvp_grants_live(s->grants, c->woff, c->wlen, c->wgen, KVP_ACCESS_WRITE)))
+        return 1;
+    for (uint32_t k = 0; k < c->on; k++) {
+        const oitem *it = &c->outq[(c->oh + k) % OUTQ];
+        if (it->dlen && it->sent < it->hlen + it->dlen &&
+            (all || !kvp_grants_live(s->grants, (uint64_t)(it->data - s->base), it->dlen,
+                                     it->gen, KVP_ACCESS_READ)))
+            return 1;
+    }
+    return 0;
+}
+
+/* The worker's part of a revocation barrier (see the top of the file). */
+static void revoke_scan(worker *w)
+{
+    struct kvp_segserver *s = w->s;
+    uint64_t r = __atomic_load_n(&s->rev, __ATOMIC_ACQUIRE);
+    if (r == w->seen)
+        return;
+    int all = __atomic_load_n(&s->rev_all, __ATOMIC_ACQUIRE) > w->seen;
+    for (conn *c = w->auth.head, *nx; c; c = nx) {
+        nx = c->next;
+        if (has_dead_transfer(s, c, all)) {
+            count(&s->cut_revoked);
+            KVP_WARN_LIMITED(MOD, "closed a connection whose transfer's grant was revoked");
+            conn_free(w, c);
+        }
+    }
+    pthread_mutex_lock(&s->rev_mu);
+    __atomic_store_n(&w->seen, r, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&s->rev_cv);
+    pthread_mutex_unlock(&s->rev_mu);
+}
+
+int kvp_segserver_revoke(kvp_segserver *s, int all, uint32_t timeout_ms)
+{
+    pthread_mutex_lock(&s->rev_mu);
+    uint64_t target = __atomic_load_n(&s->rev, __ATOMIC_RELAXED) + 1;
+    if (all)
+        __atomic_store_n(&s->rev_all, target, __ATOMIC_RELEASE);
+    __atomic_store_n(&s->rev, target, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&s->rev_mu);
+    for (int i = 0; i < s->nworkers; i++) {
+        uint64_t one = 1;
+        ssize_t wr = write(s->w[i].evfd, &one, sizeof one);
+        (void)wr;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += (time_t)(timeout_ms / 1000);
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    int rc = 0;
+    pthread_mutex_lock(&s->rev_mu);
+    for (int i = 0; i < s->nworkers && rc == 0; i++)
+        while (__atomic_load_n(&s->w[i].seen, __ATOMIC_ACQUIRE) < target)
+            if (pthread_cond_timedwait(&s->rev_cv, &s->rev_mu, &ts) == ETIMEDOUT) {
+                rc = __atomic_load_n(&s->w[i].seen, __ATOMIC_ACQUIRE) < target ? KVP_ERPC_TIMEOUT
+                                                                                : 0;
+                break;
+            }
+    pthread_mutex_unlock(&s->rev_mu);
+    return rc;
+}
+
 static void *worker_main(void *arg)
 {
     worker *w = arg;
@@ -723,6 +887,7 @@ static void *worker_main(void *arg)
             else
                 conn_event(w, p, evs[i].events);
         }
+        revoke_scan(w);
         uint64_t now = kvp_now_ms();
         if (now - w->tick_ms >= TICK_MS) {
             w->tick_ms = now;
@@ -826,7 +991,7 @@ static void *acceptor_main(void *arg)
                 c->fd = fd;
                 c->is_unix = lfd == &s->unix_fd;
                 c->st = ST_HDR;
-                c->born_ms = c->last_ms = kvp_now_ms();
+                c->born_ms = c->last_ms = c->win_ms = kvp_now_ms();
                 if (!c->is_unix)
                     kvp_net_set_nodelay(fd);
                 worker *w = &s->w[rr++ % (unsigned)s->nworkers];
@@ -888,9 +1053,19 @@ static int server_new(kvp_segment *seg, const kvp_segserver_opts *o,
     s->hello_ms = lim->hello_timeout_ms ? lim->hello_timeout_ms : HELLO_MS;
     s->idle_ms = lim->idle_timeout_ms ? lim->idle_timeout_ms : IDLE_MS;
     s->stall_ms = lim->stall_timeout_ms ? lim->stall_timeout_ms : STALL_MS;
+    s->min_rate = lim->min_rate ? lim->min_rate : MIN_RATE;
+    s->rate_window_ms = lim->rate_window_ms ? lim->rate_window_ms : RATE_WINDOW_MS;
+    pthread_mutex_init(&s->rev_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->rev_cv, &ca);
+    pthread_condattr_destroy(&ca);
     s->w = kvp_calloc((size_t)s->nworkers, sizeof *s->w);
     if (!s->w) {
         snprintf(err, errlen, "out of memory");
+        pthread_cond_destroy(&s->rev_cv);
+        pthread_mutex_destroy(&s->rev_mu);
         kvp_free(s);
         return KVP_ENOMEM;
     }
@@ -981,11 +1156,12 @@ int kvp_segserver_start_lim(kvp_segment *seg, const kvp_segserver_opts *o,
     KVP_INFO(MOD,
              "segment %016llx (%llu MiB) served on %s (port %u)%s%s, %d io threads, "
              "at most %d connections (%d per thread before HELLO), HELLO within %u ms, "
-             "idle %u s, stalled %u s",
+             "idle %u s, stalled %u s, at least %llu B/s over %u ms while busy",
              (unsigned long long)s->segment_id, (unsigned long long)(s->size >> 20), o->listen,
              s->port, s->unix_path[0] ? " and " : "", s->unix_path, s->nworkers, s->max_conns,
              s->pre_cap, (unsigned)s->hello_ms, (unsigned)(s->idle_ms / 1000),
-             (unsigned)(s->stall_ms / 1000));
+             (unsigned)(s->stall_ms / 1000), (unsigned long long)s->min_rate,
+             (unsigned)s->rate_window_ms);
     *out = s;
     return 0;
 fail:
@@ -1005,7 +1181,8 @@ void kvp_segserver_stats_get(const kvp_segserver *s, kvp_segserver_stats *out)
 #define LD(f) __atomic_load_n(&s->f, __ATOMIC_RELAXED)
     *out = (kvp_segserver_stats){LD(nconns),   LD(refused_full),  LD(evicted),
                                  LD(hello_to), LD(idle_to),       LD(stall_to),
-                                 LD(accept_pauses), LD(peer_refused)};
+                                 LD(accept_pauses), LD(peer_refused), LD(cut_revoked),
+                                 LD(cut_expired), LD(cut_slow)};
 #undef LD
 }
 
@@ -1053,6 +1230,8 @@ void kvp_segserver_stop(kvp_segserver *s)
         close(s->stop_fd);
     if (s->acc_ep >= 0)
         close(s->acc_ep);
+    pthread_cond_destroy(&s->rev_cv);
+    pthread_mutex_destroy(&s->rev_mu);
     kvp_free(s);
 }
 

@@ -28,7 +28,10 @@
  * `hello_timeout_ms` of the accept; a connection with no frame in flight and
  * nothing to send is closed after `idle_timeout_ms`; one in the middle of a
  * frame, or with answers its peer does not read, after `stall_timeout_ms`
- * without a byte moving. Out of file descriptors (EMFILE, ENFILE, ENOBUFS,
+ * without a byte moving, or as soon as it moved less than `min_rate` bytes a
+ * second over a rate window. A transfer is cut (the connection closed, a
+ * SEG_WRITE never answered) at its descriptor's deadline and at a
+ * revocation barrier that finds its grant dead. Out of file descriptors (EMFILE, ENFILE, ENOBUFS,
  * ENOMEM), the acceptor stops polling its listeners for 100 ms, doubling to
  * 1 s while it lasts. Whatever a peer can cause is logged rate-limited.
  */
@@ -63,6 +66,8 @@ typedef struct kvp_segserver_limits {
     uint32_t hello_timeout_ms; /* accept .. HELLO answered (5 s) */
     uint32_t idle_timeout_ms;  /* no frame in flight, nothing to send (5 min) */
     uint32_t stall_timeout_ms; /* mid-frame or answers unread, no byte moved (30 s) */
+    uint64_t min_rate;         /* bytes a second a busy connection moves at least (64 KiB) */
+    uint32_t rate_window_ms;   /* ... averaged over windows of this (10 s) */
 } kvp_segserver_limits;
 
 typedef struct kvp_segserver_stats {
@@ -72,6 +77,9 @@ typedef struct kvp_segserver_stats {
     uint64_t hello_timeouts, idle_timeouts, stall_timeouts;
     uint64_t accept_pauses;    /* listener pauses for want of descriptors */
     uint64_t peer_refused;     /* unix connections refused by SO_PEERCRED */
+    uint64_t cut_revoked;      /* closed: a transfer's grant was revoked (barrier) */
+    uint64_t cut_expired;      /* closed: a transfer outlived its descriptor */
+    uint64_t cut_slow;         /* closed: busy below min_rate */
 } kvp_segserver_stats;
 
 int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segserver **out,
@@ -84,6 +92,17 @@ uint16_t kvp_segserver_port(const kvp_segserver *s);
 /* Unix connections refused so far because of the peer's credentials. */
 uint64_t kvp_segserver_peer_refused(const kvp_segserver *s);
 void kvp_segserver_stats_get(const kvp_segserver *s, kvp_segserver_stats *out);
+/*
+ * Revocation barrier: the caller has just revoked grants (raised floors,
+ * kvp_grants_freed, or re-keyed). Returns once every worker has cut the
+ * connections whose transfers (SEG_READ answers still sending, SEG_WRITE
+ * bodies still arriving) are on a revoked grant -- with `all`, every
+ * connection with a transfer in flight -- so that none of them moves
+ * another byte: 0, or KVP_ERPC_TIMEOUT when some worker did not get there
+ * within timeout_ms (then nothing is promised; call again). Any thread but
+ * a worker; not in KVP_FUZZING servers made by kvp_segserver_fuzz_new.
+ */
+int kvp_segserver_revoke(kvp_segserver *s, int all, uint32_t timeout_ms);
 /* Stops every thread, closes every connection, removes the unix socket. */
 void kvp_segserver_stop(kvp_segserver *s);
 #endif

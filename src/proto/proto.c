@@ -835,11 +835,13 @@ int kvp_dec_seg_io(const uint8_t *p, uint32_t len, kvp_replica *out)
 void kvp_enc_seg_freed(kvp_buf *b, const kvp_msg_seg_freed *m)
 {
     kvp_buf_u64(b, m->segment_id);
+    kvp_buf_u64(b, m->seq);
     kvp_buf_u32(b, m->n);
     for (uint32_t i = 0; i < m->n; i++) {
         kvp_buf_u32(b, m->freed[i].page);
         kvp_buf_u32(b, m->freed[i].pages);
         kvp_buf_u64(b, m->freed[i].generation);
+        kvp_buf_u32(b, m->freed[i].flags);
     }
 }
 
@@ -848,6 +850,7 @@ int kvp_dec_seg_freed(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
 {
     DEC_BEGIN;
     m->segment_id = kvp_rd_u64(&r);
+    m->seq = kvp_rd_u64(&r);
     m->n = kvp_rd_count(&r, l->max_batch, KVP_FREED_SIZE);
     if (!ALLOC_ARRAY(a, m->freed, m->n))
         return KVP_ENOMEM;
@@ -855,6 +858,7 @@ int kvp_dec_seg_freed(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
         m->freed[i].page = kvp_rd_u32(&r);
         m->freed[i].pages = kvp_rd_u32(&r);
         m->freed[i].generation = kvp_rd_u64(&r);
+        m->freed[i].flags = kvp_rd_u32(&r);
     }
     DEC_END;
 }

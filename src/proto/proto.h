@@ -69,7 +69,8 @@
     XX(SEG_FAILING, 22, "a client could not reach segments: no placement there until they heartbeat") \
     XX(DISK_CMD, 23, "master -> node: spill replicas to the SSD tier, load them back, forget records") \
     XX(DISK_REPORT, 24, "node -> master: spills durable, loads done, records held (after a mount), dropped") \
-    XX(TIERS, 25, "per key: where it is (KVP_TIER_DRAM | KVP_TIER_DISK), 0 absent; no side effects")
+    XX(TIERS, 25, "per key: where it is (KVP_TIER_DRAM | KVP_TIER_DISK), 0 absent; no side effects") \
+    XX(SEG_FREED_ACK, 26, "node -> master: SEG_FREED applied up to a seq, their transfers stopped")
 
 enum kvp_op {
 #define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
@@ -450,20 +451,30 @@ int kvp_dec_replica_bad(const uint8_t *p, uint32_t len, const kvp_proto_limits *
 
 /*
  * SEG_FREED (master -> node, ONEWAY, unsolicited on the node's master
- * connection): allocations of one segment that were freed, so the node
- * revokes their descriptors at once instead of at expiry. Body: u64
- * segment_id, u32 n, then n x (u32 page, u32 pages, u64 generation).
+ * connection): allocations of one segment whose descriptors the node must
+ * revoke at once instead of at expiry -- freed ones (every descriptor), or
+ * published ones (KVP_FREED_PUBLISHED: WRITE descriptors only; the object's
+ * bytes are final). Body: u64 segment_id, u64 seq, u32 n, then n x (u32
+ * page, u32 pages, u64 generation, u32 flags). `seq` numbers the last entry
+ * (entries of a segment are numbered 1, 2, ... in the order they were
+ * queued); the node answers SEG_FREED_ACK once it applied them and stopped
+ * every transfer they revoke.
+ *
+ * SEG_FREED_ACK (node -> master, ONEWAY): kvp_msg_ids {segment_id, seq}.
  */
+#define KVP_FREED_PUBLISHED 0x1u
 typedef struct kvp_freed {
     uint32_t page, pages;
     uint64_t generation;
+    uint32_t flags; /* KVP_FREED_* */
 } kvp_freed;
 typedef struct kvp_msg_seg_freed {
     uint64_t segment_id;
+    uint64_t seq;
     uint32_t n;
     kvp_freed *freed;
 } kvp_msg_seg_freed;
-#define KVP_FREED_SIZE 16
+#define KVP_FREED_SIZE 20
 void kvp_enc_seg_freed(kvp_buf *b, const kvp_msg_seg_freed *m);
 int kvp_dec_seg_freed(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
                       kvp_msg_seg_freed *m);

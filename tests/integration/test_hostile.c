@@ -233,6 +233,7 @@ static void descriptors_body(env *e)
         return;
     uint64_t seg = probe_segment(&pr);
     raw_close(&pr);
+    tp_sleep_ms(100); /* the probe's space is back once the node says so */
     if (raw_open(&r, e->m.addr, seg))
         return;
     const size_t len = 64 * 1024;

@@ -113,6 +113,7 @@ static PC_UNUSED const struct { int req, resp; } pc_op_kinds[KVP_OP__MAX] = {
     [KVP_OP_SEG_FAILING] = {PC_ids, PC_NONE},         /* ONEWAY */
     [KVP_OP_DISK_CMD] = {PC_disk, PC_NONE},           /* ONEWAY */
     [KVP_OP_DISK_REPORT] = {PC_disk, PC_NONE},        /* ONEWAY */
+    [KVP_OP_SEG_FREED_ACK] = {PC_ids, PC_NONE},       /* ONEWAY: {segment_id, seq} */
     [KVP_OP_TIERS] = {PC_keys, PC_results},
 };
 
@@ -143,7 +144,7 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     static kvp_seg_stat sstats[2];
     static kvp_tenant_stat tstats[2];
     static kvp_seg_info infos[3], info_max;
-    static kvp_freed freed[3] = {{0, 1, 1}, {7, 512, 0x100000002ull}, {UINT32_MAX, UINT32_MAX, UINT64_MAX}};
+    static kvp_freed freed[3] = {{0, 1, 1, 0}, {7, 512, 0x100000002ull, KVP_FREED_PUBLISHED}, {UINT32_MAX, UINT32_MAX, UINT64_MAX, UINT32_MAX}};
     static kvp_bad_replica bad[2];
     static kvp_disk_ent dents[3];
     const uint8_t *big = pc_big();
@@ -236,7 +237,7 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(seg_info_resp, 1) m->seg_info_resp = (kvp_msg_seg_info_resp){3, infos}; return 0;
     S(seg_info_resp, 2) m->seg_info_resp = (kvp_msg_seg_info_resp){1, &info_max}; return 0;
     S(seg_freed, 0) return 0;
-    S(seg_freed, 1) m->seg_freed = (kvp_msg_seg_freed){42, 3, freed}; return 0;
+    S(seg_freed, 1) m->seg_freed = (kvp_msg_seg_freed){42, UINT64_MAX - 1, 3, freed}; return 0;
     S(replica_bad, 0) return 0;
     S(replica_bad, 1) m->replica_bad = (kvp_msg_replica_bad){PC_B("tenant-1"), 2, bad}; return 0;
     S(disk, 0) return 0;
@@ -382,11 +383,12 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
         return x->remove_all_resp.removed == y->remove_all_resp.removed;
     case PC_seg_freed: {
         const kvp_msg_seg_freed *a = &x->seg_freed, *b = &y->seg_freed;
-        if (a->segment_id != b->segment_id || a->n != b->n)
+        if (a->segment_id != b->segment_id || a->seq != b->seq || a->n != b->n)
             return 0;
         for (uint32_t i = 0; i < a->n; i++)
             if (a->freed[i].page != b->freed[i].page || a->freed[i].pages != b->freed[i].pages ||
-                a->freed[i].generation != b->freed[i].generation)
+                a->freed[i].generation != b->freed[i].generation ||
+                a->freed[i].flags != b->freed[i].flags)
                 return 0;
         return 1;
     }

@@ -30,6 +30,8 @@ typedef struct core {
     int32_t status;
     const uint8_t *resp;
     uint32_t resp_len;
+    int no_ack;     /* the nodes do not acknowledge SEG_FREED (node_ack) */
+    kvp_buf stash;  /* DISK_CMD frames node_ack took from the master's pushes */
 } core;
 
 static int core_init(core *c, void (*tweak)(kvp_config *))
@@ -44,6 +46,7 @@ static int core_init(core *c, void (*tweak)(kvp_config *))
     kvp_arena_init(&c->ra, 64 * MiB);
     kvp_buf_init(&c->out, 128 * MiB);
     kvp_buf_init(&c->body, 128 * MiB);
+    kvp_buf_init(&c->stash, 256 * MiB);
     /* pre-grow the test's own buffers so injected allocation failures hit
      * the master, not the test scaffolding */
     kvp_buf_reserve(&c->out, 4 * MiB);
@@ -63,6 +66,68 @@ static void core_free(core *c)
     kvp_arena_free(&c->ra);
     kvp_buf_free(&c->out);
     kvp_buf_free(&c->body);
+    kvp_buf_free(&c->stash);
+}
+
+/* The master's pushes of one turn, per session they go to. */
+typedef struct node_out {
+    int n;
+    kvp_msess *to[8];
+    kvp_buf out[8];
+} node_out;
+
+static kvp_buf *node_out_for(kvp_msess *s, void *ctx)
+{
+    node_out *o = ctx;
+    for (int i = 0; i < o->n; i++)
+        if (o->to[i] == s)
+            return &o->out[i];
+    if (o->n == 8)
+        return NULL;
+    o->to[o->n] = s;
+    kvp_buf_init(&o->out[o->n], 64 * MiB);
+    return &o->out[o->n++];
+}
+
+/* What a node does with SEG_FREED: acknowledges it at once (its transfers
+ * stopped); DISK_CMD frames are kept for take_push. */
+static void node_ack(core *c)
+{
+    node_out o = {0};
+    kvp_master_push_freed(c->m, node_out_for, &o);
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    kvp_arena a;
+    kvp_arena_init(&a, 1 * MiB);
+    for (int i = 0; i < o.n; i++) {
+        size_t at = 0;
+        kvp_frame_hdr h;
+        const uint8_t *b;
+        while (at < o.out[i].len &&
+               kvp_frame_next(o.out[i].data + at, o.out[i].len - at, 1u << 30, &h, &b) == 1) {
+            kvp_msg_seg_freed f;
+            kvp_arena_reset(&a);
+            if (h.op == KVP_OP_SEG_FREED && kvp_dec_seg_freed(b, h.body_len, &l, &a, &f) == 0) {
+                uint64_t v[2] = {f.segment_id, f.seq};
+                kvp_msg_ids ids = {2, v};
+                kvp_buf body, out;
+                kvp_buf_init(&body, 1 * MiB);
+                kvp_buf_init(&out, 1 * MiB);
+                kvp_enc_ids(&body, &ids);
+                kvp_frame_hdr ah = {KVP_PROTO_VERSION, KVP_FLAG_ONEWAY, KVP_OP_SEG_FREED_ACK,
+                                    0, (uint32_t)body.len, 0};
+                kvp_arena_reset(&a);
+                kvp_master_handle(c->m, o.to[i], &ah, body.data, &a, &out, c->now);
+                kvp_buf_free(&body);
+                kvp_buf_free(&out);
+            } else if (h.op == KVP_OP_DISK_CMD) {
+                kvp_buf_put(&c->stash, o.out[i].data + at, KVP_FRAME_HDR + h.body_len);
+            }
+            at += KVP_FRAME_HDR + h.body_len;
+        }
+        kvp_buf_free(&o.out[i]);
+    }
+    kvp_arena_free(&a);
 }
 
 /* Sends c->body as a request of op on session s; decodes nothing. */
@@ -76,6 +141,8 @@ static int call(core *c, sess *s, uint16_t op, uint8_t flags)
     kvp_buf_reset(&c->body);
     if (rc)
         return rc;
+    if (!c->no_ack)
+        node_ack(c);
     if (c->out.len == 0) {
         c->resp = NULL;
         c->resp_len = 0;
@@ -491,8 +558,9 @@ TEST(pending_leased_pinned_never_evicted)
     uint64_t force = 1;
     CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 1, 1, &force, &code), 0);
     CHECK_EQ(code, 0);
-    /* lease expiry makes 2 evictable again */
-    c.now += c.cfg.lease_ttl_ms + 1;
+    /* lease expiry makes 2 evictable again; its space is reused at once
+     * when its READ descriptors are dead at the node too (1 s later) */
+    c.now += c.cfg.lease_ttl_ms + 1001;
     kvp_master_tick(c.m, c.now);
     uint64_t st[KVP_STAT__COUNT];
     stats(&c, st);
@@ -588,6 +656,11 @@ TEST(put_timeout_and_writer_disconnect)
     kvp_master_sess_close(c.m, &w.s, c.now); /* writer gone */
     stats(&c, st);
     CHECK_EQ(st[KVP_STAT_PENDING], 0);
+    /* its WRITE descriptors are still good: the space waits for the node
+     * to say it stopped their transfers */
+    CHECK_EQ(st[KVP_STAT_USED], 5 * 4096);
+    node_ack(&c);
+    stats(&c, st);
     CHECK_EQ(st[KVP_STAT_USED], 0);
     CHECK_EQ(st[KVP_STAT_PUT_REVOKED], 5);
     /* timeout */
@@ -908,6 +981,8 @@ static int take_push(core *c, pushed *p)
 {
     p->n = p->total = p->frames = 0;
     kvp_buf_init(&p->out, 64 * MiB);
+    kvp_buf_put(&p->out, c->stash.data, c->stash.len);
+    kvp_buf_reset(&c->stash);
     kvp_master_push_freed(c->m, push_out, p);
     kvp_proto_limits l;
     kvp_proto_limits_default(&l);

@@ -1553,3 +1553,176 @@ TEST(conn_emfile_backoff)
     CHECK(res[0] * 5 < res[1]);
     CHECK_EQ(served, 0);
 }
+
+/* ------------------------- transfers in flight (hardening issue, item 1) */
+
+static size_t count_of_byte(const uint8_t *p, size_t n, uint8_t v)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += p[i] == v;
+    return k;
+}
+
+/* Reads from fd until it closes or ms pass; the bytes read. */
+static size_t drain(int fd, long ms)
+{
+    size_t n = 0;
+    uint64_t t0 = kvp_now_ms();
+    uint8_t *b = malloc(1 << 20);
+    while ((long)(kvp_now_ms() - t0) < ms) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        ssize_t r = recv(fd, b, 1 << 20, 0);
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+    }
+    free(b);
+    return n;
+}
+
+/* A raw connection that said HELLO, with a small receive buffer unless
+ * `big`. */
+static int slow_conn_sz(fx *f, int big)
+{
+    int fd = raw_connect(f->addr);
+    REQUIRE(fd >= 0);
+    int small = 4096;
+    if (!big)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    REQUIRE(raw_hello(fd, "") == 0);
+    return fd;
+}
+
+static int slow_conn(fx *f) { return slow_conn_sz(f, 0); }
+
+/* Sends the frame of a SEG_READ of r (issued for reading). */
+static int send_read(int fd, const kvp_replica *r)
+{
+    uint8_t fr[KVP_FRAME_HDR + KVP_SEG_IO_SIZE];
+    seg_io_frame(fr, KVP_OP_SEG_READ, 9, KVP_SEG_IO_SIZE, r);
+    return raw_send(fd, fr, sizeof fr);
+}
+
+/* A SEG_READ answer still going out and a SEG_WRITE body still coming in
+ * are cut by a revocation barrier that finds their grant dead -- the write
+ * never answered, nothing of it landing after the barrier -- while a
+ * transfer on another allocation goes on. */
+TEST(transfers_cut_at_revocation_barrier)
+{
+    fx f;
+    CHECK(fx_start(&f, 64 * MiB, "") == 0);
+    uint8_t *base = kvp_segment_base(f.seg);
+    memset(base, 0x5A, 64 * MiB);
+    kvp_replica ra = rep(0, 16 * MiB, 5), rb = rep(16 * MiB, 16 * MiB, 6);
+    kvp_replica rw = rep(32 * MiB, 8 * MiB, 7);
+    int a = slow_conn(&f), b = slow_conn_sz(&f, 1), w = slow_conn(&f);
+    CHECK(a >= 0 && b >= 0 && w >= 0);
+    CHECK_EQ(send_read(a, &ra), 0);
+    CHECK_EQ(send_read(b, &rb), 0);
+    uint8_t fr[KVP_FRAME_HDR + KVP_SEG_IO_SIZE];
+    seg_io_frame(fr, KVP_OP_SEG_WRITE, 3, (uint32_t)(KVP_SEG_IO_SIZE + rw.length), &rw);
+    CHECK_EQ(raw_send(w, fr, sizeof fr), 0);
+    uint8_t *chunk = malloc(MiB);
+    memset(chunk, 0xEE, MiB);
+    CHECK_EQ(raw_send(w, chunk, MiB), 0);
+    usleep(200000);
+    /* the allocations of a and w are freed, b's is not */
+    kvp_grants_freed(f.grants, 0, 4096, 5, 0);
+    kvp_grants_freed(f.grants, (32 * MiB) >> 12, 2048, 7, 0);
+    CHECK_EQ(kvp_segserver_revoke(f.srv, 0, 2000), 0);
+    CHECK(base[32 * MiB] == 0xEE); /* the first MiB went in (read after the barrier) */
+    kvp_segserver_stats st;
+    kvp_segserver_stats_get(f.srv, &st);
+    CHECK_EQ(st.cut_revoked, 2);
+    CHECK_EQ(drain(b, 5000), KVP_FRAME_HDR + 16 * MiB); /* untouched, complete */
+    CHECK(drain(a, 3000) < KVP_FRAME_HDR + 16 * MiB); /* cut, not finished */
+    memset(chunk, 0x77, MiB);
+    for (int i = 1; i < 8; i++)
+        if (raw_send(w, chunk, MiB) != 0)
+            break;
+    CHECK(closed(w));
+    CHECK_EQ(count_of_byte(base + 32 * MiB + MiB, 7 * MiB, 0x77), 0);
+    /* revoking every transfer: even a live grant's answer is cut */
+    int c = slow_conn(&f);
+    kvp_replica rc = rep(48 * MiB, 16 * MiB, 8);
+    CHECK_EQ(send_read(c, &rc), 0);
+    usleep(100000);
+    CHECK_EQ(kvp_segserver_revoke(f.srv, 1, 2000), 0);
+    CHECK(drain(c, 3000) < KVP_FRAME_HDR + 16 * MiB);
+    free(chunk);
+    close(a);
+    close(b);
+    close(c);
+    close(w);
+    fx_stop(&f);
+}
+
+/* A transfer is cut at its descriptor's expiry (+ the clock slack), not
+ * only when it stalls for stall_timeout. */
+TEST(transfer_cut_at_descriptor_expiry)
+{
+    fx f;
+    CHECK(fx_start(&f, 64 * MiB, "") == 0);
+    kvp_replica r = rep(0, 32 * MiB, 1);
+    r.expires_ms = kvp_now_ms() + 200;
+    r.tag = kvp_replica_tag(SECRET, &r);
+    int a = slow_conn(&f);
+    CHECK(a >= 0);
+    CHECK_EQ(send_read(a, &r), 0);
+    uint8_t head[64 * 1024];
+    CHECK(recv(a, head, sizeof head, MSG_WAITALL) == (ssize_t)sizeof head);
+    usleep((200 + KVP_GRANT_SLACK_MS + 400) * 1000);
+    CHECK(drain(a, 5000) < KVP_FRAME_HDR + 32 * MiB - sizeof head);
+    kvp_segserver_stats st;
+    kvp_segserver_stats_get(f.srv, &st);
+    CHECK_EQ(st.cut_expired, 1);
+    close(a);
+    fx_stop(&f);
+}
+
+/* A connection in the middle of a frame that trickles bytes (under the
+ * stall timeout) is cut once it moves less than min_rate over a window;
+ * one that moves its bytes is not. */
+TEST(slow_transfer_cut_below_min_rate)
+{
+    fx f;
+    kvp_segserver_limits lim = {.min_rate = 256 * 1024, .rate_window_ms = 500};
+    CHECK(fx_start_lim(&f, 16 * MiB, "", &lim) == 0);
+    kvp_replica rw = rep(0, 4 * MiB, 1);
+    int w = slow_conn(&f);
+    CHECK(w >= 0);
+    uint8_t fr[KVP_FRAME_HDR + KVP_SEG_IO_SIZE];
+    seg_io_frame(fr, KVP_OP_SEG_WRITE, 3, (uint32_t)(KVP_SEG_IO_SIZE + rw.length), &rw);
+    CHECK_EQ(raw_send(w, fr, sizeof fr), 0);
+    uint8_t kib[1024] = {0};
+    uint64_t t0 = kvp_now_ms();
+    int cut = 0;
+    while (!cut && kvp_now_ms() - t0 < 5000) {
+        if (raw_send(w, kib, sizeof kib) != 0)
+            cut = 1;
+        struct pollfd p = {w, POLLIN, 0};
+        if (poll(&p, 1, 50) > 0 && recv(w, kib, sizeof kib, MSG_DONTWAIT) <= 0)
+            cut = 1;
+    }
+    CHECK(cut);
+    long el = (long)(kvp_now_ms() - t0);
+    fprintf(stderr, "  trickling writer cut after %ld ms\n", el);
+    CHECK(el < 3000);
+    kvp_segserver_stats st;
+    kvp_segserver_stats_get(f.srv, &st);
+    CHECK_EQ(st.cut_slow, 1);
+    CHECK_EQ(st.stall_timeouts, 0);
+    /* a normal client moves its bytes and is not cut */
+    kvp_xfer *x = tcp_client(&f, 77, 1);
+    CHECK(x != NULL);
+    uint64_t sz = 4 * MiB;
+    CHECK_EQ(roundtrip(x, &sz, 1, 1, 8 * MiB), 0);
+    kvp_xfer_destroy(x);
+    kvp_segserver_stats_get(f.srv, &st);
+    CHECK_EQ(st.cut_slow, 1);
+    close(w);
+    fx_stop(&f);
+}
