@@ -2234,6 +2234,7 @@ static uint64_t remove_matching(kvp_master *m, int tenant, int force, uint64_t n
                                 const regex_t *re)
 {
     uint64_t n = 0;
+    char key[UINT16_MAX + 1]; /* a NUL-terminated copy for regexec */
     kvp_index_settle(&m->ix);
     for (uint64_t i = 0; tenant >= 0 && i <= m->ix.mask; i++) {
         kvp_obj *o = kvp_index_at(&m->ix, i);
@@ -2242,9 +2243,14 @@ static uint64_t remove_matching(kvp_master *m, int tenant, int force, uint64_t n
         if (!force && (is_leased(o, now) || (o->flags & KVP_OBJ_PINNED)))
             continue;
         if (re) {
-            /* REG_STARTEND: the key is bytes, not a C string */
+            /* REG_STARTEND: the key is bytes, not a C string. glibc reads
+             * only [rm_so, rm_eo), but the sanitizers' regexec interceptor
+             * reads the string up to a NUL, past the key (and the object):
+             * it gets a terminated copy */
+            memcpy(key, kvp_obj_key(o), o->keylen);
+            key[o->keylen] = 0;
             regmatch_t span = {.rm_so = 0, .rm_eo = (regoff_t)o->keylen};
-            if (regexec(re, (const char *)kvp_obj_key(o), 1, &span, REG_STARTEND) != 0)
+            if (regexec(re, key, 1, &span, REG_STARTEND) != 0)
                 continue;
         }
         obj_destroy(m, o, GONE_REMOVED);

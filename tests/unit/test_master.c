@@ -1197,3 +1197,30 @@ TEST(disk_tier_large_remove_forgets_everything)
     kvp_master_sess_close(c.m, &s.s, c.now);
     core_free(&c);
 }
+
+/* fuzz_master_seq: REMOVE_REGEX over an object a node's HAVE registered,
+ * whose 4-byte key is followed by its (unset) replica slot and the end of
+ * its allocation: regexec got the key itself, and the sanitizers' regexec
+ * interceptor read it as a C string, past the object (ASan abort). */
+TEST(remove_regex_key_is_not_a_c_string)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount_disk(&c, &s, 7, "n:1", 100 * 4096, 1ull << 30), 0);
+    kvp_disk_ent e = {KVP_DISK_HAVE, 0, {NULL, 0}, {(const uint8_t *)"abcd", 4}, 4096, 5, 0, 0};
+    kvp_msg_disk d = {7, 1, &e};
+    kvp_enc_disk(&c.body, &d);
+    CHECK_EQ(call(&c, &s, KVP_OP_DISK_REPORT, KVP_FLAG_ONEWAY), 0);
+    kvp_msg_remove_regex rr = {{NULL, 0}, 0, {(const uint8_t *)"^abcd$", 6}};
+    kvp_enc_remove_regex(&c.body, &rr);
+    CHECK_EQ(call(&c, &s, KVP_OP_REMOVE_REGEX, 0), 0);
+    CHECK_EQ(c.status, 0);
+    kvp_msg_remove_all_resp r;
+    CHECK(kvp_dec_remove_all_resp(c.resp, c.resp_len, &r) == 0);
+    CHECK_EQ(r.removed, 1);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
