@@ -1952,6 +1952,10 @@ static void disk_timeout(kvp_master *m, kvp_obj *o)
         quarantine(m, o, &kvp_obj_reps(o)[0]);
         o->nrep = 0;
         o->flags &= (uint8_t)~KVP_OBJ_LOADING;
+        if (!(o->flags & KVP_OBJ_ONDISK)) { /* its record went meanwhile (GONE): no copy */
+            obj_destroy(m, o, GONE_REMOVED);
+            return;
+        }
     }
     settle_unleased(m, o);
 }

@@ -1224,3 +1224,36 @@ TEST(remove_regex_key_is_not_a_c_string)
     kvp_master_sess_close(c.m, &s.s, c.now);
     core_free(&c);
 }
+
+/* fuzz_master_seq: a load that times out after the node reported its
+ * record GONE leaves an object with no copy anywhere: it is removed (it
+ * was put on the disk list without a disk record: assertion). */
+TEST(disk_tier_load_timeout_after_record_gone)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount_disk(&c, &s, 7, "n:1", 100 * 4096, 1ull << 30), 0);
+    char kb[32];
+    key_of(kb, sizeof kb, 3);
+    CHECK_EQ(report(&c, &s, 7, KVP_DISK_HAVE, 0, kb, 4096, 9, 0, 0), 0);
+    CHECK_EQ(exists(&c, &s, 3), 1);
+    CHECK_EQ(get_status(&c, &s, 3, NULL), KVP_EOBJECT_LOADING); /* LOAD sent */
+    pushed *p = calloc(1, sizeof *p);
+    take_push(&c, p);
+    CHECK(find_cmd(p, KVP_DISK_LOAD) >= 0);
+    CHECK_EQ(report(&c, &s, 7, KVP_DISK_GONE, 0, kb, 4096, 9, 0, 0), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    c.now += c.cfg.put_timeout_ms + 1; /* the node never answers the load */
+    kvp_master_tick(c.m, c.now);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    CHECK_EQ(exists(&c, &s, 3), 0);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_OBJECTS], 0);
+    CHECK_EQ(st[KVP_STAT_LOAD_FAILS], 1);
+    free(p);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
