@@ -90,7 +90,7 @@ static kvp_bytes raw(prog *g, uint32_t max)
 
 static const char *const tenant_names[TENANTS] = {"", "default", "ta", "tb", "tc"};
 static char key_names[KEYS][8];
-static char tenant_file[64];
+static char tenant_file[256];
 
 #define CLUSTER_TOKEN "cluster-secret"
 #define NODE_TOKEN "node-secret"
@@ -990,13 +990,17 @@ static void default_flags(int *argc, char ***argv)
     (*argc)++;
 }
 
+static void remove_tenant_file(void) { unlink(tenant_file); }
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     default_flags(argc, argv);
     kvp_log_set_level(KVP_LOG_OFF);
     for (int i = 0; i < KEYS; i++)
         snprintf(key_names[i], sizeof key_names[i], "k%d", i);
-    snprintf(tenant_file, sizeof tenant_file, "/tmp/kvp-fuzz-tenants.XXXXXX");
+    const char *tmp = getenv("TMPDIR");
+    snprintf(tenant_file, sizeof tenant_file, "%s/kvp-fuzz-tenants.XXXXXX",
+             tmp && *tmp && strlen(tmp) < 200 ? tmp : "/tmp");
     int fd = mkstemp(tenant_file);
     if (fd < 0 || fchmod(fd, 0600) != 0)
         abort();
@@ -1004,6 +1008,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     if (write(fd, t, sizeof t - 1) != (ssize_t)(sizeof t - 1))
         abort();
     close(fd);
+    atexit(remove_tenant_file);
     kvp_proto_limits_default(&lim);
     kvp_arena_init(&arena, 16u << 20);
     kvp_arena_init(&ra, 16u << 20);
