@@ -1257,3 +1257,45 @@ TEST(disk_tier_load_timeout_after_record_gone)
     kvp_master_sess_close(c.m, &s.s, c.now);
     core_free(&c);
 }
+
+/* fuzz_master_seq: the staging allocation of a load whose object is removed
+ * is quarantined; with the allocation that remembered it failing, its pages
+ * were lost (counted used, on no object and no list: check -5, and the
+ * segment's unmount asserted). The room is now reserved when the load
+ * starts. */
+TEST(disk_tier_quarantine_survives_allocation_failure)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount_disk(&c, &s, 7, "n:1", 100 * 4096, 1ull << 30), 0);
+    char kb[32];
+    key_of(kb, sizeof kb, 4);
+    CHECK_EQ(report(&c, &s, 7, KVP_DISK_HAVE, 0, kb, 8192, 9, 0, 0), 0);
+    CHECK_EQ(get_status(&c, &s, 4, NULL), KVP_EOBJECT_LOADING);
+    pushed *p = calloc(1, sizeof *p);
+    take_push(&c, p);
+    int ld = find_cmd(p, KVP_DISK_LOAD);
+    CHECK(ld >= 0);
+    for (uint64_t nth = 1; nth <= 4; nth++) { /* whichever allocation the remove makes */
+        kvp_mem_fail_nth(nth, 0);
+        kvp_msg_remove rm = {{NULL, 0}, 1, 1, &(kvp_bytes){(const uint8_t *)kb, 10}};
+        kvp_enc_remove(&c.body, &rm);
+        CHECK_EQ(call(&c, &s, KVP_OP_REMOVE, 0), 0);
+        kvp_mem_fail_nth(0, 0);
+        CHECK_EQ(kvp_master_check(c.m), 0);
+    }
+    CHECK_EQ(exists(&c, &s, 4), 0);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_USED], 2 * 4096); /* the staging pages, quarantined */
+    /* the node finishes the load: the quarantined pages are freed */
+    CHECK_EQ(report(&c, &s, 7, KVP_DISK_LOADED, 0, kb, 8192, 9, p->e[ld].page, p->e[ld].gen), 0);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_USED], 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    free(p);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
