@@ -349,6 +349,9 @@ static void check_body(world *w, sess *s, const call *c, const uint8_t *b, uint3
     }
 }
 
+static int trace;       /* $FUZZ_SEQ_TRACE set */
+static int last_status; /* the last answer's status (trace) */
+
 /* Sends body as op on session s, checks the answer. */
 static void send(world *w, sess *s, const call *c)
 {
@@ -377,6 +380,7 @@ static void send(world *w, sess *s, const call *c)
     FAILIF(rh.req_id != h.req_id || rh.op != h.op || !(rh.flags & KVP_FLAG_RESPONSE));
     FAILIF(rh.body_len > w->cfg.max_frame); /* a client would refuse the frame */
     FAILIF(rh.status > 0 || !known_status(rh.status));
+    last_status = rh.status;
     if (rh.status != 0)
         return;
     FAILIF(c->refuse);
@@ -959,6 +963,9 @@ static void step(world *w, prog *g)
     kvp_master_push_freed(w->m, sink, w);
     drain_pushes(w);
     int rc = kvp_master_check(w->m);
+    if (trace) /* $FUZZ_SEQ_TRACE: one line per step, to read a crashing program */
+        fprintf(stderr, "step %u session %d now %llu: answer %d, check %d\n", k,
+                (int)(s - w->ss), (unsigned long long)w->now, last_status, rc);
     if (rc != 0) {
         fprintf(stderr, "fuzz_master_seq: kvp_master_check = %d\n", rc);
         abort();
@@ -995,6 +1002,7 @@ static void remove_tenant_file(void) { unlink(tenant_file); }
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     default_flags(argc, argv);
+    trace = getenv("FUZZ_SEQ_TRACE") != NULL;
     kvp_log_set_level(KVP_LOG_OFF);
     for (int i = 0; i < KEYS; i++)
         snprintf(key_names[i], sizeof key_names[i], "k%d", i);
