@@ -489,13 +489,13 @@ static uint64_t pick_size(prog *g)
 static uint64_t pick_checksum(prog *g)
 {
     uint8_t v = u8(g);
-    return v < 250 ? v % 3 + 1 : u64(g);
+    return v < 250 ? (uint64_t)(v % 3 + 1) : u64(g);
 }
 
 static uint32_t pick_n(prog *g, uint32_t max)
 {
     uint8_t v = u8(g);
-    return v < 250 ? 1 + v % max : v - 250; /* 0..5 rarely */
+    return v < 250 ? 1 + v % max : (uint32_t)(v - 250); /* 0..5 rarely */
 }
 
 /* ---------------------------------------------------------------- steps */
