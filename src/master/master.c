@@ -1131,19 +1131,11 @@ static void disk_adopt(kvp_master *m, kvp_obj *o, uint32_t si)
     m->stats[KVP_STAT_DISK_BYTES] += o->size;
 }
 
+/* Never allocates: quar_reserve made room when the load started. */
 static void quarantine(kvp_master *m, const kvp_obj *o, const kvp_orep *r)
 {
-    if (m->nquar == m->quar_cap) {
-        uint32_t cap = m->quar_cap ? m->quar_cap * 2 : 16;
-        quar *q = kvp_realloc(m->quar, cap * sizeof *q);
-        if (!q) { /* cannot remember it: the pages stay allocated until unmount */
-            KVP_WARN(MOD, "out of memory: %llu staging pages held until their segment goes",
-                     (unsigned long long)kvp_pages(o->size));
-            return;
-        }
-        m->quar = q;
-        m->quar_cap = cap;
-    }
+    if (KVP_NEVER(m->nquar >= m->quar_cap))
+        return;
     m->quar[m->nquar++] = (quar){r->seg, r->page, r->gen, o->size};
     m->quar_pages += kvp_pages(o->size);
 }
@@ -2240,6 +2232,25 @@ static void op_remove(req *q)
  * stage at most 1/LOAD_SHARE of the segment. The answer for now is
  * OBJECT_LOADING: the client asks again shortly.
  */
+/* Room in m->quar for every load in flight (each may end in quarantine;
+ * loads are on the diskio list) and one more: so quarantine never has to
+ * allocate, and cannot lose track of staging pages. 0 or KVP_ENOMEM. */
+static int quar_reserve(kvp_master *m)
+{
+    uint64_t need = (uint64_t)m->nquar + m->diskio.n + 1;
+    if (need <= m->quar_cap)
+        return 0;
+    uint64_t cap = m->quar_cap ? m->quar_cap : 16;
+    while (cap < need)
+        cap *= 2;
+    quar *q = cap <= UINT32_MAX ? kvp_realloc(m->quar, (size_t)cap * sizeof *q) : NULL;
+    if (!q)
+        return KVP_ENOMEM;
+    m->quar = q;
+    m->quar_cap = (uint32_t)cap;
+    return 0;
+}
+
 static int32_t load_start(kvp_master *m, kvp_obj *o)
 {
     KVP_ASSERT(o->list == KVP_LIST_DISK && o->nrep == 0 && o->rep_cap >= 1);
@@ -2249,6 +2260,8 @@ static int32_t load_start(kvp_master *m, kvp_obj *o)
     if (!disk_can_send(m, si) ||
         (s->load_pages > 0 && s->load_pages + np > (s->capacity >> 12) / LOAD_SHARE))
         return KVP_EOBJECT_LOADING; /* the node is busy or away: ask again */
+    if (quar_reserve(m))
+        return KVP_ENOMEM;
     kvp_orep rep;
     uint32_t freed[KVP_MAX_REPLICAS];
     int rc = try_alloc(m, si, np, &rep);
@@ -2367,6 +2380,10 @@ static void disk_timeout(kvp_master *m, kvp_obj *o)
         tenant_pages(m, o, -1);
         o->nrep = 0;
         o->flags &= (uint8_t)~KVP_OBJ_LOADING;
+        if (!(o->flags & KVP_OBJ_ONDISK)) { /* its record went meanwhile (GONE): no copy */
+            obj_destroy(m, o, GONE_REMOVED);
+            return;
+        }
     }
     settle_unleased(m, o);
 }
@@ -2677,6 +2694,7 @@ static uint64_t remove_matching(kvp_master *m, int tenant, int force, uint64_t n
                                 const regex_t *re)
 {
     uint64_t n = 0;
+    char key[UINT16_MAX + 1]; /* a NUL-terminated copy for regexec */
     kvp_index_settle(&m->ix);
     for (uint64_t i = 0; tenant >= 0 && i <= m->ix.mask; i++) {
         kvp_obj *o = kvp_index_at(&m->ix, i);
@@ -2685,9 +2703,14 @@ static uint64_t remove_matching(kvp_master *m, int tenant, int force, uint64_t n
         if (!force && (is_leased(o, now) || (o->flags & KVP_OBJ_PINNED)))
             continue;
         if (re) {
-            /* REG_STARTEND: the key is bytes, not a C string */
+            /* REG_STARTEND: the key is bytes, not a C string. glibc reads
+             * only [rm_so, rm_eo), but the sanitizers' regexec interceptor
+             * reads the string up to a NUL, past the key (and the object):
+             * it gets a terminated copy */
+            memcpy(key, kvp_obj_key(o), o->keylen);
+            key[o->keylen] = 0;
             regmatch_t span = {.rm_so = 0, .rm_eo = (regoff_t)o->keylen};
-            if (regexec(re, (const char *)kvp_obj_key(o), 1, &span, REG_STARTEND) != 0)
+            if (regexec(re, key, 1, &span, REG_STARTEND) != 0)
                 continue;
         }
         obj_destroy(m, o, GONE_REMOVED);

@@ -9,7 +9,11 @@
  * then one memcpy. The memfd is sealed against shrinking and growing
  * (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), so a client cannot make the
  * node's or another client's mapping fault; it is not sealed against
- * writes: whoever holds it can read and write the whole segment.
+ * writes: whoever holds it can read and write the whole segment, and punch
+ * holes in it (fallocate PUNCH_HOLE, MADV_REMOVE: they need no more than a
+ * writable mapping, and F_SEAL_WRITE / F_SEAL_FUTURE_WRITE, which refuse
+ * them, refuse every later writable mapping too). A hole reads as zeros:
+ * corrupt values, caught by the readers' checksums (test_attack_memfd).
  */
 #ifndef KVP_SEGMENT_H
 #define KVP_SEGMENT_H

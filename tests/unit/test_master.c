@@ -1403,3 +1403,105 @@ TEST(have_does_not_shadow_a_live_nodes_record)
     kvp_master_sess_close(c.m, &b.s, c.now);
     core_free(&c);
 }
+
+/* fuzz_master_seq: REMOVE_REGEX over an object a node's HAVE registered,
+ * whose 4-byte key is followed by its (unset) replica slot and the end of
+ * its allocation: regexec got the key itself, and the sanitizers' regexec
+ * interceptor read it as a C string, past the object (ASan abort). */
+TEST(remove_regex_key_is_not_a_c_string)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount_disk(&c, &s, 7, "n:1", 100 * 4096, 1ull << 30), 0);
+    kvp_disk_ent e = {KVP_DISK_HAVE, 0, {NULL, 0}, {(const uint8_t *)"abcd", 4}, 4096, 5, 0, 0};
+    kvp_msg_disk d = {7, 1, &e};
+    kvp_enc_disk(&c.body, &d);
+    CHECK_EQ(call(&c, &s, KVP_OP_DISK_REPORT, KVP_FLAG_ONEWAY), 0);
+    kvp_msg_remove_regex rr = {{NULL, 0}, 0, {(const uint8_t *)"^abcd$", 6}};
+    kvp_enc_remove_regex(&c.body, &rr);
+    CHECK_EQ(call(&c, &s, KVP_OP_REMOVE_REGEX, 0), 0);
+    CHECK_EQ(c.status, 0);
+    kvp_msg_remove_all_resp r;
+    CHECK(kvp_dec_remove_all_resp(c.resp, c.resp_len, &r) == 0);
+    CHECK_EQ(r.removed, 1);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* fuzz_master_seq: a load that times out after the node reported its
+ * record GONE leaves an object with no copy anywhere: it is removed (it
+ * was put on the disk list without a disk record: assertion). */
+TEST(disk_tier_load_timeout_after_record_gone)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount_disk(&c, &s, 7, "n:1", 100 * 4096, 1ull << 30), 0);
+    char kb[32];
+    key_of(kb, sizeof kb, 3);
+    CHECK_EQ(report(&c, &s, 7, KVP_DISK_HAVE, 0, kb, 4096, 9, 0, 0), 0);
+    CHECK_EQ(exists(&c, &s, 3), 1);
+    CHECK_EQ(get_status(&c, &s, 3, NULL), KVP_EOBJECT_LOADING); /* LOAD sent */
+    pushed *p = calloc(1, sizeof *p);
+    take_push(&c, p);
+    CHECK(find_cmd(p, KVP_DISK_LOAD) >= 0);
+    CHECK_EQ(report(&c, &s, 7, KVP_DISK_GONE, 0, kb, 4096, 9, 0, 0), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    c.now += c.cfg.put_timeout_ms + 1; /* the node never answers the load */
+    kvp_master_tick(c.m, c.now);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    CHECK_EQ(exists(&c, &s, 3), 0);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_OBJECTS], 0);
+    CHECK_EQ(st[KVP_STAT_LOAD_FAILS], 1);
+    free(p);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* fuzz_master_seq: the staging allocation of a load whose object is removed
+ * is quarantined; with the allocation that remembered it failing, its pages
+ * were lost (counted used, on no object and no list: check -5, and the
+ * segment's unmount asserted). The room is now reserved when the load
+ * starts. */
+TEST(disk_tier_quarantine_survives_allocation_failure)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount_disk(&c, &s, 7, "n:1", 100 * 4096, 1ull << 30), 0);
+    char kb[32];
+    key_of(kb, sizeof kb, 4);
+    CHECK_EQ(report(&c, &s, 7, KVP_DISK_HAVE, 0, kb, 8192, 9, 0, 0), 0);
+    CHECK_EQ(get_status(&c, &s, 4, NULL), KVP_EOBJECT_LOADING);
+    pushed *p = calloc(1, sizeof *p);
+    take_push(&c, p);
+    int ld = find_cmd(p, KVP_DISK_LOAD);
+    CHECK(ld >= 0);
+    for (uint64_t nth = 1; nth <= 4; nth++) { /* whichever allocation the remove makes */
+        kvp_mem_fail_nth(nth, 0);
+        kvp_msg_remove rm = {{NULL, 0}, 1, 1, &(kvp_bytes){(const uint8_t *)kb, 10}};
+        kvp_enc_remove(&c.body, &rm);
+        CHECK_EQ(call(&c, &s, KVP_OP_REMOVE, 0), 0);
+        kvp_mem_fail_nth(0, 0);
+        CHECK_EQ(kvp_master_check(c.m), 0);
+    }
+    CHECK_EQ(exists(&c, &s, 4), 0);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_USED], 2 * 4096); /* the staging pages, quarantined */
+    /* the node finishes the load: the quarantined pages are freed */
+    CHECK_EQ(report(&c, &s, 7, KVP_DISK_LOADED, 0, kb, 8192, 9, p->e[ld].page, p->e[ld].gen), 0);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_USED], 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    free(p);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
