@@ -76,7 +76,16 @@ static int publish_n(kvp_rpc *r, const char *tenant, const char *prefix, int n, 
     char key[64];
     for (int i = 0; i < n; i++) {
         snprintf(key, sizeof key, "%s-%d", prefix, i);
-        ok += tq_publish(r, tenant, key, size) == 0;
+        /* -200 is back-pressure, retried as the connector does: the room a
+         * put's evictions free is reused only once the node acknowledged
+         * the frees (a node slowed by a loaded machine answers late) */
+        int rc = KVP_ENO_AVAILABLE_HANDLE;
+        for (int t = 0; t < 200 && rc == KVP_ENO_AVAILABLE_HANDLE; t++) {
+            if (t)
+                usleep(5000);
+            rc = tq_publish(r, tenant, key, size);
+        }
+        ok += rc == 0;
     }
     return ok;
 }
