@@ -1043,7 +1043,8 @@ static void configure(world *w, uint8_t c)
     w->cfg.client_ttl_ms = 1000;
     if (c & 1)
         snprintf(w->cfg.cluster_token, sizeof w->cfg.cluster_token, "%s", CLUSTER_TOKEN);
-    if (c & 2)
+    /* tenants need the node credential (the master refuses to start without it) */
+    if (c & 6)
         snprintf(w->cfg.node_token, sizeof w->cfg.node_token, "%s", NODE_TOKEN);
     if (c & 4) {
         snprintf(w->cfg.tenant_tokens_file, sizeof w->cfg.tenant_tokens_file, "%s", tenant_file);
