@@ -66,6 +66,13 @@ static void core_free(core *c)
 }
 
 /* Sends c->body as a request of op on session s; decodes nothing. */
+/* kvp_master_jobs's callback: a deferred answer lands in c->out */
+static kvp_buf *job_out(kvp_msess *s, void *ctx)
+{
+    (void)s;
+    return &((core *)ctx)->out;
+}
+
 static int call(core *c, sess *s, uint16_t op, uint8_t flags)
 {
     kvp_frame_hdr h = {KVP_PROTO_VERSION, flags, op, ++c->next_id, (uint32_t)c->body.len, 0};
@@ -76,6 +83,8 @@ static int call(core *c, sess *s, uint16_t op, uint8_t flags)
     kvp_buf_reset(&c->body);
     if (rc)
         return rc;
+    while (s->s.deferred) /* a REMOVE_ALL longer than a turn: the next turns */
+        kvp_master_jobs(c->m, c->now, job_out, c);
     if (c->out.len == 0) {
         c->resp = NULL;
         c->resp_len = 0;
