@@ -210,6 +210,8 @@ static frag bracket(parser *p)
                 goto bad;
             for (unsigned b = c; b <= hi; b++)
                 bit_set(set, b);
+            if (i + 1 < len && s[i] == '-' && s[i + 1] != ']')
+                goto bad; /* "a-c-e": glibc refuses a range's end starting another */
         } else {
             bit_set(set, c);
         }
