@@ -29,6 +29,8 @@ int kvp_index_init(kvp_index *ix, uint64_t hint)
     ix->count = 0;
     ix->old = NULL;
     ix->old_mask = ix->old_count = ix->mig = 0;
+    ix->gen = 0;
+    ix->scan = NULL;
     return 0;
 }
 
@@ -86,8 +88,11 @@ static void place(uint64_t *slots, uint64_t mask, uint64_t s)
 }
 
 /* Backward-shift deletion of slot i: pull later cluster members whose
- * (effective) home is not cyclically in (i, j] into the hole. */
-static void delete_at(uint64_t *slots, uint64_t mask, uint64_t floor, uint64_t i)
+ * (effective) home is not cyclically in (i, j] into the hole. `sc`: the
+ * scan walking this table (or NULL); an entry moved from a slot it has not
+ * visited to one it has takes its cursor back there. */
+static void delete_at(uint64_t *slots, uint64_t mask, uint64_t floor, uint64_t i,
+                      kvp_index_scan *sc)
 {
     uint64_t j = i;
     for (;;) {
@@ -102,6 +107,8 @@ static void delete_at(uint64_t *slots, uint64_t mask, uint64_t floor, uint64_t i
             break;
         }
         slots[i] = slots[j];
+        if (sc && i < j && i < sc->pos && sc->pos <= j)
+            sc->pos = i;
         i = j;
     }
 }
@@ -124,7 +131,7 @@ uint64_t kvp_index_step(kvp_index *ix, uint64_t budget)
         }
         KVP_ASSERT(ix->old_count > 0);
         place(ix->slots, ix->mask, s);
-        delete_at(ix->old, ix->old_mask, ix->mig, ix->mig); /* may refill old[mig] */
+        delete_at(ix->old, ix->old_mask, ix->mig, ix->mig, NULL); /* may refill old[mig] */
         ix->old_count--;
     }
     return done;
@@ -147,6 +154,7 @@ int kvp_index_reserve(kvp_index *ix)
     ix->mig = 0;
     ix->slots = ns;
     ix->mask = cap * 2 - 1;
+    ix->gen++; /* a scan in progress starts over on the new table */
     return 0;
 }
 
@@ -180,14 +188,56 @@ void kvp_index_remove(kvp_index *ix, kvp_obj *o)
 {
     int64_t i = slot_of(ix->slots, ix->mask, 0, o);
     if (i >= 0) {
-        delete_at(ix->slots, ix->mask, 0, (uint64_t)i);
+        delete_at(ix->slots, ix->mask, 0, (uint64_t)i, ix->scan);
     } else {
         KVP_ASSERT(ix->old != NULL); /* o is in the index: if not new, then old */
         i = slot_of(ix->old, ix->old_mask, ix->mig, o);
         KVP_ASSERT(i >= 0 && ix->old_count > 0);
-        delete_at(ix->old, ix->old_mask, ix->mig, (uint64_t)i);
+        delete_at(ix->old, ix->old_mask, ix->mig, (uint64_t)i, NULL);
         ix->old_count--;
     }
     KVP_ASSERT(ix->count > 0 && ix->count >= ix->old_count);
     ix->count--;
+}
+
+void kvp_index_scan_start(kvp_index *ix, kvp_index_scan *sc)
+{
+    KVP_ASSERT(ix->scan == NULL);
+    sc->pos = 0;
+    sc->gen = ix->gen;
+    sc->done = 0;
+    ix->scan = sc;
+}
+
+kvp_obj *kvp_index_scan_next(kvp_index *ix, kvp_index_scan *sc, uint64_t *budget)
+{
+    KVP_ASSERT(ix->scan == sc);
+    while (!sc->done && *budget >= KVP_INDEX_SLOT_COST) {
+        if (ix->old) {
+            /* a growth: drain it, then walk the new table from its start */
+            uint64_t n = *budget / KVP_INDEX_SLOT_COST;
+            n = kvp_index_step(ix, n < 4096 ? n : 4096);
+            *budget -= (n ? n : 1) * KVP_INDEX_SLOT_COST;
+            continue;
+        }
+        if (sc->gen != ix->gen) {
+            sc->gen = ix->gen;
+            sc->pos = 0;
+        }
+        if (sc->pos > ix->mask) {
+            sc->done = 1;
+            break;
+        }
+        uint64_t s = ix->slots[sc->pos++];
+        *budget -= KVP_INDEX_SLOT_COST;
+        if (s)
+            return obj_of(s);
+    }
+    return NULL;
+}
+
+void kvp_index_scan_stop(kvp_index *ix, kvp_index_scan *sc)
+{
+    if (ix->scan == sc)
+        ix->scan = NULL;
 }

@@ -23,6 +23,8 @@
 
 #include "master/obj.h"
 
+typedef struct kvp_index_scan kvp_index_scan;
+
 typedef struct kvp_index {
     uint64_t *slots;  /* current table */
     uint64_t mask;    /* its capacity - 1 (a power of two) */
@@ -31,7 +33,34 @@ typedef struct kvp_index {
     uint64_t old_mask;
     uint64_t old_count;
     uint64_t mig;     /* drain cursor: old slots below it are empty */
+    uint64_t gen;     /* growths started so far */
+    kvp_index_scan *scan; /* the scan in progress, NULL when none */
 } kvp_index;
+
+/*
+ * A whole-table scan spread over many calls (a REMOVE_ALL / REMOVE_REGEX
+ * split across loop turns), while the index changes in between. Contract:
+ * every entry present from kvp_index_scan_start to the end of the scan is
+ * returned at least once; entries may be returned more than once; entries
+ * inserted meanwhile may or may not be. How: the scan walks the current
+ * table by slot; a backward-shift deletion that moves an entry from a slot
+ * not yet visited to one already visited moves the cursor back to it
+ * (delete_at); a growth (new table) restarts the walk at 0 once it is
+ * drained, which the scan itself helps (growth doubles, so restarts are
+ * few). At most one scan at a time.
+ */
+struct kvp_index_scan {
+    uint64_t pos;     /* next slot of the current table to visit */
+    uint64_t gen;     /* ix->gen the walk belongs to */
+    int done;
+};
+void kvp_index_scan_start(kvp_index *ix, kvp_index_scan *sc);
+/* The next entry, or NULL when the scan is done (sc->done) or *budget is
+ * spent (each slot visited or drained costs KVP_INDEX_SLOT_COST, taken off
+ * *budget). */
+kvp_obj *kvp_index_scan_next(kvp_index *ix, kvp_index_scan *sc, uint64_t *budget);
+void kvp_index_scan_stop(kvp_index *ix, kvp_index_scan *sc);
+#define KVP_INDEX_SLOT_COST 8
 
 uint64_t kvp_index_hash(uint16_t tenant, const uint8_t *key, uint32_t len);
 /* 0 or KVP_ENOMEM. */

@@ -6,7 +6,6 @@
  */
 #include "master/master.h"
 
-#include <regex.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -16,6 +15,7 @@
 #include "common/mem.h"
 #include "common/secret.h"
 #include "kvpool.h"
+#include "master/ere.h"
 #include "master/index.h"
 #include "master/obj.h"
 #include "master/segalloc.h"
@@ -37,6 +37,8 @@
 #define SPILL_INFLIGHT ((128ull << 20) >> 12) /* pages being spilled per segment at once */
 #define LOAD_SHARE 4               /* loads stage at most 1/LOAD_SHARE of a segment at once */
 #define LOAD_EVICT_MAX 64          /* evictions one load may cause to find room */
+
+typedef struct rjob rjob;
 
 typedef struct olist {
     kvp_obj *head, *tail;
@@ -186,6 +188,7 @@ struct kvp_master {
                                (wrapping; a segment holds < 2^31 in flight) */
     uint64_t spill_total;   /* sum of the segments' spill_pages */
     uint64_t now;           /* the last handle / tick's clock */
+    rjob *jobs, *jobs_tail; /* REMOVE_ALL / REMOVE_REGEX in progress, FIFO */
 };
 
 /* notices held per segment until acknowledged (32 B each); past it they are
@@ -2686,48 +2689,202 @@ static void op_exist(req *q, int prefix)
 
 
 /*
- * Removes the tenant's published objects (leased or pinned ones only with
- * force) whose key matches re (NULL: every key). One pass over the index:
- * an administrative operation. Returns how many.
+ * REMOVE_ALL and REMOVE_REGEX scan the whole index, so they run as jobs:
+ * a FIFO of them, the head one advanced by kvp_master_jobs for a work
+ * budget per loop turn (JOB_BUDGET units, about a microsecond each: slots
+ * visited, key bytes matched, objects destroyed), so other connections are
+ * served in between; the asker's session is `deferred` (the service serves
+ * none of its later frames) until the answer is appended. A job that
+ * finishes within its first budget is answered at once, as before.
+ *
+ * What is removed: every object of the tenant that is COMPLETE, not leased
+ * nor pinned (unless force) and matching when the scan examines it; the
+ * index scan (kvp_index_scan) sees every object present from the start to
+ * the end at least once, across growths and backward shifts; objects put
+ * meanwhile may or may not be removed. A key being matched is copied (its
+ * object may go between turns) and looked up again before removal. The
+ * tenant is pinned (tenant_nobj) so its id is not reused while the job
+ * lives. The pattern is compiled by src/master/ere.c: linear time, bounded
+ * memory, resumable at any byte.
  */
-static uint64_t remove_matching(kvp_master *m, int tenant, int force, uint64_t now,
-                                const regex_t *re)
+#define JOB_BUDGET (1u << 20) /* work units per job turn: about 1 ms */
+#define JOB_DESTROY_COST 256  /* units charged per object removed */
+
+struct rjob {
+    rjob *next;
+    kvp_msess *s;       /* the asker */
+    uint16_t op;
+    uint64_t req_id;
+    int tenant;
+    int force;
+    uint32_t patlen;    /* 0: REMOVE_ALL */
+    char pat[KVP_REGEX_MAX + 1];
+    int started;
+    kvp_ere *re;
+    kvp_index_scan scan;
+    int matching;       /* key[0..keylen) is being matched (run) */
+    kvp_ere_run run;
+    uint32_t keylen;
+    uint8_t *key;       /* max_key bytes */
+    uint64_t n;         /* removed so far */
+};
+
+static int removable(const rjob *j, const kvp_obj *o, uint64_t now)
 {
-    uint64_t n = 0;
-    char key[UINT16_MAX + 1]; /* a NUL-terminated copy for regexec */
-    kvp_index_settle(&m->ix);
-    for (uint64_t i = 0; tenant >= 0 && i <= m->ix.mask; i++) {
-        kvp_obj *o = kvp_index_at(&m->ix, i);
-        if (!o || o->tenant != tenant || o->state != KVP_OBJ_COMPLETE)
-            continue;
-        if (!force && (is_leased(o, now) || (o->flags & KVP_OBJ_PINNED)))
-            continue;
-        if (re) {
-            /* REG_STARTEND: the key is bytes, not a C string. glibc reads
-             * only [rm_so, rm_eo), but the sanitizers' regexec interceptor
-             * reads the string up to a NUL, past the key (and the object):
-             * it gets a terminated copy */
-            memcpy(key, kvp_obj_key(o), o->keylen);
-            key[o->keylen] = 0;
-            regmatch_t span = {.rm_so = 0, .rm_eo = (regoff_t)o->keylen};
-            if (regexec(re, key, 1, &span, REG_STARTEND) != 0)
-                continue;
-        }
-        obj_destroy(m, o, GONE_REMOVED);
-        n++;
-        i--; /* re-examine: backward shift */
-    }
-    return n;
+    if (o->tenant != j->tenant || o->state != KVP_OBJ_COMPLETE)
+        return 0;
+    return j->force || !(is_leased(o, now) || (o->flags & KVP_OBJ_PINNED));
 }
 
-static void reply_removed(req *q, const char *what, int force, uint64_t n)
+static void job_free(kvp_master *m, rjob *j)
 {
-    KVP_INFO(MOD, "%s%s: %llu objects removed", what, force ? " (force)" : "",
-             (unsigned long long)n);
-    kvp_msg_remove_all_resp r = {n};
-    size_t off = reply_begin(q);
-    kvp_enc_remove_all_resp(q->out, &r);
-    reply_end(q, off);
+    if (j->started)
+        kvp_index_scan_stop(&m->ix, &j->scan);
+    kvp_ere_free(j->re);
+    kvp_free(j->key);
+    KVP_ASSERT(m->tenant_nobj[j->tenant] > 0);
+    m->tenant_nobj[j->tenant]--;
+    tenant_release_if_empty(m, j->tenant);
+    kvp_free(j);
+}
+
+/* The removal of the matched key, if its object (maybe another one by now,
+ * put meanwhile) is still there and removable. */
+static void job_remove_key(kvp_master *m, rjob *j, uint64_t now, uint64_t *budget)
+{
+    uint64_t h = kvp_index_hash((uint16_t)j->tenant, j->key, j->keylen);
+    kvp_obj *o = kvp_index_find(&m->ix, h, (uint16_t)j->tenant, j->key, j->keylen);
+    if (o && removable(j, o, now)) {
+        obj_destroy(m, o, GONE_REMOVED);
+        j->n++;
+        *budget = *budget > JOB_DESTROY_COST ? *budget - JOB_DESTROY_COST : 0;
+    }
+}
+
+/* Advances j by about *budget units. 1 when it is done, 0 when the budget
+ * ran out first, or KVP_ENOMEM (the pattern could not be compiled). */
+static int job_run(kvp_master *m, rjob *j, uint64_t now, uint64_t *budget)
+{
+    if (!j->started) {
+        if (j->patlen) {
+            j->key = kvp_malloc(m->cfg.max_key ? m->cfg.max_key : 1);
+            if (!j->key || kvp_ere_compile(j->pat, j->patlen, &j->re) != 0)
+                return KVP_ENOMEM; /* it compiled when it was queued */
+        }
+        kvp_index_scan_start(&m->ix, &j->scan);
+        j->started = 1;
+    }
+    while (*budget > 0) {
+        if (j->matching) {
+            int rc = kvp_ere_search(j->re, &j->run, j->key, j->keylen, budget);
+            if (rc == KVP_ERE_MORE)
+                return 0;
+            j->matching = 0;
+            if (rc == KVP_ERE_MATCH)
+                job_remove_key(m, j, now, budget);
+            continue;
+        }
+        kvp_obj *o = kvp_index_scan_next(&m->ix, &j->scan, budget);
+        if (!o)
+            return j->scan.done;
+        if (!removable(j, o, now))
+            continue;
+        if (!j->re) {
+            obj_destroy(m, o, GONE_REMOVED); /* the scan re-examines its slot */
+            j->n++;
+            *budget = *budget > JOB_DESTROY_COST ? *budget - JOB_DESTROY_COST : 0;
+            continue;
+        }
+        KVP_ASSERT(o->keylen <= m->cfg.max_key);
+        memcpy(j->key, kvp_obj_key(o), o->keylen);
+        j->keylen = o->keylen;
+        kvp_ere_run_init(&j->run);
+        j->matching = 1;
+    }
+    return 0;
+}
+
+static void job_answer(rjob *j, int status, kvp_buf *out)
+{
+    const char *what = j->patlen ? "REMOVE_REGEX" : "REMOVE_ALL";
+    size_t off = kvp_frame_begin(out, j->op, KVP_FLAG_RESPONSE, j->req_id, status);
+    if (status == 0) {
+        KVP_INFO(MOD, "%s%s: %llu objects removed", what, j->force ? " (force)" : "",
+                 (unsigned long long)j->n);
+        kvp_msg_remove_all_resp r = {j->n};
+        kvp_enc_remove_all_resp(out, &r);
+    }
+    kvp_frame_end(out, off);
+}
+
+/* Queues a job for q (tenant found, allowed; pat NULL for REMOVE_ALL) and
+ * runs it at once when nothing is ahead of it: answered now if it finishes
+ * within one budget, else the session is deferred. */
+static void job_submit(req *q, int tenant, int force, const char *pat, uint32_t patlen)
+{
+    kvp_master *m = q->m;
+    rjob *j = kvp_calloc(1, sizeof *j);
+    if (!j) {
+        reply_status(q, KVP_ENOMEM);
+        return;
+    }
+    j->s = q->s;
+    j->op = q->h->op;
+    j->req_id = q->h->req_id;
+    j->tenant = tenant;
+    j->force = force;
+    j->patlen = patlen;
+    if (patlen)
+        memcpy(j->pat, pat, patlen);
+    m->tenant_nobj[tenant]++; /* pinned while the job lives */
+    if (!m->jobs) {
+        uint64_t budget = JOB_BUDGET;
+        int rc = job_run(m, j, q->now, &budget);
+        if (rc != 0) {
+            job_answer(j, rc < 0 ? rc : 0, q->out);
+            job_free(m, j);
+            return;
+        }
+    }
+    *(m->jobs ? &m->jobs_tail->next : &m->jobs) = j;
+    m->jobs_tail = j;
+    q->s->deferred = 1;
+}
+
+int kvp_master_jobs(kvp_master *m, uint64_t now_ms, kvp_buf *(*out_for)(kvp_msess *s, void *ctx),
+                    void *ctx)
+{
+    m->now = now_ms;
+    uint64_t budget = JOB_BUDGET;
+    while (m->jobs && budget > 0) {
+        rjob *j = m->jobs;
+        int rc = job_run(m, j, now_ms, &budget);
+        if (rc == 0)
+            break;
+        m->jobs = j->next;
+        j->s->deferred = 0;
+        kvp_buf *out = out_for(j->s, ctx);
+        if (out)
+            job_answer(j, rc < 0 ? rc : 0, out);
+        job_free(m, j);
+    }
+    return m->jobs != NULL;
+}
+
+/* The session's job goes (its connection closed). */
+static void job_cancel(kvp_master *m, kvp_msess *s)
+{
+    for (rjob **pp = &m->jobs, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next) {
+        rjob *j = *pp;
+        if (j->s != s)
+            continue;
+        *pp = j->next;
+        if (m->jobs_tail == j)
+            m->jobs_tail = prev;
+        job_free(m, j);
+        break;
+    }
+    s->deferred = 0;
 }
 
 static void op_remove_all(req *q)
@@ -2743,12 +2900,21 @@ static void op_remove_all(req *q)
         reply_status(q, rc);
         return;
     }
-    uint64_t n = remove_matching(m, tenant_find(m, d.tenant), d.force, q->now, NULL);
-    reply_removed(q, "REMOVE_ALL", d.force, n);
+    int tenant = tenant_find(m, d.tenant);
+    if (tenant < 0) {
+        kvp_msg_remove_all_resp r = {0};
+        size_t off = reply_begin(q);
+        kvp_enc_remove_all_resp(q->out, &r);
+        reply_end(q, off);
+        return;
+    }
+    job_submit(q, tenant, d.force, NULL, 0);
 }
 
 /* Mooncake's remove_by_regex: a POSIX extended regex searched anywhere in
- * the key; the same rules as REMOVE_ALL for leased and pinned objects. */
+ * the key; the same rules as REMOVE_ALL for leased and pinned objects.
+ * Matched by src/master/ere.c (linear time; it refuses counted repetition
+ * and back-references, see ere.h). */
 static void op_remove_regex(req *q)
 {
     kvp_master *m = q->m;
@@ -2762,39 +2928,27 @@ static void op_remove_regex(req *q)
         reply_status(q, rc);
         return;
     }
-    char pat[KVP_REGEX_MAX + 1];
-    if (d.pattern.len == 0 || memchr(d.pattern.p, 0, d.pattern.len)) {
+    if (d.pattern.len == 0 || d.pattern.len > KVP_REGEX_MAX) {
         reply_status(q, KVP_EINVALID_PARAMS);
         return;
     }
-    memcpy(pat, d.pattern.p, d.pattern.len);
-    pat[d.pattern.len] = 0;
-    /* Back-references and counted repetition ({m,n}) are refused: the first
-     * makes glibc backtrack, the second multiplies the automaton (a pattern
-     * of a few bytes took 160 ms per key, or gigabytes to compile). What is
-     * left compiles to an automaton linear in the pattern and matches in
-     * time linear in the key, so no pattern stalls this thread. */
-    for (uint32_t i = 0; i < d.pattern.len; i++) {
-        if (pat[i] == '{' || pat[i] == '}') {
-            reply_status(q, KVP_EINVALID_PARAMS);
-            return;
-        }
-        if (pat[i] == '\\' && i + 1 < d.pattern.len) {
-            if (pat[i + 1] >= '1' && pat[i + 1] <= '9') {
-                reply_status(q, KVP_EINVALID_PARAMS);
-                return;
-            }
-            i++; /* an escaped character, '{' included, is a literal */
-        }
-    }
-    regex_t re;
-    if (regcomp(&re, pat, REG_EXTENDED | REG_NOSUB)) {
-        reply_status(q, KVP_EINVALID_PARAMS);
+    /* compiled once here to refuse bad patterns at once; again when run */
+    kvp_ere *re;
+    rc = kvp_ere_compile((const char *)d.pattern.p, d.pattern.len, &re);
+    if (rc) {
+        reply_status(q, rc);
         return;
     }
-    uint64_t n = remove_matching(m, tenant_find(m, d.tenant), d.force, q->now, &re);
-    regfree(&re);
-    reply_removed(q, "REMOVE_REGEX", d.force, n);
+    kvp_ere_free(re);
+    int tenant = tenant_find(m, d.tenant);
+    if (tenant < 0) {
+        kvp_msg_remove_all_resp r = {0};
+        size_t off = reply_begin(q);
+        kvp_enc_remove_all_resp(q->out, &r);
+        reply_end(q, off);
+        return;
+    }
+    job_submit(q, tenant, d.force, (const char *)d.pattern.p, d.pattern.len);
 }
 
 static void op_stats(req *q)
@@ -2987,6 +3141,21 @@ uint32_t kvp_master_tick(kvp_master *m, uint64_t now)
     return next;
 }
 
+void kvp_master_stalled(kvp_master *m, uint64_t ms, uint64_t now_ms)
+{
+    KVP_WARN(MOD, "the master could not serve for %llu ms: client silence and put deadlines "
+                  "moved on by that much",
+             (unsigned long long)ms);
+    for (uint32_t i = 0; i < m->client_cap; i++) {
+        kvp_mclient *c = m->clients[i];
+        if (c && !c->dropped)
+            c->last_seen = c->last_seen + ms < now_ms ? c->last_seen + ms : now_ms;
+    }
+    /* the same shift for every pending put keeps the list in deadline order */
+    for (kvp_obj *o = m->pending.head; o; o = o->next)
+        o->deadline += (uint32_t)ms;
+}
+
 /* ======================================================= life, stats */
 
 /*
@@ -3100,6 +3269,11 @@ void kvp_master_destroy(kvp_master *m)
 {
     if (!m)
         return;
+    while (m->jobs) {
+        rjob *j = m->jobs;
+        m->jobs = j->next;
+        job_free(m, j);
+    }
     if (m->ix.slots) {
         kvp_index_settle(&m->ix);
         for (uint64_t i = 0; i <= m->ix.mask; i++) {
@@ -3145,10 +3319,13 @@ void kvp_master_sess_open(kvp_master *m, kvp_msess *s)
     s->peer = 0;
     s->hold_ms = 0;
     snprintf(s->peer_addr, sizeof s->peer_addr, "?");
+    s->deferred = 0;
 }
 
 void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms)
 {
+    if (s->deferred)
+        job_cancel(m, s);
     kvp_mclient *c = s->client;
     s->client = NULL;
     if (!c)

@@ -47,6 +47,9 @@ typedef struct kvp_msess {
     char peer_addr[48];  /* the peer's address as text (service), for messages */
     uint32_t hold_ms;    /* set by the core with close_after: send the answer only
                             after this long (a refused HELLO of a peer backing off) */
+    int deferred;        /* set by the core: a request of this session is served
+                            over several turns (kvp_master_jobs); serve none of
+                            its later frames until the core clears it */
 } kvp_msess;
 
 /* Copies what it needs from cfg and loads cfg->tenant_tokens_file. 0,
@@ -82,6 +85,24 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
  * returns how many ms until it wants to run again (0 = more work pending).
  */
 uint32_t kvp_master_tick(kvp_master *m, uint64_t now_ms);
+
+/*
+ * Advances the REMOVE_ALL / REMOVE_REGEX jobs by one turn's budget (about
+ * a millisecond of work). A finished job's answer is appended to what
+ * out_for returns for its session (NULL: not answered) and the session's
+ * `deferred` is cleared. Returns 1 while jobs are left (call again next
+ * turn without sleeping), else 0.
+ */
+int kvp_master_jobs(kvp_master *m, uint64_t now_ms, kvp_buf *(*out_for)(kvp_msess *s, void *ctx),
+                    void *ctx);
+
+/*
+ * The service could not serve for `ms` (a long turn; the process was
+ * stopped or descheduled): nothing could be read meanwhile, so every
+ * client's silence clock and every pending put's deadline moves on by
+ * `ms`. Nobody is judged dead for silence the master could not observe.
+ */
+void kvp_master_stalled(kvp_master *m, uint64_t ms, uint64_t now_ms);
 
 /*
  * Sends the frees queued since the last call to the nodes owning the

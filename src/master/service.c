@@ -75,6 +75,7 @@
 #define ACCEPT_PAUSE_MIN_MS 100       /* EMFILE back-off: 100 ms, doubling ... */
 #define ACCEPT_PAUSE_MAX_MS 1000      /* ... up to 1 s */
 #define SUMMARY_MS 60000
+#define STALL_MS 500                  /* a turn this much later than its wait: a stall */
 
 /* Connections before HELLO, counted per source address (IPv4 address, or
  * IPv6 /64: one host owns a whole /64) in a chained hash map. */
@@ -145,6 +146,7 @@ struct kvp_mserver {
     uint64_t n_refused, n_evicted, n_held, n_hello_timeouts, n_input_waits, logged_limits;
     kvp_arena arena;
     uint64_t last_summary, last_requests, last_expired;
+    uint64_t longest_turn_ms; /* the longest turn's work (logged at the end) */
     _Atomic int stop; /* set by kvp_mserver_stop from any thread or a signal handler */
 };
 
@@ -473,7 +475,7 @@ static int conn_serve(kvp_mserver *s, conn *c)
 {
     size_t pos = c->in_head;
     int served = 0, more = 0;
-    while (!c->closing) {
+    while (!c->closing && !c->sess.deferred) { /* deferred: its answer comes first */
         if (c->out.len - c->out_off >= OUT_PAUSE) {
             c->out_paused = 1;
             break;
@@ -1014,6 +1016,18 @@ static void push_freed(kvp_mserver *s)
     }
 }
 
+/* kvp_master_jobs's callback: a job's answer goes to the asker's output;
+ * the frames it sent meanwhile are served from the next turn on. */
+static kvp_buf *job_out(kvp_msess *ms, void *ctx)
+{
+    kvp_mserver *s = ctx;
+    conn *c = (conn *)((char *)ms - offsetof(conn, sess));
+    kvp_buf *out = freed_out(ms, ctx);
+    if (out)
+        mark_ready(s, c, 1);
+    return out;
+}
+
 /* One epoll event of a connection: read and serve when it is watched for
  * input, then flush (EPOLLOUT lands here too). */
 static void conn_event(kvp_mserver *s, conn *c, uint32_t events)
@@ -1073,7 +1087,10 @@ int kvp_mserver_run(kvp_mserver *s)
              s->cfg.listen, s->port, (unsigned long long)s->cfg.lease_ttl_ms,
              (unsigned long long)s->cfg.client_ttl_ms);
     while (!s->stop) {
-        int n = kvp_sys.epoll_wait(s->ep, evs, 128, wait_ms(s, next_tick, kvp_now_ms()));
+        uint64_t before = kvp_now_ms();
+        int wait = wait_ms(s, next_tick, before);
+        int n = kvp_sys.epoll_wait(s->ep, evs, 128, wait);
+        uint64_t woke = kvp_now_ms();
         if (n < 0 && errno != EINTR) {
             KVP_ERROR(MOD, "epoll_wait: %s", strerror(errno));
             return KVP_EIO;
@@ -1106,11 +1123,21 @@ int kvp_mserver_run(kvp_mserver *s)
         expire_hellos(s, now);
         accept_resume(s, now);
         wake_starved(s);
+        /* input of this turn was read first; a turn that came far later
+         * than its wait allowed (stopped, descheduled, a long turn) must
+         * not count as its peers' silence */
+        if (now - before > (uint64_t)wait + STALL_MS)
+            kvp_master_stalled(s->m, now - before - (uint64_t)wait, now);
         next_tick = kvp_master_tick(s->m, now);
+        if (kvp_master_jobs(s->m, now, job_out, s))
+            next_tick = 0;
         push_freed(s);
         close_expired(s);
         summary(s, now);
+        if (kvp_now_ms() - woke > s->longest_turn_ms)
+            s->longest_turn_ms = kvp_now_ms() - woke;
     }
+    KVP_INFO(MOD, "longest loop turn: %llu ms", (unsigned long long)s->longest_turn_ms);
     return 0;
 }
 

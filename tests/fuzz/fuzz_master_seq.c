@@ -349,6 +349,13 @@ static void check_body(world *w, sess *s, const call *c, const uint8_t *b, uint3
     }
 }
 
+/* kvp_master_jobs's callback: a deferred answer lands in the step's output */
+static kvp_buf *job_out(kvp_msess *s, void *ctx)
+{
+    (void)s;
+    return ctx;
+}
+
 static int trace;       /* $FUZZ_SEQ_TRACE set */
 static int last_status; /* the last answer's status (trace) */
 
@@ -362,6 +369,8 @@ static void send(world *w, sess *s, const call *c)
     kvp_buf_reset(&out);
     kvp_mem_fail_nth(w->fail, 0); /* a FAIL step's fault hits this request only */
     int rc = kvp_master_handle(w->m, &s->s, &h, body.data, &arena, &out, w->now);
+    while (rc == 0 && s->s.deferred) /* a whole-index job: its next turns */
+        kvp_master_jobs(w->m, w->now, job_out, &out);
     kvp_mem_fail_nth(0, 0);
     w->fail = 0;
     if (rc != 0) { /* the answer did not fit: the service closes */

@@ -131,6 +131,13 @@ static void node_ack(core *c)
 }
 
 /* Sends c->body as a request of op on session s; decodes nothing. */
+/* kvp_master_jobs's callback: a deferred answer lands in c->out */
+static kvp_buf *job_out(kvp_msess *s, void *ctx)
+{
+    (void)s;
+    return &((core *)ctx)->out;
+}
+
 static int call(core *c, sess *s, uint16_t op, uint8_t flags)
 {
     kvp_frame_hdr h = {KVP_PROTO_VERSION, flags, op, ++c->next_id, (uint32_t)c->body.len, 0};
@@ -141,6 +148,8 @@ static int call(core *c, sess *s, uint16_t op, uint8_t flags)
     kvp_buf_reset(&c->body);
     if (rc)
         return rc;
+    while (s->s.deferred) /* a REMOVE_ALL longer than a turn: the next turns */
+        kvp_master_jobs(c->m, c->now, job_out, c);
     if (!c->no_ack)
         node_ack(c);
     if (c->out.len == 0) {
