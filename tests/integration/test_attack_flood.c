@@ -531,7 +531,7 @@ static int fresh_get(const char *maddr, const char *key, const uint8_t *want, si
         return rc;
     uint8_t *got = malloc(len);
     int64_t n = got ? kvp_client_get(c, key, got, len) : KVP_ENOMEM;
-    rc = n == (int64_t)len && memcmp(got, want, len) == 0 ? 0 : n < 0 ? (int)n : -1;
+    rc = n >= 0 && (size_t)n == len && memcmp(got, want, (size_t)n) == 0 ? 0 : n < 0 ? (int)n : -1;
     if (rc)
         snprintf(why, wl, "get: %lld", (long long)n);
     free(got);
