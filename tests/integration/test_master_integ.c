@@ -464,6 +464,15 @@ TEST(every_operation_over_the_wire)
     CHECK(cl_call(&c, KVP_OP_REMOVE_ALL) == 0);
     CHECK(kvp_dec_remove_all_resp(c.resp, c.resp_len, &rr) == 0);
     CHECK_EQ(rr.removed, 1);
+    /* the leased key's space comes back with the node's acknowledgement */
+    until = tp_now_ms() + 5000;
+    do {
+        CHECK_EQ(stats(&c, st, NULL), 0);
+        if (st[KVP_STAT_USED] == 0)
+            break;
+        tp_sleep_ms(10);
+    } while (tp_now_ms() < until);
+    CHECK_EQ(st[KVP_STAT_USED], 0);
     /* STATS with per-segment usage */
     CHECK_EQ(put(&c, 200, 4, 3 * PAGE, "node-a:1"), 0);
     kvp_msg_stats_resp full;
