@@ -8,44 +8,15 @@
 
 #include "common/config.h"
 
-/* Each returns the process exit status. argv[0] is the subcommand name. */
+/* Each returns the process exit status. argv[0] is the subcommand name.
+ * `kvpool bench ...` is src/bench/bench.h, `kvpool sim` src/sim/sim.h. */
 int kvp_cmd_master(int argc, char **argv);
 int kvp_cmd_store(int argc, char **argv);
-int kvp_cmd_bench(int argc, char **argv);
-/* `kvpool bench store` (cmd_bench_store.c); argv[0] is "bench store". */
-int kvp_bench_store(int argc, char **argv);
-/* `kvpool bench connector` (cmd_bench_connector.c); argv[0] is "bench connector". */
-int kvp_bench_connector(int argc, char **argv);
-/* `kvpool bench sim` (cmd_bench_sim.c); argv[0] is "bench sim". */
-int kvp_bench_sim(int argc, char **argv);
-/* `kvpool bench gpu` (cmd_bench_gpu.c); argv[0] is "bench gpu". */
-int kvp_bench_gpu(int argc, char **argv);
-/* Shared by the benchmarks (cmd_bench.c): s as the body of a JSON string
- * (quotes and backslashes escaped, controls dropped); a standalone-store
- * client of master (token "" or NULL = none), TCP-only when force_tcp, NULL
- * with the reason in why; and a probe put of 4096 bytes of val under key
- * probe, retried up to 10 s while the node mounts, which records the
- * transport the client uses ("shm", "tcp") and removes the key: 0, or -1
- * with why. */
-void kvp_bench_json_escape(char *out, size_t cap, const char *s);
-/* qsort order of uint64_t; every byte of p to fd (EINTR retried): 0 or -1;
- * the "label shape round r/rounds" line on a terminal's stderr (r < 0:
- * warm-up), and its erasure over width columns. */
-int kvp_bench_cmp_u64(const void *a, const void *b);
-int kvp_bench_write_all(int fd, const void *p, size_t n);
-void kvp_bench_progress(const char *label, int lw, const char *shape, int sw, int r, int rounds);
-void kvp_bench_progress_clear(int width);
-struct kvp_client *kvp_bench_client_open(const char *master, const char *token, int force_tcp,
-                                         char *why, size_t wl);
-int kvp_bench_client_probe(struct kvp_client *c, const char *probe, const void *val,
-                           char *transport, char *why, size_t wl);
-/* `kvpool bench disk`: cmd_bench_disk.c */
-int kvp_bench_disk(int argc, char **argv);
 int kvp_cmd_stat(int argc, char **argv);
 int kvp_cmd_reset(int argc, char **argv);
 int kvp_cmd_serve(int argc, char **argv);
 /* `kvpool sim` (cmd_sim.c): the engine simulator */
-int kvp_cmd_sim(int argc, char **argv);
+int kvp_sim_main(int argc, char **argv);
 /* put | get | exist | rm, by argv[0] */
 int kvp_cmd_kv(int argc, char **argv);
 

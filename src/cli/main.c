@@ -3,7 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/bench.h"
 #include "cli/cli.h"
+#include "sim/sim.h"
 #include "common/log.h"
 #include "kvpool.h"
 
@@ -21,8 +23,8 @@ static const struct {
     {"get", kvp_cmd_kv, "write a key's value to a file (or stdout)"},
     {"exist", kvp_cmd_kv, "tell whether keys exist"},
     {"rm", kvp_cmd_kv, "remove keys"},
-    {"sim", kvp_cmd_sim, "engine simulator: instances x TP ranks driving the connector"},
-    {"bench", kvp_cmd_bench, "benchmarks: `kvpool bench master|store`"},
+    {"sim", kvp_sim_main, "engine simulator: instances x TP ranks driving the connector"},
+    {"bench", kvp_bench_main, "benchmarks: `kvpool bench master|store|connector|sim|gpu|disk`"},
 };
 
 static void usage(FILE *f)

@@ -1,5 +1,5 @@
 /*
- * cmd_bench_connector.c -- `kvpool bench connector`: the connector's CPU
+ * bench_connector.c -- `kvpool bench connector`: the connector's CPU
  * overhead, in-process (no servers; the scheduler's lookup channel is a
  * fake that answers a hit of 0).
  *
@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/bench.h"
 #include "cli/cli.h"
 #include "common/clock.h"
 #include "common/mem.h"

@@ -1,5 +1,5 @@
 /*
- * cmd_bench_sim.c -- `kvpool bench sim`: the engine simulator's end-to-end
+ * bench_sim.c -- `kvpool bench sim`: the engine simulator's end-to-end
  * throughput as a fraction of the store's raw batch bandwidth, both
  * measured in one run, against the same pool, with the same client
  * configuration (standalone-store, default transport: shared memory on
@@ -43,6 +43,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/bench.h"
 #include "cli/cli.h"
 #include "common/clock.h"
 #include "common/mem.h"

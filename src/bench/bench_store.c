@@ -1,5 +1,5 @@
 /*
- * cmd_bench_store.c -- `kvpool bench store`: batch put/get throughput of the
+ * bench_store.c -- `kvpool bench store`: batch put/get throughput of the
  * store's data plane, measured in one run next to the physical limits of
  * this host and next to two well-known peers.
  *
@@ -55,6 +55,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "bench/bench.h"
 #include "cli/cli.h"
 #include "common/clock.h"
 #include "common/mem.h"

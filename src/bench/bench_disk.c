@@ -1,5 +1,5 @@
 /*
- * cmd_bench_disk.c -- `kvpool bench disk`: the SSD tier's store
+ * bench_disk.c -- `kvpool bench disk`: the SSD tier's store
  * (node/disk.h) against fio on the same directory, in one run.
  *
  *  1. write: --size bytes of --value-byte values (fresh keys, checksums
@@ -44,6 +44,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "bench/bench.h"
 #include "cli/cli.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -415,7 +416,7 @@ static void usage(void)
     printf("usage: kvpool bench disk [--dir DIR] [--size SIZE] [--value SIZE] [--depth N]\n"
            "                         [--readers N] [--restart-records N] [--no-fio] [--json]\n\n"
            "The SSD tier's store against fio on the same directory (see the header of\n"
-           "src/cli/cmd_bench_disk.c for the method).\n"
+           "src/bench/bench_disk.c for the method).\n"
            "  --dir DIR             where to write (default /tmp/kvpool-bench-disk; removed after)\n"
            "  --size SIZE           bytes written and read (default 2GiB)\n"
            "  --value SIZE          one value = one fio block (default 2MiB)\n"

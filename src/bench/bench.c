@@ -1,10 +1,10 @@
 /*
- * cmd_bench.c -- `kvpool bench master`: the master's throughput, latency
+ * bench.c -- `kvpool bench master`: the master's throughput, latency
  * and memory, against a real master process on loopback. `kvpool bench
- * store` (the data plane) lives in cmd_bench_store.c, `kvpool bench
- * connector` (the connector's CPU overhead) in cmd_bench_connector.c, `kvpool
- * bench sim` (the simulator against the raw store) in cmd_bench_sim.c, `kvpool
- * bench gpu` (device memory to the pool and back) in cmd_bench_gpu.c.
+ * store` (the data plane) lives in bench_store.c, `kvpool bench
+ * connector` (the connector's CPU overhead) in bench_connector.c, `kvpool
+ * bench sim` (the simulator against the raw store) in bench_sim.c, `kvpool
+ * bench gpu` (device memory to the pool and back) in bench_gpu.c.
  *
  * It starts `kvpool master` itself (same binary, free port) unless --master
  * is given, mounts a segment large enough for every object (the master never
@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/bench.h"
 #include "cli/cli.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -555,7 +556,7 @@ int kvp_bench_client_probe(kvp_client *c, const char *probe, const void *val, ch
     return 0;
 }
 
-int kvp_cmd_bench(int argc, char **argv)
+int kvp_bench_main(int argc, char **argv)
 {
     static const struct {
         const char *name, *label; /* label: argv[0] of the benchmark, for messages */

@@ -1,5 +1,5 @@
 /*
- * cmd_bench_gpu.c -- `kvpool bench gpu`: batch put/get GB/s between CUDA
+ * bench_gpu.c -- `kvpool bench gpu`: batch put/get GB/s between CUDA
  * device memory and the pool, next to the physical limit of the same host
  * measured in the same run (issue 11, "Benchmark").
  *
@@ -70,6 +70,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/bench.h"
 #include "cli/cli.h"
 #include "client/gpu.h"
 #include "common/clock.h"

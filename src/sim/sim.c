@@ -1,5 +1,5 @@
 /*
- * cmd_sim.c -- `kvpool sim`: an engine simulator driving the connector.
+ * sim.c -- `kvpool sim`: an engine simulator driving the connector.
  *
  * The simulator is an ordinary engine: it drives the connector through its
  * public, engine-agnostic API only (include/kvpool_connector.h, kvp_conn_*),
@@ -77,6 +77,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "sim/sim.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "kvpool.h"
@@ -1101,7 +1102,7 @@ static int instance_main(const simcfg *c, int idx, int slot, int nslots, int fd)
         nstarted++;
     }
     /* this instance's users: u % nslots == slot (slot: its index among the
-     * instances of its phase, see kvp_cmd_sim) */
+     * instances of its phase, see kvp_sim_main) */
     e.users = kvp_calloc((size_t)c->users, sizeof *e.users);
     if (!e.users)
         goto done;
@@ -1457,7 +1458,7 @@ static int phase_of(const simcfg *c, int i)
     return cons && other && sim_role(c, i) == SIM_CONSUMER;
 }
 
-int kvp_cmd_sim(int argc, char **argv)
+int kvp_sim_main(int argc, char **argv)
 {
     simcfg c;
     int rc = parse_args(argc, argv, &c);
