@@ -97,7 +97,7 @@ PYVENV_PY = $(shell scripts/python-env 2>/dev/null || echo python3)
 python: deps
 	$(Q)PYTHONWARNINGS=ignore $(PYVENV_PY) setup.py -q build_ext --inplace
 
-test: deps $(A)/kvpool $(A_TESTS) $(R)/libkvpool.so python
+test: deps $(A)/kvpool $(A_TESTS) $(R)/kvpool $(R)/libkvpool.so $(R)/libkvpool.a python
 	$(Q)KVPOOL_BIN=$(A)/kvpool tests/run.sh $(A)/tests
 
 tsan: deps $(T)/kvpool $(T_TESTS) python

@@ -168,6 +168,10 @@ KVP_API int kvp_client_offload(const kvp_client *c);
 #define KVP_TIER_DRAM 1
 #define KVP_TIER_DISK 2
 KVP_API int kvp_client_tiers(kvp_client *c, const char *const *keys, size_t n, int *results);
+/* How many values this client has read (successfully) that were only on a
+ * node's SSD tier when asked for (the node staged them back into DRAM):
+ * Mooncake's get_offload_rpc_read_count. Monotonic; thread-safe. */
+KVP_API uint64_t kvp_client_disk_reads(const kvp_client *c);
 /* Number of leading keys present (>= 0), or < 0. */
 KVP_API int64_t kvp_client_prefix(kvp_client *c, const char *const *keys, size_t n);
 

@@ -269,6 +269,12 @@ class Client:
     def tenant(self) -> str:
         return str(self._c.tenant)
 
+    @property
+    def disk_reads(self) -> int:
+        """How many values this client read that were only on a node's SSD
+        tier when asked for (staged back into DRAM by the node)."""
+        return int(self._c.disk_reads)
+
     # put
     def put(self, key: str, value: Value, *, replica_num: Optional[int] = None,
             pin: bool = False, preferred_segment: Optional[str] = None) -> None:

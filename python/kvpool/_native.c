@@ -1082,6 +1082,15 @@ static PyObject *Client_segment_name(Client *self, void *unused)
     return s;
 }
 
+static PyObject *Client_disk_reads(Client *self, void *unused)
+{
+    if (enter(self))
+        return PyLong_FromLong(0);
+    PyObject *n = PyLong_FromUnsignedLongLong(kvp_client_disk_reads(self->c));
+    leave(self);
+    return n;
+}
+
 static PyObject *Client_tenant(Client *self, void *unused)
 {
     if (enter(self))
@@ -1129,6 +1138,8 @@ static PyGetSetDef Client_getset[] = {
     {"closed", (getter)Client_closed, NULL, "True once closed", NULL},
     {"segment_name", (getter)Client_segment_name, NULL, "embedded segment host:port or ''", NULL},
     {"tenant", (getter)Client_tenant, NULL, "the tenant of this client's keys", NULL},
+    {"disk_reads", (getter)Client_disk_reads, NULL,
+     "values read that a node had to stage from its SSD tier (kvp_client_disk_reads)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -35,8 +35,8 @@ Deliberate differences (docs/MOONCAKE_COMPAT.md §6 gives the reasons):
     ECMAScript pattern is translated (class, control and bracket escapes,
     '.', the empty pattern); look-arounds, lazy quantifiers, back-references,
     \\b, counted repetition {m,n} and non-ASCII inside brackets answer -600.
-  * ``register_buffer`` refuses a range that is not mapped read-write in
-    this process (-600), device memory included for now.
+  * ``register_buffer`` takes host memory mapped read-write in this process
+    and CUDA device memory (the driver is asked); any other range is -600.
   * ``upsert*`` is remove + put (kvpool keys are immutable): a refused new
     value leaves the old one, but a put then failing for lack of space has
     removed it.
@@ -971,7 +971,10 @@ class MooncakeDistributedStore:
         return addr
 
     def get_offload_rpc_read_count(self) -> int:
-        return 0  # no SSD tier yet: nothing was read from one
+        """Values this store read that were only on a node's SSD tier (the
+        node staged them back into DRAM); 0 before setup."""
+        c = self._c
+        return int(c.disk_reads) if c is not None else 0
 
     # Replica tasks and runtime segment management are Mooncake features
     # kvpool does not have; each answers Mooncake's NOT_SUPPORTED.

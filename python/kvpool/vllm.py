@@ -533,9 +533,6 @@ class _Worker:
             raise ValueError("KVPoolConnector: no KV tensor of a stored group was registered")
         tensors = [kv_caches[n] for n in order]
         self._cuda = any(t.is_cuda for t in tensors)
-        if self._cuda and not getattr(_native, "DEVICE_MEMORY", False):
-            raise RuntimeError("KVPoolConnector: this kvpool build moves KV from host memory "
-                               "only; CUDA KV caches are not supported yet")
         cfg = dict(self._s.conn, num_blocks=int(self._kcc.num_blocks),
                    fence="cuda" if self._cuda else None)
         self._w = _native.ConnWorker(cfg)

@@ -1214,21 +1214,28 @@ static int batch_get(kvp_client *c, const char *const *keys, const kvp_iov *cons
     scratch_init(&s);
     /* Keys only on the SSD tier answer OBJECT_LOADING while the master has
      * their node stage them in DRAM: they are asked again, backing off from
-     * 0.5 to 20 ms, until rpc_timeout. */
+     * 0.5 to 20 ms, until rpc_timeout. Those read in a later round count
+     * as disk reads. */
     uint64_t deadline = kvp_now_ms() + c->cfg.rpc_timeout_ms;
     unsigned wait_us = 500;
-    for (;;) {
+    for (int round = 0;; round++) {
         for (size_t off = 0; off < m;) {
             size_t l = chunk_len(c, k + off, m - off, 0, RESP_PER_GET);
             get_chunk(c, &s, k + off, idx + off, l, iovs, niov, trim, ga, results);
             off += l;
         }
         size_t nl = 0;
-        for (size_t i = 0; i < m; i++)
+        uint64_t staged = 0;
+        for (size_t i = 0; i < m; i++) {
             if (results[idx[i]] == KVP_EOBJECT_LOADING) {
                 k[nl] = k[i];
                 idx[nl++] = idx[i];
+            } else if (round > 0 && results[idx[i]] >= 0) {
+                staged++;
             }
+        }
+        if (staged)
+            __atomic_fetch_add(&c->disk_reads, staged, __ATOMIC_RELAXED);
         m = nl;
         if (m == 0 || kvp_now_ms() >= deadline)
             break;
@@ -1239,6 +1246,11 @@ static int batch_get(kvp_client *c, const char *const *keys, const kvp_iov *cons
     kvp_free(k);
     kvp_free(idx);
     return 0;
+}
+
+uint64_t kvp_client_disk_reads(const kvp_client *c)
+{
+    return c ? __atomic_load_n(&c->disk_reads, __ATOMIC_RELAXED) : 0;
 }
 
 int kvp_client_batch_get_into_multi_buffers(kvp_client *c, const char *const *keys,

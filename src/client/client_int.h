@@ -61,6 +61,9 @@ struct kvp_client {
     size_t nregs, cap_regs;
     size_t ndevregs;          /* how many of them are device memory (atomic reads) */
 
+    uint64_t disk_reads;      /* keys read after their node staged them from its SSD
+                                 tier (__atomic, relaxed): kvp_client_disk_reads */
+
     pthread_mutex_t hb_mu;
     pthread_cond_t hb_cv;     /* CLOCK_MONOTONIC */
     int hb_stop;

@@ -11,7 +11,10 @@ above it, an HTML comment naming it:
 The comment is invisible on a rendered page; NAME is unique in the file (a
 second block of the same name is an error, so a copy-paste cannot hide one),
 KEY=VALUE pairs are the block's attributes (what the test needs to know, such
-as which host of a recipe runs it). Tests take the text verbatim."""
+as which host of a recipe runs it). Tests take the text verbatim. A block that
+cannot run in a test says why instead, so that no block is left undecided:
+
+    <!-- no-test: needs a GPU and a model -->"""
 from __future__ import annotations
 
 import re
@@ -21,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 _MARK = re.compile(r"^<!--\s*test:\s*(\S+)((?:\s+[\w.-]+=\S+)*)\s*-->\s*$")
 _FENCE = re.compile(r"^(```+)\s*([\w+-]*)\s*$")
+_SKIP = re.compile(r"^<!--\s*no-test:\s*\S.*-->\s*$")
 
 
 @dataclass(frozen=True)
@@ -60,4 +64,26 @@ def blocks(path: str | Path) -> dict[str, Block]:
             raise ValueError(f"{p.name}:{i + 2}: block {name!r} is never closed")
         out[name] = Block(name, lang, "\n".join(lines[i + 2 : j]) + "\n", i + 3, attrs)
         i = j + 1
+    return out
+
+
+def undecided(path: str | Path) -> list[int]:
+    """Lines of the opening fences that are neither marked to run nor say why not."""
+    p = Path(path)
+    if not p.is_absolute():
+        p = ROOT / p
+    lines = p.read_text().splitlines()
+    out, i, prev = [], 0, ""
+    while i < len(lines):
+        f = _FENCE.match(lines[i])
+        if f:
+            if not (_MARK.match(prev.strip()) or _SKIP.match(prev.strip())):
+                out.append(i + 1)
+            j = i + 1
+            while j < len(lines) and lines[j].strip() != f.group(1):
+                j += 1
+            i, prev = j + 1, ""
+            continue
+        prev = lines[i]
+        i += 1
     return out

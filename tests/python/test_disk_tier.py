@@ -49,11 +49,15 @@ def test_values_spill_to_disk_and_come_back(tiered: kvpool_procs.Proc) -> None:
             _put_retrying(c, f"py-tier-{i}", _value(i))
         tiers = c.tiers_batch([f"py-tier-{i}" for i in range(n)] + ["absent"])
         assert tiers[-1] == ()
-        assert sum(1 for t in tiers[:-1] if t == ("disk",)) >= n - 8
+        on_disk = sum(1 for t in tiers[:-1] if t == ("disk",))
+        assert on_disk >= n - 8
         st = c.stat()["counters"]
         assert st["spills"] >= n - 8 and st["evictions"] == 0
+        assert c.disk_reads == 0
         for i in range(n):
             assert c.get(f"py-tier-{i}") == _value(i)
+        # each value that was only on disk was staged back for this client
+        assert c.disk_reads >= on_disk
         st = c.stat()["counters"]
         assert st["loads"] > 0 and st["load_fails"] == 0
         # a loaded value is in DRAM and still on disk (evicting it costs no write)
@@ -81,7 +85,11 @@ def test_mooncake_replica_descriptors_show_the_disk(tiered: kvpool_procs.Proc) -
         assert any(d.is_disk_replica() for d in descs)
         disk = next(d for d in descs if d.is_disk_replica())
         assert disk.get_disk_descriptor().object_size == MiB
+        only_disk = not any(not d.is_disk_replica() for d in descs)
+        before = store.get_offload_rpc_read_count()
         assert store.get("mc-tier-0") == _value(0)
+        # Mooncake's counter of reads served from the SSD tier
+        assert store.get_offload_rpc_read_count() == before + (1 if only_disk else 0)
     finally:
         store.remove_all()
         store.close()
