@@ -1,5 +1,5 @@
 """bench/bench_vllm.py -- kvpool's vLLM connector against vLLM's in-tree Mooncake connector,
-through vLLM 0.33.0's real scheduler on the CPU (issue 9).
+through vLLM 0.33.0's real scheduler on the CPU.
 
     ~/.cache/kvpool/venv-vllm/bin/python bench/bench_vllm.py [--quick] [--passes N] [--out PATH]
                      [--configs none,kvpool,intree_mooncake,intree_kvpool] [--torch-threads N]

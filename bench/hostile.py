@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/hostile.py -- the hostile run (issue 10).
+"""bench/hostile.py -- the hostile run.
 
 Starts a real `kvpool serve` (master + storage node in one process) on free
 loopback ports, plus a rank-0 connector worker serving a lookup socket, and

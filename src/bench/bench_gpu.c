@@ -1,7 +1,7 @@
 /*
  * bench_gpu.c -- `kvpool bench gpu`: batch put/get GB/s between CUDA
  * device memory and the pool, next to the physical limit of the same host
- * measured in the same run (issue 11, "Benchmark").
+ * measured in the same run.
  *
  * Shapes (vLLM's batches):
  *   64x64x32KiB  64 keys, each gathered from / scattered into 64 pieces of

@@ -55,7 +55,7 @@ typedef struct kvp_config {
     uint64_t max_object_size;     /* "max_object_size": bytes (1 GiB); 4 KiB .. 4 GiB - 64 KiB */
     int log_level;                /* "log_level": debug|info|warn|error (info) */
 
-    /* ---- client / storage node (used from issue 3 on) ---- */
+    /* ---- client / storage node ---- */
     char master_addr[256];        /* "master_server_address" / "master_server_addr" / "master" */
     char local_hostname[256];     /* "local_hostname" */
     char protocol[32];            /* "protocol": tcp (rdma accepted, reported not supported) */

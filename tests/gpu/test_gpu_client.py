@@ -1,4 +1,4 @@
-"""kvpool.Client with CUDA device memory (issue 11): values put from and got
+"""kvpool.Client with CUDA device memory: values put from and got
 into CUDA tensors through the raw-address API (register_buffer(ptr, size),
 put_from*, get_into_ptr*) and the tensor forms, over shared memory and over
 loopback TCP (every test runs on both: the `client` fixture), byte-exact.

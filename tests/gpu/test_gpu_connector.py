@@ -1,4 +1,4 @@
-"""The connector's worker half with CUDA KV caches (issue 11), without vLLM:
+"""The connector's worker half with CUDA KV caches, without vLLM:
 kvpool._native's ConnSched / ConnWorker driven as kvpool.vllm drives them,
 over tensors shaped as vLLM allocates them (per layer, bf16):
 

@@ -1,7 +1,7 @@
 /*
  * test_hostile.c -- a real `kvpool master` and `kvpool store`, driven by a
- * raw protocol client that behaves as a misbehaving or malicious peer would
- * (issue 10): stale, forged, wrong-operation and expired descriptors at the
+ * raw protocol client that behaves as a misbehaving or malicious peer
+ * would: stale, forged, wrong-operation and expired descriptors at the
  * storage node; puts the pool cannot keep; a corrupt replica that must not
  * leave its key stuck.
  *

@@ -1,7 +1,7 @@
 /*
  * test_master_limits.c -- `kvpool master` as a real process against peers
  * that never authenticate, never finish a frame, never read, or use up the
- * master's descriptors (issue 10, findings 9 and 10). Each test measures
+ * master's descriptors. Each test measures
  * the master from outside (/proc/PID: CPU time, VmRSS; its stderr) and
  * checks that a legitimate client is still served.
  */

@@ -257,7 +257,7 @@ print("TORCH-OK")
 def test_torch_cpu_tensors(server: kvpool_procs.Proc) -> None:
     """CPU torch tensors as values, destinations and registered memory. Runs
     in this interpreter when torch is installed, else in the vLLM venv's
-    (issue 9's cache, ~/.cache/kvpool/venv-vllm) when that exists."""
+    (scripts/vllm-env's cache, ~/.cache/kvpool/venv-vllm) when that exists."""
     import os
     import subprocess
     import sys
@@ -269,7 +269,7 @@ def test_torch_cpu_tensors(server: kvpool_procs.Proc) -> None:
         venv = Path(os.environ.get("KVPOOL_VLLM_VENV", Path.home() / ".cache/kvpool/venv-vllm"))
         python = str(venv / "bin" / "python")
         if not Path(python).exists():
-            pytest.skip("torch is not installed here (it comes with the vLLM venv of issue 9)")
+            pytest.skip("torch is not installed here (it comes with the vLLM venv of scripts/vllm-env)")
     env = dict(os.environ, PYTHONPATH=str(kvpool_procs.ROOT / "python"))
     r = subprocess.run([python, "-c", TORCH_PROGRAM, server.addr], capture_output=True,
                        text=True, timeout=180, env=env)

@@ -1,9 +1,7 @@
 #!/usr/bin/env python3
 """gen_block_hashes.py -- test vectors for src/connector/blockhash.c.
 
-Re-implements vLLM's prefix-cache block hashing exactly as
-/work/shared/reference/vllm-connector-spec.md §5 describes it, without
-importing vllm:
+Re-implements vLLM's prefix-cache block hashing, without importing vllm:
 
   vllm/utils/hashing.py (the version the spec read, baseline B1 = vLLM main
   @003df296...):
