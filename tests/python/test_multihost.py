@@ -200,6 +200,13 @@ def hosts(tmp_path: Path) -> Iterator[Hosts]:
         h.destroy()
 
 
+def _argv(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+    except OSError:  # gone meanwhile
+        return []
+
+
 def _segment(stat: dict, host: str) -> dict:
     segs = [g for g in stat["segments"] if g["name"].startswith(ADDR[host] + ":")]
     assert len(segs) == 1, f"one segment named {ADDR[host]}:PORT expected: {stat['segments']}"
@@ -241,8 +248,7 @@ def test_readme_recipe_on_two_hosts(hosts: Hosts) -> None:
     assert seg_b["objects"] == 1, seg_b
 
     # B's store gone (SIGTERM: it unmounts), the value comes from A across the veth
-    stores = [p for p in hosts.pids("b")
-              if b"store" in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")]
+    stores = [p for p in hosts.pids("b") if "store" in _argv(p)]
     assert len(stores) == 1, stores
     hosts.kill(stores[0], signal.SIGTERM)
     hosts.wait_stat("b", "unmount of B's segment", lambda s: len(s["segments"]) == 1)
