@@ -20,8 +20,9 @@ static int open_client(const kvp_config *cfg, const char *cmd, kvp_client **c)
     char json[1024], err[512];
     snprintf(json, sizeof json,
              "{\"master\": \"%s\", \"mode\": \"standalone-store\", \"cluster_token\": \"%s\", "
-             "\"rpc_timeout\": %llu, \"log_level\": \"warn\"}",
-             cfg->master_addr, cfg->cluster_token, (unsigned long long)cfg->rpc_timeout_ms);
+             "\"rpc_timeout\": %llu, \"replica_num\": %llu, \"log_level\": \"warn\"}",
+             cfg->master_addr, cfg->cluster_token, (unsigned long long)cfg->rpc_timeout_ms,
+             (unsigned long long)cfg->replica_num);
     int rc = kvp_client_open(json, c, err, sizeof err);
     if (rc)
         fprintf(stderr, "kvpool %s: %s\n", cmd, err);
@@ -73,8 +74,9 @@ static int slurp(const char *path, uint8_t **out, size_t *len)
 static int usage_kv(const char *cmd)
 {
     if (!strcmp(cmd, "put"))
-        printf("usage: kvpool put KEY [FILE|-] [--master HOST:PORT]\n"
-               "Stores the file's bytes (standard input for - or no FILE) under KEY.\n"
+        printf("usage: kvpool put KEY [FILE|-] [--master HOST:PORT] [--replica-num N]\n"
+               "Stores the file's bytes (standard input for - or no FILE) under KEY,\n"
+               "in N copies on distinct segments (replica_num, default 1).\n"
                "Keys are immutable: putting an existing key changes nothing.\n");
     else if (!strcmp(cmd, "get"))
         printf("usage: kvpool get KEY [FILE|-] [--master HOST:PORT]\n"

@@ -72,8 +72,20 @@ int kvp_cmd_serve(int argc, char **argv)
     char host[200];
     uint16_t port;
     kvp_net_split(cfg.listen, host, sizeof host, &port);
-    if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::"))
+    /* the segment listens where the master does; on a wildcard it is
+     * registered as local_hostname (node.c), which only the user can know */
+    int wild = !strcmp(host, "0.0.0.0") || !strcmp(host, "::");
+    char seg_listen[300];
+    snprintf(seg_listen, sizeof seg_listen, strchr(host, ':') ? "[%s]:0" : "%s:0", host);
+    if (wild) {
+        if (!kvp_config_is_set(&cfg, "local_hostname")) {
+            KVP_WARN("serve", "the master listens on %s, but the segment is registered as "
+                     "127.0.0.1: clients on other hosts cannot reach it; set local_hostname "
+                     "to this host's address, or give --listen this host's address", cfg.listen);
+            snprintf(seg_listen, sizeof seg_listen, "127.0.0.1:0");
+        }
         snprintf(host, sizeof host, "127.0.0.1");
+    }
     snprintf(cfg.master_addr, sizeof cfg.master_addr, "%s:%u", host, kvp_mserver_port(ms));
     pthread_t th;
     if (pthread_create(&th, NULL, run_master, ms) != 0) {
@@ -81,8 +93,6 @@ int kvp_cmd_serve(int argc, char **argv)
         kvp_mserver_destroy(ms);
         return 1;
     }
-    char seg_listen[300];
-    snprintf(seg_listen, sizeof seg_listen, "%s:0", host);
     kvp_node_opts no = {.cfg = &cfg, .listen = v[1] ? v[1] : seg_listen, .io_threads = 4,
                         .standalone = 1};
     kvp_node *node = NULL;

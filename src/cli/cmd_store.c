@@ -17,7 +17,9 @@ static void help(void)
            "Runs a storage node: one segment of memory, served to clients over TCP and\n"
            "(same host) shared memory, mounted at the master. Stops cleanly on SIGTERM/SIGINT\n"
            "(the segment is unmounted first).\n\n"
-           "  --listen HOST:PORT   segment server address (default local_hostname:0)\n"
+           "  --listen HOST:PORT   segment server address (default: with a master on another\n"
+           "                       host, the local address facing it, port 0, which needs the\n"
+           "                       cluster and node tokens; else local_hostname:0)\n"
            "  --master HOST:PORT   the master (config key master_server_address)\n"
            "  --segment-size SIZE  segment size, e.g. 4GB, 512MiB (global_segment_size)\n"
            "  --unix-dir DIR       directory of the same-host unix socket (default\n"
@@ -65,6 +67,10 @@ int kvp_cmd_store(int argc, char **argv)
     rc = kvp_node_start(&o, &n, err, sizeof err);
     if (rc) {
         fprintf(stderr, "kvpool store: %s\n", err);
+        if (rc == KVP_ERPC_FAIL || rc == KVP_ERPC_TIMEOUT)
+            fprintf(stderr, "kvpool store: is the master running at %s? (kvpool master listens "
+                    "on 127.0.0.1:50051 unless given --listen; start it first)\n",
+                    cfg.master_addr);
         return 1;
     }
     KVP_INFO("store", "segment %016llx serving on port %u, master %s",

@@ -624,8 +624,7 @@ int kvp_client_open(const char *config, kvp_client **out, char *err, size_t errl
             client_free(c);
             return rc;
         }
-        snprintf(c->seg_name, sizeof c->seg_name, "%s:%u", c->cfg.local_hostname,
-                 (unsigned)kvp_node_port(c->node));
+        snprintf(c->seg_name, sizeof c->seg_name, "%s", kvp_node_name(c->node));
     }
     choose_preferred(c);
     if (pthread_create(&c->hb_thread, NULL, hb_main, c) != 0) {

@@ -170,7 +170,9 @@ static const struct key_def keys[] = {
      .type = KT_STRING, F_STR(master_addr), .def = "127.0.0.1:50051",
      .help = "client: master address, host:port"},
     {.name = "local_hostname", .type = KT_STRING, F_STR(local_hostname), .def = "localhost",
-     .help = "client: address other nodes use to reach this one"},
+     .help = "storage node, embedded client: the address clients dial for its segment when "
+             "it listens on a wildcard address or was given no listen address (unset: the "
+             "local address facing a remote master, else localhost)"},
     {.name = "protocol", .type = KT_ENUM, F_STR(protocol), .choices = protocol_choices,
      .def = "tcp", .help = "transfer protocol (rdma is accepted but not supported yet)"},
     {.name = "mode", .type = KT_ENUM, F_STR(mode), .choices = mode_choices, .def = "embedded",
@@ -680,6 +682,8 @@ static int was_set(const kvp_config *c, const char *name)
     const struct key_def *k = find_key(name);
     return k && (c->set_mask >> (size_t)(k - keys)) & 1u;
 }
+
+int kvp_config_is_set(const kvp_config *c, const char *key) { return was_set(c, key); }
 
 void kvp_config_defaults(kvp_config *c)
 {

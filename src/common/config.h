@@ -102,6 +102,10 @@ int kvp_config_set(kvp_config *c, const char *key, const char *value, char *err,
 /* Is `name` ('-' or '_') a boolean key? (a bare --name flag means true) */
 int kvp_config_key_is_bool(const char *name);
 
+/* Was key (its canonical name, e.g. "local_hostname") given by a file, a
+ * string or a flag, rather than left at its default? */
+int kvp_config_is_set(const kvp_config *c, const char *key);
+
 /* Cross-field checks (evict_low < evict_high, lease_ttl <= client_ttl, ...). */
 int kvp_config_validate(const kvp_config *c, char *err, size_t errlen);
 

@@ -3,7 +3,6 @@
  */
 #include "common/secret.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -249,21 +248,6 @@ int kvp_secret_tenants_load(const char *path, kvp_tenant_cred **out, size_t *n, 
     return 0;
 }
 
-/* Is host a loopback address or name? */
-static int loopback_host(const char *host)
-{
-    if (!strcmp(host, "localhost"))
-        return 1;
-    struct in_addr a4;
-    struct in6_addr a6;
-    if (inet_pton(AF_INET, host, &a4) == 1)
-        return (ntohl(a4.s_addr) >> 24) == 127;
-    if (inet_pton(AF_INET6, host, &a6) == 1)
-        return IN6_IS_ADDR_LOOPBACK(&a6) ||
-               (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
-    return 0;
-}
-
 int kvp_secret_listen_check(const char *listen, int have_cred, int insecure, const char *what,
                             char *err, size_t errlen)
 {
@@ -271,7 +255,7 @@ int kvp_secret_listen_check(const char *listen, int have_cred, int insecure, con
     uint16_t port;
     if (kvp_net_split(listen, host, sizeof host, &port) != 0)
         return 0; /* the listener reports a bad address itself */
-    if (have_cred || insecure || loopback_host(host))
+    if (have_cred || insecure || kvp_net_is_loopback(host))
         return 0;
     snprintf(err, errlen,
              "%s listens on %s, reachable from other machines, without a credential: set "

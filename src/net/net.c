@@ -1,6 +1,7 @@
 /* net.c -- socket helpers; see net.h. */
 #include "net/net.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -173,4 +174,52 @@ int kvp_net_wait(int fd, short ev, uint64_t deadline_ms)
         if (errno != EINTR)
             return KVP_EIO;
     }
+}
+
+int kvp_net_is_loopback(const char *host)
+{
+    if (!strcmp(host, "localhost"))
+        return 1;
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6) ||
+               (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+    return 0;
+}
+
+int kvp_net_source_for(const char *addr, char *host, size_t hostlen, char *err, size_t errlen)
+{
+    struct addrinfo *res;
+    int rc = resolve(addr, 0, &res, err, errlen);
+    if (rc)
+        return rc;
+    rc = KVP_EIO;
+    snprintf(err, errlen, "no address of %s", addr);
+    for (struct addrinfo *ai = res; ai && rc; ai = ai->ai_next) {
+        int fd = kvp_sys.socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            snprintf(err, errlen, "cannot find a route to %s: %s", addr, strerror(errno));
+            continue;
+        }
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 ||
+            getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
+            snprintf(err, errlen, "no route to %s: %s", addr, strerror(errno));
+        } else {
+            const void *a = ss.ss_family == AF_INET6
+                                ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                                : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+            if (inet_ntop(ss.ss_family, a, host, (socklen_t)hostlen))
+                rc = 0;
+            else
+                snprintf(err, errlen, "local address toward %s: %s", addr, strerror(errno));
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return rc;
 }

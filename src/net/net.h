@@ -25,4 +25,12 @@ int kvp_net_set_nonblock(int fd, int on);
  * (kvp_now_ms clock) passes. 0, KVP_ERPC_TIMEOUT, or KVP_EIO (poll failed). */
 int kvp_net_wait(int fd, short ev, uint64_t deadline_ms);
 void kvp_net_set_nodelay(int fd);
+/* Is host (no port, no brackets) the name "localhost" or a loopback
+ * address (127/8, ::1, ::ffff:127/104)? */
+int kvp_net_is_loopback(const char *host);
+/* The local address this machine sends from to reach addr ("host:port",
+ * resolved once): the address of a UDP socket connected there, which sends
+ * nothing. Numeric, without brackets, into host. 0, or KVP_EINVALID_PARAMS
+ * (a bad or unresolvable address) / KVP_EIO (no route) with a message. */
+int kvp_net_source_for(const char *addr, char *host, size_t hostlen, char *err, size_t errlen);
 #endif

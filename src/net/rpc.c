@@ -234,7 +234,11 @@ static int say_hello(kvp_rpc *r, const char *addr, const kvp_rpc_opts *o, char *
         rc = kvp_dec_hello_resp(resp, rl, &r->hello);
     if (rc == 0 && o->session)
         memcpy(o->session, r->hello.session, KVP_SESSION_LEN);
-    if (rc)
+    if (rc == KVP_EAUTH && !h.token.len)
+        snprintf(err, errlen, "HELLO to %s failed: %s: the master requires a cluster token and "
+                 "none was given (set cluster_token_file, or $KVPOOL_CLUSTER_TOKEN)", addr,
+                 kvp_strerror(rc));
+    else if (rc)
         snprintf(err, errlen, "HELLO to %s failed: %s", addr, kvp_strerror(rc));
     return rc;
 }

@@ -21,8 +21,19 @@
  * a descriptor nor a transfer begun under the earlier mount outlives it
  * (the master adopts the new secret, and what it quarantined is released).
  *
- * Advertised TCP host: the listen address's host when it is a specific
- * address, else cfg->local_hostname (a wildcard address cannot be dialled).
+ * Listen address and advertised TCP host (node_addr; a wildcard address
+ * cannot be dialled, and a loopback one only from this host):
+ *   listen given, specific host    -> advertise that host
+ *   listen given, wildcard host    -> local_hostname if set explicitly, else
+ *                                     the local address facing the master
+ *                                     (kvp_net_source_for), else localhost
+ *   no listen, local_hostname set  -> listen on and advertise local_hostname
+ *   no listen, master on loopback  -> localhost (one machine)
+ *   no listen, master elsewhere    -> listen on and advertise the address
+ *                                     facing the master, port 0; this needs
+ *                                     cluster_token and node_token (the
+ *                                     segment is then open to the network),
+ *                                     or insecure
  */
 #include "node/node.h"
 
@@ -244,6 +255,10 @@ static int link_open(kvp_node *n, char *err, size_t errlen)
                       .push_ctx = n};
     uint64_t sent = kvp_now_ms();
     int rc = kvp_rpc_open(n->cfg.master_addr, &o, &n->rpc, err, errlen);
+    if (rc == KVP_EAUTH && n->cfg.node_token[0]) {
+        size_t k = strlen(err);
+        snprintf(err + k, errlen - k, " (or the master has no node_token, or another one)");
+    }
     if (rc == KVP_EILLEGAL_CLIENT) {
         /* our id is taken by someone without our session: be someone else
          * (the master drops what the old identity held at its TTL) */
@@ -290,7 +305,11 @@ static int link_mount(kvp_node *n, char *err, size_t errlen)
         return rc;
     }
     if (st) {
-        snprintf(err, errlen, "MOUNT_SEGMENT refused: %s", kvp_strerror(st));
+        snprintf(err, errlen, "MOUNT_SEGMENT refused: %s%s", kvp_strerror(st),
+                 st == KVP_EILLEGAL_CLIENT && !n->cfg.node_token[0]
+                     ? " (the master allows only holders of its node credential to mount: set "
+                       "node_token, node_token_file or $KVPOOL_NODE_TOKEN, to the master's)"
+                     : "");
         return st;
     }
     kvp_arena a;
@@ -462,6 +481,80 @@ static void *link_main(void *arg)
     return NULL;
 }
 
+static int wildcard_host(const char *h)
+{
+    return !h[0] || !strcmp(h, "0.0.0.0") || !strcmp(h, "::");
+}
+
+/* "HOST:PORT", with brackets for an IPv6 host. */
+static void join_addr(char *out, size_t len, const char *host, unsigned port)
+{
+    if (strchr(host, ':'))
+        snprintf(out, len, "[%s]:%u", host, port);
+    else
+        snprintf(out, len, "%s:%u", host, port);
+}
+
+/* The segment server's listen address and the host advertised to clients
+ * (the table at the top of the file). 0, or a negative code with err. */
+static int node_addr(const kvp_node_opts *o, char *listen, size_t llen, char *host, size_t hlen,
+                     char *err, size_t errlen)
+{
+    const kvp_config *cfg = o->cfg;
+    int named = kvp_config_is_set(cfg, "local_hostname");
+    char lhost[256], src[64];
+    uint16_t lport;
+    if (o->listen && *o->listen) {
+        snprintf(listen, llen, "%s", o->listen);
+        if (kvp_net_split(listen, lhost, sizeof lhost, &lport) != 0) {
+            snprintf(err, errlen, "bad listen address \"%s\" (expected HOST:PORT)", listen);
+            return KVP_EINVALID_PARAMS;
+        }
+        if (!wildcard_host(lhost))
+            snprintf(host, hlen, "%s", lhost);
+        else if (named || !cfg->master_addr[0])
+            snprintf(host, hlen, "%s", cfg->local_hostname);
+        else {
+            char e[256];
+            int rc = kvp_net_source_for(cfg->master_addr, host, hlen, e, sizeof e);
+            if (rc) {
+                snprintf(err, errlen, "listening on %s: cannot tell which address clients "
+                         "should dial (%s); set local_hostname", listen, e);
+                return rc;
+            }
+        }
+        return 0;
+    }
+    snprintf(host, hlen, "%s", cfg->local_hostname);
+    join_addr(listen, llen, cfg->local_hostname, 0);
+    if (named || !cfg->master_addr[0])
+        return 0;
+    char e[256];
+    int rc = kvp_net_source_for(cfg->master_addr, src, sizeof src, e, sizeof e);
+    if (rc) {
+        snprintf(err, errlen, "master %s: %s", cfg->master_addr, e);
+        return rc;
+    }
+    if (kvp_net_is_loopback(src))
+        return 0; /* the master is on this machine, over loopback */
+    int ct = cfg->cluster_token[0] != 0, nt = cfg->node_token[0] != 0;
+    if (!cfg->insecure && (!ct || !nt)) {
+        snprintf(err, errlen,
+                 "the master %s is on another host, so this storage node would listen on %s, "
+                 "reachable from other machines, and it has no %s: set %s%s%s "
+                 "(docs/SECURITY.md), or choose the address with --listen, or pass --insecure",
+                 cfg->master_addr, src,
+                 !ct && !nt ? "cluster token and no node token" : !ct ? "cluster token" : "node token",
+                 ct ? "" : "cluster_token (cluster_token_file or $KVPOOL_CLUSTER_TOKEN)",
+                 !ct && !nt ? " and " : "",
+                 nt ? "" : "node_token (node_token_file or $KVPOOL_NODE_TOKEN)");
+        return KVP_ECONFIG;
+    }
+    snprintf(host, hlen, "%s", src);
+    join_addr(listen, llen, src, 0);
+    return 0;
+}
+
 int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t errlen)
 {
     if (!o || !o->cfg) {
@@ -492,18 +585,10 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
     pthread_cond_init(&n->cv, &ca);
     pthread_condattr_destroy(&ca);
 
-    char listen[300];
-    if (o->listen && *o->listen)
-        snprintf(listen, sizeof listen, "%s", o->listen);
-    else
-        snprintf(listen, sizeof listen, "%s:0", cfg->local_hostname);
-    char lhost[256];
-    uint16_t lport;
-    int rc = kvp_net_split(listen, lhost, sizeof lhost, &lport);
-    if (rc) {
-        snprintf(err, errlen, "bad listen address \"%s\" (expected HOST:PORT)", listen);
+    char listen[300], host[256];
+    int rc = node_addr(o, listen, sizeof listen, host, sizeof host, err, errlen);
+    if (rc)
         goto fail;
-    }
     kvp_unixsock_access ua;
     char dir[4096], sock[64];
     snprintf(sock, sizeof sock, KVP_UNIXSOCK_PREFIX "%016llx.sock", (unsigned long long)n->seg_id);
@@ -525,6 +610,16 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
                                  "the storage node", err, errlen);
     if (rc)
         goto fail;
+    if (cfg->master_addr[0] && !o->master_optional) {
+        /* before the segment is faulted in (seconds for a large one): a
+         * master that is not there is said at once */
+        int fd = kvp_net_connect(cfg->master_addr, n->link_timeout_ms, err, errlen);
+        if (fd < 0) {
+            rc = fd;
+            goto fail;
+        }
+        close(fd);
+    }
     rc = kvp_segment_create(cfg->global_segment_size, nm, &n->seg, err, errlen);
     if (rc)
         goto fail;
@@ -549,12 +644,7 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
         n->srv = NULL;
         goto fail;
     }
-    int wildcard = !lhost[0] || !strcmp(lhost, "0.0.0.0") || !strcmp(lhost, "::");
-    const char *host = wildcard ? cfg->local_hostname : lhost;
-    if (strchr(host, ':'))
-        snprintf(n->name, sizeof n->name, "[%s]:%u", host, kvp_segserver_port(n->srv));
-    else
-        snprintf(n->name, sizeof n->name, "%s:%u", host, kvp_segserver_port(n->srv));
+    join_addr(n->name, sizeof n->name, host, kvp_segserver_port(n->srv));
     snprintf(n->shm_addr, sizeof n->shm_addr, "%s:%s", kvp_node_host_id(), n->unix_path);
 
     if (!cfg->master_addr[0]) {
@@ -609,4 +699,5 @@ void kvp_node_stop(kvp_node *n)
 
 uint64_t kvp_node_segment_id(const kvp_node *n) { return n->seg_id; }
 uint16_t kvp_node_port(const kvp_node *n) { return n->srv ? kvp_segserver_port(n->srv) : 0; }
+const char *kvp_node_name(const kvp_node *n) { return n->name; }
 int kvp_node_mounted(const kvp_node *n) { return __atomic_load_n(&n->mounted, __ATOMIC_ACQUIRE); }

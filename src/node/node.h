@@ -8,7 +8,8 @@
  * node in one process) and embedded clients.
  *
  * Endpoints advertised at MOUNT_SEGMENT:
- *   ("tcp", "HOST:PORT")               HOST = local_hostname
+ *   ("tcp", "HOST:PORT")               HOST: the listen host, else local_hostname
+ *                                      or the address facing the master (node.c)
  *   ("shm", "HOSTID:/path/to/sock")    HOSTID = kvp_node_host_id(); a client
  *                                      with the same host id attaches the memfd
  * Segment id and secret are random per node start.
@@ -47,6 +48,8 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
 void kvp_node_stop(kvp_node *n);
 uint64_t kvp_node_segment_id(const kvp_node *n);
 uint16_t kvp_node_port(const kvp_node *n);
+/* The segment's name, "HOST:PORT": its advertised TCP endpoint. */
+const char *kvp_node_name(const kvp_node *n);
 /* 1 while the master holds our mount (for tests and `stat`). */
 int kvp_node_mounted(const kvp_node *n);
 
