@@ -118,6 +118,16 @@ int kvp_cli_addr(const char *cmd, const char *flag, const char *v, int any_port)
 const char *kvp_cli_quote(const char *s, char *buf, size_t n);
 
 /*
+ * What a refusal by the master means for this session's credentials, to
+ * follow the error on the same line: for KVP_EAUTH / KVP_EAUTH_BACKOFF with
+ * a tenant token, that the master knows no such token (or the cluster
+ * token is wrong); for KVP_EILLEGAL_CLIENT, that tenant cfg->tenant needs
+ * its own token and where it comes from (never a flag). "" otherwise.
+ * Never shows a secret. Returns buf.
+ */
+const char *kvp_cli_tenant_hint(const kvp_config *cfg, int rc, char *buf, size_t n);
+
+/*
  * Starts this binary (/proc/self/exe) with `kvpool <args...> --listen
  * 127.0.0.1:0 --port-file F` (args NULL-terminated, e.g. {"serve",
  * "--segment-size", "1GiB", NULL}), waits up to wait_ms for the port file,

@@ -23,8 +23,9 @@ static int connect_master(const kvp_config *cfg, const char *cmd, kvp_rpc **r)
                       .timeout_ms = (int)cfg->rpc_timeout_ms,
                       .tenant_token = cfg->tenant_token};
     int rc = kvp_rpc_open(cfg->master_addr, &o, r, err, sizeof err);
+    char hint[512];
     if (rc)
-        fprintf(stderr, "kvpool %s: %s\n", cmd, err);
+        fprintf(stderr, "kvpool %s: %s%s\n", cmd, err, kvp_cli_tenant_hint(cfg, rc, hint, sizeof hint));
     return rc;
 }
 
@@ -214,7 +215,9 @@ int kvp_cmd_stat(int argc, char **argv)
         if (rc == 0 && s.n_counters < KVP_STAT__COUNT)
             rc = KVP_EPROTOCOL;
         if (rc) {
-            fprintf(stderr, "kvpool stat: %s: %s\n", cfg.master_addr, kvp_strerror(rc));
+            char hint[512];
+            fprintf(stderr, "kvpool stat: %s: %s%s\n", cfg.master_addr, kvp_strerror(rc),
+                    kvp_cli_tenant_hint(&cfg, rc, hint, sizeof hint));
             ret = 1;
             break;
         }
@@ -287,7 +290,9 @@ int kvp_cmd_reset(int argc, char **argv)
     kvp_buf_free(&b);
     kvp_rpc_close(r);
     if (rc) {
-        fprintf(stderr, "kvpool reset: %s: %s\n", cfg.master_addr, kvp_strerror(rc));
+        char hint[512];
+        fprintf(stderr, "kvpool reset: %s: %s%s\n", cfg.master_addr, kvp_strerror(rc),
+                kvp_cli_tenant_hint(&cfg, rc, hint, sizeof hint));
         return 1;
     }
     printf("removed %llu objects of tenant \"%s\"\n", (unsigned long long)resp.removed, cfg.tenant);

@@ -28,8 +28,9 @@ static int open_client(kvp_config *cfg, const char *cmd, kvp_client **c)
     snprintf(cfg->mode, sizeof cfg->mode, "standalone-store");
     cfg->global_segment_size = 0;
     int rc = kvp_client_open_config(cfg, c, err, sizeof err);
+    char hint[512];
     if (rc)
-        fprintf(stderr, "kvpool %s: %s\n", cmd, err);
+        fprintf(stderr, "kvpool %s: %s%s\n", cmd, err, kvp_cli_tenant_hint(cfg, rc, hint, sizeof hint));
     return rc;
 }
 
@@ -148,10 +149,12 @@ int kvp_cmd_kv(int argc, char **argv)
         return 1;
     }
     int ret = 0;
+    char hint[512];
     if (is_put) {
         rc = kvp_client_put(c, pos[0], val, len);
         if (rc) {
-            fprintf(stderr, "kvpool put: %s: %s\n", pos[0], kvp_strerror(rc));
+            fprintf(stderr, "kvpool put: %s: %s%s\n", pos[0], kvp_strerror(rc),
+                    kvp_cli_tenant_hint(&cfg, rc, hint, sizeof hint));
             ret = 1;
         }
     } else if (is_get) {
@@ -159,7 +162,8 @@ int kvp_cmd_kv(int argc, char **argv)
         uint8_t *buf = size >= 0 ? kvp_malloc((size_t)size + 1) : NULL;
         int64_t got = size < 0 ? size : buf ? kvp_client_get(c, pos[0], buf, (size_t)size) : KVP_ENOMEM;
         if (got < 0) {
-            fprintf(stderr, "kvpool get: %s: %s\n", pos[0], kvp_strerror((int)got));
+            fprintf(stderr, "kvpool get: %s: %s%s\n", pos[0], kvp_strerror((int)got),
+                    kvp_cli_tenant_hint(&cfg, (int)got, hint, sizeof hint));
             ret = 1;
         } else {
             FILE *f = (n == 2 && strcmp(pos[1], "-")) ? fopen(pos[1], "wb") : stdout;
@@ -174,11 +178,13 @@ int kvp_cmd_kv(int argc, char **argv)
         int *res = kvp_calloc((size_t)n, sizeof *res);
         rc = res ? kvp_client_exist(c, pos, (size_t)n, res) : KVP_ENOMEM;
         if (rc) {
-            fprintf(stderr, "kvpool exist: %s\n", kvp_strerror(rc));
+            fprintf(stderr, "kvpool exist: %s%s\n", kvp_strerror(rc),
+                    kvp_cli_tenant_hint(&cfg, rc, hint, sizeof hint));
             ret = 1;
         }
         for (int i = 0; rc == 0 && i < n; i++) {
-            printf("%s: %s\n", pos[i], res[i] == 1 ? "yes" : res[i] == 0 ? "no" : kvp_strerror(res[i]));
+            printf("%s: %s%s\n", pos[i], res[i] == 1 ? "yes" : res[i] == 0 ? "no" : kvp_strerror(res[i]),
+                   res[i] < 0 ? kvp_cli_tenant_hint(&cfg, res[i], hint, sizeof hint) : "");
             if (res[i] != 1)
                 ret = 1;
         }
@@ -187,7 +193,8 @@ int kvp_cmd_kv(int argc, char **argv)
         for (int i = 0; i < n; i++) {
             rc = kvp_client_remove(c, pos[i], v[0] != NULL);
             if (rc) {
-                fprintf(stderr, "kvpool rm: %s: %s\n", pos[i], kvp_strerror(rc));
+                fprintf(stderr, "kvpool rm: %s: %s%s\n", pos[i], kvp_strerror(rc),
+                        kvp_cli_tenant_hint(&cfg, rc, hint, sizeof hint));
                 ret = 1;
             }
         }

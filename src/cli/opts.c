@@ -458,6 +458,27 @@ int kvp_cli_parse_for(int argc, char **argv, unsigned roles, kvp_config *cfg,
     return 0;
 }
 
+/* ---------------------------------------------------------- credentials */
+
+const char *kvp_cli_tenant_hint(const kvp_config *cfg, int rc, char *buf, size_t n)
+{
+    char q[96];
+    const char *t = kvp_cli_quote(cfg->tenant, q, sizeof q);
+    int tt = cfg->tenant_token[0] != 0, ct = cfg->cluster_token[0] != 0;
+    if (n)
+        buf[0] = '\0';
+    if ((rc == KVP_EAUTH || rc == KVP_EAUTH_BACKOFF) && tt)
+        snprintf(buf, n, " (the master knows no such tenant token%s: check tenant_token_file "
+                 "or $KVPOOL_TENANT_TOKEN)", ct ? ", or the cluster token is wrong" : "");
+    else if (rc == KVP_EILLEGAL_CLIENT && tt)
+        snprintf(buf, n, " (this session's tenant token is not the token of tenant %s: a token "
+                 "reaches only its own tenant)", t);
+    else if (rc == KVP_EILLEGAL_CLIENT)
+        snprintf(buf, n, " (tenant %s is protected: give its token with --tenant-token-file "
+                 "FILE or $KVPOOL_TENANT_TOKEN)", t);
+    return buf;
+}
+
 /* --------------------------------------------------------------- spawn */
 
 pid_t kvp_cli_spawn_self(const char *const *args, int wait_ms, char *addr, size_t addrlen)

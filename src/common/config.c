@@ -1066,8 +1066,8 @@ static int unknown_flag(const char *shown, const char *lookup, char *err, size_t
             dashed[i] = s[i] == '_' ? '-' : s[i];
         appendf(err, errlen, &len, " (did you mean --%s?)", dashed);
     }
-    appendf(err, errlen, &len, " (allowed: this command's flags and every configuration key "
-                               "as --key-name, listed by --help)");
+    appendf(err, errlen, &len, " (allowed: this command's flags and the configuration keys "
+                               "it reads as --key-name, listed by its --help)");
     return KVP_ECONFIG;
 }
 
