@@ -80,7 +80,7 @@ static void print_admin_keys(const char *cmd)
     printf("\nA protected tenant's token comes from --tenant-token-file FILE or\n"
            "$KVPOOL_TENANT_TOKEN, never from a flag. The configuration keys %s reads,\n"
            "also from --config FILE (kvpool help config for all of them):\n", cmd);
-    kvp_config_print_flags(stdout, KVP_KEY_ADMIN, 2);
+    kvp_config_print_flags(stdout, KVP_KEY_ADMIN, NULL, 2);
 }
 
 /* With a tenant named (flag or file), only its row of the tenant table is

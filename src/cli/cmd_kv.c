@@ -95,7 +95,7 @@ static int usage_kv(const char *cmd)
            "protected tenant's token comes from --tenant-token-file FILE or\n"
            "$KVPOOL_TENANT_TOKEN, never from a flag. The configuration keys %s reads,\n"
            "also from --config FILE (kvpool help config for all of them):\n", cmd);
-    kvp_config_print_flags(stdout, KVP_KEY_CLIENT, 2);
+    kvp_config_print_flags(stdout, KVP_KEY_CLIENT, NULL, 2);
     return 0;
 }
 

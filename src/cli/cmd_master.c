@@ -21,7 +21,7 @@ static void help(void)
            "  --port-file FILE    write the bound port there once listening\n\n"
            "The keys the master reads are also flags (--lease-ttl 5s, --client-ttl 10s,\n"
            "...); kvpool help config prints what each key means:\n");
-    kvp_config_print_flags(stdout, KVP_KEY_MASTER, 2);
+    kvp_config_print_flags(stdout, KVP_KEY_MASTER, NULL, 2);
 }
 
 int kvp_cmd_master(int argc, char **argv)

@@ -62,7 +62,8 @@ int kvp_cmd_serve(int argc, char **argv)
                "The keys of the master and of a storage node are also flags (the node uses\n"
                "this process's master, so --master is refused); kvpool help config prints\n"
                "what each key means:\n");
-        kvp_config_print_flags(stdout, KVP_KEY_MASTER | KVP_KEY_NODE, 2);
+        kvp_config_print_flags(stdout, KVP_KEY_MASTER | KVP_KEY_NODE,
+                               (const char *const[]){"master", NULL}, 2);
         return 0;
     }
     if (rc < 0)

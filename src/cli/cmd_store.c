@@ -28,7 +28,7 @@ static void help(void)
            "  --master-optional    start even when the master is unreachable\n\n"
            "The keys a storage node reads are also flags; kvpool help config prints what\n"
            "each key means:\n");
-    kvp_config_print_flags(stdout, KVP_KEY_NODE, 2);
+    kvp_config_print_flags(stdout, KVP_KEY_NODE, NULL, 2);
 }
 
 int kvp_cmd_store(int argc, char **argv)

@@ -32,8 +32,9 @@ static void usage(FILE *f)
     fprintf(f, "usage: kvpool <command> [options]   (kvpool <command> --help)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         fprintf(f, "  %-10s %s\n", cmds[i].name, cmds[i].help);
-    fprintf(f, "  %-10s %s\n", "help", "`kvpool help config`: every configuration key (type, "
-               "default, meaning, which commands read it); `kvpool help CMD` = CMD --help");
+    fprintf(f, "  %-10s %s\n", "help", "`kvpool help config`: every configuration key (type,");
+    fprintf(f, "  %-10s %s\n", "", "default, meaning, which commands read it); `kvpool help CMD`");
+    fprintf(f, "  %-10s %s\n", "", "= `kvpool CMD --help`");
     fprintf(f, "  %-10s %s\n", "version", "print the version");
     fprintf(f, "\nFlags (--name VALUE or --name=VALUE) and arguments may come in any order;\n"
                "\"--\" ends the flags. A boolean flag is --name alone or --name=true|false\n"

@@ -274,7 +274,7 @@ static int next_item(struct scan *s, struct item *it)
         return item_err(s, it, "unknown flag --%s (see kvpool %s --help)", it->name,
                         s->argv[0]);
     if (kind == KVP_CLI_BOOL) {
-        it->val = eq ? eq + 1 : "1"; /* "--name VALUE" is a flag and a positional */
+        it->val = eq ? eq + 1 : "1"; /* never the next argument: a positional */
     } else if (eq) {
         it->val = eq + 1;
     } else if (it->own < 0 && kvp_config_key_is_bool(it->name) &&

@@ -324,13 +324,17 @@ const char *kvp_config_roles_text(unsigned roles, char *buf, size_t n)
     return buf;
 }
 
-void kvp_config_print_flags(FILE *f, unsigned roles, int indent)
+void kvp_config_print_flags(FILE *f, unsigned roles, const char *const *skip, int indent)
 {
     int col = 0;
     for (size_t i = 0; i < NKEYS; i++) {
         size_t nl = strlen(keys[i].name);
+        int skipped = 0;
+        for (size_t j = 0; skip && skip[j]; j++)
+            skipped |= !strcmp(skip[j], keys[i].name);
         /* a secret is never a flag (its *_file key is) */
-        if (!(keys[i].roles & roles) || (nl > 6 && !strcmp(keys[i].name + nl - 6, "_token")))
+        if (skipped || !(keys[i].roles & roles) ||
+            (nl > 6 && !strcmp(keys[i].name + nl - 6, "_token")))
             continue;
         char flag[72];
         snprintf(flag, sizeof flag, "--%s", keys[i].name);

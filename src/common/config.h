@@ -135,9 +135,10 @@ const char *kvp_config_roles_text(unsigned roles, char *buf, size_t n);
  * string or a flag (not left at its default)? */
 int kvp_config_was_set(const kvp_config *c, const char *name);
 
-/* The flags of the keys of `roles` ("--key-name", aliases not listed),
- * wrapped at 80 columns with `indent` spaces before each line. */
-void kvp_config_print_flags(FILE *f, unsigned roles, int indent);
+/* The flags of the keys of `roles` ("--key-name", aliases not listed; not
+ * the secrets, never flags, nor the keys named in `skip`, NULL-ended, may
+ * be NULL), wrapped at 80 columns with `indent` spaces before each line. */
+void kvp_config_print_flags(FILE *f, unsigned roles, const char *const *skip, int indent);
 
 /* Cross-field checks (evict_low < evict_high, lease_ttl <= client_ttl, ...). */
 int kvp_config_validate(const kvp_config *c, char *err, size_t errlen);
