@@ -25,10 +25,22 @@ int kvp_cmd_kv(int argc, char **argv);
  *
  *   - flags and positional arguments in any order: `put KEY --master H:P`
  *     and `put --master H:P KEY` are the same;
- *   - "--name VALUE" or "--name=VALUE"; a boolean flag is "--name" alone;
+ *   - "--name VALUE" or "--name=VALUE";
+ *   - a boolean flag (a command's own, or a boolean configuration key) is
+ *     "--name" alone (true) or "--name=WORD", WORD one of true, false, 1, 0,
+ *     yes, no, on, off in any case (kvp_config_bool_word); a boolean key
+ *     also takes "--name WORD" (a command's own boolean does not: the word
+ *     would be a positional argument);
  *   - "--" ends the flags: what follows is positional, even "-x" or "--y";
  *     "-" alone is positional (standard input/output);
  *   - "--help" / "-h" (before any "--") means help, wherever it is.
+ *
+ *   - a configuration key is a flag only for a command that reads it (its
+ *     roles, config.h KVP_KEY_*): any other is refused, never ignored
+ *     ("kvpool put: flag --lease-ttl: a key read only by kvpool serve,
+ *     master; put does not use it ..."); a secret key (cluster_token,
+ *     node_token, tenant_token) is never a flag: its *_file key or
+ *     environment variable is (docs/SECURITY.md).
  *
  * Every byte is untrusted: a missing or empty value, an unknown flag, a
  * number with a sign or trailing junk, out of range or overflowing, a
@@ -41,7 +53,8 @@ int kvp_cmd_kv(int argc, char **argv);
 /* What a flag of the command's own table takes. */
 typedef enum kvp_cli_kind {
     KVP_CLI_TEXT,    /* a non-empty string */
-    KVP_CLI_BOOL,    /* nothing: "--name" alone yields "1"; "--name=V" is refused */
+    KVP_CLI_BOOL,    /* "--name" or "--name=WORD" (see above): own_vals gets "1" when
+                        true, NULL when false */
     KVP_CLI_CONNECT, /* HOST:PORT of a server to reach: port 1 to 65535 */
     KVP_CLI_LISTEN,  /* HOST:PORT to listen on: port 0 to 65535, 0 = any free port */
 } kvp_cli_kind;
@@ -65,7 +78,15 @@ typedef struct kvp_cli_flag {
  * argv is then unspecified); with npos NULL the command takes none and one
  * is an error. Returns 0, 1 for help (then nothing is reported, loaded or
  * moved), or -1 after printing the message.
+ *
+ * kvp_cli_parse_for takes only the keys of `roles` (KVP_KEY_*: the
+ * components the command runs or is) as flags; a flag of `own` with a key's
+ * name wins over the key, so a command can take a key its own way or refuse
+ * it with its own message. kvp_cli_parse takes every key (the benchmarks,
+ * which hand their configuration to the processes they start).
  */
+int kvp_cli_parse_for(int argc, char **argv, unsigned roles, kvp_config *cfg,
+                      const kvp_cli_flag *own, const char **own_vals, int *npos);
 int kvp_cli_parse(int argc, char **argv, kvp_config *cfg, const kvp_cli_flag *own,
                   const char **own_vals, int *npos);
 /* The same for a command without a configuration (`kvpool sim`, benchmarks):
@@ -95,6 +116,16 @@ int kvp_cli_addr(const char *cmd, const char *flag, const char *v, int any_port)
 /* s as a double-quoted string for messages: '"', '\' and control or
  * non-ASCII bytes escaped, cut after 60 bytes with "..."; returns buf. */
 const char *kvp_cli_quote(const char *s, char *buf, size_t n);
+
+/*
+ * What a refusal by the master means for this session's credentials, to
+ * follow the error on the same line: for KVP_EAUTH / KVP_EAUTH_BACKOFF with
+ * a tenant token, that the master knows no such token (or the cluster
+ * token is wrong); for KVP_EILLEGAL_CLIENT, that tenant cfg->tenant needs
+ * its own token and where it comes from (never a flag). "" otherwise.
+ * Never shows a secret. Returns buf.
+ */
+const char *kvp_cli_tenant_hint(const kvp_config *cfg, int rc, char *buf, size_t n);
 
 /*
  * Starts this binary (/proc/self/exe) with `kvpool <args...> --listen

@@ -23,8 +23,9 @@ static int connect_master(const kvp_config *cfg, const char *cmd, kvp_rpc **r)
                       .timeout_ms = (int)cfg->rpc_timeout_ms,
                       .tenant_token = cfg->tenant_token};
     int rc = kvp_rpc_open(cfg->master_addr, &o, r, err, sizeof err);
+    char hint[512];
     if (rc)
-        fprintf(stderr, "kvpool %s: %s\n", cmd, err);
+        fprintf(stderr, "kvpool %s: %s%s\n", cmd, err, kvp_cli_tenant_hint(cfg, rc, hint, sizeof hint));
     return rc;
 }
 
@@ -71,6 +72,28 @@ static void print_json(const kvp_msg_stats_resp *s)
     }
     printf("]}\n");
     fflush(stdout);
+}
+
+/* The configuration keys stat and reset read, for their --help. */
+static void print_admin_keys(const char *cmd)
+{
+    printf("\nA protected tenant's token comes from --tenant-token-file FILE or\n"
+           "$KVPOOL_TENANT_TOKEN, never from a flag. The configuration keys %s reads,\n"
+           "also from --config FILE (kvpool help config for all of them):\n", cmd);
+    kvp_config_print_flags(stdout, KVP_KEY_ADMIN, NULL, 2);
+}
+
+/* With a tenant named (flag or file), only its row of the tenant table is
+ * shown: keeps the rows of s->tenants named `only` (NULL: all). */
+static void keep_tenant(kvp_msg_stats_resp *s, const char *only)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; only && i < s->n_tenants; i++)
+        if (s->tenants[i].name.len == strlen(only) &&
+            !memcmp(s->tenants[i].name.p, only, s->tenants[i].name.len))
+            s->tenants[n++] = s->tenants[i];
+    if (only)
+        s->n_tenants = n;
 }
 
 static void print_table(const kvp_msg_stats_resp *s)
@@ -153,14 +176,16 @@ int kvp_cmd_stat(int argc, char **argv)
     static const kvp_cli_flag own[] = {{"json", KVP_CLI_BOOL}, {"watch", KVP_CLI_TEXT},
                                        {NULL, KVP_CLI_TEXT}};
     const char *v[2] = {NULL};
-    int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
+    int rc = kvp_cli_parse_for(argc, argv, KVP_KEY_ADMIN, &cfg, own, v, NULL);
     if (rc == 1) {
-        printf("usage: kvpool stat [--master HOST:PORT] [--json] [--watch SECONDS]\n"
+        printf("usage: kvpool stat [--master HOST:PORT] [--json] [--watch SECONDS] [--tenant NAME]\n"
                "Shows the pool: objects, usage, hits, misses, evictions; per segment its\n"
                "capacity, usage, replicas and largest free block; per tenant its objects,\n"
                "bytes, pool bytes, quotas, share, evictions and refused puts (a session with\n"
-               "a tenant token sees its own tenant only). --watch repeats every SECONDS\n"
+               "a tenant token sees its own tenant only; --tenant NAME, or a configuration\n"
+               "that names one, shows only that tenant's row). --watch repeats every SECONDS\n"
                "(default 2) until interrupted.\n");
+        print_admin_keys("stat");
         return 0;
     }
     if (rc < 0)
@@ -190,10 +215,13 @@ int kvp_cmd_stat(int argc, char **argv)
         if (rc == 0 && s.n_counters < KVP_STAT__COUNT)
             rc = KVP_EPROTOCOL;
         if (rc) {
-            fprintf(stderr, "kvpool stat: %s: %s\n", cfg.master_addr, kvp_strerror(rc));
+            char hint[512];
+            fprintf(stderr, "kvpool stat: %s: %s%s\n", cfg.master_addr, kvp_strerror(rc),
+                    kvp_cli_tenant_hint(&cfg, rc, hint, sizeof hint));
             ret = 1;
             break;
         }
+        keep_tenant(&s, kvp_config_was_set(&cfg, "tenant") ? cfg.tenant : NULL);
         if (every > 0 && !v[0] && isatty(1))
             printf("\033[H\033[2J");
         if (v[0])
@@ -216,13 +244,15 @@ int kvp_cmd_reset(int argc, char **argv)
     kvp_config cfg;
     kvp_config_defaults(&cfg);
     static const kvp_cli_flag own[] = {{"yes", KVP_CLI_BOOL}, {"force", KVP_CLI_BOOL},
-                                       {"tenant", KVP_CLI_TEXT}, {NULL, KVP_CLI_TEXT}};
-    const char *v[3] = {NULL};
-    int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
+                                       {NULL, KVP_CLI_TEXT}};
+    const char *v[2] = {NULL};
+    int rc = kvp_cli_parse_for(argc, argv, KVP_KEY_ADMIN, &cfg, own, v, NULL);
     if (rc == 1) {
         printf("usage: kvpool reset [--master HOST:PORT] [--yes] [--force] [--tenant NAME]\n"
-               "Removes every object of the tenant (default \"default\"). Asks first unless\n"
-               "--yes. Objects being read (leased) or pinned are kept unless --force.\n");
+               "Removes every object of the tenant (the configuration key tenant, default\n"
+               "\"default\"), and only that tenant's. Asks first unless --yes. Objects being\n"
+               "read (leased) or pinned are kept unless --force.\n");
+        print_admin_keys("reset");
         return 0;
     }
     if (rc < 0)
@@ -232,7 +262,7 @@ int kvp_cmd_reset(int argc, char **argv)
             fprintf(stderr, "kvpool reset: refusing without --yes (standard input is not a terminal)\n");
             return 2;
         }
-        fprintf(stderr, "Remove every object of tenant \"%s\" on %s? [y/N] ", v[2] ? v[2] : "default",
+        fprintf(stderr, "Remove every object of tenant \"%s\" on %s? [y/N] ", cfg.tenant,
                 cfg.master_addr);
         char line[16];
         if (!fgets(line, sizeof line, stdin) || (line[0] != 'y' && line[0] != 'Y')) {
@@ -245,7 +275,7 @@ int kvp_cmd_reset(int argc, char **argv)
         return 1;
     kvp_buf b;
     kvp_buf_init(&b, 4096);
-    const char *t = v[2] ? v[2] : "";
+    const char *t = cfg.tenant;
     kvp_msg_remove_all m = {{(const uint8_t *)t, (uint32_t)strlen(t)}, v[1] ? 1 : 0};
     kvp_enc_remove_all(&b, &m);
     int32_t st;
@@ -260,9 +290,11 @@ int kvp_cmd_reset(int argc, char **argv)
     kvp_buf_free(&b);
     kvp_rpc_close(r);
     if (rc) {
-        fprintf(stderr, "kvpool reset: %s: %s\n", cfg.master_addr, kvp_strerror(rc));
+        char hint[512];
+        fprintf(stderr, "kvpool reset: %s: %s%s\n", cfg.master_addr, kvp_strerror(rc),
+                kvp_cli_tenant_hint(&cfg, rc, hint, sizeof hint));
         return 1;
     }
-    printf("removed %llu objects\n", (unsigned long long)resp.removed);
+    printf("removed %llu objects of tenant \"%s\"\n", (unsigned long long)resp.removed, cfg.tenant);
     return 0;
 }

@@ -2,6 +2,11 @@
  * cmd_kv.c -- `kvpool put|get|exist|rm KEY`: single objects from the shell.
  * Values come from / go to a file, or standard input/output ("-" or no
  * file). A missing key is a message and exit status 1.
+ *
+ * The client is the library's (kvp_client_open_config) with every client key
+ * of the file and the flags (KVP_KEY_CLIENT: master, tenant, tenant and
+ * cluster credentials, rpc_timeout, protocol, replica_num, ...), always in
+ * standalone-store mode: a one-shot command contributes no memory.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -9,23 +14,23 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "client/client_int.h"
 #include "common/mem.h"
 #include "kvpool.h"
 
 #define MAX_VALUE (4ull << 30)
 
-/* Opens a client that contributes no memory (standalone-store mode). */
-static int open_client(const kvp_config *cfg, const char *cmd, kvp_client **c)
+/* Opens a client that contributes no memory (standalone-store mode: a
+ * file's "mode" and segment size are for the processes that host one). */
+static int open_client(kvp_config *cfg, const char *cmd, kvp_client **c)
 {
-    char json[1024], err[512];
-    snprintf(json, sizeof json,
-             "{\"master\": \"%s\", \"mode\": \"standalone-store\", \"cluster_token\": \"%s\", "
-             "\"rpc_timeout\": %llu, \"replica_num\": %llu, \"log_level\": \"warn\"}",
-             cfg->master_addr, cfg->cluster_token, (unsigned long long)cfg->rpc_timeout_ms,
-             (unsigned long long)cfg->replica_num);
-    int rc = kvp_client_open(json, c, err, sizeof err);
+    char err[KVP_CONFIG_ERRLEN];
+    snprintf(cfg->mode, sizeof cfg->mode, "standalone-store");
+    cfg->global_segment_size = 0;
+    int rc = kvp_client_open_config(cfg, c, err, sizeof err);
+    char hint[512];
     if (rc)
-        fprintf(stderr, "kvpool %s: %s\n", cmd, err);
+        fprintf(stderr, "kvpool %s: %s%s\n", cmd, err, kvp_cli_tenant_hint(cfg, rc, hint, sizeof hint));
     return rc;
 }
 
@@ -87,6 +92,11 @@ static int usage_kv(const char *cmd)
     else
         printf("usage: kvpool rm KEY... [--force] [--master HOST:PORT]\n"
                "Removes keys (--force: even while being read or pinned).\n");
+    printf("\nKeys live in a tenant's namespace: --tenant NAME (default \"default\"); a\n"
+           "protected tenant's token comes from --tenant-token-file FILE or\n"
+           "$KVPOOL_TENANT_TOKEN, never from a flag. The configuration keys %s reads,\n"
+           "also from --config FILE (kvpool help config for all of them):\n", cmd);
+    kvp_config_print_flags(stdout, KVP_KEY_CLIENT, NULL, 2);
     return 0;
 }
 
@@ -95,14 +105,23 @@ int kvp_cmd_kv(int argc, char **argv)
     const char *cmd = argv[0];
     kvp_config cfg;
     kvp_config_defaults(&cfg);
-    static const kvp_cli_flag own[] = {{"force", KVP_CLI_BOOL}, {NULL, KVP_CLI_TEXT}};
-    const char *v[1] = {NULL};
+    /* "mode" is the key's name: only the mode this command is takes effect */
+    static const kvp_cli_flag own[] = {{"force", KVP_CLI_BOOL}, {"mode", KVP_CLI_TEXT},
+                                       {NULL, KVP_CLI_TEXT}};
+    const char *v[2] = {NULL};
     int n = 0;
-    int rc = kvp_cli_parse(argc, argv, &cfg, own, v, &n);
+    int rc = kvp_cli_parse_for(argc, argv, KVP_KEY_CLIENT, &cfg, own, v, &n);
     if (rc == 1)
         return usage_kv(cmd);
     if (rc < 0)
         return 2;
+    if (v[1] && strcmp(v[1], "standalone-store") != 0) {
+        char q[96];
+        fprintf(stderr, "kvpool %s: flag --mode: value %s is not this command's mode (allowed: "
+                "standalone-store; a one-shot command contributes no memory)\n", cmd,
+                kvp_cli_quote(v[1], q, sizeof q));
+        return 2;
+    }
     const char **pos = (const char **)argv + 1;
     int is_put = !strcmp(cmd, "put"), is_get = !strcmp(cmd, "get");
     if (n < 1 || ((is_put || is_get) && n > 2)) {
@@ -131,10 +150,12 @@ int kvp_cmd_kv(int argc, char **argv)
         return 1;
     }
     int ret = 0;
+    char hint[512];
     if (is_put) {
         rc = kvp_client_put(c, pos[0], val, len);
         if (rc) {
-            fprintf(stderr, "kvpool put: %s: %s\n", pos[0], kvp_strerror(rc));
+            fprintf(stderr, "kvpool put: %s: %s%s\n", pos[0], kvp_strerror(rc),
+                    kvp_cli_tenant_hint(&cfg, rc, hint, sizeof hint));
             ret = 1;
         }
     } else if (is_get) {
@@ -142,7 +163,8 @@ int kvp_cmd_kv(int argc, char **argv)
         uint8_t *buf = size >= 0 ? kvp_malloc((size_t)size + 1) : NULL;
         int64_t got = size < 0 ? size : buf ? kvp_client_get(c, pos[0], buf, (size_t)size) : KVP_ENOMEM;
         if (got < 0) {
-            fprintf(stderr, "kvpool get: %s: %s\n", pos[0], kvp_strerror((int)got));
+            fprintf(stderr, "kvpool get: %s: %s%s\n", pos[0], kvp_strerror((int)got),
+                    kvp_cli_tenant_hint(&cfg, (int)got, hint, sizeof hint));
             ret = 1;
         } else {
             FILE *f = (n == 2 && strcmp(pos[1], "-")) ? fopen(pos[1], "wb") : stdout;
@@ -157,11 +179,13 @@ int kvp_cmd_kv(int argc, char **argv)
         int *res = kvp_calloc((size_t)n, sizeof *res);
         rc = res ? kvp_client_exist(c, pos, (size_t)n, res) : KVP_ENOMEM;
         if (rc) {
-            fprintf(stderr, "kvpool exist: %s\n", kvp_strerror(rc));
+            fprintf(stderr, "kvpool exist: %s%s\n", kvp_strerror(rc),
+                    kvp_cli_tenant_hint(&cfg, rc, hint, sizeof hint));
             ret = 1;
         }
         for (int i = 0; rc == 0 && i < n; i++) {
-            printf("%s: %s\n", pos[i], res[i] == 1 ? "yes" : res[i] == 0 ? "no" : kvp_strerror(res[i]));
+            printf("%s: %s%s\n", pos[i], res[i] == 1 ? "yes" : res[i] == 0 ? "no" : kvp_strerror(res[i]),
+                   res[i] < 0 ? kvp_cli_tenant_hint(&cfg, res[i], hint, sizeof hint) : "");
             if (res[i] != 1)
                 ret = 1;
         }
@@ -170,7 +194,8 @@ int kvp_cmd_kv(int argc, char **argv)
         for (int i = 0; i < n; i++) {
             rc = kvp_client_remove(c, pos[i], v[0] != NULL);
             if (rc) {
-                fprintf(stderr, "kvpool rm: %s: %s\n", pos[i], kvp_strerror(rc));
+                fprintf(stderr, "kvpool rm: %s: %s%s\n", pos[i], kvp_strerror(rc),
+                        kvp_cli_tenant_hint(&cfg, rc, hint, sizeof hint));
                 ret = 1;
             }
         }

@@ -19,8 +19,9 @@ static void help(void)
            "  --config FILE       JSON configuration (default $KVPOOL_CONFIG, then\n"
            "                      $MOONCAKE_CONFIG_PATH)\n"
            "  --port-file FILE    write the bound port there once listening\n\n"
-           "Every configuration key is also a flag (--lease-ttl 5s, --client-ttl 10s, ...):\n\n");
-    kvp_config_print_reference(stdout);
+           "The keys the master reads are also flags (--lease-ttl 5s, --client-ttl 10s,\n"
+           "...); kvpool help config prints what each key means:\n");
+    kvp_config_print_flags(stdout, KVP_KEY_MASTER, NULL, 2);
 }
 
 int kvp_cmd_master(int argc, char **argv)
@@ -29,7 +30,7 @@ int kvp_cmd_master(int argc, char **argv)
     kvp_config_defaults(&cfg);
     static const kvp_cli_flag own[] = {{"port-file", KVP_CLI_TEXT}, {NULL, KVP_CLI_TEXT}};
     const char *vals[1] = {NULL};
-    int rc = kvp_cli_parse(argc, argv, &cfg, own, vals, NULL);
+    int rc = kvp_cli_parse_for(argc, argv, KVP_KEY_MASTER, &cfg, own, vals, NULL);
     if (rc == 1) {
         help();
         return 0;

@@ -29,25 +29,52 @@ int kvp_cmd_serve(int argc, char **argv)
 {
     kvp_config cfg;
     kvp_config_defaults(&cfg);
+    /* the node inside talks to this process's master: the key "master" (and
+     * its Mooncake names) is taken here to be refused, not ignored */
     static const kvp_cli_flag own[] = {{"segment-size", KVP_CLI_TEXT},
                                        {"segment-listen", KVP_CLI_LISTEN},
                                        {"port-file", KVP_CLI_TEXT},
+                                       {"unix-dir", KVP_CLI_TEXT},
+                                       {"master", KVP_CLI_TEXT},
+                                       {"master-server-address", KVP_CLI_TEXT},
+                                       {"master-server-addr", KVP_CLI_TEXT},
+                                       {"master_server_address", KVP_CLI_TEXT},
+                                       {"master_server_addr", KVP_CLI_TEXT},
                                        {NULL, KVP_CLI_TEXT}};
-    const char *v[3] = {NULL};
-    int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
+    const char *v[9] = {NULL};
+    int rc = kvp_cli_parse_for(argc, argv, KVP_KEY_MASTER | KVP_KEY_NODE, &cfg, own, v, NULL);
     if (rc == 1) {
         printf("usage: kvpool serve [--listen HOST:PORT] [--segment-size SIZE]\n"
-               "                    [--segment-listen HOST:PORT] [--port-file FILE] [--<key> VALUE]...\n\n"
+               "                    [--segment-listen HOST:PORT] [--unix-dir DIR]\n"
+               "                    [--port-file FILE] [--config FILE] [--<key> VALUE]...\n\n"
                "Runs the master and one storage node in one process: the single-machine\n"
                "default. Clients on this host reach the segment through shared memory.\n\n"
                "  --listen HOST:PORT          master address (default 127.0.0.1:50051)\n"
                "  --segment-size SIZE         memory the node contributes (default 4GiB)\n"
                "  --segment-listen HOST:PORT  the node's segment server (default HOST:0)\n"
-               "  --port-file FILE            write the master's port there once serving\n");
+               "  --unix-dir DIR              directory of the same-host unix socket (default\n"
+               "                              $XDG_RUNTIME_DIR/kvpool, else /tmp/kvpool-UID);\n"
+               "                              created 0700 if missing; must be ours and not\n"
+               "                              writable by others\n"
+               "  --port-file FILE            write the master's port there once serving\n"
+               "  --config FILE               JSON configuration (default $KVPOOL_CONFIG, then\n"
+               "                              $MOONCAKE_CONFIG_PATH)\n\n"
+               "The keys of the master and of a storage node are also flags (the node uses\n"
+               "this process's master, so --master is refused); kvpool help config prints\n"
+               "what each key means:\n");
+        kvp_config_print_flags(stdout, KVP_KEY_MASTER | KVP_KEY_NODE,
+                               (const char *const[]){"master", NULL}, 2);
         return 0;
     }
     if (rc < 0)
         return 2;
+    for (int i = 4; i < 9; i++)
+        if (v[i]) {
+            fprintf(stderr, "kvpool serve: flag --%s: serve's storage node uses the master of "
+                    "this process (on --listen); run kvpool store --master HOST:PORT for a node "
+                    "of another master\n", own[i].name);
+            return 2;
+        }
     if (v[0] && kvp_cli_size("serve", "segment-size", v[0], 1u << 20, UINT64_MAX,
                              &cfg.global_segment_size) != 0)
         return 2;
@@ -78,7 +105,7 @@ int kvp_cmd_serve(int argc, char **argv)
     char seg_listen[300];
     snprintf(seg_listen, sizeof seg_listen, strchr(host, ':') ? "[%s]:0" : "%s:0", host);
     if (wild) {
-        if (!kvp_config_is_set(&cfg, "local_hostname")) {
+        if (!kvp_config_was_set(&cfg, "local_hostname")) {
             KVP_WARN("serve", "the master listens on %s, but the segment is registered as "
                      "127.0.0.1: clients on other hosts cannot reach it; set local_hostname "
                      "to this host's address, or give --listen this host's address", cfg.listen);
@@ -93,8 +120,8 @@ int kvp_cmd_serve(int argc, char **argv)
         kvp_mserver_destroy(ms);
         return 1;
     }
-    kvp_node_opts no = {.cfg = &cfg, .listen = v[1] ? v[1] : seg_listen, .io_threads = 4,
-                        .standalone = 1};
+    kvp_node_opts no = {.cfg = &cfg, .listen = v[1] ? v[1] : seg_listen, .unix_dir = v[3],
+                        .io_threads = 4, .standalone = 1};
     kvp_node *node = NULL;
     int ret = 0;
     if (kvp_node_start(&no, &node, err, sizeof err) != 0) {

@@ -28,8 +28,9 @@ static void help(void)
            "  --shm-group GROUP    also let this group's members attach the segment (shm_group)\n"
            "  --io-threads N       segment server worker threads (default 2)\n"
            "  --master-optional    start even when the master is unreachable\n\n"
-           "Every configuration key is also a flag:\n\n");
-    kvp_config_print_reference(stdout);
+           "The keys a storage node reads are also flags; kvpool help config prints what\n"
+           "each key means:\n");
+    kvp_config_print_flags(stdout, KVP_KEY_NODE, NULL, 2);
 }
 
 int kvp_cmd_store(int argc, char **argv)
@@ -43,7 +44,7 @@ int kvp_cmd_store(int argc, char **argv)
                                        {"master-optional", KVP_CLI_BOOL},
                                        {NULL, KVP_CLI_TEXT}};
     const char *vals[5] = {NULL};
-    int rc = kvp_cli_parse(argc, argv, &cfg, own, vals, NULL);
+    int rc = kvp_cli_parse_for(argc, argv, KVP_KEY_NODE, &cfg, own, vals, NULL);
     if (rc == 1) {
         help();
         return 0;

@@ -164,7 +164,10 @@ static int check_value(const char *cmd, const char *flag, kvp_cli_kind k, const 
 {
     switch (k) {
     case KVP_CLI_BOOL:
-        return 0;
+        return kvp_config_bool_word(v) >= 0
+                   ? 0
+                   : bad_flag(cmd, flag, v, "is not a boolean (allowed: %s)",
+                              KVP_CONFIG_BOOL_WORDS);
     case KVP_CLI_TEXT:
         return *v ? 0 : bad_flag(cmd, flag, v, "is empty (allowed: a non-empty value)");
     case KVP_CLI_CONNECT:
@@ -175,13 +178,15 @@ static int check_value(const char *cmd, const char *flag, kvp_cli_kind k, const 
     return -1;
 }
 
-/* The address kind of a configuration key given as a flag, else TEXT. */
-static kvp_cli_kind config_kind(const char *name)
+/* The check a configuration key given as a flag gets here, before the
+ * table's own (kvp_config_set): an address kind, KVP_CLI_TEXT for a key
+ * that must not be empty, or -1 for none. */
+static int config_kind(const char *name)
 {
     char n[32];
     size_t l = strlen(name);
     if (l >= sizeof n)
-        return KVP_CLI_TEXT;
+        return -1;
     for (size_t i = 0; i <= l; i++)
         n[i] = name[i] == '-' ? '_' : name[i];
     if (!strcmp(n, "master") || !strcmp(n, "master_server_address") ||
@@ -189,16 +194,9 @@ static kvp_cli_kind config_kind(const char *name)
         return KVP_CLI_CONNECT;
     if (!strcmp(n, "listen"))
         return KVP_CLI_LISTEN;
-    return KVP_CLI_TEXT;
-}
-
-static int bool_word(const char *v)
-{
-    static const char *const w[] = {"true", "false", "1", "0", "yes", "no", "on", "off"};
-    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
-        if (!strcasecmp(v, w[i]))
-            return 1;
-    return 0;
+    if (!strcmp(n, "tenant") || !strcmp(n, "tenant_id"))
+        return KVP_CLI_TEXT;
+    return -1;
 }
 
 /* ------------------------------------------------------------ scanning */
@@ -276,14 +274,11 @@ static int next_item(struct scan *s, struct item *it)
         return item_err(s, it, "unknown flag --%s (see kvpool %s --help)", it->name,
                         s->argv[0]);
     if (kind == KVP_CLI_BOOL) {
-        if (eq)
-            return item_err(s, it, "flag --%s takes no value (got %s)", it->name,
-                            kvp_cli_quote(eq + 1, q, sizeof q));
-        it->val = "1";
+        it->val = eq ? eq + 1 : "1"; /* never the next argument: a positional */
     } else if (eq) {
         it->val = eq + 1;
     } else if (it->own < 0 && kvp_config_key_is_bool(it->name) &&
-               (s->i >= s->argc || !bool_word(s->argv[s->i]))) {
+               (s->i >= s->argc || kvp_config_bool_word(s->argv[s->i]) < 0)) {
         it->val = "true"; /* --insecure alone; "--insecure false" still works */
     } else if (s->i < s->argc) {
         it->val = s->argv[s->i++];
@@ -341,13 +336,14 @@ static const char *secret_env(const char *name) { return secret_flags[secret_ind
  * errors; else configuration keys (--config was loaded by the caller).
  * 0 or -1 after the message.
  */
-static int apply_all(int argc, char **argv, kvp_config *cfg, const kvp_cli_flag *own,
-                     const char **vals, int *npos)
+static int apply_all(int argc, char **argv, kvp_config *cfg, unsigned roles,
+                     const kvp_cli_flag *own, const char **vals, int *npos)
 {
     struct scan s = {.argc = argc, .argv = argv, .i = 1, .keys = cfg != NULL, .own = own};
     struct item it;
     const char *cmd = argv[0];
-    char err[KVP_CONFIG_ERRLEN], q[96];
+    char err[KVP_CONFIG_ERRLEN], q[96], who[160];
+    int r;
     if (npos)
         *npos = 0;
     while (next_item(&s, &it) != IT_END) {
@@ -371,7 +367,9 @@ static int apply_all(int argc, char **argv, kvp_config *cfg, const kvp_cli_flag 
             if (it.own >= 0) {
                 if (check_value(cmd, it.name, own[it.own].kind, it.val) != 0)
                     return -1;
-                vals[it.own] = it.val;
+                /* a boolean is "1" when true, NULL when false (later ones win) */
+                vals[it.own] = own[it.own].kind != KVP_CLI_BOOL ? it.val
+                               : kvp_config_bool_word(it.val) ? "1" : NULL;
             } else if (cfg && !strcmp(it.name, "config")) {
                 if (check_value(cmd, it.name, KVP_CLI_TEXT, it.val) != 0)
                     return -1;
@@ -383,8 +381,21 @@ static int apply_all(int argc, char **argv, kvp_config *cfg, const kvp_cli_flag 
                             cmd, it.name, it.name, secret_env(it.name));
                     return -1;
                 }
-                kvp_cli_kind k = config_kind(it.name);
-                if (k != KVP_CLI_TEXT && check_value(cmd, it.name, k, it.val) != 0)
+                /* a key this command does not read is refused, not ignored */
+                if ((r = kvp_config_key_roles(it.name)) == 0) {
+                    fprintf(stderr, "kvpool %s: flag --%s: no kvpool command reads this key (a "
+                            "Mooncake key, accepted in configuration files only; see kvpool "
+                            "help config)\n", cmd, it.name);
+                    return -1;
+                }
+                if (r > 0 && !((unsigned)r & roles)) {
+                    fprintf(stderr, "kvpool %s: flag --%s: a key read only by %s; %s does not "
+                            "use it (kvpool help config: who reads each key)\n", cmd, it.name,
+                            kvp_config_roles_text((unsigned)r, who, sizeof who), cmd);
+                    return -1;
+                }
+                int k = config_kind(it.name);
+                if (k >= 0 && check_value(cmd, it.name, (kvp_cli_kind)k, it.val) != 0)
                     return -1;
                 if (kvp_config_set(cfg, it.name, it.val, err, sizeof err) != 0) {
                     fprintf(stderr, "kvpool %s: %s\n", cmd, err);
@@ -403,11 +414,18 @@ int kvp_cli_scan(int argc, char **argv, const kvp_cli_flag *own, const char **ow
     const char *unused;
     if (prescan(argc, argv, own, 0, &unused))
         return 1;
-    return apply_all(argc, argv, NULL, own, own_vals, npos);
+    return apply_all(argc, argv, NULL, 0, own, own_vals, npos);
 }
 
 int kvp_cli_parse(int argc, char **argv, kvp_config *cfg, const kvp_cli_flag *own,
                   const char **own_vals, int *npos)
+{
+    return kvp_cli_parse_for(argc, argv, KVP_KEY_MASTER | KVP_KEY_NODE | KVP_KEY_CLIENT |
+                                             KVP_KEY_ADMIN, cfg, own, own_vals, npos);
+}
+
+int kvp_cli_parse_for(int argc, char **argv, unsigned roles, kvp_config *cfg,
+                      const kvp_cli_flag *own, const char **own_vals, int *npos)
 {
     char err[KVP_CONFIG_ERRLEN];
     const char *file;
@@ -429,7 +447,7 @@ int kvp_cli_parse(int argc, char **argv, kvp_config *cfg, const kvp_cli_flag *ow
             return -1;
         }
     }
-    if (apply_all(argc, argv, cfg, own, own_vals, npos) != 0)
+    if (apply_all(argc, argv, cfg, roles, own, own_vals, npos) != 0)
         return -1;
     if (kvp_config_validate(cfg, err, sizeof err) != 0 ||
         kvp_secret_resolve(cfg, err, sizeof err) != 0) {
@@ -438,6 +456,27 @@ int kvp_cli_parse(int argc, char **argv, kvp_config *cfg, const kvp_cli_flag *ow
     }
     kvp_log_set_level(cfg->log_level);
     return 0;
+}
+
+/* ---------------------------------------------------------- credentials */
+
+const char *kvp_cli_tenant_hint(const kvp_config *cfg, int rc, char *buf, size_t n)
+{
+    char q[96];
+    const char *t = kvp_cli_quote(cfg->tenant, q, sizeof q);
+    int tt = cfg->tenant_token[0] != 0, ct = cfg->cluster_token[0] != 0;
+    if (n)
+        buf[0] = '\0';
+    if ((rc == KVP_EAUTH || rc == KVP_EAUTH_BACKOFF) && tt)
+        snprintf(buf, n, " (the master knows no such tenant token%s: check tenant_token_file "
+                 "or $KVPOOL_TENANT_TOKEN)", ct ? ", or the cluster token is wrong" : "");
+    else if (rc == KVP_EILLEGAL_CLIENT && tt)
+        snprintf(buf, n, " (this session's tenant token is not the token of tenant %s: a token "
+                 "reaches only its own tenant)", t);
+    else if (rc == KVP_EILLEGAL_CLIENT)
+        snprintf(buf, n, " (tenant %s is protected: give its token with --tenant-token-file "
+                 "FILE or $KVPOOL_TENANT_TOKEN)", t);
+    return buf;
 }
 
 /* --------------------------------------------------------------- spawn */

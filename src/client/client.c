@@ -543,7 +543,27 @@ static void choose_preferred(kvp_client *c)
         snprintf(c->pref_name, sizeof c->pref_name, "%s", c->seg_name);
 }
 
+/* kvp_client_open from a configuration text (cfg NULL) or a parsed one. */
+static int client_open(const char *config, const kvp_config *cfg, kvp_client **out, char *err,
+                       size_t errlen);
+
 int kvp_client_open(const char *config, kvp_client **out, char *err, size_t errlen)
+{
+    return client_open(config, NULL, out, err, errlen);
+}
+
+int kvp_client_open_config(const kvp_config *cfg, kvp_client **out, char *err, size_t errlen)
+{
+    if (!cfg) {
+        if (err && errlen)
+            snprintf(err, errlen, "kvp_client_open_config: cfg is NULL");
+        return KVP_EINVALID_PARAMS;
+    }
+    return client_open(NULL, cfg, out, err, errlen);
+}
+
+static int client_open(const char *config, const kvp_config *cfg, kvp_client **out, char *err,
+                       size_t errlen)
 {
     char ebuf[KVP_CONFIG_ERRLEN];
     if (!err || !errlen) {
@@ -570,18 +590,22 @@ int kvp_client_open(const char *config, kvp_client **out, char *err, size_t errl
     pthread_cond_init(&c->hb_cv, &ca);
     pthread_condattr_destroy(&ca);
 
-    kvp_config_defaults(&c->cfg);
     int rc = 0;
-    const char *path;
-    const char *t = config;
-    while (t && (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r'))
-        t++;
-    if (t && *t == '{')
-        rc = kvp_config_load_string(&c->cfg, config, err, errlen);
-    else if (t && *t) /* not JSON text: the path of a JSON file */
-        rc = kvp_config_load_file(&c->cfg, config, err, errlen);
-    else if ((path = kvp_config_path_from_env()) != NULL)
-        rc = kvp_config_load_file(&c->cfg, path, err, errlen);
+    if (cfg) {
+        c->cfg = *cfg;
+    } else {
+        kvp_config_defaults(&c->cfg);
+        const char *path;
+        const char *t = config;
+        while (t && (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r'))
+            t++;
+        if (t && *t == '{')
+            rc = kvp_config_load_string(&c->cfg, config, err, errlen);
+        else if (t && *t) /* not JSON text: the path of a JSON file */
+            rc = kvp_config_load_file(&c->cfg, config, err, errlen);
+        else if ((path = kvp_config_path_from_env()) != NULL)
+            rc = kvp_config_load_file(&c->cfg, path, err, errlen);
+    }
     if (rc == 0)
         rc = kvp_config_validate(&c->cfg, err, errlen);
     if (rc == 0)

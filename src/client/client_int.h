@@ -71,4 +71,12 @@ struct kvp_client {
     pthread_t hb_thread;
 };
 
+/*
+ * kvp_client_open with a configuration already parsed (the kvpool command's
+ * flags over its file): copied, validated, secrets resolved from their files
+ * or the environment where still empty, then opened the same way. Not part
+ * of the public API (kvp_config is not); used by src/cli.
+ */
+int kvp_client_open_config(const kvp_config *cfg, kvp_client **out, char *err, size_t errlen);
+
 #endif

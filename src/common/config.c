@@ -46,6 +46,8 @@ enum ktype {
 struct key_def {
     const char *name;
     const char *aliases[3]; /* Mooncake names for the same field; NULL-ended */
+    unsigned roles;         /* KVP_KEY_*: the kvpool commands that read it; 0 = none
+                               (a Mooncake key kept for its files) */
     enum ktype type;
     size_t off;             /* offset of the field in kvp_config */
     size_t size;            /* KT_STRING / KT_ENUM: sizeof the char array */
@@ -76,156 +78,165 @@ struct key_def {
 #define GIB_ (1024ull * 1024 * 1024)
 #define DUR_MAX_MS (30ull * 24 * 3600 * 1000) /* 30 days: keeps ns arithmetic far from overflow */
 
+/* Who reads a key (config.h KVP_KEY_*): each row says which components'
+ * code reads its field, so a command can refuse a flag it would ignore. */
+#define R_M KVP_KEY_MASTER
+#define R_N KVP_KEY_NODE
+#define R_C KVP_KEY_CLIENT
+#define R_A KVP_KEY_ADMIN
+#define R_ALL_NET (R_M | R_N | R_C | R_A)
+
 static const char *const protocol_choices[] = {"tcp", "rdma", NULL};
 static const char *const mode_choices[] = {"embedded", "standalone-store", NULL};
 
 static const struct key_def keys[] = {
     /* ---- master ---- */
-    {.name = "listen", .type = KT_STRING, F_STR(listen), .def = "127.0.0.1:50051",
+    {.name = "listen", .roles = R_M, .type = KT_STRING, F_STR(listen), .def = "127.0.0.1:50051",
      .help = "master: address to listen on, host:port"},
-    {.name = "cluster_token", .type = KT_STRING, F_STR(cluster_token), .def = "",
+    {.name = "cluster_token", .roles = R_ALL_NET, .type = KT_STRING, F_STR(cluster_token), .def = "",
      .help = "shared secret every client and node must present; empty = no check (also "
              "cluster_token_file, $KVPOOL_CLUSTER_TOKEN; never a flag)"},
-    {.name = "cluster_token_file", .type = KT_STRING, F_STR(cluster_token_file), .def = "",
+    {.name = "cluster_token_file", .roles = R_ALL_NET, .type = KT_STRING, F_STR(cluster_token_file), .def = "",
      .help = "file holding cluster_token (one line, not readable by other users)"},
-    {.name = "node_token", .type = KT_STRING, F_STR(node_token), .def = "",
+    {.name = "node_token", .roles = R_M | R_N, .type = KT_STRING, F_STR(node_token), .def = "",
      .help = "credential storage nodes present to mount segments; set on the master, only "
              "its holders may mount (also node_token_file, $KVPOOL_NODE_TOKEN)"},
-    {.name = "node_token_file", .type = KT_STRING, F_STR(node_token_file), .def = "",
+    {.name = "node_token_file", .roles = R_M | R_N, .type = KT_STRING, F_STR(node_token_file), .def = "",
      .help = "file holding node_token"},
-    {.name = "tenant_tokens_file", .type = KT_STRING, F_STR(tenant_tokens_file), .def = "",
+    {.name = "tenant_tokens_file", .roles = R_M, .type = KT_STRING, F_STR(tenant_tokens_file), .def = "",
      .help = "master: file of \"TENANT TOKEN\" lines; a listed tenant is reachable only with "
              "its token, and a session holding one reaches only that tenant"},
-    {.name = "insecure", .type = KT_BOOL, F_INT(insecure), .def = "false",
+    {.name = "insecure", .roles = R_M | R_N, .type = KT_BOOL, F_INT(insecure), .def = "false",
      .help = "allow listening on a non-loopback address without any credential"},
-    {.name = "max_master_memory", .type = KT_SIZE, F_U64(max_master_memory), .min = 1 * MIB_,
+    {.name = "max_master_memory", .roles = R_M, .type = KT_SIZE, F_U64(max_master_memory), .min = 1 * MIB_,
      .max = UINT64_MAX, .def = "4GiB",
      .help = "master: metadata memory; past it puts evict or are refused (-200)"},
-    {.name = "max_frame_size", .type = KT_SIZE, F_U64(max_frame), .min = 4 * KIB_,
+    {.name = "max_frame_size", .roles = R_M, .type = KT_SIZE, F_U64(max_frame), .min = 4 * KIB_,
      .max = GIB_, .def = "64MiB", .help = "largest protocol message accepted"},
-    {.name = "lease_ttl", .aliases = {"default_kv_lease_ttl"}, .type = KT_DURATION,
+    {.name = "lease_ttl", .roles = R_M, .aliases = {"default_kv_lease_ttl"}, .type = KT_DURATION,
      F_U64(lease_ttl_ms), .unit_ms = 1, .min = 1, .max = DUR_MAX_MS, .def = "5s",
      .help = "how long a read lease protects an object from eviction and removal"},
-    {.name = "put_timeout", .type = KT_DURATION, F_U64(put_timeout_ms), .unit_ms = 1, .min = 1,
+    {.name = "put_timeout", .roles = R_M, .type = KT_DURATION, F_U64(put_timeout_ms), .unit_ms = 1, .min = 1,
      .max = DUR_MAX_MS, .def = "30s",
      .help = "a put not completed within this is abandoned and its space freed"},
-    {.name = "client_ttl", .type = KT_DURATION, F_U64(client_ttl_ms), .unit_ms = 1000, .min = 1,
+    {.name = "client_ttl", .roles = R_M, .type = KT_DURATION, F_U64(client_ttl_ms), .unit_ms = 1000, .min = 1,
      .max = DUR_MAX_MS, .def = "10s",
      .help = "a client silent for this long is dropped with its leases and segments"},
-    {.name = "eviction_high_watermark_ratio", .type = KT_RATIO, F_DBL(evict_high), .lo = 0,
+    {.name = "eviction_high_watermark_ratio", .roles = R_M, .type = KT_RATIO, F_DBL(evict_high), .lo = 0,
      .hi = 1, .lo_open = 1, .def = "0.95",
      .help = "eviction starts when this fraction of pool memory is used"},
-    {.name = "eviction_low_watermark_ratio", .type = KT_RATIO, F_DBL(evict_low), .lo = 0,
+    {.name = "eviction_low_watermark_ratio", .roles = R_M, .type = KT_RATIO, F_DBL(evict_low), .lo = 0,
      .hi = 1, .hi_open = 1, .def = "0.90",
      .help = "eviction stops when usage is down to this fraction (< high)"},
-    {.name = "max_key_size", .type = KT_UINT, F_U64(max_key), .min = 1, .max = 65535,
+    {.name = "max_key_size", .roles = R_M | R_C, .type = KT_UINT, F_U64(max_key), .min = 1, .max = 65535,
      .def = "4096", .help = "longest key, in bytes"},
-    {.name = "max_connections", .type = KT_UINT, F_U64(max_connections), .min = 1,
+    {.name = "max_connections", .roles = R_M, .type = KT_UINT, F_U64(max_connections), .min = 1,
      .max = 1048576, .def = "4096",
      .help = "most client connections the master holds; connections that have not "
              "completed HELLO may hold at most 7/8 of them (over a cap, a newer one evicts "
              "the oldest)"},
-    {.name = "max_connections_per_address", .type = KT_UINT, F_U64(max_conns_per_addr),
+    {.name = "max_connections_per_address", .roles = R_M, .type = KT_UINT, F_U64(max_conns_per_addr),
      .min = 1, .max = 1048576, .def = "64",
      .help = "most connections from one address (IPv6: one /64) that have not completed "
              "HELLO; a newer one evicts the oldest"},
-    {.name = "hello_timeout", .type = KT_DURATION, F_U64(hello_timeout_ms), .unit_ms = 1,
+    {.name = "hello_timeout", .roles = R_M | R_N, .type = KT_DURATION, F_U64(hello_timeout_ms), .unit_ms = 1,
      .min = 1, .max = DUR_MAX_MS, .def = "5s",
      .help = "a connection that has not completed HELLO within this is answered and closed"},
-    {.name = "node_max_connections", .type = KT_UINT, F_U64(node_max_connections), .min = 4,
+    {.name = "node_max_connections", .roles = R_N, .type = KT_UINT, F_U64(node_max_connections), .min = 4,
      .max = 1048576, .def = "4096",
      .help = "storage node: most connections its segment server holds (a quarter of them before "
              "HELLO); more are closed at once"},
-    {.name = "idle_timeout", .type = KT_DURATION, F_U64(idle_timeout_ms), .unit_ms = 1, .min = 1,
+    {.name = "idle_timeout", .roles = R_N, .type = KT_DURATION, F_U64(idle_timeout_ms), .unit_ms = 1, .min = 1,
      .max = DUR_MAX_MS, .def = "5m",
      .help = "storage node: a connection with no frame in flight and nothing to send is closed "
              "after this (clients reconnect transparently)"},
-    {.name = "min_transfer_rate", .type = KT_SIZE, F_U64(min_transfer_rate), .min = 1,
+    {.name = "min_transfer_rate", .roles = R_N, .type = KT_SIZE, F_U64(min_transfer_rate), .min = 1,
      .max = UINT64_MAX, .def = "64KiB",
      .help = "storage node: bytes a second a connection in the middle of a transfer must move "
              "(averaged over 10 s); a slower one is closed"},
-    {.name = "stall_timeout", .type = KT_DURATION, F_U64(stall_timeout_ms), .unit_ms = 1,
+    {.name = "stall_timeout", .roles = R_N, .type = KT_DURATION, F_U64(stall_timeout_ms), .unit_ms = 1,
      .min = 1, .max = DUR_MAX_MS, .def = "30s",
      .help = "storage node: a connection in the middle of a frame, or not reading its answers, "
              "is closed after this long without a byte moving"},
-    {.name = "input_memory_budget", .type = KT_SIZE, F_U64(input_budget), .min = MIB_,
+    {.name = "input_memory_budget", .roles = R_M, .type = KT_SIZE, F_U64(input_budget), .min = MIB_,
      .max = UINT64_MAX, .def = "1GiB",
      .help = "most bytes all connections' unserved input may hold together; a connection "
              "whose next frame does not fit waits, unread (at least 16/15 of "
              "max_frame_size)"},
-    {.name = "max_segments", .type = KT_UINT, F_U64(max_segments), .min = 1, .max = 65535,
+    {.name = "max_segments", .roles = R_M, .type = KT_UINT, F_U64(max_segments), .min = 1, .max = 65535,
      .def = "4096", .help = "most memory segments that can be mounted"},
-    {.name = "max_tenants", .type = KT_UINT, F_U64(max_tenants), .min = 1, .max = 65535,
+    {.name = "max_tenants", .roles = R_M, .type = KT_UINT, F_U64(max_tenants), .min = 1, .max = 65535,
      .def = "1024", .help = "most tenants (key namespaces)"},
-    {.name = "max_objects", .type = KT_UINT, F_U64(max_objects), .min = 0, .max = UINT64_MAX,
+    {.name = "max_objects", .roles = R_M, .type = KT_UINT, F_U64(max_objects), .min = 0, .max = UINT64_MAX,
      .def = "0", .help = "most objects stored; 0 = unlimited"},
-    {.name = "max_object_size", .type = KT_SIZE, F_U64(max_object_size), .min = 4 * KIB_,
+    {.name = "max_object_size", .roles = R_M, .type = KT_SIZE, F_U64(max_object_size), .min = 4 * KIB_,
      .max = 4 * GIB_ - 64 * KIB_, .def = "1GiB",
      .help = "largest value a put may store (also at most the low watermark's share of the "
              "pool); larger puts are refused before anything is evicted"},
-    {.name = "log_level", .type = KT_LOGLEVEL, F_INT(log_level), .def = "info",
+    {.name = "log_level", .roles = R_ALL_NET, .type = KT_LOGLEVEL, F_INT(log_level), .def = "info",
      .help = "least severe log level written"},
     /* ---- client / storage node ---- */
-    {.name = "master", .aliases = {"master_server_address", "master_server_addr"},
+    {.name = "master", .roles = R_N | R_C | R_A, .aliases = {"master_server_address", "master_server_addr"},
      .type = KT_STRING, F_STR(master_addr), .def = "127.0.0.1:50051",
      .help = "client: master address, host:port"},
-    {.name = "local_hostname", .type = KT_STRING, F_STR(local_hostname), .def = "localhost",
+    {.name = "local_hostname", .roles = R_N | R_C, .type = KT_STRING, F_STR(local_hostname),
+     .def = "localhost",
      .help = "storage node, embedded client: the address clients dial for its segment when "
              "it listens on a wildcard address or was given no listen address (unset: the "
              "local address facing a remote master, else localhost)"},
-    {.name = "protocol", .type = KT_ENUM, F_STR(protocol), .choices = protocol_choices,
+    {.name = "protocol", .roles = R_C, .type = KT_ENUM, F_STR(protocol), .choices = protocol_choices,
      .def = "tcp", .help = "transfer protocol (rdma is accepted but not supported yet)"},
-    {.name = "mode", .type = KT_ENUM, F_STR(mode), .choices = mode_choices, .def = "embedded",
+    {.name = "mode", .roles = R_C, .type = KT_ENUM, F_STR(mode), .choices = mode_choices, .def = "embedded",
      .help = "client: embedded (in-process) or standalone-store"},
-    {.name = "global_segment_size", .type = KT_SIZE, F_U64(global_segment_size), .min = 0,
+    {.name = "global_segment_size", .roles = R_N, .type = KT_SIZE, F_U64(global_segment_size), .min = 0,
      .max = UINT64_MAX, .def = "4GiB",
      .help = "client: memory this node contributes to the pool; 0 = none"},
-    {.name = "local_buffer_size", .type = KT_SIZE, F_U64(local_buffer_size), .min = 0,
+    {.name = "local_buffer_size", .roles = 0, .type = KT_SIZE, F_U64(local_buffer_size), .min = 0,
      .max = UINT64_MAX, .def = "0", .help = "client: local staging buffer for transfers"},
-    {.name = "enable_offload", .type = KT_BOOL, F_INT(enable_offload), .def = "false",
+    {.name = "enable_offload", .roles = R_N, .type = KT_BOOL, F_INT(enable_offload), .def = "false",
      .help = "storage node: keep objects evicted from DRAM in an SSD tier under offload_dir "
              "(needs it); connector: a 1280 MiB load staging budget unless staging_budget "
              "is given"},
-    {.name = "offload_dir", .aliases = {"offload_file_storage_path"}, .type = KT_STRING,
+    {.name = "offload_dir", .roles = R_N, .aliases = {"offload_file_storage_path"}, .type = KT_STRING,
      F_STR(offload_dir), .def = "",
      .help = "storage node: directory of the SSD tier's page files (created 0700; reopened "
              "warm after a restart)"},
-    {.name = "offload_capacity", .aliases = {"offload_total_size_limit_bytes"}, .type = KT_SIZE,
+    {.name = "offload_capacity", .roles = R_N, .aliases = {"offload_total_size_limit_bytes"}, .type = KT_SIZE,
      F_U64(offload_capacity), .min = 0, .max = UINT64_MAX, .def = "0",
      .help = "storage node: bytes the SSD tier may use (at least 2 pages); 0 = 90 % of the "
              "filesystem's size"},
-    {.name = "offload_page_size", .type = KT_SIZE, F_U64(offload_page_size), .min = 64 * MIB_,
+    {.name = "offload_page_size", .roles = R_N, .type = KT_SIZE, F_U64(offload_page_size), .min = 64 * MIB_,
      .max = GIB_, .def = "128MiB",
      .help = "storage node: SSD tier page file size (a 4 KiB multiple); pages are reclaimed "
              "whole"},
-    {.name = "offload_high_watermark_ratio", .type = KT_RATIO, F_DBL(offload_high), .lo = 0,
+    {.name = "offload_high_watermark_ratio", .roles = R_N, .type = KT_RATIO, F_DBL(offload_high), .lo = 0,
      .hi = 1, .lo_open = 1, .def = "0.95",
      .help = "storage node: the SSD tier drops its least recently used pages past this share "
              "of offload_capacity"},
-    {.name = "offload_low_watermark_ratio", .type = KT_RATIO, F_DBL(offload_low), .lo = 0,
+    {.name = "offload_low_watermark_ratio", .roles = R_N, .type = KT_RATIO, F_DBL(offload_low), .lo = 0,
      .hi = 1, .hi_open = 1, .def = "0.85",
      .help = "storage node: ... down to this share (< high)"},
-    {.name = "offload_staging_budget", .aliases = {"offload_local_buffer_size_bytes"},
+    {.name = "offload_staging_budget", .roles = R_N, .aliases = {"offload_local_buffer_size_bytes"},
      .type = KT_SIZE, F_U64(offload_staging), .min = 4 * MIB_, .max = UINT64_MAX,
      .def = "256MiB",
      .help = "storage node: bytes of spills waiting for the disk; beyond, spills fail and "
              "puts that need the room get -200 until the writer catches up"},
-    {.name = "rpc_timeout", .type = KT_DURATION, F_U64(rpc_timeout_ms), .unit_ms = 1, .min = 1,
+    {.name = "rpc_timeout", .roles = R_N | R_C | R_A, .type = KT_DURATION, F_U64(rpc_timeout_ms), .unit_ms = 1, .min = 1,
      .max = DUR_MAX_MS, .def = "10s", .help = "client: timeout of one request to the master"},
-    {.name = "replica_num", .type = KT_UINT, F_U64(replica_num), .min = 1, .max = 3, .def = "1",
+    {.name = "replica_num", .roles = R_C, .type = KT_UINT, F_U64(replica_num), .min = 1, .max = 3, .def = "1",
      .help = "client: copies of each value a put writes (on distinct segments)"},
-    {.name = "preferred_segment", .type = KT_STRING, F_STR(preferred_segment), .def = "",
+    {.name = "preferred_segment", .roles = R_C, .type = KT_STRING, F_STR(preferred_segment), .def = "",
      .help = "client: segment (host:port) puts place their first copy on when it has room; "
              "\"\" = $MOONCAKE_PREFERRED_SEGMENT, else this client's own segment"},
-    {.name = "shm_group", .type = KT_STRING, F_STR(shm_group), .def = "",
+    {.name = "shm_group", .roles = R_N, .type = KT_STRING, F_STR(shm_group), .def = "",
      .help = "storage node: group (name or gid) whose members may attach the segment over "
              "shared memory besides this user; \"\" = this user only"},
-    {.name = "tenant_token", .type = KT_STRING, F_STR(tenant_token), .def = "",
+    {.name = "tenant_token", .roles = R_N | R_C | R_A, .type = KT_STRING, F_STR(tenant_token), .def = "",
      .help = "client: the credential of its tenant (also tenant_token_file, "
              "$KVPOOL_TENANT_TOKEN)"},
-    {.name = "tenant_token_file", .type = KT_STRING, F_STR(tenant_token_file), .def = "",
+    {.name = "tenant_token_file", .roles = R_N | R_C | R_A, .type = KT_STRING, F_STR(tenant_token_file), .def = "",
      .help = "client: file holding tenant_token"},
-    {.name = "tenant", .aliases = {"tenant_id"}, .type = KT_STRING, F_STR(tenant),
+    {.name = "tenant", .roles = R_C | R_A, .aliases = {"tenant_id"}, .type = KT_STRING, F_STR(tenant),
      .def = "default", .help = "client: the tenant (key namespace) this client's keys live in"},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -249,14 +260,25 @@ static const struct key_def *find_key(const char *name)
     return NULL;
 }
 
+static void appendf(char *buf, size_t n, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* name with '-' as '_' into n[cap]; 0, or -1 when it does not fit. */
+static int canon_name(const char *name, char *n, size_t cap)
+{
+    size_t l = strlen(name);
+    if (l >= cap)
+        return -1;
+    for (size_t i = 0; i <= l; i++)
+        n[i] = name[i] == '-' ? '_' : name[i];
+    return 0;
+}
+
 int kvp_config_key_is_bool(const char *name)
 {
     char n[64];
-    size_t l = strlen(name);
-    if (l >= sizeof n)
+    if (canon_name(name, n, sizeof n) != 0)
         return 0;
-    for (size_t i = 0; i <= l; i++)
-        n[i] = name[i] == '-' ? '_' : name[i];
     const struct key_def *k = find_key(n);
     return k && k->type == KT_BOOL;
 }
@@ -267,6 +289,72 @@ static int is_ignored(const char *name)
         if (strcmp(ignored_keys[i], name) == 0)
             return 1;
     return 0;
+}
+
+int kvp_config_key_roles(const char *name)
+{
+    char n[64];
+    if (canon_name(name, n, sizeof n) != 0)
+        return -1;
+    const struct key_def *k = find_key(n);
+    if (k)
+        return (int)k->roles;
+    return is_ignored(n) ? 0 : -1;
+}
+
+const char *kvp_config_roles_text(unsigned roles, char *buf, size_t n)
+{
+    /* the commands of each role, in the order `kvpool --help` lists them */
+    static const struct {
+        const char *cmd;
+        unsigned roles;
+    } cmds[] = {{"serve", R_M | R_N}, {"master", R_M}, {"store", R_N}, {"stat", R_A},
+                {"reset", R_A},       {"put", R_C},    {"get", R_C},   {"exist", R_C},
+                {"rm", R_C}};
+    size_t len = 0, count = 0, all = sizeof cmds / sizeof cmds[0];
+    if (n)
+        buf[0] = '\0';
+    for (size_t i = 0; i < all; i++)
+        count += (cmds[i].roles & roles) != 0;
+    if (count == 0 || count == all) {
+        appendf(buf, n, &len, "%s", count ? "every command" : "no kvpool command");
+        return buf;
+    }
+    appendf(buf, n, &len, "kvpool");
+    for (size_t i = 0, k = 0; i < all; i++)
+        if (cmds[i].roles & roles)
+            appendf(buf, n, &len, "%s %s", k++ ? "," : "", cmds[i].cmd);
+    return buf;
+}
+
+void kvp_config_print_flags(FILE *f, unsigned roles, const char *const *skip, int indent)
+{
+    int col = 0;
+    for (size_t i = 0; i < NKEYS; i++) {
+        size_t nl = strlen(keys[i].name);
+        int skipped = 0;
+        for (size_t j = 0; skip && skip[j]; j++)
+            skipped |= !strcmp(skip[j], keys[i].name);
+        /* a secret is never a flag (its *_file key is) */
+        if (skipped || !(keys[i].roles & roles) ||
+            (nl > 6 && !strcmp(keys[i].name + nl - 6, "_token")))
+            continue;
+        char flag[72];
+        snprintf(flag, sizeof flag, "--%s", keys[i].name);
+        for (char *p = flag; *p; p++)
+            *p = *p == '_' ? '-' : *p;
+        int w = (int)strlen(flag);
+        if (col > 0 && col + 1 + w > 79) {
+            fputc('\n', f);
+            col = 0;
+        }
+        if (col == 0)
+            col = fprintf(f, "%*s%s", indent, "", flag);
+        else
+            col += fprintf(f, " %s", flag);
+    }
+    if (col)
+        fputc('\n', f);
 }
 
 /* --------------------------------------------------------------- text bits */
@@ -683,7 +771,11 @@ static int was_set(const kvp_config *c, const char *name)
     return k && (c->set_mask >> (size_t)(k - keys)) & 1u;
 }
 
-int kvp_config_is_set(const kvp_config *c, const char *key) { return was_set(c, key); }
+int kvp_config_was_set(const kvp_config *c, const char *name)
+{
+    char n[64];
+    return c && canon_name(name, n, sizeof n) == 0 && was_set(c, n);
+}
 
 void kvp_config_defaults(kvp_config *c)
 {
@@ -981,8 +1073,8 @@ static int unknown_flag(const char *shown, const char *lookup, char *err, size_t
             dashed[i] = s[i] == '_' ? '-' : s[i];
         appendf(err, errlen, &len, " (did you mean --%s?)", dashed);
     }
-    appendf(err, errlen, &len, " (allowed: this command's flags and every configuration key "
-                               "as --key-name, listed by --help)");
+    appendf(err, errlen, &len, " (allowed: this command's flags and the configuration keys "
+                               "it reads as --key-name, listed by its --help)");
     return KVP_ECONFIG;
 }
 
@@ -1021,10 +1113,37 @@ int kvp_config_set(kvp_config *c, const char *key, const char *value, char *err,
         return 0;
     }
     struct val v = {.kind = V_STRING, .s = value};
+    if (k->type == KT_BOOL) {
+        /* a flag takes the words of every boolean flag (cli.h); a file JSON's
+         * true / false or "true" / "false" */
+        int b = kvp_config_bool_word(value);
+        if (b < 0) {
+            char vq[96];
+            quote(value, vq, sizeof vq);
+            if (err && errlen)
+                snprintf(err, errlen, "%s: value %s is not a boolean (allowed: %s)", x.where, vq,
+                         KVP_CONFIG_BOOL_WORDS);
+            return KVP_ECONFIG;
+        }
+        v.s = b ? "true" : "false";
+    }
     int rc = apply(c, k, &v, &x);
     if (rc == 0)
         mark_set(c, k);
     return rc;
+}
+
+int kvp_config_bool_word(const char *v)
+{
+    static const char *const yes[] = {"true", "1", "yes", "on"};
+    static const char *const no[] = {"false", "0", "no", "off"};
+    for (size_t i = 0; v && i < sizeof yes / sizeof yes[0]; i++) {
+        if (strcasecmp(v, yes[i]) == 0)
+            return 1;
+        if (strcasecmp(v, no[i]) == 0)
+            return 0;
+    }
+    return -1;
 }
 
 /* ------------------------------------------------------------- validation */
@@ -1210,7 +1329,7 @@ void kvp_config_print_reference(FILE *f)
     fprintf(f, "%-30s %-9s %-18s %s\n", "key", "type", "default", "meaning");
     for (size_t i = 0; i < NKEYS; i++) {
         const struct key_def *k = &keys[i];
-        char def[64], allowed[256];
+        char def[64], allowed[256], who[128];
         if (k->type == KT_STRING || k->type == KT_ENUM)
             quote(k->def, def, sizeof def);
         else
@@ -1218,6 +1337,8 @@ void kvp_config_print_reference(FILE *f)
         describe_allowed(k, allowed, sizeof allowed);
         fprintf(f, "%-30s %-9s %-18s %s\n", k->name, type_name(k->type), def, k->help);
         fprintf(f, "%-30s %-9s %-18s   allowed: %s\n", "", "", "", allowed);
+        fprintf(f, "%-30s %-9s %-18s   read by: %s\n", "", "", "",
+                kvp_config_roles_text(k->roles, who, sizeof who));
         if (k->aliases[0]) {
             fprintf(f, "%-30s %-9s %-18s   also accepted as (Mooncake):", "", "", "");
             for (int a = 0; a < 3 && k->aliases[a]; a++)
@@ -1225,11 +1346,12 @@ void kvp_config_print_reference(FILE *f)
             fputc('\n', f);
         }
     }
-    fprintf(f, "Mooncake keys accepted and ignored:");
+    fprintf(f, "Mooncake keys accepted in a file and ignored (refused as flags):");
     for (size_t i = 0; i < NIGNORED; i++)
         fprintf(f, "%s %s", i ? "," : "", ignored_keys[i]);
-    fprintf(f, "\nFlags: --key-name VALUE sets any key ('-' and '_' are the same); flags "
-               "override the file, the file overrides the defaults.\n");
+    fprintf(f, "\nFlags: --key-name VALUE sets a key ('-' and '_' are the same) for a command "
+               "that reads it (\"read by\"); other commands refuse it. A file may hold every "
+               "key. Flags override the file, the file overrides the defaults.\n");
 }
 
 /* ------------------------------------------------------------ environment */

@@ -95,16 +95,50 @@ int kvp_config_load_string(kvp_config *c, const char *json, char *err, size_t er
  * "--lease-ttl 5s" becomes key "lease_ttl"; '-' and '_' are equivalent).
  * Same validation as the file; messages name the flag as given, once:
  * 'flag --lease-ttl: value "5x" is not a duration (allowed: ...)',
+ * A boolean key takes the words of kvp_config_bool_word (a file: JSON
+ * true / false or the strings "true" / "false").
  * 'unknown flag --lease-tll (did you mean --lease-ttl?) (allowed: ...)'.
  */
 int kvp_config_set(kvp_config *c, const char *key, const char *value, char *err, size_t errlen);
 
+/* A boolean flag's value: 1 for true, 1, yes, on; 0 for false, 0, no, off
+ * (case-insensitive); -1 for anything else. */
+int kvp_config_bool_word(const char *v);
+#define KVP_CONFIG_BOOL_WORDS "true, false, 1, 0, yes, no, on, off (any case)"
+
 /* Is `name` ('-' or '_') a boolean key? (a bare --name flag means true) */
 int kvp_config_key_is_bool(const char *name);
 
-/* Was key (its canonical name, e.g. "local_hostname") given by a file, a
- * string or a flag, rather than left at its default? */
-int kvp_config_is_set(const kvp_config *c, const char *key);
+/*
+ * Which kvpool commands read a key: a command given a key of none of its
+ * roles as a flag refuses it (src/cli/opts.c) rather than ignore it. A
+ * configuration file may hold any key (one file serves every component);
+ * library users (kvp_client_open, the connector) read every key of theirs.
+ */
+enum {
+    KVP_KEY_MASTER = 1, /* the master: kvpool master, kvpool serve */
+    KVP_KEY_NODE = 2,   /* a storage node: kvpool store, kvpool serve (and the
+                           segment an embedded client hosts) */
+    KVP_KEY_CLIENT = 4, /* a client that stores and loads: kvpool put, get, exist, rm */
+    KVP_KEY_ADMIN = 8,  /* a session that only asks the master: kvpool stat, reset */
+};
+
+/* The KVP_KEY_* mask of key `name` ('-' or '_', aliases too): 0 for a
+ * Mooncake key no kvpool command reads (accepted, ignored), -1 unknown. */
+int kvp_config_key_roles(const char *name);
+
+/* Who reads keys of mask `roles`, in words ("the master and storage nodes",
+ * "no kvpool command"); returns buf. */
+const char *kvp_config_roles_text(unsigned roles, char *buf, size_t n);
+
+/* Was key `name` (its canonical or a Mooncake name) given by a file, a
+ * string or a flag (not left at its default)? */
+int kvp_config_was_set(const kvp_config *c, const char *name);
+
+/* The flags of the keys of `roles` ("--key-name", aliases not listed; not
+ * the secrets, never flags, nor the keys named in `skip`, NULL-ended, may
+ * be NULL), wrapped at 80 columns with `indent` spaces before each line. */
+void kvp_config_print_flags(FILE *f, unsigned roles, const char *const *skip, int indent);
 
 /* Cross-field checks (evict_low < evict_high, lease_ttl <= client_ttl, ...). */
 int kvp_config_validate(const kvp_config *c, char *err, size_t errlen);

@@ -501,7 +501,7 @@ static int node_addr(const kvp_node_opts *o, char *listen, size_t llen, char *ho
                      char *err, size_t errlen)
 {
     const kvp_config *cfg = o->cfg;
-    int named = kvp_config_is_set(cfg, "local_hostname");
+    int named = kvp_config_was_set(cfg, "local_hostname");
     char lhost[256], src[64];
     uint16_t lport;
     if (o->listen && *o->listen) {
