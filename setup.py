@@ -61,11 +61,11 @@ def dep_file(path: str) -> list[str]:
 class BuildExt(build_ext):
     """The extension, and the program into the package beside it
     (`_bin/kvpool` next to `_native*.so`: build/lib for a wheel, python/kvpool
-    for --inplace). The program's objects compile on a pool of `parallel`
-    threads (default: every core) while setuptools compiles the extension's
-    files one by one; they live under build_temp and are recompiled only when
-    their source or a header they include changed (the -MMD files), so
-    `make python` repeats cheaply."""
+    for --inplace). The program's and the extension's files compile on one
+    pool of `parallel` threads (default: every core; setuptools alone compiles
+    an extension's files one by one). The program's objects live under
+    build_temp and are recompiled only when their source or a header they
+    include changed (the -MMD files), so `make python` repeats cheaply."""
 
     def finalize_options(self) -> None:
         super().finalize_options()
@@ -83,6 +83,7 @@ class BuildExt(build_ext):
         # the compiler customize_compiler would pick for the extension
         cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
         with ThreadPoolExecutor(max_workers=self.parallel) as pool:
+            self.pool = pool
             objs, jobs = self.compile_program(cc, pool)
             super().run()
             failed = [src for src, job in jobs if job.result() != 0]
@@ -93,6 +94,31 @@ class BuildExt(build_ext):
             os.makedirs(os.path.dirname(out), exist_ok=True)
             self.announce(f"linking {out}", 2)
             self.spawn(cc + PROGRAM_CFLAGS + ["-o", out] + objs + [f"-l{lib}" for lib in LIBS])
+
+    def build_extension(self, ext: Extension) -> None:
+        """setuptools' build_extension with the compiler's compile() running
+        each file's _compile() on the pool (the distutils recipe numpy used)."""
+        compiler = self.compiler
+
+        def compile_on_pool(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                            extra_preargs=None, extra_postargs=None, depends=None):
+            macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+                output_dir, macros, include_dirs, sources, depends, extra_postargs)
+            cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+            def one(obj: str) -> None:
+                src, ext_ = build[obj]
+                compiler._compile(obj, src, ext_, cc_args, extra_postargs, pp_opts)
+
+            for job in [self.pool.submit(one, obj) for obj in objects if obj in build]:
+                job.result()  # raises the first CompileError
+            return objects
+
+        compiler.compile = compile_on_pool
+        try:
+            super().build_extension(ext)
+        finally:
+            del compiler.compile
 
     def compile_program(self, cc: list[str], pool: ThreadPoolExecutor) -> tuple[list[str], list]:
         """Submits the compilation of every stale object of the program; its
