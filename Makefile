@@ -1,8 +1,12 @@
 # kvpool -- top-level Makefile.
 #   make          release build: build/kvpool, build/libkvpool.{so,a}
+#   make install  the release build, public headers and kvpool.pc into
+#                 $(DESTDIR)$(PREFIX) (default /usr/local); make uninstall
 #   make test     ASan+UBSan build of everything, then every C test and the Python
 #                 tests (pytest); ends with "N passed, N failed, N skipped" over both
-#   make python   the Python extension (kvpool._native) built into python/kvpool/
+#   make python   the Python extension (kvpool._native) and the kvpool program
+#                 (kvpool/_bin/kvpool, what the installed `kvpool` command runs)
+#                 built into python/kvpool/ by setup.py, as `pip install .` does
 #   make tsan     ThreadSanitizer build, then the threaded tests
 #   make test-gpu the device-path tests on a CUDA machine (test_gpu on the real
 #                 driver, tests/gpu with torch CUDA tensors); skips without one
@@ -40,7 +44,8 @@ A_CFLAGS := $(CFLAGS_BASE) -O1 -fno-omit-frame-pointer -fsanitize=address,undefi
 T := build/tsan
 T_CFLAGS := $(CFLAGS_BASE) -O1 -fsanitize=thread -DKVP_TESTING=1
 
-.PHONY: all deps test test-gpu tsan fuzz bench bench-hostile clean unit integ demo python gpu-kernel
+.PHONY: all deps test test-gpu tsan fuzz bench bench-hostile clean unit integ demo python gpu-kernel \
+        install uninstall
 all: deps $(R)/kvpool $(R)/libkvpool.so $(R)/libkvpool.a
 
 deps:
@@ -63,8 +68,13 @@ T_LIB_OBJS := $(LIB_SRCS:%.c=$(T)/obj/%.o)
 
 $(R)/libkvpool.a: $(R_LIB_OBJS)
 	$(Q)rm -f $@ && ar rcs $@ $^
+# the shared library's soname carries the major version (include/kvpool.h);
+# build/libkvpool.so.N beside it lets programs linked with -Lbuild run
+VERSION := $(shell sed -n 's/^\#define KVPOOL_VERSION_STRING "\(.*\)"$$/\1/p' include/kvpool.h)
+SONAME  := libkvpool.so.$(firstword $(subst ., ,$(VERSION)))
 $(R)/libkvpool.so: $(R_LIB_OBJS)
-	$(Q)$(CC) -shared -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LDLIBS)
+	$(Q)ln -sfn libkvpool.so $(R)/$(SONAME)
 $(R)/kvpool: $(CLI_SRCS:%.c=$(R)/obj/%.o) $(R)/libkvpool.a
 	$(Q)$(CC) $(R_CFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -173,6 +183,37 @@ test: $(A)/tests/test_cuda_mock
 test-cuda-mock: $(CUDA_MOCK_DEPS)
 	$(Q)KVPOOL_BIN=$(A)/kvpool tests/cuda_mock.sh $(A)/tests/integration/test_gpu build/cuda-mock
 .PHONY: test-cuda-mock
+
+# install: the release build under $(DESTDIR)$(PREFIX). libkvpool.so is
+# installed as libkvpool.so.$(VERSION) with the soname and link-time
+# symlinks; kvpool.pc gives -lkvpool (and, with --static, LDLIBS).
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+PUBLIC_HEADERS := $(wildcard include/*.h)
+$(R)/kvpool.pc: FORCE
+	@mkdir -p $(dir $@)
+	$(Q)printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
+	    'Name: kvpool' 'Description: KV-cache pool for LLM serving: client library and engine connector' \
+	    'Version: $(VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -lkvpool' \
+	    'Libs.private: $(LDLIBS)' >$@
+install: all $(R)/kvpool.pc
+	install -D -m 0755 $(R)/kvpool $(DESTDIR)$(BINDIR)/kvpool
+	install -D -m 0755 $(R)/libkvpool.so $(DESTDIR)$(LIBDIR)/libkvpool.so.$(VERSION)
+	ln -sfn libkvpool.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sfn $(SONAME) $(DESTDIR)$(LIBDIR)/libkvpool.so
+	install -D -m 0644 $(R)/libkvpool.a $(DESTDIR)$(LIBDIR)/libkvpool.a
+	$(foreach h,$(PUBLIC_HEADERS),install -D -m 0644 $(h) $(DESTDIR)$(INCLUDEDIR)/$(notdir $(h)) &&) true
+	install -D -m 0644 $(R)/kvpool.pc $(DESTDIR)$(PKGCONFIGDIR)/kvpool.pc
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/kvpool $(DESTDIR)$(LIBDIR)/libkvpool.so.$(VERSION) \
+	    $(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libkvpool.so $(DESTDIR)$(LIBDIR)/libkvpool.a \
+	    $(foreach h,$(PUBLIC_HEADERS),$(DESTDIR)$(INCLUDEDIR)/$(notdir $(h))) \
+	    $(DESTDIR)$(PKGCONFIGDIR)/kvpool.pc
+FORCE:
+.PHONY: FORCE
 
 clean:
 	rm -rf build
