@@ -179,3 +179,15 @@ def test_config_md_example_is_accepted(work: Path) -> None:
         assert r.returncode != 0 and "auth" in (r.stdout + r.stderr).lower()
     finally:
         ns.close()
+
+
+def test_config_md_refused_flag_messages_are_the_real_ones(work: Path) -> None:
+    """docs/CONFIG.md quotes what `kvpool put` says to a key it does not read."""
+    want = CONFIG_MD["refused-flags"].text.splitlines()
+    got = []
+    for flag in ("--lease-ttl", "--local-buffer-size"):
+        r = subprocess.run(["./build/kvpool", "put", "k", flag, "5s" if flag == "--lease-ttl" else "1"],
+                           cwd=work, env=_env(), capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2
+        got += r.stderr.splitlines()
+    assert got == want
