@@ -96,6 +96,11 @@ int kvp_cli_addr(const char *cmd, const char *flag, const char *v, int any_port)
  * non-ASCII bytes escaped, cut after 60 bytes with "..."; returns buf. */
 const char *kvp_cli_quote(const char *s, char *buf, size_t n);
 
+/* $KVPOOL_LOG_LEVEL for the CLI (flag > environment > file > default info):
+ * 0 when unset or empty, 1 with *level set, -1 when invalid (message on
+ * stderr naming the variable; the command exits with status 2). */
+int kvp_cli_env_log_level(const char *cmd, int *level);
+
 /*
  * Starts this binary (/proc/self/exe) with `kvpool <args...> --listen
  * 127.0.0.1:0 --port-file F` (args NULL-terminated, e.g. {"serve",

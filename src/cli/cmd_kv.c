@@ -9,19 +9,24 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "common/log.h"
 #include "common/mem.h"
 #include "kvpool.h"
 
 #define MAX_VALUE (4ull << 30)
 
-/* Opens a client that contributes no memory (standalone-store mode). */
+/* Opens a client that contributes no memory (standalone-store mode). Its
+ * log level: the one given (--log-level, $KVPOOL_LOG_LEVEL, the file), else
+ * warn: these commands print their own results, the client's info lines
+ * would be noise. */
 static int open_client(const kvp_config *cfg, const char *cmd, kvp_client **c)
 {
     char json[1024], err[512];
     snprintf(json, sizeof json,
              "{\"master\": \"%s\", \"mode\": \"standalone-store\", \"cluster_token\": \"%s\", "
-             "\"rpc_timeout\": %llu, \"log_level\": \"warn\"}",
-             cfg->master_addr, cfg->cluster_token, (unsigned long long)cfg->rpc_timeout_ms);
+             "\"rpc_timeout\": %llu, \"log_level\": \"%s\"}",
+             cfg->master_addr, cfg->cluster_token, (unsigned long long)cfg->rpc_timeout_ms,
+             kvp_config_is_set(cfg, "log_level") ? kvp_log_level_name(cfg->log_level) : "warn");
     int rc = kvp_client_open(json, c, err, sizeof err);
     if (rc)
         fprintf(stderr, "kvpool %s: %s\n", cmd, err);

@@ -1230,6 +1230,28 @@ void kvp_config_print_reference(FILE *f)
 
 /* ------------------------------------------------------------ environment */
 
+int kvp_config_is_set(const kvp_config *c, const char *name) { return c && was_set(c, name); }
+
+void kvp_config_apply_log_level(const kvp_config *c)
+{
+    if (kvp_config_is_set(c, "log_level"))
+        kvp_log_set_configured(c->log_level);
+}
+
+int kvp_config_load_spec(kvp_config *c, const char *spec, char *err, size_t errlen)
+{
+    const char *t = spec, *path;
+    while (t && (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r'))
+        t++;
+    if (t && *t == '{')
+        return kvp_config_load_string(c, spec, err, errlen);
+    if (t && *t) /* not JSON text: the path of a JSON file */
+        return kvp_config_load_file(c, spec, err, errlen);
+    if ((path = kvp_config_path_from_env()) != NULL)
+        return kvp_config_load_file(c, path, err, errlen);
+    return 0;
+}
+
 const char *kvp_config_path_from_env(void)
 {
     const char *p = getenv("KVPOOL_CONFIG");
