@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "harness.h"
 #include "kvpool.h"
+#include "kvpool_connector.h"
 #include "proc.h"
 
 static char out[1 << 18];
@@ -131,7 +132,25 @@ __attribute__((constructor(200))) static void child_main(void)
     if (!mode || !config)
         return;
     int rc = -1;
-    if (strcmp(mode, "one") == 0) {
+    if (strcmp(mode, "sched") == 0) {
+        /* the scheduler half: store_config's log_level, nothing else read */
+        kvp_conn_group g = {.kind = KVP_CONN_FULL_ATTENTION, .block_size = 16};
+        kvp_conn_config cc;
+        kvp_conn_config_default(&cc);
+        cc.model = "/models/org/Test-Model";
+        cc.groups = &g;
+        cc.ngroups = 1;
+        cc.enable_lookup = false;
+        cc.role = KVP_CONN_CONSUMER;
+        cc.store_config = config;
+        kvp_conn_sched *s = NULL;
+        char err[256] = "";
+        int lv0 = kvp_log_get_level();
+        rc = kvp_conn_sched_open(&cc, &s, err, sizeof err);
+        fprintf(stderr, "=== sched open %d, level %s -> %s\n", rc, kvp_log_level_name(lv0),
+                kvp_log_level_name(kvp_log_get_level()));
+        kvp_conn_sched_close(s);
+    } else if (strcmp(mode, "one") == 0) {
         rc = one_client(config);
     } else if (strcmp(mode, "three") == 0) {
         make_configs(config);
@@ -231,6 +250,26 @@ TEST(last_explicit_configuration_wins)
         CHECK(count_level(third + 1, 'I') > 0);             /* info */
     }
     CHECK_EQ(tp_master_stop(&master), 0);
+}
+
+TEST(scheduler_store_config_log_level)
+{
+    CHECK_EQ(in_child(NULL, "sched", "{\"log_level\": \"error\"}"), 0);
+    CHECK(strstr(out, "=== sched open 0, level info -> error\n") != NULL);
+    /* the environment beats it */
+    CHECK_EQ(in_child("warn", "sched", "{\"log_level\": \"error\"}"), 0);
+    CHECK(strstr(out, "=== sched open 0, level warn -> warn\n") != NULL);
+    /* no key: left alone */
+    CHECK_EQ(in_child(NULL, "sched", "{\"tenant\": \"t\"}"), 0);
+    CHECK(strstr(out, "=== sched open 0, level info -> info\n") != NULL);
+    /* a configuration that does not load: one warning, the open succeeds */
+    CHECK_EQ(in_child(NULL, "sched", "{\"log_level\": \"loud\"}"), 0);
+    CHECK(strstr(out, "=== sched open 0, level info -> info\n") != NULL);
+    CHECK_EQ(count_level(out, 'W'), 1);
+    CHECK(strstr(out, "connector: store_config: config:1:15: key \"log_level\": value \"loud\"") !=
+          NULL);
+    if (!strstr(out, "connector: store_config"))
+        fprintf(stderr, "    stderr of the scheduler:\n%s", out);
 }
 
 /* ------------------------------------------------------------------ CLI */
