@@ -164,7 +164,8 @@ static const struct key_def keys[] = {
      .help = "largest value a put may store (also at most the low watermark's share of the "
              "pool); larger puts are refused before anything is evicted"},
     {.name = "log_level", .type = KT_LOGLEVEL, F_INT(log_level), .def = "info",
-     .help = "least severe log level written, process-wide; given in a client's configuration it sets the process level ($KVPOOL_LOG_LEVEL beats it, a flag beats both)"},
+     .help = "least severe log level written, process-wide; given in a client's configuration "
+             "it sets the process level ($KVPOOL_LOG_LEVEL beats it, a flag beats both)"},
     /* ---- client / storage node ---- */
     {.name = "master", .aliases = {"master_server_address", "master_server_addr"},
      .type = KT_STRING, F_STR(master_addr), .def = "127.0.0.1:50051",
