@@ -158,3 +158,55 @@ def test_caplog_sees_records(master: kvpool_procs.Proc, caplog: pytest.LogCaptur
     recs = [r for r in caplog.records if r.name == "kvpool.node" and r.levelno == logging.INFO]
     assert any("mounted at master" in r.getMessage() for r in recs), caplog.text
     assert all(r.pathname == "<kvpool C core>" for r in recs)
+
+
+def test_a_full_pipe_drops_lines_and_says_how_many(master: kvpool_procs.Proc) -> None:
+    # The reader is held inside a handler while the core writes far more
+    # lines than the pipe holds: the rest are dropped, never blocking the
+    # writer, and the count comes out as a WARNING on "kvpool". Lines: a
+    # failing open logs a DEBUG line per ignored Mooncake key ("config").
+    err = run(master, """
+import json, threading, kvpool._log as L, kvpool._native as n
+kvpool.set_log_level("debug")
+cfg = json.dumps({"device_name": "x", "metadata_server": "y", "rdma_devices": "z",
+                  "mode": "bogus"})
+def attempt():
+    try:
+        n.Client(cfg)
+    except n.OpenError:
+        pass
+seen, gate, held = [], threading.Event(), threading.Event()
+hold = False
+class Gate(logging.Handler):
+    def emit(self, r):
+        global hold
+        if hold:              # the first record after arming: wait for the gate
+            hold = False
+            held.set()
+            gate.wait(60)
+        seen.append(r.getMessage())
+lg = logging.getLogger("kvpool.config")
+lg.propagate = False
+lg.addHandler(Gate())
+attempt(); L.flush()          # calibrate: lines per attempt
+per = len(seen)
+assert per >= 1, per
+seen.clear()
+hold = True
+attempt()                     # the reader takes these and is held in emit
+assert held.wait(10)
+N = 20000
+for _ in range(N):
+    attempt()
+gate.set()
+L.flush()
+print("PER", per, "SEEN", len(seen), file=sys.stderr)
+""")
+    m = re.search(r"PER (\d+) SEEN (\d+)", err)
+    assert m, err
+    per, seen = int(m.group(1)), int(m.group(2))
+    d = re.search(r"PYLOG\|kvpool\|WARNING\|(\d+) log lines of the C core were dropped "
+                   r"\(the log pipe was full\)", err)
+    assert d, err[-2000:]
+    dropped = sum(int(x) for x in re.findall(r"(\d+) log lines of the C core were dropped", err))
+    assert dropped > 0 and seen + dropped == per * 20001, (per, seen, dropped)
