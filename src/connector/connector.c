@@ -164,8 +164,10 @@ static void store_log_level(const char *store_config, int warn)
     kvp_config_defaults(sc);
     if (kvp_config_load_spec(sc, store_config, err, sizeof err) == 0)
         kvp_config_apply_log_level(sc);
-    else if (warn)
-        KVP_WARN("connector", "store_config: %s (the scheduler reads only its log_level)", err);
+    else if (warn) /* not err itself: it may quote a value, e.g. a token */
+        KVP_WARN("connector",
+                 "store_config does not load (the worker half reports why); the scheduler "
+                 "reads only its log_level");
     kvp_free(sc);
 }
 

@@ -266,8 +266,9 @@ TEST(scheduler_store_config_log_level)
     CHECK_EQ(in_child(NULL, "sched", "{\"log_level\": \"loud\"}"), 0);
     CHECK(strstr(out, "=== sched open 0, level info -> info\n") != NULL);
     CHECK_EQ(count_level(out, 'W'), 1);
-    CHECK(strstr(out, "connector: store_config: config:1:15: key \"log_level\": value \"loud\"") !=
+    CHECK(strstr(out, "connector: store_config does not load (the worker half reports why)") !=
           NULL);
+    CHECK(strstr(out, "loud") == NULL); /* values are not logged (a token could be one) */
     if (!strstr(out, "connector: store_config"))
         fprintf(stderr, "    stderr of the scheduler:\n%s", out);
 }
