@@ -149,6 +149,9 @@ typedef struct kvp_iov {
  * `global_segment_size` contributed in embedded mode, `local_hostname`,
  * `rpc_timeout`, `cluster_token`, Mooncake's names accepted).
  * In embedded mode the client also hosts a segment and its server threads.
+ * A `log_level` given in the configuration sets the process's log level
+ * (one per process; the last client opened with the key wins; a client
+ * without it leaves the level alone); $KVPOOL_LOG_LEVEL, when set, beats it.
  * 0 or a negative code, with a message in err (may be NULL).
  */
 KVP_API int kvp_client_open(const char *config, kvp_client **out, char *err, size_t errlen);

@@ -138,7 +138,9 @@ typedef struct kvp_conn_config {
                                   worker rank 0; the scheduler connects) */
     uint32_t lookup_timeout_ms; /* 0 = 2000: a late answer is a hit of 0 */
     /* ---- worker half */
-    const char *store_config; /* kvp_client_open config: JSON text or file */
+    const char *store_config; /* kvp_client_open config: JSON text or file;
+                                 required by the worker half; the scheduler
+                                 half reads only its "log_level" (optional) */
     int tp_size, tp_rank;     /* sizes >= 1, 0 <= rank < size */
     int pp_size, pp_rank;
     int pcp_size, pcp_rank;

@@ -11,6 +11,10 @@ memory registered with ``register_buffer``. Single-key calls raise
 ``kvpool.Error`` (a subclass per common code); batch calls answer per key:
 the value, or the ``Error`` for that key, returned rather than raised.
 
+The C core's log lines are ``logging`` records on ``kvpool.<module>``
+loggers ("kvpool.client", "kvpool.node", ...); ``kvpool.set_log_level``
+sets both the ``kvpool`` logger's level and the core's (kvpool/_log.py).
+
 ``kvpool.mooncake`` is the drop-in for Mooncake's ``MooncakeDistributedStore``;
 ``kvpool.install_as_mooncake()`` makes ``import mooncake.store`` load it.
 """
@@ -23,14 +27,15 @@ import os
 from types import TracebackType
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from . import _native
+from . import _log, _native
+from ._log import set_log_level
 
 __all__ = [
     "Client", "Error", "ObjectNotFoundError", "ObjectExistsError", "NoSpaceError",
     "TimeoutError", "ChecksumMismatchError", "InvalidParamsError", "InvalidKeyError",
     "BufferTooSmallError", "ObjectHasLeaseError", "TransferError", "ConnectionError",
     "ClosedError", "ConfigError", "AuthError", "NotSupportedError", "codes",
-    "install_as_mooncake", "__version__",
+    "install_as_mooncake", "set_log_level", "__version__",
 ]
 
 __version__: str = _native.version
@@ -243,11 +248,15 @@ class Client:
         except _native.OpenError as e:
             code, msg = e.args
             raise Error.from_code(code, msg) from None
+        finally:
+            _log.flush()  # what the open logged, before the caller goes on
 
     # lifecycle
     def close(self) -> None:
-        """Waits for calls in flight, then closes; later calls raise ClosedError."""
+        """Waits for calls in flight, then closes; later calls raise ClosedError.
+        The core's log lines written until then are emitted (``logging``)."""
         self._c.close()
+        _log.flush()
 
     @property
     def closed(self) -> bool:

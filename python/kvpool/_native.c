@@ -30,13 +30,20 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "_native.h"
 #include "client/gpu.h"
+#include "common/log.h"
 #include "kvpool.h"
 
 /* Raised by Client(...) when kvp_client_open fails: args (code, message). */
@@ -1155,6 +1162,202 @@ static PyTypeObject ClientType = {
     .tp_getset = Client_getset,
 };
 
+/* ============================================================ log bridge */
+/*
+ * The C core's log lines become `logging` records (kvpool/_log.py).
+ *
+ * Why a pipe and not a call into Python: lines are written by C threads
+ * (node server threads, the heartbeat, store and load threads) that may
+ * hold library mutexes. Taking the GIL there (PyGILState_Ensure) can
+ * deadlock: a Python thread holding the GIL may be blocked on that very
+ * mutex (a call that waits for a lock the logging thread holds). So the
+ * sink (common/log.h) only formats a small binary record and write(2)s it
+ * to a non-blocking pipe: no lock, no allocation, no GIL, never blocks.
+ * A record is at most PIPE_BUF bytes, so each write is atomic: the pipe
+ * holds whole records only, from any number of writer threads. A full
+ * pipe drops the record and counts it (log_dropped); the reader reports
+ * the count as a WARNING record.
+ *
+ * The reader is a Python daemon thread (_log.py): _log_wait blocks in
+ * poll(2) without the GIL, _log_drain then reads the whole records waiting
+ * (with the GIL, non-blocking) and returns them as tuples. flush() drains
+ * from the calling thread too (Client.close, atexit), so the lines of a
+ * short program are emitted before it ends.
+ *
+ * Record: u16 message length, u8 level, u8 module length, u32 nanoseconds,
+ * i64 seconds (CLOCK_REALTIME), then the module name and the message.
+ */
+#define LOG_HDR 16
+#define LOG_MOD_MAX 64
+#define LOG_MSG_MAX 1024
+_Static_assert(LOG_HDR + LOG_MOD_MAX + LOG_MSG_MAX <= PIPE_BUF, "one atomic write per record");
+
+static atomic_int log_wfd = -1, log_rfd = -1;
+static atomic_ulong log_dropped;
+static pid_t log_pid; /* the process that made the pipe (a forked child makes its own) */
+
+static void log_sink_fn(void *ctx, const kvp_log_record *r)
+{
+    uint8_t rec[LOG_HDR + LOG_MOD_MAX + LOG_MSG_MAX];
+    size_t ml = strlen(r->mod), n = r->msg_len;
+    if (ml > LOG_MOD_MAX)
+        ml = LOG_MOD_MAX;
+    if (n > LOG_MSG_MAX)
+        n = LOG_MSG_MAX;
+    uint16_t n16 = (uint16_t)n;
+    uint32_t ns = (uint32_t)r->time.tv_nsec;
+    int64_t sec = (int64_t)r->time.tv_sec;
+    memcpy(rec, &n16, 2);
+    rec[2] = (uint8_t)r->level;
+    rec[3] = (uint8_t)ml;
+    memcpy(rec + 4, &ns, 4);
+    memcpy(rec + 8, &sec, 8);
+    memcpy(rec + LOG_HDR, r->mod, ml);
+    memcpy(rec + LOG_HDR + ml, r->msg, n);
+    size_t len = LOG_HDR + ml + n;
+    int fd = atomic_load(&log_wfd);
+    ssize_t w = fd >= 0 ? write(fd, rec, len) : -1;
+    if (w != (ssize_t)len)
+        atomic_fetch_add(&log_dropped, 1);
+}
+
+static const kvp_log_sink log_sink = {log_sink_fn, NULL};
+
+/* _log_start(): makes the pipe (once per process: a forked child, where
+ * the parent's reader thread does not exist, gets a new one) and routes
+ * the core's lines to it. True when this call made a new pipe (the caller
+ * then starts a reader thread). */
+static PyObject *mod_log_start(PyObject *m, PyObject *unused)
+{
+    if (atomic_load(&log_rfd) >= 0 && log_pid == getpid())
+        Py_RETURN_FALSE;
+    int p[2];
+    if (pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    (void)fcntl(p[1], F_SETPIPE_SZ, 1 << 20); /* room for bursts; the default if refused */
+    int ow = atomic_exchange(&log_wfd, p[1]), orf = atomic_exchange(&log_rfd, p[0]);
+    /* a forked child: only this thread exists, no writer can hold the old fds */
+    if (ow >= 0)
+        close(ow);
+    if (orf >= 0)
+        close(orf);
+    log_pid = getpid();
+    kvp_log_set_sink(&log_sink);
+    Py_RETURN_TRUE;
+}
+
+/* _log_wait(timeout_ms): blocks (GIL released) until a record waits or
+ * the timeout (< 0: none) passes; True when one waits. */
+static PyObject *mod_log_wait(PyObject *m, PyObject *arg)
+{
+    long t = PyLong_AsLong(arg);
+    if (t == -1 && PyErr_Occurred())
+        return NULL;
+    int fd = atomic_load(&log_rfd), r;
+    if (fd < 0)
+        Py_RETURN_FALSE;
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    Py_BEGIN_ALLOW_THREADS
+    do
+        r = poll(&pfd, 1, t < 0 ? -1 : t > INT32_MAX ? INT32_MAX : (int)t);
+    while (r < 0 && errno == EINTR && t < 0);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(r > 0 && (pfd.revents & POLLIN));
+}
+
+/* Reads exactly n bytes that are known to be in the pipe; 0 or -1. */
+static int log_read_n(int fd, uint8_t *p, size_t n)
+{
+    while (n) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* _log_drain() -> ([(level, module, message, time), ...], dropped): the
+ * records waiting now (at most 4096), read without blocking, and the
+ * count of records dropped since the last call. The GIL is held
+ * throughout, so two drains never interleave their reads. */
+static PyObject *mod_log_drain(PyObject *m, PyObject *unused)
+{
+    PyObject *list = PyList_New(0);
+    if (!list)
+        return NULL;
+    int fd = atomic_load(&log_rfd);
+    for (int i = 0; fd >= 0 && i < 4096; i++) {
+        uint8_t h[LOG_HDR], body[LOG_MOD_MAX + LOG_MSG_MAX];
+        ssize_t r = read(fd, h, sizeof h);
+        if (r < 0 && errno == EINTR) {
+            i--;
+            continue;
+        }
+        if (r <= 0)
+            break; /* EAGAIN: nothing more */
+        uint16_t n;
+        uint32_t ns;
+        int64_t sec;
+        memcpy(&n, h, 2);
+        memcpy(&ns, h + 4, 4);
+        memcpy(&sec, h + 8, 8);
+        size_t ml = h[3];
+        /* whole records only (atomic writes): a short one means a broken
+         * pipe protocol; stop rather than misparse */
+        if (r != LOG_HDR || ml > LOG_MOD_MAX || n > LOG_MSG_MAX ||
+            log_read_n(fd, body, ml + n) != 0)
+            break;
+        PyObject *t = Py_BuildValue("(is#s#d)", (int)h[2], (const char *)body, (Py_ssize_t)ml,
+                                    (const char *)body + ml, (Py_ssize_t)n,
+                                    (double)sec + (double)ns / 1e9);
+        if (!t) { /* undecodable bytes: replace rather than lose the line */
+            PyErr_Clear();
+            PyObject *mod = PyUnicode_DecodeUTF8((const char *)body, (Py_ssize_t)ml, "replace");
+            PyObject *msg = PyUnicode_DecodeUTF8((const char *)body + ml, (Py_ssize_t)n,
+                                                 "replace");
+            t = mod && msg ? Py_BuildValue("(iOOd)", (int)h[2], mod, msg,
+                                           (double)sec + (double)ns / 1e9)
+                           : NULL;
+            Py_XDECREF(mod);
+            Py_XDECREF(msg);
+        }
+        if (!t || PyList_Append(list, t) < 0) {
+            Py_XDECREF(t);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(t);
+    }
+    unsigned long dropped = atomic_exchange(&log_dropped, 0);
+    PyObject *res = Py_BuildValue("(Ok)", list, dropped);
+    Py_DECREF(list);
+    return res;
+}
+
+/* set_log_level(n): the C core's process level (0 debug .. 4 off);
+ * get_log_level() -> n. */
+static PyObject *mod_set_log_level(PyObject *m, PyObject *arg)
+{
+    long lv = PyLong_AsLong(arg);
+    if (lv == -1 && PyErr_Occurred())
+        return NULL;
+    if (lv < KVP_LOG_DEBUG || lv > KVP_LOG_OFF) {
+        PyErr_SetString(PyExc_ValueError, "log level: 0 (debug) .. 4 (off)");
+        return NULL;
+    }
+    kvp_log_set_level((int)lv);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_get_log_level(PyObject *m, PyObject *unused)
+{
+    return PyLong_FromLong(kvp_log_get_level());
+}
+
 /* ============================================================== module */
 
 static PyObject *mod_strerror(PyObject *m, PyObject *arg)
@@ -1176,6 +1379,11 @@ static PyObject *mod_err_name(PyObject *m, PyObject *arg)
 static PyMethodDef mod_methods[] = {
     {"strerror", mod_strerror, METH_O, "strerror(code) -> str"},
     {"err_name", mod_err_name, METH_O, "err_name(code) -> str, e.g. 'OBJECT_NOT_FOUND'"},
+    {"_log_start", mod_log_start, METH_NOARGS, "routes the core's log lines to the log pipe"},
+    {"_log_wait", mod_log_wait, METH_O, "_log_wait(timeout_ms) -> bool (GIL released)"},
+    {"_log_drain", mod_log_drain, METH_NOARGS, "_log_drain() -> (records, dropped)"},
+    {"set_log_level", mod_set_log_level, METH_O, "set_log_level(0 debug .. 4 off)"},
+    {"get_log_level", mod_get_log_level, METH_NOARGS, "get_log_level() -> 0 debug .. 4 off"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -61,7 +61,7 @@ import threading
 import types
 from typing import Any, Optional, Sequence, Union
 
-from . import Error, _native, _torch_view, _with_buffers, config_text
+from . import Error, _log, _native, _torch_view, _with_buffers, config_text
 
 log = logging.getLogger("kvpool.mooncake")
 
@@ -500,6 +500,7 @@ class MooncakeDistributedStore:
         try:
             c = _native.Client(config_text(_store_config(opts)))
         except _native.OpenError as e:
+            _log.flush()
             code, msg = e.args
             log.error("setup failed: %s", msg)
             if code in (_C["RPC_FAIL"], _C["RPC_TIMEOUT"]):
@@ -510,6 +511,7 @@ class MooncakeDistributedStore:
             self._host = _host_only(str(opts.get("local_hostname", "") or ""))
         if old is not None:
             old.close()
+        _log.flush()
         return OK
 
     def init_all(self, protocol: str, device_name: str, mount_segment_size: int) -> int:
@@ -536,6 +538,7 @@ class MooncakeDistributedStore:
             pools, self._pools = self._pools, {}
         if c is not None:
             c.close()
+            _log.flush()
         while _unmap_pop(pools):
             pass
         return OK

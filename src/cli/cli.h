@@ -117,6 +117,11 @@ int kvp_cli_addr(const char *cmd, const char *flag, const char *v, int any_port)
  * non-ASCII bytes escaped, cut after 60 bytes with "..."; returns buf. */
 const char *kvp_cli_quote(const char *s, char *buf, size_t n);
 
+/* $KVPOOL_LOG_LEVEL for the CLI (flag > environment > file > default info):
+ * 0 when unset or empty, 1 with *level set, -1 when invalid (message on
+ * stderr naming the variable; the command exits with status 2). */
+int kvp_cli_env_log_level(const char *cmd, int *level);
+
 /*
  * What a refusal by the master means for this session's credentials, to
  * follow the error on the same line: for KVP_EAUTH / KVP_EAUTH_BACKOFF with

@@ -15,18 +15,27 @@
 
 #include "cli/cli.h"
 #include "client/client_int.h"
+#include "common/log.h"
 #include "common/mem.h"
 #include "kvpool.h"
 
 #define MAX_VALUE (4ull << 30)
 
 /* Opens a client that contributes no memory (standalone-store mode: a
- * file's "mode" and segment size are for the processes that host one). */
+ * file's "mode" and segment size are for the processes that host one). Its
+ * log level: the one given (--log-level, $KVPOOL_LOG_LEVEL, the file), else
+ * warn: these commands print their own results, the client's info lines
+ * would be noise. */
 static int open_client(kvp_config *cfg, const char *cmd, kvp_client **c)
 {
     char err[KVP_CONFIG_ERRLEN];
     snprintf(cfg->mode, sizeof cfg->mode, "standalone-store");
     cfg->global_segment_size = 0;
+    if (!kvp_config_was_set(cfg, "log_level") &&
+        kvp_config_set(cfg, "log_level", "warn", err, sizeof err) != 0) {
+        fprintf(stderr, "kvpool %s: %s\n", cmd, err);
+        return KVP_ECONFIG;
+    }
     int rc = kvp_client_open_config(cfg, c, err, sizeof err);
     char hint[512];
     if (rc)

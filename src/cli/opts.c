@@ -408,6 +408,23 @@ static int apply_all(int argc, char **argv, kvp_config *cfg, unsigned roles,
     return 0;
 }
 
+int kvp_cli_env_log_level(const char *cmd, int *level)
+{
+    int lv = kvp_log_env_level();
+    if (lv == -1)
+        return 0;
+    if (lv == -2) {
+        char q[96];
+        fprintf(stderr,
+                "kvpool %s: $%s: value %s is not a log level (allowed: debug, info, warn, "
+                "error, off)\n",
+                cmd, KVP_LOG_ENV, kvp_cli_quote(getenv(KVP_LOG_ENV), q, sizeof q));
+        return -1;
+    }
+    *level = lv;
+    return 1;
+}
+
 int kvp_cli_scan(int argc, char **argv, const kvp_cli_flag *own, const char **own_vals,
                  int *npos)
 {
@@ -446,6 +463,14 @@ int kvp_cli_parse_for(int argc, char **argv, unsigned roles, kvp_config *cfg,
             fprintf(stderr, "kvpool %s: $KVPOOL_MASTER: %s\n", argv[0], err);
             return -1;
         }
+    }
+    /* $KVPOOL_LOG_LEVEL beats the file, a --log-level flag beats both */
+    int elv, e = kvp_cli_env_log_level(argv[0], &elv);
+    if (e < 0)
+        return -1;
+    if (e > 0 && kvp_config_set(cfg, "log_level", kvp_log_level_name(elv), err, sizeof err) != 0) {
+        fprintf(stderr, "kvpool %s: $%s: %s\n", argv[0], KVP_LOG_ENV, err);
+        return -1;
     }
     if (apply_all(argc, argv, cfg, roles, own, own_vals, npos) != 0)
         return -1;

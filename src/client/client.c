@@ -591,23 +591,18 @@ static int client_open(const char *config, const kvp_config *cfg, kvp_client **o
     pthread_condattr_destroy(&ca);
 
     int rc = 0;
-    if (cfg) {
+    if (cfg)
         c->cfg = *cfg;
-    } else {
+    else {
         kvp_config_defaults(&c->cfg);
-        const char *path;
-        const char *t = config;
-        while (t && (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r'))
-            t++;
-        if (t && *t == '{')
-            rc = kvp_config_load_string(&c->cfg, config, err, errlen);
-        else if (t && *t) /* not JSON text: the path of a JSON file */
-            rc = kvp_config_load_file(&c->cfg, config, err, errlen);
-        else if ((path = kvp_config_path_from_env()) != NULL)
-            rc = kvp_config_load_file(&c->cfg, path, err, errlen);
+        rc = kvp_config_load_spec(&c->cfg, config, err, errlen);
     }
     if (rc == 0)
         rc = kvp_config_validate(&c->cfg, err, errlen);
+    /* before anything logs: "log_level" given here sets the process level
+     * (unless $KVPOOL_LOG_LEVEL is set); see common/log.h */
+    if (rc == 0)
+        kvp_config_apply_log_level(&c->cfg);
     if (rc == 0)
         rc = kvp_secret_resolve(&c->cfg, err, errlen);
     if (rc) {

@@ -174,7 +174,8 @@ static const struct key_def keys[] = {
      .help = "largest value a put may store (also at most the low watermark's share of the "
              "pool); larger puts are refused before anything is evicted"},
     {.name = "log_level", .roles = R_ALL_NET, .type = KT_LOGLEVEL, F_INT(log_level), .def = "info",
-     .help = "least severe log level written"},
+     .help = "least severe log level written, process-wide; given in a client's configuration "
+             "it sets the process level ($KVPOOL_LOG_LEVEL beats it, a flag beats both)"},
     /* ---- client / storage node ---- */
     {.name = "master", .roles = R_N | R_C | R_A, .aliases = {"master_server_address", "master_server_addr"},
      .type = KT_STRING, F_STR(master_addr), .def = "127.0.0.1:50051",
@@ -1355,6 +1356,27 @@ void kvp_config_print_reference(FILE *f)
 }
 
 /* ------------------------------------------------------------ environment */
+
+
+void kvp_config_apply_log_level(const kvp_config *c)
+{
+    if (kvp_config_was_set(c, "log_level"))
+        kvp_log_set_configured(c->log_level);
+}
+
+int kvp_config_load_spec(kvp_config *c, const char *spec, char *err, size_t errlen)
+{
+    const char *t = spec, *path;
+    while (t && (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r'))
+        t++;
+    if (t && *t == '{')
+        return kvp_config_load_string(c, spec, err, errlen);
+    if (t && *t) /* not JSON text: the path of a JSON file */
+        return kvp_config_load_file(c, spec, err, errlen);
+    if ((path = kvp_config_path_from_env()) != NULL)
+        return kvp_config_load_file(c, path, err, errlen);
+    return 0;
+}
 
 const char *kvp_config_path_from_env(void)
 {

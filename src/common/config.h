@@ -106,6 +106,18 @@ int kvp_config_set(kvp_config *c, const char *key, const char *value, char *err,
 int kvp_config_bool_word(const char *v);
 #define KVP_CONFIG_BOOL_WORDS "true, false, 1, 0, yes, no, on, off (any case)"
 
+/*
+ * Loads what kvp_client_open's `config` argument names over *c: JSON object
+ * text ("{...}", leading white space allowed), else the path of a JSON
+ * file; NULL or "" = the file named by the environment
+ * (kvp_config_path_from_env), else nothing. Same returns as the loaders.
+ */
+int kvp_config_load_spec(kvp_config *c, const char *spec, char *err, size_t errlen);
+
+/* The library's rule for "log_level" (common/log.h): when c gives it
+ * explicitly, kvp_log_set_configured(c->log_level); else nothing. */
+void kvp_config_apply_log_level(const kvp_config *c);
+
 /* Is `name` ('-' or '_') a boolean key? (a bare --name flag means true) */
 int kvp_config_key_is_bool(const char *name);
 

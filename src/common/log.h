@@ -1,19 +1,71 @@
 /*
- * log.h -- leveled logging to stderr.
+ * log.h -- leveled logging to stderr (or to a sink, see kvp_log_set_sink).
  * Lines look like: "2026-11-29T08:57:17.123Z W master: message".
  * Thread-safe: each line is written with one write(2).
+ *
+ * The level is process-wide (one per process, shared by every client,
+ * node and master in it). Where it comes from, strongest first:
+ *   1. kvp_log_set_level: an explicit call (the CLI's resolved level,
+ *      Python's kvpool.set_log_level, tests). Sets it unconditionally.
+ *   2. $KVPOOL_LOG_LEVEL (debug | info | warn | error | off, any case),
+ *      read once, at the first log call. It beats every configuration's
+ *      "log_level" (kvp_log_set_configured). An invalid value is ignored
+ *      with one WARN line naming it (the CLI refuses it: exit status 2).
+ *   3. kvp_log_set_configured: a configuration that gives "log_level"
+ *      explicitly (kvp_client_open, the connector's open paths). Several
+ *      configurations in one process: the last one applied wins. A
+ *      configuration without the key leaves the level alone.
+ *   4. The default, info.
+ * (The CLI resolves flag > environment > file itself and calls 1.)
  */
 #ifndef KVP_LOG_H
 #define KVP_LOG_H
 
+#include <stddef.h>
+#include <time.h>
+
 enum kvp_log_level { KVP_LOG_DEBUG = 0, KVP_LOG_INFO, KVP_LOG_WARN, KVP_LOG_ERROR, KVP_LOG_OFF };
+
+/* The name of the environment variable (rule 2 above). */
+#define KVP_LOG_ENV "KVPOOL_LOG_LEVEL"
 
 void kvp_log_set_level(int level);
 int kvp_log_get_level(void);
+/* Rule 3: sets the level unless $KVPOOL_LOG_LEVEL holds a valid level. */
+void kvp_log_set_configured(int level);
+/* $KVPOOL_LOG_LEVEL now: its level, -1 when unset or empty, -2 when invalid. */
+int kvp_log_env_level(void);
 /* Parses "debug", "info", "warn", "error", "off"; returns -1 if unknown. */
 int kvp_log_level_parse(const char *s);
+/* "debug", "info", "warn", "error", "off" ("?" for anything else). */
+const char *kvp_log_level_name(int level);
 void kvp_log_write(int level, const char *mod, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/*
+ * Sink: where lines go instead of stderr (the Python extension turns them
+ * into `logging` records). One record per line, passed to fn(ctx, r) on
+ * the thread that logs, which may hold any of the library's mutexes: fn
+ * must not block, must not log, and must not take a lock a logging thread
+ * may be waiting for (no GIL, no Python). r and its strings are valid
+ * during the call only. `s` must stay valid while any thread may log (in
+ * practice: static); NULL restores stderr. The level filter applies before
+ * the sink.
+ */
+typedef struct kvp_log_record {
+    int level;            /* KVP_LOG_DEBUG .. KVP_LOG_ERROR */
+    const char *mod;      /* "client", "node", ... (NUL-terminated) */
+    const char *msg;      /* the message, no prefix, no newline */
+    size_t msg_len;
+    const char *line;     /* the whole stderr line, with its newline */
+    size_t line_len;
+    struct timespec time; /* CLOCK_REALTIME when it was logged */
+} kvp_log_record;
+typedef struct kvp_log_sink {
+    void (*fn)(void *ctx, const kvp_log_record *r);
+    void *ctx;
+} kvp_log_sink;
+void kvp_log_set_sink(const kvp_log_sink *s);
 
 #define kvp_log(level, mod, ...)                                               \
     do {                                                                       \

@@ -19,6 +19,8 @@
 #include <string.h>
 
 #include "common/buf.h"
+#include "common/config.h"
+#include "common/log.h"
 #include "common/mem.h"
 #include "connector/blockhash.h"
 #include "connector/coord.h"
@@ -143,6 +145,32 @@ static int groups_of(const kvp_conn_config *c, kvp_worker_group *wg, uint32_t *L
     return 0;
 }
 
+/*
+ * The store configuration's "log_level" (common/log.h: an explicit key sets
+ * the process level unless $KVPOOL_LOG_LEVEL is set), applied first thing
+ * in both open paths so their own lines already obey it. The worker's
+ * kvp_client_open applies it again and reports a bad configuration; the
+ * scheduler uses nothing else from it, so there a configuration that does
+ * not load is one WARN line, not a failure.
+ */
+static void store_log_level(const char *store_config, int warn)
+{
+    if (!store_config || !*store_config)
+        return;
+    kvp_config *sc = kvp_malloc(sizeof *sc);
+    char err[KVP_CONFIG_ERRLEN];
+    if (!sc)
+        return;
+    kvp_config_defaults(sc);
+    if (kvp_config_load_spec(sc, store_config, err, sizeof err) == 0)
+        kvp_config_apply_log_level(sc);
+    else if (warn) /* not err itself: it may quote a value, e.g. a token */
+        KVP_WARN("connector",
+                 "store_config does not load (the worker half reports why); the scheduler "
+                 "reads only its log_level");
+    kvp_free(sc);
+}
+
 static int ranks_ok(int size, int rank) { return size >= 1 && rank >= 0 && rank < size; }
 
 /* ================================================================ scheduler */
@@ -160,6 +188,7 @@ int kvp_conn_sched_open(const kvp_conn_config *c, kvp_conn_sched **out, char *er
         return fail(err, errlen, "no config");
     if (config_size_ok(c, err, errlen))
         return KVP_EINVALID_PARAMS;
+    store_log_level(c->store_config, 1);
     if (c->role < KVP_CONN_PRODUCER || c->role > KVP_CONN_BOTH)
         return fail(err, errlen, "unknown role");
     kvp_worker_group wg[GROUPS_MAX];
@@ -380,6 +409,7 @@ int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *
         return fail(err, errlen, "model is required");
     if (!c->store_config || !*c->store_config)
         return fail(err, errlen, "store_config is required");
+    store_log_level(c->store_config, 0);
     if (c->num_blocks == 0)
         return fail(err, errlen, "num_blocks must be > 0");
     static const enum kvp_worker_role roles[] = {

@@ -1325,6 +1325,8 @@ static int sim_read_flags(int argc, char **argv, simcfg *c, int *inst_set)
         }
         *word_p[k] = !strcmp(w, words[k].b);
     }
+    if (kvp_cli_env_log_level("sim", &c->log_level) < 0) /* a flag beats it */
+        return -1;
     if (v[F_LOG_LEVEL]) {
         int lv = kvp_log_level_parse(v[F_LOG_LEVEL]);
         if (lv < 0) {
