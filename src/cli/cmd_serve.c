@@ -18,6 +18,7 @@
 #include "master/service.h"
 #include "net/net.h"
 #include "node/node.h"
+#include "node/segment.h"
 
 static void *run_master(void *p)
 {
@@ -56,6 +57,11 @@ int kvp_cmd_serve(int argc, char **argv)
                 "must be at least 1MiB\n", (unsigned long long)cfg.global_segment_size);
         return 2;
     }
+    char err[512];
+    if (kvp_segment_check_size(cfg.global_segment_size, err, sizeof err) != 0) {
+        fprintf(stderr, "kvpool serve: %s\n", err);
+        return 2;
+    }
     sigset_t ss;
     sigemptyset(&ss);
     sigaddset(&ss, SIGTERM);
@@ -63,7 +69,6 @@ int kvp_cmd_serve(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &ss, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    char err[256];
     kvp_mserver *ms;
     if (kvp_mserver_create(&cfg, 0, &ms, err, sizeof err) != 0) {
         fprintf(stderr, "kvpool serve: %s\n", err);

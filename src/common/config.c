@@ -78,6 +78,7 @@ struct key_def {
 
 static const char *const protocol_choices[] = {"tcp", "rdma", NULL};
 static const char *const mode_choices[] = {"embedded", "standalone-store", NULL};
+static const char *const prefault_choices[] = {"auto", "background", "sync", "off", NULL};
 
 static const struct key_def keys[] = {
     /* ---- master ---- */
@@ -173,11 +174,21 @@ static const struct key_def keys[] = {
      .help = "client: address other nodes use to reach this one"},
     {.name = "protocol", .type = KT_ENUM, F_STR(protocol), .choices = protocol_choices,
      .def = "tcp", .help = "transfer protocol (rdma is accepted but not supported yet)"},
-    {.name = "mode", .type = KT_ENUM, F_STR(mode), .choices = mode_choices, .def = "embedded",
-     .help = "client: embedded (in-process) or standalone-store"},
+    {.name = "mode", .type = KT_ENUM, F_STR(mode), .choices = mode_choices,
+     .def = "standalone-store",
+     .help = "client: standalone-store (uses the pool's storage nodes, contributes no memory) "
+             "or embedded (also hosts a segment of global_segment_size); when not given: "
+             "embedded if global_segment_size is given and > 0, else standalone-store"},
     {.name = "global_segment_size", .type = KT_SIZE, F_U64(global_segment_size), .min = 0,
      .max = UINT64_MAX, .def = "4GiB",
-     .help = "client: memory this node contributes to the pool; 0 = none"},
+     .help = "memory this node contributes to the pool (an embedded client, kvpool store); "
+             "0 = none; at most what the machine can back (MemTotal, or the memory cgroup's "
+             "limit, plus swap)"},
+    {.name = "segment_prefault", .type = KT_ENUM, F_STR(segment_prefault),
+     .choices = prefault_choices, .def = "auto",
+     .help = "storage node: when the segment's pages are faulted in: background (behind the "
+             "first requests), sync (before serving), off (each on first use); auto = "
+             "background for kvpool serve / store, off for an embedded client's segment"},
     {.name = "local_buffer_size", .type = KT_SIZE, F_U64(local_buffer_size), .min = 0,
      .max = UINT64_MAX, .def = "0", .help = "client: local staging buffer for transfers"},
     {.name = "enable_offload", .type = KT_BOOL, F_INT(enable_offload), .def = "false",
@@ -681,6 +692,14 @@ static int was_set(const kvp_config *c, const char *name)
     return k && (c->set_mask >> (size_t)(k - keys)) & 1u;
 }
 
+const char *kvp_config_mode(const kvp_config *c)
+{
+    if (was_set(c, "mode"))
+        return c->mode;
+    return was_set(c, "global_segment_size") && c->global_segment_size ? "embedded"
+                                                                      : "standalone-store";
+}
+
 void kvp_config_defaults(kvp_config *c)
 {
     memset(c, 0, sizeof *c);
@@ -1158,12 +1177,12 @@ int kvp_config_validate(const kvp_config *c, char *err, size_t errlen)
     /* Mooncake's client rules (spec §3.1): an embedded client contributes
      * memory; a standalone-store client contributes none (the storage
      * nodes do), so a segment size given for it is a mistake. */
-    if (strcmp(c->mode, "embedded") == 0 && c->global_segment_size == 0)
+    if (strcmp(kvp_config_mode(c), "embedded") == 0 && c->global_segment_size == 0)
         return invalid(err, errlen,
                        "embedded mode requires global_segment_size > 0 (use \"mode\": "
                        "\"standalone-store\" for a client that contributes no memory)");
-    if (strcmp(c->mode, "standalone-store") == 0 && c->global_segment_size != 0 &&
-        was_set(c, "global_segment_size"))
+    if (strcmp(c->mode, "standalone-store") == 0 && was_set(c, "mode") &&
+        c->global_segment_size != 0 && was_set(c, "global_segment_size"))
         return invalid(err, errlen,
                        "standalone-store mode requires global_segment_size == 0 (the storage "
                        "nodes contribute the memory; this client contributes none)");
