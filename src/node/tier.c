@@ -25,6 +25,7 @@
 #include "common/buf.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/size.h"
 #include "kvpool.h"
 #include "node/disk.h"
 #include "proto/proto.h"
@@ -386,15 +387,61 @@ uint64_t kvp_tier_register(kvp_tier *t)
     return h.n;
 }
 
+/* The size and free bytes of the filesystem holding dir (or, before the
+ * store created dir, its nearest existing ancestor); 0 when statvfs cannot
+ * tell. */
+static uint64_t fs_size(const char *dir, uint64_t *avail)
+{
+    struct statvfs sv;
+    char p[4200];
+    snprintf(p, sizeof p, "%s", dir);
+    while (statvfs(p, &sv) != 0) {
+        size_t n = strlen(p);
+        while (n > 1 && p[n - 1] == '/')
+            p[--n] = 0;
+        char *slash = strrchr(p, '/');
+        if (!slash)
+            snprintf(p, sizeof p, ".");
+        else if (slash == p)
+            p[1] = 0;
+        else
+            *slash = 0;
+        if (n <= 1 && (p[0] == '/' || p[0] == '.'))
+            return 0; /* the root (or ".") itself did not answer */
+    }
+    if (avail)
+        *avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+    return (uint64_t)sv.f_blocks * sv.f_frsize;
+}
+
 /* offload_capacity 0: 90 % of the filesystem holding dir, in whole pages */
 static uint64_t default_capacity(const char *dir, uint64_t page)
 {
-    struct statvfs sv;
-    if (statvfs(dir, &sv) != 0)
-        return 0;
-    uint64_t fs = (uint64_t)sv.f_blocks * sv.f_frsize;
-    uint64_t c = fs / 10 * 9;
+    uint64_t c = fs_size(dir, NULL) / 10 * 9;
     return c / page * page;
+}
+
+/*
+ * An offload_capacity the filesystem cannot hold is refused: the tier drops
+ * pages only past its watermarks of capacity, so on a disk that fills
+ * first it would never rotate and refuse every spill (-200) from then on.
+ * One above the free space now (plus what its page files already hold) is
+ * a warning: other files hold the rest.
+ */
+static int check_capacity(const kvp_config *cfg, uint64_t cap, char *err, size_t errlen)
+{
+    uint64_t avail = 0, fs = fs_size(cfg->offload_dir, &avail);
+    char a[32], b[32];
+    if (fs && cap > fs) {
+        snprintf(err, errlen,
+                 "key \"offload_capacity\" (%s) exceeds the size of the filesystem of \"%s\" "
+                 "(%s): the tier would fill the disk and never drop its old pages; give at most "
+                 "%s, or 0 (90 %% of the filesystem)",
+                 kvp_size_format(cap, a, sizeof a), cfg->offload_dir,
+                 kvp_size_format(fs, b, sizeof b), b);
+        return KVP_ECONFIG;
+    }
+    return 0;
 }
 
 int kvp_tier_open(const kvp_config *cfg, kvp_segment *seg, uint64_t seg_id, kvp_tier **out,
@@ -410,6 +457,7 @@ int kvp_tier_open(const kvp_config *cfg, kvp_segment *seg, uint64_t seg_id, kvp_
         snprintf(err, errlen, "out of memory");
         return KVP_ENOMEM;
     }
+    int rc;
     t->base = kvp_segment_base(seg);
     t->seg_size = kvp_segment_size(seg);
     t->seg_id = seg_id;
@@ -427,14 +475,13 @@ int kvp_tier_open(const kvp_config *cfg, kvp_segment *seg, uint64_t seg_id, kvp_
     }
     uint64_t page = cfg->offload_page_size ? cfg->offload_page_size : 128ull << 20;
     uint64_t cap = cfg->offload_capacity;
+    if (cap && (rc = check_capacity(cfg, cap, err, errlen)) != 0) {
+        kvp_tier_close(t);
+        return rc;
+    }
     if (!cap) {
-        /* statvfs needs the directory: the store creates it, so ask its parent too */
+        /* statvfs needs the directory: the store creates it, so fs_size asks its parent too */
         cap = default_capacity(cfg->offload_dir, page);
-        if (!cap) {
-            char parent[sizeof cfg->offload_dir + 4];
-            snprintf(parent, sizeof parent, "%s/..", cfg->offload_dir);
-            cap = default_capacity(parent, page);
-        }
         if (cap < 2 * page) {
             snprintf(err, errlen,
                      "key \"offload_capacity\" is 0 (90 %% of the filesystem) but the filesystem "
@@ -453,12 +500,23 @@ int kvp_tier_open(const kvp_config *cfg, kvp_segment *seg, uint64_t seg_id, kvp_
                        .on_durable = on_durable,
                        .on_dropped = on_dropped,
                        .arg = t};
-    int rc = kvp_disk_open(&o, &t->disk, err, errlen);
+    rc = kvp_disk_open(&o, &t->disk, err, errlen);
     if (rc) {
         kvp_tier_close(t);
         return rc;
     }
     t->capacity = cap;
+    uint64_t avail = 0;
+    kvp_disk_stats held;
+    kvp_disk_get_stats(t->disk, &held);
+    if (fs_size(cfg->offload_dir, &avail) && cap > avail + held.pages * page) {
+        char a[32], b[32];
+        KVP_WARN(MOD, "offload_capacity %s exceeds the free space of the filesystem of %s (%s "
+                      "free, plus %llu pages of ours): other files hold the rest; spills are "
+                      "refused (-200) while the disk is full",
+                 kvp_size_format(cap, a, sizeof a), cfg->offload_dir,
+                 kvp_size_format(avail, b, sizeof b), (unsigned long long)held.pages);
+    }
     for (int i = 0; i < LOADERS; i++) {
         t->la[i] = (struct loader){t, i == 0};
         if (pthread_create(&t->th[i], NULL, loader_main, &t->la[i]) != 0) {
