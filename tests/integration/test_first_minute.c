@@ -6,8 +6,9 @@
  *     fresh memory runs at ~0.3 GB/s on small machines: 14 s for 4 GiB if
  *     it faulted the segment in before serving) and serves put/get
  *     correctly while its pages are faulted in behind the requests;
- *   - a CLI put/get against it does not map-populate the whole segment (its
- *     peak RSS, from wait4's rusage, stays far below the segment's size);
+ *   - a CLI put/get against it, or against a 1 GiB node, does not
+ *     map-populate the whole segment (its peak RSS, from wait4's rusage,
+ *     stays far below the segment's size);
  *   - a segment larger than the machine can back is refused at start with a
  *     message naming the limit: serve and store exit 2 within a second,
  *     kvp_client_open of an embedded client answers KVP_ECONFIG; an
@@ -221,6 +222,42 @@ TEST(serve_4gib)
     /* a stop in the middle of the prefault is clean and prompt */
     CHECK_EQ(tp_master_stop(&m), 0);
     tp_rm_dir(dir);
+}
+
+/* The CLI against a 1 GiB node, alone (the old client MAP_POPULATEd the
+ * whole segment at attach: peak RSS above 1 GiB for a 64 KiB put): a put and
+ * a get stay far below the segment's size, and read back the bytes. */
+TEST(cli_attach_is_lazy)
+{
+    tp_master m;
+    tp_store s;
+    char dir[64], val[128], got[128];
+    CHECK(mk_dir(dir, sizeof dir) == 0);
+    snprintf(val, sizeof val, "%s/value", dir);
+    snprintf(got, sizeof got, "%s/got", dir);
+    CHECK(tp_master_start(&m, NULL) == 0);
+    CHECK(tp_store_start(&s, m.addr, (const char *const[]){"--segment-size", "1GiB", NULL}) ==
+          0);
+    enum { SZ = 64 * 1024 };
+    uint8_t v[SZ], w[SZ];
+    tp_fill(v, SZ, 5);
+    CHECK(write_bytes(val, v, SZ) == 0);
+    const char *put[] = {tp_kvpool_bin(), "put", "lazy-cli", val, "--master", m.addr, NULL};
+    const char *get[] = {tp_kvpool_bin(), "get", "lazy-cli", "--master", m.addr, NULL};
+    long rss_put = 0, rss_get = 0;
+    CHECK_EQ(wait_rss(spawn(put, NULL, NULL, NULL), 20000, &rss_put), 0);
+    CHECK_EQ(wait_rss(spawn(get, NULL, got, NULL), 20000, &rss_get), 0);
+    printf("  CLI peak RSS against 1 GiB: put %ld KiB, get %ld KiB\n", rss_put, rss_get);
+    CHECK(rss_put > 0 && rss_put < 256 * 1024);
+    CHECK(rss_get > 0 && rss_get < 256 * 1024);
+    FILE *f = fopen(got, "r");
+    CHECK(f != NULL);
+    size_t n = fread(w, 1, SZ, f);
+    fclose(f);
+    CHECK(n == SZ && memcmp(v, w, SZ) == 0);
+    tp_rm_dir(dir);
+    CHECK_EQ(tp_store_stop(&s), 0);
+    CHECK_EQ(tp_master_stop(&m), 0);
 }
 
 /* --segment-size 64TB: serve and store refuse at once (exit 2, within a
