@@ -33,6 +33,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/config.h"
 #include "harness.h"
 #include "kvpool.h"
 #include "proc.h"
@@ -447,4 +448,32 @@ TEST(offload_capacity_beyond_filesystem_refused)
     CHECK(strstr(out, "key \"offload_capacity\" (1000.0 TiB) exceeds the size of the filesystem") !=
           NULL);
     CHECK(strstr(out, off) != NULL);
+}
+
+/* The client's mode when "mode" is not given: embedded exactly when
+ * global_segment_size is given and > 0 (Mooncake configs give it), else
+ * standalone-store; an explicit mode is kept, and its rules still hold. */
+TEST(mode_default_resolution)
+{
+    static const struct {
+        const char *json, *mode;
+        int ok;
+    } cases[] = {
+        {"{}", "standalone-store", 1},
+        {"{\"global_segment_size\": \"1GiB\"}", "embedded", 1},
+        {"{\"global_segment_size\": 0}", "standalone-store", 1},
+        {"{\"mode\": \"embedded\"}", "embedded", 1}, /* with the 4 GiB default */
+        {"{\"mode\": \"embedded\", \"global_segment_size\": 0}", "embedded", 0},
+        {"{\"mode\": \"standalone-store\", \"global_segment_size\": \"1GiB\"}",
+         "standalone-store", 0},
+        {"{\"mode\": \"standalone-store\"}", "standalone-store", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvp_config c;
+        char err[KVP_CONFIG_ERRLEN];
+        kvp_config_defaults(&c);
+        CHECK_EQ(kvp_config_load_string(&c, cases[i].json, err, sizeof err), 0);
+        CHECK(strcmp(kvp_config_mode(&c), cases[i].mode) == 0);
+        CHECK_EQ(kvp_config_validate(&c, err, sizeof err) == 0, cases[i].ok);
+    }
 }

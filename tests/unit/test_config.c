@@ -71,7 +71,9 @@ TEST(defaults_match_header)
     CHECK(strcmp(c.master_addr, "127.0.0.1:50051") == 0);
     CHECK(strcmp(c.local_hostname, "localhost") == 0);
     CHECK(strcmp(c.protocol, "tcp") == 0);
-    CHECK(strcmp(c.mode, "embedded") == 0);
+    CHECK(strcmp(c.mode, "standalone-store") == 0);
+    CHECK(strcmp(kvp_config_mode(&c), "standalone-store") == 0);
+    CHECK(strcmp(c.segment_prefault, "auto") == 0);
     CHECK(c.global_segment_size == 4 * GI);
     CHECK(c.local_buffer_size == 0);
     CHECK_EQ(c.enable_offload, 0);
