@@ -422,26 +422,33 @@ static uint64_t default_capacity(const char *dir, uint64_t page)
 }
 
 /*
- * An offload_capacity the filesystem cannot hold is refused: the tier drops
- * pages only past its watermarks of capacity, so on a disk that fills
- * first it would never rotate and refuse every spill (-200) from then on.
- * One above the free space now (plus what its page files already hold) is
- * a warning: other files hold the rest.
+ * An offload_capacity the filesystem cannot hold is a warning, not an
+ * error: the tier survives a full disk (a spill that finds no room fails and
+ * its victim is dropped as without a tier; spills resume once space returns:
+ * test_disk_tier), and Mooncake configs may carry a generous limit. But the
+ * tier drops old pages only past its watermarks of capacity, so with a
+ * capacity above the filesystem's size its own pages can fill the disk and
+ * it then never rotates: spills fail until someone frees space. Above the
+ * free space now (plus what its page files already hold) it is the same
+ * while other files hold the rest.
  */
-static int check_capacity(const kvp_config *cfg, uint64_t cap, char *err, size_t errlen)
+static void check_capacity(const kvp_config *cfg, uint64_t cap, uint64_t held)
 {
     uint64_t avail = 0, fs = fs_size(cfg->offload_dir, &avail);
-    char a[32], b[32];
-    if (fs && cap > fs) {
-        snprintf(err, errlen,
-                 "key \"offload_capacity\" (%s) exceeds the size of the filesystem of \"%s\" "
-                 "(%s): the tier would fill the disk and never drop its old pages; give at most "
-                 "%s, or 0 (90 %% of the filesystem)",
+    char a[32], b[32], c[32];
+    if (fs && cap > fs)
+        KVP_WARN(MOD, "key \"offload_capacity\" (%s) exceeds the size of the filesystem of %s "
+                      "(%s): the tier can fill the disk before it drops any old page, and then "
+                      "refuses spills until space is freed; give at most %s, or 0 (90 %% of the "
+                      "filesystem)",
                  kvp_size_format(cap, a, sizeof a), cfg->offload_dir,
                  kvp_size_format(fs, b, sizeof b), b);
-        return KVP_ECONFIG;
-    }
-    return 0;
+    else if (fs && cap > avail + held)
+        KVP_WARN(MOD, "key \"offload_capacity\" (%s) exceeds the free space of the filesystem "
+                      "of %s (%s free, %s in the tier's pages): other files hold the rest; "
+                      "spills are refused (-200) while the disk is full",
+                 kvp_size_format(cap, a, sizeof a), cfg->offload_dir,
+                 kvp_size_format(avail, b, sizeof b), kvp_size_format(held, c, sizeof c));
 }
 
 int kvp_tier_open(const kvp_config *cfg, kvp_segment *seg, uint64_t seg_id, kvp_tier **out,
@@ -457,7 +464,6 @@ int kvp_tier_open(const kvp_config *cfg, kvp_segment *seg, uint64_t seg_id, kvp_
         snprintf(err, errlen, "out of memory");
         return KVP_ENOMEM;
     }
-    int rc;
     t->base = kvp_segment_base(seg);
     t->seg_size = kvp_segment_size(seg);
     t->seg_id = seg_id;
@@ -475,10 +481,6 @@ int kvp_tier_open(const kvp_config *cfg, kvp_segment *seg, uint64_t seg_id, kvp_
     }
     uint64_t page = cfg->offload_page_size ? cfg->offload_page_size : 128ull << 20;
     uint64_t cap = cfg->offload_capacity;
-    if (cap && (rc = check_capacity(cfg, cap, err, errlen)) != 0) {
-        kvp_tier_close(t);
-        return rc;
-    }
     if (!cap) {
         /* statvfs needs the directory: the store creates it, so fs_size asks its parent too */
         cap = default_capacity(cfg->offload_dir, page);
@@ -500,23 +502,15 @@ int kvp_tier_open(const kvp_config *cfg, kvp_segment *seg, uint64_t seg_id, kvp_
                        .on_durable = on_durable,
                        .on_dropped = on_dropped,
                        .arg = t};
-    rc = kvp_disk_open(&o, &t->disk, err, errlen);
+    int rc = kvp_disk_open(&o, &t->disk, err, errlen);
     if (rc) {
         kvp_tier_close(t);
         return rc;
     }
     t->capacity = cap;
-    uint64_t avail = 0;
     kvp_disk_stats held;
     kvp_disk_get_stats(t->disk, &held);
-    if (fs_size(cfg->offload_dir, &avail) && cap > avail + held.pages * page) {
-        char a[32], b[32];
-        KVP_WARN(MOD, "offload_capacity %s exceeds the free space of the filesystem of %s (%s "
-                      "free, plus %llu pages of ours): other files hold the rest; spills are "
-                      "refused (-200) while the disk is full",
-                 kvp_size_format(cap, a, sizeof a), cfg->offload_dir,
-                 kvp_size_format(avail, b, sizeof b), (unsigned long long)held.pages);
-    }
+    check_capacity(cfg, cap, held.pages * page);
     for (int i = 0; i < LOADERS; i++) {
         t->la[i] = (struct loader){t, i == 0};
         if (pthread_create(&t->th[i], NULL, loader_main, &t->la[i]) != 0) {
