@@ -42,7 +42,10 @@ int kvp_cmd_serve(int argc, char **argv)
                "Runs the master and one storage node in one process: the single-machine\n"
                "default. Clients on this host reach the segment through shared memory.\n\n"
                "  --listen HOST:PORT          master address (default 127.0.0.1:50051)\n"
-               "  --segment-size SIZE         memory the node contributes (default 4GiB)\n"
+               "  --segment-size SIZE         memory the node contributes (default 4GiB; at most\n"
+               "                              what this machine can back); it serves at once and\n"
+               "                              faults the memory in behind the first requests\n"
+               "                              (--segment-prefault background|sync|off)\n"
                "  --segment-listen HOST:PORT  the node's segment server (default HOST:0)\n"
                "  --port-file FILE            write the master's port there once serving\n");
         return 0;
