@@ -152,7 +152,9 @@ static uint64_t cgroup_limit(char *where, size_t wl)
     return best;
 }
 
-int kvp_segment_check_size(uint64_t size, char *err, size_t errlen)
+/* kvp_segment_check_size; warn: also the warning above MemAvailable (create
+ * only, so a CLI that checked first does not print it twice). */
+static int check_size(uint64_t size, char *err, size_t errlen, int warn)
 {
     meminfo m;
     read_meminfo(&m);
@@ -187,13 +189,18 @@ int kvp_segment_check_size(uint64_t size, char *err, size_t errlen)
         return KVP_ECONFIG;
     }
     uint64_t now = m.avail + m.swap_free;
-    if (m.avail && size > now)
+    if (warn && m.avail && size > now)
         KVP_WARN(MOD, "segment size %s exceeds the memory available now (MemAvailable %s, free "
                       "swap %s): other processes hold the rest; filling the segment may swap or "
                       "end in the OOM killer",
                  kvp_size_format(size, a, sizeof a), kvp_size_format(m.avail, b, sizeof b),
                  kvp_size_format(m.swap_free, c, sizeof c));
     return 0;
+}
+
+int kvp_segment_check_size(uint64_t size, char *err, size_t errlen)
+{
+    return check_size(size, err, errlen, 0);
 }
 
 /* -------------------------------------------------------------- prefault */
@@ -286,7 +293,7 @@ int kvp_segment_create(uint64_t size, const char *name, kvp_segment **out, char 
         snprintf(err, errlen, "segment size %llu is out of range", (unsigned long long)size);
         return KVP_EINVALID_PARAMS;
     }
-    int rc = kvp_segment_check_size(size, err, errlen);
+    int rc = check_size(size, err, errlen, 1);
     if (rc)
         return rc;
     kvp_segment *s = kvp_calloc(1, sizeof *s);

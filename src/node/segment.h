@@ -32,9 +32,9 @@ typedef struct kvp_segment kvp_segment;
  * ever hold -- MemTotal less the huge page pool, or the memory cgroup's
  * limit (memory.max / memory.limit_in_bytes of it and its ancestors) when
  * lower, plus SwapTotal -- unless enough free 2 MiB huge pages back it
- * (create then uses them). Above MemAvailable + SwapFree it is allowed with
- * a warning (other processes hold the rest now). 0 when /proc/meminfo is
- * unreadable.
+ * (create then uses them). 0 when /proc/meminfo is unreadable. Create
+ * checks the same, and also warns above MemAvailable + SwapFree (allowed:
+ * other processes hold the rest now).
  */
 int kvp_segment_check_size(uint64_t size, char *err, size_t errlen);
 
