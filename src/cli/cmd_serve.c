@@ -18,6 +18,7 @@
 #include "master/service.h"
 #include "net/net.h"
 #include "node/node.h"
+#include "node/segment.h"
 
 static void *run_master(void *p)
 {
@@ -50,7 +51,10 @@ int kvp_cmd_serve(int argc, char **argv)
                "Runs the master and one storage node in one process: the single-machine\n"
                "default. Clients on this host reach the segment through shared memory.\n\n"
                "  --listen HOST:PORT          master address (default 127.0.0.1:50051)\n"
-               "  --segment-size SIZE         memory the node contributes (default 4GiB)\n"
+               "  --segment-size SIZE         memory the node contributes (default 4GiB; at most\n"
+               "                              what this machine can back); it serves at once and\n"
+               "                              faults the memory in behind the first requests\n"
+               "                              (--segment-prefault background|sync|off)\n"
                "  --segment-listen HOST:PORT  the node's segment server (default HOST:0)\n"
                "  --unix-dir DIR              directory of the same-host unix socket (default\n"
                "                              $XDG_RUNTIME_DIR/kvpool, else /tmp/kvpool-UID);\n"
@@ -83,6 +87,11 @@ int kvp_cmd_serve(int argc, char **argv)
                 "must be at least 1MiB\n", (unsigned long long)cfg.global_segment_size);
         return 2;
     }
+    char err[512];
+    if (kvp_segment_check_size(cfg.global_segment_size, err, sizeof err) != 0) {
+        fprintf(stderr, "kvpool serve: %s\n", err);
+        return 2;
+    }
     sigset_t ss;
     sigemptyset(&ss);
     sigaddset(&ss, SIGTERM);
@@ -90,7 +99,6 @@ int kvp_cmd_serve(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &ss, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    char err[256];
     kvp_mserver *ms;
     if (kvp_mserver_create(&cfg, 0, &ms, err, sizeof err) != 0) {
         fprintf(stderr, "kvpool serve: %s\n", err);

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "kvpool.h"
 #include "node/node.h"
+#include "node/segment.h"
 
 static void help(void)
 {
@@ -57,6 +58,10 @@ int kvp_cmd_store(int argc, char **argv)
         (vals[3] && kvp_cli_uint("store", "io-threads", vals[3], 1, 256, &io) != 0))
         return 2;
     char err[512];
+    if (kvp_segment_check_size(cfg.global_segment_size, err, sizeof err) != 0) {
+        fprintf(stderr, "kvpool store: %s\n", err);
+        return 2;
+    }
     sigset_t ss;
     sigemptyset(&ss);
     sigaddset(&ss, SIGTERM);

@@ -47,6 +47,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/secret.h"
+#include "node/segment.h"
 #include "proto/proto.h"
 
 #define MOD "client"
@@ -609,6 +610,16 @@ static int client_open(const char *config, const kvp_config *cfg, kvp_client **o
         client_free(c);
         return rc;
     }
+    /* an embedded segment the machine cannot back is refused before anything starts */
+    int embedded = strcmp(kvp_config_mode(&c->cfg), "embedded") == 0 &&
+                   c->cfg.global_segment_size > 0;
+    if (embedded && (rc = kvp_segment_check_size(c->cfg.global_segment_size, err, errlen))) {
+        char m[KVP_CONFIG_ERRLEN];
+        snprintf(m, sizeof m, "%s", err);
+        seterr(err, errlen, "embedded mode: %s%s", m, "");
+        client_free(c);
+        return rc;
+    }
     if (strcmp(c->cfg.protocol, "tcp") != 0) {
         seterr(err, errlen, "protocol \"%s\" is not supported yet (use \"tcp\")%s",
                c->cfg.protocol, "");
@@ -634,7 +645,7 @@ static int client_open(const char *config, const kvp_config *cfg, kvp_client **o
         client_free(c);
         return rc;
     }
-    if (strcmp(c->cfg.mode, "embedded") == 0 && c->cfg.global_segment_size > 0) {
+    if (embedded) {
         kvp_node_opts no = {0};
         no.cfg = &c->cfg;
         no.master_optional = 0;

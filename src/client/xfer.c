@@ -10,6 +10,11 @@
  * Transports: an operation table per entry (shm_ops, tcp_ops), chosen when
  * the segment is added. shm maps the memfd lazily on first use (under the
  * entry's `attach_mu`); if the attach fails the entry falls back to tcp.
+ * The mapping is not populated at attach (a short-lived client -- one CLI
+ * put -- would pay ~0.45 s and the segment's size in RSS for a 4 GiB
+ * segment): a transfer populates the page tables of the chunks (2 MiB) it
+ * touches the first time it touches them (shm_populate), so a long-lived
+ * client's later transfers still run without page faults.
  *
  * Threading (decision): a batch is grouped per segment and each group
  * planned as jobs by its transport: shm makes one job (a memcpy loop), tcp
@@ -119,6 +124,11 @@ struct seg_ent {
     int dead;         /* the node is gone: the mapping is orphaned memory */
     int pinned;       /* the mapping is page-locked for DMA: 1, -1 refused,
                          0 not yet (under attach_mu) */
+    uint64_t *populated; /* one bit per 1 << pop_shift bytes of the mapping: its
+                            page tables were populated (atomic bits; set at attach) */
+    unsigned pop_shift;
+    int no_populate;  /* MADV_POPULATE_WRITE refused (EINVAL: before Linux 5.14):
+                         transfers fault pages in as they touch them (atomic) */
     slot *slots;      /* conns_per_node */
     unsigned rot;     /* next slot to start at (atomic) */
 };
@@ -359,15 +369,23 @@ static int shm_attach(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
         close(fd);
         return KVP_ETRANSFER_FAIL;
     }
-    /* MAP_POPULATE: the node faulted the pages in already; populating our
-     * page tables once here (~1 ms per 100 MiB) keeps minor faults (~2 GB/s)
-     * out of every later transfer */
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, mfd, 0);
+    /* no MAP_POPULATE: shm_populate fills the page tables per chunk as
+     * transfers reach it; a chunk is 2 MiB, more for segments above 8 TiB
+     * (the bitmap stays within 512 KiB) */
+    unsigned shift = 21;
+    while ((size >> shift) > (1ull << 22))
+        shift++;
+    uint64_t chunks = ((size - 1) >> shift) + 1;
+    uint64_t *bits = kvp_calloc((size_t)((chunks + 63) / 64), sizeof *bits);
+    void *p = bits ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0) : MAP_FAILED;
     close(mfd);
     if (p == MAP_FAILED) {
+        kvp_free(bits);
         close(fd);
-        return KVP_ETRANSFER_FAIL;
+        return bits ? KVP_ETRANSFER_FAIL : KVP_ENOMEM;
     }
+    e->populated = bits;
+    e->pop_shift = shift;
     e->map_size = size;
     e->shm_fd = fd;
     __atomic_store_n(&e->map, (uint8_t *)p, __ATOMIC_RELEASE); /* read unlocked in ent_ops */
@@ -449,6 +467,41 @@ static void hash_range(XXH3_state_t *st, const struct iovec *v, int n, uint64_t 
     }
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+/*
+ * Populates our page tables for the chunks of e's mapping that [off,
+ * off+len) touches, the first time any transfer touches each: one
+ * MADV_POPULATE_WRITE of a chunk whose pages the node has faulted in
+ * costs about what a memcpy of it does; one the node has not (its
+ * prefault still running, or off) allocates them, as the memcpy would.
+ * Never writes a byte. A failure (out of memory) leaves the copy to fault
+ * the pages in itself, as it would anyway. Two threads populating one
+ * chunk at once is harmless. The range is within the mapping (checked by
+ * the caller).
+ */
+static void shm_populate(seg_ent *e, uint64_t off, uint64_t len)
+{
+    if (!len || __atomic_load_n(&e->no_populate, __ATOMIC_RELAXED))
+        return;
+    uint64_t csz = 1ull << e->pop_shift;
+    for (uint64_t c = off >> e->pop_shift, last = (off + len - 1) >> e->pop_shift; c <= last;
+         c++) {
+        uint64_t bit = 1ull << (c & 63);
+        if (__atomic_load_n(&e->populated[c >> 6], __ATOMIC_RELAXED) & bit)
+            continue;
+        uint64_t a = c << e->pop_shift;
+        uint64_t l = e->map_size - a < csz ? e->map_size - a : csz;
+        if (madvise(e->map + a, (size_t)l, MADV_POPULATE_WRITE) != 0 && errno == EINVAL) {
+            __atomic_store_n(&e->no_populate, 1, __ATOMIC_RELAXED);
+            return;
+        }
+        __atomic_fetch_or(&e->populated[c >> 6], bit, __ATOMIC_RELAXED);
+    }
+}
+
 #define SHM_CHUNK (128u << 10) /* copy, then hash, this much while it is in cache */
 
 static void *shm_exec(void *arg)
@@ -464,6 +517,7 @@ static void *shm_exec(void *arg)
             op->status = is_write ? KVP_EINVALID_WRITE : KVP_EINVALID_READ;
             continue;
         }
+        shm_populate(e, r->offset, r->length);
         uint8_t *p = e->map + r->offset;
         if (op->want_csum)
             XXH3_64bits_reset(&st);
@@ -921,6 +975,7 @@ static void *shm_dev_exec(void *arg)
             op->status = w ? KVP_EINVALID_WRITE : KVP_EINVALID_READ;
             continue;
         }
+        shm_populate(e, r->offset, r->length);
         uint8_t *p = e->map + r->offset;
         if (!w) {
             op->csum = XXH3_64bits(p, r->length);
@@ -1220,6 +1275,7 @@ static void ent_free(kvp_xfer *x, seg_ent *e)
         kvp_gpu_host_unregister(e->map);
     if (e->map)
         munmap(e->map, e->map_size);
+    kvp_free(e->populated);
     if (e->shm_fd >= 0)
         close(e->shm_fd);
     for (int i = 0; e->slots && i < x->nconns; i++) {

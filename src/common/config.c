@@ -88,6 +88,7 @@ struct key_def {
 
 static const char *const protocol_choices[] = {"tcp", "rdma", NULL};
 static const char *const mode_choices[] = {"embedded", "standalone-store", NULL};
+static const char *const prefault_choices[] = {"auto", "background", "sync", "off", NULL};
 
 static const struct key_def keys[] = {
     /* ---- master ---- */
@@ -187,11 +188,21 @@ static const struct key_def keys[] = {
              "local address facing a remote master, else localhost)"},
     {.name = "protocol", .roles = R_C, .type = KT_ENUM, F_STR(protocol), .choices = protocol_choices,
      .def = "tcp", .help = "transfer protocol (rdma is accepted but not supported yet)"},
-    {.name = "mode", .roles = R_C, .type = KT_ENUM, F_STR(mode), .choices = mode_choices, .def = "embedded",
-     .help = "client: embedded (in-process) or standalone-store"},
-    {.name = "global_segment_size", .roles = R_N, .type = KT_SIZE, F_U64(global_segment_size), .min = 0,
-     .max = UINT64_MAX, .def = "4GiB",
-     .help = "client: memory this node contributes to the pool; 0 = none"},
+    {.name = "mode", .roles = R_C, .type = KT_ENUM, F_STR(mode), .choices = mode_choices,
+     .def = "standalone-store",
+     .help = "client: standalone-store (uses the pool's storage nodes, contributes no memory) "
+             "or embedded (also hosts a segment of global_segment_size); when not given: "
+             "embedded if global_segment_size is given and > 0, else standalone-store"},
+    {.name = "global_segment_size", .roles = R_N, .type = KT_SIZE, F_U64(global_segment_size),
+     .min = 0, .max = UINT64_MAX, .def = "4GiB",
+     .help = "memory this node contributes to the pool (an embedded client, kvpool store); "
+             "0 = none; at most what the machine can back (MemTotal, or the memory cgroup's "
+             "limit, plus swap)"},
+    {.name = "segment_prefault", .roles = R_N, .type = KT_ENUM, F_STR(segment_prefault),
+     .choices = prefault_choices, .def = "auto",
+     .help = "storage node: when the segment's pages are faulted in: background (behind the "
+             "first requests), sync (before serving), off (each on first use); auto = "
+             "background for kvpool serve / store, off for an embedded client's segment"},
     {.name = "local_buffer_size", .roles = 0, .type = KT_SIZE, F_U64(local_buffer_size), .min = 0,
      .max = UINT64_MAX, .def = "0", .help = "client: local staging buffer for transfers"},
     {.name = "enable_offload", .roles = R_N, .type = KT_BOOL, F_INT(enable_offload), .def = "false",
@@ -778,6 +789,14 @@ int kvp_config_was_set(const kvp_config *c, const char *name)
     return c && canon_name(name, n, sizeof n) == 0 && was_set(c, n);
 }
 
+const char *kvp_config_mode(const kvp_config *c)
+{
+    if (was_set(c, "mode"))
+        return c->mode;
+    return was_set(c, "global_segment_size") && c->global_segment_size ? "embedded"
+                                                                      : "standalone-store";
+}
+
 void kvp_config_defaults(kvp_config *c)
 {
     memset(c, 0, sizeof *c);
@@ -1282,12 +1301,12 @@ int kvp_config_validate(const kvp_config *c, char *err, size_t errlen)
     /* Mooncake's client rules (spec §3.1): an embedded client contributes
      * memory; a standalone-store client contributes none (the storage
      * nodes do), so a segment size given for it is a mistake. */
-    if (strcmp(c->mode, "embedded") == 0 && c->global_segment_size == 0)
+    if (strcmp(kvp_config_mode(c), "embedded") == 0 && c->global_segment_size == 0)
         return invalid(err, errlen,
                        "embedded mode requires global_segment_size > 0 (use \"mode\": "
                        "\"standalone-store\" for a client that contributes no memory)");
-    if (strcmp(c->mode, "standalone-store") == 0 && c->global_segment_size != 0 &&
-        was_set(c, "global_segment_size"))
+    if (strcmp(c->mode, "standalone-store") == 0 && was_set(c, "mode") &&
+        c->global_segment_size != 0 && was_set(c, "global_segment_size"))
         return invalid(err, errlen,
                        "standalone-store mode requires global_segment_size == 0 (the storage "
                        "nodes contribute the memory; this client contributes none)");

@@ -59,8 +59,10 @@ typedef struct kvp_config {
     char master_addr[256];        /* "master_server_address" / "master_server_addr" / "master" */
     char local_hostname[256];     /* "local_hostname" */
     char protocol[32];            /* "protocol": tcp (rdma accepted, reported not supported) */
-    char mode[32];                /* "mode": embedded | standalone-store */
+    char mode[32];                /* "mode": embedded | standalone-store (as given; the
+                                     effective mode is kvp_config_mode's) */
     uint64_t global_segment_size; /* "global_segment_size": bytes (4 GiB) */
+    char segment_prefault[16];    /* "segment_prefault": auto | background | sync | off */
     uint64_t local_buffer_size;   /* "local_buffer_size": bytes (0) */
     int enable_offload;           /* "enable_offload": bool (false); a storage node: an SSD
                                      tier in offload_dir; a connector: 1280 MiB staging */
@@ -151,6 +153,11 @@ int kvp_config_was_set(const kvp_config *c, const char *name);
  * the secrets, never flags, nor the keys named in `skip`, NULL-ended, may
  * be NULL), wrapped at 80 columns with `indent` spaces before each line. */
 void kvp_config_print_flags(FILE *f, unsigned roles, const char *const *skip, int indent);
+
+/* The client's mode: "mode" when given, else "embedded" when
+ * global_segment_size was given and is > 0, else "standalone-store" (a
+ * client that names no memory contributes none). */
+const char *kvp_config_mode(const kvp_config *c);
 
 /* Cross-field checks (evict_low < evict_high, lease_ttl <= client_ttl, ...). */
 int kvp_config_validate(const kvp_config *c, char *err, size_t errlen);

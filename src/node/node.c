@@ -555,6 +555,21 @@ static int node_addr(const kvp_node_opts *o, char *listen, size_t llen, char *ho
     return 0;
 }
 
+/* segment_prefault: "auto" is background on a storage node (its memory is
+ * the operator's promise: find an overcommitted machine at start), off in
+ * an embedded client (the application's memory: it costs only what the pool
+ * puts there, and a short-lived client never pays for the rest). */
+static kvp_segment_prefault_mode prefault_mode(const char *v, int standalone)
+{
+    if (!strcmp(v, "sync"))
+        return KVP_PREFAULT_SYNC;
+    if (!strcmp(v, "off"))
+        return KVP_PREFAULT_OFF;
+    if (!strcmp(v, "background"))
+        return KVP_PREFAULT_BACKGROUND;
+    return standalone ? KVP_PREFAULT_BACKGROUND : KVP_PREFAULT_OFF;
+}
+
 int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t errlen)
 {
     if (!o || !o->cfg) {
@@ -633,6 +648,8 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
         snprintf(err, errlen, "out of memory (descriptor table)");
         goto fail;
     }
+    /* sync: faulted in before the server starts; background: behind it */
+    kvp_segment_prefault(n->seg, prefault_mode(cfg->segment_prefault, o->standalone));
     kvp_segserver_opts so = {listen, n->unix_path, o->io_threads > 0 ? o->io_threads : 2,
                              cfg->cluster_token, n->seg_id, n->grants, ua};
     kvp_segserver_limits lim = {(int)cfg->node_max_connections,

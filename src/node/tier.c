@@ -25,6 +25,7 @@
 #include "common/buf.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/size.h"
 #include "kvpool.h"
 #include "node/disk.h"
 #include "proto/proto.h"
@@ -386,15 +387,68 @@ uint64_t kvp_tier_register(kvp_tier *t)
     return h.n;
 }
 
+/* The size and free bytes of the filesystem holding dir (or, before the
+ * store created dir, its nearest existing ancestor); 0 when statvfs cannot
+ * tell. */
+static uint64_t fs_size(const char *dir, uint64_t *avail)
+{
+    struct statvfs sv;
+    char p[4200];
+    snprintf(p, sizeof p, "%s", dir);
+    while (statvfs(p, &sv) != 0) {
+        size_t n = strlen(p);
+        while (n > 1 && p[n - 1] == '/')
+            p[--n] = 0;
+        char *slash = strrchr(p, '/');
+        if (!slash)
+            snprintf(p, sizeof p, ".");
+        else if (slash == p)
+            p[1] = 0;
+        else
+            *slash = 0;
+        if (n <= 1 && (p[0] == '/' || p[0] == '.'))
+            return 0; /* the root (or ".") itself did not answer */
+    }
+    if (avail)
+        *avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+    return (uint64_t)sv.f_blocks * sv.f_frsize;
+}
+
 /* offload_capacity 0: 90 % of the filesystem holding dir, in whole pages */
 static uint64_t default_capacity(const char *dir, uint64_t page)
 {
-    struct statvfs sv;
-    if (statvfs(dir, &sv) != 0)
-        return 0;
-    uint64_t fs = (uint64_t)sv.f_blocks * sv.f_frsize;
-    uint64_t c = fs / 10 * 9;
+    uint64_t c = fs_size(dir, NULL) / 10 * 9;
     return c / page * page;
+}
+
+/*
+ * An offload_capacity the filesystem cannot hold is a warning, not an
+ * error: the tier survives a full disk (a spill that finds no room fails and
+ * its victim is dropped as without a tier; spills resume once space returns:
+ * test_disk_tier), and Mooncake configs may carry a generous limit. But the
+ * tier drops old pages only past its watermarks of capacity, so with a
+ * capacity above the filesystem's size its own pages can fill the disk and
+ * it then never rotates: spills fail until someone frees space. Above the
+ * free space now (plus what its page files already hold) it is the same
+ * while other files hold the rest.
+ */
+static void check_capacity(const kvp_config *cfg, uint64_t cap, uint64_t held)
+{
+    uint64_t avail = 0, fs = fs_size(cfg->offload_dir, &avail);
+    char a[32], b[32], c[32];
+    if (fs && cap > fs)
+        KVP_WARN(MOD, "key \"offload_capacity\" (%s) exceeds the size of the filesystem of %s "
+                      "(%s): the tier can fill the disk before it drops any old page, and then "
+                      "refuses spills until space is freed; give at most %s, or 0 (90 %% of the "
+                      "filesystem)",
+                 kvp_size_format(cap, a, sizeof a), cfg->offload_dir,
+                 kvp_size_format(fs, b, sizeof b), b);
+    else if (fs && cap > avail + held)
+        KVP_WARN(MOD, "key \"offload_capacity\" (%s) exceeds the free space of the filesystem "
+                      "of %s (%s free, %s in the tier's pages): other files hold the rest; "
+                      "spills are refused (-200) while the disk is full",
+                 kvp_size_format(cap, a, sizeof a), cfg->offload_dir,
+                 kvp_size_format(avail, b, sizeof b), kvp_size_format(held, c, sizeof c));
 }
 
 int kvp_tier_open(const kvp_config *cfg, kvp_segment *seg, uint64_t seg_id, kvp_tier **out,
@@ -428,13 +482,8 @@ int kvp_tier_open(const kvp_config *cfg, kvp_segment *seg, uint64_t seg_id, kvp_
     uint64_t page = cfg->offload_page_size ? cfg->offload_page_size : 128ull << 20;
     uint64_t cap = cfg->offload_capacity;
     if (!cap) {
-        /* statvfs needs the directory: the store creates it, so ask its parent too */
+        /* statvfs needs the directory: the store creates it, so fs_size asks its parent too */
         cap = default_capacity(cfg->offload_dir, page);
-        if (!cap) {
-            char parent[sizeof cfg->offload_dir + 4];
-            snprintf(parent, sizeof parent, "%s/..", cfg->offload_dir);
-            cap = default_capacity(parent, page);
-        }
         if (cap < 2 * page) {
             snprintf(err, errlen,
                      "key \"offload_capacity\" is 0 (90 %% of the filesystem) but the filesystem "
@@ -459,6 +508,9 @@ int kvp_tier_open(const kvp_config *cfg, kvp_segment *seg, uint64_t seg_id, kvp_
         return rc;
     }
     t->capacity = cap;
+    kvp_disk_stats held;
+    kvp_disk_get_stats(t->disk, &held);
+    check_capacity(cfg, cap, held.pages * page);
     for (int i = 0; i < LOADERS; i++) {
         t->la[i] = (struct loader){t, i == 0};
         if (pthread_create(&t->th[i], NULL, loader_main, &t->la[i]) != 0) {

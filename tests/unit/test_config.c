@@ -71,7 +71,9 @@ TEST(defaults_match_header)
     CHECK(strcmp(c.master_addr, "127.0.0.1:50051") == 0);
     CHECK(strcmp(c.local_hostname, "localhost") == 0);
     CHECK(strcmp(c.protocol, "tcp") == 0);
-    CHECK(strcmp(c.mode, "embedded") == 0);
+    CHECK(strcmp(c.mode, "standalone-store") == 0);
+    CHECK(strcmp(kvp_config_mode(&c), "standalone-store") == 0);
+    CHECK(strcmp(c.segment_prefault, "auto") == 0);
     CHECK(c.global_segment_size == 4 * GI);
     CHECK(c.local_buffer_size == 0);
     CHECK_EQ(c.enable_offload, 0);
@@ -95,7 +97,7 @@ TEST(every_default_parses)
         {"max_key_size", "4096"}, {"max_connections", "4096"}, {"max_segments", "4096"},
         {"max_tenants", "1024"}, {"max_objects", "0"}, {"log_level", "info"},
         {"master", "127.0.0.1:50051"}, {"local_hostname", "localhost"}, {"protocol", "tcp"},
-        {"mode", "embedded"}, {"global_segment_size", "4GiB"}, {"local_buffer_size", "0"},
+        {"mode", "standalone-store"}, {"global_segment_size", "4GiB"}, {"local_buffer_size", "0"},
         {"enable_offload", "false"}, {"rpc_timeout", "10s"}, {"replica_num", "1"},
     };
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
