@@ -117,7 +117,7 @@ except ValueError as e:
     assert not C_LINE.search(err), err
     # only the second client's lines
     assert [ln for ln in records(err, "INFO") if "mounted at master" in ln], err
-    assert len([ln for ln in records(err, "INFO") if "faulted in" in ln]) == 1, err
+    assert len([ln for ln in records(err, "INFO") if " served on " in ln]) == 1, err
     assert "REFUSED log level 'loud'" in err
 
 
