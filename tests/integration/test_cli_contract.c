@@ -345,20 +345,6 @@ static int serve_stop(serve_proc *s)
     return -1;
 }
 
-/* Sockets named like a node's in dir. */
-static int node_socks(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return -1;
-    int k = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL)
-        k += strncmp(de->d_name, "kvpool-seg-", 11) == 0;
-    closedir(d);
-    return k;
-}
-
 /* `kvpool serve --unix-dir DIR` (documented, was refused): the node's
  * socket is in DIR, a same-host client attaches the segment through shared
  * memory, and the socket is gone after a clean stop. serve also takes the
@@ -375,7 +361,7 @@ TEST(serve_takes_unix_dir)
                                      "--node-max-connections", "64", "--idle-timeout", "1m",
                                      "--hello-timeout", "3s", "--rpc-timeout", "5s",
                                      "--insecure=false", "--max-objects", "1000", NULL}) == 0);
-    CHECK_EQ(node_socks(sd), 1);
+    CHECK_EQ(tp_node_socks(sd), 1);
     struct stat stt;
     CHECK(stat(sd, &stt) == 0 && (stt.st_mode & 077) == 0);
     /* a client on this host: the value moves over shm */
@@ -397,7 +383,7 @@ TEST(serve_takes_unix_dir)
     /* and the command line reaches it */
     CHECK_EQ(KVPOOL(1, "exist", "shm-key", "--master", s.addr), 0);
     CHECK_EQ(serve_stop(&s), 0);
-    CHECK_EQ(node_socks(sd), 0);
+    CHECK_EQ(tp_node_socks(sd), 0);
     /* --unix-dir gets the node's checks: a shared directory is refused */
     CHECK_EQ(KVPOOL(2, "serve", "--listen", "127.0.0.1:0", "--segment-size", "4MiB",
                     "--unix-dir", "/tmp"),

@@ -6,49 +6,17 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common/buf.h"
 #include "harness.h"
 #include "kvpool.h"
 #include "net/net.h"
-#include "net/rpc.h"
 #include "proc.h"
-#include "proto/proto.h"
-
-/* The name of the only mounted segment, per the master's STATS. 0 or -1. */
-static int seg_name(const char *addr, char *out, size_t len)
-{
-    kvp_rpc *r;
-    char err[256];
-    kvp_rpc_opts o = {.name = "test", .timeout_ms = 2000};
-    REQUIRE(kvp_rpc_open(addr, &o, &r, err, sizeof err) == 0);
-    int32_t st;
-    const uint8_t *resp;
-    uint32_t rl;
-    int rc = -1;
-    if (kvp_rpc_call(r, KVP_OP_STATS, NULL, 0, &st, &resp, &rl) == 0 && st == 0) {
-        kvp_arena a;
-        kvp_arena_init(&a, 1 << 20);
-        kvp_proto_limits lim;
-        kvp_proto_limits_default(&lim);
-        kvp_msg_stats_resp s;
-        if (kvp_dec_stats_resp(resp, rl, &lim, &a, &s) == 0 && s.n_segs == 1 &&
-            s.segs[0].name.len < len) {
-            memcpy(out, s.segs[0].name.p, s.segs[0].name.len);
-            out[s.segs[0].name.len] = 0;
-            rc = 0;
-        }
-        kvp_arena_free(&a);
-    }
-    kvp_rpc_close(r);
-    return rc;
-}
 
 /* Starts a store with extra flags, returns the name it registered. */
 static int store_name(const char *master, const char *const *extra, char *out, size_t len)
 {
     tp_store s;
     REQUIRE(tp_store_start(&s, master, extra) == 0);
-    int rc = seg_name(master, out, len);
+    int rc = tp_master_seg_list(master, NULL, out, len) == 1 ? 0 : -1;
     printf("  %s %s -> %s\n", extra[0], extra[1], rc ? "?" : out);
     int st = tp_store_stop(&s);
     REQUIRE(rc == 0);
@@ -91,7 +59,7 @@ TEST(no_listen_with_a_loopback_master_stays_on_loopback)
     CHECK_EQ(tp_store_spawn(&s, args), 0);
     char name[320] = "";
     uint64_t end = tp_now_ms() + 10000;
-    while (tp_now_ms() < end && seg_name(m.addr, name, sizeof name) != 0)
+    while (tp_now_ms() < end && tp_master_seg_list(m.addr, NULL, name, sizeof name) != 1)
         tp_sleep_ms(50);
     printf("  no --listen -> %s\n", name);
     CHECK(starts_with(name, "localhost:"));

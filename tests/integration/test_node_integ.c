@@ -19,41 +19,11 @@
 #include "proc.h"
 #include "proto/proto.h"
 
-/* Mounted segments per the master's STATS (first segment's id in *id),
- * or -1 when the master cannot be asked. */
-static int seg_count(const char *addr, uint64_t *id)
-{
-    kvp_rpc *r;
-    char err[256];
-    kvp_rpc_opts o = {.name = "test", .timeout_ms = 2000};
-    if (kvp_rpc_open(addr, &o, &r, err, sizeof err) != 0)
-        return -1;
-    int32_t st;
-    const uint8_t *resp;
-    uint32_t rl;
-    int n = -1;
-    if (kvp_rpc_call(r, KVP_OP_STATS, NULL, 0, &st, &resp, &rl) == 0 && st == 0) {
-        kvp_arena a;
-        kvp_arena_init(&a, 1 << 20);
-        kvp_proto_limits lim;
-        kvp_proto_limits_default(&lim);
-        kvp_msg_stats_resp s;
-        if (kvp_dec_stats_resp(resp, rl, &lim, &a, &s) == 0) {
-            n = (int)s.n_segs;
-            if (n > 0 && id)
-                *id = s.segs[0].id;
-        }
-        kvp_arena_free(&a);
-    }
-    kvp_rpc_close(r);
-    return n;
-}
-
 static int wait_segs(const char *addr, int want, unsigned ms, uint64_t *id)
 {
     uint64_t end = tp_now_ms() + ms;
     while (tp_now_ms() < end) {
-        if (seg_count(addr, id) == want)
+        if (tp_master_seg_list(addr, id, NULL, 0) == want)
             return 0;
         tp_sleep_ms(50);
     }
@@ -141,7 +111,7 @@ TEST(store_mounts_remounts_and_unmounts)
 
     /* SIGTERM: unmounted, clean exit */
     CHECK_EQ(tp_master_stop(&s), 0);
-    CHECK_EQ(seg_count(m.addr, NULL), 0);
+    CHECK_EQ(tp_master_seg_list(m.addr, NULL, NULL, 0), 0);
     CHECK_EQ(tp_master_stop(&m), 0);
 }
 
@@ -158,20 +128,6 @@ TEST(store_help_and_bad_flags)
     const char *n[] = {tp_kvpool_bin(), "store", "--master", "127.0.0.1:1", "--segment-size",
                        "4MiB", "--rpc-timeout", "500ms", NULL};
     CHECK_EQ(tp_run_capture(n, 2, out, sizeof out, 10000), 1);
-}
-
-/* node_socks: sockets named like a node's in dir (count). */
-static int node_socks(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return -1;
-    int k = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL)
-        k += strncmp(de->d_name, "kvpool-seg-", 11) == 0;
-    closedir(d);
-    return k;
 }
 
 /* --unix-dir: a path too long for a unix socket and a shared directory
@@ -202,13 +158,13 @@ TEST(store_unix_dir)
     tp_store a, b;
     const char *extra[] = {"--unix-dir", sd, NULL};
     CHECK_EQ(tp_store_start(&a, m.addr, extra), 0);
-    CHECK_EQ(node_socks(sd), 1);
+    CHECK_EQ(tp_node_socks(sd), 1);
     tp_store_kill(&a);
-    CHECK_EQ(node_socks(sd), 1); /* left behind by kill -9 */
+    CHECK_EQ(tp_node_socks(sd), 1); /* left behind by kill -9 */
     CHECK_EQ(tp_store_start(&b, m.addr, extra), 0);
-    CHECK_EQ(node_socks(sd), 1); /* the dead one's removed, b's own */
+    CHECK_EQ(tp_node_socks(sd), 1); /* the dead one's removed, b's own */
     CHECK_EQ(tp_store_stop(&b), 0);
-    CHECK_EQ(node_socks(sd), 0); /* removed on a clean stop */
+    CHECK_EQ(tp_node_socks(sd), 0); /* removed on a clean stop */
     CHECK_EQ(tp_master_stop(&m), 0);
     rmdir(sd);
 }

@@ -376,6 +376,52 @@ int tp_master_segments(const char *master_addr)
     return n;
 }
 
+int tp_master_seg_list(const char *master_addr, uint64_t *id, char *name, size_t len)
+{
+    kvp_rpc_opts o = {.name = "test stats", .timeout_ms = 2000};
+    kvp_rpc *r;
+    char err[256];
+    if (kvp_rpc_open(master_addr, &o, &r, err, sizeof err) != 0)
+        return -1;
+    int32_t st = 0;
+    const uint8_t *b;
+    uint32_t bl;
+    int n = -1;
+    if (kvp_rpc_call(r, KVP_OP_STATS, NULL, 0, &st, &b, &bl) == 0 && st == 0) {
+        kvp_arena a;
+        kvp_arena_init(&a, 16u << 20);
+        kvp_proto_limits lim;
+        kvp_proto_limits_default(&lim);
+        kvp_msg_stats_resp sr;
+        if (kvp_dec_stats_resp(b, bl, &lim, &a, &sr) == 0) {
+            n = (int)sr.n_segs;
+            if (n > 0 && id)
+                *id = sr.segs[0].id;
+            if (n > 0 && name && len) {
+                size_t l = sr.segs[0].name.len < len - 1 ? sr.segs[0].name.len : len - 1;
+                memcpy(name, sr.segs[0].name.p, l);
+                name[l] = 0;
+            }
+        }
+        kvp_arena_free(&a);
+    }
+    kvp_rpc_close(r);
+    return n;
+}
+
+int tp_node_socks(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int k = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        k += strncmp(de->d_name, "kvpool-seg-", 11) == 0;
+    closedir(d);
+    return k;
+}
+
 int tp_store_start(tp_store *s, const char *master_addr, const char *const *extra)
 {
     memset(s, 0, sizeof *s);

@@ -87,6 +87,13 @@ void tp_store_kill(tp_store *s);
 /* Mounted segments according to the master's STATS, or -1 when the master
  * cannot be asked (bounded: 2 s). */
 int tp_master_segments(const char *master_addr);
+/* The segments the master's STATS lists (their number, or -1 when the
+ * master cannot be asked; bounded: 2 s), with the first one's id in *id and
+ * name in name[0..len) when there is one (either may be NULL). */
+int tp_master_seg_list(const char *master_addr, uint64_t *id, char *name, size_t len);
+/* How many sockets named like a storage node's (kvpool-seg-*) are in dir,
+ * or -1 when it cannot be read. */
+int tp_node_socks(const char *dir);
 
 /*
  * Runs argv (argv[0] = path) with stdin from /dev/null, capturing stdout
