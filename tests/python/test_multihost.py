@@ -32,6 +32,7 @@ from typing import Iterator
 import pytest
 
 import docblocks
+import netns
 import kvpool_procs
 
 README = "README.md"
@@ -142,10 +143,6 @@ class Hosts:
         raise AssertionError(f"no {what} within {WAIT_S:.0f} s; last stat {self.stat(h, master)}\n"
                              + self.log_text())
 
-    def pids(self, h: str) -> list[int]:
-        p = _run("ip", "netns", "pids", self.ns[h], check=False)
-        return [int(x) for x in p.stdout.split()]
-
     def kill(self, pid: int, sig: int) -> None:
         try:
             os.kill(pid, sig)
@@ -153,23 +150,15 @@ class Hosts:
             pass
 
     def stop_all(self, h: str) -> None:
-        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            for pid in self.pids(h):
-                self.kill(pid, sig)
-            deadline = time.monotonic() + wait
-            while self.pids(h) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if not self.pids(h):
-                return
+        netns.stop_all(self.ns[h])
 
     def destroy(self) -> None:
-        for h in ADDR:
-            if self.ns[h] in self.made:
-                self.stop_all(h)
+        for ns in self.made:
+            netns.stop_all(ns)
         for p in self.procs:
             p.wait(timeout=10)
         for ns in self.made:
-            _run("ip", "netns", "del", ns, check=False)
+            netns.delete(ns)
 
     def log_text(self) -> str:
         return "".join(f"--- {p.name}\n{p.read_text(errors='replace')}" for p in self.logs
@@ -248,7 +237,7 @@ def test_readme_recipe_on_two_hosts(hosts: Hosts) -> None:
     assert seg_b["objects"] == 1, seg_b
 
     # B's store gone (SIGTERM: it unmounts), the value comes from A across the veth
-    stores = [p for p in hosts.pids("b") if "store" in _argv(p)]
+    stores = [p for p in netns.pids(hosts.ns["b"]) if "store" in _argv(p)]
     assert len(stores) == 1, stores
     hosts.kill(stores[0], signal.SIGTERM)
     hosts.wait_stat("b", "unmount of B's segment", lambda s: len(s["segments"]) == 1)

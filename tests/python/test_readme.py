@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,21 +19,14 @@ from typing import Iterator
 import pytest
 
 import docblocks
+import netns
 
 ROOT = Path(__file__).resolve().parents[2]
 README = docblocks.blocks("README.md")
 CONFIG_MD = docblocks.blocks("docs/CONFIG.md")
 
 
-def _netns_reason() -> str:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    if not shutil.which("ip"):
-        return "iproute2's ip is not installed"
-    return ""
-
-
-pytestmark = pytest.mark.skipif(bool(_netns_reason()), reason=_netns_reason() or "ok")
+pytestmark = pytest.mark.skipif(bool(netns.unavailable()), reason=netns.unavailable() or "ok")
 
 
 def _env() -> dict[str, str]:
@@ -54,9 +45,7 @@ class Netns:
 
     def __init__(self) -> None:
         self.name = f"kvp-readme-{os.getpid()}-{time.monotonic_ns() % 100000}"
-        subprocess.run(["ip", "netns", "add", self.name], check=True)
-        subprocess.run(["ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up"],
-                       check=True)
+        netns.add(self.name)
 
     def argv(self, *cmd: str) -> list[str]:
         return ["ip", "netns", "exec", self.name, *cmd]
@@ -66,20 +55,7 @@ class Netns:
                               capture_output=True, timeout=timeout)
 
     def close(self) -> None:
-        pids = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True,
-                              text=True).stdout.split()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for p in pids:
-                try:
-                    os.kill(int(p), sig)
-                except (ProcessLookupError, ValueError):
-                    pass
-            deadline = time.monotonic() + 5
-            while pids and time.monotonic() < deadline:
-                pids = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True,
-                                      text=True).stdout.split()
-                time.sleep(0.05)
-        subprocess.run(["ip", "netns", "del", self.name], check=False)
+        netns.delete(self.name)
 
 
 @pytest.fixture
