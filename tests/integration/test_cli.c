@@ -72,7 +72,7 @@ TEST(flags_and_arguments_in_any_order)
     CHECK_EQ(write_file(&p, "v2", "two", f2, sizeof f2), 0);
     CHECK_EQ(write_file(&p, "v3", "three", f3, sizeof f3), 0);
 
-    /* the order the issue reported refused: flag first */
+    /* flag first: the order once refused */
     CHECK_EQ(KVPOOL(2, "put", "--master", m, "k1", f1), 0);
     CHECK_EQ(KVPOOL(2, "put", "k2", "--master", m, f2), 0); /* between */
     CHECK_EQ(KVPOOL(2, "put", "--", "-k3", f3, eq), 2);     /* after "--": 3 positionals */
