@@ -977,8 +977,10 @@ static void *acceptor_main(void *arg)
                     continue;
                 }
                 if (__atomic_load_n(&s->nconns, __ATOMIC_RELAXED) >= (uint64_t)s->max_conns) {
-                    close(fd);
+                    /* counted before the close: a peer that saw the close
+                     * then reads the stats finds it counted */
                     count(&s->refused_full);
+                    close(fd);
                     KVP_WARN_LIMITED(MOD, "%d connections open: closed a new one", s->max_conns);
                     continue;
                 }
