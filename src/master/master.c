@@ -90,6 +90,11 @@ typedef struct kvp_mseg {
     uint64_t lru_pages;   /* pages of replicas of evictable (LRU-listed) objects */
     uint64_t secret;      /* seeds the replica tags (kvp_replica_tag) */
     uint64_t nrep;        /* replicas stored here */
+    /* freed allocations a TCP transfer could still touch that no xquar
+     * record could be made for (out of memory): they stay allocated (and
+     * counted in used_pages, nrep and the master's xq_pages) until the
+     * segment goes */
+    uint64_t held_pages, held_reps;
     kvp_mclient *owner;
     uint8_t *endpoints;   /* encoded: u32 n, then (bytes transport, bytes addr) */
     uint32_t endpoints_len;
@@ -474,8 +479,8 @@ static void space_free(kvp_master *m, uint32_t si, uint32_t page, uint32_t np)
 }
 
 /* Remembers a freed allocation until its notice is acknowledged (xquar);
- * its pages stay allocated and counted. Without memory to remember it the
- * pages stay allocated until the segment goes. */
+ * its pages stay allocated and counted (xq_pages). Without memory to
+ * remember it the pages stay allocated until the segment goes (held_*). */
 static void xquarantine(kvp_master *m, uint32_t si, uint32_t page, uint32_t np, uint64_t seq)
 {
     if (m->nxq == m->xq_cap) {
@@ -483,6 +488,9 @@ static void xquarantine(kvp_master *m, uint32_t si, uint32_t page, uint32_t np, 
         xquar *q = kvp_realloc(m->xq, cap * sizeof *q);
         if (!q) {
             KVP_WARN(MOD, "out of memory: %u pages held until their segment goes", np);
+            m->segs[si]->held_pages += np;
+            m->segs[si]->held_reps++;
+            m->xq_pages += np;
             return;
         }
         m->xq = q;
@@ -730,6 +738,14 @@ static void seg_unmount(kvp_master *m, uint32_t si)
     uint64_t dropped = 0;
     s->going = 1;
     xq_release(m, si, UINT64_MAX);
+    /* the held ones: the allocator goes with the segment */
+    KVP_ASSERT(s->used_pages >= s->held_pages && s->nrep >= s->held_reps &&
+               m->used_pages >= s->held_pages && m->xq_pages >= s->held_pages);
+    s->used_pages -= s->held_pages;
+    s->nrep -= s->held_reps;
+    m->used_pages -= s->held_pages;
+    m->xq_pages -= s->held_pages;
+    s->held_pages = s->held_reps = 0;
     for (uint32_t i = 0; i < m->nquar;) { /* the node is gone: nothing writes there */
         if (m->quar[i].seg == si) {
             quar q = m->quar[i];

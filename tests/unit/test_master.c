@@ -1514,3 +1514,44 @@ TEST(disk_tier_quarantine_survives_allocation_failure)
     kvp_master_sess_close(c.m, &s.s, c.now);
     core_free(&c);
 }
+
+/* fuzz_master_seq: an object freed while a TCP reader may still be on it is
+ * held (xquar) until the node acknowledges; with the allocation that
+ * remembers it failing, its pages were counted used but held by nothing
+ * (check -5, and the segment's unmount asserted). Now they are held by the
+ * segment until it goes. */
+TEST(transfer_quarantine_survives_allocation_failure)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 11, "node-a:1", 64 * MiB), 0);
+    CHECK_EQ(put(&c, &s, 0, 1, 8192), 0);
+    int32_t codes[1];
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_GET, 0, 1, NULL, codes), 0); /* a READ descriptor */
+    char kb[32];
+    kvp_bytes k = key_of(kb, sizeof kb, 0);
+    for (uint64_t nth = 1; nth <= 4 && exists(&c, &s, 0); nth++) {
+        kvp_mem_fail_nth(nth, 0); /* whichever allocation the remove makes */
+        kvp_msg_remove rm = {{NULL, 0}, 1, 1, &k};
+        kvp_enc_remove(&c.body, &rm);
+        CHECK_EQ(call(&c, &s, KVP_OP_REMOVE, 0), 0);
+        kvp_mem_fail_nth(0, 0);
+        CHECK_EQ(kvp_master_check(c.m), 0);
+    }
+    CHECK_EQ(exists(&c, &s, 0), 0);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_USED], 2 * 4096); /* held: a reader may still be on it */
+    /* the segment goes: so do its transfers, and the held pages with it */
+    uint64_t id = 11;
+    kvp_msg_ids ids = {1, &id};
+    kvp_enc_ids(&c.body, &ids);
+    CHECK_EQ(call(&c, &s, KVP_OP_UNMOUNT_SEGMENT, 0), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_USED], 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
