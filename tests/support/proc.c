@@ -351,29 +351,7 @@ int tp_run_capture(const char *const *argv, int which, char *out, size_t outlen,
 
 int tp_master_segments(const char *master_addr)
 {
-    kvp_rpc_opts o = {0};
-    o.name = "test stats";
-    o.timeout_ms = 2000;
-    kvp_rpc *r;
-    char err[256];
-    if (kvp_rpc_open(master_addr, &o, &r, err, sizeof err) != 0)
-        return -1;
-    int32_t st = 0;
-    const uint8_t *b;
-    uint32_t bl;
-    int n = -1;
-    if (kvp_rpc_call(r, KVP_OP_STATS, NULL, 0, &st, &b, &bl) == 0 && st == 0) {
-        kvp_arena a;
-        kvp_arena_init(&a, 16u << 20);
-        kvp_proto_limits lim;
-        kvp_proto_limits_default(&lim);
-        kvp_msg_stats_resp sr;
-        if (kvp_dec_stats_resp(b, bl, &lim, &a, &sr) == 0 && sr.n_counters > KVP_STAT_SEGMENTS)
-            n = (int)sr.counters[KVP_STAT_SEGMENTS];
-        kvp_arena_free(&a);
-    }
-    kvp_rpc_close(r);
-    return n;
+    return tp_master_seg_list(master_addr, NULL, NULL, 0);
 }
 
 int tp_master_seg_list(const char *master_addr, uint64_t *id, char *name, size_t len)
