@@ -56,6 +56,9 @@ PYEOF
     fi
 }
 
+# The vLLM venv first: tests/python also uses its torch (test_torch_cpu_tensors),
+# so on a fresh machine it must exist before tests/python runs, not after.
+"$root/scripts/vllm-env" >"$log" 2>&1 || echo "note: the vLLM venv could not be made: $(tail -3 "$log" | tr '\n' ' ')"
 pytest_dir python python-env
 # vLLM's tests exercise the Python connector, not our threads: make tsan leaves them out
 [ -n "${KVP_TSAN:-}" ] || pytest_dir vllm vllm-env
