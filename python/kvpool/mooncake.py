@@ -55,7 +55,9 @@ import json
 import logging
 import mmap
 import os
+import random
 import re
+import socket
 import sys
 import threading
 import types
@@ -285,7 +287,7 @@ _SETUP_ARGS = ("local_hostname", "metadata_server", "global_segment_size",
 # Mooncake setup-dict keys (and config-file keys) -> what kvpool does with them.
 _PASS = {"global_segment_size", "protocol", "replica_num",
          "preferred_segment", "rpc_timeout", "cluster_token", "log_level"}
-_IGNORED = {"local_buffer_size",  # no staging buffer: any value, "infinite" too
+_IGNORED = {"local_buffer_size",  # no staging buffer (0: the bytes API puts answer -600)
             "metadata_server", "rdma_devices", "device_name", "engine", "ipc_socket_path",
             "enable_client_http_server", "client_http_port",
             "master_metrics_port", "transfer_timeout", "use_ascend_direct", "te_meta_data_server"}
@@ -300,6 +302,58 @@ def _host_only(h: str) -> str:
     if h.count(":") == 1:
         return h.split(":", 1)[0]
     return h
+
+
+def _has_port(h: str) -> bool:
+    """Whether Mooncake's local_hostname names a port ("ip:port", "[v6]:port")."""
+    h = h.strip()
+    if h.startswith("["):
+        return "]:" in h
+    return h.count(":") == 1
+
+
+# Mooncake's client port range when local_hostname has no port
+# (MC_STORE_CLIENT_MIN_PORT / MC_STORE_CLIENT_MAX_PORT).
+_PORT_RANGE = (12300, 14300)
+
+
+def _port_range() -> tuple[int, int]:
+    """Mooncake's client port range: its environment variables when both
+    are valid ports forming a range, else 12300..14300."""
+    try:
+        lo = int(os.environ.get("MC_STORE_CLIENT_MIN_PORT", _PORT_RANGE[0]))
+        hi = int(os.environ.get("MC_STORE_CLIENT_MAX_PORT", _PORT_RANGE[1]))
+    except ValueError:
+        return _PORT_RANGE
+    return (lo, hi) if 1 <= lo <= hi <= 65535 else _PORT_RANGE
+
+
+def _reserve_port(host: str, lo: int, hi: int) -> Optional[socket.socket]:
+    """A TCP socket bound to a free port of lo..hi on host (tried in order
+    from a random one, wrapping), else on every address: it holds the port
+    that a standalone client's name carries, as Mooncake's transfer engine
+    holds its own. None when no port of the range is free."""
+    try:
+        infos = socket.getaddrinfo(host or None, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        infos = []
+    binds = [(ai[0], ai[4][0]) for ai in infos[:1]] + [(socket.AF_INET, "")]
+    span = hi - lo + 1
+    first = random.randrange(span)
+    for i in range(span):
+        port = lo + (first + i) % span
+        for fam, addr in binds:
+            sk = socket.socket(fam, socket.SOCK_STREAM)
+            try:
+                sk.bind((addr, port))
+                return sk
+            except OSError:
+                sk.close()
+    return None
+
+
+def _join_host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _store_config(opts: dict[str, Any]) -> dict[str, Any]:
@@ -344,6 +398,9 @@ def _store_config(opts: dict[str, Any]) -> dict[str, Any]:
         cfg.pop("global_segment_size")
     else:
         cfg["mode"] = "embedded"
+        if not _has_port(str(opts.get("local_hostname") or "")):
+            # Mooncake serves on a port of its client range: the segment server does
+            cfg["segment_port_min"], cfg["segment_port_max"] = _port_range()
     return cfg
 
 
@@ -466,6 +523,8 @@ class MooncakeDistributedStore:
     def __init__(self) -> None:
         self._c: Optional[Any] = None
         self._host = ""
+        self._port_hold: Optional[socket.socket] = None  # a standalone client's port
+        self._no_staging = False  # local_buffer_size 0: the bytes API's puts answer -600
         self._lock = threading.Lock()
         self._pools: dict[int, tuple[mmap.mmap, Any]] = {}
         self._sessions: dict[str, Any] = {}
@@ -506,13 +565,37 @@ class MooncakeDistributedStore:
             if code in (_C["RPC_FAIL"], _C["RPC_TIMEOUT"]):
                 return INTERNAL_ERROR  # Mooncake's answer when it cannot reach the master
             return _mc(int(code))
+        host, hold = self._standalone_name(opts, c)
         with self._lock:  # a second setup replaces the client, as in Mooncake
             old, self._c = self._c, c
-            self._host = _host_only(str(opts.get("local_hostname", "") or ""))
+            old_hold, self._port_hold = self._port_hold, hold
+            self._no_staging = _size_is_zero(opts.get("local_buffer_size", 16 << 20))
+            self._host = host
         if old is not None:
             old.close()
+        if old_hold is not None:
+            old_hold.close()
         _log.flush()
         return OK
+
+    @staticmethod
+    def _standalone_name(opts: dict[str, Any], c: Any) -> tuple[str, Optional[socket.socket]]:
+        """get_hostname()'s answer for a client without a segment, and the
+        socket holding its port: local_hostname as given when it has a
+        port, else host:PORT with PORT held in Mooncake's client range.
+        ("", None) for an embedded client (its segment's name is the answer)."""
+        if str(c.segment_name or ""):
+            return "", None
+        given = str(opts.get("local_hostname", "") or "").strip()
+        if _has_port(given):
+            return given, None
+        host = given or "localhost"
+        hold = _reserve_port(host, *_port_range())
+        if hold is None:
+            log.warning("setup: no free port in %d..%d to name this client; get_hostname() "
+                        "is the bare host", *_port_range())
+            return host, None
+        return _join_host_port(host, hold.getsockname()[1]), hold
 
     def init_all(self, protocol: str, device_name: str, mount_segment_size: int) -> int:
         """Mooncake's legacy initialisation: the master and host come from
@@ -521,7 +604,7 @@ class MooncakeDistributedStore:
         return self.setup({"local_hostname": env.get("local_hostname", "localhost"),
                            "metadata_server": "P2PHANDSHAKE",
                            "global_segment_size": mount_segment_size,
-                           "local_buffer_size": 0, "protocol": protocol,
+                           "local_buffer_size": 16 << 20, "protocol": protocol,
                            "rdma_devices": device_name,
                            "master_server_addr": env.get("master_server_addr", "127.0.0.1:50051")})
 
@@ -536,9 +619,12 @@ class MooncakeDistributedStore:
         with self._lock:
             c, self._c = self._c, None
             pools, self._pools = self._pools, {}
+            hold, self._port_hold = self._port_hold, None
         if c is not None:
             c.close()
             _log.flush()
+        if hold is not None:
+            hold.close()
         while _unmap_pop(pools):
             pass
         return OK
@@ -551,6 +637,11 @@ class MooncakeDistributedStore:
         return 0 if isinstance(c.stat(), str) else 2
 
     def get_hostname(self) -> str:
+        """This client's name, "host:port": its embedded segment's name
+        (the segment server's port, in Mooncake's client range 12300..14300
+        unless local_hostname gave one), or for a client without a segment
+        local_hostname with a port of that range that it holds; "" before
+        setup."""
         c = self._c
         name = str(c.segment_name) if c is not None else ""
         return name or self._host
@@ -586,14 +677,14 @@ class MooncakeDistributedStore:
 
     def _parts(self, key: str, parts: Sequence[Any], config: Optional[ReplicateConfig],
                upsert: bool) -> int:
-        if not parts:
+        if not parts or self._no_staging:
             return INVALID_PARAMS
         return self._put_values([key], [list(parts)], config, upsert)[0]
 
     def _batch_status(self, keys: Sequence[str], values: Sequence[Any],
                       config: Optional[ReplicateConfig], upsert: bool) -> int:
-        if len(keys) != len(values):
-            return INVALID_PARAMS
+        if len(keys) != len(values) or self._no_staging:
+            return INVALID_PARAMS  # Mooncake's bytes API copies through local_buffer_size
         return next((r for r in self._put_values(keys, values, config, upsert) if r != 0), OK)
 
     def _put_values(self, keys: Sequence[str], values: Sequence[Any],

@@ -96,7 +96,33 @@ EXTRA_KEYS = {
     "preferred_segment", "enable_cross_layers_blocks", "save_decode_cache",
     "store_config", "partial_hash_hits", "recv_threads", "staging_budget",
     "lookup_timeout_ms", "tenant", "lookup_group",
+    # vLLM's MooncakeStoreConnector keys kvpool cannot honour: accepted at
+    # their defaults only (_check_mooncake_only_keys)
+    "enable_group_semantics", "custom_mem_pool", "store_tp_size", "enable_store_tp_lcm",
+    "prefill_tp_sizes",
 }
+
+
+def _check_mooncake_only_keys(extra: dict[str, Any], tp: int) -> None:
+    """Refuses, with the reason, the in-tree MooncakeStoreConnector's
+    extra-config keys set to what kvpool cannot do; their defaults (and a
+    store_tp_size equal to the engine's TP size) are accepted."""
+    if _bool(extra, "enable_group_semantics", False):
+        raise ValueError("KVPoolConnector: enable_group_semantics=true is not supported (kvpool "
+                         "has no object groups: each block is its own cache entry); remove the "
+                         "key or set it to false")
+    if str(extra.get("custom_mem_pool") or ""):
+        raise ValueError(f"KVPoolConnector: custom_mem_pool={extra['custom_mem_pool']!r} is not "
+                         "supported (the KV caches stay in vLLM's own allocator); remove the key")
+    if extra.get("enable_store_tp_lcm") not in (None, False) and \
+            _bool(extra, "enable_store_tp_lcm", False):
+        raise ValueError("KVPoolConnector: enable_store_tp_lcm=true is not supported (blocks are "
+                         "stored in the engine's own tensor-parallel layout); remove the key")
+    st = extra.get("store_tp_size")
+    if st is not None and st != tp:
+        raise ValueError(f"KVPoolConnector: store_tp_size={st!r} is not supported (blocks are "
+                         f"stored in the engine's own tensor-parallel layout, size {tp}); remove "
+                         "the key")
 
 
 def _lookup_gid(group: Any) -> int:
@@ -224,6 +250,7 @@ def _setup(vllm_config: "VllmConfig", kv_cache_config: KVCacheConfig,
     if unknown:
         raise ValueError(f"KVPoolConnector: unknown kv_connector_extra_config keys "
                          f"{sorted(unknown)}; known: {sorted(EXTRA_KEYS)}")
+    _check_mooncake_only_keys(extra, int(vllm_config.parallel_config.tensor_parallel_size))
     if not _bool(extra, "load_async", True):
         raise ValueError("KVPoolConnector loads in the background only: load_async must be true")
     if _bool(extra, "save_decode_cache", False):

@@ -186,6 +186,13 @@ static const struct key_def keys[] = {
      .help = "storage node, embedded client: the address clients dial for its segment when "
              "it listens on a wildcard address or was given no listen address (unset: the "
              "local address facing a remote master, else localhost)"},
+    {.name = "segment_port_min", .roles = R_N, .type = KT_UINT, F_U64(segment_port_min), .min = 0,
+     .max = 65535, .def = "0",
+     .help = "storage node, embedded client given no listen address: the segment server "
+             "listens on a free port in segment_port_min..segment_port_max (0 = any port the "
+             "kernel picks); both set or neither"},
+    {.name = "segment_port_max", .roles = R_N, .type = KT_UINT, F_U64(segment_port_max), .min = 0,
+     .max = 65535, .def = "0", .help = "the last port of segment_port_min's range"},
     {.name = "protocol", .roles = R_C, .type = KT_ENUM, F_STR(protocol), .choices = protocol_choices,
      .def = "tcp", .help = "transfer protocol (rdma is accepted but not supported yet)"},
     {.name = "mode", .roles = R_C, .type = KT_ENUM, F_STR(mode), .choices = mode_choices,
@@ -1279,6 +1286,13 @@ int kvp_config_validate(const kvp_config *c, char *err, size_t errlen)
                        "key \"offload_low_watermark_ratio\" (%g) must be less than key "
                        "\"offload_high_watermark_ratio\" (%g)",
                        c->offload_low, c->offload_high);
+    if ((c->segment_port_min == 0) != (c->segment_port_max == 0) ||
+        c->segment_port_min > c->segment_port_max)
+        return invalid(err, errlen,
+                       "keys \"segment_port_min\" (%llu) and \"segment_port_max\" (%llu) must "
+                       "both be 0 or form a range min <= max",
+                       (unsigned long long)c->segment_port_min,
+                       (unsigned long long)c->segment_port_max);
     if (c->offload_page_size % 4096)
         return invalid(err, errlen,
                        "key \"offload_page_size\": %llu is not a multiple of 4 KiB",

@@ -58,6 +58,9 @@ typedef struct kvp_config {
     /* ---- client / storage node ---- */
     char master_addr[256];        /* "master_server_address" / "master_server_addr" / "master" */
     char local_hostname[256];     /* "local_hostname" */
+    uint64_t segment_port_min;    /* "segment_port_min": 0 (the kernel picks the port) */
+    uint64_t segment_port_max;    /* "segment_port_max": 0; with min: the segment server's
+                                     port range when it has no listen address */
     char protocol[32];            /* "protocol": tcp (rdma accepted, reported not supported) */
     char mode[32];                /* "mode": embedded | standalone-store (as given; the
                                      effective mode is kvp_config_mode's) */

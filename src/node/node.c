@@ -555,6 +555,44 @@ static int node_addr(const kvp_node_opts *o, char *listen, size_t llen, char *ho
     return 0;
 }
 
+/*
+ * The segment server on a port of segment_port_min..segment_port_max (the
+ * node was given no listen address; `listen` is node_addr's "HOST:0"): the
+ * ports are tried in order from a random one, wrapping, until one binds, so
+ * concurrent nodes spread over the range and a free port is always found.
+ * 0, or the last port's error.
+ */
+static int segserver_start_ranged(kvp_node *n, kvp_segserver_opts *so,
+                                  const kvp_segserver_limits *lim, const char *listen,
+                                  char *err, size_t errlen)
+{
+    char host[256], addr[300];
+    uint16_t unused;
+    if (kvp_net_split(listen, host, sizeof host, &unused) != 0) {
+        snprintf(err, errlen, "bad listen address \"%s\"", listen);
+        return KVP_EINVALID_PARAMS;
+    }
+    uint64_t lo = n->cfg.segment_port_min, span = n->cfg.segment_port_max - lo + 1;
+    uint64_t first = rand64() % span;
+    int rc = KVP_EIO;
+    for (uint64_t i = 0; i < span; i++) {
+        join_addr(addr, sizeof addr, host, (unsigned)(lo + (first + i) % span));
+        so->listen = addr;
+        rc = kvp_segserver_start_lim(n->seg, so, lim, &n->srv, err, errlen);
+        if (rc != KVP_EIO) /* bound, or an error another port cannot cure */
+            break;
+    }
+    so->listen = NULL;
+    if (rc == KVP_EIO) {
+        char m[KVP_CONFIG_ERRLEN];
+        snprintf(m, sizeof m, "%s", err);
+        snprintf(err, errlen, "no free port in segment_port_min..segment_port_max "
+                 "(%llu..%llu); last: %s", (unsigned long long)lo,
+                 (unsigned long long)n->cfg.segment_port_max, m);
+    }
+    return rc;
+}
+
 /* segment_prefault: "auto" is background on a storage node (its memory is
  * the operator's promise: find an overcommitted machine at start), off in
  * an embedded client (the application's memory: it costs only what the pool
@@ -656,7 +694,10 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
                                 (int)(cfg->node_max_connections / 4),
                                 (uint32_t)cfg->hello_timeout_ms, (uint32_t)cfg->idle_timeout_ms,
                                 (uint32_t)cfg->stall_timeout_ms, cfg->min_transfer_rate, 0};
-    rc = kvp_segserver_start_lim(n->seg, &so, &lim, &n->srv, err, errlen);
+    if (!(o->listen && *o->listen) && cfg->segment_port_min)
+        rc = segserver_start_ranged(n, &so, &lim, listen, err, errlen);
+    else
+        rc = kvp_segserver_start_lim(n->seg, &so, &lim, &n->srv, err, errlen);
     if (rc) {
         n->srv = NULL;
         goto fail;

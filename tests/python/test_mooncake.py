@@ -349,11 +349,12 @@ def test_tenant_id_isolates_keys(mc_master: kvpool_procs.Proc) -> None:
 
 def test_standalone_mode(server: kvpool_procs.Proc) -> None:
     """global_segment_size 0: the store only talks to `kvpool serve`'s segment.
-    kvpool differs: with no segment of its own, get_hostname() is the bare host."""
+    With no segment of its own, get_hostname() is the host and a port of
+    Mooncake's client range that the store holds (test_mooncake_suite.py)."""
     s = MooncakeDistributedStore()
     assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, LOCAL_BUFFER, "tcp", "", server.addr) == OK
     try:
-        assert s.get_hostname() == "127.0.0.1" and s.health_check() == 0
+        assert HOST_PORT.fullmatch(s.get_hostname()) and s.health_check() == 0
         assert s.put("sa", b"standalone") == OK and s.get("sa") == b"standalone"
         (ep,) = endpoints(s, "sa")
         assert HOST_PORT.fullmatch(ep) and ep != s.get_hostname()
