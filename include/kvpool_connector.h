@@ -217,7 +217,18 @@ typedef struct kvp_conn_cached_req {
     uint32_t ngroups;
 } kvp_conn_cached_req;
 
-/* A sub-block tail to offload before its block is copied on write. */
+/*
+ * A boundary state the engine hands off (vLLM 0.33's
+ * kv_connector_block_state.boundary_state_offloads entry): block
+ * cow_block_id of Mamba group `group` holds the state after exactly
+ * boundary_tokens tokens (a multiple of hash_block_size). It is stored under
+ * that boundary's hash for the group -- the block itself, never one found by
+ * position -- so a later request can resume there. Entries of other groups,
+ * of the null block (0), or past the request's prefill end are ignored.
+ * The engine must keep the block's bytes unchanged until the request is
+ * reported finished sending (kvp_conn_request_finished delays its free) or,
+ * when it frees such a block earlier, until then by its own reference.
+ */
 typedef struct kvp_conn_tail {
     uint32_t group;
     uint32_t cow_block_id;
@@ -281,6 +292,23 @@ KVP_API int kvp_conn_build_meta(kvp_conn_sched *s, const kvp_conn_step *st, cons
  */
 KVP_API int kvp_conn_request_finished(kvp_conn_sched *s, kvp_conn_str id, const kvp_conn_blocks *blocks,
                               uint32_t ngroups, bool *delay_free);
+
+/*
+ * Finish-time hand-off (vLLM 0.33's register_finished_partial_tail), called
+ * when the engine finishes request id, BEFORE kvp_conn_request_finished:
+ * tails are its last boundary states (Mamba groups, one boundary for all),
+ * blocks its block table. When usable (a producer, a scheduled request with
+ * some block, the boundary within its prefill, no null block, Mamba groups
+ * only) the store is queued for the next kvp_conn_build_meta (with the other
+ * groups' sub-block tail blocks, as at step time), *queued is true and the
+ * request_finished that follows answers delay_free (its blocks are kept until
+ * every rank reports it finished sending). Tails of two boundaries:
+ * KVP_EINVALID_PARAMS.
+ */
+KVP_API int kvp_conn_register_finished_tail(kvp_conn_sched *s, kvp_conn_str id,
+                                            const kvp_conn_blocks *blocks, uint32_t ngroups,
+                                            const kvp_conn_tail *tails, uint32_t ntails,
+                                            bool *queued);
 
 /*
  * The engine learnt (from the workers' load_errors / load_failed, aggregated)

@@ -1021,6 +1021,39 @@ static PyObject *Sched_finished(ConnSched *self, PyObject *args)
     return PyBool_FromLong(delay);
 }
 
+/* register_finished_tail(req_id, blocks, [(group, block_id, boundary_tokens)]) -> queued */
+static PyObject *Sched_finished_tail(ConnSched *self, PyObject *args)
+{
+    PyObject *ido, *bo, *to;
+    if (!PyArg_ParseTuple(args, "OOO:register_finished_tail", &ido, &bo, &to))
+        return NULL;
+    scratch sc = {0};
+    kvp_conn_blocks *b;
+    uint32_t ng;
+    kvp_conn_tail_req *tr = NULL;
+    uint32_t ntr = 0;
+    PyObject *item = Py_BuildValue("(OO)", ido, to); /* parse_tails' shape: one request */
+    PyObject *pair = item ? PyTuple_Pack(1, item) : NULL;
+    PyObject *keep = NULL, *res = NULL;
+    Py_XDECREF(item);
+    if (!pair || parse_blocks(&sc, bo, &b, &ng) < 0 ||
+        !(keep = parse_tails(&sc, pair, &tr, &ntr)) || ntr != 1)
+        goto out;
+    bool queued = false;
+    sched_lock(self);
+    int rc = KVP_ECLOSED;
+    if (self->s)
+        rc = kvp_conn_register_finished_tail(self->s, tr[0].id, b, ng, tr[0].tails,
+                                             tr[0].ntails, &queued);
+    pthread_mutex_unlock(&self->mu);
+    res = rc < 0 ? conn_error(rc) : PyBool_FromLong(queued);
+out:
+    Py_XDECREF(keep);
+    Py_XDECREF(pair);
+    scratch_free(&sc);
+    return res;
+}
+
 /* loads_failed(req_ids, block_ids): what the workers reported failing */
 static PyObject *Sched_loads_failed(ConnSched *self, PyObject *args)
 {
@@ -1075,6 +1108,9 @@ static PyMethodDef Sched_methods[] = {
      "build_meta(new_reqs, cached, preempted, finished, tails) -> the step's bytes"},
     {"request_finished", (PyCFunction)Sched_finished, METH_VARARGS,
      "request_finished(req_id, blocks_per_group) -> delay_free"},
+    {"register_finished_tail", (PyCFunction)Sched_finished_tail, METH_VARARGS,
+     "register_finished_tail(req_id, blocks, tails) -> queued: a finish-time boundary-state "
+     "hand-off stored by the next build_meta (request_finished then delays the free)"},
     {"loads_failed", (PyCFunction)Sched_loads_failed, METH_VARARGS,
      "loads_failed(req_ids, block_ids): those requests miss on later lookups (recompute)"},
     {"reset_cache", (PyCFunction)Sched_reset, METH_NOARGS,

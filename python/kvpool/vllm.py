@@ -30,6 +30,20 @@ Contracts
   * The worker half opens at register_kv_caches (num_blocks is known then);
     worker rank 0 serves the lookup channel the scheduler connects to, a unix
     socket under $VLLM_RPC_BASE_PATH named after the engine id.
+  * Hybrid models: full-attention, sliding-window and Mamba groups (Mamba
+    only with --mamba-cache-mode align). A Mamba state is stored only as the
+    exact block vLLM's core hands off at a boundary (SchedulerOutput.
+    kv_connector_block_state.boundary_state_offloads: (group, block_id,
+    boundary_tokens) per request), passed to the C scheduler as the step's
+    "tails" (Mamba groups only); it is keyed by that boundary's hash and
+    rank-specific. register_finished_partial_tail queues the finish-time
+    hand-off for the next step and answers False, as vLLM 0.33's connector:
+    request_finished then delays the free until every rank stored it. Every
+    handed-off block holds one reference in vLLM's block pool (align-mode
+    tables free superseded states while a request runs) until the request is
+    finished sending. A lookup probes every group, so a hit is a point where
+    the attention blocks and a Mamba state are both stored; the load writes
+    the state into the block vLLM allocated at the hit point.
   * KV memory is host memory or CUDA device memory (the store moves device
     memory by DMA: straight into a same-host node's page-locked segment, or
     through page-locked staging over TCP). With CUDA tensors, wait_for_save
@@ -267,9 +281,6 @@ def _setup(vllm_config: "VllmConfig", kv_cache_config: KVCacheConfig,
     if not ids:
         raise ValueError("KVPoolConnector: the model has no prefix-cacheable KV-cache group")
     groups = [_group_of(kv_cache_config.kv_cache_groups[i].kv_cache_spec, cache_mode) for i in ids]
-    if any(g["kind"] == "mamba" for g in groups) and role == KVConnectorRole.SCHEDULER:
-        log.warning("KVPoolConnector: a Mamba model's attention blocks are stored, but the "
-                    "Mamba boundary states are not yet, so its requests get no pool hits")
     if len(groups) == 1 and groups[0]["block_size"] != block_size:
         groups[0]["block_size"] = int(block_size)  # PCP / DCP scaling (spec §3, seeds)
     heads = int(vllm_config.model_config.get_total_num_kv_heads())
@@ -468,6 +479,14 @@ class _Scheduler:
         self._c = _native.ConnSched(s.conn)
         self._reqs: dict[str, tuple["Request", _native.ConnRequest]] = {}
         self._gmap = {g: i for i, g in enumerate(s.store_group_ids)}
+        # vLLM group ids of the Mamba ("align") groups: their boundary states
+        self._mamba = {g for g, i in self._gmap.items()
+                       if s.conn["groups"][i]["kind"] == "mamba"}
+        self._pool: Any = None  # vLLM's GPU BlockPool (bind_gpu_block_pool)
+        # Boundary-state blocks referenced until the request is finished
+        # sending: align-mode Mamba tables free superseded states while the
+        # request runs, and a store may still be reading one.
+        self._pins: dict[str, list[Any]] = {}
 
     def _req(self, request: "Request") -> _native.ConnRequest:
         e = self._reqs.get(request.request_id)
@@ -506,16 +525,51 @@ class _Scheduler:
         tails = []
         bs = getattr(so, "kv_connector_block_state", None)
         for rid, offs in ((bs.boundary_state_offloads or {}).items() if bs else ()):
-            t = [(self._gmap[g], b, n) for g, b, n in offs if g in self._gmap]
+            t = [(self._gmap[g], b, n) for g, b, n in offs if g in self._mamba]
             if t and rid in self._reqs:
                 tails.append((rid, t))
+                self._pin(rid, [b for _, b, _ in t])
         step = self._c.build_meta(new, cached, preempted, tuple(so.finished_req_ids), tails)
         return KVPoolConnectorMetadata(step=step, preempted=preempted)
+
+    def bind_pool(self, pool: Any) -> None:
+        self._pool = pool
+
+    def _pin(self, req_id: str, block_ids: list[int]) -> None:
+        """One reference per handed-off block, so an align-mode Mamba state
+        freed by the request cannot be reallocated under a running store."""
+        if self._pool is None or not block_ids:
+            return
+        blocks = [self._pool.blocks[b] for b in block_ids if b]
+        self._pool.touch(blocks)
+        self._pins.setdefault(req_id, []).extend(blocks)
+
+    def unpin(self, req_ids: Iterable[str]) -> None:
+        """Drops the references of requests every rank finished sending."""
+        for rid in req_ids:
+            blocks = self._pins.pop(rid, None)
+            if blocks and self._pool is not None:
+                self._pool.free_blocks(reversed(blocks))
+
+    def finished_tail(self, request: "Request", block_ids: tuple[list[int], ...],
+                      offloads: list[tuple[int, int, int]]) -> None:
+        """register_finished_partial_tail: the finish-time boundary states,
+        stored by the next step (the request_finished that follows delays the
+        free until the store is done)."""
+        if not offloads or any(g not in self._mamba for g, _, _ in offloads) \
+                or request.request_id not in self._reqs:
+            return
+        t = [(self._gmap[g], b, n) for g, b, n in offloads]
+        if self._c.register_finished_tail(request.request_id,
+                                          _project(block_ids, self._s.store_group_ids), t):
+            self._pin(request.request_id, [b for _, b, _ in t])
 
     def finished(self, request: "Request", block_ids: tuple[list[int], ...]) -> bool:
         delay = self._c.request_finished(request.request_id,
                                          _project(block_ids, self._s.store_group_ids))
         self._reqs.pop(request.request_id, None)
+        if not delay:  # never reported finished sending: nothing reads its blocks
+            self.unpin((request.request_id,))
         return bool(delay)
 
     def loads_failed(self, req_ids: Iterable[str], block_ids: Iterable[int]) -> None:
@@ -558,7 +612,9 @@ class _Worker:
             order += [n for n in self._kcc.kv_cache_groups[gid].layer_names if n in kv_caches]
         if not order:
             raise ValueError("KVPoolConnector: no KV tensor of a stored group was registered")
-        tensors = [kv_caches[n] for n in order]
+        # a Mamba layer's value is a list of views (conv, ssm state) of one storage
+        tensors = [v[0] if isinstance(v, (list, tuple)) else v
+                   for v in (kv_caches[n] for n in order)]
         self._cuda = any(t.is_cuda for t in tensors)
         cfg = dict(self._s.conn, num_blocks=int(self._kcc.num_blocks),
                    fence="cuda" if self._cuda else None)
@@ -669,12 +725,21 @@ class KVPoolConnector(KVConnectorBase_V1, SupportsHMA):
     def register_finished_partial_tail(self, request: "Request",
                                        block_ids: tuple[list[int], ...],
                                        partial_tail_offloads: list[tuple[int, int, int]]) -> bool:
-        # Finish-time tails are not offloaded: the blocks are freed as usual and
-        # a later hit recomputes the tail (step-time boundary offloads are taken).
+        assert self._sched is not None
+        self._sched.finished_tail(request, block_ids, partial_tail_offloads)
+        # vLLM 0.33's answer: the store holds its own block references (here:
+        # request_finished's delay_free and the pins), so cleanup need not wait.
         return False
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        super().bind_gpu_block_pool(gpu_block_pool)
+        if self._sched is not None:
+            self._sched.bind_pool(gpu_block_pool)
 
     def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
         assert self._sched is not None
+        if connector_output.finished_sending:
+            self._sched.unpin(connector_output.finished_sending)
         failed, bad = connector_output.failed_recving, connector_output.invalid_block_ids
         if failed or bad:
             self._sched.loads_failed(failed or (), bad or ())

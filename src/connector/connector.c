@@ -178,6 +178,8 @@ static int ranks_ok(int size, int rank) { return size >= 1 && rank >= 0 && rank 
 struct kvp_conn_sched {
     kvp_sched *s;
     kvp_lookup_client *lk;
+    uint64_t mamba; /* bit g: group g is a Mamba ("align") group */
+    uint32_t ngroups;
     kvp_arena arena; /* per-call translation scratch */
 };
 
@@ -204,6 +206,10 @@ int kvp_conn_sched_open(const kvp_conn_config *c, kvp_conn_sched **out, char *er
     if (!x)
         return KVP_ENOMEM;
     kvp_arena_init(&x->arena, SCRATCH_CAP);
+    x->ngroups = (uint32_t)c->ngroups;
+    for (size_t g = 0; g < c->ngroups; g++)
+        if (c->groups[g].kind == KVP_CONN_MAMBA)
+            x->mamba |= (uint64_t)1 << g;
     kvp_sched_config sc;
     kvp_sched_config_default(&sc);
     sc.kv_role = c->role; /* same numbering as enum kvp_sched_role */
@@ -343,10 +349,23 @@ int kvp_conn_build_meta(kvp_conn_sched *s, const kvp_conn_step *st, const uint8_
                        offsetof(kvp_meta_tail, boundary_tokens), "tail layout");
     _Static_assert(sizeof(kvp_conn_str) == sizeof(kvp_meta_str), "str layout");
     _Static_assert(offsetof(kvp_conn_str, len) == offsetof(kvp_meta_str, len), "str layout");
-    for (uint32_t i = 0; i < st->n_tails; i++)
-        tr[i] = (kvp_sched_tail_req){.req_id = st->tails[i].id.p, .req_id_len = st->tails[i].id.len,
-                                     .tails = (const kvp_meta_tail *)st->tails[i].tails,
-                                     .ntails = st->tails[i].ntails};
+    /* boundary states are Mamba groups' only: another group's entry is dropped */
+    for (uint32_t i = 0; i < st->n_tails; i++) {
+        const kvp_conn_tail_req *t = &st->tails[i];
+        if (t->ntails && !t->tails)
+            return KVP_EINVALID_PARAMS;
+        kvp_meta_tail *kept = t->ntails ? kvp_arena_alloc(a, t->ntails * sizeof *kept) : NULL;
+        if (t->ntails && !kept)
+            return KVP_ENOMEM;
+        uint32_t n = 0;
+        for (uint32_t k = 0; k < t->ntails; k++)
+            if (t->tails[k].group < s->ngroups && (s->mamba >> t->tails[k].group & 1))
+                kept[n++] = (kvp_meta_tail){.group_id = t->tails[k].group,
+                                            .cow_block_id = t->tails[k].cow_block_id,
+                                            .boundary_tokens = t->tails[k].boundary_tokens};
+        tr[i] = (kvp_sched_tail_req){.req_id = t->id.p, .req_id_len = t->id.len,
+                                     .tails = kept, .ntails = n};
+    }
     kvp_sched_step ss = {
         .new_reqs = nr, .n_new = st->n_new, .cached = cr, .n_cached = st->n_cached,
         .preempted = (const kvp_meta_str *)st->preempted, .n_preempted = st->n_preempted,
@@ -366,6 +385,31 @@ int kvp_conn_request_finished(kvp_conn_sched *s, kvp_conn_str id, const kvp_conn
     if (rc != 0)
         return rc;
     return kvp_sched_request_finished(s->s, id.p, id.len, v, v ? ngroups : 0, delay_free);
+}
+
+int kvp_conn_register_finished_tail(kvp_conn_sched *s, kvp_conn_str id,
+                                    const kvp_conn_blocks *blocks, uint32_t ngroups,
+                                    const kvp_conn_tail *tails, uint32_t ntails, bool *queued)
+{
+    if (!s || !queued || (ntails && !tails))
+        return KVP_EINVALID_PARAMS;
+    *queued = false;
+    kvp_arena_reset(&s->arena);
+    int rc = 0;
+    kvp_meta_ids *v = ids_of(&s->arena, blocks, ngroups, &rc);
+    if (rc != 0)
+        return rc;
+    kvp_meta_tail *t = ntails ? kvp_arena_alloc(&s->arena, ntails * sizeof *t) : NULL;
+    if (ntails && !t)
+        return KVP_ENOMEM;
+    for (uint32_t k = 0; k < ntails; k++) {
+        if (tails[k].group >= s->ngroups || !(s->mamba >> tails[k].group & 1))
+            return 0; /* only Mamba groups hand off boundary states: refused */
+        t[k] = (kvp_meta_tail){.group_id = tails[k].group, .cow_block_id = tails[k].cow_block_id,
+                               .boundary_tokens = tails[k].boundary_tokens};
+    }
+    return kvp_sched_register_finished_tail(s->s, id.p, id.len, v, v ? ngroups : 0, t, ntails,
+                                            queued);
 }
 
 int kvp_conn_loads_failed(kvp_conn_sched *s, const kvp_conn_str *ids, uint32_t nids,

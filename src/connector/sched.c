@@ -58,8 +58,25 @@ struct ent {
     bool load_emitted;         /* a load meta reached the workers */
 };
 
+/* A finish-time boundary-state hand-off queued for the next build
+ * (kvp_sched_register_finished_tail); everything owned. */
+struct ftail {
+    struct ftail *next;
+    char *id;
+    uint32_t id_len;
+    kvp_meta_ids *blocks; /* ngroups tables */
+    uint32_t ngroups;
+    uint8_t *hashes;
+    uint32_t nhashes;
+    uint8_t hash_len;
+    uint64_t prefill_end;
+    kvp_meta_tail *tails;
+    uint32_t ntails;
+};
+
 struct kvp_sched {
     kvp_sched_config cfg;
+    struct ftail *ftails; /* queued finish-time hand-offs, registration order */
     struct ent *tab[NBUCKETS];
     struct ent *ahead, *atail;
     struct ent *uhead, *utail;
@@ -350,10 +367,28 @@ int kvp_sched_new(const kvp_sched_config *cfg, kvp_sched **out)
     return 0;
 }
 
+static void ftail_free(struct ftail *f)
+{
+    if (!f)
+        return;
+    for (uint32_t g = 0; f->blocks && g < f->ngroups; g++)
+        kvp_free(f->blocks[g].ids);
+    kvp_free(f->blocks);
+    kvp_free(f->hashes);
+    kvp_free(f->tails);
+    kvp_free(f->id);
+    kvp_free(f);
+}
+
 void kvp_sched_free(kvp_sched *s)
 {
     if (!s)
         return;
+    while (s->ftails) {
+        struct ftail *f = s->ftails;
+        s->ftails = f->next;
+        ftail_free(f);
+    }
     while (s->ahead)
         ent_destroy(s, s->ahead);
     drops_clear(s);
@@ -661,6 +696,57 @@ static int phase_pending_loads(kvp_sched *s)
     return 0;
 }
 
+/*
+ * The entries of one hand-off that can be stored (vLLM 0.33's
+ * _handle_boundary_state_offloads filter): never the null block, never a
+ * boundary past the request's prefill end (every other group stops saving
+ * there, so such a state could never complete a hybrid hit). Copied into the
+ * step arena; *n the number kept.
+ */
+static kvp_meta_tail *tails_kept(kvp_sched *s, const kvp_meta_tail *in, uint32_t nin,
+                                 uint64_t prefill_end, uint32_t *n, int *rc)
+{
+    *n = 0;
+    *rc = 0;
+    kvp_meta_tail *copy = kvp_arena_alloc(&s->arena, (size_t)nin * sizeof *copy);
+    if (!copy) {
+        *rc = KVP_ENOMEM;
+        return NULL;
+    }
+    for (uint32_t k = 0; k < nin; k++)
+        if (in[k].cow_block_id != 0 && in[k].boundary_tokens > 0 &&
+            in[k].boundary_tokens <= prefill_end)
+            copy[(*n)++] = in[k];
+    return copy;
+}
+
+/* A store-only meta (token_len_chunk 0 skips the normal save; can_save
+ * takes the store path) carrying boundary-state puts. */
+static kvp_meta_req tail_meta(const struct ent *e, const kvp_meta_ids *blocks, uint32_t ngroups,
+                              const uint8_t *hashes, uint32_t nhashes, uint8_t hash_len,
+                              uint64_t prefill_end, const kvp_meta_tail *tails, uint32_t ntails)
+{
+    kvp_meta_req m;
+    memset(&m, 0, sizeof m);
+    m.req_id = (kvp_meta_str){e->id, e->id_len};
+    m.kind = KVP_META_TAIL;
+    m.token_len_chunk = 0;
+    m.block_ids = blocks;
+    m.ngroups = ngroups;
+    m.block_hashes = nhashes ? hashes : NULL;
+    m.nhashes = nhashes;
+    m.hash_len = nhashes ? hash_len : 0;
+    m.can_save = KVP_META_TRUE;
+    m.is_last_chunk = KVP_META_UNSET;
+    m.has_num_prompt_tokens = true;
+    m.num_prompt_tokens = prefill_end;
+    m.tails = tails;
+    m.ntails = ntails;
+    return m;
+}
+
+/* 6. this step's boundary-state hand-offs: on the request's save meta of
+ * the step when it has one, else a store-only meta. */
 static int phase_tails(kvp_sched *s, const kvp_sched_step *st)
 {
     for (uint32_t i = 0; i < st->n_tails; i++) {
@@ -669,49 +755,146 @@ static int phase_tails(kvp_sched *s, const kvp_sched_step *st)
             return KVP_EINVALID_PARAMS;
         if (tr->ntails == 0)
             continue;
-        for (uint32_t k = 1; k < tr->ntails; k++)
-            if (tr->tails[k].boundary_tokens != tr->tails[0].boundary_tokens)
-                return KVP_EINVALID_PARAMS; /* the spec asserts one boundary */
-        kvp_meta_tail *copy = kvp_arena_alloc(&s->arena, (size_t)tr->ntails * sizeof *copy);
-        if (!copy)
-            return KVP_ENOMEM;
-        memcpy(copy, tr->tails, (size_t)tr->ntails * sizeof *copy);
         struct ent *e = ent_find(s, tr->req_id, tr->req_id_len);
-        if (e && e->save_meta) { /* rides the request's save meta of this step */
-            kvp_meta_req *q = &s->step.reqs[e->save_meta - 1];
-            q->tails = copy;
-            q->ntails = tr->ntails;
-            if (e->has_tr)
-                e->tr.has_pending_offload = true;
-            continue;
-        }
         if (!e || !e->has_tr || !e->in_ureq) {
             /* finished / preempted within this step: its blocks are going away */
-            KVP_DEBUG(MOD, "dropping partial-tail offload for %.*s", (int)tr->req_id_len,
+            KVP_DEBUG(MOD, "dropping boundary-state offload for %.*s", (int)tr->req_id_len,
                       tr->req_id);
             continue;
         }
+        uint32_t n;
+        int rc;
+        kvp_meta_tail *copy = tails_kept(s, tr->tails, tr->ntails, e->tr.prefill_end_tokens, &n,
+                                         &rc);
+        if (rc)
+            return rc;
+        if (n == 0)
+            continue;
         e->tr.has_pending_offload = true;
-        kvp_meta_req m;
-        memset(&m, 0, sizeof m);
-        m.req_id = (kvp_meta_str){e->id, e->id_len};
-        m.kind = KVP_META_TAIL;
-        m.token_len_chunk = 0; /* skips the normal save; can_save takes the enqueue path */
-        m.block_ids = e->tr.block_ids;
-        m.ngroups = e->tr.ngroups;
-        m.block_hashes = e->nhashes ? e->hashes : NULL;
-        m.nhashes = e->nhashes;
-        m.hash_len = e->nhashes ? e->hash_len : 0;
-        m.can_save = KVP_META_TRUE;
-        m.is_last_chunk = KVP_META_UNSET;
-        m.has_num_prompt_tokens = true;
-        m.num_prompt_tokens = e->tr.prefill_end_tokens;
-        m.tails = copy;
-        m.ntails = tr->ntails;
+        if (e->save_meta) { /* rides the request's save meta of this step */
+            kvp_meta_req *q = &s->step.reqs[e->save_meta - 1];
+            q->tails = copy;
+            q->ntails = n;
+            continue;
+        }
+        kvp_meta_req m = tail_meta(e, e->tr.block_ids, e->tr.ngroups, e->hashes, e->nhashes,
+                                   e->hash_len, e->tr.prefill_end_tokens, copy, n);
+        if ((rc = push_meta(s, e, &m)) != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Copies an owned table into the step arena (the view must outlive the
+ * record, which is freed once emitted). */
+static kvp_meta_ids *arena_ids(kvp_sched *s, const kvp_meta_ids *in, uint32_t n)
+{
+    kvp_meta_ids *out = kvp_arena_alloc(&s->arena, (size_t)(n ? n : 1) * sizeof *out);
+    for (uint32_t g = 0; out && g < n; g++) {
+        out[g] = (kvp_meta_ids){NULL, in[g].n, 0};
+        if (in[g].n && !(out[g].ids = kvp_arena_alloc(&s->arena, (size_t)in[g].n * 4)))
+            return NULL;
+        if (in[g].n)
+            memcpy(out[g].ids, in[g].ids, (size_t)in[g].n * 4);
+    }
+    return out;
+}
+
+/* 7. finish-time hand-offs registered since the last build (the request
+ * may be in this step's finished list: its record was destroyed in phase 1,
+ * and a transient one carries the meta -- a full send, dropped from the
+ * workers' mirrors with the next message). */
+static int phase_finished_tails(kvp_sched *s)
+{
+    while (s->ftails) {
+        struct ftail *f = s->ftails;
+        struct ent *e = ent_get(s, f->id, f->id_len);
+        kvp_meta_ids *ids = e ? arena_ids(s, f->blocks, f->ngroups) : NULL;
+        kvp_meta_tail *tl = ids ? kvp_arena_alloc(&s->arena, (size_t)f->ntails * sizeof *tl)
+                                : NULL;
+        uint8_t *h = tl && f->nhashes
+                         ? kvp_arena_alloc(&s->arena, (size_t)f->nhashes * f->hash_len)
+                         : NULL;
+        if (!tl || (f->nhashes && !h))
+            return KVP_ENOMEM; /* stays queued: retried by the next build */
+        memcpy(tl, f->tails, (size_t)f->ntails * sizeof *tl);
+        if (f->nhashes)
+            memcpy(h, f->hashes, (size_t)f->nhashes * f->hash_len);
+        /* the finish-time table need not extend what the mirrors hold: send
+         * it whole, and whatever follows for this id whole too */
+        e->sent_ngroups = e->sent_hashes = e->sent_tokens = 0;
+        kvp_meta_req m = tail_meta(e, ids, f->ngroups, h, f->nhashes, f->hash_len,
+                                   f->prefill_end, tl, f->ntails);
         int rc = push_meta(s, e, &m);
         if (rc)
             return rc;
+        e->sent_ngroups = e->sent_hashes = e->sent_tokens = 0;
+        s->ftails = f->next;
+        ftail_free(f);
     }
+    return 0;
+}
+
+int kvp_sched_register_finished_tail(kvp_sched *s, const char *req_id, uint32_t id_len,
+                                     const kvp_meta_ids *block_ids, uint32_t ngroups,
+                                     const kvp_meta_tail *tails, uint32_t ntails, bool *queued)
+{
+    if (!s || !id_ok(req_id, id_len) || !queued || !ids_ok(block_ids, ngroups) ||
+        (ntails && !tails))
+        return KVP_EINVALID_PARAMS;
+    *queued = false;
+    for (uint32_t k = 1; k < ntails; k++)
+        if (tails[k].boundary_tokens != tails[0].boundary_tokens)
+            return KVP_EINVALID_PARAMS; /* one boundary per request (the reference raises) */
+    for (const struct ftail *f = s->ftails; f; f = f->next)
+        if (f->id_len == id_len && memcmp(f->id, req_id, id_len) == 0)
+            return KVP_EINVALID_PARAMS;
+    if (s->cfg.kv_role == KVP_SCHED_CONSUMER || ntails == 0)
+        return 0;
+    struct ent *e = ent_find(s, req_id, id_len);
+    uint64_t total = 0;
+    for (uint32_t g = 0; g < ngroups; g++)
+        total += block_ids[g].n;
+    if (!e || !e->has_tr || total == 0 || ngroups != e->tr.ngroups ||
+        tails[0].boundary_tokens > e->tr.prefill_end_tokens)
+        return 0;
+    for (uint32_t k = 0; k < ntails; k++)
+        if (tails[k].cow_block_id == 0 || tails[k].group_id >= ngroups)
+            return 0;
+    struct ftail *f = kvp_calloc(1, sizeof *f);
+    if (!f)
+        return KVP_ENOMEM;
+    f->id = kvp_strndup(req_id, id_len);
+    f->id_len = id_len;
+    f->ngroups = ngroups;
+    f->blocks = kvp_calloc(ngroups, sizeof *f->blocks);
+    f->tails = kvp_malloc((size_t)ntails * sizeof *f->tails);
+    f->ntails = ntails;
+    f->nhashes = e->nhashes;
+    f->hash_len = e->hash_len;
+    f->hashes = kvp_malloc(e->nhashes ? (size_t)e->nhashes * e->hash_len : 1);
+    f->prefill_end = e->tr.prefill_end_tokens;
+    bool ok = f->id && f->blocks && f->tails && f->hashes;
+    for (uint32_t g = 0; ok && g < ngroups; g++) {
+        uint32_t n = block_ids[g].n;
+        f->blocks[g].n = f->blocks[g].cap = n;
+        ok = (f->blocks[g].ids = kvp_malloc(n ? (size_t)n * 4 : 1)) != NULL;
+        if (ok && n)
+            memcpy(f->blocks[g].ids, block_ids[g].ids, (size_t)n * 4);
+    }
+    if (!ok) {
+        ftail_free(f);
+        return KVP_ENOMEM;
+    }
+    memcpy(f->tails, tails, (size_t)ntails * sizeof *f->tails);
+    if (e->nhashes)
+        memcpy(f->hashes, e->hashes, (size_t)e->nhashes * e->hash_len);
+    struct ftail **pp = &s->ftails;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = f;
+    e->tr.has_pending_offload = true; /* request_finished delays the free */
+    *queued = true;
     return 0;
 }
 
@@ -791,8 +974,11 @@ static int build(kvp_sched *s, const kvp_sched_step *st)
     /* 5. pending async loads: allocated, not scheduled this step */
     if ((rc = phase_pending_loads(s)) != 0)
         return rc;
-    /* 6. partial-tail offloads */
+    /* 6. boundary-state hand-offs of this step */
     if (st->n_tails && !consumer && (rc = phase_tails(s, st)) != 0)
+        return rc;
+    /* 7. finish-time hand-offs */
+    if ((rc = phase_finished_tails(s)) != 0)
         return rc;
     /* the unfinished id set, as of the end of the build */
     for (struct ent *e = s->ahead; e; e = e->anext)

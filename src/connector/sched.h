@@ -141,7 +141,13 @@ typedef struct kvp_sched_cached_req {
     uint32_t ngroups;
 } kvp_sched_cached_req;
 
-/* Partial-tail offloads of one request this step (all one boundary). */
+/*
+ * Boundary-state hand-offs of one request this step (vLLM 0.33's
+ * SchedulerOutput.kv_connector_block_state.boundary_state_offloads): each
+ * (group, block, boundary_tokens) is the engine's exact block holding a Mamba
+ * "align" state at that boundary. Several boundaries may come in one step.
+ * The caller passes Mamba groups only (connector.c filters the others).
+ */
 typedef struct kvp_sched_tail_req {
     const char *req_id;
     uint32_t req_id_len;
@@ -227,6 +233,23 @@ int kvp_sched_build_meta(kvp_sched *s, const kvp_sched_step *st, const kvp_meta_
 int kvp_sched_request_finished(kvp_sched *s, const char *req_id, uint32_t id_len,
                                const kvp_meta_ids *block_ids, uint32_t ngroups,
                                bool *delay_free);
+
+/*
+ * register_finished_partial_tail (vLLM 0.33): the engine is finishing
+ * req_id and hands off its last boundary states (tails: Mamba groups only,
+ * one boundary for all; block_ids: the request's table, ngroups lists). When
+ * the hand-off is usable (a producer; the request has a tracker and some
+ * block; boundary <= its prefill end; no null block) it is queued for the
+ * NEXT build_meta as a store-only meta (kind KVP_META_TAIL, token_len_chunk
+ * 0), the tracker gets has_pending_offload (so the request_finished that
+ * follows delays the free until every worker reports the store done) and
+ * *queued is true; otherwise nothing changes and *queued is false. Tails with
+ * two boundaries, or a second registration for an id whose first is still
+ * queued: KVP_EINVALID_PARAMS (the reference asserts). KVP_ENOMEM.
+ */
+int kvp_sched_register_finished_tail(kvp_sched *s, const char *req_id, uint32_t id_len,
+                                     const kvp_meta_ids *block_ids, uint32_t ngroups,
+                                     const kvp_meta_tail *tails, uint32_t ntails, bool *queued);
 
 /* reset_store (§8.6): true only on the worker's ok. The caller must have
  * paused generation. */

@@ -140,6 +140,7 @@ struct kvp_worker {
     int role;
     int tp_rank, tp_size, pcp_size, dcp_size, pp_size;
     int eagle_prefix_hashing, enable_kv_events;
+    int use_eagle;          /* speculative_config.use_eagle(): the Mamba checkpoint rule */
     uint64_t staging_budget;
     double staging_ratio;   /* usable share of it ($VLLM_MOONCAKE_DISK_STAGING_USABLE_RATIO) */
     int tier_log;           /* $VLLM_MOONCAKE_STORE_TIER_LOG: each load's tiers logged */
@@ -605,65 +606,103 @@ static int put_batch(kvp_worker *w, const job *j, xb *b)
     return 0;
 }
 
-/* §10.4: returns 1 to go on with the normal save, 0 to abort the job. */
-static int offload_tail(kvp_worker *w, const job *j, uint64_t saved)
+static int is_mamba(const kvp_worker *w, uint32_t g)
 {
-    if (!kvp_coord_partial_hits(w->coord) || !j->nhashes || !j->ntails)
+    return kvp_coord_group_spec(w->coord, g)->kind == KVP_COORD_MAMBA;
+}
+
+/* Appends block bid of group g under the key of the prefix ending at `end`
+ * tokens (hashes[end / H - 1]); 0, or -1 when the block is outside the
+ * registered cache or the key cannot be built. */
+static int bput_add(kvp_worker *w, const job *j, xb *b, uint32_t g, uint32_t bid, uint64_t start,
+                    uint64_t end)
+{
+    size_t k = b->n;
+    if (k >= b->cap)
+        return -1;
+    if (kvp_tdb_prepare_block(&w->tdb[g], bid, b->iovp[k], b->nsegs) != 0 ||
+        xb_key(w, b, k, g, j->hashes + (end / w->H - 1) * j->hash_len, j->hash_len) != 0) {
+        KVP_ERROR(MOD, "boundary put of %s: block %u out of the registered cache", j->req_id,
+                  bid);
+        return -1;
+    }
+    b->bid[k] = bid;
+    b->start[k] = start;
+    b->end[k] = end;
+    b->n++;
+    return 0;
+}
+
+/* vLLM's get_mamba_prefill_checkpoint_position: the prompt's reusable
+ * Mamba boundary (a token left for the logits, an EAGLE block dropped). */
+static uint64_t mamba_checkpoint(uint64_t prompt, uint64_t H, int eagle)
+{
+    uint64_t limit = eagle ? prompt : (prompt ? prompt - 1 : 0);
+    uint64_t pos = limit / H * H;
+    if (eagle)
+        pos = pos >= H ? pos - H : 0;
+    return pos;
+}
+
+/*
+ * The boundary puts of job j (vLLM 0.33's _boundary_puts and
+ * _partial_tail_non_mamba_puts), stored before the normal save:
+ *   - every hand-off (Mamba group g, block, boundary) puts that exact block
+ *     under (g, hashes[boundary / H - 1]) -- never a block found by position:
+ *     an align-mode Mamba table is rewritten in place by the engine;
+ *   - a sub-block hand-off (boundary % B_g != 0, partial hash hits) at the
+ *     prompt's Mamba checkpoint also puts every other group's blocks from the
+ *     last L-aligned boundary up to it, each keyed by the hash at its end,
+ *     clipped to the boundary (the attention KV a hit there needs).
+ * Keys are spread over the TP ranks by the normal save's rule (factor 1 for
+ * Mamba: every rank puts its own state). Returns 1 to go on with the normal
+ * save, 0 to abort the job (a put failed: retried by a later step).
+ */
+static int boundary_puts(kvp_worker *w, const job *j)
+{
+    if (!j->nhashes || !j->ntails)
         return 1;
-    uint64_t boundary = j->tails[0].boundary_tokens;
-    for (uint32_t i = 1; i < j->ntails; i++)
-        if (j->tails[i].boundary_tokens != boundary) {
-            KVP_ERROR(MOD, "partial-tail offloads for one request must share a boundary (%s)",
-                      j->req_id);
-            return 0;
-        }
-    if (boundary < w->H || boundary / w->H - 1 >= j->nhashes)
-        return 1;
+    uint64_t sub = 0; /* a sub-block Mamba boundary, 0 = none */
+    for (uint32_t i = 0; i < j->ntails; i++) {
+        uint32_t g = j->tails[i].group_id;
+        uint64_t bd = j->tails[i].boundary_tokens;
+        if (g < w->ng && is_mamba(w, g) && bd % w->B[g] != 0 && bd % w->H == 0)
+            sub = bd;
+    }
+    if (sub && j->num_prompt_tokens >= 0 &&
+        sub != mamba_checkpoint((uint64_t)j->num_prompt_tokens, w->H, w->use_eagle))
+        sub = 0; /* a shared-prefix junction: the normal saves cover its KV */
     xb b;
-    if (xb_init(w, &b, chunks_upper(w, boundary), j->hash_len) != 0)
+    if (xb_init(w, &b, j->ntails + (sub ? chunks_upper(w, w->L) : 0), j->hash_len) != 0)
         return 0;
     int ok = 1;
-    for (uint32_t g = 0; g < w->ng && g < j->ngroups && ok; g++) {
+    for (uint32_t i = 0; i < j->ntails && ok; i++) {
+        uint32_t g = j->tails[i].group_id, bid = j->tails[i].cow_block_id;
+        uint64_t bd = j->tails[i].boundary_tokens;
+        if (g >= w->ng || !is_mamba(w, g) || bd == 0 || bid == 0 || bd / w->H > j->nhashes)
+            continue;
+        if (bd % w->H != 0) {
+            KVP_WARN(MOD, "boundary put of %s at %llu tokens: not a multiple of the hash block "
+                          "size %u, skipped", j->req_id, (unsigned long long)bd, w->H);
+            continue;
+        }
+        int step = w->factor[g];
+        if ((int)(((bd + w->B[g] - 1) / w->B[g] - 1) % (uint64_t)step) != (w->tp_rank + (int)g) % step)
+            continue;
+        ok = bput_add(w, j, &b, g, bid, (bd - 1) / w->B[g] * w->B[g], bd) == 0;
+    }
+    uint64_t start = sub / w->L * w->L;
+    for (uint32_t g = 0; sub && ok && g < w->ng && g < j->ngroups; g++) {
+        if (is_mamba(w, g))
+            continue;
         uint64_t B = w->B[g];
         int step = w->factor[g];
-        uint64_t phase = (uint64_t)((w->tp_rank + (int)g) % step);
-        int has_cow = 0;
-        uint32_t cow = 0;
-        for (uint32_t i = 0; i < j->ntails; i++)
-            if (j->tails[i].group_id == g) {
-                has_cow = 1;
-                cow = j->tails[i].cow_block_id;
-            }
-        uint64_t last = (boundary + B - 1) / B - 1;
-        uint64_t first = saved / B < last ? saved / B : last;
-        for (uint64_t c = first; c <= last; c++) {
-            if (c % (uint64_t)step != phase)
+        for (uint64_t c = start / B; c < (sub + B - 1) / B && c < j->nbids[g] && ok; c++) {
+            uint32_t bid = j->bids[g][c];
+            uint64_t end = (c + 1) * B < sub ? (c + 1) * B : sub;
+            if (bid == 0 || (int)(c % (uint64_t)step) != (w->tp_rank + (int)g) % step)
                 continue;
-            uint64_t end = (c + 1) * B < boundary ? (c + 1) * B : boundary;
-            if (end < w->H)
-                continue;
-            uint64_t hidx = end / w->H - 1;
-            uint32_t bid;
-            if (has_cow && end == boundary && boundary % B != 0)
-                bid = cow;
-            else if (c < j->nbids[g])
-                bid = j->bids[g][c];
-            else
-                continue;
-            if (bid == 0) /* NULL_BLOCK_ID */
-                continue;
-            size_t k = b.n;
-            if (kvp_tdb_prepare_block(&w->tdb[g], bid, b.iovp[k], b.nsegs) != 0 ||
-                xb_key(w, &b, k, g, j->hashes + hidx * j->hash_len, j->hash_len) != 0) {
-                KVP_ERROR(MOD, "partial tail of %s: block %u out of the registered cache",
-                          j->req_id, bid);
-                ok = 0;
-                break;
-            }
-            b.bid[k] = bid;
-            b.start[k] = c * B;
-            b.end[k] = end;
-            b.n++;
+            ok = bput_add(w, j, &b, g, bid, c * B, end) == 0;
         }
     }
     if (ok && b.n)
@@ -683,7 +722,7 @@ static void send_job(kvp_worker *w, job *j)
     pthread_mutex_unlock(&w->lock);
     if (!run)
         return;
-    if (j->tails && !offload_tail(w, j, save_start))
+    if (j->tails && !boundary_puts(w, j))
         return;
     if (T == 0)
         return;
@@ -1127,6 +1166,7 @@ int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, si
     w->dcp_size = cfg->dcp_size;
     w->pp_size = cfg->pp_size;
     w->eagle_prefix_hashing = cfg->eagle_prefix_hashing;
+    w->use_eagle = cfg->use_eagle;
     w->enable_kv_events = cfg->enable_kv_events;
     w->staging_budget = cfg->staging_budget;
     w->nrecv = cfg->num_recv_threads ? cfg->num_recv_threads : 1;

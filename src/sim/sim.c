@@ -103,6 +103,7 @@ typedef struct simcfg {
     int no_handle_preemptions; /* diagnosis: skip kvp_conn_handle_preemptions */
     int pp;               /* pipeline stages: an instance has pp x tp workers */
     int swa;              /* sliding window (tokens) of group 1; 0 = one full-attention group */
+    int mamba;            /* group 1 is a Mamba group in align mode (boundary states) */
     int nroles;           /* 0: every instance is kv_both; else roles[i % nroles] */
     int roles[64];        /* SIM_BOTH / SIM_PRODUCER / SIM_CONSUMER */
     int log_level;
@@ -113,7 +114,7 @@ typedef struct simcfg {
 enum { SIM_BOTH = 0, SIM_PRODUCER = 1, SIM_CONSUMER = 2 };
 
 static int sim_role(const simcfg *c, int i) { return c->nroles ? c->roles[i % c->nroles] : SIM_BOTH; }
-static int sim_groups(const simcfg *c) { return c->swa ? 2 : 1; }
+static int sim_groups(const simcfg *c) { return c->swa || c->mamba ? 2 : 1; }
 static int sim_workers(const simcfg *c) { return c->tp * c->pp; }
 /*
  * TP ranks per distinct KV content: ranks whose keys coincide hold the same
@@ -129,6 +130,14 @@ static int sim_tp_factor(const simcfg *c)
         return c->tp;
     int f = c->tp / c->kv_heads;
     return f > 1 ? f : 1;
+}
+/* Group 1 chunks of a hit of hb blocks that are the null block: with SWA
+ * those before the window, with Mamba all but the state at the hit point
+ * (vLLM's align mode allocates only that one). */
+static uint32_t swa_skip(const simcfg *c, uint32_t hb);
+static uint32_t g1_skip(const simcfg *c, uint32_t hb)
+{
+    return c->mamba ? (hb ? hb - 1 : 0) : swa_skip(c, hb);
 }
 /* SWA chunks a hit of hb blocks keeps (the load mask's window run). */
 static uint32_t swa_need(const simcfg *c)
@@ -147,7 +156,8 @@ typedef struct simstats {
     uint64_t bytes_stored, bytes_loaded, store_ns, load_ns, puts, gets;
     uint64_t load_errors, mismatches, blocks_verified, steps;
     uint64_t blocks_recomputed, load_error_reqs; /* loads cut short by an error, recomputed */
-    uint64_t swa_verified;                       /* of blocks_verified: group 1 (SWA) blocks */
+    uint64_t swa_verified;                       /* of blocks_verified: group 1 (SWA / Mamba) */
+    uint64_t mamba_puts;                         /* Mamba boundary states handed off */
     uint64_t decode_tokens;                      /* tokens computed by decode steps */
     uint64_t prefill_chunks;                     /* prefill schedulings (> requests: chunked) */
     uint64_t preemptions, resumed;               /* requests preempted; resumed afterwards */
@@ -332,11 +342,13 @@ static void run_action(rank *k, const action *a)
         }
         uint64_t s = block_seed(a, i);
         int bad = 0, verify = a->kind == A_VERIFY;
+        /* a Mamba state is rank-specific (TP factor 1): its own rank's bytes */
+        int krank = a->group == 1 && c->mamba ? k->r : k->krank;
         if (verify && c->corrupt && (k->verified + 1) % (uint64_t)c->corrupt == 0)
             blk(k, 0, 0, b)[0] ^= 0x5A; /* --corrupt: the check must see it */
         for (int l = 0; l < k->nl; l++)
             for (int p = 0; p < nplanes; p++) {
-                uint64_t base = plane_base(s, k->l0 + l, p, k->krank, a->group);
+                uint64_t base = plane_base(s, k->l0 + l, p, krank, a->group);
                 if (verify)
                     bad |= !plane_check(blk(k, l, p, b), c->block_bytes, base, c->sample);
                 else
@@ -642,6 +654,47 @@ static void report(int fd, const simstats *st)
 }
 
 /* The scheduler loop of one instance. Returns 0, or -1 on an engine error. */
+/*
+ * --mamba: what vLLM's core does in align mode for a step computing tokens
+ * [computed, computed + k) of r. The state after the step's last full block
+ * and, when the step reaches it, after the prompt's checkpoint position
+ * (get_mamba_prefill_checkpoint_position: (n - 1) / B * B) is written into
+ * the group-1 block at that boundary (contents: a function of the prefix
+ * hash there, the layer, the rank) and handed off as the step's
+ * boundary_state_offloads (group 1, that block, boundary). Returns the
+ * actions added; appends the hand-offs to tails / treq.
+ */
+static size_t mamba_states(engine *e, req *r, uint64_t k, action *acts, kvp_conn_tail *tails,
+                           size_t *ntails, kvp_conn_tail_req *treq, size_t *ntreq)
+{
+    uint64_t B = (uint64_t)e->c->block_size, end = r->computed + k;
+    uint64_t last = end / B * B, ckpt = r->n ? (uint64_t)(r->n - 1) / B * B : 0, bd[2];
+    int nbd = 0;
+    if (ckpt > r->computed && ckpt < last)
+        bd[nbd++] = ckpt;
+    if (last > r->computed)
+        bd[nbd++] = last;
+    kvp_conn_tail *tl = tails + *ntails;
+    uint32_t nt = 0;
+    size_t na = 0;
+    for (int i = 0; i < nbd; i++) {
+        uint32_t idx = (uint32_t)(bd[i] / B - 1), b = r->blocks[1][idx];
+        if (!b)
+            continue; /* the null block: nothing of this request lives there */
+        acts[na++] = (action){.kind = A_COMPUTE, .group = 1, .blocks = r->blocks[1],
+                              .hashes = r->hashes, .nfull = r->nh, .tail_seed = r->tail_seed,
+                              .from = idx, .to = idx + 1};
+        tl[nt++] = (kvp_conn_tail){.group = 1, .cow_block_id = b, .boundary_tokens = bd[i]};
+    }
+    if (nt) {
+        treq[(*ntreq)++] = (kvp_conn_tail_req){.id = {r->id, (uint32_t)strlen(r->id)},
+                                               .tails = tl, .ntails = nt};
+        *ntails += nt;
+        e->st.mamba_puts += nt;
+    }
+    return na;
+}
+
 static int engine_run(engine *e, int fd)
 {
     const simcfg *c = e->c;
@@ -656,13 +709,16 @@ static int engine_run(engine *e, int fd)
     kvp_conn_blocks *nids = kvp_calloc(cap * 2, sizeof *nids);
     kvp_conn_blocks *cids = kvp_calloc(cap * 2, sizeof *cids);
     uint64_t *sched_k = kvp_calloc(cap, sizeof *sched_k);
-    action *acts = kvp_calloc(cap * 6, sizeof *acts);
+    action *acts = kvp_calloc(cap * 8, sizeof *acts);
+    kvp_conn_tail *tails = kvp_calloc(cap * 2, sizeof *tails); /* --mamba hand-offs */
+    kvp_conn_tail_req *treq = kvp_calloc(cap, sizeof *treq);
     req **ran = kvp_calloc(cap, sizeof *ran);
     kvp_conn_str *fin = kvp_calloc(cap, sizeof *fin);
     const char **finp = kvp_calloc(cap, sizeof *finp);
     size_t nfin = 0;
     int ret = 0;
-    if (!nr || !cr || !nids || !cids || !sched_k || !acts || !ran || !fin || !finp)
+    if (!nr || !cr || !nids || !cids || !sched_k || !acts || !ran || !fin || !finp || !tails ||
+        !treq)
         abort();
     for (;;) {
         uint64_t now = now_ns();
@@ -725,7 +781,7 @@ static int engine_run(engine *e, int fd)
                 break;
             }
         /* schedule */
-        size_t nnew = 0, ncached = 0, nran = 0, nacts = 0;
+        size_t nnew = 0, ncached = 0, nran = 0, nacts = 0, ntails = 0, ntreq = 0;
         for (req *r = e->head; r; r = r->next) {
             if (r->state == R_WAIT) {
                 if (e->nfree < r->nblocks * (uint32_t)ng || pre.p == r->id)
@@ -740,7 +796,7 @@ static int engine_run(engine *e, int fd)
                 /* every block the request will need is reserved now; the
                  * table grows as decode needs them (nalloc). SWA: chunks
                  * before the window of the hit stay the null block. */
-                uint32_t skip = swa_skip(c, (uint32_t)(num_new / B));
+                uint32_t skip = g1_skip(c, (uint32_t)(num_new / B));
                 for (int g = 0; g < ng; g++)
                     for (uint32_t i = 0; i < r->nblocks; i++)
                         r->blocks[g][i] = g == 1 && i < skip ? 0 : e->freel[--e->nfree];
@@ -768,7 +824,7 @@ static int engine_run(engine *e, int fd)
                 if (r->first_bad < r->nblocks) {
                     /* recompute from the first failed chunk; with SWA the window
                      * before it was never loaded: recompute everything */
-                    uint64_t fb = c->swa ? 0 : (uint64_t)r->first_bad * B;
+                    uint64_t fb = c->swa || c->mamba ? 0 : (uint64_t)r->first_bad * B;
                     if (fb < ok) {
                         e->st.blocks_recomputed += (ok - fb) / B;
                         e->st.load_error_reqs++;
@@ -785,7 +841,7 @@ static int engine_run(engine *e, int fd)
                     acts[nacts++] = (action){.kind = A_VERIFY, .group = g,
                                              .blocks = r->blocks[g], .hashes = r->hashes,
                                              .nfull = r->nh, .tail_seed = r->tail_seed,
-                                             .from = g ? swa_skip(c, okb) : 0, .to = okb};
+                                             .from = g ? g1_skip(c, okb) : 0, .to = okb};
             } else if (r->state != R_RUN) {
                 continue;
             }
@@ -801,12 +857,14 @@ static int engine_run(engine *e, int fd)
                 newb++;
             }
             r->sr.num_computed_tokens = r->computed;
-            for (int g = 0; g < ng; g++)
+            for (int g = 0; g < (c->mamba ? 1 : ng); g++)
                 acts[nacts++] = (action){.kind = A_COMPUTE, .group = g, .blocks = r->blocks[g],
                                          .hashes = r->hashes, .nfull = r->nh,
                                          .tail_seed = r->tail_seed,
                                          .from = (uint32_t)(r->computed / B),
                                          .to = (uint32_t)((r->computed + k + B - 1) / B)};
+            if (c->mamba)
+                nacts += mamba_states(e, r, k, acts + nacts, tails, &ntails, treq, &ntreq);
             if (!r->scheduled) { /* scheduled_new_reqs: the whole table */
                 for (int g = 0; g < ng; g++)
                     nids[nnew * 2 + (size_t)g] = (kvp_conn_blocks){r->blocks[g], r->nalloc};
@@ -852,7 +910,8 @@ static int engine_run(engine *e, int fd)
         kvp_conn_step step = {.new_reqs = nr, .n_new = (uint32_t)nnew, .cached = cr,
                               .n_cached = (uint32_t)ncached, .preempted = pre.p ? &pre : NULL,
                               .n_preempted = pre.p ? 1 : 0, .finished = fin,
-                              .n_finished = (uint32_t)nfin};
+                              .n_finished = (uint32_t)nfin, .tails = treq,
+                              .n_tails = (uint32_t)ntreq};
         const uint8_t *bytes; /* valid until the next call on e->s: the ranks are done
                                  with them when inst_step returns */
         size_t len;
@@ -963,6 +1022,8 @@ out:
     kvp_free(cids);
     kvp_free(sched_k);
     kvp_free(acts);
+    kvp_free(tails);
+    kvp_free(treq);
     kvp_free(ran);
     kvp_free(fin);
     kvp_free(finp);
@@ -990,8 +1051,8 @@ static int instance_main(const simcfg *c, int idx, int slot, int nslots, int fd)
      * never read each other's blocks */
     char model[128];
     char extra[64] = "";
-    if (c->pp > 1 || c->swa)
-        snprintf(extra, sizeof extra, "-pp%d-swa%d", c->pp, c->swa);
+    if (c->pp > 1 || c->swa || c->mamba)
+        snprintf(extra, sizeof extra, "-pp%d-swa%d%s", c->pp, c->swa, c->mamba ? "-mamba" : "");
     snprintf(model, sizeof model, "org/kvpool-sim-%s-l%d-b%d-s%" PRIu64 "%s",
              c->mla ? "mla" : "gqa", c->layers, c->block_size, c->block_bytes, extra);
     int role = sim_role(c, idx), nw = sim_workers(c);
@@ -1022,6 +1083,8 @@ static int instance_main(const simcfg *c, int idx, int slot, int nslots, int fd)
          .sliding_window = (uint32_t)c->swa, .mla = c->mla != 0,
          .num_kv_heads = (uint32_t)c->kv_heads},
     };
+    if (c->mamba) /* --mamba: group 1 a Mamba group in align mode, same block size */
+        g[1] = (kvp_conn_group){.kind = KVP_CONN_MAMBA, .block_size = (uint32_t)c->block_size};
     /* one configuration for the scheduler and every rank (the ranks differ
      * in tp_rank / pp_rank only) */
     kvp_conn_config cc;
@@ -1158,7 +1221,7 @@ static void usage(void)
            "                  [--corrupt N] [--pp N] [--swa WINDOW] [--roles LIST]\n"
            "                  [--verify full|sample] [--chunk N] [--decode]\n"
            "                  [--preempt-every N] [--preempt-free now|deferred]\n"
-           "                  [--no-handle-preemptions]\n\n"
+           "                  [--no-handle-preemptions] [--mamba]\n\n"
            "Simulates engine instances (processes) with TP ranks (threads) driving the\n"
            "connector against a running pool, checking every loaded block.\n\n"
            "  --master HOST:PORT          the pool's master (default $KVPOOL_MASTER, else\n"
@@ -1189,6 +1252,11 @@ static void usage(void)
            "                              layers split between the stages (default 1)\n"
            "  --swa WINDOW                hybrid model: group 0 full attention, group 1 a\n"
            "                              sliding window of WINDOW tokens (default 0: none)\n"
+           "  --mamba                     hybrid model: group 0 full attention, group 1 Mamba\n"
+           "                              in align mode: the engine writes the state at each\n"
+           "                              step's last block boundary and the prompt checkpoint\n"
+           "                              and hands that block off (boundary_state_offloads);\n"
+           "                              a hit loads the state at the hit point, checked\n"
            "  --roles LIST                one role per instance (sets --instances):\n"
            "                              both|producer|consumer, comma-separated; consumers\n"
            "                              run after the others, on the same users, and\n"
@@ -1234,11 +1302,12 @@ static int sim_read_flags(int argc, char **argv, simcfg *c, int *inst_set)
 {
     int bb = (int)c->block_bytes;
     /* the flags: these first (by index), then one per row of ints[] */
-    enum { F_JSON, F_MLA, F_DECODE, F_NO_HANDLE, F_ROLES, F_MASTER, F_VERIFY, F_PREEMPT_FREE,
+    enum { F_JSON, F_MLA, F_DECODE, F_NO_HANDLE, F_MAMBA, F_ROLES, F_MASTER, F_VERIFY, F_PREEMPT_FREE,
            F_LOG_LEVEL, F_DURATION, F_SEED, F_INTS };
     static const kvp_cli_flag named[F_INTS] = {
         {"json", KVP_CLI_BOOL},      {"mla", KVP_CLI_BOOL},       {"decode", KVP_CLI_BOOL},
-        {"no-handle-preemptions", KVP_CLI_BOOL},                   {"roles", KVP_CLI_TEXT},
+        {"no-handle-preemptions", KVP_CLI_BOOL},                   {"mamba", KVP_CLI_BOOL},
+        {"roles", KVP_CLI_TEXT},
         {"master", KVP_CLI_CONNECT}, {"verify", KVP_CLI_TEXT},    {"preempt-free", KVP_CLI_TEXT},
         {"log-level", KVP_CLI_TEXT}, {"duration", KVP_CLI_TEXT},  {"seed", KVP_CLI_TEXT},
     };
@@ -1275,6 +1344,7 @@ static int sim_read_flags(int argc, char **argv, simcfg *c, int *inst_set)
     c->mla = v[F_MLA] != NULL;
     c->decode = v[F_DECODE] != NULL;
     c->no_handle_preemptions = v[F_NO_HANDLE] != NULL;
+    c->mamba = v[F_MAMBA] != NULL;
     for (int k = 0; k < NINTS; k++) {
         uint64_t x;
         if (v[F_INTS + k] && kvp_cli_uint("sim", ints[k].n, v[F_INTS + k], (uint64_t)ints[k].lo,
@@ -1364,6 +1434,10 @@ static int sim_check_flags(simcfg *c, int inst_set)
                 c->layers);
         return -1;
     }
+    if (c->swa && c->mamba) {
+        fprintf(stderr, "kvpool sim: --swa and --mamba: one hybrid group at a time\n");
+        return -1;
+    }
     if (c->swa == 1) {
         fprintf(stderr, "kvpool sim: --swa 1: a sliding window needs at least 2 tokens\n");
         return -1;
@@ -1422,6 +1496,7 @@ static void sum(simstats *t, const simstats *s)
     t->blocks_recomputed += s->blocks_recomputed;
     t->load_error_reqs += s->load_error_reqs;
     t->swa_verified += s->swa_verified;
+    t->mamba_puts += s->mamba_puts;
     t->decode_tokens += s->decode_tokens;
     t->prefill_chunks += s->prefill_chunks;
     t->preemptions += s->preemptions;
@@ -1594,7 +1669,9 @@ int kvp_sim_main(int argc, char **argv)
                ", \"hit_rate\": %.4f, \"bytes_stored\": %" PRIu64
                ", \"bytes_loaded\": %" PRIu64 ", \"gb_per_s\": %.3f, \"store_gb_per_s\": %.3f"
                ", \"load_gb_per_s\": %.3f, \"blocks_verified\": %" PRIu64
-               ", \"swa_blocks_verified\": %" PRIu64 ", \"workers\": %" PRIu64
+               ", \"swa_blocks_verified\": %" PRIu64 ", \"mamba\": %s"
+               ", \"mamba_states_verified\": %" PRIu64 ", \"mamba_states_handed_off\": %" PRIu64
+               ", \"workers\": %" PRIu64
                ", \"workers_verified\": %" PRIu64
                ", \"load_errors\": %" PRIu64 ", \"load_error_requests\": %" PRIu64
                ", \"blocks_recomputed\": %" PRIu64 ", \"mismatches\": %" PRIu64
@@ -1608,13 +1685,17 @@ int kvp_sim_main(int argc, char **argv)
                c.decode ? "true" : "false", t.preemptions, t.resumed, t.replayed_tokens,
                t.replay_loaded_tokens, hit, t.bytes_stored, t.bytes_loaded, gbs, store_gbs,
                load_gbs,
-               t.blocks_verified, t.swa_verified, t.workers, t.workers_verified, t.load_errors,
+               t.blocks_verified, c.mamba ? 0 : t.swa_verified, c.mamba ? "true" : "false",
+               c.mamba ? t.swa_verified : 0, t.mamba_puts, t.workers, t.workers_verified,
+               t.load_errors,
                t.load_error_reqs, t.blocks_recomputed,
                t.mismatches, tc.requests, tc.prompt_tokens, tc.loaded_tokens, chit,
                tc.bytes_stored, tc.bytes_loaded, bad ? "false" : "true");
     } else {
         printf("kvpool sim: %d instances (%s) x TP %d x PP %d%s, %.1f s\n", n, roles, c.tp,
-               c.pp, c.swa ? " (hybrid: full + sliding window)" : "", el);
+               c.pp, c.swa     ? " (hybrid: full + sliding window)"
+                     : c.mamba ? " (hybrid: full + Mamba, align mode)"
+                               : "", el);
         printf("  requests              %" PRIu64 "\n", t.requests);
         printf("  prompt tokens         %" PRIu64 "\n", t.prompt_tokens);
         printf("  hit rate              %.1f%% (tokens loaded / prompt tokens)\n", hit * 100);
@@ -1632,9 +1713,13 @@ int kvp_sim_main(int argc, char **argv)
         printf("  bytes loaded          %.1f MiB (%.2f GB/s per get)\n",
                (double)t.bytes_loaded / 1048576.0, load_gbs);
         printf("  throughput            %.3f GB/s (stored + loaded over wall time)\n", gbs);
-        printf("  blocks verified       %" PRIu64 " (sliding window group: %" PRIu64
-               "; by %" PRIu64 " of %" PRIu64 " workers)\n", t.blocks_verified, t.swa_verified,
+        printf("  blocks verified       %" PRIu64 " (%s: %" PRIu64 "; by %" PRIu64 " of %" PRIu64
+               " workers)\n", t.blocks_verified,
+               c.mamba ? "Mamba states" : "sliding window group", t.swa_verified,
                t.workers_verified, t.workers);
+        if (c.mamba)
+            printf("  Mamba states          %" PRIu64 " handed off at boundaries (stored unless "
+                   "past the prefill)\n", t.mamba_puts);
         printf("  load errors           %" PRIu64 " (blocks, summed over ranks) in %" PRIu64
                " requests\n", t.load_errors, t.load_error_reqs);
         printf("  blocks recomputed     %" PRIu64 " (loads cut short by an error)\n",
