@@ -26,8 +26,11 @@ Deliberate differences (docs/MOONCAKE_COMPAT.md §6 gives the reasons):
   * Scatter lists adding up to more than the value: -600 (Mooncake: -800).
   * ``BufferHandle`` is a ``bytearray`` (buffer format 'B'; Mooncake's 'b').
   * ``prefer_alloc_in_same_node`` is honoured (Mooncake's put refuses it).
-  * ``local_hostname``'s port, if any, is dropped: the segment server picks
-    its own; in standalone-store mode ``get_hostname()`` is the bare host.
+  * ``local_hostname``'s port, if any, is dropped. Without one,
+    ``get_hostname()`` is ``host:PORT`` with PORT in Mooncake's range
+    (``MC_STORE_CLIENT_MIN_PORT``..``MAX_PORT``, 12300..14300): the embedded
+    segment server's port, or one a segment-less client holds bound until
+    ``close()``.
   * Before ``setup`` / after ``close`` every call answers -600 or the empty
     value of its type (Mooncake crashes in several); ``setup_dummy``
     (Mooncake's separate "real client" process) answers NOT_SUPPORTED.
