@@ -73,7 +73,7 @@ def test_values_spill_to_disk_and_come_back(tiered: kvpool_procs.Proc) -> None:
 def test_mooncake_replica_descriptors_show_the_disk(tiered: kvpool_procs.Proc) -> None:
     from kvpool import mooncake
     store = mooncake.MooncakeDistributedStore()
-    assert store.setup("127.0.0.1", "", 0, 0, "tcp", "", tiered.addr) == 0
+    assert store.setup("127.0.0.1", "", 0, 16 * MiB, "tcp", "", tiered.addr) == 0
     try:
         for i in range(16):
             v = _value(i)
@@ -102,7 +102,7 @@ def test_mooncake_embedded_ssd_offload(tmp_path: "os.PathLike[str]") -> None:
     m = kvpool_procs.master("--lease-ttl", "5s", "--client-ttl", "10s")
     store = mooncake.MooncakeDistributedStore()
     try:
-        assert store.setup("127.0.0.1", "P2PHANDSHAKE", 8 * MiB, 0, "tcp", "", m.addr,
+        assert store.setup("127.0.0.1", "P2PHANDSHAKE", 8 * MiB, 16 * MiB, "tcp", "", m.addr,
                            enable_ssd_offload=True, ssd_offload_path=str(tmp_path)) == 0
         for i in range(20):
             v = _value(i)
