@@ -38,29 +38,11 @@ static void pool_down(pool *p)
     CHECK_EQ(tp_master_stop(&p->m), 0);
 }
 
-/* Runs the simulator on the master at addr with the workload below plus
- * extra flags (NULL-terminated, may be NULL); out gets stdout. */
-static int sim_at(const char *addr, const char *tp, const char *duration,
-                  const char *const *extra, char *out, size_t outlen)
-{
-    const char *argv[40] = {tp_kvpool_bin(), "sim", "--master", addr, "--instances", "2",
-                            "--tp", tp, "--duration", duration, "--users", "6", "--turns", "3",
-                            "--system-prompt-tokens", "256", "--turn-tokens", "64",
-                            "--reply-tokens", "32", "--json"};
-    size_t n = 0;
-    while (argv[n])
-        n++;
-    for (size_t i = 0; extra && extra[i] && n + 1 < sizeof argv / sizeof argv[0]; i++)
-        argv[n++] = extra[i];
-    argv[n] = NULL;
-    return tp_run_capture(argv, 1, out, outlen, 60000);
-}
-
 static int sim(const pool *p, const char *tp, const char *duration, const char *extra,
                char *out, size_t outlen)
 {
     const char *ex[] = {extra, extra && !strcmp(extra, "--corrupt") ? "1" : NULL, NULL};
-    return sim_at(p->m.addr, tp, duration, ex, out, outlen);
+    return tp_sim_run(p->m.addr, tp, duration, ex, out, outlen);
 }
 
 static uint64_t jnum(json_t *j, const char *k)
@@ -102,7 +84,7 @@ static json_t *run_json(const char *tp, const char *duration, const char *const 
         return NULL;
     }
     static char out[8192];
-    int rc = sim_at(p.m.addr, tp, duration, extra, out, sizeof out);
+    int rc = tp_sim_run(p.m.addr, tp, duration, extra, out, sizeof out);
     pool_down(&p);
     json_error_t e;
     json_t *j = json_loads(out, 0, &e);
@@ -181,7 +163,7 @@ static double tier_hit_rate(const char *offload_dir)
     static char out[8192];
     const char *ex[] = {"--users", "16", "--turns", "5", "--layers", "4", "--block-bytes",
                         "16384", NULL};
-    int rc = sim_at(p.m.addr, "1", "0", ex, out, sizeof out);
+    int rc = tp_sim_run(p.m.addr, "1", "0", ex, out, sizeof out);
     pool_down(&p);
     json_error_t e;
     json_t *j = json_loads(out, 0, &e);
@@ -315,7 +297,7 @@ TEST(sim_storage_node_killed_mid_run_recomputes)
         static char o[8192];
         close(pfd[0]);
         setenv("KVPOOL_FORCE_TCP", "1", 1);
-        int rc = sim_at(m.addr, "2", "6", NULL, o, sizeof o);
+        int rc = tp_sim_run(m.addr, "2", "6", NULL, o, sizeof o);
         ssize_t w = write(pfd[1], o, strlen(o));
         (void)w;
         _exit(rc < 0 ? 255 : rc);
@@ -491,7 +473,7 @@ TEST(sim_swa_under_eviction_pressure_never_stores_null_blocks)
     }
     static char out[8192];
     const char *ex[] = {"--swa", "40", "--users", "12", NULL};
-    int rc = sim_at(p.m.addr, "2", "5", ex, out, sizeof out);
+    int rc = tp_sim_run(p.m.addr, "2", "5", ex, out, sizeof out);
     pool_down(&p);
     json_error_t e;
     json_t *j = json_loads(out, 0, &e);

@@ -27,18 +27,11 @@ static json_t *run_mamba(const char *duration, const char *const *extra)
         tp_master_stop(&m);
         return NULL;
     }
-    const char *argv[40] = {tp_kvpool_bin(), "sim", "--master", m.addr, "--instances", "2",
-                            "--tp", "2", "--duration", duration, "--users", "6", "--turns", "3",
-                            "--system-prompt-tokens", "256", "--turn-tokens", "64",
-                            "--reply-tokens", "32", "--json", "--mamba"};
-    size_t n = 0;
-    while (argv[n])
-        n++;
-    for (size_t i = 0; extra && extra[i] && n + 1 < sizeof argv / sizeof argv[0]; i++)
-        argv[n++] = extra[i];
-    argv[n] = NULL;
+    const char *flags[16] = {"--mamba"};
+    for (size_t i = 0; extra && extra[i] && i + 2 < sizeof flags / sizeof flags[0]; i++)
+        flags[i + 1] = extra[i];
     static char out[8192];
-    int rc = tp_run_capture(argv, 1, out, sizeof out, 60000);
+    int rc = tp_sim_run(m.addr, "2", duration, flags, out, sizeof out);
     int down = tp_store_stop(&st) | tp_master_stop(&m);
     json_error_t e;
     json_t *j = json_loads(out, 0, &e);

@@ -479,3 +479,19 @@ int tp_free_addr(char *out, size_t outlen)
     snprintf(out, outlen, "127.0.0.1:%u", port);
     return 0;
 }
+
+int tp_sim_run(const char *addr, const char *tp, const char *duration, const char *const *extra,
+               char *out, size_t outlen)
+{
+    const char *argv[40] = {tp_kvpool_bin(), "sim", "--master", addr, "--instances", "2",
+                            "--tp", tp, "--duration", duration, "--users", "6", "--turns", "3",
+                            "--system-prompt-tokens", "256", "--turn-tokens", "64",
+                            "--reply-tokens", "32", "--json"};
+    size_t n = 0;
+    while (argv[n])
+        n++;
+    for (size_t i = 0; extra && extra[i] && n + 1 < sizeof argv / sizeof argv[0]; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    return tp_run_capture(argv, 1, out, outlen, 60000);
+}

@@ -103,6 +103,13 @@ int tp_node_socks(const char *dir);
  */
 int tp_run_capture(const char *const *argv, int which, char *out, size_t outlen, int timeout_ms);
 
+/* Runs `kvpool sim --json` on the master at addr with the tests' small
+ * workload (2 instances, TP tp, 6 users x 3 turns, 256 system-prompt
+ * tokens) plus extra flags (NULL-terminated, may be NULL); stdout into
+ * out. Returns tp_run_capture's status. */
+int tp_sim_run(const char *addr, const char *tp, const char *duration, const char *const *extra,
+               char *out, size_t outlen);
+
 /* "127.0.0.1:PORT" with a port nobody listened on a moment ago (bound to
  * port 0, then closed), for processes that must be started on a known
  * address. 0 or -1. */
