@@ -225,6 +225,19 @@ KVP_API int kvp_client_batch_get_alloc(kvp_client *c, const char *const *keys, s
  * sets the defaults and struct_size; set fields after it.
  */
 #define KVP_PUT_HARD_PIN 0x1u /* never evicted; removed only with force */
+/* Upsert: an existing value is replaced in one step when the new one is
+ * complete; until then readers get the old one, and a put that fails leaves
+ * it. A key that another put is writing: KVP_EREPLICA_IS_NOT_READY. */
+#define KVP_PUT_REPLACE 0x2u
+/* Soft pins: a soft-pinned object is evicted only after every unpinned
+ * object of its tenant, and never by background eviction, until the pin
+ * ends (soft_pin_ttl_ms from the put; -1 = the master's soft_pin_ttl, 30 min
+ * by default; 0 clears a pin). SOFT_UNPIN clears it. With neither flag an
+ * upsert keeps the replaced value's pin (a new key has none). A TTL without
+ * SOFT_PIN, both flags, or a TTL over the master's soft_pin_max_ttl (24 h)
+ * is KVP_EINVALID_PARAMS for every key. */
+#define KVP_PUT_SOFT_PIN 0x4u
+#define KVP_PUT_SOFT_UNPIN 0x8u
 typedef struct kvp_put_opts {
     size_t struct_size;            /* sizeof(kvp_put_opts), from kvp_put_opts_init */
     uint32_t replica_num;          /* copies on distinct segments, 1..3 (best effort when
@@ -232,6 +245,8 @@ typedef struct kvp_put_opts {
     uint32_t flags;                /* KVP_PUT_* */
     const char *preferred_segment; /* host:port for the first copy; NULL = the client's
                                       default (config, env, own segment); "" = none */
+    int64_t soft_pin_ttl_ms;       /* with KVP_PUT_SOFT_PIN: ms >= 0, or -1 (init) = none
+                                      given; any other negative is KVP_EINVALID_PARAMS */
 } kvp_put_opts;
 KVP_API void kvp_put_opts_init(kvp_put_opts *o);
 

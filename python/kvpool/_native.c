@@ -570,13 +570,15 @@ static PyObject *all_codes(args *a, int code)
 
 /* ====================================================== put and get */
 
-/* Put options from Python: replica_num (0 = client default), flags,
- * preferred segment (None = client default). */
+/* Put options from Python: replica_num (0 = client default), flags
+ * (PUT_*), preferred segment (None = client default), soft_pin_ttl_ms
+ * (None = not given; an int >= 0). */
 typedef struct {
     kvp_put_opts o;
 } put_kw;
 
-static int parse_put_kw(PyObject *replica, PyObject *flags, PyObject *pref, put_kw *k)
+static int parse_put_kw(PyObject *replica, PyObject *flags, PyObject *pref, PyObject *ttl,
+                        put_kw *k)
 {
     kvp_put_opts_init(&k->o);
     size_t v;
@@ -598,6 +600,15 @@ static int parse_put_kw(PyObject *replica, PyObject *flags, PyObject *pref, put_
         }
         k->o.flags = (uint32_t)v;
     }
+    if (ttl && ttl != Py_None) {
+        if (as_size(ttl, "soft_pin_ttl_ms", 0, &v))
+            return -1;
+        if (v > INT64_MAX) {
+            PyErr_SetString(PyExc_ValueError, "soft_pin_ttl_ms must fit 63 bits");
+            return -1;
+        }
+        k->o.soft_pin_ttl_ms = (int64_t)v;
+    }
     if (pref && pref != Py_None) {
         if (!PyUnicode_Check(pref)) {
             PyErr_SetString(PyExc_TypeError, "preferred_segment must be str or None");
@@ -618,23 +629,27 @@ static int parse_put_kw(PyObject *replica, PyObject *flags, PyObject *pref, put_
 
 enum src_kind { SRC_BUFFERS, SRC_PTRS };
 
-/* put_buffers(keys, values, replica_num=None, flags=None, preferred=None)
- * put_ptrs(keys, ptrs, sizes, replica_num=None, flags=None, preferred=None) */
+/* put_buffers(keys, values, replica_num=None, flags=None, preferred=None,
+ *             soft_pin_ttl_ms=None)
+ * put_ptrs(keys, ptrs, sizes, replica_num=None, flags=None, preferred=None,
+ *          soft_pin_ttl_ms=None) */
 static PyObject *do_put(Client *self, PyObject *args_, PyObject *kw, enum src_kind kind)
 {
-    static char *nb[] = {"keys", "values", "replica_num", "flags", "preferred", NULL};
-    static char *np[] = {"keys", "ptrs", "sizes", "replica_num", "flags", "preferred", NULL};
+    static char *nb[] = {"keys", "values", "replica_num", "flags", "preferred",
+                         "soft_pin_ttl_ms", NULL};
+    static char *np[] = {"keys", "ptrs", "sizes", "replica_num", "flags", "preferred",
+                         "soft_pin_ttl_ms", NULL};
     PyObject *keys, *values = NULL, *ptrs = NULL, *sizes = NULL;
-    PyObject *replica = NULL, *flags = NULL, *pref = NULL;
+    PyObject *replica = NULL, *flags = NULL, *pref = NULL, *ttl = NULL;
     int ok = kind == SRC_BUFFERS
-                 ? PyArg_ParseTupleAndKeywords(args_, kw, "OO|OOO:put_buffers", nb, &keys, &values,
-                                               &replica, &flags, &pref)
-                 : PyArg_ParseTupleAndKeywords(args_, kw, "OOO|OOO:put_ptrs", np, &keys, &ptrs,
-                                               &sizes, &replica, &flags, &pref);
+                 ? PyArg_ParseTupleAndKeywords(args_, kw, "OO|OOOO:put_buffers", nb, &keys,
+                                               &values, &replica, &flags, &pref, &ttl)
+                 : PyArg_ParseTupleAndKeywords(args_, kw, "OOO|OOOO:put_ptrs", np, &keys, &ptrs,
+                                               &sizes, &replica, &flags, &pref, &ttl);
     if (!ok)
         return NULL;
     put_kw pk;
-    if (parse_put_kw(replica, flags, pref, &pk))
+    if (parse_put_kw(replica, flags, pref, ttl, &pk))
         return NULL;
     args a = {0};
     PyObject *out = NULL;
@@ -1420,6 +1435,9 @@ PyMODINIT_FUNC PyInit__native(void)
     codes = NULL;
     if (PyModule_AddStringConstant(m, "version", kvp_version()) < 0 ||
         PyModule_AddIntConstant(m, "PUT_HARD_PIN", KVP_PUT_HARD_PIN) < 0 ||
+        PyModule_AddIntConstant(m, "PUT_REPLACE", KVP_PUT_REPLACE) < 0 ||
+        PyModule_AddIntConstant(m, "PUT_SOFT_PIN", KVP_PUT_SOFT_PIN) < 0 ||
+        PyModule_AddIntConstant(m, "PUT_SOFT_UNPIN", KVP_PUT_SOFT_UNPIN) < 0 ||
         PyModule_AddIntConstant(m, "DEVICE_MEMORY", 1) < 0 ||
         PyModule_AddIntConstant(m, "TIER_DRAM", KVP_TIER_DRAM) < 0 ||
         PyModule_AddIntConstant(m, "TIER_DISK", KVP_TIER_DISK) < 0 ||

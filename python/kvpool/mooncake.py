@@ -40,13 +40,19 @@ Deliberate differences (docs/MOONCAKE_COMPAT.md §6 gives the reasons):
     \\b, counted repetition {m,n} and non-ASCII inside brackets answer -600.
   * ``register_buffer`` takes host memory mapped read-write in this process
     and CUDA device memory (the driver is asked); any other range is -600.
-  * ``upsert*`` is remove + put (kvpool keys are immutable): a refused new
-    value leaves the old one, but a put then failing for lack of space has
-    removed it.
-  * kvpool has no soft pins, NVMe-oF / DFS replicas, object groups or
-    replica tasks: soft-pin options and ``group_ids`` are accepted and the
-    object is an ordinary cache entry; the task and segment-management
-    calls answer NOT_SUPPORTED (-1012) in Mooncake's return shapes.
+  * ``upsert*`` replaces at the master in one step: readers get the old
+    value until the new one is complete, and an upsert that fails leaves
+    it; an upsert of a key another put is writing answers -703.
+  * Soft pins are Mooncake's: ``soft_pin_action`` ENABLE pins for
+    ``soft_pin_ttl_ms`` (None: the master's ``soft_pin_ttl``, 30 min; 0
+    clears), DISABLE unpins, PRESERVE keeps an upserted value's pin; a TTL
+    without ENABLE or over ``soft_pin_max_ttl`` (24 h) is -600. A pinned
+    object is evicted only after its tenant's unpinned ones, and never by
+    background eviction, until the pin ends.
+  * kvpool has no NVMe-oF / DFS replicas, object groups or replica tasks:
+    ``group_ids`` is accepted and the object is an ordinary cache entry;
+    the task and segment-management calls answer NOT_SUPPORTED (-1012) in
+    Mooncake's return shapes.
   * ``get_into_ranges`` and the put / get session calls copy through
     Python-side staging (correct, not zero-copy).
 """
@@ -142,15 +148,16 @@ class ObjectDataType(enum.IntEnum):
 class ReplicateConfig:
     """Mooncake's ReplicateConfig (replica.h). kvpool honours replica_num
     (1..3, best effort when fewer segments exist), with_hard_pin,
-    preferred_segments / preferred_segment (the first one named) and
-    prefer_alloc_in_same_node (this client's own segment)."""
+    soft_pin_action / soft_pin_ttl_ms, preferred_segments /
+    preferred_segment (the first one named) and prefer_alloc_in_same_node
+    (this client's own segment)."""
 
     # Class attributes too: callers probe hasattr(ReplicateConfig, "group_ids").
     replica_num: int = 1
     nof_replica_num: int = 0
     dfs_replica_num: int = 0
     soft_pin_action: SoftPinAction = SoftPinAction.PRESERVE
-    soft_pin_ttl_ms: Optional[int] = None
+    _soft_pin_ttl_ms: Optional[int] = None
     with_hard_pin: bool = False
     preferred_segments: list[str] = []
     preferred_segment: str = ""
@@ -163,10 +170,25 @@ class ReplicateConfig:
         self.preferred_segments = []
         self.preferred_nof_segments = []
 
+    @property
+    def soft_pin_ttl_ms(self) -> Optional[int]:
+        """Milliseconds, or None (the master's default TTL for ENABLE)."""
+        return self._soft_pin_ttl_ms
+
+    @soft_pin_ttl_ms.setter
+    def soft_pin_ttl_ms(self, v: Optional[int]) -> None:
+        # Mooncake's binding is std::optional<uint64_t>: anything else is a TypeError
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                              or not 0 <= v < 1 << 64):
+            raise TypeError("soft_pin_ttl_ms must be None or an int in [0, 2**64)")
+        self._soft_pin_ttl_ms = v
+
     def __str__(self) -> str:
         return ("ReplicateConfig: { "
                 f"replica_num: {self.replica_num}, nof_replica_num: {self.nof_replica_num}, "
                 f"with_hard_pin: {self.with_hard_pin}, "
+                f"soft_pin_action: {int(self.soft_pin_action)}, "
+                f"soft_pin_ttl_ms: {self.soft_pin_ttl_ms}, "
                 f"preferred_segments: {self.preferred_segments}, "
                 f"preferred_segment: {self.preferred_segment} }}")
 
@@ -696,14 +718,9 @@ class MooncakeDistributedStore:
             c = self._client()
         except _NotReady:
             return [INVALID_PARAMS] * len(keys)
-        if upsert:
-            try:
-                _replace_prepare(c, keys, [_nbytes(v) for v in values])
-            except Error as e:  # e.g. a GPU tensor: not host memory
-                log.error("upsert: %s", e)
-                return [INVALID_PARAMS] * len(keys)
         try:  # a value without the buffer protocol raises TypeError, as in Mooncake
-            res = _with_buffers(c.put_buffers, keys, values, **_opts(c, config))
+            kw = _opts(c, config, upsert)
+            res = _with_buffers(c.put_buffers, keys, values, **kw)
         except ValueError as e:
             log.error("put: %s", e)
             return [INVALID_PARAMS] * len(keys)
@@ -800,9 +817,7 @@ class MooncakeDistributedStore:
                 out[i] = r
             return out
         try:
-            if upsert:
-                _replace_prepare(c, keys, [_ptrs_nbytes(c, p, n) for p, n in zip(ptrs, sizes)])
-            res = c.put_ptrs(keys, ptrs, sizes, **_opts(c, config))
+            res = c.put_ptrs(keys, ptrs, sizes, **_opts(c, config, upsert))
         except (TypeError, ValueError, OverflowError) as e:
             log.error("put: %s", e)
             return [INVALID_PARAMS] * len(keys)
@@ -1154,54 +1169,35 @@ class MooncakeHostMemAllocator:
             return OK if _unmap_pop(self._maps, ptr) else INVALID_PARAMS
 
 
-def _nbytes(v: Any) -> int:
-    """Bytes of a value (or its pieces); raises TypeError for a non-buffer."""
-    if isinstance(v, (list, tuple)):
-        return sum(memoryview(_torch_view(p)).nbytes for p in v)
-    return memoryview(_torch_view(v)).nbytes
-
-
-def _ptrs_nbytes(c: Any, ptr: Any, size: Any) -> int:
-    """Bytes at registered addresses (pieces when lists); 0 when any piece is
-    unregistered or its size is not a positive int."""
-    ps = ptr if isinstance(ptr, (list, tuple)) else [ptr]
-    ns = size if isinstance(size, (list, tuple)) else [size]
-    if len(ps) != len(ns):
-        return 0
-    total = 0
-    for p, n in zip(ps, ns):
-        if not isinstance(p, int) or not isinstance(n, int) or n <= 0 or p < 0:
-            return 0
-        if c.check_registered(p, n) != 0:
-            return 0
-        total += n
-    return total
-
-
-def _replace_prepare(c: Any, keys: Sequence[Any], nbytes: Sequence[int]) -> None:
-    """Upsert is remove + put (kvpool's keys are immutable): removes only the
-    keys whose new value is valid, so a refused value leaves the old one. A
-    put that then fails for lack of space (-200) has lost the old value."""
-    doomed = [k for k, n in zip(keys, nbytes) if n > 0 and isinstance(k, (str, bytes)) and k]
-    if doomed:
-        c.remove(doomed, force=True)
-
-
 class _NotReady(Exception):
     """The store is not set up, or closed."""
 
 
-def _opts(c: Any, config: Optional[ReplicateConfig]) -> dict[str, Any]:
-    """put_buffers / put_ptrs keyword arguments of a ReplicateConfig."""
+def _opts(c: Any, config: Optional[ReplicateConfig], upsert: bool = False) -> dict[str, Any]:
+    """put_buffers / put_ptrs keyword arguments of a ReplicateConfig (and of
+    an upsert: the master replaces the old value atomically). A soft-pin
+    request the master refuses (a TTL without ENABLE, one too long) is -600
+    there; an action that is not a SoftPinAction raises ValueError here."""
+    flags = _native.PUT_REPLACE if upsert else 0
     if config is None:
-        return {}
+        return {"flags": flags} if flags else {}
     if not isinstance(config, ReplicateConfig) and not hasattr(config, "replica_num"):
         raise TypeError("config must be a ReplicateConfig")
     kw: dict[str, Any] = {}
     n = int(getattr(config, "replica_num", 1) or 1)
     kw["replica_num"] = max(1, min(n, 3))  # Mooncake: best effort; kvpool keeps at most 3
     if getattr(config, "with_hard_pin", False):
-        kw["flags"] = _native.PUT_HARD_PIN
+        flags |= _native.PUT_HARD_PIN
+    action = SoftPinAction(int(getattr(config, "soft_pin_action", SoftPinAction.PRESERVE)))
+    if action == SoftPinAction.ENABLE:
+        flags |= _native.PUT_SOFT_PIN
+    elif action == SoftPinAction.DISABLE:
+        flags |= _native.PUT_SOFT_UNPIN
+    ttl = getattr(config, "soft_pin_ttl_ms", None)
+    if ttl is not None:
+        kw["soft_pin_ttl_ms"] = int(ttl)
+    if flags:
+        kw["flags"] = flags
     prefs = list(getattr(config, "preferred_segments", None) or [])
     one = getattr(config, "preferred_segment", "") or ""
     if prefs:

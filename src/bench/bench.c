@@ -80,7 +80,7 @@ static int do_put(bench *b, uint64_t from, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)
         b->u64s[i] = 4096;
-    kvp_msg_put_start ps = {{NULL, 0}, 1, 0, {NULL, 0}, n, b->keys, b->u64s};
+    kvp_msg_put_start ps = {{NULL, 0}, 1, 0, 0, {NULL, 0}, n, b->keys, b->u64s};
     kvp_enc_put_start(&b->body, &ps);
     const uint8_t *resp;
     uint32_t len;

@@ -719,6 +719,7 @@ static void *hb_main(void *arg)
 typedef struct put_args {
     uint32_t replicas;
     uint32_t flags;     /* KVP_PUT_* of the protocol */
+    uint64_t soft_ttl_ms; /* with KVP_PUT_SOFT_TTL */
     kvp_bytes preferred;
 } put_args;
 
@@ -727,7 +728,7 @@ static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_b
                       const kvp_iov *const *iovs, const size_t *niov, int64_t *results)
 {
     scratch_reset(s);
-    kvp_msg_put_start ps = {tenant_of(c), pa->replicas, pa->flags, pa->preferred,
+    kvp_msg_put_start ps = {tenant_of(c), pa->replicas, pa->flags, pa->soft_ttl_ms, pa->preferred,
                             (uint32_t)m, (kvp_bytes *)k, (uint64_t *)sizes};
     kvp_enc_put_start(&s->req, &ps);
     int rc = mcall(c, KVP_OP_PUT_START, &s->req, RETRY_IF_NEW_MASTER, &s->resp);
@@ -895,26 +896,43 @@ void kvp_put_opts_init(kvp_put_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->struct_size = sizeof *o;
+    o->soft_pin_ttl_ms = -1;
 }
 
-/* The first layout of kvp_put_opts: what a caller's struct_size must cover. */
+/* The first layout of kvp_put_opts: what a caller's struct_size must cover;
+ * the fields after it (soft_pin_ttl_ms) take their defaults when a caller's
+ * struct ends before them. */
 #define PUT_OPTS_V1_SIZE (offsetof(kvp_put_opts, preferred_segment) + sizeof(const char *))
+#define PUT_OPTS_HAS(o, f) ((o)->struct_size >= offsetof(kvp_put_opts, f) + sizeof((o)->f))
+#define PUT_OPTS_FLAGS (KVP_PUT_HARD_PIN | KVP_PUT_REPLACE | KVP_PUT_SOFT_PIN | KVP_PUT_SOFT_UNPIN)
+_Static_assert(KVP_PUT_HARD_PIN == KVP_PUT_PIN && KVP_PUT_REPLACE == KVP_PUT_F_REPLACE &&
+                   KVP_PUT_SOFT_PIN == KVP_PUT_F_SOFT_PIN && KVP_PUT_SOFT_UNPIN == KVP_PUT_F_SOFT_UNPIN,
+               "kvp_put_opts flags are the protocol's PUT_START flags");
 
 /* Resolves opts (NULL = defaults) against the client's configuration. */
 static int put_args_of(const kvp_client *c, const kvp_put_opts *o, put_args *pa)
 {
     pa->replicas = (uint32_t)c->cfg.replica_num;
     pa->flags = 0;
+    pa->soft_ttl_ms = 0;
     const char *pref = c->pref_name;
     if (o) {
         if (o->struct_size < PUT_OPTS_V1_SIZE || o->struct_size > sizeof *o)
             return KVP_EINVALID_PARAMS;
-        if (o->replica_num > KVP_MAX_REPLICAS || (o->flags & ~KVP_PUT_HARD_PIN))
+        if (o->replica_num > KVP_MAX_REPLICAS || (o->flags & ~PUT_OPTS_FLAGS))
             return KVP_EINVALID_PARAMS;
         if (o->replica_num)
             pa->replicas = o->replica_num;
-        if (o->flags & KVP_PUT_HARD_PIN)
-            pa->flags |= KVP_PUT_PIN;
+        /* the public flags are the protocol's (the master checks the soft
+         * pin's combination and TTL, as Mooncake's master does) */
+        pa->flags = o->flags;
+        int64_t ttl = PUT_OPTS_HAS(o, soft_pin_ttl_ms) ? o->soft_pin_ttl_ms : -1;
+        if (ttl < -1)
+            return KVP_EINVALID_PARAMS;
+        if (ttl >= 0) {
+            pa->flags |= KVP_PUT_F_SOFT_TTL;
+            pa->soft_ttl_ms = (uint64_t)ttl;
+        }
         if (o->preferred_segment) {
             pref = o->preferred_segment;
             if (strlen(pref) >= sizeof c->pref_name)

@@ -117,6 +117,12 @@ static const struct key_def keys[] = {
     {.name = "lease_ttl", .roles = R_M, .aliases = {"default_kv_lease_ttl"}, .type = KT_DURATION,
      F_U64(lease_ttl_ms), .unit_ms = 1, .min = 1, .max = DUR_MAX_MS, .def = "5s",
      .help = "how long a read lease protects an object from eviction and removal"},
+    {.name = "soft_pin_ttl", .roles = R_M, .aliases = {"default_kv_soft_pin_ttl"}, .type = KT_DURATION,
+     F_U64(soft_pin_ttl_ms), .unit_ms = 1, .min = 1, .max = 0x7fffffffu, .def = "1800s",
+     .help = "how long a soft pin lasts when a put asks for one without a TTL"},
+    {.name = "soft_pin_max_ttl", .roles = R_M, .aliases = {"max_kv_soft_pin_ttl"}, .type = KT_DURATION,
+     F_U64(soft_pin_max_ttl_ms), .unit_ms = 1, .min = 1, .max = 0x7fffffffu, .def = "86400s",
+     .help = "longest soft pin a put may ask for; longer is refused (-600)"},
     {.name = "put_timeout", .roles = R_M, .type = KT_DURATION, F_U64(put_timeout_ms), .unit_ms = 1, .min = 1,
      .max = DUR_MAX_MS, .def = "30s",
      .help = "a put not completed within this is abandoned and its space freed"},
@@ -1303,6 +1309,14 @@ int kvp_config_validate(const kvp_config *c, char *err, size_t errlen)
                        "key \"offload_page_size\" (%llu), or be 0 (90 %% of the filesystem)",
                        (unsigned long long)c->offload_capacity,
                        (unsigned long long)c->offload_page_size);
+    if (c->soft_pin_ttl_ms > c->soft_pin_max_ttl_ms) {
+        char a[32], b[32];
+        fmt_ms(c->soft_pin_ttl_ms, a, sizeof a);
+        fmt_ms(c->soft_pin_max_ttl_ms, b, sizeof b);
+        return invalid(err, errlen,
+                       "key \"soft_pin_ttl\" (%s) must not exceed key \"soft_pin_max_ttl\" (%s)",
+                       a, b);
+    }
     if (c->lease_ttl_ms > c->client_ttl_ms) {
         char a[32], b[32];
         fmt_ms(c->lease_ttl_ms, a, sizeof a);

@@ -40,6 +40,8 @@ typedef struct kvp_config {
     uint64_t max_master_memory;   /* "max_master_memory": bytes of metadata (4 GiB) */
     uint64_t max_frame;           /* "max_frame_size": bytes (64 MiB); 4 KiB .. 1 GiB */
     uint64_t lease_ttl_ms;        /* "lease_ttl" / "default_kv_lease_ttl" (ms): 5 s */
+    uint64_t soft_pin_ttl_ms;     /* "soft_pin_ttl" / "default_kv_soft_pin_ttl": 30 min */
+    uint64_t soft_pin_max_ttl_ms; /* "soft_pin_max_ttl" / "max_kv_soft_pin_ttl": 24 h (< 2^31 ms) */
     uint64_t put_timeout_ms;      /* "put_timeout": 30 s */
     uint64_t client_ttl_ms;       /* "client_ttl" (bare number = seconds): 10 s */
     double evict_high;            /* "eviction_high_watermark_ratio": 0.95, (0,1] */

@@ -53,6 +53,10 @@ typedef struct olist {
  */
 typedef struct mtenant {
     olist lru;            /* its evictable objects: head = most recent use */
+    olist soft;           /* its soft-pinned evictable ones, same order: victims
+                             only once lru is empty */
+    kvp_obj *sweep;       /* next soft-listed object the pin sweep looks at
+                             (walking tail to head); NULL = from the tail */
     uint64_t pages;       /* DRAM pages its objects' replicas hold (staging loads too) */
     uint64_t bytes;       /* value bytes of its objects, every tier, pending ones too */
     uint64_t max_pages;   /* quota on pages (0 = none) */
@@ -152,7 +156,11 @@ struct kvp_master {
     kvp_proto_limits lim;
     uint64_t id;
     kvp_index ix;
+    kvp_index repl;       /* pending replacements (PUT_START with KVP_PUT_F_REPLACE)
+                             of keys whose old object, if any, stays in ix,
+                             readable, until the replacement's PUT_END */
     olist pending, leased, diskio, disk; /* the LRU lists are per tenant (mtenant) */
+    uint32_t sweep_t;     /* tenant the pin sweep is on */
     kvp_mseg **segs;      /* max_segments slots, NULL = free */
     uint32_t *mounted;    /* the nseg occupied slots, in no particular order */
     uint32_t nseg;
@@ -225,6 +233,7 @@ static olist *list_of(kvp_master *m, kvp_obj *o)
     case KVP_LIST_PENDING: return &m->pending;
     case KVP_LIST_LEASED: return &m->leased;
     case KVP_LIST_LRU: return &m->tq[o->tenant].lru;
+    case KVP_LIST_SOFT: return &m->tq[o->tenant].soft;
     case KVP_LIST_DISKIO: return &m->diskio;
     case KVP_LIST_DISK: return &m->disk;
     }
@@ -296,8 +305,10 @@ static void list_unlink(kvp_master *m, kvp_obj *o)
     KVP_ASSERT(l->n > 0);
     KVP_ASSERT(o->prev ? o->prev->next == o : l->head == o);
     KVP_ASSERT(o->next ? o->next->prev == o : l->tail == o);
-    if (o->list == KVP_LIST_LRU)
+    if (o->list == KVP_LIST_LRU || o->list == KVP_LIST_SOFT)
         lru_account(m, o, -1);
+    if (o->list == KVP_LIST_SOFT && m->tq[o->tenant].sweep == o)
+        m->tq[o->tenant].sweep = o->prev;
     if (o->prev) o->prev->next = o->next; else l->head = o->next;
     if (o->next) o->next->prev = o->prev; else l->tail = o->prev;
     o->prev = o->next = NULL;
@@ -310,14 +321,18 @@ static void list_unlink(kvp_master *m, kvp_obj *o)
 
 /* Every object is on exactly one list (master.h), the one its state says:
  * pending = PENDING, leased = COMPLETE with leases, lru = COMPLETE,
- * unleased, unpinned. */
+ * unleased, unpinned; soft = the same, soft-pinned. */
 static void list_check_push(const kvp_obj *o, int which)
 {
     KVP_ASSERT(o->list == KVP_LIST_NONE && !o->prev && !o->next);
     KVP_ASSERT(which != KVP_LIST_PENDING || o->state == KVP_OBJ_PENDING);
     KVP_ASSERT(which != KVP_LIST_LEASED || (o->state == KVP_OBJ_COMPLETE && o->aux > 0));
     KVP_ASSERT(which != KVP_LIST_LRU || (o->state == KVP_OBJ_COMPLETE && o->aux == 0 &&
-                                         !(o->flags & KVP_OBJ_PINNED) && o->nrep > 0));
+                                         !(o->flags & KVP_OBJ_PINNED) && o->nrep > 0 &&
+                                         !o->softpin));
+    KVP_ASSERT(which != KVP_LIST_SOFT || (o->state == KVP_OBJ_COMPLETE && o->aux == 0 &&
+                                          !(o->flags & KVP_OBJ_PINNED) && o->nrep > 0 &&
+                                          o->softpin));
     KVP_ASSERT(which != KVP_LIST_DISKIO ||
                (o->state == KVP_OBJ_COMPLETE && o->aux == 0 &&
                 (o->flags & (KVP_OBJ_SPILLING | KVP_OBJ_LOADING))));
@@ -328,7 +343,7 @@ static void list_check_push(const kvp_obj *o, int which)
 static void list_push_tail(kvp_master *m, int which, kvp_obj *o)
 {
     list_check_push(o, which);
-    if (which == KVP_LIST_LRU)
+    if (which == KVP_LIST_LRU || which == KVP_LIST_SOFT)
         lru_account(m, o, +1);
     o->list = (uint8_t)which;
     olist *l = list_of(m, o);
@@ -343,7 +358,7 @@ static void list_push_tail(kvp_master *m, int which, kvp_obj *o)
 static void list_push_head(kvp_master *m, int which, kvp_obj *o)
 {
     list_check_push(o, which);
-    if (which == KVP_LIST_LRU)
+    if (which == KVP_LIST_LRU || which == KVP_LIST_SOFT)
         lru_account(m, o, +1);
     o->list = (uint8_t)which;
     olist *l = list_of(m, o);
@@ -362,23 +377,33 @@ static int unleased_list(const kvp_obj *o)
         return KVP_LIST_DISKIO;
     if (o->nrep == 0)
         return KVP_LIST_DISK;
-    return (o->flags & KVP_OBJ_PINNED) ? KVP_LIST_NONE : KVP_LIST_LRU;
+    if (o->flags & KVP_OBJ_PINNED)
+        return KVP_LIST_NONE;
+    return o->softpin ? KVP_LIST_SOFT : KVP_LIST_LRU;
 }
 
-/* Puts a COMPLETE object with no lease where it belongs: LRU head (most
- * recently used) unless pinned; waiting on its node; only on disk. */
+/* A soft pin ends at pin_until (checked lazily: here, by the sweep, when
+ * the object is settled or chosen as a victim). */
+static int pin_over(const kvp_obj *o, uint64_t now) { return due(o->pin_until, now); }
+
+/* Puts a COMPLETE object with no lease where it belongs: LRU (or soft)
+ * head (most recently used) unless hard-pinned; waiting on its node; only
+ * on disk. A soft pin that is over ends here. */
 static void settle_unleased(kvp_master *m, kvp_obj *o)
 {
+    if (o->softpin && pin_over(o, m->now))
+        o->softpin = 0;
     int which = unleased_list(o);
     if (which == KVP_LIST_DISKIO) /* the node gets put_timeout to answer */
         o->deadline = ms32(m->now + m->cfg.put_timeout_ms);
     if (which == KVP_LIST_DISK || which == KVP_LIST_DISKIO)
         list_push_tail(m, which, o);
-    else if (which == KVP_LIST_LRU)
-        list_push_head(m, KVP_LIST_LRU, o);
+    else if (which == KVP_LIST_LRU || which == KVP_LIST_SOFT)
+        list_push_head(m, which, o);
 }
 
 static void tenant_release_if_empty(kvp_master *m, int id);
+static int used_seg(const kvp_orep *reps, unsigned n, uint32_t seg);
 static int may_mount(const kvp_master *m, const kvp_mclient *c);
 
 /* ============================================================ records */
@@ -578,7 +603,7 @@ static void obj_destroy(kvp_master *m, kvp_obj *o, int why)
         for (unsigned i = 0; i < o->nrep; i++)
             free_replica(m, o, &r[i]);
     }
-    kvp_index_remove(&m->ix, o);
+    kvp_index_remove(o->replacing ? &m->repl : &m->ix, o);
     m->tenant_nobj[o->tenant]--;
     tenant_release_if_empty(m, o->tenant);
     if (o->state == KVP_OBJ_COMPLETE) {
@@ -757,6 +782,17 @@ static void seg_unmount(kvp_master *m, uint32_t si)
             i++;
         }
     }
+    /* pending replacements with a replica here are revoked (the old
+     * objects, in the index, are handled below like any other) */
+    kvp_index_settle(&m->repl);
+    for (uint64_t i = 0; m->repl.count && i <= m->repl.mask; i++) {
+        kvp_obj *o = kvp_index_at(&m->repl, i);
+        if (o && used_seg(kvp_obj_reps(o), o->nrep, si)) {
+            dropped++;
+            obj_destroy(m, o, GONE_REVOKED);
+            i--; /* backward shift may have moved an unvisited entry here */
+        }
+    }
     kvp_index_settle(&m->ix);
     for (uint64_t i = 0; (s->nrep > 0 || s->disk_objs > 0 || s->spill_pages > 0) &&
                          i <= m->ix.mask;
@@ -808,7 +844,7 @@ static void seg_unmount(kvp_master *m, uint32_t si)
             continue;
         }
         KVP_ASSERT(o->nrep > 1 && o->state == KVP_OBJ_COMPLETE);
-        if (o->list == KVP_LIST_LRU) {
+        if (o->list == KVP_LIST_LRU || o->list == KVP_LIST_SOFT) {
             KVP_ASSERT(s->lru_pages >= kvp_pages(o->size));
             s->lru_pages -= kvp_pages(o->size);
         }
@@ -1228,9 +1264,56 @@ static int victim_tenant(const kvp_master *m, int who, double factor)
     return best;
 }
 
+/* victim_tenant's rule over the soft lists (the tenants are scanned: this
+ * runs only once no tenant gives an unpinned victim). */
+static int victim_tenant_soft(const kvp_master *m, int who, double factor)
+{
+    uint64_t sum = m->share_sum;
+    if (who >= 0 && m->tq[who].pages == 0)
+        sum += m->tq[who].share;
+    double room = factor * (double)m->cap_pages / (double)(sum ? sum : 1);
+    int best = -1;
+    double best_r = -1;
+    for (uint32_t t = 0; t < m->ntenants; t++) {
+        const mtenant *tq = &m->tq[t];
+        double r = (double)tq->pages / (double)tq->share;
+        if (tq->soft.n > 0 && r >= room && r > best_r) {
+            best = (int)t;
+            best_r = r;
+        }
+    }
+    if (best < 0 && who >= 0 && m->tq[who].soft.n > 0)
+        best = who;
+    return best;
+}
+
 /*
- * Evicts tenant t's least recently used evictable object (t < 0: none,
- * answers -1; see victim_tenant). With `spill`, a victim
+ * The next object to evict for tenant `who` (-1: background), NULL when
+ * none: the least recently used unpinned object of the tenant victim_tenant
+ * names; when there is none and `soft`, the least recently used
+ * soft-pinned one by the same rule. So a tenant's soft-pinned objects go
+ * only after all its unpinned ones, and background eviction (soft = 0)
+ * never takes them: they give way only to a put or load that needs room.
+ */
+static kvp_obj *victim(kvp_master *m, int who, double factor, int soft)
+{
+    int t = victim_tenant(m, who, factor);
+    if (t >= 0)
+        return m->tq[t].lru.tail;
+    if (!soft || (t = victim_tenant_soft(m, who, factor)) < 0)
+        return NULL;
+    return m->tq[t].soft.tail;
+}
+
+/* Tenant t's own next victim (its quotas): unpinned first, then soft-pinned. */
+static kvp_obj *own_victim(kvp_master *m, int t)
+{
+    return m->tq[t].lru.tail ? m->tq[t].lru.tail : m->tq[t].soft.tail;
+}
+
+/*
+ * Evicts o, an evictable object (NULL: none, answers -1; see victim). With
+ * `spill`, a victim
  * on a segment with an SSD tier is written there instead of being dropped
  * (it frees its DRAM once durable), and one that already has a disk record
  * only loses its DRAM copy; without, the victim is removed (limits on the
@@ -1238,13 +1321,14 @@ static int victim_tenant(const kvp_master *m, int who, double factor)
  * freed space on (in freed), 0 when a spill started (space comes later), or
  * -1 when nothing is evictable now.
  */
-static int evict_one(kvp_master *m, int t, uint32_t freed[KVP_MAX_REPLICAS], int spill)
+static int evict_one(kvp_master *m, kvp_obj *o, uint32_t freed[KVP_MAX_REPLICAS], int spill)
 {
-    kvp_obj *o = t >= 0 ? m->tq[t].lru.tail : NULL;
     if (!o)
         return -1;
-    /* the LRU list holds exactly the evictable objects (master.h) */
-    KVP_ASSERT(o->list == KVP_LIST_LRU && o->state == KVP_OBJ_COMPLETE && o->aux == 0 &&
+    int t = o->tenant;
+    /* the LRU and soft lists hold exactly the evictable objects (master.h) */
+    KVP_ASSERT((o->list == KVP_LIST_LRU || o->list == KVP_LIST_SOFT) &&
+               o->state == KVP_OBJ_COMPLETE && o->aux == 0 &&
                !(o->flags & (KVP_OBJ_PINNED | KVP_OBJ_SPILLING | KVP_OBJ_LOADING)));
     unsigned n = o->nrep;
     kvp_orep *r = kvp_obj_reps(o);
@@ -1371,7 +1455,7 @@ static int place_one(kvp_master *m, int who, uint32_t np, int pref, kvp_orep *re
     uint32_t freed[KVP_MAX_REPLICAS];
     int nf;
     uint64_t before = m->spill_total;
-    while ((nf = evict_one(m, victim_tenant(m, who, 1.0), freed, 1)) >= 0) {
+    while ((nf = evict_one(m, victim(m, who, 1.0, 1), freed, 1)) >= 0) {
         if (nf == 0 && m->spill_total - before >= np) {
             m->stats[KVP_STAT_SPILL_PRESSURE]++;
             return KVP_ENO_AVAILABLE_HANDLE;
@@ -1399,8 +1483,43 @@ static unsigned evict_background(kvp_master *m, unsigned budget)
     unsigned n = 0;
     uint32_t freed[KVP_MAX_REPLICAS];
     while (n < budget && (double)(m->used_pages - m->spill_total) > low &&
-           evict_one(m, victim_tenant(m, -1, m->cfg.evict_low), freed, 1) >= 0)
+           evict_one(m, victim(m, -1, m->cfg.evict_low, 0), freed, 1) >= 0)
         n++;
+    return n;
+}
+
+/*
+ * The soft-pin sweep: ends the pins that are over, moving their objects
+ * from the soft list to the LRU list's tail (the next victims). Walks each
+ * tenant's soft list from the tail with a cursor that list_unlink keeps
+ * valid, up to `budget` objects per call, tenant after tenant: every
+ * soft-listed object is looked at within about (soft-listed objects /
+ * budget) ticks, long before a pin_until could wrap (2^31 ms). Returns the
+ * objects looked at.
+ */
+static unsigned pin_sweep(kvp_master *m, unsigned budget)
+{
+    unsigned n = 0;
+    for (uint32_t k = 0; k < m->ntenants && n < budget; k++) {
+        if (m->sweep_t >= m->ntenants)
+            m->sweep_t = 0;
+        mtenant *tq = &m->tq[m->sweep_t];
+        kvp_obj *o = tq->sweep ? tq->sweep : tq->soft.tail;
+        while (o && n < budget) {
+            kvp_obj *prev = o->prev;
+            n++;
+            if (pin_over(o, m->now)) {
+                list_unlink(m, o);
+                o->softpin = 0;
+                list_push_tail(m, KVP_LIST_LRU, o);
+            }
+            o = prev;
+        }
+        tq->sweep = o; /* NULL: this tenant's pass is done */
+        if (o)
+            break;
+        m->sweep_t++;
+    }
     return n;
 }
 
@@ -1820,7 +1939,7 @@ static int quota_room(kvp_master *m, int t, uint32_t np, unsigned *want)
     mtenant *tq = &m->tq[t];
     uint32_t freed[KVP_MAX_REPLICAS];
     if (tq->max_objects) {
-        while (m->tenant_nobj[t] - 1 >= tq->max_objects && evict_one(m, t, freed, 0) >= 0)
+        while (m->tenant_nobj[t] - 1 >= tq->max_objects && evict_one(m, own_victim(m, t), freed, 0) >= 0)
             ;
         if (m->tenant_nobj[t] - 1 >= tq->max_objects) {
             tq->refused++;
@@ -1837,12 +1956,55 @@ static int quota_room(kvp_master *m, int t, uint32_t np, unsigned *want)
      * on its way out (at least one replica's pages each) */
     uint64_t need = (uint64_t)np * *want, before = m->spill_total;
     while (tq->pages - (m->spill_total - before) + need > tq->max_pages &&
-           evict_one(m, t, freed, 1) >= 0)
+           evict_one(m, own_victim(m, t), freed, 1) >= 0)
         ;
     if (tq->pages + need <= tq->max_pages)
         return 0;
     tq->refused++;
     return KVP_ENO_AVAILABLE_HANDLE;
+}
+
+/*
+ * The soft pin a PUT_START asks for (proto.h, KVP_PUT_SOFT_*), checked as
+ * Mooncake checks it: 0 and *ttl (ms; 0 = clear) for SOFT_PIN, or
+ * KVP_EINVALID_PARAMS for a TTL without SOFT_PIN, SOFT_PIN with SOFT_UNPIN,
+ * or a TTL over soft_pin_max_ttl.
+ */
+static int soft_pin_of(const kvp_master *m, const kvp_msg_put_start *d, uint32_t *ttl)
+{
+    uint32_t f = d->flags;
+    *ttl = 0;
+    if ((f & KVP_PUT_F_SOFT_TTL) ? !(f & KVP_PUT_F_SOFT_PIN) : d->soft_ttl_ms != 0)
+        return KVP_EINVALID_PARAMS;
+    if ((f & KVP_PUT_F_SOFT_PIN) && (f & KVP_PUT_F_SOFT_UNPIN))
+        return KVP_EINVALID_PARAMS;
+    if (!(f & KVP_PUT_F_SOFT_PIN))
+        return 0;
+    uint64_t t = (f & KVP_PUT_F_SOFT_TTL) ? d->soft_ttl_ms : m->cfg.soft_pin_ttl_ms;
+    if (t > m->cfg.soft_pin_max_ttl_ms)
+        return KVP_EINVALID_PARAMS;
+    *ttl = (uint32_t)t; /* config keeps the maximum below 2^31 ms */
+    return 0;
+}
+
+/*
+ * Whether key k (hash h) may get a new object, and where it goes: 0 into
+ * the index (a new key, or REPLACE of an absent one), 1 into m->repl (a
+ * REPLACE of a complete object, which stays readable meanwhile), or a
+ * code: OBJECT_ALREADY_EXISTS (a plain put of a key that has an object or
+ * a pending replacement: first writer wins), REPLICA_IS_NOT_READY (a
+ * REPLACE of a key being written).
+ */
+static int put_target(kvp_master *m, int tenant, kvp_bytes k, uint64_t h, int replace)
+{
+    kvp_obj *old = kvp_index_find(&m->ix, h, (uint16_t)tenant, k.p, k.len);
+    kvp_obj *pend = m->repl.count ? kvp_index_find(&m->repl, h, (uint16_t)tenant, k.p, k.len)
+                                  : NULL;
+    if (!replace)
+        return old || pend ? KVP_EOBJECT_ALREADY_EXISTS : 0;
+    if (pend || (old && old->state != KVP_OBJ_COMPLETE))
+        return KVP_EREPLICA_IS_NOT_READY;
+    return old ? 1 : 0;
 }
 
 static void op_put_start(req *q)
@@ -1853,10 +2015,13 @@ static void op_put_start(req *q)
         reply_status(q, KVP_EPROTOCOL);
         return;
     }
-    if (d.replicas < 1 || d.replicas > KVP_MAX_REPLICAS || (d.flags & ~(uint32_t)KVP_PUT_PIN)) {
+    uint32_t ttl;
+    if (d.replicas < 1 || d.replicas > KVP_MAX_REPLICAS || (d.flags & ~(uint32_t)KVP_PUT_F__ALL) ||
+        soft_pin_of(m, &d, &ttl)) {
         reply_status(q, KVP_EINVALID_PARAMS);
         return;
     }
+    int replace = (d.flags & KVP_PUT_F_REPLACE) != 0;
     if (!fits(q, d.n, 8 + KVP_SEG_IO_SIZE * KVP_MAX_REPLICAS)) {
         reply_status(q, KVP_ETOO_LARGE);
         return;
@@ -1881,24 +2046,25 @@ static void op_put_start(req *q)
         unsigned have = 0;
         kvp_obj *o = NULL;
         uint32_t np = kvp_pages(d.sizes[i]);
+        int into = 0; /* 1: a replacement, into m->repl */
         if (!key_ok(m, k)) {
             r.status = KVP_EINVALID_KEY;
         } else if (d.sizes[i] == 0) {
             r.status = KVP_EINVALID_PARAMS;
         } else if (d.sizes[i] > keep) {
             r.status = KVP_EOBJECT_TOO_LARGE;
-        } else if (kvp_index_find(&m->ix, h, (uint16_t)tenant, k.p, k.len)) {
-            r.status = KVP_EOBJECT_ALREADY_EXISTS;
-        } else if ((r.status = kvp_index_reserve(&m->ix)) == 0) {
+        } else if ((into = put_target(m, tenant, k, h, replace)) < 0) {
+            r.status = into;
+        } else if ((r.status = kvp_index_reserve(into ? &m->repl : &m->ix)) == 0) {
             uint32_t freed[KVP_MAX_REPLICAS];
             while (m->cfg.max_objects && m->ix.count >= m->cfg.max_objects &&
-                   evict_one(m, victim_tenant(m, tenant, 1.0), freed, 0) >= 0)
+                   evict_one(m, victim(m, tenant, 1.0, 1), freed, 0) >= 0)
                 ;
             if (m->cfg.max_objects && m->ix.count >= m->cfg.max_objects)
                 r.status = KVP_ENO_AVAILABLE_HANDLE;
             /* metadata memory: evict the oldest objects, as for space */
             while (r.status == 0 && kvp_mem_used() > m->cfg.max_master_memory &&
-                   evict_one(m, victim_tenant(m, tenant, 1.0), freed, 0) >= 0)
+                   evict_one(m, victim(m, tenant, 1.0, 1), freed, 0) >= 0)
                 ;
             if (r.status == 0 && kvp_mem_used() > m->cfg.max_master_memory)
                 r.status = KVP_ENO_AVAILABLE_HANDLE;
@@ -1930,13 +2096,18 @@ static void op_put_start(req *q)
             o->state = KVP_OBJ_PENDING;
             o->nrep = o->rep_cap = (uint8_t)have;
             o->flags = (d.flags & KVP_PUT_PIN) ? KVP_OBJ_PINNED : 0;
+            /* the soft pin is settled at PUT_END (put_end_pin) */
+            o->softpin = (d.flags & KVP_PUT_F_SOFT_PIN) != 0;
+            o->pin_until = ttl;
+            o->pin_keep = into && !(d.flags & (KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_UNPIN));
+            o->replacing = into != 0;
             o->aux = q->s->client->slot;
             o->deadline = ms32(q->now + m->cfg.put_timeout_ms);
             o->exposed = o->deadline; /* its WRITE descriptors' expiry */
             o->lease_seq = ++m->lease_seq;
             memcpy((uint8_t *)(o + 1), k.p, k.len);
             memcpy(kvp_obj_reps(o), reps, have * sizeof *reps);
-            kvp_index_insert(&m->ix, h, o);
+            kvp_index_insert(into ? &m->repl : &m->ix, h, o);
             m->tenant_nobj[tenant]++;
             tenant_pages(m, o, (int)have);
             m->tq[tenant].bytes += o->size;
@@ -2011,6 +2182,20 @@ static kvp_obj *lk_next(lk *l)
  * id) when the request carries one.
  */
 typedef int32_t (*key_fn)(req *q, kvp_obj *o, uint64_t arg, int force);
+static int32_t do_put_end(req *q, kvp_obj *o, uint64_t checksum, int force);
+static int32_t do_put_revoke(req *q, kvp_obj *o, uint64_t arg, int force);
+
+/* The pending replacement of key k that this client writes, else o (what
+ * PUT_END and PUT_REVOKE act on: the writer's object). */
+static kvp_obj *writers_obj(req *q, int tenant, kvp_bytes k, kvp_obj *o)
+{
+    kvp_master *m = q->m;
+    if (!m->repl.count || tenant < 0 || !key_ok(m, k))
+        return o;
+    uint64_t h = kvp_index_hash((uint16_t)tenant, k.p, k.len);
+    kvp_obj *r = kvp_index_find(&m->repl, h, (uint16_t)tenant, k.p, k.len);
+    return r && r->aux == q->s->client->slot ? r : o;
+}
 
 static void keyed_op(req *q, kvp_bytes tenant, uint32_t n, const kvp_bytes *keys,
                      const uint64_t *args, int force, int answer, key_fn fn)
@@ -2028,11 +2213,57 @@ static void keyed_op(req *q, kvp_bytes tenant, uint32_t n, const kvp_bytes *keys
         return;
     }
     lk l;
-    lk_init(&l, m, tenant_find(m, tenant), keys, n);
-    for (uint32_t i = 0; i < n; i++)
-        codes[i] = fn(q, lk_next(&l), args ? args[i] : 0, force);
+    int t = tenant_find(m, tenant);
+    int writes = fn == do_put_end || fn == do_put_revoke;
+    lk_init(&l, m, t, keys, n);
+    for (uint32_t i = 0; i < n; i++) {
+        kvp_obj *o = lk_next(&l);
+        if (writes)
+            o = writers_obj(q, t, keys[i], o);
+        codes[i] = fn(q, o, args ? args[i] : 0, force);
+    }
     if (answer)
         reply_results(q, n, codes);
+}
+
+/*
+ * A replacement's PUT_END: the old object (if it is still there) goes and
+ * o takes its place in the index, in one step. Its soft pin, when the put
+ * kept it, is read first (*keep, *until). 0 or KVP_ENOMEM (nothing changed).
+ */
+static int32_t replace_commit(kvp_master *m, kvp_obj *o, int *keep, uint32_t *until)
+{
+    uint64_t h = kvp_index_hash(o->tenant, kvp_obj_key(o), o->keylen);
+    kvp_obj *old = kvp_index_find(&m->ix, h, o->tenant, kvp_obj_key(o), o->keylen);
+    /* put_target keeps a key with a pending replacement from getting a
+     * pending object in the index */
+    KVP_ASSERT(!old || old->state == KVP_OBJ_COMPLETE);
+    if (kvp_index_reserve(&m->ix))
+        return KVP_ENOMEM;
+    if (old && old->softpin && !pin_over(old, m->now)) {
+        *keep = 1;
+        *until = old->pin_until;
+    }
+    if (old)
+        obj_destroy(m, old, GONE_REMOVED);
+    kvp_index_remove(&m->repl, o);
+    o->replacing = 0;
+    kvp_index_insert(&m->ix, h, o);
+    return 0;
+}
+
+/* The soft pin a put settles at PUT_END: the one it asked for (from now),
+ * or the replaced object's (keep), or none. */
+static void put_end_pin(kvp_master *m, kvp_obj *o, int keep, uint32_t until)
+{
+    if (o->softpin) {
+        o->softpin = o->pin_until > 0; /* a TTL of 0 clears */
+        o->pin_until = ms32(m->now + o->pin_until);
+    } else if (keep && o->pin_keep) {
+        o->softpin = 1;
+        o->pin_until = until;
+    }
+    o->pin_keep = 0;
 }
 
 static int32_t do_put_end(req *q, kvp_obj *o, uint64_t checksum, int force)
@@ -2046,6 +2277,14 @@ static int32_t do_put_end(req *q, kvp_obj *o, uint64_t checksum, int force)
     if (o->aux != q->s->client->slot)
         return KVP_EILLEGAL_CLIENT;
     KVP_ASSERT(o->list == KVP_LIST_PENDING && m->stats[KVP_STAT_PENDING] > 0);
+    int keep = 0;
+    uint32_t until = 0;
+    if (o->replacing) {
+        int32_t rc = replace_commit(m, o, &keep, &until);
+        if (rc)
+            return rc;
+    }
+    put_end_pin(m, o, keep, until);
     list_unlink(m, o);
     o->state = KVP_OBJ_COMPLETE;
     o->checksum = checksum;
@@ -2286,7 +2525,7 @@ static int32_t load_start(kvp_master *m, kvp_obj *o)
     int rc = try_alloc(m, si, np, &rep);
     uint64_t before = s->spill_pages;
     for (int k = 0; rc == KVP_ENO_AVAILABLE_HANDLE && k < LOAD_EVICT_MAX; k++) {
-        int nf = evict_one(m, victim_tenant(m, o->tenant, 1.0), freed, 1);
+        int nf = evict_one(m, victim(m, o->tenant, 1.0, 1), freed, 1);
         if (nf < 0 || s->spill_pages - before >= np)
             break; /* nothing to evict, or enough on its way to disk */
         for (int i = 0; i < nf; i++)
@@ -3138,6 +3377,9 @@ uint32_t kvp_master_tick(kvp_master *m, uint64_t now)
     }
     if (m->ix.old)
         work += (unsigned)(kvp_index_step(&m->ix, 4 * TICK_BUDGET) / 4);
+    if (m->repl.old)
+        kvp_index_step(&m->repl, TICK_BUDGET);
+    pin_sweep(m, TICK_BUDGET / 2); /* before eviction: pins that ended are victims */
     unsigned budget = work < TICK_BUDGET ? TICK_BUDGET - work : 0;
     unsigned ev = evict_background(m, budget);
     work += ev;
@@ -3236,7 +3478,8 @@ int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
     m->evt = kvp_calloc(cfg->max_tenants, sizeof *m->evt);
     if (!m->segs || !m->mounted || !m->dirty || !m->clients || !m->tenants || !m->tenant_len ||
         !m->tenant_nobj || !m->tq || !m->evt ||
-        kvp_index_init(&m->ix, 0) != 0) {
+        kvp_index_init(&m->ix, 0) != 0 || kvp_index_init(&m->repl, 0) != 0) {
+        kvp_index_free(&m->ix);
         kvp_free(m->segs);
         kvp_free(m->mounted);
         kvp_free(m->dirty);
@@ -3290,15 +3533,18 @@ void kvp_master_destroy(kvp_master *m)
         m->jobs = j->next;
         job_free(m, j);
     }
-    if (m->ix.slots) {
-        kvp_index_settle(&m->ix);
-        for (uint64_t i = 0; i <= m->ix.mask; i++) {
-            kvp_obj *o = kvp_index_at(&m->ix, i);
+    kvp_index *ixs[2] = {&m->ix, &m->repl};
+    for (int k = 0; k < 2; k++) {
+        if (!ixs[k]->slots)
+            continue;
+        kvp_index_settle(ixs[k]);
+        for (uint64_t i = 0; i <= ixs[k]->mask; i++) {
+            kvp_obj *o = kvp_index_at(ixs[k], i);
             if (o)
                 kvp_sfree(o, kvp_obj_bytes(o->keylen, o->rep_cap));
         }
+        kvp_index_free(ixs[k]);
     }
-    kvp_index_free(&m->ix);
     for (uint32_t i = 0; m->segs && i < m->cfg.max_segments; i++)
         if (m->segs[i])
             seg_free(m->segs[i]);
@@ -3470,6 +3716,8 @@ void kvp_master_stats(const kvp_master *m, uint64_t out[KVP_STAT__COUNT])
         out[KVP_STAT_DISK_COMPACTED_PAGES] += u[2];
         out[KVP_STAT_DISK_DROPPED_PAGES] += u[3];
     }
+    for (uint32_t t = 0; t < m->ntenants; t++)
+        out[KVP_STAT_SOFT_PINNED] += m->tq[t].soft.n;
 }
 
 static int check_list(const olist *l, int which, uint64_t *seen)
@@ -3486,6 +3734,18 @@ static int check_list(const olist *l, int which, uint64_t *seen)
     return (l->tail == prev && n == l->n) ? 0 : -1;
 }
 
+/* Slot t of an index's current table, then of a draining one (checks). */
+static uint64_t slots_total(const kvp_index *ix)
+{
+    return ix->mask + 1 + (ix->old ? ix->old_mask + 1 : 0);
+}
+
+static const kvp_obj *slot_obj(const kvp_index *ix, uint64_t t)
+{
+    uint64_t sv = t <= ix->mask ? ix->slots[t] : ix->old[t - ix->mask - 1];
+    return (const kvp_obj *)(uintptr_t)(sv & 0xFFFFFFFFFFFFull);
+}
+
 int kvp_master_check(const kvp_master *m)
 {
     uint64_t listed = 0, n = 0, none = 0, used = 0;
@@ -3500,17 +3760,23 @@ int kvp_master_check(const kvp_master *m)
     uint64_t share_sum = 0;
     for (uint32_t t = 0; t < m->ntenants; t++) {
         const mtenant *tq = &m->tq[t];
-        if (check_list(&tq->lru, KVP_LIST_LRU, &listed))
+        if (check_list(&tq->lru, KVP_LIST_LRU, &listed) ||
+            check_list(&tq->soft, KVP_LIST_SOFT, &listed))
             return -1;
         for (const kvp_obj *o = tq->lru.head; o; o = o->next)
             if (o->tenant != t)
                 return -14;
+        for (const kvp_obj *o = tq->soft.head; o; o = o->next)
+            if (o->tenant != t || !o->softpin)
+                return -14;
+        if (tq->sweep && tq->sweep->list != KVP_LIST_SOFT)
+            return -14;
         if ((tq->lru.n > 0) != (tq->evpos >= 0) ||
             (tq->evpos >= 0 && ((uint32_t)tq->evpos >= m->nevt || m->evt[tq->evpos] != t)))
             return -15;
         nevt += tq->lru.n > 0;
         share_sum += tq->pages ? tq->share : 0;
-        if (!m->tenants[t] && (tq->pages || tq->bytes || tq->lru.n))
+        if (!m->tenants[t] && (tq->pages || tq->bytes || tq->lru.n || tq->soft.n))
             return -16;
     }
     if (nevt != m->nevt || share_sum != m->share_sum)
@@ -3553,7 +3819,23 @@ int kvp_master_check(const kvp_master *m)
         if (o->tenant >= m->ntenants || !m->tenants[o->tenant])
             return -16;
     }
-    if (n != m->ix.count || listed + none != n ||
+    /* pending replacements: on the pending list, found in m->repl */
+    uint64_t nrepl = 0;
+    for (uint64_t t = 0; t < slots_total(&m->repl); t++) {
+        const kvp_obj *o = slot_obj(&m->repl, t);
+        if (!o)
+            continue;
+        uint64_t h = kvp_index_hash(o->tenant, kvp_obj_key(o), o->keylen);
+        if (kvp_index_find(&m->repl, h, o->tenant, kvp_obj_key(o), o->keylen) != o ||
+            !o->replacing || o->state != KVP_OBJ_PENDING || o->list != KVP_LIST_PENDING)
+            return -18;
+        used += (uint64_t)kvp_pages(o->size) * o->nrep;
+        nrepl++;
+    }
+    if (nrepl != m->repl.count)
+        return -18;
+    n += nrepl;
+    if (n != m->ix.count + m->repl.count || listed + none != n ||
         used + m->quar_pages + m->xq_pages != m->used_pages)
         return -5;
     if (disk_objs != m->stats[KVP_STAT_DISK_OBJECTS] || spill != m->spill_total)
@@ -3563,6 +3845,13 @@ int kvp_master_check(const kvp_master *m)
         for (uint64_t t = 0; t < total; t++) {
             uint64_t sv = t <= m->ix.mask ? m->ix.slots[t] : m->ix.old[t - m->ix.mask - 1];
             const kvp_obj *o = (const kvp_obj *)(uintptr_t)(sv & 0xFFFFFFFFFFFFull);
+            if (o) {
+                tsum[2 * o->tenant] += (uint64_t)kvp_pages(o->size) * o->nrep;
+                tsum[2 * o->tenant + 1] += o->size;
+            }
+        }
+        for (uint64_t t = 0; t < slots_total(&m->repl); t++) {
+            const kvp_obj *o = slot_obj(&m->repl, t);
             if (o) {
                 tsum[2 * o->tenant] += (uint64_t)kvp_pages(o->size) * o->nrep;
                 tsum[2 * o->tenant + 1] += o->size;
@@ -3589,11 +3878,13 @@ int kvp_master_check(const kvp_master *m)
     uint64_t *lru = kvp_calloc(m->cfg.max_segments, sizeof *lru);
     if (lru) { /* skipped only when the check itself cannot allocate */
         for (uint32_t t = 0; t < m->ntenants; t++)
-            for (const kvp_obj *o = m->tq[t].lru.head; o; o = o->next) {
-                const kvp_orep *r = kvp_obj_reps((kvp_obj *)o);
-                for (unsigned k = 0; k < o->nrep; k++)
-                    lru[r[k].seg] += kvp_pages(o->size);
-            }
+            for (int w = 0; w < 2; w++)
+                for (const kvp_obj *o = w ? m->tq[t].soft.head : m->tq[t].lru.head; o;
+                     o = o->next) {
+                    const kvp_orep *r = kvp_obj_reps((kvp_obj *)o);
+                    for (unsigned k = 0; k < o->nrep; k++)
+                        lru[r[k].seg] += kvp_pages(o->size);
+                }
         int bad = 0;
         for (uint32_t i = 0; i < m->cfg.max_segments; i++)
             bad |= m->segs[i] && m->segs[i]->lru_pages != lru[i];

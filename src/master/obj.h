@@ -2,9 +2,9 @@
  * obj.h -- the master's object record (internal to src/master).
  *
  * One record per object, allocated with kvp_salloc in one piece:
- *   [struct kvp_obj 64 B][key bytes][pad to 4][kvp_orep x rep_cap]
- * For a 100-byte key and one replica that is 176 bytes (184 with malloc's
- * overhead), the bulk of the <= 200 B/object budget (DESIGN §3).
+ *   [struct kvp_obj 72 B][key bytes][pad to 4][kvp_orep x rep_cap]
+ * For a 100-byte key and one replica that is 184 bytes (192 with malloc's
+ * overhead), the bulk of the <= 200 B/object budget.
  *
  * Field ownership: the master loop thread only.
  */
@@ -34,6 +34,7 @@ enum {
     KVP_LIST_LRU,
     KVP_LIST_DISKIO, /* unleased, SPILLING or LOADING: waiting for the node */
     KVP_LIST_DISK,   /* unleased, no DRAM replica, ONDISK: only on disk */
+    KVP_LIST_SOFT,   /* unleased, evictable, soft-pinned: evicted after LRU */
 };
 
 /* One replica: allocation of npages(size) pages at `page` in segment slot
@@ -56,7 +57,13 @@ typedef struct kvp_obj {
     uint32_t lease_seq;          /* lease id of the current lease epoch */
     uint16_t tenant;
     uint16_t keylen;
-    uint8_t state;               /* KVP_OBJ_PENDING / KVP_OBJ_COMPLETE */
+    uint8_t state : 2;           /* KVP_OBJ_PENDING / KVP_OBJ_COMPLETE */
+    /* soft pin (complete): pin_until is the pin's end; the object is
+     * evicted only after its tenant's unpinned ones (KVP_LIST_SOFT).
+     * Pending: the PUT_START asked to soft-pin for pin_until ms. */
+    uint8_t softpin : 1;
+    uint8_t pin_keep : 1;        /* pending replacement: keep the old object's pin */
+    uint8_t replacing : 1;       /* pending replacement: in m->repl, not m->ix */
     uint8_t nrep;                /* replicas in use */
     uint8_t rep_cap;             /* replicas allocated in the record */
     uint8_t flags : 5;           /* KVP_OBJ_* */
@@ -66,6 +73,7 @@ typedef struct kvp_obj {
                                     expiry; complete: its publication, or with
                                     KVP_OBJ_READ the latest READ descriptor's
                                     expiry (master.c exposed()) */
+    uint32_t pin_until;          /* ms, wrapping: see softpin */
 } kvp_obj;
 
 static inline const uint8_t *kvp_obj_key(const kvp_obj *o) { return (const uint8_t *)(o + 1); }

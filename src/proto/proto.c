@@ -42,7 +42,7 @@ const char *kvp_stat_name(unsigned i)
         "requests", "bad_frames", "bad_replicas", "disk_capacity", "disk_objects",
         "disk_bytes", "spilling", "spills", "spill_fails", "disk_hits", "loads",
         "load_fails", "disk_dropped", "disk_registered", "spill_pressure", "disk_used",
-        "disk_compacted_bytes", "disk_compacted_pages", "disk_dropped_pages"};
+        "disk_compacted_bytes", "disk_compacted_pages", "disk_dropped_pages", "soft_pinned"};
     return i < KVP_STAT__COUNT ? names[i] : "unknown";
 }
 
@@ -477,6 +477,7 @@ void kvp_enc_put_start(kvp_buf *b, const kvp_msg_put_start *m)
     wr_bytes(b, m->tenant);
     kvp_buf_u32(b, m->replicas);
     kvp_buf_u32(b, m->flags);
+    kvp_buf_u64(b, m->soft_ttl_ms);
     wr_bytes(b, m->preferred);
     kvp_buf_u32(b, m->n);
     for (uint32_t i = 0; i < m->n; i++) {
@@ -492,6 +493,7 @@ int kvp_dec_put_start(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
     m->tenant = kvp_rd_bytes(&r, l->max_str);
     m->replicas = kvp_rd_u32(&r);
     m->flags = kvp_rd_u32(&r);
+    m->soft_ttl_ms = kvp_rd_u64(&r);
     m->preferred = kvp_rd_bytes(&r, l->max_str);
     m->n = kvp_rd_count(&r, l->max_batch, MIN_KEY + 8);
     if (!ALLOC_ARRAY(a, m->keys, m->n) || !ALLOC_ARRAY(a, m->sizes, m->n))

@@ -33,7 +33,7 @@
 #include "common/buf.h"
 
 #define KVP_PROTO_MAGIC 0x4B56u
-#define KVP_PROTO_VERSION 1
+#define KVP_PROTO_VERSION 2
 #define KVP_FRAME_HDR 24
 
 #define KVP_FLAG_RESPONSE 0x01 /* this frame answers req_id */
@@ -226,12 +226,29 @@ typedef struct kvp_msg_keys {
     kvp_bytes *keys;
 } kvp_msg_keys;
 
+/*
+ * PUT_START flags. F_REPLACE: an upsert; the key's complete object, if any,
+ * stays readable until this put's PUT_END replaces it in one step (a put
+ * that fails or times out leaves it); a key being written is
+ * REPLICA_IS_NOT_READY. Soft pins (evicted only after the tenant's unpinned
+ * objects, until the pin ends): F_SOFT_PIN pins for soft_ttl_ms with
+ * F_SOFT_TTL, else for the master's soft_pin_ttl (a TTL of 0 clears a pin);
+ * F_SOFT_UNPIN clears it; neither keeps a replaced object's pin (a new key:
+ * none). F_SOFT_TTL without F_SOFT_PIN, F_SOFT_PIN with F_SOFT_UNPIN, or a
+ * TTL over soft_pin_max_ttl is INVALID_PARAMS for the request.
+ */
 #define KVP_PUT_PIN 0x1 /* never evicted; removed only with force */
+#define KVP_PUT_F_REPLACE 0x2
+#define KVP_PUT_F_SOFT_PIN 0x4
+#define KVP_PUT_F_SOFT_UNPIN 0x8
+#define KVP_PUT_F_SOFT_TTL 0x10
+#define KVP_PUT_F__ALL 0x1f
 
 typedef struct kvp_msg_put_start {
     kvp_bytes tenant;
     uint32_t replicas;    /* 1..KVP_MAX_REPLICAS */
     uint32_t flags;       /* KVP_PUT_* */
+    uint64_t soft_ttl_ms; /* with KVP_PUT_F_SOFT_TTL, else 0 */
     kvp_bytes preferred;  /* preferred segment name, empty = none */
     uint32_t n;
     kvp_bytes *keys;
@@ -380,6 +397,7 @@ enum kvp_stat {
     KVP_STAT_DISK_COMPACTED, /* bytes compaction moved (nodes' totals) */
     KVP_STAT_DISK_COMPACTED_PAGES, /* pages compaction reclaimed */
     KVP_STAT_DISK_DROPPED_PAGES,   /* pages dropped for room */
+    KVP_STAT_SOFT_PINNED,    /* soft-pinned objects waiting on the soft lists (unleased) */
     KVP_STAT__COUNT
 };
 /* Name of a counter ("objects", "hits", ...), as `kvpool stat --json` prints it. */

@@ -656,7 +656,7 @@ static void st_put_start(world *w, sess *s, prog *g)
     }
     c.sizes = sizes;
     c.refuse = must_refuse(w, s, tenant);
-    kvp_msg_put_start m = {tenant, c.replicas, flags, pref, c.n, keys, sizes};
+    kvp_msg_put_start m = {tenant, c.replicas, flags, 0, pref, c.n, keys, sizes};
     kvp_buf_reset(&body);
     kvp_enc_put_start(&body, &m);
     send(w, s, &c);

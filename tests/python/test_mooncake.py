@@ -587,6 +587,69 @@ def test_upsert_forms_replace(store: MooncakeDistributedStore) -> None:
     assert store.upsert_batch(["u"], []) == INVALID_PARAMS and store.get("u") == b"four"
 
 
+def test_upsert_refused_for_space_keeps_old_value(mc_master: kvpool_procs.Proc) -> None:
+    """The master replaces atomically: an upsert whose new value cannot be
+    placed (here: larger than the pool keeps) leaves the old value readable."""
+    s = open_store(mc_master.addr, segment=8 * MiB)
+    try:
+        assert s.put("big", b"o" * MiB) == OK
+        assert s.upsert("big", b"n" * (16 * MiB)) != OK
+        assert s.get("big") == b"o" * MiB
+        assert s.upsert("big", b"n" * (2 * MiB)) == OK and s.get("big") == b"n" * (2 * MiB)
+    finally:
+        s.remove_all(force=True)
+        s.close()
+
+
+def test_soft_pin_ttl_field_is_an_optional_u64() -> None:
+    c = ReplicateConfig()
+    c.soft_pin_ttl_ms = 1000
+    assert c.soft_pin_ttl_ms == 1000
+    c.soft_pin_ttl_ms = None
+    assert c.soft_pin_ttl_ms is None
+    for bad in (-1, 1 << 64, 1.5, "10", True):
+        with pytest.raises(TypeError):
+            c.soft_pin_ttl_ms = bad
+    c.soft_pin_ttl_ms = (1 << 64) - 1
+    assert "soft_pin_ttl_ms: 18446744073709551615" in str(c)
+
+
+def test_soft_pin_requests_checked_at_the_master(store: MooncakeDistributedStore) -> None:
+    E = SoftPinAction.ENABLE
+    assert store.put("sp", b"v", cfg(soft_pin_action=E, soft_pin_ttl_ms=1000)) == OK
+    assert store.upsert("sp", b"v", cfg(soft_pin_ttl_ms=1000)) == INVALID_PARAMS
+    assert store.upsert("sp", b"v", cfg(soft_pin_action=SoftPinAction.DISABLE,
+                                        soft_pin_ttl_ms=1000)) == INVALID_PARAMS
+    assert store.upsert("sp", b"w", cfg(soft_pin_action=E, soft_pin_ttl_ms=25 * 3600 * 1000)) \
+        == INVALID_PARAMS  # over soft_pin_max_ttl (24 h)
+    assert store.upsert("sp", b"w", cfg(soft_pin_action=E, soft_pin_ttl_ms=(1 << 64) - 1)) \
+        == INVALID_PARAMS
+    assert store.get("sp") == b"v"
+    assert store.upsert("sp", b"x") == OK
+    assert store.upsert("sp", b"y", cfg(soft_pin_action=SoftPinAction.DISABLE)) == OK
+    assert store.put("sp2", b"v", cfg(soft_pin_action=E)) == OK  # the master's default TTL
+    assert store.get_batch(["sp", "sp2"]) == [b"y", b"v"]
+
+
+def test_soft_pinned_objects_outlive_unpinned_ones(mc_master: kvpool_procs.Proc) -> None:
+    """A soft-pinned object is evicted only after the unpinned ones, while
+    its pin lasts; a pin that ended makes it an ordinary victim."""
+    s = open_store(mc_master.addr, segment=8 * MiB)
+    E = SoftPinAction.ENABLE
+    try:
+        assert s.put("pin/long", b"L" * MiB, cfg(soft_pin_action=E)) == OK
+        assert s.put("pin/short", b"S" * MiB, cfg(soft_pin_action=E, soft_pin_ttl_ms=300)) == OK
+        time.sleep(1.0)  # the master's sweep ends the short pin
+        for i in range(12):  # 12 MiB through an 8 MiB pool
+            assert s.put(f"fill/{i}", bytes([i]) * MiB) == OK
+        assert s.get("pin/long") == b"L" * MiB
+        assert s.is_exist("pin/short") == 0
+        assert s.is_exist("fill/0") == 0 and s.get("fill/11") == bytes([11]) * MiB
+    finally:
+        s.remove_all(force=True)
+        s.close()
+
+
 def test_failed_upsert_keeps_old_value(store: MooncakeDistributedStore) -> None:
     assert store.put_batch(["a", "b", "c"], [b"old-a", b"old-b", b"old-c"]) == OK
     assert store.upsert("a", b"") == INVALID_PARAMS

@@ -208,8 +208,8 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(keys, 1) m->keys = (kvp_msg_keys){PC_B("tenant-1"), 3, keys3}; return 0;
     S(keys, 2) m->keys = (kvp_msg_keys){str_max, 2, keys_max}; return 0;
     S(put_start, 0) return 0;
-    S(put_start, 1) m->put_start = (kvp_msg_put_start){PC_B("t"), 2, KVP_PUT_PIN, PC_B("host-a:7000"), 3, keys3, u64s}; return 0;
-    S(put_start, 2) m->put_start = (kvp_msg_put_start){str_max, UINT32_MAX, UINT32_MAX, str_max, 2, keys_max, u64s}; return 0;
+    S(put_start, 1) m->put_start = (kvp_msg_put_start){PC_B("t"), 2, KVP_PUT_PIN | KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_TTL, 1800000, PC_B("host-a:7000"), 3, keys3, u64s}; return 0;
+    S(put_start, 2) m->put_start = (kvp_msg_put_start){str_max, UINT32_MAX, UINT32_MAX, UINT64_MAX, str_max, 2, keys_max, u64s}; return 0;
     S(put_start_resp, 0) return 0;
     S(put_start_resp, 1) m->put_start_resp = (kvp_msg_put_start_resp){3, pres}; return 0;
     S(put_end, 0) return 0;
@@ -339,6 +339,7 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
     case PC_put_start: {
         const kvp_msg_put_start *a = &x->put_start, *b = &y->put_start;
         return pc_beq(a->tenant, b->tenant) && a->replicas == b->replicas && a->flags == b->flags &&
+               a->soft_ttl_ms == b->soft_ttl_ms &&
                pc_beq(a->preferred, b->preferred) && a->n == b->n &&
                pc_keys_eq(a->n, a->keys, b->keys) && pc_u64_eq(a->n, a->sizes, b->sizes);
     }

@@ -348,7 +348,8 @@ TEST(unknown_key)
     CHECK_EQ(load(&c, "{\n  \"lease_ttl\": 100,\n  \"lease_tll\": 5\n}", err), KVP_ECONFIG);
     CHECK(HAS(err, "config:3:3: unknown key \"lease_tll\"", "did you mean \"lease_ttl\"?",
               "(allowed: listen, cluster_token, ", "max_frame_size, lease_ttl", "rpc_timeout",
-              "Mooncake aliases: default_kv_lease_ttl, master_server_address, master_server_addr, "
+              "Mooncake aliases: default_kv_lease_ttl, default_kv_soft_pin_ttl, max_kv_soft_pin_ttl, "
+              "master_server_address, master_server_addr, "
               "offload_file_storage_path, offload_total_size_limit_bytes, "
               "offload_local_buffer_size_bytes, tenant_id)"));
     CHECK_EQ(load(&c, "{\"zzzzzzzzzzzz\": 5}", err), KVP_ECONFIG);

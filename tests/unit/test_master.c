@@ -32,6 +32,7 @@ typedef struct core {
     uint32_t resp_len;
     int no_ack;     /* the nodes do not acknowledge SEG_FREED (node_ack) */
     kvp_buf stash;  /* DISK_CMD frames node_ack took from the master's pushes */
+    uint64_t soft_ttl; /* PUT_START's soft_ttl_ms (with KVP_PUT_F_SOFT_TTL) */
 } core;
 
 static int core_init(core *c, void (*tweak)(kvp_config *))
@@ -212,7 +213,7 @@ static int put_start(core *c, sess *s, int from, int n, uint64_t size, uint32_t 
         keys[i] = key_of(kb[i], 32, from + i);
         sizes[i] = size;
     }
-    kvp_msg_put_start m = {{NULL, 0}, replicas, flags,
+    kvp_msg_put_start m = {{NULL, 0}, replicas, flags, c->soft_ttl,
                            {(const uint8_t *)pref, pref ? (uint32_t)strlen(pref) : 0},
                            (uint32_t)n, keys, sizes};
     kvp_enc_put_start(&c->body, &m);
@@ -468,7 +469,7 @@ TEST(validation)
     memset(big, 'k', sizeof big);
     kvp_bytes k = {(const uint8_t *)big, 4097};
     uint64_t sz = 10;
-    kvp_msg_put_start m = {{NULL, 0}, 1, 0, {NULL, 0}, 1, &k, &sz};
+    kvp_msg_put_start m = {{NULL, 0}, 1, 0, 0, {NULL, 0}, 1, &k, &sz};
     kvp_enc_put_start(&c.body, &m);
     CHECK(call(&c, &s, KVP_OP_PUT_START, 0) == 0);
     CHECK(c.status != 0); /* refused by the decoder's key limit */
@@ -811,7 +812,7 @@ TEST(remove_all_and_tenants)
     /* the same key in another tenant is another object */
     kvp_bytes k = {(const uint8_t *)"key-000000", 10};
     uint64_t sz = 4096;
-    kvp_msg_put_start m = {{(const uint8_t *)"t2", 2}, 1, 0, {NULL, 0}, 1, &k, &sz};
+    kvp_msg_put_start m = {{(const uint8_t *)"t2", 2}, 1, 0, 0, {NULL, 0}, 1, &k, &sz};
     kvp_enc_put_start(&c.body, &m);
     CHECK(call(&c, &s, KVP_OP_PUT_START, 0) == 0);
     kvp_proto_limits l;
@@ -1289,7 +1290,7 @@ static int tput(core *c, sess *s, const char *tenant, const char *key, uint64_t 
 {
     kvp_bytes t = {(const uint8_t *)tenant, (uint32_t)strlen(tenant)};
     kvp_bytes k = {(const uint8_t *)key, (uint32_t)strlen(key)};
-    kvp_msg_put_start ps = {t, 1, 0, {NULL, 0}, 1, &k, &size};
+    kvp_msg_put_start ps = {t, 1, 0, 0, {NULL, 0}, 1, &k, &size};
     kvp_enc_put_start(&c->body, &ps);
     REQUIRE(call(c, s, KVP_OP_PUT_START, 0) == 0);
     if (c->status)
@@ -1552,6 +1553,377 @@ TEST(transfer_quarantine_survives_allocation_failure)
     CHECK_EQ(kvp_master_check(c.m), 0);
     stats(&c, st);
     CHECK_EQ(st[KVP_STAT_USED], 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* ------------------------------------------------------------ soft pins */
+
+/* One key's PUT_START status (flags, c->soft_ttl) and, when 0, its PUT_END
+ * with checksum cs. */
+static int put_one(core *c, sess *s, int i, uint64_t size, uint32_t flags, uint64_t cs)
+{
+    kvp_msg_put_start_resp r;
+    int rc = put_start(c, s, i, 1, size, 1, flags, NULL, &r);
+    if (rc)
+        return rc;
+    if (r.results[0].status)
+        return r.results[0].status;
+    int32_t code;
+    REQUIRE(keys_op(c, s, KVP_OP_PUT_END, i, 1, &cs, &code) == 0);
+    return code;
+}
+
+/* GET of key i: its checksum, or the negative status; the lease released. */
+static int64_t get_csum(core *c, sess *s, int i)
+{
+    int32_t code;
+    REQUIRE(keys_op(c, s, KVP_OP_GET, i, 1, NULL, &code) == 0);
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    kvp_msg_get_resp g;
+    REQUIRE(kvp_dec_get_resp(c->resp, c->resp_len, &l, &c->ra, &g) == 0 && g.n == 1);
+    if (g.results[0].status)
+        return g.results[0].status;
+    int64_t cs = (int64_t)g.results[0].checksum;
+    uint64_t lid = g.results[0].lease_id;
+    REQUIRE(keys_op(c, s, KVP_OP_RELEASE, i, 1, &lid, &code) == 0 && code == 0);
+    return cs;
+}
+
+static uint64_t stat_of(core *c, int which)
+{
+    uint64_t st[KVP_STAT__COUNT];
+    stats(c, st);
+    return st[which];
+}
+
+TEST(soft_pin_requests_are_checked_as_mooncake_does)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    /* a TTL without ENABLE (PRESERVE or DISABLE) */
+    c.soft_ttl = 1000;
+    CHECK_EQ(put_one(&c, &s, 0, 4096, KVP_PUT_F_SOFT_TTL, 1), KVP_EINVALID_PARAMS);
+    CHECK_EQ(put_one(&c, &s, 0, 4096, KVP_PUT_F_SOFT_TTL | KVP_PUT_F_SOFT_UNPIN, 1),
+             KVP_EINVALID_PARAMS);
+    CHECK_EQ(put_one(&c, &s, 0, 4096, KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_UNPIN, 1),
+             KVP_EINVALID_PARAMS);
+    /* a TTL over soft_pin_max_ttl; a stray TTL field without the flag */
+    c.soft_ttl = c.cfg.soft_pin_max_ttl_ms + 1;
+    CHECK_EQ(put_one(&c, &s, 0, 4096, KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_TTL, 1),
+             KVP_EINVALID_PARAMS);
+    CHECK_EQ(put_one(&c, &s, 0, 4096, 0, 1), KVP_EINVALID_PARAMS);
+    CHECK_EQ(exists(&c, &s, 0), 0);
+    /* the maximum itself, the default TTL, and a TTL of 0 (no pin) */
+    c.soft_ttl = c.cfg.soft_pin_max_ttl_ms;
+    CHECK_EQ(put_one(&c, &s, 0, 4096, KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_TTL, 1), 0);
+    c.soft_ttl = 0;
+    CHECK_EQ(put_one(&c, &s, 1, 4096, KVP_PUT_F_SOFT_PIN, 1), 0);
+    CHECK_EQ(put_one(&c, &s, 2, 4096, KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_TTL, 1), 0);
+    CHECK_EQ(put_one(&c, &s, 3, 4096, KVP_PUT_F_SOFT_UNPIN, 1), 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 2); /* 0 and 1 */
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+TEST(soft_pinned_objects_are_evicted_after_unpinned_ones)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0); /* 10 objects of 10 pages */
+    /* 0..4 soft-pinned first (the least recently used), 5..9 unpinned */
+    for (int i = 0; i < 5; i++)
+        CHECK_EQ(put_one(&c, &s, i, 10 * 4096, KVP_PUT_F_SOFT_PIN, 1), 0);
+    CHECK_EQ(put(&c, &s, 5, 5, 10 * 4096), 0);
+    /* 7 new objects: the 5 unpinned go first, then the 2 least recent pins */
+    for (int i = 0; i < 5; i++) {
+        CHECK_EQ(put(&c, &s, 100 + i, 1, 10 * 4096), 0);
+        CHECK_EQ(exists(&c, &s, 5 + i), 0);
+        for (int k = 0; k < 5; k++)
+            CHECK_EQ(exists(&c, &s, k), 1);
+    }
+    CHECK_EQ(stat_of(&c, KVP_STAT_EVICTIONS), 5);
+    /* only pinned ones are left besides 100..104, which are unpinned */
+    CHECK_EQ(put(&c, &s, 105, 1, 10 * 4096), 0);
+    CHECK_EQ(exists(&c, &s, 100), 0);
+    CHECK_EQ(exists(&c, &s, 0), 1);
+    CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 5);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+TEST(soft_pins_give_way_only_when_nothing_unpinned_is_left)
+{
+    core c;
+    CHECK(core_init(&c, watermarks) == 0); /* background eviction 80 % -> 50 % */
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    for (int i = 0; i < 9; i++)
+        CHECK_EQ(put_one(&c, &s, i, 10 * 4096, KVP_PUT_F_SOFT_PIN, 1), 0);
+    /* 90 %: background eviction takes no soft-pinned object */
+    kvp_master_tick(c.m, c.now);
+    CHECK_EQ(stat_of(&c, KVP_STAT_EVICTIONS), 0);
+    /* a put that needs room: the least recently used pins, in order */
+    CHECK_EQ(put(&c, &s, 9, 2, 10 * 4096), 0);
+    CHECK_EQ(exists(&c, &s, 0), 0);
+    CHECK_EQ(exists(&c, &s, 1), 1);
+    CHECK_EQ(stat_of(&c, KVP_STAT_EVICTIONS), 1);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+TEST(soft_pin_ends_after_its_ttl)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    c.soft_ttl = 1000;
+    CHECK_EQ(put_one(&c, &s, 0, 10 * 4096, KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_TTL, 1), 0);
+    c.soft_ttl = 60000;
+    CHECK_EQ(put_one(&c, &s, 1, 10 * 4096, KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_TTL, 1), 0);
+    c.soft_ttl = 0;
+    CHECK_EQ(put(&c, &s, 2, 8, 10 * 4096), 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 2);
+    /* still pinned at 999 ms: an unpinned object goes */
+    c.now += 999;
+    kvp_master_tick(c.m, c.now);
+    CHECK_EQ(put(&c, &s, 10, 1, 10 * 4096), 0);
+    CHECK_EQ(exists(&c, &s, 2), 0);
+    CHECK_EQ(exists(&c, &s, 0), 1);
+    /* 0's pin is over: the sweep makes it the next victim; 1 stays pinned */
+    c.now += 2;
+    kvp_master_tick(c.m, c.now);
+    CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 1);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    CHECK_EQ(put(&c, &s, 11, 1, 10 * 4096), 0);
+    CHECK_EQ(exists(&c, &s, 0), 0);
+    CHECK_EQ(exists(&c, &s, 3), 1);
+    /* a pin that ends while the object is leased ends when the lease does */
+    c.soft_ttl = 1000;
+    CHECK_EQ(put_one(&c, &s, 12, 4096, KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_TTL, 1), 0);
+    c.soft_ttl = 0;
+    int32_t code;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_GET, 12, 1, NULL, &code), 0);
+    c.now += c.cfg.lease_ttl_ms + 1;
+    kvp_master_tick(c.m, c.now);
+    CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 1); /* 1 only */
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+TEST(soft_pin_sweep_covers_a_long_list_in_steps)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 64 * MiB), 0);
+    /* 5000 pins (more than one tick's sweep), every other one short */
+    for (int i = 0; i < 5000; i += 500) {
+        kvp_msg_put_start_resp r;
+        for (int k = 0; k < 2; k++) {
+            c.soft_ttl = k ? 1000 : 100000;
+            /* keys i+k, i+k+2, ...: put one at a time (alternating TTLs) */
+            for (int j = i + k; j < i + 500; j += 2) {
+                CHECK_EQ(put_start(&c, &s, j, 1, 4096, 1,
+                                   KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_TTL, NULL, &r), 0);
+                CHECK_EQ(r.results[0].status, 0);
+            }
+        }
+        uint64_t cs[500];
+        int32_t codes[500];
+        for (int j = 0; j < 500; j++)
+            cs[j] = 7;
+        CHECK_EQ(keys_op(&c, &s, KVP_OP_PUT_END, i, 500, cs, codes), 0);
+        for (int j = 0; j < 500; j++)
+            CHECK_EQ(codes[j], 0);
+    }
+    CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 5000);
+    c.now += 1001;
+    kvp_master_tick(c.m, c.now); /* one tick looks at TICK_BUDGET / 2 */
+    uint64_t left = stat_of(&c, KVP_STAT_SOFT_PINNED);
+    CHECK(left > 2500 && left < 5000);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    for (int t = 0; t < 4; t++)
+        kvp_master_tick(c.m, c.now);
+    CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 2500);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* ------------------------------------------------------------- upserts */
+
+TEST(replace_keeps_the_old_value_readable_until_put_end)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s, w;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(hello(&c, &w, 2), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    CHECK_EQ(put_one(&c, &s, 0, 4096, 0, 11), 0);
+    /* a plain put of an existing key: first writer wins */
+    kvp_msg_put_start_resp r;
+    CHECK_EQ(put_start(&c, &w, 0, 1, 4096, 1, 0, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, KVP_EOBJECT_ALREADY_EXISTS);
+    /* REPLACE: the old value stays readable while the new one is written */
+    CHECK_EQ(put_start(&c, &w, 0, 1, 8192, 1, KVP_PUT_F_REPLACE, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, 0);
+    CHECK_EQ(get_csum(&c, &s, 0), 11);
+    CHECK_EQ(exists(&c, &s, 0), 1);
+    /* while it is pending: another REPLACE waits, a plain put dedups */
+    CHECK_EQ(put_start(&c, &s, 0, 1, 4096, 1, KVP_PUT_F_REPLACE, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, KVP_EREPLICA_IS_NOT_READY);
+    CHECK_EQ(put_start(&c, &s, 0, 1, 4096, 1, 0, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, KVP_EOBJECT_ALREADY_EXISTS);
+    /* only its writer completes it */
+    uint64_t cs = 22;
+    int32_t code;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_PUT_END, 0, 1, &cs, &code), 0);
+    CHECK(code != 0);
+    CHECK_EQ(get_csum(&c, &s, 0), 11);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    CHECK_EQ(keys_op(&c, &w, KVP_OP_PUT_END, 0, 1, &cs, &code), 0);
+    CHECK_EQ(code, 0);
+    CHECK_EQ(get_csum(&c, &s, 0), 22);
+    /* a retried PUT_END is idempotent; the old space is free again */
+    CHECK_EQ(keys_op(&c, &w, KVP_OP_PUT_END, 0, 1, &cs, &code), 0);
+    CHECK_EQ(code, 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_OBJECTS), 1);
+    CHECK_EQ(stat_of(&c, KVP_STAT_USED), 2 * 4096);
+    /* REPLACE of an absent key is a put */
+    CHECK_EQ(put_one(&c, &w, 1, 4096, KVP_PUT_F_REPLACE, 33), 0);
+    CHECK_EQ(get_csum(&c, &s, 1), 33);
+    /* REPLACE of a key being written (a plain pending put) */
+    CHECK_EQ(put_start(&c, &s, 2, 1, 4096, 1, 0, NULL, &r), 0);
+    CHECK_EQ(put_start(&c, &w, 2, 1, 4096, 1, KVP_PUT_F_REPLACE, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, KVP_EREPLICA_IS_NOT_READY);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &w.s, c.now);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+static void short_put_timeout(kvp_config *cfg) { cfg->put_timeout_ms = 1000; } /* < client_ttl */
+
+TEST(failed_replace_leaves_the_old_value)
+{
+    core c;
+    CHECK(core_init(&c, short_put_timeout) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    CHECK_EQ(put_one(&c, &s, 0, 4096, 0, 11), 0);
+    kvp_msg_put_start_resp r;
+    /* revoked (the writer's transfer failed) */
+    CHECK_EQ(put_start(&c, &s, 0, 1, 4096, 1, KVP_PUT_F_REPLACE, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, 0);
+    int32_t code;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_PUT_REVOKE, 0, 1, NULL, &code), 0);
+    CHECK_EQ(code, 0);
+    CHECK_EQ(get_csum(&c, &s, 0), 11);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* timed out */
+    CHECK_EQ(put_start(&c, &s, 0, 1, 4096, 1, KVP_PUT_F_REPLACE, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, 0);
+    c.now += c.cfg.put_timeout_ms + 1;
+    kvp_master_tick(c.m, c.now);
+    CHECK_EQ(get_csum(&c, &s, 0), 11);
+    CHECK_EQ(stat_of(&c, KVP_STAT_PENDING), 0);
+    /* no room for the new value: refused, the old one stays */
+    CHECK_EQ(put_start(&c, &s, 0, 1, 200 * 4096, 1, KVP_PUT_F_REPLACE, NULL, &r), 0);
+    CHECK_EQ(r.results[0].status, KVP_EOBJECT_TOO_LARGE);
+    CHECK_EQ(get_csum(&c, &s, 0), 11);
+    /* the old object removed meanwhile: the replacement still lands */
+    CHECK_EQ(put_start(&c, &s, 0, 1, 4096, 1, KVP_PUT_F_REPLACE, NULL, &r), 0);
+    uint64_t force = 1;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 0, 1, &force, &code), 0);
+    CHECK_EQ(code, 0);
+    CHECK_EQ(exists(&c, &s, 0), 0);
+    uint64_t cs = 44;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_PUT_END, 0, 1, &cs, &code), 0);
+    CHECK_EQ(code, 0);
+    CHECK_EQ(get_csum(&c, &s, 0), 44);
+    /* the writer goes away mid-replace: revoked, the value stays */
+    CHECK_EQ(put_start(&c, &s, 0, 1, 4096, 1, KVP_PUT_F_REPLACE, NULL, &r), 0);
+    sess t;
+    CHECK_EQ(hello(&c, &t, 2), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    c.now += c.cfg.client_ttl_ms + 200;
+    kvp_master_tick(c.m, c.now);
+    c.now += 200;
+    kvp_master_tick(c.m, c.now);
+    CHECK_EQ(stat_of(&c, KVP_STAT_PENDING), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &t.s, c.now);
+    core_free(&c);
+}
+
+TEST(replace_keeps_or_changes_the_soft_pin)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    CHECK_EQ(put_one(&c, &s, 0, 4096, KVP_PUT_F_SOFT_PIN, 1), 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 1);
+    /* PRESERVE (no soft flag) keeps it; DISABLE clears it; ENABLE sets it */
+    CHECK_EQ(put_one(&c, &s, 0, 4096, KVP_PUT_F_REPLACE, 2), 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 1);
+    CHECK_EQ(put_one(&c, &s, 0, 4096, KVP_PUT_F_REPLACE | KVP_PUT_F_SOFT_UNPIN, 3), 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 0);
+    CHECK_EQ(put_one(&c, &s, 0, 4096, KVP_PUT_F_REPLACE, 4), 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 0);
+    c.soft_ttl = 500;
+    CHECK_EQ(put_one(&c, &s, 0, 4096, KVP_PUT_F_REPLACE | KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_TTL,
+                     5), 0);
+    c.soft_ttl = 0;
+    CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 1);
+    /* a pin that is over is not kept */
+    c.now += 501;
+    CHECK_EQ(put_one(&c, &s, 0, 4096, KVP_PUT_F_REPLACE, 6), 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 0);
+    CHECK_EQ(get_csum(&c, &s, 0), 6);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+TEST(replace_pending_on_an_unmounted_segment_is_revoked)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    CHECK_EQ(put_one(&c, &s, 0, 4096, 0, 11), 0);
+    CHECK_EQ(mount(&c, &s, 2, "n:2", 100 * 4096), 0);
+    kvp_msg_put_start_resp r;
+    CHECK_EQ(put_start(&c, &s, 0, 1, 4096, 1, KVP_PUT_F_REPLACE, "n:2", &r), 0);
+    CHECK_EQ(r.results[0].status, 0);
+    uint64_t id = 2;
+    kvp_msg_ids ids = {1, &id};
+    kvp_enc_ids(&c.body, &ids);
+    CHECK_EQ(call(&c, &s, KVP_OP_UNMOUNT_SEGMENT, 0), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_PENDING), 0);
+    CHECK_EQ(get_csum(&c, &s, 0), 11);
     kvp_master_sess_close(c.m, &s.s, c.now);
     core_free(&c);
 }

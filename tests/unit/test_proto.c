@@ -389,8 +389,8 @@ TEST(body_layouts)
 
     kvp_buf_reset(&b);
     n = 0;
-    kvp_enc_put_start(&b, &(kvp_msg_put_start){PC_B(""), 2, 1, PC_B("p"), 1, &PC_B("k"), (uint64_t[]){77}});
-    U32(0); U32(2); U32(1); U32(1); want[n++] = 'p'; U32(1); U32(1); want[n++] = 'k'; U64(77);
+    kvp_enc_put_start(&b, &(kvp_msg_put_start){PC_B(""), 2, 1, 5, PC_B("p"), 1, &PC_B("k"), (uint64_t[]){77}});
+    U32(0); U32(2); U32(1); U64(5); U32(1); want[n++] = 'p'; U32(1); U32(1); want[n++] = 'k'; U64(77);
     CHECK_EQ(b.len, n);
     CHECK(memcmp(b.data, want, n) == 0);
 #undef U32
@@ -526,7 +526,7 @@ TEST(key_limits)
     uint64_t u[2] = {1, 2};
     pc_msg m[4];
     m[0].keys = (kvp_msg_keys){PC_B("t"), 2, keys};
-    m[1].put_start = (kvp_msg_put_start){PC_B("t"), 1, 0, PC_B(""), 2, keys, u};
+    m[1].put_start = (kvp_msg_put_start){PC_B("t"), 1, 0, 0, PC_B(""), 2, keys, u};
     m[2].put_end = (kvp_msg_put_end){PC_B("t"), 2, keys, u};
     m[3].remove = (kvp_msg_remove){PC_B("t"), 0, 2, keys};
     static const int kinds[4] = {PC_keys, PC_put_start, PC_put_end, PC_remove};
