@@ -1106,7 +1106,8 @@ static void disk_cmd(kvp_master *m, uint32_t si, uint8_t what, const kvp_obj *o,
 {
     const char *t = m->tenants[o->tenant];
     kvp_disk_ent e = {what, 0, {(const uint8_t *)t, m->tenant_len[o->tenant]},
-                      {kvp_obj_key(o), o->keylen}, o->size, o->checksum, page, gen};
+                      {kvp_obj_key(o), o->keylen}, o->size, o->checksum, page, gen,
+                      what == KVP_DISK_FORGET ? o->disk_rec : 0};
     disk_cmd_ent(m, si, &e);
 }
 
@@ -1130,7 +1131,9 @@ static void disk_unadopt(kvp_master *m, kvp_obj *o)
 }
 
 /* The object's disk record is no longer wanted: ONDISK cleared, counts
- * adjusted, the node told to remove it (when it can be told). */
+ * adjusted, the node told to remove it (when it can be told): that record
+ * (disk_rec), so a FORGET that reaches the node late never removes a newer
+ * record of the key. */
 static void disk_forget(kvp_master *m, kvp_obj *o)
 {
     uint32_t si = o->disk_seg;
@@ -1139,11 +1142,14 @@ static void disk_forget(kvp_master *m, kvp_obj *o)
         disk_cmd(m, si, KVP_DISK_FORGET, o, 0, 0);
 }
 
-static void disk_adopt(kvp_master *m, kvp_obj *o, uint32_t si)
+/* o's value is record rec on slot si's node. */
+static void disk_adopt(kvp_master *m, kvp_obj *o, uint32_t si, uint32_t rec)
 {
     kvp_mseg *s = m->segs[si];
+    KVP_ASSERT(si < UINT16_MAX);
     o->flags |= KVP_OBJ_ONDISK;
-    o->disk_seg = si;
+    o->disk_seg = (uint16_t)si;
+    o->disk_rec = rec;
     s->disk_objs++;
     s->disk_bytes += o->size;
     m->stats[KVP_STAT_DISK_OBJECTS]++;
@@ -1189,7 +1195,7 @@ static int spill_start(kvp_master *m, kvp_obj *o, unsigned k)
     disk_cmd(m, r->seg, KVP_DISK_SPILL, o, r->page, wire_gen(s, r->gen));
     list_unlink(m, o);
     o->flags |= KVP_OBJ_SPILLING;
-    o->disk_seg = r->seg;
+    o->disk_seg = (uint16_t)r->seg;
     s->spill_pages += kvp_pages(o->size);
     m->spill_total += kvp_pages(o->size);
     m->stats[KVP_STAT_SPILLING]++;
@@ -2320,14 +2326,20 @@ static int has_replica_gen(const kvp_master *m, kvp_obj *o, uint32_t si, uint64_
     return 0;
 }
 
+/* Tells slot si's node to remove the record a report named (e->rec), and
+ * only it. */
 static void forget_ent(kvp_master *m, uint32_t si, const kvp_disk_ent *e)
 {
-    kvp_disk_ent f = {KVP_DISK_FORGET, 0, e->tenant, e->key, e->size, e->checksum, 0, 0};
+    kvp_disk_ent f = {KVP_DISK_FORGET, 0, e->tenant, e->key, e->size, e->checksum, 0, 0, e->rec};
     disk_cmd_ent(m, si, &f);
 }
 
-/* Ends o's spill to slot si's node with status. */
-static void spill_done(kvp_master *m, kvp_obj *o, uint32_t si, int32_t status)
+/* Is record a newer than record b of the same node (serial arithmetic on
+ * the 32-bit ids: a node numbers its records in order)? */
+static int rec_newer(uint32_t a, uint32_t b) { return (int32_t)(a - b) > 0; }
+
+/* Ends o's spill to slot si's node with status (0: its record is rec). */
+static void spill_done(kvp_master *m, kvp_obj *o, uint32_t si, int32_t status, uint32_t rec)
 {
     kvp_mseg *s = m->segs[si];
     uint32_t np = kvp_pages(o->size);
@@ -2338,7 +2350,7 @@ static void spill_done(kvp_master *m, kvp_obj *o, uint32_t si, int32_t status)
     o->flags &= (uint8_t)~KVP_OBJ_SPILLING;
     if (status == 0) {
         m->stats[KVP_STAT_SPILLS]++;
-        disk_adopt(m, o, si);
+        disk_adopt(m, o, si, rec);
         if (o->list == KVP_LIST_DISKIO)
             drop_dram(m, o);
         return;
@@ -2359,14 +2371,19 @@ static void rep_spilled(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_e
     if (!o || o->state != KVP_OBJ_COMPLETE || !(o->flags & KVP_OBJ_SPILLING) ||
         o->disk_seg != si || o->checksum != e->checksum || o->size != e->size ||
         !has_replica_gen(m, o, si, e->generation)) {
-        /* the record the master knows already (a HAVE got there first) stays */
+        /* the value the master knows on that node already (a HAVE got there
+         * first): the node keeps the newest record of a key, so that is
+         * the one to name from now on; any other record is forgotten (by
+         * its id: a newer record of the key stays) */
         int known = o && (o->flags & KVP_OBJ_ONDISK) && o->disk_seg == si &&
-                    o->checksum == e->checksum;
-        if (e->status == 0 && !known)
+                    o->checksum == e->checksum && o->size == e->size;
+        if (e->status == 0 && known && rec_newer(e->rec, o->disk_rec))
+            o->disk_rec = e->rec;
+        else if (e->status == 0 && !known)
             forget_ent(m, si, e);
         return;
     }
-    spill_done(m, o, si, e->status);
+    spill_done(m, o, si, e->status, e->rec);
 }
 
 /*
@@ -2481,18 +2498,20 @@ static void rep_have(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent 
             if (o->flags & KVP_OBJ_SPILLING) {
                 /* durable, its SPILLED lost with a connection: done */
                 if (o->disk_seg == si)
-                    spill_done(m, o, si, 0);
+                    spill_done(m, o, si, 0, e->rec);
                 return;
             }
-            if ((o->flags & KVP_OBJ_ONDISK) && o->disk_seg == si)
+            if ((o->flags & KVP_OBJ_ONDISK) && o->disk_seg == si) {
+                o->disk_rec = e->rec; /* the node's record of the key now */
                 return;
+            }
             if (o->flags & KVP_OBJ_LOADING)
                 return; /* staged from another record; keep that one */
             if ((o->flags & KVP_OBJ_ONDISK) && !owner_gone(m, m->segs[o->disk_seg]))
                 return; /* a live node holds it: never shadowed by another's record */
             if (o->flags & KVP_OBJ_ONDISK)
                 disk_unadopt(m, o); /* a restarted node took over the record */
-            disk_adopt(m, o, si);
+            disk_adopt(m, o, si, e->rec);
             m->stats[KVP_STAT_DISK_REGISTERED]++;
             return;
         }
@@ -2528,15 +2547,17 @@ static void rep_have(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent 
     m->stats[KVP_STAT_OBJECTS]++;
     m->stats[KVP_STAT_BYTES] += n->size;
     m->stats[KVP_STAT_DISK_REGISTERED]++;
-    disk_adopt(m, n, si);
+    disk_adopt(m, n, si, e->rec);
     settle_unleased(m, n);
 }
 
 /* The tier dropped a record (for room, or corrupt): an object left with no
- * copy is gone. */
+ * copy is gone. An older record of the key than the object's is not its
+ * (a newer one is: it had replaced the object's on the node). */
 static void rep_gone(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent *e)
 {
-    if (!o || !(o->flags & KVP_OBJ_ONDISK) || o->disk_seg != si || o->checksum != e->checksum)
+    if (!o || !(o->flags & KVP_OBJ_ONDISK) || o->disk_seg != si || o->checksum != e->checksum ||
+        rec_newer(o->disk_rec, e->rec))
         return;
     m->stats[KVP_STAT_DISK_DROPPED]++;
     disk_unadopt(m, o);

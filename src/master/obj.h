@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "proto/proto.h" /* KVP_MAX_REPLICAS */
+
 enum { KVP_OBJ_PENDING = 1, KVP_OBJ_COMPLETE = 2 };
 /*
  * Flags. The SSD tier (master.h): ONDISK = segment slot disk_seg's node holds
@@ -56,17 +58,22 @@ typedef struct kvp_obj {
     uint32_t lease_seq;          /* lease id of the current lease epoch */
     uint16_t tenant;
     uint16_t keylen;
-    uint8_t state;               /* KVP_OBJ_PENDING / KVP_OBJ_COMPLETE */
-    uint8_t nrep;                /* replicas in use */
-    uint8_t rep_cap;             /* replicas allocated in the record */
+    uint8_t state : 2;           /* KVP_OBJ_PENDING / KVP_OBJ_COMPLETE */
+    uint8_t nrep : 2;            /* replicas in use (<= KVP_MAX_REPLICAS) */
+    uint8_t rep_cap : 2;         /* replicas allocated in the record (ditto) */
     uint8_t flags : 5;           /* KVP_OBJ_* */
     uint8_t list : 3;            /* KVP_LIST_* */
-    uint32_t disk_seg;           /* ONDISK / SPILLING / LOADING: the node's segment slot */
+    uint16_t disk_seg;           /* ONDISK / SPILLING / LOADING: the node's segment
+                                    slot (< max_segments <= 65535) */
     uint32_t exposed;            /* ms, wrapping: pending: its WRITE descriptors'
                                     expiry; complete: its publication, or with
                                     KVP_OBJ_READ the latest READ descriptor's
                                     expiry (master.c exposed()) */
+    uint32_t disk_rec;           /* ONDISK: which record of the key disk_seg's node
+                                    holds (proto.h `rec`); FORGET names it */
 } kvp_obj;
+_Static_assert(sizeof(kvp_obj) == 64, "kvp_obj is 64 bytes (the per-object budget)");
+_Static_assert(KVP_MAX_REPLICAS <= 3 && KVP_OBJ_COMPLETE <= 3, "nrep, rep_cap, state: 2 bits");
 
 static inline const uint8_t *kvp_obj_key(const kvp_obj *o) { return (const uint8_t *)(o + 1); }
 
