@@ -4,7 +4,9 @@
  * One record per object, allocated with kvp_salloc in one piece:
  *   [struct kvp_obj 64 B][key bytes][pad to 4][kvp_orep x rep_cap]
  * For a 100-byte key and one replica that is 176 bytes (184 with malloc's
- * overhead), the bulk of the <= 200 B/object budget (DESIGN §3).
+ * overhead), the bulk of the <= 200 B/object budget (DESIGN §3): so the
+ * header stays 64 B (state, nrep and rep_cap share a byte, disk_seg is 16
+ * bits) although it holds the disk record's id too.
  *
  * Field ownership: the master loop thread only.
  */
