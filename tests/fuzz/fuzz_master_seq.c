@@ -544,7 +544,7 @@ static void st_hello(world *w, sess *s, prog *g)
     kvp_msg_hello h = {KVP_PROTO_VERSION, cid, {NULL, 0}, B("fuzz"), {NULL, 0}, {NULL, 0},
                        session};
     if (creds == 0xFF)
-        h.version = 2;
+        h.version = KVP_PROTO_VERSION + 1; /* a version it does not speak */
     if ((creds & 3) == 1 || (creds & 3) == 2)
         h.token = B((creds & 3) == 1 ? CLUSTER_TOKEN : "wrong");
     if ((creds >> 2 & 3) == 1 || (creds >> 2 & 3) == 2)
