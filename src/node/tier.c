@@ -263,8 +263,12 @@ static void do_forget(kvp_tier *t, const kvp_disk_ent *e)
     if (rc == 1)
         KVP_DEBUG(MOD, "FORGET of record %08x (%llu bytes) ignored: the key's record is another "
                        "one", e->rec, (unsigned long long)e->size);
-    count(t, rc == 0 ? &t->st.forgets : rc == 1 ? &t->st.forget_stale : &t->st.forget_missing,
-          1);
+    else if (rc < 0 && rc != KVP_EOBJECT_NOT_FOUND)
+        KVP_WARN_LIMITED(MOD, "FORGET of record %08x failed (%s): the record stays", e->rec,
+                         kvp_strerror(rc));
+    if (rc == 0 || rc == 1 || rc == KVP_EOBJECT_NOT_FOUND)
+        count(t, rc == 0 ? &t->st.forgets : rc == 1 ? &t->st.forget_stale : &t->st.forget_missing,
+              1);
 }
 
 void kvp_tier_command(kvp_tier *t, const uint8_t *body, uint32_t len)
