@@ -77,6 +77,7 @@ struct key_def {
 #define MIB_ (1024ull * 1024)
 #define GIB_ (1024ull * 1024 * 1024)
 #define DUR_MAX_MS (30ull * 24 * 3600 * 1000) /* 30 days: keeps ns arithmetic far from overflow */
+#define SOFT_PIN_MAX_MS (36ull * 3600 * 1000) /* the master keeps pins within 37 h (src/master/obj.h) */
 
 /* Who reads a key (config.h KVP_KEY_*): each row says which components'
  * code reads its field, so a command can refuse a flag it would ignore. */
@@ -118,10 +119,10 @@ static const struct key_def keys[] = {
      F_U64(lease_ttl_ms), .unit_ms = 1, .min = 1, .max = DUR_MAX_MS, .def = "5s",
      .help = "how long a read lease protects an object from eviction and removal"},
     {.name = "soft_pin_ttl", .roles = R_M, .aliases = {"default_kv_soft_pin_ttl"}, .type = KT_DURATION,
-     F_U64(soft_pin_ttl_ms), .unit_ms = 1, .min = 1, .max = 0x7fffffffu, .def = "1800s",
+     F_U64(soft_pin_ttl_ms), .unit_ms = 1, .min = 1, .max = SOFT_PIN_MAX_MS, .def = "1800s",
      .help = "how long a soft pin lasts when a put asks for one without a TTL"},
     {.name = "soft_pin_max_ttl", .roles = R_M, .aliases = {"max_kv_soft_pin_ttl"}, .type = KT_DURATION,
-     F_U64(soft_pin_max_ttl_ms), .unit_ms = 1, .min = 1, .max = 0x7fffffffu, .def = "86400s",
+     F_U64(soft_pin_max_ttl_ms), .unit_ms = 1, .min = 1, .max = SOFT_PIN_MAX_MS, .def = "86400s",
      .help = "longest soft pin a put may ask for; longer is refused (-600)"},
     {.name = "put_timeout", .roles = R_M, .type = KT_DURATION, F_U64(put_timeout_ms), .unit_ms = 1, .min = 1,
      .max = DUR_MAX_MS, .def = "30s",

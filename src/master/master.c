@@ -382,9 +382,30 @@ static int unleased_list(const kvp_obj *o)
     return o->softpin ? KVP_LIST_SOFT : KVP_LIST_LRU;
 }
 
-/* A soft pin ends at pin_until (checked lazily: here, by the sweep, when
- * the object is settled or chosen as a victim). */
-static int pin_over(const kvp_obj *o, uint64_t now) { return due(o->pin_until, now); }
+/*
+ * Soft pins (obj.h): pin_until is the first KVP_PIN_TICK_MS tick at which
+ * the pin is over, in 24 wrapping bits. A pending put keeps its TTL in
+ * ticks (rounded up); from PUT_END the pin ends strictly after now + TTL
+ * and at most two ticks (32 ms) later. Checked lazily: when the object is
+ * settled, by the sweep (pin_sweep), and when it is replaced.
+ */
+static uint32_t pin_tick(uint64_t ms) { return (uint32_t)(ms / KVP_PIN_TICK_MS) & KVP_PIN_KEEP; }
+
+static uint32_t pin_ticks(uint64_t ttl_ms) /* a TTL in ticks, rounded up */
+{
+    return (uint32_t)((ttl_ms + KVP_PIN_TICK_MS - 1) / KVP_PIN_TICK_MS);
+}
+
+static void pin_set(kvp_obj *o, uint64_t now, uint32_t ticks)
+{
+    o->pin_until = (pin_tick(now + (uint64_t)ticks * KVP_PIN_TICK_MS) + 1) & KVP_PIN_KEEP;
+}
+
+static int pin_over(const kvp_obj *o, uint64_t now)
+{
+    uint32_t left = ((uint32_t)o->pin_until - pin_tick(now)) & KVP_PIN_KEEP;
+    return left == 0 || left >= (1u << (KVP_PIN_BITS - 1));
+}
 
 /* Puts a COMPLETE object with no lease where it belongs: LRU (or soft)
  * head (most recently used) unless hard-pinned; waiting on its node; only
@@ -1142,7 +1163,8 @@ static void disk_cmd(kvp_master *m, uint32_t si, uint8_t what, const kvp_obj *o,
 {
     const char *t = m->tenants[o->tenant];
     kvp_disk_ent e = {what, 0, {(const uint8_t *)t, m->tenant_len[o->tenant]},
-                      {kvp_obj_key(o), o->keylen}, o->size, o->checksum, page, gen};
+                      {kvp_obj_key(o), o->keylen}, o->size, o->checksum, page, gen,
+                      what == KVP_DISK_FORGET ? o->disk_rec : 0};
     disk_cmd_ent(m, si, &e);
 }
 
@@ -1166,7 +1188,9 @@ static void disk_unadopt(kvp_master *m, kvp_obj *o)
 }
 
 /* The object's disk record is no longer wanted: ONDISK cleared, counts
- * adjusted, the node told to remove it (when it can be told). */
+ * adjusted, the node told to remove it (when it can be told): that record
+ * (disk_rec), so a FORGET that reaches the node late never removes a newer
+ * record of the key. */
 static void disk_forget(kvp_master *m, kvp_obj *o)
 {
     uint32_t si = o->disk_seg;
@@ -1175,11 +1199,14 @@ static void disk_forget(kvp_master *m, kvp_obj *o)
         disk_cmd(m, si, KVP_DISK_FORGET, o, 0, 0);
 }
 
-static void disk_adopt(kvp_master *m, kvp_obj *o, uint32_t si)
+/* o's value is record rec on slot si's node. */
+static void disk_adopt(kvp_master *m, kvp_obj *o, uint32_t si, uint32_t rec)
 {
     kvp_mseg *s = m->segs[si];
+    KVP_ASSERT(si < UINT16_MAX);
     o->flags |= KVP_OBJ_ONDISK;
-    o->disk_seg = si;
+    o->disk_seg = (uint16_t)si;
+    o->disk_rec = rec;
     s->disk_objs++;
     s->disk_bytes += o->size;
     m->stats[KVP_STAT_DISK_OBJECTS]++;
@@ -1225,7 +1252,7 @@ static int spill_start(kvp_master *m, kvp_obj *o, unsigned k)
     disk_cmd(m, r->seg, KVP_DISK_SPILL, o, r->page, wire_gen(s, r->gen));
     list_unlink(m, o);
     o->flags |= KVP_OBJ_SPILLING;
-    o->disk_seg = r->seg;
+    o->disk_seg = (uint16_t)r->seg;
     s->spill_pages += kvp_pages(o->size);
     m->spill_total += kvp_pages(o->size);
     m->stats[KVP_STAT_SPILLING]++;
@@ -1494,7 +1521,8 @@ static unsigned evict_background(kvp_master *m, unsigned budget)
  * tenant's soft list from the tail with a cursor that list_unlink keeps
  * valid, up to `budget` objects per call, tenant after tenant: every
  * soft-listed object is looked at within about (soft-listed objects /
- * budget) ticks, long before a pin_until could wrap (2^31 ms). Returns the
+ * budget) ticks, long before a pin_until could pass for a future one (half
+ * the 24-bit tick range less the longest TTL: over 1 h). Returns the
  * objects looked at.
  */
 static unsigned pin_sweep(kvp_master *m, unsigned budget)
@@ -1983,7 +2011,7 @@ static int soft_pin_of(const kvp_master *m, const kvp_msg_put_start *d, uint32_t
     uint64_t t = (f & KVP_PUT_F_SOFT_TTL) ? d->soft_ttl_ms : m->cfg.soft_pin_ttl_ms;
     if (t > m->cfg.soft_pin_max_ttl_ms)
         return KVP_EINVALID_PARAMS;
-    *ttl = (uint32_t)t; /* config keeps the maximum below 2^31 ms */
+    *ttl = (uint32_t)t; /* config keeps the maximum within KVP_PIN_MAX_TTL_MS */
     return 0;
 }
 
@@ -2098,8 +2126,9 @@ static void op_put_start(req *q)
             o->flags = (d.flags & KVP_PUT_PIN) ? KVP_OBJ_PINNED : 0;
             /* the soft pin is settled at PUT_END (put_end_pin) */
             o->softpin = (d.flags & KVP_PUT_F_SOFT_PIN) != 0;
-            o->pin_until = ttl;
-            o->pin_keep = into && !(d.flags & (KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_UNPIN));
+            o->pin_until = o->softpin ? pin_ticks(ttl) : 0;
+            if (into && !(d.flags & (KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_UNPIN)))
+                o->pin_until = KVP_PIN_KEEP; /* an upsert keeps the old pin */
             o->replacing = into != 0;
             o->aux = q->s->client->slot;
             o->deadline = ms32(q->now + m->cfg.put_timeout_ms);
@@ -2258,12 +2287,13 @@ static void put_end_pin(kvp_master *m, kvp_obj *o, int keep, uint32_t until)
 {
     if (o->softpin) {
         o->softpin = o->pin_until > 0; /* a TTL of 0 clears */
-        o->pin_until = ms32(m->now + o->pin_until);
-    } else if (keep && o->pin_keep) {
+        pin_set(o, m->now, (uint32_t)o->pin_until);
+    } else if (keep && o->pin_until == KVP_PIN_KEEP) {
         o->softpin = 1;
         o->pin_until = until;
     }
-    o->pin_keep = 0;
+    if (!o->softpin)
+        o->pin_until = 0;
 }
 
 static int32_t do_put_end(req *q, kvp_obj *o, uint64_t checksum, int force)
@@ -2559,14 +2589,20 @@ static int has_replica_gen(const kvp_master *m, kvp_obj *o, uint32_t si, uint64_
     return 0;
 }
 
+/* Tells slot si's node to remove the record a report named (e->rec), and
+ * only it. */
 static void forget_ent(kvp_master *m, uint32_t si, const kvp_disk_ent *e)
 {
-    kvp_disk_ent f = {KVP_DISK_FORGET, 0, e->tenant, e->key, e->size, e->checksum, 0, 0};
+    kvp_disk_ent f = {KVP_DISK_FORGET, 0, e->tenant, e->key, e->size, e->checksum, 0, 0, e->rec};
     disk_cmd_ent(m, si, &f);
 }
 
-/* Ends o's spill to slot si's node with status. */
-static void spill_done(kvp_master *m, kvp_obj *o, uint32_t si, int32_t status)
+/* Is record a newer than record b of the same node (serial arithmetic on
+ * the 32-bit ids: a node numbers its records in order)? */
+static int rec_newer(uint32_t a, uint32_t b) { return (int32_t)(a - b) > 0; }
+
+/* Ends o's spill to slot si's node with status (0: its record is rec). */
+static void spill_done(kvp_master *m, kvp_obj *o, uint32_t si, int32_t status, uint32_t rec)
 {
     kvp_mseg *s = m->segs[si];
     uint32_t np = kvp_pages(o->size);
@@ -2577,7 +2613,7 @@ static void spill_done(kvp_master *m, kvp_obj *o, uint32_t si, int32_t status)
     o->flags &= (uint8_t)~KVP_OBJ_SPILLING;
     if (status == 0) {
         m->stats[KVP_STAT_SPILLS]++;
-        disk_adopt(m, o, si);
+        disk_adopt(m, o, si, rec);
         if (o->list == KVP_LIST_DISKIO)
             drop_dram(m, o);
         return;
@@ -2598,14 +2634,19 @@ static void rep_spilled(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_e
     if (!o || o->state != KVP_OBJ_COMPLETE || !(o->flags & KVP_OBJ_SPILLING) ||
         o->disk_seg != si || o->checksum != e->checksum || o->size != e->size ||
         !has_replica_gen(m, o, si, e->generation)) {
-        /* the record the master knows already (a HAVE got there first) stays */
+        /* the value the master knows on that node already (a HAVE got there
+         * first): the node keeps the newest record of a key, so that is
+         * the one to name from now on; any other record is forgotten (by
+         * its id: a newer record of the key stays) */
         int known = o && (o->flags & KVP_OBJ_ONDISK) && o->disk_seg == si &&
-                    o->checksum == e->checksum;
-        if (e->status == 0 && !known)
+                    o->checksum == e->checksum && o->size == e->size;
+        if (e->status == 0 && known && rec_newer(e->rec, o->disk_rec))
+            o->disk_rec = e->rec;
+        else if (e->status == 0 && !known)
             forget_ent(m, si, e);
         return;
     }
-    spill_done(m, o, si, e->status);
+    spill_done(m, o, si, e->status, e->rec);
 }
 
 /*
@@ -2720,18 +2761,20 @@ static void rep_have(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent 
             if (o->flags & KVP_OBJ_SPILLING) {
                 /* durable, its SPILLED lost with a connection: done */
                 if (o->disk_seg == si)
-                    spill_done(m, o, si, 0);
+                    spill_done(m, o, si, 0, e->rec);
                 return;
             }
-            if ((o->flags & KVP_OBJ_ONDISK) && o->disk_seg == si)
+            if ((o->flags & KVP_OBJ_ONDISK) && o->disk_seg == si) {
+                o->disk_rec = e->rec; /* the node's record of the key now */
                 return;
+            }
             if (o->flags & KVP_OBJ_LOADING)
                 return; /* staged from another record; keep that one */
             if ((o->flags & KVP_OBJ_ONDISK) && !owner_gone(m, m->segs[o->disk_seg]))
                 return; /* a live node holds it: never shadowed by another's record */
             if (o->flags & KVP_OBJ_ONDISK)
                 disk_unadopt(m, o); /* a restarted node took over the record */
-            disk_adopt(m, o, si);
+            disk_adopt(m, o, si, e->rec);
             m->stats[KVP_STAT_DISK_REGISTERED]++;
             return;
         }
@@ -2767,15 +2810,17 @@ static void rep_have(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent 
     m->stats[KVP_STAT_OBJECTS]++;
     m->stats[KVP_STAT_BYTES] += n->size;
     m->stats[KVP_STAT_DISK_REGISTERED]++;
-    disk_adopt(m, n, si);
+    disk_adopt(m, n, si, e->rec);
     settle_unleased(m, n);
 }
 
 /* The tier dropped a record (for room, or corrupt): an object left with no
- * copy is gone. */
+ * copy is gone. An older record of the key than the object's is not its
+ * (a newer one is: it had replaced the object's on the node). */
 static void rep_gone(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent *e)
 {
-    if (!o || !(o->flags & KVP_OBJ_ONDISK) || o->disk_seg != si || o->checksum != e->checksum)
+    if (!o || !(o->flags & KVP_OBJ_ONDISK) || o->disk_seg != si || o->checksum != e->checksum ||
+        rec_newer(o->disk_rec, e->rec))
         return;
     m->stats[KVP_STAT_DISK_DROPPED]++;
     disk_unadopt(m, o);

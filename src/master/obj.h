@@ -2,9 +2,12 @@
  * obj.h -- the master's object record (internal to src/master).
  *
  * One record per object, allocated with kvp_salloc in one piece:
- *   [struct kvp_obj 72 B][key bytes][pad to 4][kvp_orep x rep_cap]
- * For a 100-byte key and one replica that is 184 bytes (192 with malloc's
- * overhead), the bulk of the <= 200 B/object budget.
+ *   [struct kvp_obj 64 B][key bytes][pad to 4][kvp_orep x rep_cap]
+ * For a 100-byte key and one replica that is 176 bytes (184 with malloc's
+ * overhead), the bulk of the <= 200 B/object budget: so the header stays
+ * 64 B (state, nrep, rep_cap and two soft-pin bits share a byte, disk_seg is
+ * 16 bits, the soft pin's end shares a word with the size) although it holds
+ * the disk record's id and the soft pin too.
  *
  * Field ownership: the master loop thread only.
  */
@@ -15,7 +18,17 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "proto/proto.h" /* KVP_MAX_REPLICAS */
+
 enum { KVP_OBJ_PENDING = 1, KVP_OBJ_COMPLETE = 2 };
+#define KVP_OBJ_MAX_SIZE (1ull << 40) /* bytes: the size field's width */
+/* Soft pins are kept in ticks of 16 ms in 24 bits: a pin lasts its TTL and
+ * at most two ticks more; ends compare within half the range (37 h), which
+ * bounds the longest pin (config soft_pin_max_ttl, at most 36 h). */
+#define KVP_PIN_TICK_MS 16u
+#define KVP_PIN_BITS 24
+#define KVP_PIN_KEEP ((1u << KVP_PIN_BITS) - 1) /* pending: keep the replaced pin */
+#define KVP_PIN_MAX_TTL_MS ((uint64_t)((1u << (KVP_PIN_BITS - 1)) - 2) * KVP_PIN_TICK_MS)
 /*
  * Flags. The SSD tier (master.h): ONDISK = segment slot disk_seg's node holds
  * a durable disk record of the object; SPILLING = that node is writing one
@@ -47,7 +60,10 @@ typedef struct kvp_orep {
 
 typedef struct kvp_obj {
     struct kvp_obj *prev, *next; /* list links, see `list` */
-    uint64_t size;               /* value bytes */
+    uint64_t size : 40;          /* value bytes (< KVP_OBJ_MAX_SIZE; max_object_size < 4 GiB) */
+    uint64_t pin_until : 24;     /* soft pin: its end in KVP_PIN_TICK_MS ticks,
+                                    wrapping; pending: the asked TTL in ticks,
+                                    or KVP_PIN_KEEP (master.c pin_*) */
     uint64_t checksum;           /* set by PUT_END */
     uint32_t hash;               /* low 32 bits of the index hash */
     uint32_t deadline;           /* ms, wrapping: put deadline (pending) or
@@ -58,23 +74,26 @@ typedef struct kvp_obj {
     uint16_t tenant;
     uint16_t keylen;
     uint8_t state : 2;           /* KVP_OBJ_PENDING / KVP_OBJ_COMPLETE */
-    /* soft pin (complete): pin_until is the pin's end; the object is
-     * evicted only after its tenant's unpinned ones (KVP_LIST_SOFT).
-     * Pending: the PUT_START asked to soft-pin for pin_until ms. */
+    uint8_t nrep : 2;            /* replicas in use (<= KVP_MAX_REPLICAS) */
+    uint8_t rep_cap : 2;         /* replicas allocated in the record (ditto) */
+    /* soft pin (complete): until pin_until the object is evicted only after
+     * its tenant's unpinned ones (KVP_LIST_SOFT); pending: the PUT_START
+     * asked for one of pin_until ticks */
     uint8_t softpin : 1;
-    uint8_t pin_keep : 1;        /* pending replacement: keep the old object's pin */
     uint8_t replacing : 1;       /* pending replacement: in m->repl, not m->ix */
-    uint8_t nrep;                /* replicas in use */
-    uint8_t rep_cap;             /* replicas allocated in the record */
     uint8_t flags : 5;           /* KVP_OBJ_* */
     uint8_t list : 3;            /* KVP_LIST_* */
-    uint32_t disk_seg;           /* ONDISK / SPILLING / LOADING: the node's segment slot */
+    uint16_t disk_seg;           /* ONDISK / SPILLING / LOADING: the node's segment
+                                    slot (< max_segments <= 65535) */
     uint32_t exposed;            /* ms, wrapping: pending: its WRITE descriptors'
                                     expiry; complete: its publication, or with
                                     KVP_OBJ_READ the latest READ descriptor's
                                     expiry (master.c exposed()) */
-    uint32_t pin_until;          /* ms, wrapping: see softpin */
+    uint32_t disk_rec;           /* ONDISK: which record of the key disk_seg's node
+                                    holds (proto.h `rec`); FORGET names it */
 } kvp_obj;
+_Static_assert(sizeof(kvp_obj) == 64, "kvp_obj is 64 bytes (the per-object budget)");
+_Static_assert(KVP_MAX_REPLICAS <= 3 && KVP_OBJ_COMPLETE <= 3, "nrep, rep_cap, state: 2 bits");
 
 static inline const uint8_t *kvp_obj_key(const kvp_obj *o) { return (const uint8_t *)(o + 1); }
 

@@ -1547,8 +1547,23 @@ int kvp_disk_write(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uint
     return 0;
 }
 
-int kvp_disk_remove(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uint8_t *key,
-                    uint32_t klen)
+/*
+ * A tombstone for the key's live record. which == NULL: whatever record is
+ * live; the tombstone takes a new sequence, so it also kills a record of
+ * the key queued before it and not yet indexed (a remove of the key as of
+ * now). Else only the record named (id, size, checksum), and the
+ * tombstone takes that record's sequence: a record of the key queued
+ * before it (a higher sequence) wins over it when indexed, and so does
+ * every later one. 0, 1 (another record is live), KVP_EOBJECT_NOT_FOUND,
+ * KVP_EINVALID_PARAMS, KVP_ENOMEM.
+ */
+typedef struct forget_which {
+    uint32_t rec;
+    uint64_t size, csum;
+} forget_which;
+
+static int tombstone(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uint8_t *key,
+                     uint32_t klen, const forget_which *which)
 {
     if (!d || check_names(tlen, klen))
         return KVP_EINVALID_PARAMS;
@@ -1565,20 +1580,23 @@ int kvp_disk_remove(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uin
     uint64_t hv = key_hash(tenant, tlen, key, klen);
     pthread_mutex_lock(&d->mu);
     dent *e = find(d, hv, tenant, tlen, key, klen);
-    if (!e || e->tomb) {
+    int other = e && !e->tomb && which &&
+                (kvp_disk_rec_id(e->seq) != which->rec || e->size != which->size ||
+                 e->csum != which->csum);
+    if (!e || e->tomb || other) {
         pthread_mutex_unlock(&d->mu);
         buf_put(d, b, bcap);
         kvp_free(w);
-        return KVP_EOBJECT_NOT_FOUND;
+        return other ? 1 : KVP_EOBJECT_NOT_FOUND;
     }
-    /* unreadable from now on; the tombstone (a newer seq) keeps it so
-     * across a restart once durable, and takes over the record (and its
-     * ghosts) as a ghost */
+    /* unreadable from now on; the tombstone (a newer seq, or the record's
+     * own) keeps it so across a restart once durable, and takes over the
+     * record (and its ghosts) as a ghost */
     w->glo = e->glo;
     w->ghi = e->ghi;
     ghost_add(&w->glo, &w->ghi, e->page->id);
+    h.seq = which ? e->seq : ++d->seq;
     ent_del(d, e);
-    h.seq = ++d->seq;
     h.key = key;
     h.tenant = tenant;
     kvp_disk_hdr_encode(b, &h);
@@ -1589,6 +1607,19 @@ int kvp_disk_remove(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uin
     enqueue(d, w);
     pthread_mutex_unlock(&d->mu);
     return 0;
+}
+
+int kvp_disk_remove(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uint8_t *key,
+                    uint32_t klen)
+{
+    return tombstone(d, tenant, tlen, key, klen, NULL);
+}
+
+int kvp_disk_forget(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uint8_t *key,
+                    uint32_t klen, uint32_t rec, uint64_t size, uint64_t csum)
+{
+    forget_which w = {rec, size, csum};
+    return tombstone(d, tenant, tlen, key, klen, &w);
 }
 
 void kvp_disk_pause(kvp_disk *d, int on)

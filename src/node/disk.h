@@ -13,7 +13,9 @@
  *           4 KiB (a small value costs one block, not two)
  * A remove appends a tombstone (a header-only record): after a restart a
  * record is live when no record of the same key has a higher sequence (nor
- * is a tombstone of the same one).
+ * is a tombstone of the same one). Sequences are unique and increasing (a
+ * reopened store continues above every one it found), so a sequence names
+ * one record: kvp_disk_forget removes a record by it.
  *
  * Writes are asynchronous: kvp_disk_write copies the value into the
  * writer's staging memory (bounded by staging_budget: beyond it the answer
@@ -134,6 +136,20 @@ int64_t kvp_disk_read(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const u
 /* Removes a record (a tombstone is written). 0 or KVP_EOBJECT_NOT_FOUND. */
 int kvp_disk_remove(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uint8_t *key,
                     uint32_t klen);
+
+/* A record's id as the master knows it (proto.h `rec`): the low 32 bits of
+ * its sequence. */
+static inline uint32_t kvp_disk_rec_id(uint64_t seq) { return (uint32_t)seq; }
+
+/* Removes the key's live record only if it is the one named: its id is
+ * rec and its size and checksum are size and csum. The tombstone carries
+ * that record's own sequence, so it kills no other record of the key --
+ * not a newer one already queued (written later, indexed later), nor one
+ * seen again by a restart's scan. 0 removed; 1 the key's live record is
+ * another one: nothing done; KVP_EOBJECT_NOT_FOUND no live record;
+ * KVP_EINVALID_PARAMS, KVP_ENOMEM. */
+int kvp_disk_forget(kvp_disk *d, const uint8_t *tenant, uint32_t tlen, const uint8_t *key,
+                    uint32_t klen, uint32_t rec, uint64_t size, uint64_t csum);
 
 /* Bounded background work: compaction of at most budget bytes. Returns the
  * bytes moved. */

@@ -80,9 +80,9 @@ struct kvp_tier {
 /* Appends one report entry (any thread). */
 static void report_add(kvp_tier *t, uint8_t what, int32_t status, const uint8_t *tenant,
                        uint32_t tlen, const uint8_t *key, uint32_t klen, uint64_t size,
-                       uint64_t csum, uint32_t page, uint64_t gen)
+                       uint64_t csum, uint32_t page, uint64_t gen, uint32_t rec)
 {
-    kvp_disk_ent e = {what, status, {tenant, tlen}, {key, klen}, size, csum, page, gen};
+    kvp_disk_ent e = {what, status, {tenant, tlen}, {key, klen}, size, csum, page, gen, rec};
     pthread_mutex_lock(&t->mu);
     int was_empty = t->rq_head == NULL;
     report *r = t->rq_tail;
@@ -168,7 +168,7 @@ static void on_durable(void *arg, const kvp_disk_rec *r, void *ck, int status)
     kvp_tier *t = arg;
     cookie *c = ck;
     report_add(t, KVP_DISK_SPILLED, status, r->tenant, r->tenant_len, r->key, r->key_len,
-               r->size, r->csum, c->page, c->gen);
+               r->size, r->csum, c->page, c->gen, status ? 0 : kvp_disk_rec_id(r->seq));
     count(t, status ? &t->st.spill_fails : &t->st.spills, 1);
     kvp_free(c);
 }
@@ -178,7 +178,7 @@ static void on_dropped(void *arg, const kvp_disk_rec *r, size_t n)
     kvp_tier *t = arg;
     for (size_t i = 0; i < n; i++)
         report_add(t, KVP_DISK_GONE, 0, r[i].tenant, r[i].tenant_len, r[i].key, r[i].key_len,
-                   r[i].size, r[i].csum, 0, 0);
+                   r[i].size, r[i].csum, 0, 0, kvp_disk_rec_id(r[i].seq));
     count(t, &t->st.gone, n);
 }
 
@@ -220,7 +220,7 @@ static void do_spill(kvp_tier *t, const kvp_disk_ent *e)
     }
     if (rc) { /* not queued: no on_durable will come */
         report_add(t, KVP_DISK_SPILLED, rc, e->tenant.p, e->tenant.len, e->key.p, e->key.len,
-                   e->size, e->checksum, e->page, e->generation);
+                   e->size, e->checksum, e->page, e->generation, 0);
         count(t, &t->st.spill_fails, 1);
     }
 }
@@ -230,7 +230,7 @@ static void do_load_queue(kvp_tier *t, const kvp_disk_ent *e)
     job *j = kvp_malloc(sizeof *j + e->tenant.len + e->key.len);
     if (!j) {
         report_add(t, KVP_DISK_LOADED, KVP_ENOMEM, e->tenant.p, e->tenant.len, e->key.p,
-                   e->key.len, e->size, e->checksum, e->page, e->generation);
+                   e->key.len, e->size, e->checksum, e->page, e->generation, 0);
         return;
     }
     j->next = NULL;
@@ -253,6 +253,24 @@ static void do_load_queue(kvp_tier *t, const kvp_disk_ent *e)
     pthread_mutex_unlock(&t->mu);
 }
 
+/* FORGET removes the record it names and no other: one that names an
+ * older record of the key (a FORGET queued before the key was spilled
+ * again, answering a stale report) leaves the newer record alone. */
+static void do_forget(kvp_tier *t, const kvp_disk_ent *e)
+{
+    int rc = kvp_disk_forget(t->disk, e->tenant.p, e->tenant.len, e->key.p, e->key.len, e->rec,
+                             e->size, e->checksum);
+    if (rc == 1)
+        KVP_DEBUG(MOD, "FORGET of record %08x (%llu bytes) ignored: the key's record is another "
+                       "one", e->rec, (unsigned long long)e->size);
+    else if (rc < 0 && rc != KVP_EOBJECT_NOT_FOUND)
+        KVP_WARN_LIMITED(MOD, "FORGET of record %08x failed (%s): the record stays", e->rec,
+                         kvp_strerror(rc));
+    if (rc == 0 || rc == 1 || rc == KVP_EOBJECT_NOT_FOUND)
+        count(t, rc == 0 ? &t->st.forgets : rc == 1 ? &t->st.forget_stale : &t->st.forget_missing,
+              1);
+}
+
 void kvp_tier_command(kvp_tier *t, const uint8_t *body, uint32_t len)
 {
     kvp_arena a;
@@ -271,10 +289,7 @@ void kvp_tier_command(kvp_tier *t, const uint8_t *body, uint32_t len)
         switch (e->what) {
         case KVP_DISK_SPILL: do_spill(t, e); break;
         case KVP_DISK_LOAD: do_load_queue(t, e); break;
-        case KVP_DISK_FORGET:
-            kvp_disk_remove(t->disk, e->tenant.p, e->tenant.len, e->key.p, e->key.len);
-            count(t, &t->st.forgets, 1);
-            break;
+        case KVP_DISK_FORGET: do_forget(t, e); break;
         default: break; /* reports are not commands */
         }
     }
@@ -299,7 +314,7 @@ static void load_one(kvp_tier *t, const job *j)
             rc = 0;
     }
     report_add(t, KVP_DISK_LOADED, (int32_t)rc, tenant, j->tlen, key, j->klen, j->size, j->csum,
-               j->page, j->gen);
+               j->page, j->gen, 0);
     count(t, rc ? &t->st.load_fails : &t->st.loads, 1);
 }
 
@@ -314,7 +329,7 @@ static void usage_report(kvp_tier *t)
         return;
     memcpy(t->usage, u, sizeof u);
     report_add(t, KVP_DISK_USAGE, 0, NULL, 0, (const uint8_t *)"usage", 5, u[0], u[1],
-               (uint32_t)u[3], u[2]);
+               (uint32_t)u[3], u[2], 0);
 }
 
 static void *loader_main(void *arg)
@@ -375,7 +390,7 @@ static void have_one(void *arg, const kvp_disk_rec *r)
 {
     struct have *h = arg;
     report_add(h->t, KVP_DISK_HAVE, 0, r->tenant, r->tenant_len, r->key, r->key_len, r->size,
-               r->csum, 0, 0);
+               r->csum, 0, 0, kvp_disk_rec_id(r->seq));
     h->n++;
 }
 

@@ -10,7 +10,9 @@
  *           allocation in the segment (verified end to end) and reports
  *           LOADED; reads run on their own threads, never on the segment
  *           server's, so disk reads never hold up DRAM reads
- *   FORGET  the record is removed (a tombstone)
+ *   FORGET  the record it names (rec, size, checksum) is removed (a
+ *           tombstone); one naming another record than the key's live one
+ *           is ignored (forget_stale), one finding none too (forget_missing)
  * Records the disk store drops (for room, or found corrupt) are reported
  * GONE; after every mount kvp_tier_register queues a HAVE per live record,
  * so a restarted node or master gets the disk's objects back.
@@ -56,6 +58,7 @@ int kvp_tier_take(kvp_tier *t, int (*send)(void *ctx, const uint8_t *body, size_
 
 typedef struct kvp_tier_stats {
     uint64_t spills, spill_fails, spill_corrupt, loads, load_fails, forgets, gone;
+    uint64_t forget_stale, forget_missing;
     uint64_t registered;
 } kvp_tier_stats;
 void kvp_tier_get_stats(kvp_tier *t, kvp_tier_stats *out);

@@ -875,6 +875,7 @@ void kvp_enc_disk_ent(kvp_buf *b, const kvp_disk_ent *e)
     kvp_buf_u64(b, e->checksum);
     kvp_buf_u32(b, e->page);
     kvp_buf_u64(b, e->generation);
+    kvp_buf_u32(b, e->rec);
 }
 
 void kvp_enc_disk(kvp_buf *b, const kvp_msg_disk *m)
@@ -903,7 +904,13 @@ int kvp_dec_disk(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_
         e->checksum = kvp_rd_u64(&r);
         e->page = kvp_rd_u32(&r);
         e->generation = kvp_rd_u64(&r);
+        e->rec = kvp_rd_u32(&r);
         if (e->what < KVP_DISK_SPILL || e->what > KVP_DISK_USAGE)
+            rd_fail(&r);
+        /* only FORGET, a durable SPILLED, HAVE and GONE name a record */
+        int names = e->what == KVP_DISK_FORGET || e->what == KVP_DISK_HAVE ||
+                    e->what == KVP_DISK_GONE || (e->what == KVP_DISK_SPILLED && e->status == 0);
+        if (e->rec && !names)
             rd_fail(&r);
     }
     DEC_END;

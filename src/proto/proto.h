@@ -33,7 +33,8 @@
 #include "common/buf.h"
 
 #define KVP_PROTO_MAGIC 0x4B56u
-#define KVP_PROTO_VERSION 2
+#define KVP_PROTO_VERSION 2 /* 2: DISK_CMD / DISK_REPORT entries carry a record id,
+                               PUT_START a soft pin's TTL */
 #define KVP_FRAME_HDR 24
 
 #define KVP_FLAG_RESPONSE 0x01 /* this frame answers req_id */
@@ -502,19 +503,30 @@ int kvp_dec_seg_freed(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
  * ONEWAY: DISK_CMD unsolicited on the node's master connection, DISK_REPORT
  * from the node as a request. Body: u64 segment_id (the node's), u32 n, then
  * n x (u8 what, i32 status, bytes tenant, bytes key, u64 size, u64 checksum,
- * u32 page, u64 generation).
+ * u32 page, u64 generation, u32 rec).
+ *
+ * `rec` names one disk record of the key: the low 32 bits of the sequence
+ * number the node's disk store gave it (disk.h; unique per record and
+ * increasing, kept in the record's header, so the same across a restart
+ * and a compaction). A node keeps at most one record per key, the newest;
+ * rec tells a record from an older or newer one of the same key.
  *   SPILL   copy the replica at page (generation) to disk; report SPILLED
  *           once durable (status 0) or failed
  *   LOAD    read the disk record into the allocation at page (generation):
  *           the master's staging copy; report LOADED
- *   FORGET  remove the disk record (the object is gone); no report
- *   SPILLED, LOADED  the outcome, page/generation as commanded
+ *   FORGET  remove disk record rec of the key, and only it: a FORGET that
+ *           names another record than the key's current one (size and
+ *           checksum included) is ignored; no report
+ *   SPILLED, LOADED  the outcome, page/generation as commanded; a durable
+ *           SPILLED carries the new record's rec
  *   HAVE    a durable record the node holds (sent after every mount: a
  *           restarted node or master learns what the disk tier keeps)
  *   GONE    a record left the tier (dropped for room, or found corrupt)
  *   USAGE   the tier's own figures (key "usage"): size = bytes of page
  *           files, checksum = bytes compaction moved, generation = pages it
  *           reclaimed, page = pages dropped for room (totals since start)
+ * rec is 0 in SPILL, LOAD, LOADED, USAGE and a failed SPILLED (decoders
+ * refuse anything else there).
  */
 enum {
     KVP_DISK_SPILL = 1,
@@ -533,6 +545,7 @@ typedef struct kvp_disk_ent {
     uint64_t size, checksum;
     uint32_t page;
     uint64_t generation;
+    uint32_t rec; /* FORGET, durable SPILLED, HAVE, GONE: the record; else 0 */
 } kvp_disk_ent;
 typedef struct kvp_msg_disk {
     uint64_t segment_id;
@@ -540,7 +553,7 @@ typedef struct kvp_msg_disk {
     kvp_disk_ent *e;
 } kvp_msg_disk;
 /* bytes of one entry besides its tenant and key */
-#define KVP_DISK_ENT_FIXED (1 + 4 + 4 + 4 + 8 + 8 + 4 + 8)
+#define KVP_DISK_ENT_FIXED (1 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 4)
 void kvp_enc_disk_ent(kvp_buf *b, const kvp_disk_ent *e);
 void kvp_enc_disk(kvp_buf *b, const kvp_msg_disk *m);
 int kvp_dec_disk(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,

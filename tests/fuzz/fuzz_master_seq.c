@@ -544,7 +544,7 @@ static void st_hello(world *w, sess *s, prog *g)
     kvp_msg_hello h = {KVP_PROTO_VERSION, cid, {NULL, 0}, B("fuzz"), {NULL, 0}, {NULL, 0},
                        session};
     if (creds == 0xFF)
-        h.version = 2;
+        h.version = KVP_PROTO_VERSION + 1; /* a version it does not speak */
     if ((creds & 3) == 1 || (creds & 3) == 2)
         h.token = B((creds & 3) == 1 ? CLUSTER_TOKEN : "wrong");
     if ((creds >> 2 & 3) == 1 || (creds >> 2 & 3) == 2)
@@ -837,18 +837,27 @@ static void st_disk_report(world *w, sess *s, prog *g)
             static const int32_t sts[] = {0, 0, 0, KVP_EIO, KVP_EOBJECT_NOT_FOUND, KVP_ENOMEM,
                                           KVP_ECHECKSUM_MISMATCH, KVP_EAGAIN};
             e[i].status = sts[(v >> 3) % 8];
+            /* a durable SPILLED names its record: one of a few ids, so that
+             * reports of the same key name the same or another record */
+            e[i].rec = e[i].what == KVP_DISK_SPILLED && e[i].status == 0 ? 1u + (v & 3) : 0;
             if (v >= 0xF0) /* a stale or forged answer */
                 e[i].generation ^= 1 + (v & 3);
             if (v >= 0xF8)
                 e[i].checksum ^= 1;
         } else if (kind == 4 && (v & 0x80)) {
             e[i] = (kvp_disk_ent){KVP_DISK_USAGE, 0, {NULL, 0}, B("usage"), u64(g), u64(g),
-                                  u32(g), u64(g)};
+                                  u32(g), u64(g), 0};
         } else { /* HAVE or GONE of a record, or a command sent back */
             uint8_t ti, ki;
             kvp_bytes t = pick_tenant(g, &ti), k = pick_key(w, g, &ki);
             uint8_t what = kind == 4 ? 1 + v / 5 % 9 : (v & 0x40) ? KVP_DISK_GONE : KVP_DISK_HAVE;
-            e[i] = (kvp_disk_ent){what, 0, t, k, pick_size(g), pick_checksum(g), u8(g), 0};
+            /* HAVE, GONE (and FORGET sent back) name a record; anything
+             * else sent back with an id is refused by the decoder */
+            uint32_t rec = what == KVP_DISK_HAVE || what == KVP_DISK_GONE ||
+                                   what == KVP_DISK_FORGET || (v & 0x20)
+                               ? 1u + (v >> 6)
+                               : 0;
+            e[i] = (kvp_disk_ent){what, 0, t, k, pick_size(g), pick_checksum(g), u8(g), 0, rec};
         }
     }
     if (f & 1)

@@ -4,7 +4,8 @@
  *
  *   cc -std=gnu11 -Iinclude -Isrc -Itests/support tests/fuzz/gen_corpus.c \
  *       src/common/buf.c src/common/mem.c src/proto/proto.c -lxxhash -o build/gen_corpus
- *   rm -rf tests/fuzz/corpus && build/gen_corpus tests/fuzz/corpus
+ *   rm -rf tests/fuzz/corpus/fuzz_decode tests/fuzz/corpus/fuzz_frame
+ *   build/gen_corpus tests/fuzz/corpus
  *
  * fuzz_decode/NAME-V: the selector byte then sample V of message NAME.
  * fuzz_frame/OP-req, OP-resp: one frame per opcode and direction carrying

@@ -146,7 +146,7 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     static kvp_seg_info infos[3], info_max;
     static kvp_freed freed[3] = {{0, 1, 1, 0}, {7, 512, 0x100000002ull, KVP_FREED_PUBLISHED}, {UINT32_MAX, UINT32_MAX, UINT64_MAX, UINT32_MAX}};
     static kvp_bad_replica bad[2];
-    static kvp_disk_ent dents[3];
+    static kvp_disk_ent dents[4];
     const uint8_t *big = pc_big();
     kvp_bytes str_max = {big, 1024}, key_max = {big, 4096};
     kvp_replica reps[3] = {{7, 0, 4096, 1, 5000, KVP_ACCESS_WRITE, 11}, {8, 1ull << 40, 123456789, 2, 0, KVP_ACCESS_READ, 0}, {UINT64_MAX, 4096, 1, UINT64_MAX, UINT64_MAX, KVP_ACCESS_READ, UINT64_MAX}};
@@ -182,10 +182,12 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     info_max = (kvp_seg_info){0, seg_max};
     bad[0] = (kvp_bad_replica){PC_B("k"), 42, 0x100000001ull};
     bad[1] = (kvp_bad_replica){key_max, UINT64_MAX, UINT64_MAX};
-    dents[0] = (kvp_disk_ent){KVP_DISK_SPILL, 0, PC_B(""), PC_B("k"), 4096, 0xC0DE, 7, 0x100000001ull};
+    dents[0] = (kvp_disk_ent){KVP_DISK_SPILL, 0, PC_B(""), PC_B("k"), 4096, 0xC0DE, 7, 0x100000001ull,
+                              0};
     dents[1] = (kvp_disk_ent){KVP_DISK_LOADED, KVP_ECHECKSUM_MISMATCH, PC_B("tenant-1"), key_max,
-                              UINT64_MAX, UINT64_MAX, UINT32_MAX, UINT64_MAX};
-    dents[2] = (kvp_disk_ent){KVP_DISK_GONE, INT32_MIN, str_max, PC_B("x"), 1, 2, 3, 4};
+                              UINT64_MAX, UINT64_MAX, UINT32_MAX, UINT64_MAX, 0};
+    dents[2] = (kvp_disk_ent){KVP_DISK_GONE, INT32_MIN, str_max, PC_B("x"), 1, 2, 3, 4, UINT32_MAX};
+    dents[3] = (kvp_disk_ent){KVP_DISK_FORGET, 0, PC_B("t"), PC_B("k"), 4096, 0xC0DE, 0, 0, 0x5EC0};
 
     memset(m, 0, sizeof *m);
     switch (kind * 4 + v) {
@@ -241,7 +243,7 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(replica_bad, 0) return 0;
     S(replica_bad, 1) m->replica_bad = (kvp_msg_replica_bad){PC_B("tenant-1"), 2, bad}; return 0;
     S(disk, 0) return 0;
-    S(disk, 1) m->disk = (kvp_msg_disk){0xD15C, 3, dents}; return 0;
+    S(disk, 1) m->disk = (kvp_msg_disk){0xD15C, 4, dents}; return 0;
 #undef S
     }
     return -1;
@@ -412,7 +414,7 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
             const kvp_disk_ent *e = &a->e[i], *f = &b->e[i];
             if (e->what != f->what || e->status != f->status || !pc_beq(e->tenant, f->tenant) ||
                 !pc_beq(e->key, f->key) || e->size != f->size || e->checksum != f->checksum ||
-                e->page != f->page || e->generation != f->generation)
+                e->page != f->page || e->generation != f->generation || e->rec != f->rec)
                 return 0;
         }
         return 1;

@@ -141,7 +141,7 @@ static inline int tq_exist(kvp_rpc *r, const char *tenant, const char *key)
 static inline int tq_have(kvp_rpc *r, uint64_t seg, const char *tenant, const char *key,
                           uint64_t size, uint64_t checksum)
 {
-    kvp_disk_ent e = {KVP_DISK_HAVE, 0, tq_bs(tenant), tq_bs(key), size, checksum, 0, 0};
+    kvp_disk_ent e = {KVP_DISK_HAVE, 0, tq_bs(tenant), tq_bs(key), size, checksum, 0, 0, 1};
     kvp_msg_disk d = {seg, 1, &e};
     kvp_buf b;
     kvp_buf_init(&b, 8192);

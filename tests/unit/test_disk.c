@@ -9,7 +9,9 @@
  * in queue order through the writer's pipeline, and nothing dropped or
  * removed coming back after a restart when an older page holding the key
  * survives (tombstone pages dropped for room or compacted, a newer value's
- * page dropped, a record dropped for its checksum).
+ * page dropped, a record dropped for its checksum), and a FORGET removing
+ * only the record it names (never a newer one of the key, durable or still
+ * queued, across restarts).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -758,3 +760,115 @@ TEST(an_older_value_does_not_come_back_after_a_checksum_drop)
     kvp_disk_close(d);
     rm_tmp();
 }
+
+/* ------------------------------------------- forgetting one record */
+
+struct seq_find {
+    const char *key;
+    uint64_t seq;
+};
+
+static void seq_one(void *arg, const kvp_disk_rec *r)
+{
+    struct seq_find *f = arg;
+    if (r->key_len == strlen(f->key) && !memcmp(r->key, f->key, r->key_len))
+        f->seq = r->seq;
+}
+
+/* The sequence of key's live record, 0 if none. */
+static uint64_t seq_of(kvp_disk *d, const char *key)
+{
+    struct seq_find f = {key, 0};
+    kvp_disk_each(d, seq_one, &f);
+    return f.seq;
+}
+
+static uint64_t csum_of(size_t n, uint64_t seed)
+{
+    uint8_t *v = malloc(n);
+    tp_fill(v, n, seed);
+    uint64_t c = XXH3_64bits(v, n);
+    free(v);
+    return c;
+}
+
+/* A FORGET of an older record of a key (queued before the key was written
+ * again) leaves the newer record alone, also across a restart's rescan,
+ * while one naming the live record removes it for good. */
+TEST(forget_removes_only_the_record_it_names)
+{
+    mkdir_tmp();
+    kvp_disk *d = open_disk(32 * MiB, 2 * MiB, 32 * MiB, 0);
+    CHECK(d);
+    CHECK_EQ(put(d, "k", 5000, 1), 0);
+    kvp_disk_flush(d);
+    uint64_t s1 = seq_of(d, "k");
+    CHECK(s1 != 0);
+    CHECK_EQ(put(d, "k", 6000, 2), 0); /* the key spilled again: a newer record */
+    kvp_disk_flush(d);
+    uint64_t s2 = seq_of(d, "k");
+    CHECK(s2 > s1);
+    /* stale: the first record's id; or the live id with another value */
+    CHECK_EQ(kvp_disk_forget(d, T, K("k"), kvp_disk_rec_id(s1), 5000, csum_of(5000, 1)), 1);
+    CHECK_EQ(kvp_disk_forget(d, T, K("k"), kvp_disk_rec_id(s2), 6000, csum_of(6000, 1)), 1);
+    CHECK_EQ(kvp_disk_forget(d, T, K("k"), kvp_disk_rec_id(s2), 5000, csum_of(6000, 2)), 1);
+    CHECK(holds(d, "k", 6000, 2));
+    kvp_disk_close(d);
+    /* the rescan finds the same record under the same sequence */
+    d = open_disk(32 * MiB, 2 * MiB, 32 * MiB, 0);
+    CHECK(d);
+    CHECK(holds(d, "k", 6000, 2));
+    CHECK_EQ(seq_of(d, "k"), s2);
+    CHECK_EQ(kvp_disk_forget(d, T, K("k"), kvp_disk_rec_id(s1), 5000, csum_of(5000, 1)), 1);
+    CHECK(holds(d, "k", 6000, 2));
+    /* the live record named: removed; a second FORGET finds nothing */
+    CHECK_EQ(kvp_disk_forget(d, T, K("k"), kvp_disk_rec_id(s2), 6000, csum_of(6000, 2)), 0);
+    uint8_t buf[8];
+    CHECK_EQ(kvp_disk_read(d, T, K("k"), buf, sizeof buf, NULL), KVP_EOBJECT_NOT_FOUND);
+    CHECK_EQ(kvp_disk_forget(d, T, K("k"), kvp_disk_rec_id(s2), 6000, csum_of(6000, 2)),
+             KVP_EOBJECT_NOT_FOUND);
+    kvp_disk_close(d);
+    /* neither record comes back after a restart (the older one is a ghost) */
+    d = open_disk(32 * MiB, 2 * MiB, 32 * MiB, 0);
+    CHECK(d);
+    CHECK_EQ(kvp_disk_read(d, T, K("k"), buf, sizeof buf, NULL), KVP_EOBJECT_NOT_FOUND);
+    CHECK_EQ(seq_of(d, "k"), 0);
+    /* and every record written after the restart is numbered above them */
+    CHECK_EQ(put(d, "k2", 4096, 3), 0);
+    kvp_disk_flush(d);
+    CHECK(seq_of(d, "k2") > s2);
+    kvp_disk_close(d);
+    rm_tmp();
+}
+
+/* A FORGET of the live record while a newer write of the key is queued
+ * (not yet durable) removes that record only: the newer one is indexed
+ * when durable and survives restarts. (A remove of the key would take the
+ * queued write with it.) */
+static void forget_queued_body(int io)
+{
+    mkdir_tmp();
+    kvp_disk *d = open_disk(32 * MiB, 2 * MiB, 32 * MiB, io);
+    CHECK(d);
+    CHECK_EQ(put(d, "k", 5000, 1), 0);
+    kvp_disk_flush(d);
+    uint64_t s1 = seq_of(d, "k");
+    kvp_disk_pause(d, 1);
+    CHECK_EQ(put(d, "k", 7000, 2), 0);
+    CHECK_EQ(kvp_disk_forget(d, T, K("k"), kvp_disk_rec_id(s1), 5000, csum_of(5000, 1)), 0);
+    uint8_t buf[8];
+    CHECK_EQ(kvp_disk_read(d, T, K("k"), buf, sizeof buf, NULL), KVP_EOBJECT_NOT_FOUND);
+    kvp_disk_pause(d, 0);
+    kvp_disk_flush(d);
+    CHECK(holds(d, "k", 7000, 2));
+    CHECK(seq_of(d, "k") > s1);
+    kvp_disk_close(d);
+    d = open_disk(32 * MiB, 2 * MiB, 32 * MiB, io);
+    CHECK(d);
+    CHECK(holds(d, "k", 7000, 2));
+    kvp_disk_close(d);
+    rm_tmp();
+}
+
+TEST(forget_spares_a_newer_write_still_queued_io_uring) { forget_queued_body(KVP_DISK_IO_AUTO); }
+TEST(forget_spares_a_newer_write_still_queued_pwrite) { forget_queued_body(KVP_DISK_IO_PWRITE); }

@@ -12,6 +12,7 @@
 #include "harness.h"
 #include "kvpool.h"
 #include "master/master.h"
+#include "master/obj.h"
 
 #define MiB (1024ull * 1024)
 
@@ -977,7 +978,7 @@ typedef struct pushed {
         uint8_t what;
         char key[32];
         uint64_t size, csum, gen;
-        uint32_t page;
+        uint32_t page, rec;
     } e[256];
 } pushed;
 
@@ -1015,6 +1016,7 @@ static int take_push(core *c, pushed *p)
                 p->e[p->n].csum = d.e[i].checksum;
                 p->e[p->n].gen = d.e[i].generation;
                 p->e[p->n].page = d.e[i].page;
+                p->e[p->n].rec = d.e[i].rec;
             }
         }
         at += KVP_FRAME_HDR + h.body_len;
@@ -1033,17 +1035,24 @@ static int find_cmd(const pushed *p, uint8_t what)
     return at;
 }
 
-/* One DISK_REPORT entry from the node of segment seg. */
-static int report(core *c, sess *s, uint64_t seg, uint8_t what, int32_t status, const char *key,
-                   uint64_t size, uint64_t csum, uint32_t page, uint64_t gen)
+/* One DISK_REPORT entry from the node of segment seg, naming record rec. */
+static int report_rec(core *c, sess *s, uint64_t seg, uint8_t what, int32_t status,
+                      const char *key, uint64_t size, uint64_t csum, uint32_t page, uint64_t gen,
+                      uint32_t rec)
 {
     kvp_disk_ent e = {what, status, {NULL, 0}, {(const uint8_t *)key, (uint32_t)strlen(key)},
-                      size, csum, page, gen};
+                      size, csum, page, gen, rec};
     kvp_msg_disk d = {seg, 1, &e};
     kvp_enc_disk(&c->body, &d);
     REQUIRE(call(c, s, KVP_OP_DISK_REPORT, KVP_FLAG_ONEWAY) == 0);
     REQUIRE(c->out.len == 0); /* a ONEWAY report gets no answer */
     return 0;
+}
+
+static int report(core *c, sess *s, uint64_t seg, uint8_t what, int32_t status, const char *key,
+                  uint64_t size, uint64_t csum, uint32_t page, uint64_t gen)
+{
+    return report_rec(c, s, seg, what, status, key, size, csum, page, gen, 0);
 }
 
 static int32_t get_status(core *c, sess *s, int i, kvp_get_result *out)
@@ -1163,6 +1172,92 @@ TEST(disk_tier_spill_load_forget)
     core_free(&c);
 }
 
+/* FORGET names the record (rec) it removes: the one the node reported in a
+ * stale report, or the object's own when it is removed -- never the key
+ * alone, so a late FORGET cannot take a newer record of the key. */
+TEST(disk_tier_forget_names_the_record)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount_disk(&c, &s, 7, "n:1", 100 * 4096, 1ull << 30), 0);
+    CHECK_EQ(put(&c, &s, 0, 10, 10 * 4096), 0); /* full */
+    kvp_msg_put_start_resp r;
+    CHECK_EQ(put_start(&c, &s, 100, 1, 10 * 4096, 1, 0, NULL, &r), 0);
+    pushed *p = calloc(1, sizeof *p), *q = calloc(1, sizeof *q);
+    take_push(&c, p);
+    CHECK(p->n == 1 && p->e[0].what == KVP_DISK_SPILL && !strcmp(p->e[0].key, "key-000000"));
+    CHECK_EQ(p->e[0].rec, 0);
+    /* the object is removed while its spill is in flight, put again (the
+     * same value) and spilled again: two records of the key on the way */
+    int32_t codes[10];
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 0, 10, NULL, codes), 0);
+    CHECK_EQ(put(&c, &s, 0, 1, 10 * 4096), 0);
+    CHECK_EQ(put(&c, &s, 11, 9, 10 * 4096), 0);
+    CHECK_EQ(put_start(&c, &s, 100, 1, 10 * 4096, 1, 0, NULL, &r), 0);
+    take_push(&c, q);
+    int sp = -1;
+    for (int i = 0; i < q->n; i++)
+        if (q->e[i].what == KVP_DISK_SPILL && !strcmp(q->e[i].key, "key-000000"))
+            sp = i;
+    CHECK(sp >= 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* the first spill's report (record 0x100) is stale: forgotten by its id */
+    report_rec(&c, &s, 7, KVP_DISK_SPILLED, 0, "key-000000", 10 * 4096, 0xC0DE0000u,
+               p->e[0].page, p->e[0].gen, 0x100);
+    take_push(&c, p);
+    CHECK(p->n == 1 && p->e[0].what == KVP_DISK_FORGET && !strcmp(p->e[0].key, "key-000000"));
+    CHECK_EQ(p->e[0].rec, 0x100);
+    CHECK_EQ(p->e[0].csum, 0xC0DE0000u);
+    /* the second one is the object's record (0x101) */
+    report_rec(&c, &s, 7, KVP_DISK_SPILLED, 0, "key-000000", 10 * 4096, 0xC0DE0000u,
+               q->e[sp].page, q->e[sp].gen, 0x101);
+    uint64_t st[KVP_STAT__COUNT];
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_DISK_OBJECTS], 1);
+    CHECK_EQ(exists(&c, &s, 0), 1);
+    /* an older record of the key dropped by the tier is not the object's */
+    report_rec(&c, &s, 7, KVP_DISK_GONE, 0, "key-000000", 10 * 4096, 0xC0DE0000u, 0, 0, 0x100);
+    CHECK_EQ(exists(&c, &s, 0), 1);
+    stats(&c, st);
+    CHECK_EQ(st[KVP_STAT_DISK_OBJECTS], 1);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* removed: FORGET names the object's record */
+    int32_t code;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 0, 1, NULL, &code), 0);
+    CHECK_EQ(code, 0);
+    take_push(&c, p);
+    int fg = find_cmd(p, KVP_DISK_FORGET);
+    CHECK(fg >= 0 && !strcmp(p->e[fg].key, "key-000000"));
+    CHECK_EQ(p->e[fg].rec, 0x101);
+    /* HAVE of another value under a key: that record is forgotten */
+    report_rec(&c, &s, 7, KVP_DISK_HAVE, 0, "key-000011", 10 * 4096, 0xBAD, 0, 0, 0x77);
+    take_push(&c, p);
+    CHECK(p->n == 1 && p->e[0].what == KVP_DISK_FORGET && p->e[0].rec == 0x77);
+    /* a record only on disk; reported again under a newer id (the node's
+     * record of the key now): its removal names that one */
+    report_rec(&c, &s, 7, KVP_DISK_HAVE, 0, "key-000050", 8192, 0xAB, 0, 0, 0x200);
+    report_rec(&c, &s, 7, KVP_DISK_HAVE, 0, "key-000050", 8192, 0xAB, 0, 0, 0x201);
+    CHECK_EQ(exists(&c, &s, 50), 1);
+    report_rec(&c, &s, 7, KVP_DISK_GONE, 0, "key-000050", 8192, 0xAB, 0, 0, 0x200);
+    CHECK_EQ(exists(&c, &s, 50), 1); /* an older record's GONE */
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 50, 1, NULL, &code), 0);
+    CHECK_EQ(code, 0);
+    take_push(&c, p);
+    fg = find_cmd(p, KVP_DISK_FORGET);
+    CHECK(fg >= 0 && p->e[fg].rec == 0x201 && !strcmp(p->e[fg].key, "key-000050"));
+    /* GONE of the object's own record takes it */
+    report_rec(&c, &s, 7, KVP_DISK_HAVE, 0, "key-000051", 8192, 0xAC, 0, 0, 0x300);
+    report_rec(&c, &s, 7, KVP_DISK_GONE, 0, "key-000051", 8192, 0xAC, 0, 0, 0x300);
+    CHECK_EQ(exists(&c, &s, 51), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    free(p);
+    free(q);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
 TEST(disk_tier_have_gone_unmount_and_quarantine)
 {
     core c;
@@ -1255,7 +1350,7 @@ TEST(disk_tier_large_remove_forgets_everything)
             memset(kk, 'k', 250);
             snprintf(kk + 250, 10, "%06d", b * 1000 + i);
             e[i] = (kvp_disk_ent){KVP_DISK_HAVE, 0, {NULL, 0}, {(const uint8_t *)kk, 256}, 4096,
-                                  (uint64_t)(b * 1000 + i), 0, 0};
+                                  (uint64_t)(b * 1000 + i), 0, 0, (uint32_t)i};
         }
         kvp_msg_disk d = {7, 1000, e};
         kvp_enc_disk(&c.body, &d);
@@ -1425,7 +1520,7 @@ TEST(remove_regex_key_is_not_a_c_string)
     sess s;
     CHECK_EQ(hello(&c, &s, 1), 0);
     CHECK_EQ(mount_disk(&c, &s, 7, "n:1", 100 * 4096, 1ull << 30), 0);
-    kvp_disk_ent e = {KVP_DISK_HAVE, 0, {NULL, 0}, {(const uint8_t *)"abcd", 4}, 4096, 5, 0, 0};
+    kvp_disk_ent e = {KVP_DISK_HAVE, 0, {NULL, 0}, {(const uint8_t *)"abcd", 4}, 4096, 5, 0, 0, 1};
     kvp_msg_disk d = {7, 1, &e};
     kvp_enc_disk(&c.body, &d);
     CHECK_EQ(call(&c, &s, KVP_OP_DISK_REPORT, KVP_FLAG_ONEWAY), 0);
@@ -1696,14 +1791,15 @@ TEST(soft_pin_ends_after_its_ttl)
     c.soft_ttl = 0;
     CHECK_EQ(put(&c, &s, 2, 8, 10 * 4096), 0);
     CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 2);
-    /* still pinned at 999 ms: an unpinned object goes */
-    c.now += 999;
+    /* still pinned at its TTL exactly (a pin never ends early): an unpinned
+     * object goes */
+    c.now += 1000;
     kvp_master_tick(c.m, c.now);
     CHECK_EQ(put(&c, &s, 10, 1, 10 * 4096), 0);
     CHECK_EQ(exists(&c, &s, 2), 0);
     CHECK_EQ(exists(&c, &s, 0), 1);
     /* 0's pin is over: the sweep makes it the next victim; 1 stays pinned */
-    c.now += 2;
+    c.now += 2 * KVP_PIN_TICK_MS; /* ... and ends within two ticks after it */
     kvp_master_tick(c.m, c.now);
     CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 1);
     CHECK_EQ(kvp_master_check(c.m), 0);
@@ -1752,7 +1848,7 @@ TEST(soft_pin_sweep_covers_a_long_list_in_steps)
             CHECK_EQ(codes[j], 0);
     }
     CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 5000);
-    c.now += 1001;
+    c.now += 1000 + 2 * KVP_PIN_TICK_MS;
     kvp_master_tick(c.m, c.now); /* one tick looks at TICK_BUDGET / 2 */
     uint64_t left = stat_of(&c, KVP_STAT_SOFT_PINNED);
     CHECK(left > 2500 && left < 5000);
@@ -1896,7 +1992,7 @@ TEST(replace_keeps_or_changes_the_soft_pin)
     c.soft_ttl = 0;
     CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 1);
     /* a pin that is over is not kept */
-    c.now += 501;
+    c.now += 500 + 2 * KVP_PIN_TICK_MS;
     CHECK_EQ(put_one(&c, &s, 0, 4096, KVP_PUT_F_REPLACE, 6), 0);
     CHECK_EQ(stat_of(&c, KVP_STAT_SOFT_PINNED), 0);
     CHECK_EQ(get_csum(&c, &s, 0), 6);

@@ -75,7 +75,7 @@ TEST(frame_hdr_layout)
     kvp_frame_hdr h = {KVP_PROTO_VERSION, KVP_FLAG_RESPONSE, 0x0102, 0x1122334455667788ull,
                        0xAABBCCDD, -2};
     static const uint8_t want[KVP_FRAME_HDR] = {
-        0x56, 0x4B, 0x01, 0x01, 0x02, 0x01, 0x00, 0x00, 0x88, 0x77, 0x66, 0x55,
+        0x56, 0x4B, KVP_PROTO_VERSION, 0x01, 0x02, 0x01, 0x00, 0x00, 0x88, 0x77, 0x66, 0x55,
         0x44, 0x33, 0x22, 0x11, 0xDD, 0xCC, 0xBB, 0xAA, 0xFE, 0xFF, 0xFF, 0xFF};
     uint8_t raw[KVP_FRAME_HDR];
     kvp_frame_hdr_encode(raw, &h);
@@ -104,7 +104,7 @@ TEST(frame_hdr_errors)
         raw[i] ^= 0x20;
         CHECK_EQ(kvp_frame_hdr_decode(raw, 1000, &d), KVP_EPROTOCOL);
     }
-    static const uint8_t versions[] = {0, 2, 0xFF};
+    static const uint8_t versions[] = {0, KVP_PROTO_VERSION - 1, KVP_PROTO_VERSION + 1, 0xFF};
     for (size_t i = 0; i < sizeof versions; i++) {
         memcpy(raw, ok, sizeof raw);
         raw[2] = versions[i];
@@ -451,7 +451,7 @@ static void put_u32_at(uint8_t *p, uint32_t v)
 TEST(hostile_counts)
 {
     static const struct { int kind; size_t off; } at[] = {
-        {PC_mount, 0}, {PC_ids, 0}, {PC_results, 0}, {PC_keys, 12}, {PC_put_start, 28},
+        {PC_mount, 0}, {PC_ids, 0}, {PC_results, 0}, {PC_keys, 12}, {PC_put_start, 36},
         {PC_put_start_resp, 0}, {PC_put_end, 5}, {PC_get_resp, 4}, {PC_remove, 13},
         {PC_stats_resp, 0}, {PC_seg_info_resp, 0},
     };
@@ -747,6 +747,48 @@ TEST(arena_huge_request)
 }
 
 /* ------------------------------------------------------ fuzz corpus */
+
+/* A DISK_CMD / DISK_REPORT entry: its layout (rec last), and rec only
+ * where an entry names a record (FORGET, durable SPILLED, HAVE, GONE). */
+TEST(disk_entry_record_id)
+{
+    kvp_proto_limits l = lim();
+    kvp_buf b;
+    kvp_buf_init(&b, 4096);
+    kvp_disk_ent e = {KVP_DISK_FORGET, 0, PC_B("t"), PC_B("k"), 4096, 0xC0DE, 0, 0, 0xA1B2C3D4u};
+    kvp_enc_disk(&b, &(kvp_msg_disk){9, 1, &e});
+    CHECK_EQ(b.len, 12 + KVP_DISK_ENT_FIXED + 2);
+    static const uint8_t tail[4] = {0xD4, 0xC3, 0xB2, 0xA1};
+    CHECK(memcmp(b.data + b.len - 4, tail, 4) == 0);
+    kvp_arena a;
+    kvp_arena_init(&a, 1 << 16);
+    kvp_msg_disk d;
+    CHECK_EQ(kvp_dec_disk(b.data, (uint32_t)b.len, &l, &a, &d), 0);
+    CHECK(d.n == 1 && d.e[0].rec == 0xA1B2C3D4u && d.e[0].what == KVP_DISK_FORGET);
+    static const struct {
+        uint8_t what;
+        int32_t status;
+        int ok;
+    } cases[] = {
+        {KVP_DISK_SPILL, 0, 0},   {KVP_DISK_LOAD, 0, 0},      {KVP_DISK_FORGET, 0, 1},
+        {KVP_DISK_SPILLED, 0, 1}, {KVP_DISK_SPILLED, KVP_EIO, 0}, {KVP_DISK_LOADED, 0, 0},
+        {KVP_DISK_HAVE, 0, 1},    {KVP_DISK_GONE, 0, 1},      {KVP_DISK_USAGE, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        for (uint32_t rec = 0; rec < 2; rec++) {
+            kvp_buf_reset(&b);
+            kvp_arena_reset(&a);
+            e.what = cases[i].what;
+            e.status = cases[i].status;
+            e.rec = rec;
+            kvp_enc_disk(&b, &(kvp_msg_disk){9, 1, &e});
+            int want = rec == 0 || cases[i].ok ? 0 : KVP_EPROTOCOL;
+            CHECK_EQ(kvp_dec_disk(b.data, (uint32_t)b.len, &l, &a, &d), want);
+        }
+    }
+    kvp_arena_free(&a);
+    kvp_buf_free(&b);
+}
 
 static uint8_t *slurp(const char *path, size_t *len)
 {
