@@ -8,17 +8,19 @@
 dir=${1:?usage: tests/run.sh BUILD_TEST_DIR}
 P=0; F=0; S=0
 log=$(mktemp)
+failed=$(mktemp) # names of what failed, repeated above the total (CI shows the tail)
 for t in $(find "$dir" -type f -name 'test_*' -perm -u+x | sort); do
     echo "== $t"
     "$t" >"$log" 2>&1
     rc=$?
     cat "$log"
+    grep '^FAIL ' "$log" | sed "s|^FAIL |FAIL $(basename "$t"): |" >>"$failed"
     res=$(grep '^RESULT ' "$log" | tail -1)
     if [ -n "$res" ]; then
         set -- $res
         P=$((P + $2)); F=$((F + $3)); S=$((S + $4))
     else
-        echo "FAIL $t: exited $rc without a result line"
+        echo "FAIL $t: exited $rc without a result line" | tee -a "$failed"
         F=$((F + 1))
     fi
 done
@@ -32,9 +34,12 @@ pytest_dir() {
     echo "== tests/$1 (pytest)"
     if py=$("$root/scripts/$2" 2>"$log"); then
         junit=$(mktemp)
-        (cd "$root/tests/$1" && "$py" -m pytest -q -p no:cacheprovider -rs \
-            --junitxml="$junit" .)
-        rc=$?
+        rcf=$(mktemp)
+        (cd "$root/tests/$1" && "$py" -m pytest -q -p no:cacheprovider -rsfE \
+            --junitxml="$junit" .; echo $? >"$rcf") 2>&1 | tee "$log"
+        rc=$(cat "$rcf")
+        rm -f "$rcf"
+        grep -E '^(FAILED|ERROR) ' "$log" | sed "s|^|tests/$1: |" >>"$failed"
         counts=$("$py" - "$junit" <<'PYEOF'
 import sys, xml.etree.ElementTree as ET
 try:
@@ -63,5 +68,10 @@ pytest_dir python python-env
 # vLLM's tests exercise the Python connector, not our threads: make tsan leaves them out
 [ -n "${KVP_TSAN:-}" ] || pytest_dir vllm vllm-env
 rm -f "$log"
+if [ -s "$failed" ]; then
+    echo "== what failed"
+    cat "$failed"
+fi
+rm -f "$failed"
 echo "$P passed, $F failed, $S skipped"
 [ "$F" -eq 0 ]
