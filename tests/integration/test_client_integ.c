@@ -15,6 +15,7 @@
  */
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -906,6 +907,33 @@ static void extended_body(const char *addr)
     kvp_put_opts_init(&o);
     o.replica_num = 4;
     CHECK_EQ(kvp_client_batch_put_opts(c, &k, &vp, &one, 1, &o, &r), KVP_EINVALID_PARAMS);
+
+    /* upsert: the new value replaces the old one; a soft pin's TTL is
+     * checked by the master (-600 without SOFT_PIN); a caller built against
+     * the first layout (no soft_pin_ttl_ms) gets its defaults */
+    const char *uk = "opt/upsert";
+    CHECK_EQ(kvp_client_put(c, uk, src, 100), 0);
+    kvp_put_opts_init(&o);
+    o.flags = KVP_PUT_REPLACE | KVP_PUT_SOFT_PIN;
+    o.soft_pin_ttl_ms = 60000;
+    kvp_iov uv = {src + 1, 200};
+    const kvp_iov *uvp = &uv;
+    CHECK_EQ(kvp_client_batch_put_opts(c, &uk, &uvp, &one, 1, &o, &r), 0);
+    CHECK_EQ(r, 200);
+    CHECK_EQ(kvp_client_get(c, uk, dst, sizeof dst), 200);
+    CHECK(memcmp(dst, src + 1, 200) == 0);
+    o.flags = KVP_PUT_REPLACE;
+    CHECK_EQ(kvp_client_batch_put_opts(c, &uk, &uvp, &one, 1, &o, &r), 0);
+    CHECK_EQ(r, KVP_EINVALID_PARAMS); /* a TTL without SOFT_PIN */
+    o.soft_pin_ttl_ms = -2;
+    CHECK_EQ(kvp_client_batch_put_opts(c, &uk, &uvp, &one, 1, &o, &r), KVP_EINVALID_PARAMS);
+    o.soft_pin_ttl_ms = 12345; /* beyond a first-layout struct: never read */
+    o.struct_size = offsetof(kvp_put_opts, preferred_segment) + sizeof(const char *);
+    o.flags = KVP_PUT_REPLACE | KVP_PUT_SOFT_UNPIN;
+    CHECK_EQ(kvp_client_batch_put_opts(c, &uk, &vp, &one, 1, &o, &r), 0);
+    CHECK_EQ(r, (int64_t)sizeof src);
+    CHECK_EQ(kvp_client_get(c, uk, dst, sizeof dst), (int)sizeof src);
+    CHECK_EQ(kvp_client_remove(c, uk, 0), 0);
 
     /* batch size, batch get into larger buffers, batch remove */
     const char *ks[3] = {"x/a", "x/b", "x/missing"};
