@@ -315,16 +315,24 @@ static void msend_oneway(kvp_client *c, uint16_t op, const kvp_buf *req)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Tells the master which segments transfers could not reach (TRANSFER_FAIL,
- * RPC_TIMEOUT): it stops placing there until their nodes heartbeat, so the
- * next puts go to live segments. Best effort, one ONEWAY frame. */
+/* A transfer's status meaning its segment could not be reached: moved
+ * nothing usable (TRANSFER_FAIL), no connection (RPC_FAIL: refused, reset),
+ * no answer (RPC_TIMEOUT). */
+static int unreachable(int status)
+{
+    return status == KVP_ETRANSFER_FAIL || status == KVP_ERPC_FAIL || status == KVP_ERPC_TIMEOUT;
+}
+
+/* Tells the master which segments transfers could not reach (unreachable()):
+ * it stops placing there until their nodes heartbeat, so the next puts go to
+ * live segments. Best effort, one ONEWAY frame. */
 static void report_failing(kvp_client *c, const kvp_xfer_op *ops, size_t n)
 {
     enum { MAXIDS = 64 };
     uint64_t ids[MAXIDS];
     uint32_t ni = 0;
     for (size_t i = 0; i < n && ni < MAXIDS; i++) {
-        if (ops[i].status != KVP_ETRANSFER_FAIL && ops[i].status != KVP_ERPC_TIMEOUT)
+        if (!unreachable(ops[i].status))
             continue;
         uint32_t k;
         for (k = 0; k < ni && ids[k] != ops[i].rep.segment_id; k++)
@@ -713,7 +721,10 @@ static void *hb_main(void *arg)
 
 /*
  * One chunk of a put: k[0..m) are valid keys with their caller indexes
- * idx[], pieces and sizes. Fills results[idx[i]].
+ * idx[], pieces and sizes. Fills results[idx[i]], and sets again[i] for a
+ * key that may be put once more: a replica's segment was unreachable, the
+ * master was told (SEG_FAILING) and the put revoked (confirmed), so a new
+ * PUT_START places it elsewhere and cannot meet its own leftover.
  */
 /* What PUT_START asks for besides the keys: resolved from kvp_put_opts. */
 typedef struct put_args {
@@ -725,8 +736,10 @@ typedef struct put_args {
 
 static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_bytes *k,
                       const size_t *idx, const uint64_t *sizes, size_t m,
-                      const kvp_iov *const *iovs, const size_t *niov, int64_t *results)
+                      const kvp_iov *const *iovs, const size_t *niov, int64_t *results,
+                      uint8_t *again)
 {
+    memset(again, 0, m);
     scratch_reset(s);
     kvp_msg_put_start ps = {tenant_of(c), pa->replicas, pa->flags, pa->soft_ttl_ms, pa->preferred,
                             (uint32_t)m, (kvp_bytes *)k, (uint64_t *)sizes};
@@ -836,6 +849,7 @@ static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_b
                     bad = ops[oo].status;
             if (bad) {
                 results[idx[i]] = bad;
+                again[i] = !kerr[i] && unreachable(bad); /* confirmed by PUT_REVOKE below */
                 revk[nrev] = k[i];
                 revi[nrev++] = i;
             } else {
@@ -874,9 +888,17 @@ static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_b
         kvp_msg_keys rk = {tenant_of(c), (uint32_t)nrev, revk};
         kvp_enc_keys(&s->req, &rk);
         int vrc = mcall(c, KVP_OP_PUT_REVOKE, &s->req, RETRY_SAFE, &s->resp);
+        kvp_msg_results vr = {0};
+        if (vrc == 0)
+            vrc = kvp_dec_results(s->resp.data, (uint32_t)s->resp.len, &c->lim, &s->a, &vr);
+        if (vrc == 0 && vr.n != nrev)
+            vrc = KVP_EPROTOCOL;
         if (vrc)
             KVP_DEBUG(MOD, "PUT_REVOKE of %zu keys: %s (put_timeout reclaims them)", nrev,
                       kvp_strerror(vrc));
+        for (size_t v = 0; v < nrev; v++)
+            if (vrc || vr.codes[v] != 0)
+                again[revi[v]] = 0; /* still pending (or unknown): never put twice */
     }
     kvp_free(iov);
     kvp_free(devs);
@@ -985,14 +1007,37 @@ int kvp_client_batch_put_opts(kvp_client *c, const char *const *keys,
         sizes[m] = (uint64_t)t;
         m++;
     }
+    uint8_t *again = kvp_calloc(m + 1, 1);
+    if (!again) {
+        kvp_free(k);
+        kvp_free(idx);
+        kvp_free(sizes);
+        return KVP_ENOMEM;
+    }
     scratch s;
     scratch_init(&s);
-    for (size_t off = 0; off < m;) {
-        size_t l = chunk_len(c, k + off, m - off, 8, RESP_PER_PUT_START);
-        put_chunk(c, &s, &pa, k + off, idx + off, sizes + off, l, iovs, niov, results);
-        off += l;
+    /* a second round for the keys a chunk marked `again` (a segment that
+     * could not be reached, now avoided by the master) */
+    for (int round = 0; round < 2 && m > 0; round++) {
+        size_t next = 0;
+        for (size_t off = 0; off < m;) {
+            size_t l = chunk_len(c, k + off, m - off, 8, RESP_PER_PUT_START);
+            put_chunk(c, &s, &pa, k + off, idx + off, sizes + off, l, iovs, niov, results,
+                      again + off);
+            off += l;
+        }
+        for (size_t i = 0; i < m; i++)
+            if (again[i]) { /* compaction in place: next <= i */
+                k[next] = k[i];
+                idx[next] = idx[i];
+                sizes[next++] = sizes[i];
+            }
+        if (next)
+            KVP_DEBUG(MOD, "put: %zu keys again, their segment could not be reached", next);
+        m = next;
     }
     scratch_free(&s);
+    kvp_free(again);
     kvp_free(k);
     kvp_free(idx);
     kvp_free(sizes);

@@ -116,7 +116,8 @@ typedef struct kvp_mseg {
     uint32_t lost_ms, lost_stamp; /* ... the first such: time (ms32) and stamp */
     int going;            /* being unmounted: its node is gone */
     int dirty;            /* on m->dirty */
-    int suspect;          /* a client's transfers failed here: no placement until
+    int suspect;          /* a client's transfers failed here, or its owner has no
+                             connection left: no placement until
                              the owner's next HEARTBEAT */
     /* SSD tier (disk_cap > 0): victims here are spilled, not dropped */
     uint64_t disk_cap;    /* bytes of the node's SSD tier */
@@ -3644,6 +3645,16 @@ void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms)
         return;
     /* the writer is gone: its pending puts can never be completed */
     revoke_pending_of(m, c->slot);
+    /* its segments may be gone with it (a process that exited without
+     * unmounting): no placement there until it heartbeats again, rather than
+     * puts failing on them until client_ttl drops it */
+    for (uint32_t i = 0; !c->dropped && c->nseg && i < m->nseg; i++) {
+        kvp_mseg *sg = m->segs[m->mounted[i]];
+        if (sg->owner == c && !sg->suspect) {
+            sg->suspect = 1;
+            m->nsuspect++;
+        }
+    }
     if (c->dropped || c->nseg == 0) {
         if (!c->dropped)
             KVP_DEBUG(MOD, "client %016llx (%s) disconnected", (unsigned long long)c->id, c->name);
