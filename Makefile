@@ -145,7 +145,7 @@ bench-hostile: all python
 	$(Q)$(PYVENV_PY) bench/hostile.py --kvpool $(R)/kvpool --seconds $(HOSTILE_SECONDS)
 
 demo: all
-	$(Q)scripts/demo
+	$(Q)scripts/demo $(DEMO_ARGS)
 
 # the gather kernel's PTX is committed: builds never need nvcc
 gpu-kernel:
