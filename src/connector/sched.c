@@ -825,6 +825,14 @@ static int phase_finished_tails(kvp_sched *s)
         e->sent_ngroups = e->sent_hashes = e->sent_tokens = 0;
         kvp_meta_req m = tail_meta(e, ids, f->ngroups, h, f->nhashes, f->hash_len,
                                    f->prefill_end, tl, f->ntails);
+        /* the id from the arena: a transient record is freed at the end of
+         * kvp_sched_build_meta, and the step it returns must stay readable */
+        char *idc = kvp_arena_alloc(&s->arena, (size_t)f->id_len + 1);
+        if (!idc)
+            return KVP_ENOMEM;
+        memcpy(idc, f->id, f->id_len);
+        idc[f->id_len] = '\0';
+        m.req_id = (kvp_meta_str){idc, f->id_len};
         int rc = push_meta(s, e, &m);
         if (rc)
             return rc;

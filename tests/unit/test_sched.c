@@ -904,6 +904,90 @@ TEST(partial_tail_rides_save_or_goes_alone)
     kvp_sched_free(s);
 }
 
+/* register_finished_partial_tail (vLLM 0.33): a finishing request's last
+ * boundary state is queued for the NEXT build as a store-only meta, and the
+ * free waits for it; unusable hand-offs change nothing. */
+TEST(finished_tail_is_stored_by_the_next_build)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    mk(&a, "f", 40, 40, 0, 16);
+    uint32_t b[] = {0, 1, 2};
+    kvp_meta_ids g = G(b, 3);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 0), 0);
+    kvp_sched_new_req nr = {.req = &a.r, .num_scheduled_tokens = 40, .block_ids = &g,
+                            .ngroups = 1};
+    kvp_sched_step st = {.new_reqs = &nr, .n_new = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    bool queued = true;
+    /* unusable: a boundary past the prefill, a null CoW block, a group that
+     * does not exist, an unknown request */
+    kvp_meta_tail tl = {.group_id = 0, .cow_block_id = 9, .boundary_tokens = 48};
+    CHECK_EQ(kvp_sched_register_finished_tail(s, "f", 1, &g, 1, &tl, 1, &queued), 0);
+    CHECK(!queued);
+    tl.boundary_tokens = 36;
+    tl.cow_block_id = 0;
+    CHECK_EQ(kvp_sched_register_finished_tail(s, "f", 1, &g, 1, &tl, 1, &queued), 0);
+    CHECK(!queued);
+    tl.cow_block_id = 9;
+    tl.group_id = 1;
+    CHECK_EQ(kvp_sched_register_finished_tail(s, "f", 1, &g, 1, &tl, 1, &queued), 0);
+    CHECK(!queued);
+    tl.group_id = 0;
+    CHECK_EQ(kvp_sched_register_finished_tail(s, "nobody", 6, &g, 1, &tl, 1, &queued), 0);
+    CHECK(!queued);
+    /* two boundaries in one hand-off: refused, as the reference asserts */
+    kvp_meta_tail two[2] = {tl, tl};
+    two[1].boundary_tokens = 20;
+    CHECK_EQ(kvp_sched_register_finished_tail(s, "f", 1, &g, 1, two, 2, &queued),
+             KVP_EINVALID_PARAMS);
+    CHECK(!kvp_sched_tracker(s, ID(a))->has_pending_offload);
+    /* usable: queued, and the free that follows waits for the store */
+    CHECK_EQ(kvp_sched_register_finished_tail(s, "f", 1, &g, 1, &tl, 1, &queued), 0);
+    CHECK(queued);
+    CHECK(kvp_sched_tracker(s, ID(a))->has_pending_offload);
+    CHECK_EQ(kvp_sched_register_finished_tail(s, "f", 1, &g, 1, &tl, 1, &queued),
+             KVP_EINVALID_PARAMS); /* a second one while the first is queued */
+    bool delay = false;
+    CHECK_EQ(kvp_sched_request_finished(s, ID(a), &g, 1, &delay), 0);
+    CHECK(delay);
+    /* the next build carries it although the request finished in this step */
+    kvp_meta_str fin = {"f", 1};
+    kvp_sched_step st2 = {.finished = &fin, .n_finished = 1};
+    CHECK_EQ(build(s, &st2, &m), 0);
+    const kvp_meta_req *q = find_req(m, "f");
+    CHECK(q != NULL);
+    CHECK_EQ(q->kind, KVP_META_TAIL);
+    CHECK_EQ(q->token_len_chunk, 0);
+    CHECK_EQ(q->ntails, 1);
+    CHECK_EQ(q->tails[0].cow_block_id, 9);
+    CHECK_EQ(q->tails[0].boundary_tokens, 36);
+    CHECK(ids_are(&q->block_ids[0], b, 3));
+    /* delivered once */
+    kvp_sched_step st3 = {0};
+    CHECK_EQ(build(s, &st3, &m), 0);
+    CHECK(find_req(m, "f") == NULL);
+    kvp_sched_free(s);
+}
+
+TEST(finished_tail_ignored_by_a_consumer)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_CONSUMER, 16, 16, false);
+    CHECK(s);
+    static R a;
+    mk(&a, "c", 40, 40, 0, 16);
+    uint32_t b[] = {0, 1, 2};
+    kvp_meta_ids g = G(b, 3);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 0), 0);
+    kvp_meta_tail tl = {.group_id = 0, .cow_block_id = 9, .boundary_tokens = 36};
+    bool queued = true;
+    CHECK_EQ(kvp_sched_register_finished_tail(s, "c", 1, &g, 1, &tl, 1, &queued), 0);
+    CHECK(!queued);
+    kvp_sched_free(s);
+}
+
 /* ================================================================ §8.5 */
 
 TEST(request_finished_delay_rules)
