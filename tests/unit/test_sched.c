@@ -713,6 +713,35 @@ TEST(resumed_with_load_does_not_save)
     kvp_sched_free(s);
 }
 
+/* A request preempted while decoding and re-admitted with an async pool
+ * hit: the step that allocates it schedules nothing for it (vLLM holds it
+ * in WAITING_FOR_REMOTE_KVS), and that step's meta carries its load. */
+TEST(preempted_then_readmitted_async_load_is_emitted)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    const kvp_meta_step *m;
+    CHECK_EQ(saved_then_preempted(s, &a, &m), 0);
+    kvp_sched_step none = {0};
+    CHECK_EQ(build(s, &none, &m), 0); /* steps go by before it is re-admitted */
+    F.hit = 32;
+    uint64_t n;
+    bool async;
+    a.r.num_computed_tokens = 0;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+    CHECK(n == 32 && async);
+    uint32_t b[] = {7, 8, 9};
+    kvp_meta_ids g = G(b, 3);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 32), 0);
+    CHECK_EQ(build(s, &none, &m), 0);
+    CHECK_EQ(m->nreqs, 1);
+    const kvp_meta_req *q = &m->reqs[0];
+    CHECK(q->load_spec && q->load_spec->can_load);
+    CHECK(ids_are(&q->block_ids[0], b, 3));
+    kvp_sched_free(s);
+}
+
 TEST(resumed_without_load_saves_48)
 {
     kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
