@@ -1,0 +1,59 @@
+"""kvpool.vllm.KVPoolConnector in vLLM 0.33's real Scheduler (tests/vllm/engine.py):
+Mamba + attention hybrids (align mode), pipeline parallelism, the v2 model
+runner's resumed requests. The Mamba states the fake forward writes name every
+token before them (engine.TokenBook.state_key), so a loaded state is checked
+byte for byte like the attention KV."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from test_kvpool_connector import E, HIT, PROMPT, agg_stats, in_child, kvt, pool, run  # noqa: F401
+
+import kvpool_procs
+
+
+def test_mamba_hybrid_state_and_kv_are_stored_and_loaded(pool: kvpool_procs.Proc) -> None:
+    """An attention group plus a Mamba group (align): the second engine gets the
+    prefix from the pool -- KV and the Mamba state at the hit point -- and both
+    read back exactly what the first engine wrote."""
+    a = run(E.make_engine(kvt(pool.addr), mode="mamba"), [("a0", PROMPT, 3)])
+    b = run(E.make_engine(kvt(pool.addr), mode="mamba"), [("b0", PROMPT + [7, 8], 3)])
+    try:
+        assert [g.kv_cache_spec.__class__.__name__ for g in b.kv_cache_config.kv_cache_groups] == \
+            ["FullAttentionSpec", "MambaSpec"]
+        assert b.external_tokens["b0"] == [HIT]
+        sb = agg_stats(b)
+        assert sb["load_keys"] >= 7 and sb["load_failed_keys"] == 0  # 6 KV blocks + 1 state
+        # the state loaded at 96 tokens was read by the forward (and checked after the load)
+        assert b.verified_state_bytes >= 2 * 1280
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+PP = """
+e = T.run(E.make_engine(T.kvt(master), tp_size=tp, pp_size=pp), [("a0", T.PROMPT, 3)])
+stored = T.agg_stats(e)["store_keys"]
+assert e.reset_local_cache()
+T.run(e, [("b0", T.PROMPT + [7, 8], 3)])
+s = T.agg_stats(e)
+print(json.dumps({"hit": e.external_tokens["b0"], "stored": stored, "loaded": s["load_keys"],
+                  "failed": s["load_failed_keys"], "verified": e.verified_by_rank,
+                  "local": e.verified_bytes - sum(e.verified_by_rank.values())}))
+e.shutdown()
+"""
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 2), (2, 2)])
+def test_pipeline_parallel(pool: kvpool_procs.Proc, tp: int, pp: int) -> None:
+    """PP ranks hold different layers: every rank stores its own blocks (keys
+    of its pp_rank) and loads them back; the lookup of rank 0 covers them all."""
+    r = in_child(PP, master=pool.addr, tp=tp, pp=pp)
+    world = tp * pp
+    assert r["hit"] == [HIT]
+    assert r["stored"] == 6 * world and r["loaded"] == 6 * world and r["failed"] == 0
+    assert r["local"] > 0 and sorted(map(int, r["verified"])) == list(range(1, world))
+    assert all(v > 0 for v in r["verified"].values())
