@@ -57,3 +57,38 @@ def test_pipeline_parallel(pool: kvpool_procs.Proc, tp: int, pp: int) -> None:
     assert r["stored"] == 6 * world and r["loaded"] == 6 * world and r["failed"] == 0
     assert r["local"] > 0 and sorted(map(int, r["verified"])) == list(range(1, world))
     assert all(v > 0 for v in r["verified"].values())
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["v1-runner", "v2-runner"])
+def test_resumed_request_saves_its_generated_tokens(pool: kvpool_procs.Proc, monkeypatch: pytest.MonkeyPatch,
+                                                    v2: bool) -> None:
+    """A request preempted after 40 generated tokens resumes by re-prefilling
+    prompt + generated tokens (the v1 runner gets it as a resumed cached request,
+    the v2 runner as a new request with prefill_token_ids). Its prefill ends
+    there, as in vLLM 0.33's connector, so the chunked re-prefill past the
+    original prompt is saved: a later request whose prompt is those 140 tokens
+    hits 128 from the pool (not 96, the original prompt's blocks)."""
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if v2 else "0")
+    e = E.make_engine(kvt(pool.addr), max_num_batched_tokens=16)
+    try:
+        assert e.scheduler.use_v2_model_runner is v2
+        e.add_request("p0", PROMPT, 50)
+        while len(e.outputs["p0"]) < 40:
+            e.step()
+        e.preempt("p0")
+        assert e.reset_local_cache()  # the resume must come from the pool, chunk by chunk
+        new_resumes: list[Any] = []
+        while e.has_work():
+            so = e.step().scheduler_output
+            if so is not None:
+                new_resumes += [r for r in so.scheduled_new_reqs if r.prefill_token_ids is not None
+                                and len(r.prefill_token_ids) > len(PROMPT)]
+        assert e.mismatches == [], e.mismatches[:5]
+        assert bool(new_resumes) is v2
+        assert e.external_tokens["p0"] == [HIT]  # the resume loaded the prompt's blocks
+        seen = PROMPT + e.outputs["p0"][:40]
+        assert e.reset_local_cache()
+        run(e, [("q0", seen, 2)])
+        assert e.external_tokens["q0"] == [128]
+    finally:
+        e.shutdown()
