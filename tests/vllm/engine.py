@@ -93,11 +93,22 @@ API: ``make_engine(...) -> Engine``; ``Engine.add_request / step / run_until_don
 ``make_worker(...) -> Worker`` (``Worker.execute(so, poison_plan)``);
 ``serve_worker(conn, kwargs)``; ``sample_token(req_id, pos)``.
 
+Mamba (mode "mamba", align): as preprocess_mamba, a request's running state
+lives in the block of its last scheduled token; a new or resumed request
+starts from block ``(start - 1) // block_size`` (a prefix-cache or connector
+hit), copied forward when the step crosses a block boundary. The forward
+checks that state (it must be the state after exactly ``start`` tokens:
+``TokenBook.state_key``, which names every token before it) and writes the
+state after the step. Loaded states are poisoned first and checked after the
+load like the attention KV.
+
+PP > 1 (``pp_size``): ranks ``pp_rank * tp_size + tp_rank``, each stage holding
+its layers (vLLM's get_pp_indices), all ranks in one gloo world; every rank
+runs every step (a fake forward needs no activations from the stage before).
+
 Not modelled: attention metadata (``attn_metadata`` is None in
 ``save_kv_layer``; vLLM's own decorator would skip the connector calls in that
-case, the harness makes them anyway), speculative decoding, pipeline
-parallelism, Mamba state contents (mode "mamba" verifies the attention layer
-only; the Mamba layer is neither written nor checked).
+case, the harness makes them anyway), speculative decoding.
 """
 from __future__ import annotations
 
@@ -1480,13 +1491,28 @@ class Engine:
         return self.scheduler.reset_prefix_cache(reset_running_requests=reset_running_requests,
                                                  reset_connector=True)
 
-    def preempt(self, req_id: str) -> None:
-        """Preempt a RUNNING request the way the scheduler does under block pressure."""
+    def preempt(self, req_id: str, *, own_step: bool = False) -> None:
+        """Preempt a RUNNING request the way the scheduler does under block pressure.
+
+        ``own_step``: then take one step that schedules nothing (vLLM's
+        PAUSED_ALL), so the preemption reaches the connector before the request
+        is re-admitted -- as in vLLM, whose schedule() admits no waiting request
+        in a step that preempted. Without it the next step both reports the
+        preemption and may re-admit the request (the path of
+        ``reset_prefix_cache(reset_running_requests=True)``).
+        """
         s = self.scheduler
         req = s.requests[req_id]
         assert req.status == RequestStatus.RUNNING, req.status
         s.running.remove(req)
         s._preempt_request(req, time.monotonic())
+        if own_step:
+            from vllm.v1.core.sched.interface import PauseState
+            s.set_pause_state(PauseState.PAUSED_ALL)
+            try:
+                self.step()
+            finally:
+                s.set_pause_state(PauseState.UNPAUSED)
 
     def _teardown_workers(self) -> None:
         errors = []

@@ -5,7 +5,7 @@ token before them (engine.TokenBook.state_key), so a loaded state is checked
 byte for byte like the attention KV."""
 from __future__ import annotations
 
-import os
+import time
 from typing import Any
 
 import pytest
@@ -59,6 +59,10 @@ def test_pipeline_parallel(pool: kvpool_procs.Proc, tp: int, pp: int) -> None:
     assert all(v > 0 for v in r["verified"].values())
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "known bug: a request preempted while decoding and re-admitted with a pool hit "
+    "(update_state_after_alloc got the external tokens) never runs its load: no load job "
+    "reaches a worker, it stays WAITING_FOR_REMOTE_KVS (v1 and v2 runners alike)"))
 @pytest.mark.parametrize("v2", [False, True], ids=["v1-runner", "v2-runner"])
 def test_resumed_request_saves_its_generated_tokens(pool: kvpool_procs.Proc, monkeypatch: pytest.MonkeyPatch,
                                                     v2: bool) -> None:
@@ -74,12 +78,17 @@ def test_resumed_request_saves_its_generated_tokens(pool: kvpool_procs.Proc, mon
         assert e.scheduler.use_v2_model_runner is v2
         e.add_request("p0", PROMPT, 50)
         while len(e.outputs["p0"]) < 40:
+            assert e.step_count < 200, e.describe()
             e.step()
-        e.preempt("p0")
+        e.preempt("p0", own_step=True)
         assert e.reset_local_cache()  # the resume must come from the pool, chunk by chunk
         new_resumes: list[Any] = []
         while e.has_work():
-            so = e.step().scheduler_output
+            assert e.step_count < 2000, e.describe()
+            res = e.step()
+            so = res.scheduler_output
+            if res.num_scheduled_tokens == 0:
+                time.sleep(0.0005)
             if so is not None:
                 new_resumes += [r for r in so.scheduled_new_reqs if r.prefill_token_ids is not None
                                 and len(r.prefill_token_ids) > len(PROMPT)]

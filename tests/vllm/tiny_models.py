@@ -12,7 +12,8 @@ written out by hand (what a real worker's attention layers would report from
 - ``"mla"``:   2 layers, ``MLAAttentionSpec`` (1 latent "head" of 64, replicated
   over TP ranks).
 - ``"mamba"``: layer 0 ``FullAttentionSpec``, layer 1 ``MambaSpec`` in
-  ``mamba_cache_mode="align"``. Only the attention layer's KV is verified.
+  ``mamba_cache_mode="align"``; its state (one page per block) is written and
+  verified too (engine.py).
 
 KV heads are sharded over TP ranks as a real TP worker does (``num_kv_heads //
 tp_size``); MLA and Mamba state are replicated.
