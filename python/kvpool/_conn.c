@@ -836,7 +836,9 @@ static PyObject *Sched_after_alloc(ConnSched *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* new_reqs: [(ConnRequest, num_scheduled_tokens, blocks)] */
+/* new_reqs: [(ConnRequest, num_scheduled_tokens, blocks[, num_prefill_tokens])]: the
+ * prefill is the prompt, or the first num_prefill_tokens tokens held (vLLM's v2
+ * model runner resumes a preempted request as a new one: prompt + generated) */
 static int parse_new(scratch *sc, PyObject *o, kvp_conn_new_req **out, uint32_t *n,
                      kvp_conn_request **reqs)
 {
@@ -848,18 +850,31 @@ static int parse_new(scratch *sc, PyObject *o, kvp_conn_new_req **out, uint32_t 
     kvp_conn_request *rq = scratch_alloc(sc, (size_t)k * sizeof *rq);
     int rc = v && rq ? 0 : -1;
     for (Py_ssize_t i = 0; rc == 0 && i < k; i++) {
-        PyObject *ro, *bo;
+        PyObject *ro, *bo, *po = Py_None;
         uint64_t ns;
         PyObject *it = PySequence_Fast_GET_ITEM(t, i);
         kvp_conn_blocks *b;
         uint32_t ng;
-        if (!PyTuple_Check(it) || !PyArg_ParseTuple(it, "OO&O:new_req", &ro, conv_u64, &ns, &bo) ||
+        if (!PyTuple_Check(it) ||
+            !PyArg_ParseTuple(it, "OO&O|O:new_req", &ro, conv_u64, &ns, &bo, &po) ||
             req_view(ro, &rq[i]) < 0 || parse_blocks(sc, bo, &b, &ng) < 0) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_TypeError,
-                                "new_reqs items are (ConnRequest, num_scheduled_tokens, blocks)");
+                                "new_reqs items are (ConnRequest, num_scheduled_tokens, blocks"
+                                "[, num_prefill_tokens])");
             rc = -1;
             break;
+        }
+        if (po != Py_None) { /* the prefill is the first n tokens held (a v2 resume) */
+            unsigned long long np = PyLong_AsUnsignedLongLong(po);
+            if (PyErr_Occurred() || np > rq[i].num_tokens || np < rq[i].num_prompt_tokens) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError, "num_prefill_tokens must lie between the "
+                                                  "prompt's and the held token count");
+                rc = -1;
+                break;
+            }
+            rq[i].num_prompt_tokens = (uint32_t)np;
         }
         v[i] = (kvp_conn_new_req){.req = &rq[i], .num_scheduled_tokens = ns, .blocks = b,
                                   .ngroups = ng};

@@ -515,7 +515,11 @@ class _Scheduler:
     def build_meta(self, so: "SchedulerOutput") -> KVPoolConnectorMetadata:
         ids = self._s.store_group_ids
         nst = so.num_scheduled_tokens
-        new = [(self._known(r.req_id), nst[r.req_id], _project(r.block_ids, ids))
+        # vLLM's v2 model runner sends a request resumed after preemption as a
+        # new one whose prefill_token_ids are prompt + generated tokens: its
+        # prefill (what is saved) ends there, as in vLLM 0.33's connector.
+        new = [(self._known(r.req_id), nst[r.req_id], _project(r.block_ids, ids),
+                len(r.prefill_token_ids) if r.prefill_token_ids is not None else None)
                for r in so.scheduled_new_reqs]
         cd = so.scheduled_cached_reqs
         resumed = cd.resumed_req_ids

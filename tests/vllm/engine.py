@@ -93,11 +93,22 @@ API: ``make_engine(...) -> Engine``; ``Engine.add_request / step / run_until_don
 ``make_worker(...) -> Worker`` (``Worker.execute(so, poison_plan)``);
 ``serve_worker(conn, kwargs)``; ``sample_token(req_id, pos)``.
 
+Mamba (mode "mamba", align): as preprocess_mamba, a request's running state
+lives in the block of its last scheduled token; a new or resumed request
+starts from block ``(start - 1) // block_size`` (a prefix-cache or connector
+hit), copied forward when the step crosses a block boundary. The forward
+checks that state (it must be the state after exactly ``start`` tokens:
+``TokenBook.state_key``, which names every token before it) and writes the
+state after the step. Loaded states are poisoned first and checked after the
+load like the attention KV.
+
+PP > 1 (``pp_size``): ranks ``pp_rank * tp_size + tp_rank``, each stage holding
+its layers (vLLM's get_pp_indices), all ranks in one gloo world; every rank
+runs every step (a fake forward needs no activations from the stage before).
+
 Not modelled: attention metadata (``attn_metadata`` is None in
 ``save_kv_layer``; vLLM's own decorator would skip the connector calls in that
-case, the harness makes them anyway), speculative decoding, pipeline
-parallelism, Mamba state contents (mode "mamba" verifies the attention layer
-only; the Mamba layer is neither written nor checked).
+case, the harness makes them anyway), speculative decoding.
 """
 from __future__ import annotations
 
@@ -152,7 +163,7 @@ from vllm.v1.core.kv_cache_utils import (  # noqa: E402
 )
 from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
 from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs  # noqa: E402
-from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, MLAAttentionSpec  # noqa: E402
+from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, MambaSpec, MLAAttentionSpec  # noqa: E402
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
@@ -268,6 +279,15 @@ class TokenBook:
             d.append(_s64(int.from_bytes(h.digest(), "little")))
         return d
 
+    def state_key(self, req_id: str, n: int) -> int:
+        """int64 naming the Mamba state after tokens [0, n): every token counts."""
+        bs = self.digest_block
+        d = self._digest_upto(req_id, n // bs)[n // bs]
+        toks = self._token_tensor(req_id, max(n, 1))[n // bs * bs:n]
+        h = hashlib.blake2b(d.to_bytes(8, "little", signed=True) + n.to_bytes(8, "little")
+                            + toks.numpy().tobytes(), digest_size=8)
+        return _s64(int.from_bytes(h.digest(), "little"))
+
     def keys(self, req_id: str, positions: torch.Tensor) -> torch.Tensor:
         """int64 key per position: f(position, token, digest of the tokens before its block)."""
         if positions.numel() == 0:
@@ -295,10 +315,17 @@ class _Layer:
     kernel_block_size: int
     head_offset: int
     sliding_window: int | None
+    state: torch.Tensor | None = None  # Mamba: (num_blocks, words) int64 view of each block's state
 
     @property
     def attention(self) -> bool:
         return self.ints is not None
+
+    def state_values(self, key: int) -> torch.Tensor:
+        """Expected Mamba state words of one block holding the state ``key`` (TokenBook.state_key)."""
+        assert self.state is not None
+        w = torch.arange(self.state.shape[1], dtype=torch.int64)
+        return _mix(torch.full_like(w, key) ^ ((w * 0x3B9ACA07 + (self.index + 1) * 0x51ED27) * _C3))
 
     def values(self, keys: torch.Tensor) -> torch.Tensor:
         """Expected slot contents (n, H, C) for the given keys, as ``self.ints`` dtype."""
@@ -364,18 +391,21 @@ class Worker:
     """
 
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, layout: Any, *,
-                 mode: str, tp_rank: int, null_block_id: int = 0, verify: str = "all"):
+                 mode: str, tp_rank: int, null_block_id: int = 0, verify: str = "all", tp_size: int = 1):
         self.vllm_config = vllm_config
         self.kv_cache_config = kv_cache_config
         self.mode = mode
-        self.tp_rank = tp_rank
+        self.tp_rank = tp_rank  # the rank in the world (pp_rank * tp_size + TP rank)
+        self.tp_size = tp_size
         self.null_block_id = null_block_id
         self.verify = verify
         self.book = TokenBook(kv_cache_config.hash_block_size or vllm_config.cache_config.block_size)
         self.requests: dict[str, _ReqState] = {}
         self.mismatches: list[str] = []
         self.verified_bytes = 0
+        self.verified_state_bytes = 0  # Mamba state bytes checked (part of verified_bytes)
         self.steps = 0
+        self._mamba_idx: dict[str, int] = {}  # req_id -> block index holding its running state
         self._suspect: dict[int, set[int]] = {}  # block id -> offsets excused (reported invalid)
         # (req_id, layer index) -> (the book's digest list it was made from, values of positions [0, n))
         self._vcache: dict[tuple[str, int], tuple[list[int], torch.Tensor]] = {}
@@ -393,15 +423,20 @@ class Worker:
                 t = self.kv_caches[name]
                 ints = None
                 ratio, kbs, hoff, window = 1, spec.block_size, 0, None
+                state = None
+                if isinstance(spec, MambaSpec):
+                    state = t.reshape(t.shape[0], -1).view(torch.int64)  # the page, as int64 words
+                    assert state.data_ptr() == t.data_ptr() and state.stride(0) * 8 == t.stride(0) * t.element_size()
                 if isinstance(spec, AttentionSpec):
                     ints = t.view(_INT_OF_SIZE[t.element_size()])
                     ratio = t.shape[0] // kv_cache_config.num_blocks
                     kbs = spec.block_size // ratio
                     assert t.shape[2] == kbs, (name, tuple(t.shape), kbs)
                     if not isinstance(spec, MLAAttentionSpec):
-                        hoff = tp_rank * t.shape[1]
+                        hoff = (tp_rank % tp_size) * t.shape[1]
                     window = getattr(spec, "sliding_window", None)
-                self.layers.append(_Layer(name, names.index(name), gid, spec, t, ints, ratio, kbs, hoff, window))
+                self.layers.append(_Layer(name, names.index(name), gid, spec, t, ints, ratio, kbs, hoff, window,
+                                          state))
         self.layers.sort(key=lambda lay: lay.index)
         self.group_block_size = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
         # What a model's attention layers expose through the forward context.
@@ -432,6 +467,67 @@ class Worker:
 
     def _layers_of_group(self, gid: int) -> list[_Layer]:
         return [lay for lay in self.layers if lay.group_id == gid and lay.attention]
+
+    def _state_layers(self, gid: int | None = None) -> list[_Layer]:
+        return [lay for lay in self.layers if lay.state is not None and (gid is None or lay.group_id == gid)]
+
+    def check_state(self, layer: _Layer, req_id: str, block_ids: list[int], n: int, what: str,
+                    sink: list[tuple[str, str]] | None = None) -> None:
+        """The Mamba state after ``n`` tokens must be in block ``(n - 1) // block_size`` of the table."""
+        idx = (n - 1) // self.group_block_size[layer.group_id]
+        if n <= 0 or idx >= len(block_ids) or block_ids[idx] == self.null_block_id:
+            text = f"rank{self.tp_rank} {what}: req {req_id} layer {layer.name}: no block holds the state after {n}"
+            (self.mismatches.append(text) if sink is None else sink.append((req_id, text)))
+            return
+        blk = block_ids[idx]
+        if blk in self._suspect:
+            return
+        got = layer.state[blk]
+        self.verified_bytes += got.numel() * 8
+        self.verified_state_bytes += got.numel() * 8
+        if torch.equal(got, layer.state_values(self.book.state_key(req_id, n))):
+            return
+        kind = "poison (never loaded)" if bool((got == _poison_value(8)).all()) else (
+            "zeros" if bool((got == 0).all()) else "wrong bytes (another prefix/length/layer)")
+        text = (f"rank{self.tp_rank} {what}: req {req_id} layer {layer.name} Mamba state after {n} tokens "
+                f"block {blk}: {kind}")
+        (self.mismatches.append(text) if sink is None else sink.append((req_id, text)))
+
+    def _mamba_plan(self, batch: list[tuple[str, int, int]]) -> list[tuple[str, int, int, int, int]]:
+        """preprocess_mamba (align mode): (req_id, start, end, prev block index, current block index).
+
+        The running state lives in the block of the last scheduled token; a new
+        (or resumed) request starts from block ``(start - 1) // block_size`` (-1:
+        no state), which holds a prefix-cache or connector hit's state."""
+        layers = self._state_layers()
+        if not layers:
+            return []
+        bs = self.group_block_size[layers[0].group_id]
+        plan = []
+        for rid, start, count in batch:
+            prev = self._mamba_idx.get(rid, (start - 1) // bs)
+            curr = -(-(start + count) // bs) - 1
+            self._mamba_idx[rid] = curr
+            plan.append((rid, start, start + count, prev, curr))
+        return plan
+
+    def _mamba_forward(self, layer: _Layer, plan: list[tuple[str, int, int, int, int]],
+                       reads: list[tuple[str, str]]) -> None:
+        """Copy the state forward across a block boundary, check it, write the state after the step."""
+        for rid, start, end, prev, curr in plan:
+            table = self.requests[rid].block_ids[layer.group_id]
+            if curr >= len(table) or table[curr] == self.null_block_id:
+                self.mismatches.append(f"rank{self.tp_rank}: Mamba state of {rid} at block index {curr}: "
+                                       f"no block ({len(table)} in the table)")
+                continue
+            if 0 <= prev < len(table) and prev != curr and table[prev] != self.null_block_id:
+                layer.state[table[curr]] = layer.state[table[prev]]
+            if start > 0 and self.verify == "all":
+                tmp = list(table)
+                tmp[(start - 1) // self.group_block_size[layer.group_id]] = table[curr]
+                self.check_state(layer, rid, tmp, start, "Mamba state read", sink=reads)
+            layer.state[table[curr]] = layer.state_values(self.book.state_key(rid, end))
+            self._suspect.pop(table[curr], None)
 
     def _slots(self, gid: int, block_ids: list[int], positions: torch.Tensor,
                skip_null: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -503,6 +599,10 @@ class Worker:
         for req_id, start, end, block_ids in plan:
             positions = torch.arange(start, end, dtype=torch.int64)
             for gid, table in enumerate(block_ids):
+                for layer in self._state_layers(gid):
+                    _, blk, _ = self._slots(gid, table, positions, skip_null=True)
+                    for b in set(blk.tolist()):
+                        layer.state[b] = _poison_value(8)
                 layers = self._layers_of_group(gid)
                 if not layers:
                     continue
@@ -540,6 +640,9 @@ class Worker:
     # -- the step -----------------------------------------------------------
 
     def _update_states(self, so: SchedulerOutput) -> None:
+        for rid in (*so.finished_req_ids, *(so.preempted_req_ids or ()),
+                    *so.scheduled_cached_reqs.resumed_req_ids, *(r.req_id for r in so.scheduled_new_reqs)):
+            self._mamba_idx.pop(rid, None)  # cleanup_mamba_state_idx (a v2 resume arrives as new)
         for rid in so.finished_req_ids:
             self.requests.pop(rid, None)
             self.book.drop(rid)
@@ -559,7 +662,9 @@ class Worker:
         for nr in so.scheduled_new_reqs:
             self.book.set_prompt(nr.req_id, nr.prompt_token_ids or [])
             n = len(nr.prompt_token_ids or [])
-            self.requests[nr.req_id] = _ReqState([list(b) for b in nr.block_ids], n, n)
+            # the v2 model runner resumes a preempted request as a new one: prompt + generated
+            known = len(nr.prefill_token_ids) if nr.prefill_token_ids is not None else n
+            self.requests[nr.req_id] = _ReqState([list(b) for b in nr.block_ids], n, known)
         cr = so.scheduled_cached_reqs
         for i, rid in enumerate(cr.req_ids):
             st = self.requests[rid]
@@ -595,10 +700,14 @@ class Worker:
         per_req = []
         for rid, start, count in batch:
             per_req.append((rid, start, torch.arange(start, start + count, dtype=torch.int64)))
+        mplan = self._mamba_plan(batch)
         for layer in self.layers:
             if not layer.attention:
                 if conn is not None:
                     conn.wait_for_layer_load(layer.name)
+                if layer.state is not None:
+                    self._mamba_forward(layer, mplan, reads)
+                if conn is not None:
                     conn.save_kv_layer(layer.name, layer.tensor, None)
                 continue
             rows = _Rows()
@@ -724,24 +833,25 @@ class _Plan:
 
 def _plan(kv_transfer_config: dict | None, *, mode: str, num_blocks: int, block_size: int, max_num_seqs: int,
           max_num_batched_tokens: int, max_model_len: int, async_scheduling: bool, tp_size: int,
-          tp_rank: int, kv_events: bool = False) -> _Plan:
+          tp_rank: int, kv_events: bool = False, pp_size: int = 1) -> _Plan:
     """VllmConfig + KV cache configs, computed as EngineCore._initialize_kv_caches does."""
     vc = tiny_models.build_vllm_config(
         kv_transfer_config, mode=mode, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-        async_scheduling=async_scheduling, tp_size=tp_size, tp_rank=tp_rank, kv_events=kv_events)
+        async_scheduling=async_scheduling, tp_size=tp_size, tp_rank=tp_rank, kv_events=kv_events, pp_size=pp_size)
     vc.cache_config.num_gpu_blocks_override = num_blocks
     register_all_kvcache_specs(vc)
-    specs = tiny_models.kv_cache_specs(mode, block_size, tp_size)
-    all_specs = [specs for _ in range(tp_size)]
+    world = tp_size * pp_size
+    all_specs = [tiny_models.kv_cache_specs(mode, block_size, tp_size, pp_rank=r // tp_size, pp_size=pp_size)
+                 for r in range(world)]
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-    supported = [[lay.name for lay in CPUAttentionBackend.supported_kv_cache_layouts()]] * tp_size
+    supported = [[lay.name for lay in CPUAttentionBackend.supported_kv_cache_layouts()]] * world
     layout = resolve_kv_cache_layout(vc, supported, [s for w in all_specs for s in w.values()])
     groups = get_global_kv_cache_groups(vc, all_specs)
-    page = sum(s.page_size_bytes for s in specs.values())
+    page = max(sum(s.page_size_bytes for s in w.values()) for w in all_specs)
     need = -(-max_model_len // block_size) + 1
     mem = page * max(num_blocks, need) * 2
-    cfgs = get_kv_cache_configs(vc, all_specs, [mem] * tp_size, groups)
+    cfgs = get_kv_cache_configs(vc, all_specs, [mem] * world, groups)
     for c in cfgs:
         c.kv_cache_layout = vc.cache_config.kv_cache_layout
     scfg = generate_scheduler_kv_cache_config(cfgs)
@@ -762,10 +872,12 @@ _dist_state: dict[str, Any] = {"key": None, "refs": 0}
 _DIST_TIMEOUT_S = 120
 
 
-def _dist_acquire(vc: VllmConfig, tp_size: int, tp_rank: int, init_method: str | None) -> None:
-    """init_distributed_environment (gloo) + model parallel groups, once per process."""
+def _dist_acquire(vc: VllmConfig, tp_size: int, tp_rank: int, init_method: str | None, pp_size: int = 1) -> None:
+    """init_distributed_environment (gloo) + model parallel groups, once per process.
+
+    ``tp_rank`` is the rank in the world of ``tp_size * pp_size`` ranks."""
     from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment
-    key = (tp_size, tp_rank)
+    key = (tp_size, tp_rank, pp_size)
     if _dist_state["refs"] > 0:
         if _dist_state["key"] != key:
             raise RuntimeError(f"this process already holds a torch.distributed world {_dist_state['key']}; "
@@ -773,8 +885,8 @@ def _dist_acquire(vc: VllmConfig, tp_size: int, tp_rank: int, init_method: str |
         _dist_state["refs"] += 1
         return
     if init_method is None:
-        if tp_size != 1:
-            raise ValueError("tp_size > 1 needs a shared dist_init_method")
+        if tp_size * pp_size != 1:
+            raise ValueError("tp_size * pp_size > 1 needs a shared dist_init_method")
         init_method = "file://" + tempfile.mktemp(prefix="kvpool-dist-")
     if _dist_state["key"] is not None:
         if _dist_state["key"] == key:  # a TP-1 world kept from an earlier engine
@@ -784,9 +896,9 @@ def _dist_acquire(vc: VllmConfig, tp_size: int, tp_rank: int, init_method: str |
     hook = sys.excepthook  # torch chains a "[rankN]:" excepthook on every init; keep ours
     try:
         with set_current_vllm_config(vc):
-            init_distributed_environment(tp_size, tp_rank, init_method, tp_rank, "gloo",
+            init_distributed_environment(tp_size * pp_size, tp_rank, init_method, tp_rank, "gloo",
                                          timedelta(seconds=_DIST_TIMEOUT_S))
-            ensure_model_parallel_initialized(tp_size, 1)
+            ensure_model_parallel_initialized(tp_size, pp_size)
     finally:
         sys.excepthook = hook
     _dist_state.update(key=key, refs=1)
@@ -804,23 +916,23 @@ def _dist_release() -> None:
     if _dist_state["refs"] <= 0:
         return
     _dist_state["refs"] -= 1
-    if _dist_state["refs"] == 0 and _dist_state["key"] != (1, 0):
+    if _dist_state["refs"] == 0 and _dist_state["key"] != (1, 0, 1):
         _dist_destroy()
 
 
 def _build_worker(plan: _Plan, *, mode: str, tp_size: int, tp_rank: int, init_method: str | None,
-                  engine_id: str | None, verify: str) -> Worker:
+                  engine_id: str | None, verify: str, pp_size: int = 1) -> Worker:
     vc = copy.deepcopy(plan.vllm_config)  # a worker process has its own copy
     vc.parallel_config.rank = tp_rank
     if vc.kv_transfer_config is not None and engine_id is not None:
         vc.kv_transfer_config.engine_id = engine_id
-    _dist_acquire(vc, tp_size, tp_rank, init_method)
+    _dist_acquire(vc, tp_size, tp_rank, init_method, pp_size)
     try:
         if vc.kv_transfer_config is not None and vc.kv_transfer_config.is_kv_transfer_instance:
             from vllm.distributed.parallel_state import get_tp_group
             vc.kv_transfer_config.engine_id = get_tp_group().broadcast_object(vc.kv_transfer_config.engine_id, src=0)
         return Worker(vc, plan.worker_kv_cache_configs[tp_rank], plan.layout, mode=mode, tp_rank=tp_rank,
-                      verify=verify)
+                      verify=verify, tp_size=tp_size)
     except BaseException:
         _dist_release()
         raise
@@ -830,7 +942,7 @@ def make_worker(kv_transfer_config: dict | None, *, mode: str = "full", num_bloc
                 block_size: int = 16, max_num_seqs: int = 8, max_num_batched_tokens: int = 256,
                 max_model_len: int = -1, async_scheduling: bool = False, tp_size: int = 1, tp_rank: int = 0,
                 dist_init_method: str | None = None, engine_id: str | None = None,
-                verify: str = "all", kv_events: bool = False) -> Worker:
+                verify: str = "all", kv_events: bool = False, pp_size: int = 1) -> Worker:
     """A worker-only half (one TP rank), for a process fed pickled SchedulerOutputs.
 
     Pass the same configuration as the scheduler's ``make_engine`` call; the KV
@@ -844,9 +956,9 @@ def make_worker(kv_transfer_config: dict | None, *, mode: str = "full", num_bloc
     plan = _plan(kv_transfer_config, mode=mode, num_blocks=num_blocks, block_size=block_size,
                  max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                  max_model_len=max_model_len, async_scheduling=async_scheduling, tp_size=tp_size, tp_rank=tp_rank,
-                 kv_events=kv_events)
+                 kv_events=kv_events, pp_size=pp_size)
     return _build_worker(plan, mode=mode, tp_size=tp_size, tp_rank=tp_rank, init_method=dist_init_method,
-                         engine_id=engine_id, verify=verify)
+                         engine_id=engine_id, verify=verify, pp_size=pp_size)
 
 
 def shutdown_worker(w: Worker) -> None:
@@ -1018,7 +1130,7 @@ class Engine:
     """
 
     def __init__(self, plan: _Plan, *, mode: str, tp_size: int, tp_rank: int, worker: bool,
-                 pickle_io: bool, verify: str, make_kwargs: dict):
+                 pickle_io: bool, verify: str, make_kwargs: dict, pp_size: int = 1):
         if tp_rank != 0:
             raise ValueError("the scheduler lives on rank 0; use make_worker for other ranks")
         _init_none_hash()
@@ -1026,6 +1138,8 @@ class Engine:
         self.kv_cache_config = plan.scheduler_kv_cache_config
         self.mode = mode
         self.tp_size = tp_size
+        self.pp_size = pp_size
+        world = tp_size * pp_size
         self.pickle_io = pickle_io
         self.verify = verify
         self.hash_block_size = plan.hash_block_size
@@ -1051,6 +1165,7 @@ class Engine:
         self._pending_loads: list[tuple[str, int]] = []
         self._sync_loads: dict[str, tuple[int, int]] = {}  # req_id -> loaded range, scheduled in a step
         self._verified_remote = 0
+        self.verified_by_rank: dict[int, int] = {}  # rank -> bytes its worker checked (spawned ranks)
         self._closed = False
         self.book = TokenBook(plan.hash_block_size)
 
@@ -1058,19 +1173,20 @@ class Engine:
         engine_id = kvt.engine_id if kvt is not None else None
         init_method = None
         self._dist_file: str | None = None
-        if tp_size > 1 or not worker:
+        if world > 1 or not worker:
             self._dist_file = tempfile.mktemp(prefix="kvpool-dist-")
             init_method = "file://" + self._dist_file
         self.remote: list[_RemoteWorker] = []
         self.worker: Worker | None = None
         try:
             first_remote = 1 if worker else 0
-            for r in range(first_remote, tp_size):
+            for r in range(first_remote, world):
                 kw = dict(make_kwargs, tp_rank=r, dist_init_method=init_method, engine_id=engine_id, verify=verify)
                 self.remote.append(_RemoteWorker(kw))
             if worker:  # the local rank-0 worker joins the world the others are waiting in
                 self.worker = _build_worker(plan, mode=mode, tp_size=tp_size, tp_rank=0,
-                                            init_method=init_method, engine_id=engine_id, verify=verify)
+                                            init_method=init_method, engine_id=engine_id, verify=verify,
+                                            pp_size=pp_size)
                 self.book = self.worker.book
             for rw in self.remote:
                 nb = rw.wait_ready()
@@ -1085,7 +1201,7 @@ class Engine:
                     include_finished_set=False, log_stats=True,
                     block_size=plan.scheduler_block_size, hash_block_size=plan.hash_block_size)
             self.connector = self.scheduler.connector
-            self.aggregator = KVOutputAggregator.from_connector(self.connector, tp_size) if self.connector else None
+            self.aggregator = KVOutputAggregator.from_connector(self.connector, world) if self.connector else None
             self._observe_scheduler()
         except BaseException:
             self._teardown_workers()
@@ -1172,6 +1288,7 @@ class Engine:
             self.mismatches.extend(f"step {self.step_count}: {m}" for m in mism)
             self._verified_remote += vbytes - getattr(rw, "_vb", 0)
             rw._vb = vbytes
+            self.verified_by_rank[rw.rank] = vbytes
         outs = [copy.copy(o) for o in outs]  # the aggregator writes into outputs[0]
         mro = self.aggregator.aggregate(outs, 0) if self.aggregator is not None else outs[0]
         self.timings["execute"].append(time.perf_counter() - t0)
@@ -1258,6 +1375,10 @@ class Engine:
                 w.book.set_prompt(rid, req.prompt_token_ids or [])
             checks.setdefault(what, []).append((rid, lo, hi, sched.kv_cache_manager.get_block_ids(rid)))
         for what, reqs in checks.items():
+            for layer in w._state_layers():
+                for rid, lo, hi, tables in reqs:
+                    if what != "after step (running)" and hi > lo and not self.async_scheduling:
+                        w.check_state(layer, rid, tables[layer.group_id], hi, what + " (Mamba)")
             for layer in w.layers:
                 if not layer.attention:
                     continue
@@ -1324,6 +1445,11 @@ class Engine:
         return (self.worker.verified_bytes if self.worker is not None else 0) + self._verified_remote
 
     @property
+    def verified_state_bytes(self) -> int:
+        """Mamba state bytes the local worker checked."""
+        return self.worker.verified_state_bytes if self.worker is not None else 0
+
+    @property
     def num_free_blocks(self) -> int:
         return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 
@@ -1356,18 +1482,37 @@ class Engine:
             left = getattr(s, attr, None)
             assert not left, f"scheduler.{attr} not empty: {left}"
 
+    def reset_local_cache(self) -> bool:
+        """vLLM's prefix cache only (``reset_connector=False``): the pool keeps its blocks."""
+        return self.scheduler.reset_prefix_cache(reset_running_requests=False, reset_connector=False)
+
     def reset_cache(self, reset_running_requests: bool = False) -> bool:
         """vLLM's ``Scheduler.reset_prefix_cache(reset_running_requests, reset_connector=True)``."""
         return self.scheduler.reset_prefix_cache(reset_running_requests=reset_running_requests,
                                                  reset_connector=True)
 
-    def preempt(self, req_id: str) -> None:
-        """Preempt a RUNNING request the way the scheduler does under block pressure."""
+    def preempt(self, req_id: str, *, own_step: bool = False) -> None:
+        """Preempt a RUNNING request the way the scheduler does under block pressure.
+
+        ``own_step``: then take one step that schedules nothing (vLLM's
+        PAUSED_ALL), so the preemption reaches the connector before the request
+        is re-admitted -- as in vLLM, whose schedule() admits no waiting request
+        in a step that preempted. Without it the next step both reports the
+        preemption and may re-admit the request (the path of
+        ``reset_prefix_cache(reset_running_requests=True)``).
+        """
         s = self.scheduler
         req = s.requests[req_id]
         assert req.status == RequestStatus.RUNNING, req.status
         s.running.remove(req)
         s._preempt_request(req, time.monotonic())
+        if own_step:
+            from vllm.v1.core.sched.interface import PauseState
+            s.set_pause_state(PauseState.PAUSED_ALL)
+            try:
+                self.step()
+            finally:
+                s.set_pause_state(PauseState.UNPAUSED)
 
     def _teardown_workers(self) -> None:
         errors = []
@@ -1410,7 +1555,7 @@ def make_engine(kv_transfer_config: dict | None, *, mode: str = "full", num_bloc
                 block_size: int = 16, max_num_seqs: int = 8, max_num_batched_tokens: int = 256,
                 async_scheduling: bool = False, tp_size: int = 1, tp_rank: int = 0,
                 worker: bool = True, max_model_len: int = -1, pickle_io: bool = True,
-                verify: str = "all", kv_events: bool = False) -> Engine:
+                verify: str = "all", kv_events: bool = False, pp_size: int = 1) -> Engine:
     """Build vLLM's scheduler + the workers of every TP rank for the tiny model.
 
     ``kv_transfer_config``: kwargs of vLLM's ``KVTransferConfig`` or None (no connector).
@@ -1430,10 +1575,10 @@ def make_engine(kv_transfer_config: dict | None, *, mode: str = "full", num_bloc
     kwargs = dict(kv_transfer_config=copy.deepcopy(kv_transfer_config), mode=mode, num_blocks=num_blocks,
                   block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                   max_model_len=max_model_len, async_scheduling=async_scheduling, tp_size=tp_size,
-                  kv_events=kv_events)
+                  kv_events=kv_events, pp_size=pp_size)
     plan = _plan(kv_transfer_config, mode=mode, num_blocks=num_blocks, block_size=block_size,
                  max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                  max_model_len=max_model_len, async_scheduling=async_scheduling, tp_size=tp_size, tp_rank=tp_rank,
-                 kv_events=kv_events)
+                 kv_events=kv_events, pp_size=pp_size)
     return Engine(plan, mode=mode, tp_size=tp_size, tp_rank=tp_rank, worker=worker, pickle_io=pickle_io,
-                  verify=verify, make_kwargs=kwargs)
+                  verify=verify, make_kwargs=kwargs, pp_size=pp_size)

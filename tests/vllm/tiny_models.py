@@ -12,7 +12,8 @@ written out by hand (what a real worker's attention layers would report from
 - ``"mla"``:   2 layers, ``MLAAttentionSpec`` (1 latent "head" of 64, replicated
   over TP ranks).
 - ``"mamba"``: layer 0 ``FullAttentionSpec``, layer 1 ``MambaSpec`` in
-  ``mamba_cache_mode="align"``. Only the attention layer's KV is verified.
+  ``mamba_cache_mode="align"``; its state (one page per block) is written and
+  verified too (engine.py).
 
 KV heads are sharded over TP ranks as a real TP worker does (``num_kv_heads //
 tp_size``); MLA and Mamba state are replicated.
@@ -94,8 +95,23 @@ def model_shape(mode: str) -> ModelShape:
     )
 
 
-def kv_cache_specs(mode: str, block_size: int, tp_size: int) -> dict[str, Any]:
-    """The per-layer KV cache specs one TP worker reports (layer name -> spec)."""
+def pp_layers(num_layers: int, pp_rank: int, pp_size: int) -> range:
+    """The layers pipeline stage ``pp_rank`` holds (vLLM's even split, get_pp_indices)."""
+    from vllm.distributed.utils import get_pp_indices
+    start, end = get_pp_indices(num_layers, pp_rank, pp_size)
+    return range(start, end)
+
+
+def kv_cache_specs(mode: str, block_size: int, tp_size: int, pp_rank: int = 0, pp_size: int = 1) -> dict[str, Any]:
+    """The per-layer KV cache specs one worker reports (layer name -> spec): a TP
+    shard of the layers of pipeline stage ``pp_rank``."""
+    specs = _all_specs(mode, block_size, tp_size)
+    names = model_shape(mode).layer_names
+    keep = {names[i] for i in pp_layers(len(names), pp_rank, pp_size)}
+    return {n: s for n, s in specs.items() if n in keep}
+
+
+def _all_specs(mode: str, block_size: int, tp_size: int) -> dict[str, Any]:
     import torch
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
@@ -145,12 +161,14 @@ def build_vllm_config(
     tp_rank: int,
     enable_prefix_caching: bool = True,
     kv_events: bool = False,
+    pp_size: int = 1,
 ) -> Any:
     """A ``VllmConfig`` for the tiny model on the CPU device.
 
     ``async_scheduling`` is forced after construction: CpuPlatform resolves it to
     False (its executor does not support it), but the scheduler side works.
-    ``parallel_config.rank`` is set to ``tp_rank`` (what a worker process has).
+    ``parallel_config.rank`` is set to ``tp_rank``, the rank in the world of
+    ``tp_size * pp_size`` (what a worker process has).
     ``kv_events``: KV cache events on (``KVEventsConfig``, the null publisher).
     """
     from vllm.config import (
@@ -174,7 +192,7 @@ def build_vllm_config(
                      enable_prefix_caching=enable_prefix_caching)
     if mode == "mamba":
         cc.mamba_cache_mode = "align"
-    pc = ParallelConfig(tensor_parallel_size=tp_size)
+    pc = ParallelConfig(tensor_parallel_size=tp_size, pipeline_parallel_size=pp_size)
     kvt = KVTransferConfig(**copy.deepcopy(kv_transfer_config)) if kv_transfer_config else None
     vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc, parallel_config=pc,
                     kv_transfer_config=kvt, device_config=DeviceConfig("cpu"),
