@@ -55,6 +55,8 @@ struct ent {
                                   finishes (vLLM recomputes; the same hit would
                                   fail again while the master still lists it) */
     bool load_step;            /* a load meta is in the step being built */
+    bool alloc_step;           /* update_state_after_alloc since the last build: a
+                                  request preempted in this step was re-admitted */
     bool load_emitted;         /* a load meta reached the workers */
 };
 
@@ -486,6 +488,7 @@ int kvp_sched_update_state_after_alloc(kvp_sched *s, const kvp_sched_request *re
     e->alloc = copy;
     e->alloc_ngroups = ncopy;
     e->in_ids = true;
+    e->alloc_step = true;
     if (!e->has_ls)
         return 0;
     if (num_external_tokens == 0) {
@@ -935,7 +938,11 @@ static int build(kvp_sched *s, const kvp_sched_step *st)
             ent_destroy(s, e);
     }
     /* 2. preempted: drop the load spec, reset the tracker (kept), leave
-     * _unfinished_requests but stay in the unfinished id set */
+     * _unfinished_requests but stay in the unfinished id set. One that vLLM
+     * re-admitted in the same schedule (allocated after the preemption:
+     * reset_prefix_cache with running requests does this) keeps the load
+     * spec and its place: dropping them would leave it waiting for a load
+     * that never comes (WAITING_FOR_REMOTE_KVS for good). */
     for (uint32_t i = 0; i < st->n_preempted; i++) {
         kvp_meta_str copy;
         if ((rc = copy_str(s, &st->preempted[i], &copy)) != 0 ||
@@ -944,10 +951,12 @@ static int build(kvp_sched *s, const kvp_sched_step *st)
         struct ent *e = ent_find(s, copy.p, copy.len);
         if (!e)
             continue;
-        e->has_ls = false;
         if (e->has_tr)
             kvp_meta_tracker_reset(&e->tr);
         drop_push(s, e); /* the workers' mirrors forget it; a resume is a full send */
+        if (e->alloc_step)
+            continue;
+        e->has_ls = false;
         ureq_remove(s, e);
     }
     /* 3. new requests */
@@ -1018,6 +1027,7 @@ int kvp_sched_build_meta(kvp_sched *s, const kvp_sched_step *st, const kvp_meta_
     for (struct ent *e = s->ahead, *nx; e; e = nx) {
         nx = e->anext;
         e->seen_this_step = false;
+        e->alloc_step = false;
         e->save_meta = 0;
         if (e->load_step && rc == 0)
             e->load_emitted = true;

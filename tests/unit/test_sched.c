@@ -668,12 +668,22 @@ TEST(preempted_then_finished_no_delay)
     kvp_sched_free(s);
 }
 
+/* A load spec from a lookup whose allocation did not follow (no blocks
+ * this step), then a preemption: the spec is dropped, nothing is loaded.
+ * (Allocated and then preempted in one step cannot happen: a request waiting
+ * for its load is not running; preempted then re-admitted is the next test.) */
 TEST(preemption_clears_load_state)
 {
     kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
     CHECK(s);
     static R a;
-    CHECK_EQ(pending_load(s, &a), 0);
+    mk(&a, "p", 48, 48, 0, 16);
+    F.hit = 32;
+    uint64_t n;
+    bool async;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+    CHECK(n == 32 && async);
+    CHECK(kvp_sched_load_spec(s, ID(a), NULL));
     kvp_meta_str pre = {a.id, 1};
     kvp_sched_step st = {.preempted = &pre, .n_preempted = 1};
     const kvp_meta_step *m;
@@ -739,6 +749,49 @@ TEST(preempted_then_readmitted_async_load_is_emitted)
     const kvp_meta_req *q = &m->reqs[0];
     CHECK(q->load_spec && q->load_spec->can_load);
     CHECK(ids_are(&q->block_ids[0], b, 3));
+    kvp_sched_free(s);
+}
+
+/* vLLM's reset_prefix_cache(reset_running_requests=True) preempts a
+ * request and re-admits it in the same schedule: the build then names it
+ * preempted, and it already has its new allocation and pool hit. Its load
+ * must go out (it waits for it in WAITING_FOR_REMOTE_KVS), on a full send. */
+TEST(preempted_and_readmitted_in_one_step_keeps_its_load)
+{
+    kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);
+    CHECK(s);
+    static R a;
+    mk(&a, "r", 48, 48, 0, 16);
+    uint32_t b0[] = {0, 1, 2};
+    kvp_meta_ids g0 = G(b0, 3);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g0, 1, 0), 0);
+    kvp_sched_new_req nr = {.req = &a.r, .num_scheduled_tokens = 48, .block_ids = &g0,
+                            .ngroups = 1};
+    kvp_sched_step st = {.new_reqs = &nr, .n_new = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    /* the same schedule: preempted, then re-admitted with a pool hit */
+    F.hit = 32;
+    uint64_t n;
+    bool async;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+    CHECK(n == 32 && async);
+    uint32_t b[] = {7, 8, 9};
+    kvp_meta_ids g = G(b, 3);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 32), 0);
+    kvp_meta_str pre = {a.id, 1};
+    kvp_sched_step st2 = {.preempted = &pre, .n_preempted = 1};
+    CHECK_EQ(build(s, &st2, &m), 0);
+    CHECK_EQ(m->npreempted, 1);
+    CHECK_EQ(m->nreqs, 1);
+    const kvp_meta_req *q = &m->reqs[0];
+    CHECK(q->load_spec && q->load_spec->can_load);
+    CHECK(ids_are(&q->block_ids[0], b, 3));
+    /* a preemption in a later step drops it as before */
+    kvp_sched_step st3 = {.preempted = &pre, .n_preempted = 1};
+    CHECK_EQ(build(s, &st3, &m), 0);
+    CHECK_EQ(m->nreqs, 0);
+    CHECK(!kvp_sched_load_spec(s, ID(a), NULL));
     kvp_sched_free(s);
 }
 

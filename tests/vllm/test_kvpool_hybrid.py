@@ -59,10 +59,6 @@ def test_pipeline_parallel(pool: kvpool_procs.Proc, tp: int, pp: int) -> None:
     assert all(v > 0 for v in r["verified"].values())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug: a request preempted while decoding and re-admitted with a pool hit "
-    "(update_state_after_alloc got the external tokens) never runs its load: no load job "
-    "reaches a worker, it stays WAITING_FOR_REMOTE_KVS (v1 and v2 runners alike)"))
 @pytest.mark.parametrize("v2", [False, True], ids=["v1-runner", "v2-runner"])
 def test_resumed_request_saves_its_generated_tokens(pool: kvpool_procs.Proc, monkeypatch: pytest.MonkeyPatch,
                                                     v2: bool) -> None:
