@@ -1271,12 +1271,19 @@ static int spill_start(kvp_master *m, kvp_obj *o, unsigned k)
  * answered -200 once it has nothing evictable. Cost: O(tenants with
  * evictable objects) per victim, O(1) with one tenant. -1 = no victim.
  */
-static int victim_tenant(const kvp_master *m, int who, double factor)
+/* Pages per share at or over which a tenant gives victims (`who` counted
+ * as in use). */
+static double fair_room(const kvp_master *m, int who, double factor)
 {
     uint64_t sum = m->share_sum;
     if (who >= 0 && m->tq[who].pages == 0)
         sum += m->tq[who].share;
-    double room = factor * (double)m->cap_pages / (double)(sum ? sum : 1);
+    return factor * (double)m->cap_pages / (double)(sum ? sum : 1);
+}
+
+static int victim_tenant(const kvp_master *m, int who, double factor)
+{
+    double room = fair_room(m, who, factor);
     int best = -1;
     double best_r = -1;
     for (uint32_t k = 0; k < m->nevt; k++) {
@@ -1296,10 +1303,7 @@ static int victim_tenant(const kvp_master *m, int who, double factor)
  * runs only once no tenant gives an unpinned victim). */
 static int victim_tenant_soft(const kvp_master *m, int who, double factor)
 {
-    uint64_t sum = m->share_sum;
-    if (who >= 0 && m->tq[who].pages == 0)
-        sum += m->tq[who].share;
-    double room = factor * (double)m->cap_pages / (double)(sum ? sum : 1);
+    double room = fair_room(m, who, factor);
     int best = -1;
     double best_r = -1;
     for (uint32_t t = 0; t < m->ntenants; t++) {
