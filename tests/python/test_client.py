@@ -519,22 +519,26 @@ def test_unregister_waits_for_transfers_in_flight(server: kvpool_procs.Proc,
     buf = np.zeros(1 << 20, dtype=np.uint8)
     client.register_buffer(buf)
     client.put("uw", pattern(1 << 20, 3))
-    got: list[Any] = []
+    order: list[Any] = []
     pid = server.proc.pid
     os.kill(pid, signal.SIGSTOP)
     try:
-        th = threading.Thread(target=lambda: got.append(
-            client.get_into_ptr("uw", buf.ctypes.data, buf.nbytes)))
-        th.start()
-        time.sleep(0.2)  # the get is inside its call, waiting for the master
-        threading.Timer(0.3, os.kill, (pid, signal.SIGCONT)).start()
-        t0 = time.monotonic()
-        client.unregister_buffer(buf)
-        waited = time.monotonic() - t0
-        done_before = bool(got)
+        getter = threading.Thread(target=lambda: order.append(
+            ("get", client.get_into_ptr("uw", buf.ctypes.data, buf.nbytes))))
+        getter.start()
+        time.sleep(0.5)  # the get is inside its call, waiting for the master
+        unreg = threading.Thread(target=lambda: order.append(
+            ("unregister", client.unregister_buffer(buf))))
+        unreg.start()
+        unreg.join(0.5)
+        # The server is still frozen, so the get cannot have finished: the
+        # unregister must still be waiting for it (no timer races a slow run).
+        blocked = unreg.is_alive()
     finally:
         os.kill(pid, signal.SIGCONT)
-        th.join()
-    assert done_before and got == [1 << 20], (got, waited)
-    assert waited >= 0.2
+        getter.join()
+    unreg.join()
+    assert blocked, order
+    assert [o[0] for o in order] == ["get", "unregister"], order
+    assert order[0][1] == 1 << 20
     assert buf.tobytes() == pattern(1 << 20, 3)
