@@ -650,8 +650,8 @@ static uint64_t mamba_checkpoint(uint64_t prompt, uint64_t H, int eagle)
  *   - every hand-off (Mamba group g, block, boundary) puts that exact block
  *     under (g, hashes[boundary / H - 1]) -- never a block found by position:
  *     an align-mode Mamba table is rewritten in place by the engine;
- *   - a sub-block hand-off (boundary % B_g != 0, partial hash hits) at the
- *     prompt's Mamba checkpoint also puts every other group's blocks from the
+ *   - a sub-block hand-off (boundary % B_g != 0, partial hash hits) at or
+ *     before the prefill's Mamba checkpoint also puts every other group's blocks from the
  *     last L-aligned boundary up to it, each keyed by the hash at its end,
  *     clipped to the boundary (the attention KV a hit there needs).
  * Keys are spread over the TP ranks by the normal save's rule (factor 1 for
@@ -669,9 +669,16 @@ static int boundary_puts(kvp_worker *w, const job *j)
         if (g < w->ng && is_mamba(w, g) && bd % w->B[g] != 0 && bd % w->H == 0)
             sub = bd;
     }
+    /* The core hands a sub-block state off at the checkpoint of the
+     * request's ORIGINAL prompt (or at a shared-prefix junction before it);
+     * num_prompt_tokens is the prefill end, longer for a resumed request.
+     * Any sub-block state up to the prefill's checkpoint gets its attention
+     * KV: for a junction those are blocks the normal saves already stored
+     * (their puts answer "exists"), for a resume's checkpoint they are what
+     * a hit there needs. */
     if (sub && j->num_prompt_tokens >= 0 &&
-        sub != mamba_checkpoint((uint64_t)j->num_prompt_tokens, w->H, w->use_eagle))
-        sub = 0; /* a shared-prefix junction: the normal saves cover its KV */
+        sub > mamba_checkpoint((uint64_t)j->num_prompt_tokens, w->H, w->use_eagle))
+        sub = 0;
     xb b;
     if (xb_init(w, &b, j->ntails + (sub ? chunks_upper(w, w->L) : 0), j->hash_len) != 0)
         return 0;

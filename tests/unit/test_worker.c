@@ -759,6 +759,57 @@ TEST(worker_partial_tail_offload)
     env_down(&e);
 }
 
+/* A resumed request's prefill (prompt + generated tokens) ends past its
+ * prompt: the core still hands the state off at the ORIGINAL prompt's
+ * checkpoint (12 here, the prefill of 30 tokens has its own at 28), and the
+ * attention KV up to it is stored with it; a hand-off past the prefill's
+ * checkpoint gets none. */
+TEST(worker_resumed_partial_tail_keeps_attention_kv)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c;
+    cache_init(&c);
+    wopts o = {.mamba = 1};
+    kvp_worker *w = worker_open(&e, &c, &o);
+    CHECK(w);
+    uint8_t h[8 * HL];
+    hashes(h, 8, 6);
+    uint32_t fa[2] = {3, 4}, mb[2] = {9, 10};
+    fill(&c, 6, fa, 2);
+    fill(&c, 7, (uint32_t[]){7}, 1);
+    kvp_meta_ids ids[2] = {{fa, 2, 0}, {mb, 2, 0}};
+    kvp_meta_tail tail = {.group_id = 1, .cow_block_id = 7, .boundary_tokens = 12};
+    kvp_meta_req r = {
+        .req_id = {"rs-a", 4}, .kind = KVP_META_TAIL, .token_len_chunk = 0, .block_ids = ids,
+        .ngroups = 2, .block_hashes = h, .nhashes = 7, .hash_len = HL,
+        .can_save = KVP_META_TRUE, .is_last_chunk = KVP_META_UNSET,
+        .has_num_prompt_tokens = true, .num_prompt_tokens = 30, .tails = &tail, .ntails = 1,
+    };
+    rq q = {.id = "rs-a", .r = r};
+    CHECK_EQ(store_wait(w, &q), 0);
+    kvp_worker_stats st;
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 2); /* the state + FA's block clipped to 12 */
+    /* prefill of 12 tokens (checkpoint 8): the state at 12 alone */
+    tail.boundary_tokens = 12;
+    r.req_id = (kvp_meta_str){"rs-b", 4};
+    r.num_prompt_tokens = 12;
+    r.nhashes = 3;
+    rq q2 = {.id = "rs-b", .r = r};
+    CHECK_EQ(store_wait(w, &q2), 0);
+    kvp_worker_take_stats(w, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, 1); /* already stored by rs-a */
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].existing_keys, 1);
+    kvp_worker_destroy(w);
+    cache_free(&c);
+    env_down(&e);
+}
+
 /* Preemption drops the request's queued store jobs (they never run) and
  * resets its resume offset; the finished report still waits for the job
  * that was running. A capacity-only worker does nothing. */

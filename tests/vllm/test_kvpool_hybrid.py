@@ -97,3 +97,66 @@ def test_resumed_request_saves_its_generated_tokens(pool: kvpool_procs.Proc, mon
         assert e.external_tokens["q0"] == [128]
     finally:
         e.shutdown()
+
+
+def _abort_at_checkpoint(e: E.Engine, rid: str, prompt: list[int], at: int) -> list[Any]:
+    """Runs rid until its prefill stops at the Mamba checkpoint ``at`` (the
+    scheduler ends a chunk there in align mode), aborts it then, drains the
+    engine; the finish-time hand-offs the core gave the connector."""
+    handed: list[Any] = []
+    conn = e.scheduler.connector
+    orig = conn.register_finished_partial_tail
+
+    def spy(request: Any, block_ids: Any, offloads: Any) -> bool:
+        handed.append((request.request_id, list(offloads)))
+        return orig(request, block_ids, offloads)
+
+    conn.register_finished_partial_tail = spy
+    e.add_request(rid, prompt, 3)
+    while e.scheduler.requests[rid].num_computed_tokens < at:
+        assert e.step_count < 50, e.describe()
+        e.step()
+    assert e.scheduler.requests[rid].num_computed_tokens == at
+    e.abort(rid)
+    while e.has_work():
+        assert e.step_count < 200, e.describe()
+        e.step()
+    assert e.mismatches == [], e.mismatches[:5]
+    return handed
+
+
+@pytest.mark.parametrize("finish_tail", [True, False], ids=["finish-tail", "without"])
+def test_finish_time_partial_tail_is_stored_and_hit(pool: kvpool_procs.Proc, monkeypatch: pytest.MonkeyPatch,
+                                                    finish_tail: bool) -> None:
+    """Mamba blocks of 32 tokens, hash blocks of 16: a 90-token prompt's Mamba
+    checkpoint is at 80, inside a Mamba block. The request ends (aborted) right
+    after the chunk that stopped there, so the state at 80 is handed off only
+    at finish (register_finished_partial_tail) -- stored with the attention KV
+    up to 80, a later request on those 80 tokens hits all of them and reads
+    the same bytes. Without the finish-time store the pool holds the KV of the
+    4 whole blocks of the first chunk and no Mamba state: no hit at all."""
+    import kvpool.vllm as kvv
+    if not finish_tail:
+        monkeypatch.setattr(kvv.KVPoolConnector, "register_finished_partial_tail",
+                            lambda self, request, block_ids, offloads: False)
+    prompt = list(range(5, 95))
+    a = E.make_engine(kvt(pool.addr), mode="mamba2x")
+    b = None
+    try:
+        assert (a.hash_block_size, [g.kv_cache_spec.block_size for g in a.kv_cache_config.kv_cache_groups]) \
+            == (16, [16, 32])
+        handed = _abort_at_checkpoint(a, "a0", prompt, 80)
+        assert handed == [("a0", [(1, handed[0][1][0][1], 80)])]  # group 1 (Mamba), its CoW block, 80
+        b = run(E.make_engine(kvt(pool.addr), mode="mamba2x"), [("b0", prompt[:80] + [7, 8, 9], 3)])
+        sb = agg_stats(b)
+        assert sb.get("load_failed_keys", 0) == 0
+        if finish_tail:
+            assert b.external_tokens["b0"] == [80]
+            assert sb["load_keys"] == 6  # 5 KV blocks + the state at 80
+            assert b.verified_state_bytes > 0
+        else:  # the attention KV of 64 tokens is there, no Mamba state to resume from
+            assert "b0" not in b.external_tokens and sb["store_existing_keys"] == 4
+    finally:
+        a.shutdown()
+        if b is not None:
+            b.shutdown()

@@ -14,6 +14,9 @@ written out by hand (what a real worker's attention layers would report from
 - ``"mamba"``: layer 0 ``FullAttentionSpec``, layer 1 ``MambaSpec`` in
   ``mamba_cache_mode="align"``; its state (one page per block) is written and
   verified too (engine.py).
+- ``"mamba2x"``: as ``"mamba"`` with Mamba blocks twice the attention block
+  size, so the hash block is the attention block and the prompt's Mamba
+  checkpoint can fall inside a Mamba block (a sub-block tail).
 
 KV heads are sharded over TP ranks as a real TP worker does (``num_kv_heads //
 tp_size``); MLA and Mamba state are replicated.
@@ -46,7 +49,7 @@ TINY_LLAMA: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 
-MODES = ("full", "swa", "mla", "mamba")
+MODES = ("full", "swa", "mla", "mamba", "mamba2x")
 SLIDING_WINDOW = 32
 LAYER_FMT = "model.layers.{}.self_attn.attn"
 MAMBA_LAYER_FMT = "model.layers.{}.mixer"
@@ -83,7 +86,7 @@ class ModelShape:
 def model_shape(mode: str) -> ModelShape:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-    if mode == "mamba":
+    if mode.startswith("mamba"):
         names = (LAYER_FMT.format(0), MAMBA_LAYER_FMT.format(1))
     else:
         names = (LAYER_FMT.format(0), LAYER_FMT.format(1))
@@ -143,7 +146,7 @@ def _all_specs(mode: str, block_size: int, tp_size: int) -> dict[str, Any]:
     # mamba
     return {
         l0: FullAttentionSpec(block_size=block_size, num_kv_heads=kvh, head_size=hs, dtype=f32),
-        l1: MambaSpec(block_size=block_size, shapes=((64,), (256,)), dtypes=(f32, f32),
+        l1: MambaSpec(block_size=block_size * (2 if mode == "mamba2x" else 1), shapes=((64,), (256,)), dtypes=(f32, f32),
                       mamba_cache_mode="align"),
     }
 
@@ -190,7 +193,7 @@ def build_vllm_config(
                          is_encoder_decoder=False, async_scheduling=False)
     cc = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
                      enable_prefix_caching=enable_prefix_caching)
-    if mode == "mamba":
+    if mode.startswith("mamba"):
         cc.mamba_cache_mode = "align"
     pc = ParallelConfig(tensor_parallel_size=tp_size, pipeline_parallel_size=pp_size)
     kvt = KVTransferConfig(**copy.deepcopy(kv_transfer_config)) if kv_transfer_config else None
