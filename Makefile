@@ -25,7 +25,7 @@ INC     := -Iinclude -Isrc -Itests/support
 CFLAGS_BASE := -D_GNU_SOURCE $(CSTD) $(WARN) $(INC) -g -fPIC -pthread
 LDLIBS  := -ljansson -lxxhash -luring -lpthread -lm
 
-LIB_SRCS := $(wildcard src/common/*.c src/proto/*.c src/net/*.c src/master/*.c src/node/*.c src/client/*.c src/connector/*.c)
+LIB_SRCS := $(wildcard src/common/*.c src/proto/*.c src/net/*.c src/master/*.c src/node/*.c src/client/*.c src/connector/*.c src/ha/*.c)
 CLI_SRCS := $(wildcard src/cli/*.c src/bench/*.c src/sim/*.c)
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 INTEG_SRCS := $(wildcard tests/integration/test_*.c)

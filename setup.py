@@ -21,7 +21,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CORE = ["common", "proto", "net", "master", "node", "client", "connector"]
+CORE = ["common", "proto", "net", "master", "node", "client", "connector", "ha"]
 LIBS = ["jansson", "xxhash", "uring", "pthread", "m"]  # the Makefile's LDLIBS
 
 # The program: the Makefile's R_CFLAGS (release) and LDLIBS, without the

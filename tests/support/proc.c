@@ -495,3 +495,92 @@ int tp_sim_run(const char *addr, const char *tp, const char *duration, const cha
     argv[n] = NULL;
     return tp_run_capture(argv, 1, out, outlen, 60000);
 }
+
+/* ---------------------------------------------------------------- etcd */
+
+static const char *etcd_bin(void)
+{
+    const char *env = getenv("KVPOOL_ETCD");
+    if (env && *env)
+        return access(env, X_OK) == 0 ? env : NULL;
+    static const char *const cands[] = {"/usr/bin/etcd", "/usr/local/bin/etcd", NULL};
+    for (int i = 0; cands[i]; i++)
+        if (access(cands[i], X_OK) == 0)
+            return cands[i];
+    return NULL;
+}
+
+/* A TCP connect to addr succeeds. */
+static int addr_up(const char *addr)
+{
+    char err[128];
+    int fd = kvp_net_connect(addr, 200, err, sizeof err);
+    if (fd < 0)
+        return 0;
+    close(fd);
+    return 1;
+}
+
+int tp_etcd_start(tp_etcd *e, char *why, size_t whylen)
+{
+    memset(e, 0, sizeof *e);
+    const char *bin = etcd_bin();
+    if (!bin) {
+        snprintf(why, whylen, "no etcd binary (Debian etcd-server; scripts/install-deps)");
+        return 1;
+    }
+    char peer[64], curl[96], purl[96], cluster[128], data[300], log[300];
+    snprintf(e->dir, sizeof e->dir, "/tmp/kvp-etcd-XXXXXX");
+    if (!mkdtemp(e->dir) || tp_free_addr(e->addr, sizeof e->addr) != 0 ||
+        tp_free_addr(peer, sizeof peer) != 0) {
+        snprintf(why, whylen, "etcd: no temp dir or port");
+        return -1;
+    }
+    snprintf(curl, sizeof curl, "http://%s", e->addr);
+    snprintf(purl, sizeof purl, "http://%s", peer);
+    snprintf(cluster, sizeof cluster, "kvp=%s", purl);
+    snprintf(data, sizeof data, "%s/data", e->dir);
+    snprintf(log, sizeof log, "%s/etcd.log", e->dir);
+    const char *argv[] = {bin, "--name", "kvp", "--data-dir", data, "--listen-client-urls", curl,
+                          "--advertise-client-urls", curl, "--listen-peer-urls", purl,
+                          "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
+                          "--log-level", "error", NULL};
+    tp_master_opts o = {.stderr_path = log};
+    e->pid = spawn_argv_opts(argv, &o);
+    if (e->pid <= 0) {
+        snprintf(why, whylen, "etcd: fork failed");
+        return -1;
+    }
+    for (uint64_t end = tp_now_ms() + 15000; tp_now_ms() < end; tp_sleep_ms(50)) {
+        int st;
+        if (waitpid(e->pid, &st, WNOHANG) == e->pid) {
+            e->pid = 0;
+            snprintf(why, whylen, "etcd exited at start (log %s)", log);
+            return -1;
+        }
+        if (addr_up(e->addr))
+            return 0;
+    }
+    snprintf(why, whylen, "etcd did not listen on %s within 15 s", e->addr);
+    tp_etcd_stop(e);
+    return -1;
+}
+
+void tp_etcd_pause(tp_etcd *e, int paused)
+{
+    if (e->pid > 0)
+        kill(e->pid, paused ? SIGSTOP : SIGCONT);
+}
+
+void tp_etcd_stop(tp_etcd *e)
+{
+    if (e->pid > 0) {
+        kill(e->pid, SIGCONT);
+        kill(e->pid, SIGKILL);
+        wait_bounded(e->pid, 5000);
+    }
+    e->pid = 0;
+    if (e->dir[0])
+        tp_rm_dir(e->dir);
+    e->dir[0] = 0;
+}

@@ -124,4 +124,20 @@ void tp_rm_dir(const char *dir);
 /* Deterministic bytes for (seed, len): what a test key's value must be. */
 void tp_fill(uint8_t *p, size_t len, uint64_t seed);
 
+/*
+ * A real etcd (Debian etcd-server) on loopback: free client and peer ports,
+ * a private data dir, stderr to a log in it. tp_etcd_start returns 0, 1
+ * when no etcd binary is installed (why says so: the caller skips), -1 when
+ * it would not come up. tp_etcd_stop kills it and removes the dir.
+ */
+typedef struct tp_etcd {
+    pid_t pid;
+    char addr[64]; /* "127.0.0.1:PORT" of its client URL */
+    char dir[256];
+} tp_etcd;
+int tp_etcd_start(tp_etcd *e, char *why, size_t whylen);
+void tp_etcd_stop(tp_etcd *e);
+/* SIGSTOP / SIGCONT: an etcd that hangs rather than dies. */
+void tp_etcd_pause(tp_etcd *e, int paused);
+
 #endif

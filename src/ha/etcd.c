@@ -1,0 +1,698 @@
+/* etcd.c -- etcd v3 HTTP/JSON gateway client (contracts in etcd.h). */
+#include "ha/etcd.h"
+
+#include <ctype.h>
+#include <curl/curl.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/mem.h"
+#include "kvpool.h"
+
+#define MOD "etcd"
+
+/* ------------------------------------------------------------ addresses */
+
+int kvp_etcd_is_url(const char *s) { return s && strncmp(s, "etcd://", 7) == 0; }
+
+static int fail(char *err, size_t errlen, const char *msg, const char *what)
+{
+    if (err && errlen)
+        snprintf(err, errlen, "%s%s%s", msg, what ? ": " : "", what ? what : "");
+    return KVP_EINVALID_PARAMS;
+}
+
+/* "HOST:PORT": a host of [A-Za-z0-9.-] (or [v6]), a port 1..65535. */
+static int endpoint_ok(const char *p, size_t n)
+{
+    if (n == 0 || n > KVP_ETCD_MAX_HOST)
+        return 0;
+    const char *colon = NULL;
+    for (size_t i = n; i-- > 0;)
+        if (p[i] == ':') {
+            colon = p + i;
+            break;
+        }
+    if (!colon || colon == p || (size_t)(colon - p) + 1 >= n)
+        return 0;
+    for (const char *q = p; q < colon; q++)
+        if (!isalnum((unsigned char)*q) && *q != '.' && *q != '-' && *q != '[' && *q != ']' &&
+            *q != ':')
+            return 0;
+    unsigned long port = 0;
+    for (const char *q = colon + 1; q < p + n; q++) {
+        if (!isdigit((unsigned char)*q))
+            return 0;
+        port = port * 10 + (unsigned long)(*q - '0');
+        if (port > 65535)
+            return 0;
+    }
+    return port > 0;
+}
+
+static int add_endpoint(kvp_etcd_target *t, const char *p, size_t n, char *err, size_t errlen)
+{
+    if (n > 7 && strncmp(p, "http://", 7) == 0) {
+        p += 7;
+        n -= 7;
+    }
+    if (n && p[n - 1] == '/')
+        n--;
+    if (!endpoint_ok(p, n))
+        return fail(err, errlen, "etcd endpoint is not HOST:PORT", NULL);
+    if (t->n >= KVP_ETCD_MAX_ENDPOINTS)
+        return fail(err, errlen, "too many etcd endpoints (at most 8)", NULL);
+    memcpy(t->endpoints[t->n], p, n);
+    t->endpoints[t->n][n] = '\0';
+    t->n++;
+    return 0;
+}
+
+int kvp_etcd_parse_url(const char *s, kvp_etcd_target *t, char *err, size_t errlen)
+{
+    if (!s || !t)
+        return fail(err, errlen, "no etcd address", NULL);
+    memset(t, 0, sizeof *t);
+    const char *p = s, *end;
+    if (kvp_etcd_is_url(s)) {
+        p = s + 7;
+        const char *slash = strchr(p, '/');
+        end = slash ? slash : p + strlen(p);
+        const char *name = slash ? slash + 1 : "";
+        size_t nl = strlen(name);
+        if (nl == 0) {
+            name = "default";
+            nl = 7;
+        }
+        if (nl > KVP_ETCD_MAX_CLUSTER)
+            return fail(err, errlen, "cluster name longer than 64 characters", NULL);
+        for (size_t i = 0; i < nl; i++)
+            if (!isalnum((unsigned char)name[i]) && name[i] != '.' && name[i] != '_' &&
+                name[i] != '-')
+                return fail(err, errlen, "cluster name: only letters, digits, '.', '_', '-'",
+                            name);
+        memcpy(t->cluster, name, nl);
+    } else if (strncmp(s, "http://", 7) == 0) {
+        end = s + strlen(s);
+        strcpy(t->cluster, "default");
+    } else {
+        return fail(err, errlen, "an etcd address is etcd://HOST:PORT[,HOST:PORT]/CLUSTER", s);
+    }
+    while (p < end) {
+        const char *comma = memchr(p, ',', (size_t)(end - p));
+        const char *e = comma ? comma : end;
+        int rc = add_endpoint(t, p, (size_t)(e - p), err, errlen);
+        if (rc)
+            return rc;
+        p = comma ? comma + 1 : end;
+        if (comma && p == end)
+            return fail(err, errlen, "empty etcd endpoint", NULL);
+    }
+    if (t->n == 0)
+        return fail(err, errlen, "no etcd endpoint", s);
+    return 0;
+}
+
+/* -------------------------------------------------------------- base64 */
+
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* NUL-terminated encoding of n bytes (caller frees), NULL on ENOMEM. */
+static char *b64_encode(const uint8_t *p, size_t n)
+{
+    char *o = kvp_malloc((n + 2) / 3 * 4 + 1), *q = o;
+    if (!o)
+        return NULL;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
+                     (i + 2 < n ? p[i + 2] : 0);
+        *q++ = B64[v >> 18 & 63];
+        *q++ = B64[v >> 12 & 63];
+        *q++ = i + 1 < n ? B64[v >> 6 & 63] : '=';
+        *q++ = i + 2 < n ? B64[v & 63] : '=';
+    }
+    *q = '\0';
+    return o;
+}
+
+static int b64_val(char c)
+{
+    const char *x = c ? strchr(B64, c) : NULL;
+    return x ? (int)(x - B64) : -1;
+}
+
+/* Strict decoding (padded, canonical length) of s into out (cap bytes).
+ * Bytes written, -1 malformed, -2 too long for cap. */
+static long b64_decode(const char *s, size_t n, uint8_t *out, size_t cap)
+{
+    if (n % 4)
+        return -1;
+    size_t o = 0;
+    for (size_t i = 0; i < n; i += 4) {
+        int v[4];
+        int pad = 0;
+        for (int k = 0; k < 4; k++) {
+            if (s[i + k] == '=' && i + 4 == n && k >= 2) {
+                v[k] = 0;
+                pad++;
+                continue;
+            }
+            if (pad || (v[k] = b64_val(s[i + k])) < 0)
+                return -1;
+        }
+        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
+        size_t k = 3 - (size_t)pad;
+        if (o + k > cap)
+            return -2;
+        out[o++] = (uint8_t)(w >> 16);
+        if (k > 1)
+            out[o++] = (uint8_t)(w >> 8);
+        if (k > 2)
+            out[o++] = (uint8_t)w;
+    }
+    return (long)o;
+}
+
+/* -------------------------------------------------------------- parsing */
+
+/* An int64 etcd writes as a decimal string (or, leniently, a JSON integer).
+ * Absent: *v = 0, ok. */
+static int num_field(json_t *o, const char *name, int64_t lo, uint64_t *v)
+{
+    json_t *x = json_object_get(o, name);
+    *v = 0;
+    if (!x)
+        return 0;
+    if (json_is_integer(x)) {
+        json_int_t i = json_integer_value(x);
+        if (i < lo)
+            return -1;
+        *v = (uint64_t)i;
+        return 0;
+    }
+    if (!json_is_string(x))
+        return -1;
+    const char *s = json_string_value(x);
+    size_t n = json_string_length(x), i0 = n && s[0] == '-';
+    if ((i0 && lo >= 0) || n == i0 || n - i0 > 20)
+        return -1;
+    uint64_t r = 0;
+    for (size_t i = i0; i < n; i++) {
+        if (!isdigit((unsigned char)s[i]))
+            return -1;
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (r > (UINT64_MAX - d) / 10)
+            return -1;
+        r = r * 10 + d;
+    }
+    if ((i0 || lo < 0) && r > (uint64_t)INT64_MAX)
+        return -1;
+    *v = i0 ? (uint64_t)(-(int64_t)r) : r;
+    return 0;
+}
+
+static int parse_kv(json_t *kv, kvp_etcd_answer *a, uint8_t *val, size_t cap)
+{
+    if (!json_is_object(kv))
+        return KVP_EPROTOCOL;
+    if (num_field(kv, "create_revision", 0, &a->kv.create_revision) ||
+        num_field(kv, "mod_revision", 0, &a->kv.mod_revision) ||
+        num_field(kv, "version", 0, &a->kv.version) || num_field(kv, "lease", 0, &a->kv.lease))
+        return KVP_EPROTOCOL;
+    json_t *v = json_object_get(kv, "value");
+    a->kv.value_len = 0;
+    if (v) {
+        if (!json_is_string(v))
+            return KVP_EPROTOCOL;
+        long n = b64_decode(json_string_value(v), json_string_length(v), val, val ? cap : 0);
+        if (n == -1)
+            return KVP_EPROTOCOL;
+        if (n == -2)
+            return KVP_EBUFFER_OVERFLOW;
+        a->kv.value_len = (size_t)n;
+    }
+    a->found = true;
+    return 0;
+}
+
+/* The first kv of a range answer object r, when there is one. */
+static int parse_range(json_t *r, kvp_etcd_answer *a, uint8_t *val, size_t cap)
+{
+    json_t *kvs = json_object_get(r, "kvs");
+    if (!kvs)
+        return 0;
+    if (!json_is_array(kvs))
+        return KVP_EPROTOCOL;
+    if (json_array_size(kvs) == 0)
+        return 0;
+    return parse_kv(json_array_get(kvs, 0), a, val, cap);
+}
+
+static int parse_txn(json_t *root, kvp_etcd_answer *a, uint8_t *val, size_t cap)
+{
+    json_t *s = json_object_get(root, "succeeded");
+    if (s && !json_is_boolean(s))
+        return KVP_EPROTOCOL;
+    a->succeeded = s && json_is_true(s);
+    json_t *rs = json_object_get(root, "responses");
+    if (!rs)
+        return 0;
+    if (!json_is_array(rs))
+        return KVP_EPROTOCOL;
+    json_t *r0 = json_array_get(rs, 0);
+    if (!r0)
+        return 0;
+    if (!json_is_object(r0))
+        return KVP_EPROTOCOL;
+    json_t *rr = json_object_get(r0, "response_range");
+    if (rr && !json_is_object(rr))
+        return KVP_EPROTOCOL;
+    return rr ? parse_range(rr, a, val, cap) : 0;
+}
+
+int kvp_etcd_parse(const char *body, size_t len, int kind, kvp_etcd_answer *a, uint8_t *val,
+                   size_t cap)
+{
+    if (!body || !a || kind < KVP_ETCD_ANS_PLAIN || kind > KVP_ETCD_ANS_KEEPALIVE)
+        return KVP_EINVALID_PARAMS;
+    memset(a, 0, sizeof *a);
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return KVP_EPROTOCOL;
+    int rc = KVP_EPROTOCOL;
+    if (!json_is_object(root))
+        goto out;
+    /* an error answer: {"error": ..., "message": ..., "code": N} */
+    json_t *code = json_object_get(root, "code");
+    if (code || json_object_get(root, "error")) {
+        json_t *msg = json_object_get(root, "message");
+        if (!json_is_integer(code) || json_integer_value(code) <= 0 ||
+            json_integer_value(code) > 1000 || (msg && !json_is_string(msg)))
+            goto out;
+        a->etcd_code = (int)json_integer_value(code);
+        snprintf(a->message, sizeof a->message, "%s", msg ? json_string_value(msg) : "");
+        rc = 0;
+        goto out;
+    }
+    json_t *obj = root;
+    if (kind == KVP_ETCD_ANS_KEEPALIVE) { /* a stream's one message: {"result": {...}} */
+        obj = json_object_get(root, "result");
+        if (!json_is_object(obj))
+            goto out;
+    }
+    json_t *h = json_object_get(obj, "header");
+    if (h && (!json_is_object(h) || num_field(h, "revision", 0, &a->revision)))
+        goto out;
+    switch (kind) {
+    case KVP_ETCD_ANS_RANGE:
+        rc = parse_range(obj, a, val, cap);
+        break;
+    case KVP_ETCD_ANS_TXN:
+        rc = parse_txn(obj, a, val, cap);
+        break;
+    case KVP_ETCD_ANS_GRANT:
+    case KVP_ETCD_ANS_KEEPALIVE: {
+        uint64_t ttl;
+        if (num_field(obj, "ID", 0, &a->lease_id) || num_field(obj, "TTL", INT64_MIN, &ttl))
+            break;
+        a->ttl = (int64_t)ttl;
+        if (!json_object_get(obj, "TTL"))
+            a->ttl = kind == KVP_ETCD_ANS_GRANT ? -1 : 0;
+        rc = kind == KVP_ETCD_ANS_GRANT && (a->lease_id == 0 || a->ttl <= 0) ? KVP_EPROTOCOL : 0;
+        break;
+    }
+    default:
+        rc = 0;
+    }
+out:
+    json_decref(root);
+    return rc;
+}
+
+/* -------------------------------------------------------------- libcurl */
+
+/* libcurl, loaded at the first open (a program that never speaks to etcd
+ * does not need it). */
+static struct {
+    CURLcode (*global_init)(long);
+    CURL *(*easy_init)(void);
+    CURLcode (*easy_setopt)(CURL *, CURLoption, ...);
+    CURLcode (*easy_perform)(CURL *);
+    CURLcode (*easy_getinfo)(CURL *, CURLINFO, ...);
+    void (*easy_cleanup)(CURL *);
+    const char *(*easy_strerror)(CURLcode);
+    struct curl_slist *(*slist_append)(struct curl_slist *, const char *);
+    void (*slist_free_all)(struct curl_slist *);
+    int ok;
+    char why[200];
+} C;
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+
+static void curl_load(void)
+{
+    void *h = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(C.why, sizeof C.why, "etcd needs libcurl (libcurl.so.4): %s", dlerror());
+        return;
+    }
+#define SYM(field, name)                                                                \
+    if (!(*(void **)&C.field = dlsym(h, name))) {                                      \
+        snprintf(C.why, sizeof C.why, "libcurl.so.4 lacks %s", name);                    \
+        return;                                                                          \
+    }
+    SYM(global_init, "curl_global_init")
+    SYM(easy_init, "curl_easy_init")
+    SYM(easy_setopt, "curl_easy_setopt")
+    SYM(easy_perform, "curl_easy_perform")
+    SYM(easy_getinfo, "curl_easy_getinfo")
+    SYM(easy_cleanup, "curl_easy_cleanup")
+    SYM(easy_strerror, "curl_easy_strerror")
+    SYM(slist_append, "curl_slist_append")
+    SYM(slist_free_all, "curl_slist_free_all")
+#undef SYM
+    if (C.global_init(CURL_GLOBAL_NOTHING) != CURLE_OK) {
+        snprintf(C.why, sizeof C.why, "curl_global_init failed");
+        return;
+    }
+    C.ok = 1; /* the library stays loaded for the life of the process */
+}
+
+struct kvp_etcd {
+    kvp_etcd_target t;
+    int cur; /* the endpoint calls go to first */
+    int timeout_ms;
+    pthread_mutex_t lock;
+    CURL *curl;
+    struct curl_slist *hdrs;
+    char *ans; /* the answer being received (KVP_ETCD_MAX_ANSWER + 1) */
+    size_t ans_len;
+    int ans_over;
+    char err[256];
+};
+
+static size_t on_data(char *p, size_t sz, size_t nm, void *arg)
+{
+    kvp_etcd *e = arg;
+    size_t n = sz * nm;
+    if (e->ans_len + n > KVP_ETCD_MAX_ANSWER) {
+        e->ans_over = 1;
+        return 0; /* aborts the transfer */
+    }
+    memcpy(e->ans + e->ans_len, p, n);
+    e->ans_len += n;
+    return n;
+}
+
+int kvp_etcd_open(const kvp_etcd_target *t, int timeout_ms, kvp_etcd **out)
+{
+    if (!t || !out || t->n < 1 || t->n > KVP_ETCD_MAX_ENDPOINTS || timeout_ms <= 0)
+        return KVP_EINVALID_PARAMS;
+    *out = NULL;
+    pthread_once(&curl_once, curl_load);
+    if (!C.ok) {
+        KVP_ERROR(MOD, "%s", C.why);
+        return KVP_ENOT_SUPPORTED;
+    }
+    kvp_etcd *e = kvp_calloc(1, sizeof *e);
+    if (!e)
+        return KVP_ENOMEM;
+    e->t = *t;
+    e->timeout_ms = timeout_ms;
+    pthread_mutex_init(&e->lock, NULL);
+    e->ans = kvp_malloc(KVP_ETCD_MAX_ANSWER + 1);
+    e->curl = C.easy_init();
+    e->hdrs = C.slist_append(NULL, "Content-Type: application/json");
+    if (!e->ans || !e->curl || !e->hdrs) {
+        kvp_etcd_close(e);
+        return KVP_ENOMEM;
+    }
+    *out = e;
+    return 0;
+}
+
+void kvp_etcd_close(kvp_etcd *e)
+{
+    if (!e)
+        return;
+    if (e->curl)
+        C.easy_cleanup(e->curl);
+    if (e->hdrs)
+        C.slist_free_all(e->hdrs);
+    pthread_mutex_destroy(&e->lock);
+    kvp_free(e->ans);
+    kvp_free(e);
+}
+
+const char *kvp_etcd_endpoint(const kvp_etcd *e) { return e ? e->t.endpoints[e->cur] : ""; }
+const char *kvp_etcd_last_error(const kvp_etcd *e) { return e ? e->err : ""; }
+
+/* One POST of body to path at endpoint i. 0 (e->ans holds the answer, NUL
+ * terminated), or KVP_ERPC_FAIL / KVP_ERPC_TIMEOUT / KVP_ETOO_LARGE with
+ * e->err set; *reached: the endpoint answered HTTP at all. */
+static int post_one(kvp_etcd *e, int i, const char *path, const char *body, long *http)
+{
+    char url[KVP_ETCD_MAX_HOST + 64];
+    snprintf(url, sizeof url, "http://%s%s", e->t.endpoints[i], path);
+    CURL *c = e->curl;
+    e->ans_len = 0;
+    e->ans_over = 0;
+    *http = 0;
+    C.easy_setopt(c, CURLOPT_URL, url);
+    C.easy_setopt(c, CURLOPT_POST, 1L);
+    C.easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    C.easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    C.easy_setopt(c, CURLOPT_HTTPHEADER, e->hdrs);
+    C.easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    C.easy_setopt(c, CURLOPT_WRITEDATA, e);
+    C.easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    C.easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)e->timeout_ms);
+    C.easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)e->timeout_ms);
+    C.easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
+    C.easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http");
+    C.easy_setopt(c, CURLOPT_PROXY, ""); /* never through a proxy from the environment */
+    CURLcode cc = C.easy_perform(c);
+    if (e->ans_over) {
+        snprintf(e->err, sizeof e->err, "etcd %s: answer larger than %u bytes", e->t.endpoints[i],
+                 KVP_ETCD_MAX_ANSWER);
+        return KVP_ETOO_LARGE;
+    }
+    if (cc != CURLE_OK) {
+        snprintf(e->err, sizeof e->err, "etcd %s: %s", e->t.endpoints[i], C.easy_strerror(cc));
+        return cc == CURLE_OPERATION_TIMEDOUT ? KVP_ERPC_TIMEOUT : KVP_ERPC_FAIL;
+    }
+    C.easy_getinfo(c, CURLINFO_RESPONSE_CODE, http);
+    e->ans[e->ans_len] = '\0';
+    return 0;
+}
+
+/* A call: POST body (a JSON object, consumed) to path, trying the current
+ * endpoint and then the others; parse the answer as kind. */
+static int call(kvp_etcd *e, const char *path, json_t *body, int kind, kvp_etcd_answer *a,
+                uint8_t *val, size_t cap)
+{
+    char *txt = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    if (!txt)
+        return KVP_ENOMEM;
+    pthread_mutex_lock(&e->lock);
+    int rc = KVP_ERPC_FAIL;
+    for (int k = 0; k < e->t.n; k++) {
+        int i = (e->cur + k) % e->t.n;
+        long http = 0;
+        rc = post_one(e, i, path, txt, &http);
+        if (rc == KVP_ERPC_FAIL || rc == KVP_ERPC_TIMEOUT)
+            continue; /* not reached: the next endpoint */
+        if (rc)
+            break;
+        e->cur = i;
+        if (http == 503 || http == 502) { /* a member without quorum / a gateway: next */
+            snprintf(e->err, sizeof e->err, "etcd %s: HTTP %ld", e->t.endpoints[i], http);
+            rc = KVP_ERPC_FAIL;
+            continue;
+        }
+        rc = kvp_etcd_parse(e->ans, e->ans_len, kind, a, val, cap);
+        if (rc == KVP_EPROTOCOL)
+            snprintf(e->err, sizeof e->err, "etcd %s: malformed answer (HTTP %ld)",
+                     e->t.endpoints[i], http);
+        else if (rc == KVP_EBUFFER_OVERFLOW)
+            snprintf(e->err, sizeof e->err, "etcd %s: value larger than %zu bytes",
+                     e->t.endpoints[i], cap);
+        else if (rc == 0 && a->etcd_code) {
+            snprintf(e->err, sizeof e->err, "etcd %s: %s (code %d)", e->t.endpoints[i],
+                     a->message, a->etcd_code);
+            /* NotFound (5) for a lease: etcd's "requested lease not found" */
+            rc = a->etcd_code == 5 && strstr(a->message, "lease") ? KVP_ELEASE_EXPIRED
+                                                                  : KVP_ERPC_FAIL;
+        } else if (rc == 0 && http != 200) {
+            snprintf(e->err, sizeof e->err, "etcd %s: HTTP %ld", e->t.endpoints[i], http);
+            rc = KVP_ERPC_FAIL;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&e->lock);
+    free(txt);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- calls */
+
+static int key_ok(const char *key) { return key && *key && strlen(key) <= KVP_ETCD_MAX_KEY; }
+
+/* A base64 JSON string of n bytes, NULL on ENOMEM. */
+static json_t *b64_json(const void *p, size_t n)
+{
+    char *s = b64_encode(p, n);
+    json_t *j = s ? json_string(s) : NULL;
+    kvp_free(s);
+    return j;
+}
+
+static json_t *u64_json(uint64_t v)
+{
+    char b[24];
+    snprintf(b, sizeof b, "%llu", (unsigned long long)v);
+    return json_string(b);
+}
+
+int kvp_etcd_get(kvp_etcd *e, const char *key, uint8_t *val, size_t cap, kvp_etcd_kv *kv,
+                 bool *found)
+{
+    if (!e || !key_ok(key) || !found || (cap && !val))
+        return KVP_EINVALID_PARAMS;
+    json_t *b = json_pack("{s:o}", "key", b64_json(key, strlen(key)));
+    kvp_etcd_answer a;
+    int rc = b ? call(e, "/v3/kv/range", b, KVP_ETCD_ANS_RANGE, &a, val, cap) : KVP_ENOMEM;
+    if (rc)
+        return rc;
+    *found = a.found;
+    if (a.found && kv)
+        *kv = a.kv;
+    return 0;
+}
+
+int kvp_etcd_put(kvp_etcd *e, const char *key, const void *val, size_t len, uint64_t lease,
+                 uint64_t *revision)
+{
+    if (!e || !key_ok(key) || len > KVP_ETCD_MAX_VALUE || (len && !val))
+        return KVP_EINVALID_PARAMS;
+    json_t *b = json_pack("{s:o, s:o}", "key", b64_json(key, strlen(key)), "value",
+                          b64_json(val, len));
+    if (b && lease && json_object_set_new(b, "lease", u64_json(lease)) != 0) {
+        json_decref(b);
+        b = NULL;
+    }
+    kvp_etcd_answer a;
+    int rc = b ? call(e, "/v3/kv/put", b, KVP_ETCD_ANS_PLAIN, &a, NULL, 0) : KVP_ENOMEM;
+    if (rc == 0 && revision)
+        *revision = a.revision;
+    return rc;
+}
+
+int kvp_etcd_delete(kvp_etcd *e, const char *key)
+{
+    if (!e || !key_ok(key))
+        return KVP_EINVALID_PARAMS;
+    json_t *b = json_pack("{s:o}", "key", b64_json(key, strlen(key)));
+    kvp_etcd_answer a;
+    return b ? call(e, "/v3/kv/deleterange", b, KVP_ETCD_ANS_PLAIN, &a, NULL, 0) : KVP_ENOMEM;
+}
+
+int kvp_etcd_lease_grant(kvp_etcd *e, int64_t ttl_s, uint64_t *id)
+{
+    if (!e || ttl_s <= 0 || ttl_s > 86400 || !id)
+        return KVP_EINVALID_PARAMS;
+    json_t *b = json_pack("{s:I}", "TTL", (json_int_t)ttl_s);
+    kvp_etcd_answer a;
+    int rc = b ? call(e, "/v3/lease/grant", b, KVP_ETCD_ANS_GRANT, &a, NULL, 0) : KVP_ENOMEM;
+    if (rc == 0)
+        *id = a.lease_id;
+    return rc;
+}
+
+int kvp_etcd_lease_keepalive(kvp_etcd *e, uint64_t id, int64_t *ttl_s)
+{
+    if (!e || !id || !ttl_s)
+        return KVP_EINVALID_PARAMS;
+    json_t *b = json_pack("{s:o}", "ID", u64_json(id));
+    kvp_etcd_answer a;
+    int rc = b ? call(e, "/v3/lease/keepalive", b, KVP_ETCD_ANS_KEEPALIVE, &a, NULL, 0)
+               : KVP_ENOMEM;
+    if (rc)
+        return rc;
+    if (a.ttl <= 0 || a.lease_id != id) {
+        snprintf(e->err, sizeof e->err, "etcd %s: lease %llx expired", kvp_etcd_endpoint(e),
+                 (unsigned long long)id);
+        return KVP_ELEASE_EXPIRED;
+    }
+    *ttl_s = a.ttl;
+    return 0;
+}
+
+int kvp_etcd_lease_revoke(kvp_etcd *e, uint64_t id)
+{
+    if (!e || !id)
+        return KVP_EINVALID_PARAMS;
+    json_t *b = json_pack("{s:o}", "ID", u64_json(id));
+    kvp_etcd_answer a;
+    return b ? call(e, "/v3/lease/revoke", b, KVP_ETCD_ANS_PLAIN, &a, NULL, 0) : KVP_ENOMEM;
+}
+
+int kvp_etcd_campaign(kvp_etcd *e, const char *key, const void *val, size_t len, uint64_t lease,
+                      bool *won, kvp_etcd_kv *holder, uint8_t *hval, size_t hcap)
+{
+    if (!e || !key_ok(key) || len > KVP_ETCD_MAX_VALUE || (len && !val) || !lease || !won ||
+        !holder || (hcap && !hval))
+        return KVP_EINVALID_PARAMS;
+    json_t *k = b64_json(key, strlen(key));
+    json_t *b = k ? json_pack("{s:[{s:O, s:s, s:s, s:s}], s:[{s:{s:O, s:o, s:o}}], "
+                              "s:[{s:{s:O}}]}",
+                              "compare", "key", k, "target", "CREATE", "result", "EQUAL",
+                              "createRevision", "0", "success", "requestPut", "key", k, "value",
+                              b64_json(val, len), "lease", u64_json(lease), "failure",
+                              "requestRange", "key", k)
+                  : NULL;
+    json_decref(k);
+    kvp_etcd_answer a;
+    int rc = b ? call(e, "/v3/kv/txn", b, KVP_ETCD_ANS_TXN, &a, hval, hcap) : KVP_ENOMEM;
+    if (rc)
+        return rc;
+    *won = a.succeeded;
+    memset(holder, 0, sizeof *holder);
+    if (a.succeeded) { /* the put's revision is the key's creation revision */
+        if (a.revision == 0)
+            return KVP_EPROTOCOL;
+        holder->create_revision = holder->mod_revision = a.revision;
+        holder->version = 1;
+        holder->lease = lease;
+        holder->value_len = len;
+        return 0;
+    }
+    if (!a.found) /* the holder vanished between compare and range: impossible in one txn */
+        return KVP_EPROTOCOL;
+    *holder = a.kv;
+    return 0;
+}
+
+int kvp_etcd_resign(kvp_etcd *e, const char *key, uint64_t epoch, bool *deleted)
+{
+    if (!e || !key_ok(key) || !epoch)
+        return KVP_EINVALID_PARAMS;
+    json_t *k = b64_json(key, strlen(key));
+    json_t *b = k ? json_pack("{s:[{s:O, s:s, s:s, s:o}], s:[{s:{s:O}}]}", "compare", "key", k,
+                              "target", "CREATE", "result", "EQUAL", "createRevision",
+                              u64_json(epoch), "success", "requestDeleteRange", "key", k)
+                  : NULL;
+    json_decref(k);
+    kvp_etcd_answer a;
+    int rc = b ? call(e, "/v3/kv/txn", b, KVP_ETCD_ANS_TXN, &a, NULL, 0) : KVP_ENOMEM;
+    if (rc == 0 && deleted)
+        *deleted = a.succeeded;
+    return rc;
+}

@@ -1,0 +1,213 @@
+/* test_etcd.c -- the etcd client (src/ha/etcd.c) against a real etcd on
+ * loopback (tests/support tp_etcd): key-value calls, leases, the election
+ * transaction and its epochs, fencing of a deposed holder, endpoint failover
+ * and a hung etcd. Skips with the reason when no etcd is installed. */
+#include <stdio.h>
+#include <string.h>
+
+#include "ha/etcd.h"
+#include "harness.h"
+#include "kvpool.h"
+#include "proc.h"
+
+/* Up to the point where etcd serves (a fresh member elects itself). */
+static kvp_etcd *open_on(const char *url, int timeout_ms)
+{
+    kvp_etcd_target t;
+    char err[128];
+    kvp_etcd *e = NULL;
+    if (kvp_etcd_parse_url(url, &t, err, sizeof err) != 0 || kvp_etcd_open(&t, timeout_ms, &e))
+        return NULL;
+    return e;
+}
+
+static kvp_etcd *up(tp_etcd *srv, int *skipped)
+{
+    char why[256], url[128];
+    *skipped = 0;
+    int rc = tp_etcd_start(srv, why, sizeof why);
+    if (rc == 1) {
+        *skipped = 1;
+        th_skip(why);
+        return NULL;
+    }
+    if (rc != 0) {
+        th_fail(__FILE__, __LINE__, "%s", why);
+        return NULL;
+    }
+    snprintf(url, sizeof url, "etcd://%s/test", srv->addr);
+    kvp_etcd *e = open_on(url, 2000);
+    for (int i = 0; e && i < 100; i++) {
+        bool found;
+        if (kvp_etcd_get(e, "/ready", NULL, 0, NULL, &found) == 0)
+            return e;
+        tp_sleep_ms(50);
+    }
+    th_fail(__FILE__, __LINE__, "etcd at %s does not serve", srv->addr);
+    kvp_etcd_close(e);
+    tp_etcd_stop(srv);
+    return NULL;
+}
+
+TEST(etcd_kv_and_leases)
+{
+    tp_etcd srv;
+    int skipped;
+    kvp_etcd *e = up(&srv, &skipped);
+    if (!e) {
+        return;
+    }
+    int ok = 0;
+    do {
+        uint8_t val[4], big[300];
+        for (int i = 0; i < 300; i++)
+            big[i] = (uint8_t)i;
+        uint64_t rev = 0, lease = 0;
+        bool found = true;
+        kvp_etcd_kv kv;
+        if (kvp_etcd_get(e, "/k", val, sizeof val, &kv, &found) != 0 || found)
+            break;
+        if (kvp_etcd_put(e, "/k", big, sizeof big, 0, &rev) != 0 || rev == 0)
+            break;
+        /* a value larger than the buffer is an error, never a truncated value */
+        if (kvp_etcd_get(e, "/k", val, sizeof val, &kv, &found) != KVP_EBUFFER_OVERFLOW)
+            break;
+        uint8_t back[400];
+        if (kvp_etcd_get(e, "/k", back, sizeof back, &kv, &found) != 0 || !found ||
+            kv.value_len != sizeof big || memcmp(back, big, sizeof big) != 0 ||
+            kv.mod_revision != rev)
+            break;
+        if (kvp_etcd_delete(e, "/k") != 0 || kvp_etcd_get(e, "/k", back, sizeof back, &kv,
+                                                          &found) != 0 || found)
+            break;
+        /* a lease: keepalive, a key under it, revoke -> key gone, keepalive refused */
+        int64_t ttl = 0;
+        if (kvp_etcd_lease_grant(e, 10, &lease) != 0 || lease == 0 ||
+            kvp_etcd_lease_keepalive(e, lease, &ttl) != 0 || ttl <= 0 || ttl > 10)
+            break;
+        if (kvp_etcd_put(e, "/l", "x", 1, lease, NULL) != 0 ||
+            kvp_etcd_get(e, "/l", back, sizeof back, &kv, &found) != 0 || !found ||
+            kv.lease != lease)
+            break;
+        if (kvp_etcd_lease_revoke(e, lease) != 0 ||
+            kvp_etcd_get(e, "/l", back, sizeof back, &kv, &found) != 0 || found)
+            break;
+        if (kvp_etcd_lease_keepalive(e, lease, &ttl) != KVP_ELEASE_EXPIRED)
+            break;
+        if (kvp_etcd_put(e, "/l", "x", 1, lease, NULL) != KVP_ELEASE_EXPIRED)
+            break;
+        /* refusals before the wire */
+        if (kvp_etcd_put(e, "", "x", 1, 0, NULL) != KVP_EINVALID_PARAMS ||
+            kvp_etcd_lease_grant(e, 0, &lease) != KVP_EINVALID_PARAMS)
+            break;
+        ok = 1;
+    } while (0);
+    if (!ok)
+        th_fail(__FILE__, __LINE__, "kv/lease sequence: %s", kvp_etcd_last_error(e));
+    kvp_etcd_close(e);
+    tp_etcd_stop(&srv);
+}
+
+/* Two candidates: one wins under its lease, the other sees it; the winner's
+ * lease lapses (no keepalive), the other wins with a larger epoch, and the
+ * deposed one's resign (its old epoch) leaves the new holder in place. */
+TEST(etcd_election_epochs_and_fencing)
+{
+    tp_etcd srv;
+    int skipped;
+    kvp_etcd *a = up(&srv, &skipped);
+    if (!a)
+        return;
+    char url[128];
+    snprintf(url, sizeof url, "etcd://%s/test", srv.addr);
+    kvp_etcd *b = open_on(url, 2000);
+    int ok = 0;
+    const char *key = "/kvpool/test/leader";
+    do {
+        uint64_t la = 0, lb = 0;
+        bool won = false, deleted = true;
+        kvp_etcd_kv h;
+        uint8_t hv[64];
+        if (!b || kvp_etcd_lease_grant(a, 1, &la) != 0 || kvp_etcd_lease_grant(b, 30, &lb) != 0)
+            break;
+        if (kvp_etcd_campaign(a, key, "A", 1, la, &won, &h, hv, sizeof hv) != 0 || !won)
+            break;
+        uint64_t e1 = h.create_revision;
+        if (kvp_etcd_campaign(b, key, "B", 1, lb, &won, &h, hv, sizeof hv) != 0 || won ||
+            h.create_revision != e1 || h.value_len != 1 || hv[0] != 'A' || h.lease != la)
+            break;
+        /* a's lease (TTL 1 s) lapses: etcd drops the key; b wins a new term */
+        uint64_t t0 = tp_now_ms();
+        while (tp_now_ms() - t0 < 10000) {
+            if (kvp_etcd_campaign(b, key, "B", 1, lb, &won, &h, hv, sizeof hv) != 0 || won)
+                break;
+            tp_sleep_ms(100);
+        }
+        if (!won || h.create_revision <= e1)
+            break;
+        uint64_t e2 = h.create_revision;
+        if (kvp_etcd_resign(a, key, e1, &deleted) != 0 || deleted)
+            break; /* fenced: the old term's epoch no longer matches */
+        bool found = false;
+        if (kvp_etcd_get(a, key, hv, sizeof hv, &h, &found) != 0 || !found ||
+            h.create_revision != e2 || hv[0] != 'B')
+            break;
+        if (kvp_etcd_resign(b, key, e2, &deleted) != 0 || !deleted)
+            break;
+        if (kvp_etcd_get(a, key, hv, sizeof hv, &h, &found) != 0 || found)
+            break;
+        ok = 1;
+    } while (0);
+    if (!ok)
+        th_fail(__FILE__, __LINE__, "election sequence: %s / %s", kvp_etcd_last_error(a),
+                b ? kvp_etcd_last_error(b) : "no handle");
+    kvp_etcd_close(a);
+    kvp_etcd_close(b);
+    tp_etcd_stop(&srv);
+}
+
+/* A dead endpoint before the live one is skipped; with every endpoint dead
+ * the call fails (RPC_FAIL) at once; a hung etcd is a timeout, bounded. */
+TEST(etcd_endpoint_failover_and_hang)
+{
+    tp_etcd srv;
+    int skipped;
+    kvp_etcd *e = up(&srv, &skipped);
+    if (!e)
+        return;
+    char dead[64], url[200];
+    int ok = 0;
+    kvp_etcd *f = NULL, *g = NULL;
+    do {
+        if (tp_free_addr(dead, sizeof dead) != 0)
+            break;
+        snprintf(url, sizeof url, "etcd://%s,%s/test", dead, srv.addr);
+        bool found;
+        if (!(f = open_on(url, 1000)) || kvp_etcd_put(f, "/x", "1", 1, 0, NULL) != 0 ||
+            strcmp(kvp_etcd_endpoint(f), srv.addr) != 0)
+            break;
+        snprintf(url, sizeof url, "etcd://%s/test", dead);
+        uint64_t t0 = tp_now_ms();
+        if (!(g = open_on(url, 1000)) || kvp_etcd_get(g, "/x", NULL, 0, NULL, &found) !=
+                                             KVP_ERPC_FAIL ||
+            tp_now_ms() - t0 > 900 || !strstr(kvp_etcd_last_error(g), dead))
+            break;
+        tp_etcd_pause(&srv, 1);
+        t0 = tp_now_ms();
+        int rc = kvp_etcd_get(e, "/x", NULL, 0, NULL, &found);
+        uint64_t took = tp_now_ms() - t0;
+        tp_etcd_pause(&srv, 0);
+        if (rc != KVP_ERPC_TIMEOUT || took < 1500 || took > 4000) {
+            th_fail(__FILE__, __LINE__, "hung etcd: rc %d after %llu ms", rc,
+                    (unsigned long long)took);
+            break;
+        }
+        ok = 1;
+    } while (0);
+    if (!ok)
+        th_fail(__FILE__, __LINE__, "failover sequence: %s", kvp_etcd_last_error(e));
+    kvp_etcd_close(e);
+    kvp_etcd_close(f);
+    kvp_etcd_close(g);
+    tp_etcd_stop(&srv);
+}
