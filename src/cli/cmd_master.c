@@ -4,8 +4,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <sys/random.h>
+
 #include "cli/cli.h"
 #include "common/log.h"
+#include "ha/leader.h"
 #include "kvpool.h"
 #include "master/service.h"
 
@@ -19,9 +22,100 @@ static void help(void)
            "  --config FILE       JSON configuration (default $KVPOOL_CONFIG, then\n"
            "                      $MOONCAKE_CONFIG_PATH)\n"
            "  --port-file FILE    write the bound port there once listening\n\n"
+           "With --etcd URL (and --cluster NAME) several masters form a cluster: the one\n"
+           "that wins etcd's election serves, the others wait as standbys and take over\n"
+           "when its lease (--ha-lease-ttl) lapses; clients and nodes name the master\n"
+           "etcd://HOST:PORT/NAME. A leader that loses its lease stops serving and exits 3.\n\n"
            "The keys the master reads are also flags (--lease-ttl 5s, --client-ttl 10s,\n"
            "...); kvpool help config prints what each key means:\n");
     kvp_config_print_flags(stdout, KVP_KEY_MASTER, NULL, 2);
+}
+
+/* ---------------------------------------------------------- election */
+
+struct lost_ctx {
+    kvp_mserver *s;
+    int lost;
+};
+
+/* The leader's lease is gone (or unrenewable): stop serving at once. */
+static void on_lost(void *arg, const char *why)
+{
+    struct lost_ctx *c = arg;
+    (void)why;
+    __atomic_store_n(&c->lost, 1, __ATOMIC_RELEASE);
+    kvp_mserver_stop(c->s);
+}
+
+/* SIGTERM / SIGINT arrived (blocked: they wait for the server's signalfd). */
+static int stop_requested(void *arg)
+{
+    (void)arg;
+    sigset_t p;
+    return sigpending(&p) == 0 && (sigismember(&p, SIGTERM) || sigismember(&p, SIGINT));
+}
+
+/* The address a leader publishes: advertise, else the listen host with the
+ * bound port (a wildcard host cannot be dialled: refused). */
+static int published_addr(const kvp_config *cfg, uint16_t port, char *out, size_t outlen)
+{
+    if (cfg->advertise[0])
+        return snprintf(out, outlen, "%s", cfg->advertise) < (int)outlen ? 0 : -1;
+    const char *c = strrchr(cfg->listen, ':');
+    size_t hl = c ? (size_t)(c - cfg->listen) : 0;
+    if (hl == 0 || (hl == 7 && !strncmp(cfg->listen, "0.0.0.0", 7)) ||
+        (hl == 4 && !strncmp(cfg->listen, "[::]", 4)))
+        return -1;
+    return snprintf(out, outlen, "%.*s:%u", (int)hl, cfg->listen, port) < (int)outlen ? 0 : -1;
+}
+
+/* Campaigns until this master is the leader (0; *out its term), a signal
+ * asked to stop (-1), or the configuration is wrong (2, message printed). */
+static int elect(const kvp_config *cfg, kvp_mserver *s, kvp_leader **out)
+{
+    char err[256], url[1200], addr[KVP_LEADER_ADDR_MAX + 1];
+    kvp_etcd_target t;
+    if (kvp_etcd_is_url(cfg->etcd))
+        snprintf(url, sizeof url, "%s", cfg->etcd);
+    else
+        snprintf(url, sizeof url, "etcd://%s/%s",
+                 strncmp(cfg->etcd, "http://", 7) ? cfg->etcd : cfg->etcd + 7, cfg->cluster);
+    /* "http://a:1,http://b:2" -> "a:1,b:2" */
+    for (char *p; (p = strstr(url + 7, "http://")) != NULL;)
+        memmove(p, p + 7, strlen(p + 7) + 1);
+    if (kvp_etcd_parse_url(url, &t, err, sizeof err) != 0) {
+        fprintf(stderr, "kvpool master: --etcd %s: %s\n", cfg->etcd, err);
+        return 2;
+    }
+    if (kvp_etcd_is_url(cfg->etcd) && strcmp(cfg->cluster, "default") != 0 &&
+        strcmp(cfg->cluster, t.cluster) != 0) {
+        fprintf(stderr, "kvpool master: --etcd names cluster %s, --cluster %s\n", t.cluster,
+                cfg->cluster);
+        return 2;
+    }
+    if (published_addr(cfg, kvp_mserver_port(s), addr, sizeof addr) != 0) {
+        fprintf(stderr, "kvpool master: --listen %s is a wildcard: give --advertise HOST:PORT, "
+                        "the address clients dial\n", cfg->listen);
+        return 2;
+    }
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof id, 0) != sizeof id)
+        id = (uint64_t)getpid();
+    kvp_leader *l;
+    int64_t ttl = (int64_t)((cfg->ha_lease_ttl_ms + 999) / 1000);
+    int rc = kvp_leader_open(&t, ttl, addr, id, &l, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "kvpool master: %s\n", err);
+        return 2;
+    }
+    KVP_INFO("master", "cluster %s: campaigning through etcd %s as %s", t.cluster,
+             t.endpoints[0], addr);
+    if (kvp_leader_campaign(l, stop_requested, NULL) != 0) {
+        kvp_leader_close(l);
+        return -1;
+    }
+    *out = l;
+    return 0;
 }
 
 int kvp_cmd_master(int argc, char **argv)
@@ -61,8 +155,23 @@ int kvp_cmd_master(int argc, char **argv)
             return 1;
         }
     }
+    kvp_leader *l = NULL;
+    if (cfg.etcd[0] && (rc = elect(&cfg, s, &l)) != 0) {
+        kvp_mserver_destroy(s);
+        return rc < 0 ? 0 : rc; /* < 0: stopped by a signal while standing by */
+    }
+    struct lost_ctx lc = {s, 0};
+    if (l && kvp_leader_start_keepalive(l, on_lost, &lc) != 0) {
+        fprintf(stderr, "kvpool master: cannot start the lease keepalive\n");
+        kvp_leader_close(l);
+        kvp_mserver_destroy(s);
+        return 1;
+    }
     rc = kvp_mserver_run(s);
-    kvp_mserver_destroy(s);
+    kvp_mserver_destroy(s); /* stops serving before the term is given up */
+    kvp_leader_close(l);
     KVP_INFO("master", "stopped");
+    if (__atomic_load_n(&lc.lost, __ATOMIC_ACQUIRE))
+        return 3;
     return rc ? 1 : 0;
 }

@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "common/secret.h"
 #include "common/size.h"
+#include "ha/etcd.h"
 #include "kvpool.h"
 
 /* ------------------------------------------------------------ messages */
@@ -143,6 +144,13 @@ int kvp_cli_addr(const char *cmd, const char *flag, const char *v, int any_port)
         hostlen = (size_t)(colon - v);
     }
     uint64_t port = 0;
+    if (!any_port && kvp_etcd_is_url(v)) { /* a cluster's master, found through etcd */
+        kvp_etcd_target t;
+        char err[160];
+        if (kvp_etcd_parse_url(v, &t, err, sizeof err) != 0)
+            return bad_flag(cmd, flag, v, "is not a usable etcd address: %s", err);
+        return 0;
+    }
     if (!*v)
         return bad_flag(cmd, flag, v, "is empty (allowed: %s)", allowed);
     if (strlen(v) > 255)

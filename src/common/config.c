@@ -181,6 +181,19 @@ static const struct key_def keys[] = {
      .max = 4 * GIB_ - 64 * KIB_, .def = "1GiB",
      .help = "largest value a put may store (also at most the low watermark's share of the "
              "pool); larger puts are refused before anything is evicted"},
+    {.name = "etcd", .roles = R_M, .type = KT_STRING, F_STR(etcd), .def = "",
+     .help = "master: etcd endpoints (http://HOST:PORT[,...] or etcd://HOST:PORT[,...]/CLUSTER) "
+             "of a cluster of masters: one is elected leader and serves, the others stand by; "
+             "clients and nodes then name the master etcd://HOST:PORT/CLUSTER"},
+    {.name = "cluster", .roles = R_M, .type = KT_STRING, F_STR(cluster), .def = "default",
+     .help = "master with etcd: the cluster's name (letters, digits, '.', '_', '-')"},
+    {.name = "advertise", .roles = R_M, .type = KT_STRING, F_STR(advertise), .def = "",
+     .help = "master with etcd: the host:port a leader publishes for clients and nodes "
+             "(default: the listen address; needed when that is a wildcard)"},
+    {.name = "ha_lease_ttl", .roles = R_M, .type = KT_DURATION, F_U64(ha_lease_ttl_ms),
+     .unit_ms = 1000, .min = 1000, .max = 60000, .def = "2s",
+     .help = "master with etcd: the leader's lease; a leader that cannot renew it within "
+             "3/4 of it stops serving, and a standby takes over once it expires"},
     {.name = "log_level", .roles = R_ALL_NET, .type = KT_LOGLEVEL, F_INT(log_level), .def = "info",
      .help = "least severe log level written, process-wide; given in a client's configuration "
              "it sets the process level ($KVPOOL_LOG_LEVEL beats it, a flag beats both)"},

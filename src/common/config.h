@@ -24,6 +24,10 @@
 typedef struct kvp_config {
     /* ---- master ---- */
     char listen[256];             /* "listen": master address host:port (127.0.0.1:50051) */
+    char etcd[1024];              /* "etcd": etcd endpoints of a cluster of masters ("" = alone) */
+    char cluster[65];             /* "cluster": the cluster's name in etcd ("default") */
+    char advertise[256];          /* "advertise": the address a leader publishes ("" = listen) */
+    uint64_t ha_lease_ttl_ms;     /* "ha_lease_ttl" (ms): the leader's etcd lease, 2 s */
     char cluster_token[256];      /* "cluster_token": "" = none (secret.h: file, env) */
     char cluster_token_file[256]; /* "cluster_token_file": file holding it */
     char node_token[256];         /* "node_token": credential to mount segments */

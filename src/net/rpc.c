@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "common/mem.h"
 #include "common/sys.h"
+#include "ha/leader.h"
 #include "kvpool.h"
 #include "net/net.h"
 
@@ -273,6 +274,15 @@ int kvp_rpc_open(const char *addr, const kvp_rpc_opts *o, kvp_rpc **out, char *e
     kvp_rpc_opts def = {0};
     if (!o)
         o = &def;
+    /* a cluster's master: the leader etcd names now (each open looks again,
+     * so a reconnect follows a failover) */
+    char dial[KVP_LEADER_ADDR_MAX + 1];
+    if (kvp_etcd_is_url(addr)) {
+        int rc = kvp_leader_resolve(addr, dial, sizeof dial, NULL, err, errlen);
+        if (rc)
+            return rc == KVP_ERPC_TIMEOUT ? rc : KVP_ERPC_FAIL;
+        addr = dial;
+    }
     kvp_rpc *r = kvp_calloc(1, sizeof *r);
     if (!r) {
         snprintf(err, errlen, "out of memory");

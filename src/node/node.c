@@ -51,6 +51,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/secret.h"
+#include "ha/leader.h"
 #include "kvpool.h"
 #include "net/net.h"
 #include "net/rpc.h"
@@ -516,7 +517,10 @@ static int node_addr(const kvp_node_opts *o, char *listen, size_t llen, char *ho
             snprintf(host, hlen, "%s", cfg->local_hostname);
         else {
             char e[256];
-            int rc = kvp_net_source_for(cfg->master_addr, host, hlen, e, sizeof e);
+            char dial[KVP_LEADER_ADDR_MAX + 1];
+            int rc = kvp_leader_resolve(cfg->master_addr, dial, sizeof dial, NULL, e, sizeof e);
+            if (rc == 0)
+                rc = kvp_net_source_for(dial, host, hlen, e, sizeof e);
             if (rc) {
                 snprintf(err, errlen, "listening on %s: cannot tell which address clients "
                          "should dial (%s); set local_hostname", listen, e);
@@ -529,8 +533,10 @@ static int node_addr(const kvp_node_opts *o, char *listen, size_t llen, char *ho
     join_addr(listen, llen, cfg->local_hostname, 0);
     if (named || !cfg->master_addr[0])
         return 0;
-    char e[256];
-    int rc = kvp_net_source_for(cfg->master_addr, src, sizeof src, e, sizeof e);
+    char e[256], dial[KVP_LEADER_ADDR_MAX + 1];
+    int rc = kvp_leader_resolve(cfg->master_addr, dial, sizeof dial, NULL, e, sizeof e);
+    if (rc == 0)
+        rc = kvp_net_source_for(dial, src, sizeof src, e, sizeof e);
     if (rc) {
         snprintf(err, errlen, "master %s: %s", cfg->master_addr, e);
         return rc;
@@ -666,7 +672,10 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
     if (cfg->master_addr[0] && !o->master_optional) {
         /* before the segment is faulted in (seconds for a large one): a
          * master that is not there is said at once */
-        int fd = kvp_net_connect(cfg->master_addr, n->link_timeout_ms, err, errlen);
+        char dial[KVP_LEADER_ADDR_MAX + 1];
+        int fd = kvp_leader_resolve(cfg->master_addr, dial, sizeof dial, NULL, err, errlen);
+        if (fd == 0)
+            fd = kvp_net_connect(dial, n->link_timeout_ms, err, errlen);
         if (fd < 0) {
             rc = fd;
             goto fail;

@@ -1,0 +1,321 @@
+/* leader.c -- election, keepalive and resolution of the master's term
+ * (contracts in leader.h). */
+#include "ha/leader.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "kvpool.h"
+
+#define MOD "ha"
+#define CALL_MS 1000 /* each etcd call, per endpoint */
+
+void kvp_leader_key(const char *cluster, char *out, size_t outlen)
+{
+    snprintf(out, outlen, "/kvpool/%s/leader", cluster);
+}
+
+int kvp_leader_parse_value(const uint8_t *v, size_t n, kvp_leader_info *info)
+{
+    memset(info, 0, sizeof *info);
+    json_error_t je;
+    json_t *j = json_loadb((const char *)v, n, JSON_REJECT_DUPLICATES, &je);
+    json_t *a = json_object_get(j, "addr"), *id = json_object_get(j, "id");
+    int rc = KVP_EPROTOCOL;
+    if (json_is_object(j) && json_is_string(a) && json_string_length(a) >= 3 &&
+        json_string_length(a) <= KVP_LEADER_ADDR_MAX && strlen(json_string_value(a)) ==
+                                                            json_string_length(a) &&
+        strchr(json_string_value(a), ':') && (!id || json_is_string(id))) {
+        char *end = NULL;
+        errno = 0;
+        if (id) {
+            const char *s = json_string_value(id);
+            info->id = strtoull(s, &end, 16);
+        }
+        if (!id || (errno == 0 && end && *end == '\0' && end != json_string_value(id))) {
+            memcpy(info->addr, json_string_value(a), json_string_length(a));
+            rc = 0;
+        }
+    }
+    json_decref(j);
+    return rc;
+}
+
+/* The record of t's cluster through handle e. */
+static int read_record(kvp_etcd *e, const char *key, kvp_leader_info *info, int *found)
+{
+    uint8_t v[1024];
+    kvp_etcd_kv kv;
+    bool f = false;
+    int rc = kvp_etcd_get(e, key, v, sizeof v, &kv, &f);
+    *found = f;
+    if (rc || !f)
+        return rc;
+    if ((rc = kvp_leader_parse_value(v, kv.value_len, info)) != 0)
+        return rc;
+    info->epoch = kv.create_revision;
+    return 0;
+}
+
+int kvp_leader_resolve(const char *addr, char *out, size_t outlen, kvp_leader_info *info,
+                       char *err, size_t errlen)
+{
+    if (!kvp_etcd_is_url(addr)) {
+        if (snprintf(out, outlen, "%s", addr) >= (int)outlen) {
+            snprintf(err, errlen, "address too long");
+            return KVP_EINVALID_PARAMS;
+        }
+        return 0;
+    }
+    kvp_etcd_target t;
+    int rc = kvp_etcd_parse_url(addr, &t, err, errlen);
+    if (rc)
+        return rc;
+    kvp_etcd *e;
+    if ((rc = kvp_etcd_open(&t, CALL_MS, &e)) != 0) {
+        snprintf(err, errlen, "%s: cannot use etcd (%s)", addr, kvp_strerror(rc));
+        return rc;
+    }
+    char key[KVP_ETCD_MAX_CLUSTER + 32];
+    kvp_leader_key(t.cluster, key, sizeof key);
+    kvp_leader_info li;
+    int found = 0;
+    rc = read_record(e, key, &li, &found);
+    if (rc)
+        snprintf(err, errlen, "%s: %s", addr,
+                 rc == KVP_EPROTOCOL ? "the leader record is malformed" : kvp_etcd_last_error(e));
+    else if (!found) {
+        snprintf(err, errlen, "%s: no leader elected in cluster %s", addr, t.cluster);
+        rc = KVP_ERPC_FAIL;
+    } else if (snprintf(out, outlen, "%s", li.addr) >= (int)outlen) {
+        rc = KVP_EINVALID_PARAMS;
+    } else if (info) {
+        *info = li;
+    }
+    kvp_etcd_close(e);
+    return rc;
+}
+
+/* ------------------------------------------------------------ candidate */
+
+struct kvp_leader {
+    kvp_etcd_target t;
+    kvp_etcd *e;  /* the campaign's and close's */
+    kvp_etcd *ka; /* the keepalive thread's */
+    char key[KVP_ETCD_MAX_CLUSTER + 32];
+    char value[KVP_LEADER_ADDR_MAX + 64];
+    int64_t ttl_ask, ttl;
+    uint64_t lease, epoch;
+    pthread_t th;
+    int th_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int quit;
+    int lost_term; /* the keepalive gave the term up: close makes no etcd call */
+    void (*lost)(void *, const char *);
+    void *arg;
+};
+
+int kvp_leader_open(const kvp_etcd_target *t, int64_t ttl_s, const char *addr, uint64_t id,
+                    kvp_leader **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!t || ttl_s < 1 || ttl_s > 3600 || !addr || strlen(addr) > KVP_LEADER_ADDR_MAX) {
+        snprintf(err, errlen, "invalid leader parameters");
+        return KVP_EINVALID_PARAMS;
+    }
+    kvp_leader *l = kvp_calloc(1, sizeof *l);
+    if (!l)
+        return KVP_ENOMEM;
+    l->t = *t;
+    l->ttl_ask = ttl_s;
+    kvp_leader_key(t->cluster, l->key, sizeof l->key);
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016" PRIx64, id);
+    json_t *v = json_pack("{s:s, s:s}", "addr", addr, "id", hex);
+    char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    json_decref(v);
+    if (!s || strlen(s) >= sizeof l->value) {
+        free(s);
+        kvp_free(l);
+        return KVP_ENOMEM;
+    }
+    strcpy(l->value, s);
+    free(s);
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    int rc = kvp_etcd_open(t, CALL_MS, &l->e);
+    if (rc) {
+        snprintf(err, errlen, "etcd: %s", kvp_strerror(rc));
+        kvp_leader_close(l);
+        return rc;
+    }
+    *out = l;
+    return 0;
+}
+
+uint64_t kvp_leader_epoch(const kvp_leader *l) { return l->epoch; }
+int64_t kvp_leader_ttl(const kvp_leader *l) { return l->ttl; }
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
+{
+    uint64_t seen_epoch = 0, last_warn = 0;
+    for (;;) {
+        if (stop && stop(arg))
+            return KVP_ECLOSED;
+        kvp_leader_info cur;
+        int found = 0;
+        int rc = read_record(l->e, l->key, &cur, &found);
+        if (rc == 0 && found) { /* a standby: wait for the record to go */
+            if (cur.epoch != seen_epoch)
+                KVP_INFO(MOD, "standby: the leader of cluster %s is %s (epoch %" PRIu64 ")",
+                         l->t.cluster, cur.addr, cur.epoch);
+            seen_epoch = cur.epoch;
+            sleep_ms(KVP_LEADER_POLL_MS);
+            continue;
+        }
+        uint64_t lease = 0;
+        bool won = false;
+        kvp_etcd_kv h;
+        uint8_t hv[1024];
+        if (rc == 0 || rc == KVP_EPROTOCOL)
+            rc = kvp_etcd_lease_grant(l->e, l->ttl_ask, &lease);
+        if (rc == 0)
+            rc = kvp_etcd_campaign(l->e, l->key, l->value, strlen(l->value), lease, &won, &h, hv,
+                                   sizeof hv);
+        if (rc == 0 && won) {
+            l->lease = lease;
+            l->epoch = h.create_revision;
+            int64_t ttl = 0;
+            /* the TTL etcd granted (it may round a small one up) */
+            l->ttl = kvp_etcd_lease_keepalive(l->e, lease, &ttl) == 0 ? ttl : l->ttl_ask;
+            KVP_INFO(MOD, "leader of cluster %s at epoch %" PRIu64 " (lease TTL %" PRId64 " s)",
+                     l->t.cluster, l->epoch, l->ttl);
+            return 0;
+        }
+        if (lease)
+            (void)kvp_etcd_lease_revoke(l->e, lease);
+        if (rc) {
+            uint64_t now = kvp_now_ms();
+            if (now - last_warn > 5000) {
+                KVP_WARN(MOD, "cluster %s: %s (retrying)", l->t.cluster, kvp_etcd_last_error(l->e));
+                last_warn = now;
+            }
+            sleep_ms(KVP_LEADER_POLL_MS * 5);
+        }
+    }
+}
+
+/* Renews every TTL/3 (after a failure: again in 100 ms). The term is given
+ * up as soon as a renewal could no longer end within 3/4 of the TTL from the
+ * last good one: the lease may then lapse before this master stops, and a
+ * standby serve beside it. Each renewal is bounded by TTL/4 (the handle's
+ * timeout), so that decision falls before the lease can expire. */
+static void *keepalive_main(void *arg)
+{
+    kvp_leader *l = arg;
+    uint64_t ttl_ms = (uint64_t)l->ttl * 1000, limit = ttl_ms - ttl_ms / 4;
+    uint64_t every = ttl_ms / 3 > 200 ? ttl_ms / 3 : 200, call_ms = ttl_ms / 4;
+    uint64_t last_ok = kvp_now_ms(), wait = every;
+    const char *why = NULL;
+    char buf[300];
+    pthread_mutex_lock(&l->mu);
+    while (!l->quit) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (wait % 1000) * 1000000ull;
+        ts.tv_sec += (time_t)(wait / 1000 + ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_cond_timedwait(&l->cv, &l->mu, &ts);
+        if (l->quit)
+            break;
+        pthread_mutex_unlock(&l->mu);
+        uint64_t now = kvp_now_ms();
+        if (now - last_ok + call_ms > limit) {
+            snprintf(buf, sizeof buf, "no lease renewal for %" PRIu64 " ms (%s)", now - last_ok,
+                     kvp_etcd_last_error(l->ka));
+            why = buf;
+        } else {
+            int64_t ttl = 0;
+            int rc = kvp_etcd_lease_keepalive(l->ka, l->lease, &ttl);
+            if (rc == 0) {
+                last_ok = now; /* the renewal was sent at now or later */
+                wait = every;
+            } else if (rc == KVP_ELEASE_EXPIRED) {
+                why = "the lease expired";
+            } else {
+                KVP_WARN(MOD, "lease renewal: %s (retrying)", kvp_etcd_last_error(l->ka));
+                wait = 100;
+            }
+        }
+        pthread_mutex_lock(&l->mu);
+        if (why)
+            break;
+    }
+    pthread_mutex_unlock(&l->mu);
+    if (why) {
+        KVP_ERROR(MOD, "lost the leadership of cluster %s (epoch %" PRIu64 "): %s", l->t.cluster,
+                  l->epoch, why);
+        __atomic_store_n(&l->lost_term, 1, __ATOMIC_RELEASE);
+        l->lost(l->arg, why);
+    }
+    return NULL;
+}
+
+int kvp_leader_start_keepalive(kvp_leader *l, void (*lost)(void *arg, const char *why), void *arg)
+{
+    if (!l || !l->lease || !lost || l->th_started)
+        return KVP_EINVALID_PARAMS;
+    l->lost = lost;
+    l->arg = arg;
+    int rc = kvp_etcd_open(&l->t, (int)(l->ttl * 1000 / 4), &l->ka);
+    if (rc)
+        return rc;
+    if (pthread_create(&l->th, NULL, keepalive_main, l) != 0)
+        return KVP_ENOMEM;
+    l->th_started = 1;
+    return 0;
+}
+
+void kvp_leader_close(kvp_leader *l)
+{
+    if (!l)
+        return;
+    if (l->th_started) {
+        pthread_mutex_lock(&l->mu);
+        l->quit = 1;
+        pthread_cond_signal(&l->cv);
+        pthread_mutex_unlock(&l->mu);
+        pthread_join(l->th, NULL);
+    }
+    int lost = __atomic_load_n(&l->lost_term, __ATOMIC_ACQUIRE);
+    if (l->e && l->epoch && !lost) {
+        bool deleted = false;
+        if (kvp_etcd_resign(l->e, l->key, l->epoch, &deleted) == 0 && deleted)
+            KVP_INFO(MOD, "resigned the leadership of cluster %s (epoch %" PRIu64 ")",
+                     l->t.cluster, l->epoch);
+    }
+    if (l->e && l->lease && !lost)
+        (void)kvp_etcd_lease_revoke(l->e, l->lease);
+    kvp_etcd_close(l->e);
+    kvp_etcd_close(l->ka);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    kvp_free(l);
+}

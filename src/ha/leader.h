@@ -1,0 +1,70 @@
+/*
+ * leader.h -- a master's term through etcd, and how the others find it.
+ *
+ * The leader record is the etcd key /kvpool/<cluster>/leader, created by
+ * kvp_etcd_campaign under the candidate's lease; its value is the JSON
+ * {"addr": "HOST:PORT", "id": "<16 hex>"} (the address clients dial, the
+ * master's instance id). The term's epoch is the key's creation revision:
+ * etcd revisions only grow, so a later term always has a larger epoch.
+ *
+ * A candidate (kvp_leader_campaign) tries to create the key; while another
+ * holds it, it is a standby: it polls the record every KVP_LEADER_POLL_MS
+ * and tries again once the record is gone (the holder resigned or its lease
+ * expired). Once it won, kvp_leader_start_keepalive renews the lease every
+ * TTL/3 on a thread of its own; when the lease is gone, or no renewal
+ * succeeded for TTL - TTL/4 (etcd unreachable: the lease may expire any
+ * moment and a standby take over), lost() is called once and the master
+ * must stop serving at once (it is fenced by stopping, before etcd can hand
+ * the term to another). kvp_leader_close resigns only its own term (the
+ * epoch is compared in the same transaction) and revokes the lease.
+ *
+ * kvp_leader_resolve turns a master address into the one to dial: a plain
+ * "HOST:PORT" is returned as is; "etcd://..." is looked up (the current
+ * record; none = KVP_ERPC_FAIL "no leader").
+ */
+#ifndef KVP_LEADER_H
+#define KVP_LEADER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ha/etcd.h"
+
+#define KVP_LEADER_POLL_MS 100
+#define KVP_LEADER_ADDR_MAX 255
+
+typedef struct kvp_leader kvp_leader;
+
+typedef struct kvp_leader_info {
+    char addr[KVP_LEADER_ADDR_MAX + 1];
+    uint64_t id;
+    uint64_t epoch;
+} kvp_leader_info;
+
+/* The record's key for cluster into out ("/kvpool/NAME/leader"). */
+void kvp_leader_key(const char *cluster, char *out, size_t outlen);
+/* Parses a record's value. 0 or KVP_EPROTOCOL. */
+int kvp_leader_parse_value(const uint8_t *v, size_t n, kvp_leader_info *info);
+
+/* addr -> the address to dial (outlen >= KVP_LEADER_ADDR_MAX + 1); info
+ * (may be NULL) gets the record when addr names etcd. */
+int kvp_leader_resolve(const char *addr, char *out, size_t outlen, kvp_leader_info *info,
+                       char *err, size_t errlen);
+
+/* A candidate for t's cluster publishing addr and id; ttl_s the lease TTL
+ * asked for (etcd may grant more). */
+int kvp_leader_open(const kvp_etcd_target *t, int64_t ttl_s, const char *addr, uint64_t id,
+                    kvp_leader **out, char *err, size_t errlen);
+/* Blocks until this candidate won (0) or stop() returns non-zero
+ * (KVP_ECLOSED); etcd being unreachable is retried (and logged). */
+int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg);
+uint64_t kvp_leader_epoch(const kvp_leader *l);
+/* The TTL etcd granted the winning lease, in seconds. */
+int64_t kvp_leader_ttl(const kvp_leader *l);
+/* After a won campaign: the keepalive thread. lost(arg, why) runs on it,
+ * once. */
+int kvp_leader_start_keepalive(kvp_leader *l, void (*lost)(void *arg, const char *why), void *arg);
+/* Stops the thread, resigns the term (if still ours) and revokes the lease. */
+void kvp_leader_close(kvp_leader *l);
+
+#endif
