@@ -47,6 +47,13 @@ static void on_lost(void *arg, const char *why)
     kvp_mserver_stop(c->s);
 }
 
+/* The lease was renewed: the term holds until then. */
+static void on_renewed(void *arg, uint64_t valid_until_ms)
+{
+    struct lost_ctx *c = arg;
+    kvp_mserver_set_term(c->s, valid_until_ms);
+}
+
 /* SIGTERM / SIGINT arrived (blocked: they wait for the server's signalfd). */
 static int stop_requested(void *arg)
 {
@@ -161,17 +168,22 @@ int kvp_cmd_master(int argc, char **argv)
         return rc < 0 ? 0 : rc; /* < 0: stopped by a signal while standing by */
     }
     struct lost_ctx lc = {s, 0};
-    if (l && kvp_leader_start_keepalive(l, on_lost, &lc) != 0) {
+    if (l)
+        kvp_mserver_set_term(s, kvp_leader_valid_until(l));
+    if (l && kvp_leader_start_keepalive(l, on_lost, on_renewed, &lc) != 0) {
         fprintf(stderr, "kvpool master: cannot start the lease keepalive\n");
         kvp_leader_close(l);
         kvp_mserver_destroy(s);
         return 1;
     }
     rc = kvp_mserver_run(s);
-    kvp_mserver_destroy(s); /* stops serving before the term is given up */
+    /* run returned: nothing more is served; the keepalive thread (which
+     * may touch s) ends before s goes, then the term is given up */
     kvp_leader_close(l);
+    int over = __atomic_load_n(&lc.lost, __ATOMIC_ACQUIRE) || kvp_mserver_term_over(s);
+    kvp_mserver_destroy(s);
     KVP_INFO("master", "stopped");
-    if (__atomic_load_n(&lc.lost, __ATOMIC_ACQUIRE))
+    if (over)
         return 3;
     return rc ? 1 : 0;
 }

@@ -121,6 +121,8 @@ struct kvp_leader {
     pthread_cond_t cv;
     int quit;
     int lost_term; /* the keepalive gave the term up: close makes no etcd call */
+    uint64_t valid_until; /* kvp_now_ms until which the term is surely ours */
+    void (*renewed)(void *, uint64_t);
     void (*lost)(void *, const char *);
     void *arg;
 };
@@ -194,6 +196,7 @@ int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
         bool won = false;
         kvp_etcd_kv h;
         uint8_t hv[1024];
+        uint64_t asked = kvp_now_ms(); /* the lease cannot expire before asked + TTL */
         if (rc == 0 || rc == KVP_EPROTOCOL)
             rc = kvp_etcd_lease_grant(l->e, l->ttl_ask, &lease);
         if (rc == 0)
@@ -205,6 +208,8 @@ int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
             int64_t ttl = 0;
             /* the TTL etcd granted (it may round a small one up) */
             l->ttl = kvp_etcd_lease_keepalive(l->e, lease, &ttl) == 0 ? ttl : l->ttl_ask;
+            uint64_t ttl_ms = (uint64_t)l->ttl_ask * 1000;
+            l->valid_until = asked + ttl_ms - ttl_ms / 4;
             KVP_INFO(MOD, "leader of cluster %s at epoch %" PRIu64 " (lease TTL %" PRId64 " s)",
                      l->t.cluster, l->epoch, l->ttl);
             return 0;
@@ -257,6 +262,9 @@ static void *keepalive_main(void *arg)
             if (rc == 0) {
                 last_ok = now; /* the renewal was sent at now or later */
                 wait = every;
+                __atomic_store_n(&l->valid_until, now + limit, __ATOMIC_RELEASE);
+                if (l->renewed)
+                    l->renewed(l->arg, now + limit);
             } else if (rc == KVP_ELEASE_EXPIRED) {
                 why = "the lease expired";
             } else {
@@ -278,11 +286,18 @@ static void *keepalive_main(void *arg)
     return NULL;
 }
 
-int kvp_leader_start_keepalive(kvp_leader *l, void (*lost)(void *arg, const char *why), void *arg)
+uint64_t kvp_leader_valid_until(const kvp_leader *l)
+{
+    return __atomic_load_n(&l->valid_until, __ATOMIC_ACQUIRE);
+}
+
+int kvp_leader_start_keepalive(kvp_leader *l, void (*lost)(void *arg, const char *why),
+                               void (*renewed)(void *arg, uint64_t valid_until_ms), void *arg)
 {
     if (!l || !l->lease || !lost || l->th_started)
         return KVP_EINVALID_PARAMS;
     l->lost = lost;
+    l->renewed = renewed;
     l->arg = arg;
     int rc = kvp_etcd_open(&l->t, (int)(l->ttl * 1000 / 4), &l->ka);
     if (rc)

@@ -61,9 +61,14 @@ int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg);
 uint64_t kvp_leader_epoch(const kvp_leader *l);
 /* The TTL etcd granted the winning lease, in seconds. */
 int64_t kvp_leader_ttl(const kvp_leader *l);
-/* After a won campaign: the keepalive thread. lost(arg, why) runs on it,
- * once. */
-int kvp_leader_start_keepalive(kvp_leader *l, void (*lost)(void *arg, const char *why), void *arg);
+/* After a won campaign: until when (kvp_now_ms) the term is surely ours --
+ * 3/4 of the TTL after the last lease grant or renewal was sent. */
+uint64_t kvp_leader_valid_until(const kvp_leader *l);
+/* After a won campaign: the keepalive thread. renewed(arg, valid_until)
+ * (may be NULL) runs on it after each renewal; lost(arg, why) once, when the
+ * term is given up. */
+int kvp_leader_start_keepalive(kvp_leader *l, void (*lost)(void *arg, const char *why),
+                               void (*renewed)(void *arg, uint64_t valid_until_ms), void *arg);
 /* Stops the thread, resigns the term (if still ours) and revokes the lease. */
 void kvp_leader_close(kvp_leader *l);
 

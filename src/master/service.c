@@ -148,6 +148,8 @@ struct kvp_mserver {
     uint64_t last_summary, last_requests, last_expired;
     uint64_t longest_turn_ms; /* the longest turn's work (logged at the end) */
     _Atomic int stop; /* set by kvp_mserver_stop from any thread or a signal handler */
+    _Atomic uint64_t term_until; /* a leader's term is valid until then (0 = no term) */
+    _Atomic int term_over;       /* the loop stopped because term_until passed */
 };
 
 /* ---------------------------------------------------------- address map */
@@ -496,7 +498,17 @@ static int conn_serve(kvp_mserver *s, conn *c)
             break;
         }
         kvp_arena_reset(&s->arena);
-        if (kvp_master_handle(s->m, &c->sess, &h, body, &s->arena, &c->out, kvp_now_ms()) != 0) {
+        uint64_t now = kvp_now_ms(), until = s->term_until;
+        if (until && now >= until) { /* the term may be another master's by now */
+            if (!s->term_over)
+                KVP_ERROR(MOD, "the leader's term ran out %llu ms ago: answering nothing more",
+                          (unsigned long long)(now - until));
+            s->term_over = 1;
+            kvp_mserver_stop(s);
+            c->closing = 1;
+            break;
+        }
+        if (kvp_master_handle(s->m, &c->sess, &h, body, &s->arena, &c->out, now) != 0) {
             c->closing = 1;
             break;
         }
@@ -946,6 +958,9 @@ int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **
 }
 
 uint16_t kvp_mserver_port(const kvp_mserver *s) { return s->port; }
+
+void kvp_mserver_set_term(kvp_mserver *s, uint64_t valid_until_ms) { s->term_until = valid_until_ms; }
+int kvp_mserver_term_over(const kvp_mserver *s) { return s->term_over; }
 
 void kvp_mserver_stop(kvp_mserver *s)
 {

@@ -44,6 +44,14 @@ uint16_t kvp_mserver_port(const kvp_mserver *s);
 int kvp_mserver_run(kvp_mserver *s);
 /* Asks the loop to stop; callable from any thread or a signal handler. */
 void kvp_mserver_stop(kvp_mserver *s);
+/* A cluster's leader: the term is known valid until valid_until_ms
+ * (kvp_now_ms clock; 0 = no term, the default). Before each request is
+ * handled the deadline is checked: past it the master answers nothing more
+ * and the loop stops (a leader stalled past its lease, e.g. stopped by a
+ * signal, must not serve beside its successor). Any thread. */
+void kvp_mserver_set_term(kvp_mserver *s, uint64_t valid_until_ms);
+/* Whether the loop stopped because the term ran out. */
+int kvp_mserver_term_over(const kvp_mserver *s);
 /* Closes every connection and frees everything. Not while run() runs. */
 void kvp_mserver_destroy(kvp_mserver *s);
 #endif

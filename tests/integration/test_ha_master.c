@@ -5,13 +5,17 @@
  *
  * What this does not cover yet: the index does not move to the new leader
  * (objects published before a failover are not listed by the next one). */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
 
+#include "common/clock.h"
+#include "common/config.h"
 #include "ha/leader.h"
 #include "harness.h"
+#include "master/service.h"
 #include "kvpool.h"
 #include "proc.h"
 
@@ -209,6 +213,123 @@ TEST(ha_leader_cut_from_etcd_steps_down)
     if (!ok && !th_failed())
         th_fail(__FILE__, __LINE__, "step-down sequence failed");
     env_down(&e);
+}
+
+/* A leader stopped (SIGSTOP: a hang, not a crash) past its lease: the standby
+ * takes over; once resumed, the old leader answers nothing more -- a client
+ * still connected to it directly sees its put fail, never succeed on an
+ * index the new leader cannot see -- and exits 3. */
+TEST(ha_stalled_leader_serves_nothing_after_resume)
+{
+    env e;
+    int u = env_up(&e);
+    if (u)
+        return;
+    kvp_client *direct = NULL, *c = NULL;
+    int ok = 0;
+    do {
+        if (start_master(&e, 0) != 0 || wait_leader(&e, e.m[0].addr, 10000) < 0 ||
+            start_master(&e, 1) != 0 || tp_store_start(&e.st, e.url, NULL) != 0)
+            break;
+        char cfg[256], err[256];
+        snprintf(cfg, sizeof cfg,
+                 "{\"master\": \"%s\", \"mode\": \"standalone-store\", \"rpc_timeout\": \"1s\"}",
+                 e.m[0].addr);
+        if (kvp_client_open(cfg, &direct, err, sizeof err) != 0 || put_get(direct, "d0", 1) != 0)
+            break;
+        kill(e.m[0].pid, SIGSTOP);
+        if (wait_leader(&e, e.m[1].addr, 10000) < 0 || !(c = client(&e)))
+            break;
+        int r = -1;
+        for (uint64_t t0 = tp_now_ms(); r != 0 && tp_now_ms() - t0 < 20000;)
+            if ((r = put_get(c, "n0", 2)) != 0)
+                tp_sleep_ms(50);
+        if (r != 0)
+            break;
+        kill(e.m[0].pid, SIGCONT);
+        /* any answer at all would come from an index the new leader cannot
+         * see (an EXIST is answered by any live master) */
+        const char *k[1] = {"d0"};
+        int res[1] = {-1};
+        int xr = kvp_client_exist(direct, k, 1, res);
+        if (xr == 0 && res[0] >= 0) {
+            th_fail(__FILE__, __LINE__, "the deposed leader answered after its term (%d)", res[0]);
+            break;
+        }
+        if (put_get(direct, "d1", 3) == 0) {
+            th_fail(__FILE__, __LINE__, "the deposed leader accepted a put after its term");
+            break;
+        }
+        int st = -1;
+        for (uint64_t t0 = tp_now_ms(); tp_now_ms() - t0 < 5000; tp_sleep_ms(20)) {
+            int w;
+            if (waitpid(e.m[0].pid, &w, WNOHANG) == e.m[0].pid) {
+                st = WIFEXITED(w) ? WEXITSTATUS(w) : 128 + WTERMSIG(w);
+                e.m[0].pid = 0;
+                break;
+            }
+        }
+        if (st != 3) {
+            th_fail(__FILE__, __LINE__, "the resumed old leader: status %d", st);
+            break;
+        }
+        if (put_get(c, "n1", 4) != 0)
+            break;
+        ok = 1;
+    } while (0);
+    if (!ok && !th_failed())
+        th_fail(__FILE__, __LINE__, "stall sequence failed");
+    kvp_client_close(direct);
+    kvp_client_close(c);
+    env_down(&e);
+}
+
+static void *serve_main(void *arg)
+{
+    kvp_mserver_run(arg);
+    return NULL;
+}
+
+/* The service's term deadline itself (what the lease keepalive feeds): a
+ * request handled after it gets no answer, the loop stops and says why; a
+ * renewed deadline keeps it serving. */
+TEST(ha_term_deadline_stops_the_service)
+{
+    kvp_config cfg;
+    kvp_config_defaults(&cfg);
+    snprintf(cfg.listen, sizeof cfg.listen, "127.0.0.1:0");
+    kvp_mserver *s = NULL;
+    char err[256], addr[64], ccfg[256];
+    CHECK_EQ(kvp_mserver_create(&cfg, 0, &s, err, sizeof err), 0);
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", kvp_mserver_port(s));
+    kvp_mserver_set_term(s, kvp_now_ms() + 400);
+    pthread_t th;
+    CHECK_EQ(pthread_create(&th, NULL, serve_main, s), 0);
+    snprintf(ccfg, sizeof ccfg,
+             "{\"master\": \"%s\", \"mode\": \"standalone-store\", \"rpc_timeout\": \"1s\"}",
+             addr);
+    kvp_client *c = NULL;
+    int rc = kvp_client_open(ccfg, &c, err, sizeof err);
+    const char *k[1] = {"k"};
+    int res[1] = {-1};
+    int before = c ? kvp_client_exist(c, k, 1, res) : -1;
+    for (int i = 0; i < 3; i++) { /* renewed: still serving past the first deadline */
+        kvp_mserver_set_term(s, kvp_now_ms() + 400);
+        tp_sleep_ms(200);
+    }
+    int renewed = c ? kvp_client_exist(c, k, 1, res) : -1;
+    tp_sleep_ms(500); /* not renewed: the term runs out */
+    int after = c ? kvp_client_exist(c, k, 1, res) : 0;
+    int after_key = res[0];
+    pthread_join(th, NULL); /* the loop stopped by itself */
+    int over = kvp_mserver_term_over(s);
+    kvp_client_close(c);
+    kvp_mserver_destroy(s);
+    CHECK_EQ(rc, 0);
+    CHECK_EQ(before, 0);
+    CHECK_EQ(renewed, 0);
+    CHECK(after < 0 || after_key < 0); /* no answer: the call failed, per key or whole */
+    CHECK(over);
 }
 
 /* Configuration mistakes are said, not waited on. */
