@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/mem.h"
 #include "common/size.h"
+#include "ha/leader.h"
 #include "kvpool.h"
 #include "net/rpc.h"
 #include "proto/proto.h"
@@ -94,6 +95,30 @@ static void keep_tenant(kvp_msg_stats_resp *s, const char *only)
             s->tenants[n++] = s->tenants[i];
     if (only)
         s->n_tenants = n;
+}
+
+/* A cluster's master (etcd://): who leads, at which epoch, who stands by. */
+static void print_cluster(const char *url)
+{
+    kvp_leader_info lead, mem[16];
+    int has = 0, n = 0;
+    char err[256];
+    if (kvp_leader_cluster(url, &lead, &has, mem, 16, &n, err, sizeof err) != 0) {
+        printf("cluster: %s\n", err);
+        return;
+    }
+    if (has)
+        printf("cluster leader %s, epoch %llu\n", lead.addr, (unsigned long long)lead.epoch);
+    else
+        printf("cluster: no leader elected\n");
+    int shown = 0;
+    for (int i = 0; i < n && i < 16; i++) {
+        if (has && mem[i].id == lead.id)
+            continue;
+        printf("%s%s", shown++ ? ", " : "cluster standbys ", mem[i].addr);
+    }
+    printf("%s", shown ? "\n" : "cluster standbys: none\n");
+    printf("cluster index replication: none (a new leader starts empty)\n");
 }
 
 static void print_table(const kvp_msg_stats_resp *s)
@@ -224,10 +249,13 @@ int kvp_cmd_stat(int argc, char **argv)
         keep_tenant(&s, kvp_config_was_set(&cfg, "tenant") ? cfg.tenant : NULL);
         if (every > 0 && !v[0] && isatty(1))
             printf("\033[H\033[2J");
-        if (v[0])
+        if (v[0]) {
             print_json(&s);
-        else
+        } else {
+            if (kvp_etcd_is_url(cfg.master_addr))
+                print_cluster(cfg.master_addr);
             print_table(&s);
+        }
         if (every <= 0)
             break;
         usleep((useconds_t)(every * 1e6));

@@ -336,6 +336,42 @@ out:
     return rc;
 }
 
+int kvp_etcd_parse_list(const char *body, size_t len, kvp_etcd_list_fn f, void *arg)
+{
+    if (!body || !f)
+        return KVP_EINVALID_PARAMS;
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *kvs = json_object_get(root, "kvs");
+    int rc = json_is_object(root) && (!kvs || json_is_array(kvs)) ? 0 : KVP_EPROTOCOL;
+    size_t n = kvs ? json_array_size(kvs) : 0;
+    if (n > KVP_ETCD_MAX_LIST)
+        rc = KVP_EPROTOCOL;
+    uint8_t *kb = rc ? NULL : kvp_malloc(KVP_ETCD_MAX_KEY);
+    uint8_t *vb = rc ? NULL : kvp_malloc(KVP_ETCD_MAX_VALUE);
+    if (!rc && (!kb || !vb))
+        rc = KVP_ENOMEM;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        json_t *kv = json_array_get(kvs, i), *k = json_object_get(kv, "key");
+        kvp_etcd_answer a;
+        memset(&a, 0, sizeof a);
+        if (!json_is_string(k)) {
+            rc = KVP_EPROTOCOL;
+            break;
+        }
+        long kl = b64_decode(json_string_value(k), json_string_length(k), kb, KVP_ETCD_MAX_KEY);
+        if (kl <= 0 || (rc = parse_kv(kv, &a, vb, KVP_ETCD_MAX_VALUE)) != 0) {
+            rc = rc ? (rc == KVP_EBUFFER_OVERFLOW ? KVP_EPROTOCOL : rc) : KVP_EPROTOCOL;
+            break;
+        }
+        rc = f(kb, (size_t)kl, vb, a.kv.value_len, &a.kv, arg);
+    }
+    kvp_free(kb);
+    kvp_free(vb);
+    json_decref(root);
+    return rc;
+}
+
 /* -------------------------------------------------------------- libcurl */
 
 /* libcurl, loaded at the first open (a program that never speaks to etcd
@@ -494,8 +530,19 @@ static int post_one(kvp_etcd *e, int i, const char *path, const char *body, long
 
 /* A call: POST body (a JSON object, consumed) to path, trying the current
  * endpoint and then the others; parse the answer as kind. */
+static int call_list(kvp_etcd *e, const char *path, json_t *body, int kind, kvp_etcd_answer *a,
+                     uint8_t *val, size_t cap, kvp_etcd_list_fn lf, void *larg);
+
 static int call(kvp_etcd *e, const char *path, json_t *body, int kind, kvp_etcd_answer *a,
                 uint8_t *val, size_t cap)
+{
+    return call_list(e, path, body, kind, a, val, cap, NULL, NULL);
+}
+
+/* call, and with lf every kv of a successful answer through it (under the
+ * handle's lock: the answer buffer is the handle's). */
+static int call_list(kvp_etcd *e, const char *path, json_t *body, int kind, kvp_etcd_answer *a,
+                     uint8_t *val, size_t cap, kvp_etcd_list_fn lf, void *larg)
 {
     char *txt = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
@@ -533,6 +580,10 @@ static int call(kvp_etcd *e, const char *path, json_t *body, int kind, kvp_etcd_
         } else if (rc == 0 && http != 200) {
             snprintf(e->err, sizeof e->err, "etcd %s: HTTP %ld", e->t.endpoints[i], http);
             rc = KVP_ERPC_FAIL;
+        } else if (rc == 0 && lf) {
+            rc = kvp_etcd_parse_list(e->ans, e->ans_len, lf, larg);
+            if (rc == KVP_EPROTOCOL)
+                snprintf(e->err, sizeof e->err, "etcd %s: malformed list", e->t.endpoints[i]);
         }
         break;
     }
@@ -602,6 +653,20 @@ int kvp_etcd_delete(kvp_etcd *e, const char *key)
     json_t *b = json_pack("{s:o}", "key", b64_json(key, strlen(key)));
     kvp_etcd_answer a;
     return b ? call(e, "/v3/kv/deleterange", b, KVP_ETCD_ANS_PLAIN, &a, NULL, 0) : KVP_ENOMEM;
+}
+
+int kvp_etcd_list(kvp_etcd *e, const char *prefix, kvp_etcd_list_fn f, void *arg)
+{
+    size_t n = prefix ? strlen(prefix) : 0;
+    if (!e || !key_ok(prefix) || !f || (uint8_t)prefix[n - 1] == 0xff)
+        return KVP_EINVALID_PARAMS;
+    char end[KVP_ETCD_MAX_KEY + 1];
+    memcpy(end, prefix, n);
+    end[n - 1] = (char)((uint8_t)end[n - 1] + 1); /* the first key past the prefix */
+    json_t *b = json_pack("{s:o, s:o}", "key", b64_json(prefix, n), "range_end", b64_json(end, n));
+    kvp_etcd_answer a;
+    return b ? call_list(e, "/v3/kv/range", b, KVP_ETCD_ANS_PLAIN, &a, NULL, 0, f, arg)
+             : KVP_ENOMEM;
 }
 
 int kvp_etcd_lease_grant(kvp_etcd *e, int64_t ttl_s, uint64_t *id)

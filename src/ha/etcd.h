@@ -85,6 +85,15 @@ typedef struct kvp_etcd_answer {
     char message[160]; /* an error answer's message, NUL-terminated */
 } kvp_etcd_answer;
 
+/* Every kv of a range answer, in order: f(key, klen, value, vlen, kv, arg)
+ * (a non-zero return stops the walk and is returned). At most
+ * KVP_ETCD_MAX_LIST kvs; keys and values are decoded into buffers of
+ * KVP_ETCD_MAX_KEY / KVP_ETCD_MAX_VALUE bytes. 0, KVP_EPROTOCOL, KVP_ENOMEM. */
+#define KVP_ETCD_MAX_LIST 1024
+typedef int (*kvp_etcd_list_fn)(const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen,
+                                const kvp_etcd_kv *kv, void *arg);
+int kvp_etcd_parse_list(const char *body, size_t len, kvp_etcd_list_fn f, void *arg);
+
 /* Parses an answer body of the given kind; a found value is decoded into
  * val (cap bytes). 0 (an error answer too: etcd_code != 0), KVP_EPROTOCOL,
  * KVP_EBUFFER_OVERFLOW, KVP_ENOMEM. Never reads past len. */
@@ -107,6 +116,8 @@ int kvp_etcd_get(kvp_etcd *e, const char *key, uint8_t *val, size_t cap, kvp_etc
 int kvp_etcd_put(kvp_etcd *e, const char *key, const void *val, size_t len, uint64_t lease,
                  uint64_t *revision);
 int kvp_etcd_delete(kvp_etcd *e, const char *key);
+/* Every key starting with prefix, through f (kvp_etcd_parse_list). */
+int kvp_etcd_list(kvp_etcd *e, const char *prefix, kvp_etcd_list_fn f, void *arg);
 
 int kvp_etcd_lease_grant(kvp_etcd *e, int64_t ttl_s, uint64_t *id);
 /* One keepalive: *ttl_s = the seconds etcd now grants. An expired or

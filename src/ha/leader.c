@@ -105,6 +105,53 @@ int kvp_leader_resolve(const char *addr, char *out, size_t outlen, kvp_leader_in
     return rc;
 }
 
+struct members {
+    kvp_leader_info *v;
+    int max, n;
+};
+
+static int add_member(const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen,
+                      const kvp_etcd_kv *kv, void *arg)
+{
+    struct members *m = arg;
+    (void)key;
+    (void)klen;
+    kvp_leader_info li;
+    if (kvp_leader_parse_value(val, vlen, &li) != 0)
+        return 0; /* not a member record we can read: skipped */
+    li.epoch = kv->create_revision;
+    if (m->n < m->max)
+        m->v[m->n] = li;
+    m->n++;
+    return 0;
+}
+
+int kvp_leader_cluster(const char *url, kvp_leader_info *leader, int *has_leader,
+                       kvp_leader_info *members, int max, int *n, char *err, size_t errlen)
+{
+    kvp_etcd_target t;
+    int rc = kvp_etcd_parse_url(url, &t, err, errlen);
+    if (rc)
+        return rc;
+    kvp_etcd *e;
+    if ((rc = kvp_etcd_open(&t, CALL_MS, &e)) != 0) {
+        snprintf(err, errlen, "%s: cannot use etcd (%s)", url, kvp_strerror(rc));
+        return rc;
+    }
+    char key[KVP_ETCD_MAX_CLUSTER + 32], prefix[KVP_ETCD_MAX_CLUSTER + 32];
+    kvp_leader_key(t.cluster, key, sizeof key);
+    snprintf(prefix, sizeof prefix, "/kvpool/%s/members/", t.cluster);
+    rc = read_record(e, key, leader, has_leader);
+    struct members m = {members, max, 0};
+    if (rc == 0)
+        rc = kvp_etcd_list(e, prefix, add_member, &m);
+    if (rc)
+        snprintf(err, errlen, "%s: %s", url, kvp_etcd_last_error(e));
+    *n = m.n;
+    kvp_etcd_close(e);
+    return rc;
+}
+
 /* ------------------------------------------------------------ candidate */
 
 struct kvp_leader {
@@ -122,6 +169,9 @@ struct kvp_leader {
     int quit;
     int lost_term; /* the keepalive gave the term up: close makes no etcd call */
     uint64_t valid_until; /* kvp_now_ms until which the term is surely ours */
+    uint64_t last_sent;   /* kvp_now_ms of the last lease grant or renewal sent */
+    int member_put;       /* the member record is under the current lease */
+    char member_key[KVP_ETCD_MAX_CLUSTER + 48];
     void (*renewed)(void *, uint64_t);
     void (*lost)(void *, const char *);
     void *arg;
@@ -141,6 +191,8 @@ int kvp_leader_open(const kvp_etcd_target *t, int64_t ttl_s, const char *addr, u
     l->t = *t;
     l->ttl_ask = ttl_s;
     kvp_leader_key(t->cluster, l->key, sizeof l->key);
+    snprintf(l->member_key, sizeof l->member_key, "/kvpool/%s/members/%016" PRIx64, t->cluster,
+             id);
     char hex[17];
     snprintf(hex, sizeof hex, "%016" PRIx64, id);
     json_t *v = json_pack("{s:s, s:s}", "addr", addr, "id", hex);
@@ -175,6 +227,41 @@ static void sleep_ms(unsigned ms)
     }
 }
 
+/* The candidate's lease, held for its whole life (its member record, then
+ * its term): granted when missing or expired, renewed every TTL/3 while it
+ * stands by; the member record is put under it. */
+static int hold_lease(kvp_leader *l)
+{
+    uint64_t now = kvp_now_ms(), ttl_ms = (uint64_t)l->ttl_ask * 1000;
+    int rc;
+    if (l->lease && now - l->last_sent >= ttl_ms / 3) {
+        int64_t ttl;
+        rc = kvp_etcd_lease_keepalive(l->e, l->lease, &ttl);
+        if (rc == KVP_ELEASE_EXPIRED)
+            l->lease = 0, l->member_put = 0;
+        else if (rc)
+            return rc;
+        else
+            l->last_sent = now;
+    }
+    if (!l->lease) {
+        uint64_t id;
+        if ((rc = kvp_etcd_lease_grant(l->e, l->ttl_ask, &id)) != 0)
+            return rc;
+        l->lease = id;
+        l->last_sent = now;
+    }
+    if (!l->member_put) {
+        rc = kvp_etcd_put(l->e, l->member_key, l->value, strlen(l->value), l->lease, NULL);
+        if (rc == KVP_ELEASE_EXPIRED)
+            l->lease = 0;
+        if (rc)
+            return rc;
+        l->member_put = 1;
+    }
+    return 0;
+}
+
 int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
 {
     uint64_t seen_epoch = 0, last_warn = 0;
@@ -183,7 +270,9 @@ int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
             return KVP_ECLOSED;
         kvp_leader_info cur;
         int found = 0;
-        int rc = read_record(l->e, l->key, &cur, &found);
+        int rc = hold_lease(l);
+        if (rc == 0)
+            rc = read_record(l->e, l->key, &cur, &found);
         if (rc == 0 && found) { /* a standby: wait for the record to go */
             if (cur.epoch != seen_epoch)
                 KVP_INFO(MOD, "standby: the leader of cluster %s is %s (epoch %" PRIu64 ")",
@@ -192,30 +281,24 @@ int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
             sleep_ms(KVP_LEADER_POLL_MS);
             continue;
         }
-        uint64_t lease = 0;
         bool won = false;
         kvp_etcd_kv h;
         uint8_t hv[1024];
-        uint64_t asked = kvp_now_ms(); /* the lease cannot expire before asked + TTL */
-        if (rc == 0 || rc == KVP_EPROTOCOL)
-            rc = kvp_etcd_lease_grant(l->e, l->ttl_ask, &lease);
-        if (rc == 0)
-            rc = kvp_etcd_campaign(l->e, l->key, l->value, strlen(l->value), lease, &won, &h, hv,
-                                   sizeof hv);
+        if (rc == 0 || rc == KVP_EPROTOCOL) /* no record, or one nobody can use */
+            rc = kvp_etcd_campaign(l->e, l->key, l->value, strlen(l->value), l->lease, &won, &h,
+                                   hv, sizeof hv);
         if (rc == 0 && won) {
-            l->lease = lease;
             l->epoch = h.create_revision;
-            int64_t ttl = 0;
-            /* the TTL etcd granted (it may round a small one up) */
-            l->ttl = kvp_etcd_lease_keepalive(l->e, lease, &ttl) == 0 ? ttl : l->ttl_ask;
+            l->ttl = l->ttl_ask;
             uint64_t ttl_ms = (uint64_t)l->ttl_ask * 1000;
-            l->valid_until = asked + ttl_ms - ttl_ms / 4;
+            /* the lease cannot expire before its last renewal + TTL */
+            l->valid_until = l->last_sent + ttl_ms - ttl_ms / 4;
             KVP_INFO(MOD, "leader of cluster %s at epoch %" PRIu64 " (lease TTL %" PRId64 " s)",
                      l->t.cluster, l->epoch, l->ttl);
             return 0;
         }
-        if (lease)
-            (void)kvp_etcd_lease_revoke(l->e, lease);
+        if (rc == KVP_ELEASE_EXPIRED)
+            l->lease = 0, l->member_put = 0;
         if (rc) {
             uint64_t now = kvp_now_ms();
             if (now - last_warn > 5000) {
@@ -235,9 +318,10 @@ int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
 static void *keepalive_main(void *arg)
 {
     kvp_leader *l = arg;
-    uint64_t ttl_ms = (uint64_t)l->ttl * 1000, limit = ttl_ms - ttl_ms / 4;
+    uint64_t ttl_ms = (uint64_t)l->ttl_ask * 1000, limit = ttl_ms - ttl_ms / 4;
     uint64_t every = ttl_ms / 3 > 200 ? ttl_ms / 3 : 200, call_ms = ttl_ms / 4;
-    uint64_t last_ok = kvp_now_ms(), wait = every;
+    uint64_t last_ok = l->last_sent, now0 = kvp_now_ms();
+    uint64_t wait = last_ok + every > now0 ? last_ok + every - now0 : 0;
     const char *why = NULL;
     char buf[300];
     pthread_mutex_lock(&l->mu);
@@ -299,7 +383,7 @@ int kvp_leader_start_keepalive(kvp_leader *l, void (*lost)(void *arg, const char
     l->lost = lost;
     l->renewed = renewed;
     l->arg = arg;
-    int rc = kvp_etcd_open(&l->t, (int)(l->ttl * 1000 / 4), &l->ka);
+    int rc = kvp_etcd_open(&l->t, (int)(l->ttl_ask * 1000 / 4), &l->ka);
     if (rc)
         return rc;
     if (pthread_create(&l->th, NULL, keepalive_main, l) != 0)
@@ -326,7 +410,7 @@ void kvp_leader_close(kvp_leader *l)
             KVP_INFO(MOD, "resigned the leadership of cluster %s (epoch %" PRIu64 ")",
                      l->t.cluster, l->epoch);
     }
-    if (l->e && l->lease && !lost)
+    if (l->e && l->lease && !lost) /* the member record goes with it */
         (void)kvp_etcd_lease_revoke(l->e, l->lease);
     kvp_etcd_close(l->e);
     kvp_etcd_close(l->ka);

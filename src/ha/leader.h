@@ -51,6 +51,12 @@ int kvp_leader_parse_value(const uint8_t *v, size_t n, kvp_leader_info *info);
 int kvp_leader_resolve(const char *addr, char *out, size_t outlen, kvp_leader_info *info,
                        char *err, size_t errlen);
 
+/* What etcd says of the cluster url names: the leader (*has_leader) and the
+ * members (every master running for it: leader and standbys, each under
+ * its own lease), up to max of them in members, *n in all. */
+int kvp_leader_cluster(const char *url, kvp_leader_info *leader, int *has_leader,
+                       kvp_leader_info *members, int max, int *n, char *err, size_t errlen);
+
 /* A candidate for t's cluster publishing addr and id; ttl_s the lease TTL
  * asked for (etcd may grant more). */
 int kvp_leader_open(const kvp_etcd_target *t, int64_t ttl_s, const char *addr, uint64_t id,

@@ -4,7 +4,8 @@
  * could send them, and etcd addresses (kvp_etcd_parse_url) as a
  * configuration could hold them.
  *
- * The first byte picks the kind (mod 5) and, with bit 7, a value buffer of
+ * kvp_etcd_parse_list walks the same body (every kv handed over must fit
+ * the documented key and value bounds). The first byte picks the kind (mod 5) and, with bit 7, a value buffer of
  * 8 bytes instead of 4096; the rest is the body. Invariants checked (abort
  * on violation): parse answers only 0, KVP_EPROTOCOL, KVP_EBUFFER_OVERFLOW
  * or KVP_ENOMEM; on 0, a found value fits its buffer, an error answer has a
@@ -50,6 +51,22 @@ static void check_url(const uint8_t *data, size_t size)
     free(s);
 }
 
+static int on_kv(const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen,
+                 const kvp_etcd_kv *kv, void *arg)
+{
+    (void)kv;
+    (void)arg;
+    if (klen == 0 || klen > KVP_ETCD_MAX_KEY || vlen > KVP_ETCD_MAX_VALUE)
+        abort();
+    volatile uint8_t x = 0;
+    for (size_t i = 0; i < klen; i++)
+        x ^= key[i];
+    for (size_t i = 0; i < vlen; i++)
+        x ^= val[i];
+    (void)x;
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
@@ -80,6 +97,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             for (size_t i = 0; i < a.kv.value_len; i++)
                 (void)*(volatile uint8_t *)&val[i];
     }
+    rc = kvp_etcd_parse_list(body, size - 1, on_kv, NULL);
+    if (rc != 0 && rc != KVP_EPROTOCOL && rc != KVP_ENOMEM)
+        abort();
     free(val);
     free(body);
     return 0;

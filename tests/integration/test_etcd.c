@@ -49,6 +49,17 @@ static kvp_etcd *up(tp_etcd *srv, int *skipped)
     return NULL;
 }
 
+static int collect(const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen,
+                   const kvp_etcd_kv *kv, void *arg)
+{
+    (void)kv;
+    char *out = arg;
+    size_t n = strlen(out);
+    snprintf(out + n, 64 - n, "%.*s=%.*s;", (int)klen, (const char *)key, (int)vlen,
+             (const char *)val);
+    return 0;
+}
+
 TEST(etcd_kv_and_leases)
 {
     tp_etcd srv;
@@ -95,6 +106,13 @@ TEST(etcd_kv_and_leases)
         if (kvp_etcd_lease_keepalive(e, lease, &ttl) != KVP_ELEASE_EXPIRED)
             break;
         if (kvp_etcd_put(e, "/l", "x", 1, lease, NULL) != KVP_ELEASE_EXPIRED)
+            break;
+        /* a prefix lists exactly its keys, in order */
+        if (kvp_etcd_put(e, "/p/a", "1", 1, 0, NULL) != 0 || kvp_etcd_put(e, "/p/b", "22", 2, 0, NULL) ||
+            kvp_etcd_put(e, "/q", "3", 1, 0, NULL) != 0)
+            break;
+        char seen[64] = "";
+        if (kvp_etcd_list(e, "/p/", collect, seen) != 0 || strcmp(seen, "/p/a=1;/p/b=22;") != 0)
             break;
         /* refusals before the wire */
         if (kvp_etcd_put(e, "", "x", 1, 0, NULL) != KVP_EINVALID_PARAMS ||

@@ -122,6 +122,18 @@ TEST(ha_standby_takes_over_after_kill)
             break;
         if (put_get(c, "before", 1) != 0)
             break;
+        /* kvpool stat names the leader, its epoch and the standby */
+        const char *argv[] = {tp_kvpool_bin(), "stat", "--master", e.url, NULL};
+        char out[8192], want[160];
+        if (tp_run_capture(argv, 1, out, sizeof out, 10000) != 0)
+            break;
+        snprintf(want, sizeof want, "cluster leader %s, epoch ", e.m[0].addr);
+        char want2[160];
+        snprintf(want2, sizeof want2, "cluster standbys %s\n", e.m[1].addr);
+        if (!strstr(out, want) || !strstr(out, want2)) {
+            th_fail(__FILE__, __LINE__, "kvpool stat said: %.600s", out);
+            break;
+        }
         uint64_t t0 = tp_now_ms();
         tp_master_kill(&e.m[0]);
         long took = wait_leader(&e, e.m[1].addr, 10000);
