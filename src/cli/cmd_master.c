@@ -80,22 +80,22 @@ static int published_addr(const kvp_config *cfg, uint16_t port, char *out, size_
  * asked to stop (-1), or the configuration is wrong (2, message printed). */
 static int elect(const kvp_config *cfg, kvp_mserver *s, kvp_leader **out)
 {
-    char err[256], url[1200], addr[KVP_LEADER_ADDR_MAX + 1];
+    char err[256], addr[KVP_LEADER_ADDR_MAX + 1];
     kvp_etcd_target t;
-    if (kvp_etcd_is_url(cfg->etcd))
-        snprintf(url, sizeof url, "%s", cfg->etcd);
-    else
-        snprintf(url, sizeof url, "etcd://%s/%s",
-                 strncmp(cfg->etcd, "http://", 7) ? cfg->etcd : cfg->etcd + 7, cfg->cluster);
-    /* "http://a:1,http://b:2" -> "a:1,b:2" */
-    for (char *p; (p = strstr(url + 7, "http://")) != NULL;)
-        memmove(p, p + 7, strlen(p + 7) + 1);
-    if (kvp_etcd_parse_url(url, &t, err, sizeof err) != 0) {
+    if (kvp_etcd_parse_url(cfg->etcd, &t, err, sizeof err) != 0) {
         fprintf(stderr, "kvpool master: --etcd %s: %s\n", cfg->etcd, err);
         return 2;
     }
-    if (kvp_etcd_is_url(cfg->etcd) && strcmp(cfg->cluster, "default") != 0 &&
-        strcmp(cfg->cluster, t.cluster) != 0) {
+    const char *slash = kvp_etcd_is_url(cfg->etcd) ? strchr(cfg->etcd + 7, '/') : NULL;
+    int named = slash && slash[1]; /* etcd://.../NAME names the cluster itself */
+    if (!named && !kvp_etcd_cluster_ok(cfg->cluster, strlen(cfg->cluster))) {
+        fprintf(stderr, "kvpool master: --cluster %s: 1 to 64 letters, digits, '.', '_', '-'\n",
+                cfg->cluster);
+        return 2;
+    }
+    if (!named)
+        snprintf(t.cluster, sizeof t.cluster, "%s", cfg->cluster);
+    else if (strcmp(cfg->cluster, "default") != 0 && strcmp(cfg->cluster, t.cluster) != 0) {
         fprintf(stderr, "kvpool master: --etcd names cluster %s, --cluster %s\n", t.cluster,
                 cfg->cluster);
         return 2;

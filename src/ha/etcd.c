@@ -56,6 +56,16 @@ static int endpoint_ok(const char *p, size_t n)
     return port > 0;
 }
 
+int kvp_etcd_cluster_ok(const char *name, size_t n)
+{
+    if (!name || n == 0 || n > KVP_ETCD_MAX_CLUSTER)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)name[i]) && name[i] != '.' && name[i] != '_' && name[i] != '-')
+            return 0;
+    return 1;
+}
+
 static int add_endpoint(kvp_etcd_target *t, const char *p, size_t n, char *err, size_t errlen)
 {
     if (n > 7 && strncmp(p, "http://", 7) == 0) {
@@ -90,13 +100,9 @@ int kvp_etcd_parse_url(const char *s, kvp_etcd_target *t, char *err, size_t errl
             name = "default";
             nl = 7;
         }
-        if (nl > KVP_ETCD_MAX_CLUSTER)
-            return fail(err, errlen, "cluster name longer than 64 characters", NULL);
-        for (size_t i = 0; i < nl; i++)
-            if (!isalnum((unsigned char)name[i]) && name[i] != '.' && name[i] != '_' &&
-                name[i] != '-')
-                return fail(err, errlen, "cluster name: only letters, digits, '.', '_', '-'",
-                            name);
+        if (!kvp_etcd_cluster_ok(name, nl))
+            return fail(err, errlen, "a cluster name is 1 to 64 letters, digits, '.', '_', '-'",
+                        name);
         memcpy(t->cluster, name, nl);
     } else if (strncmp(s, "http://", 7) == 0) {
         end = s + strlen(s);

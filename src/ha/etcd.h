@@ -54,6 +54,8 @@ typedef struct kvp_etcd_target {
     char cluster[KVP_ETCD_MAX_CLUSTER + 1];
 } kvp_etcd_target;
 
+/* 1 if name[0..n) is a cluster name: 1..64 of [A-Za-z0-9._-]. */
+int kvp_etcd_cluster_ok(const char *name, size_t n);
 /* 1 if s names etcd (starts with "etcd://"), else 0. */
 int kvp_etcd_is_url(const char *s);
 /* Parses an etcd address into t. 0, or KVP_EINVALID_PARAMS with a reason

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -50,8 +51,9 @@ int kvp_leader_parse_value(const uint8_t *v, size_t n, kvp_leader_info *info)
     return rc;
 }
 
-/* The record of t's cluster through handle e. */
-static int read_record(kvp_etcd *e, const char *key, kvp_leader_info *info, int *found)
+/* The record at key through handle e (*lease, may be NULL: its lease). */
+static int read_record(kvp_etcd *e, const char *key, kvp_leader_info *info, int *found,
+                       uint64_t *lease)
 {
     uint8_t v[1024];
     kvp_etcd_kv kv;
@@ -63,7 +65,20 @@ static int read_record(kvp_etcd *e, const char *key, kvp_leader_info *info, int 
     if ((rc = kvp_leader_parse_value(v, kv.value_len, info)) != 0)
         return rc;
     info->epoch = kv.create_revision;
+    if (lease)
+        *lease = kv.lease;
     return 0;
+}
+
+/* A handle on the etcd an etcd:// address names (*t: the parsed address). */
+static int open_url(const char *url, kvp_etcd_target *t, kvp_etcd **e, char *err, size_t errlen)
+{
+    int rc = kvp_etcd_parse_url(url, t, err, errlen);
+    if (rc)
+        return rc;
+    if ((rc = kvp_etcd_open(t, CALL_MS, e)) != 0)
+        snprintf(err, errlen, "%s: cannot use etcd (%s)", url, kvp_strerror(rc));
+    return rc;
 }
 
 int kvp_leader_resolve(const char *addr, char *out, size_t outlen, kvp_leader_info *info,
@@ -77,19 +92,15 @@ int kvp_leader_resolve(const char *addr, char *out, size_t outlen, kvp_leader_in
         return 0;
     }
     kvp_etcd_target t;
-    int rc = kvp_etcd_parse_url(addr, &t, err, errlen);
+    kvp_etcd *e;
+    int rc = open_url(addr, &t, &e, err, errlen);
     if (rc)
         return rc;
-    kvp_etcd *e;
-    if ((rc = kvp_etcd_open(&t, CALL_MS, &e)) != 0) {
-        snprintf(err, errlen, "%s: cannot use etcd (%s)", addr, kvp_strerror(rc));
-        return rc;
-    }
     char key[KVP_ETCD_MAX_CLUSTER + 32];
     kvp_leader_key(t.cluster, key, sizeof key);
     kvp_leader_info li;
     int found = 0;
-    rc = read_record(e, key, &li, &found);
+    rc = read_record(e, key, &li, &found, NULL);
     if (rc)
         snprintf(err, errlen, "%s: %s", addr,
                  rc == KVP_EPROTOCOL ? "the leader record is malformed" : kvp_etcd_last_error(e));
@@ -130,18 +141,14 @@ int kvp_leader_cluster(const char *url, kvp_leader_info *leader, int *has_leader
                        kvp_leader_info *members, int max, int *n, char *err, size_t errlen)
 {
     kvp_etcd_target t;
-    int rc = kvp_etcd_parse_url(url, &t, err, errlen);
+    kvp_etcd *e;
+    int rc = open_url(url, &t, &e, err, errlen);
     if (rc)
         return rc;
-    kvp_etcd *e;
-    if ((rc = kvp_etcd_open(&t, CALL_MS, &e)) != 0) {
-        snprintf(err, errlen, "%s: cannot use etcd (%s)", url, kvp_strerror(rc));
-        return rc;
-    }
     char key[KVP_ETCD_MAX_CLUSTER + 32], prefix[KVP_ETCD_MAX_CLUSTER + 32];
     kvp_leader_key(t.cluster, key, sizeof key);
     snprintf(prefix, sizeof prefix, "/kvpool/%s/members/", t.cluster);
-    rc = read_record(e, key, leader, has_leader);
+    rc = read_record(e, key, leader, has_leader, NULL);
     struct members m = {members, max, 0};
     if (rc == 0)
         rc = kvp_etcd_list(e, prefix, add_member, &m);
@@ -160,7 +167,8 @@ struct kvp_leader {
     kvp_etcd *ka; /* the keepalive thread's */
     char key[KVP_ETCD_MAX_CLUSTER + 32];
     char value[KVP_LEADER_ADDR_MAX + 64];
-    int64_t ttl_ask, ttl;
+    int64_t ttl_ask;
+    uint64_t id; /* this master's instance id (in its records' values) */
     uint64_t lease, epoch;
     pthread_t th;
     int th_started;
@@ -190,6 +198,7 @@ int kvp_leader_open(const kvp_etcd_target *t, int64_t ttl_s, const char *addr, u
         return KVP_ENOMEM;
     l->t = *t;
     l->ttl_ask = ttl_s;
+    l->id = id;
     kvp_leader_key(t->cluster, l->key, sizeof l->key);
     snprintf(l->member_key, sizeof l->member_key, "/kvpool/%s/members/%016" PRIx64, t->cluster,
              id);
@@ -218,14 +227,6 @@ int kvp_leader_open(const kvp_etcd_target *t, int64_t ttl_s, const char *addr, u
 }
 
 uint64_t kvp_leader_epoch(const kvp_leader *l) { return l->epoch; }
-int64_t kvp_leader_ttl(const kvp_leader *l) { return l->ttl; }
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
 
 /* The candidate's lease, held for its whole life (its member record, then
  * its term): granted when missing or expired, renewed every TTL/3 while it
@@ -262,6 +263,17 @@ static int hold_lease(kvp_leader *l)
     return 0;
 }
 
+/* The campaign won the term of epoch. */
+static void won_term(kvp_leader *l, uint64_t epoch)
+{
+    l->epoch = epoch;
+    uint64_t ttl_ms = (uint64_t)l->ttl_ask * 1000;
+    /* the lease cannot expire before its last renewal + TTL */
+    l->valid_until = l->last_sent + ttl_ms - ttl_ms / 4;
+    KVP_INFO(MOD, "leader of cluster %s at epoch %" PRIu64 " (lease TTL %" PRId64 " s)",
+             l->t.cluster, l->epoch, l->ttl_ask);
+}
+
 int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
 {
     uint64_t seen_epoch = 0, last_warn = 0;
@@ -271,14 +283,22 @@ int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
         kvp_leader_info cur;
         int found = 0;
         int rc = hold_lease(l);
+        uint64_t cur_lease = 0;
         if (rc == 0)
-            rc = read_record(l->e, l->key, &cur, &found);
+            rc = read_record(l->e, l->key, &cur, &found, &cur_lease);
+        /* our own record (a campaign whose answer was lost, applied all the
+         * same, then retried elsewhere): the term is ours */
+        int ours = rc == 0 && found && cur.id == l->id && cur_lease == l->lease;
+        if (ours) {
+            won_term(l, cur.epoch);
+            return 0;
+        }
         if (rc == 0 && found) { /* a standby: wait for the record to go */
             if (cur.epoch != seen_epoch)
                 KVP_INFO(MOD, "standby: the leader of cluster %s is %s (epoch %" PRIu64 ")",
                          l->t.cluster, cur.addr, cur.epoch);
             seen_epoch = cur.epoch;
-            sleep_ms(KVP_LEADER_POLL_MS);
+            usleep(KVP_LEADER_POLL_MS * 1000);
             continue;
         }
         bool won = false;
@@ -287,14 +307,8 @@ int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
         if (rc == 0 || rc == KVP_EPROTOCOL) /* no record, or one nobody can use */
             rc = kvp_etcd_campaign(l->e, l->key, l->value, strlen(l->value), l->lease, &won, &h,
                                    hv, sizeof hv);
-        if (rc == 0 && won) {
-            l->epoch = h.create_revision;
-            l->ttl = l->ttl_ask;
-            uint64_t ttl_ms = (uint64_t)l->ttl_ask * 1000;
-            /* the lease cannot expire before its last renewal + TTL */
-            l->valid_until = l->last_sent + ttl_ms - ttl_ms / 4;
-            KVP_INFO(MOD, "leader of cluster %s at epoch %" PRIu64 " (lease TTL %" PRId64 " s)",
-                     l->t.cluster, l->epoch, l->ttl);
+        if (rc == 0 && (won || h.lease == l->lease)) { /* h.lease: ours, see above */
+            won_term(l, h.create_revision);
             return 0;
         }
         if (rc == KVP_ELEASE_EXPIRED)
@@ -305,7 +319,7 @@ int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
                 KVP_WARN(MOD, "cluster %s: %s (retrying)", l->t.cluster, kvp_etcd_last_error(l->e));
                 last_warn = now;
             }
-            sleep_ms(KVP_LEADER_POLL_MS * 5);
+            usleep(KVP_LEADER_POLL_MS * 5 * 1000);
         }
     }
 }

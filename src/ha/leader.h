@@ -58,15 +58,14 @@ int kvp_leader_cluster(const char *url, kvp_leader_info *leader, int *has_leader
                        kvp_leader_info *members, int max, int *n, char *err, size_t errlen);
 
 /* A candidate for t's cluster publishing addr and id; ttl_s the lease TTL
- * asked for (etcd may grant more). */
+ * asked for (etcd may grant more; every deadline here counts from the TTL
+ * asked for). */
 int kvp_leader_open(const kvp_etcd_target *t, int64_t ttl_s, const char *addr, uint64_t id,
                     kvp_leader **out, char *err, size_t errlen);
 /* Blocks until this candidate won (0) or stop() returns non-zero
  * (KVP_ECLOSED); etcd being unreachable is retried (and logged). */
 int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg);
 uint64_t kvp_leader_epoch(const kvp_leader *l);
-/* The TTL etcd granted the winning lease, in seconds. */
-int64_t kvp_leader_ttl(const kvp_leader *l);
 /* After a won campaign: until when (kvp_now_ms) the term is surely ours --
  * 3/4 of the TTL after the last lease grant or renewal was sent. */
 uint64_t kvp_leader_valid_until(const kvp_leader *l);

@@ -9,7 +9,6 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "common/clock.h"
 #include "common/config.h"
@@ -193,17 +192,10 @@ TEST(ha_leader_cut_from_etcd_steps_down)
             break;
         tp_etcd_pause(&e.etcd, 1);
         uint64_t t0 = tp_now_ms();
-        int st = -1;
-        while (tp_now_ms() - t0 < 6000) {
-            int w;
-            if (waitpid(e.m[0].pid, &w, WNOHANG) == e.m[0].pid) {
-                st = WIFEXITED(w) ? WEXITSTATUS(w) : 128 + WTERMSIG(w);
-                e.m[0].pid = 0;
-                break;
-            }
-            tp_sleep_ms(20);
-        }
+        int st = tp_wait_exit(e.m[0].pid, 6000);
         uint64_t stepped = tp_now_ms() - t0;
+        if (st >= 0)
+            e.m[0].pid = 0;
         tp_etcd_pause(&e.etcd, 0);
         if (st != 3) {
             th_fail(__FILE__, __LINE__, "leader cut from etcd: status %d after %llu ms", st,
@@ -272,15 +264,9 @@ TEST(ha_stalled_leader_serves_nothing_after_resume)
             th_fail(__FILE__, __LINE__, "the deposed leader accepted a put after its term");
             break;
         }
-        int st = -1;
-        for (uint64_t t0 = tp_now_ms(); tp_now_ms() - t0 < 5000; tp_sleep_ms(20)) {
-            int w;
-            if (waitpid(e.m[0].pid, &w, WNOHANG) == e.m[0].pid) {
-                st = WIFEXITED(w) ? WEXITSTATUS(w) : 128 + WTERMSIG(w);
-                e.m[0].pid = 0;
-                break;
-            }
-        }
+        int st = tp_wait_exit(e.m[0].pid, 5000);
+        if (st >= 0)
+            e.m[0].pid = 0;
         if (st != 3) {
             th_fail(__FILE__, __LINE__, "the resumed old leader: status %d", st);
             break;

@@ -530,7 +530,8 @@ int tp_etcd_start(tp_etcd *e, char *why, size_t whylen)
         return 1;
     }
     char peer[64], curl[96], purl[96], cluster[128], data[300], log[300];
-    snprintf(e->dir, sizeof e->dir, "/tmp/kvp-etcd-XXXXXX");
+    const char *tmp = getenv("TMPDIR");
+    snprintf(e->dir, sizeof e->dir, "%s/kvp-etcd-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(e->dir) || tp_free_addr(e->addr, sizeof e->addr) != 0 ||
         tp_free_addr(peer, sizeof peer) != 0) {
         snprintf(why, whylen, "etcd: no temp dir or port");
@@ -565,6 +566,8 @@ int tp_etcd_start(tp_etcd *e, char *why, size_t whylen)
     tp_etcd_stop(e);
     return -1;
 }
+
+int tp_wait_exit(pid_t pid, unsigned ms) { return wait_bounded(pid, ms); }
 
 void tp_etcd_pause(tp_etcd *e, int paused)
 {

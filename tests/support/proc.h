@@ -137,6 +137,9 @@ typedef struct tp_etcd {
 } tp_etcd;
 int tp_etcd_start(tp_etcd *e, char *why, size_t whylen);
 void tp_etcd_stop(tp_etcd *e);
+/* Waits up to ms for child pid to exit: its status (exit code, 128 + signal),
+ * or -1 when it is still running then. */
+int tp_wait_exit(pid_t pid, unsigned ms);
 /* SIGSTOP / SIGCONT: an etcd that hangs rather than dies. */
 void tp_etcd_pause(tp_etcd *e, int paused);
 
