@@ -8,6 +8,7 @@
 
 #include "cli/cli.h"
 #include "common/log.h"
+#include "ha/follow.h"
 #include "ha/leader.h"
 #include "kvpool.h"
 #include "master/service.h"
@@ -76,6 +77,35 @@ static int published_addr(const kvp_config *cfg, uint16_t port, char *out, size_
     return snprintf(out, outlen, "%.*s:%u", (int)hl, cfg->listen, port) < (int)outlen ? 0 : -1;
 }
 
+/* The follower's apply: the standby's core (its loop is not running). */
+static int follow_apply(void *ctx, const uint8_t *body, size_t len, uint64_t *seq)
+{
+    return kvp_mserver_repl_apply(ctx, body, len, seq);
+}
+
+/* Follows the leader's index while standing by (stopped before return). */
+static kvp_follow *follow(const kvp_config *cfg, const kvp_etcd_target *t, const char *self,
+                          kvp_mserver *s)
+{
+    char url[1200];
+    size_t k = (size_t)snprintf(url, sizeof url, "etcd://");
+    for (int i = 0; i < t->n && k < sizeof url; i++)
+        k += (size_t)snprintf(url + k, sizeof url - k, "%s%s", i ? "," : "", t->endpoints[i]);
+    if (k < sizeof url)
+        snprintf(url + k, sizeof url - k, "/%s", t->cluster);
+    kvp_follow_opts o = {.master = url,
+                         .self = self,
+                         .token = cfg->cluster_token,
+                         .node_token = cfg->node_token,
+                         .timeout_ms = (int)cfg->ha_lease_ttl_ms,
+                         .apply = follow_apply,
+                         .ctx = s};
+    kvp_follow *f = NULL;
+    if (kvp_follow_start(&o, &f) != 0)
+        KVP_WARN("master", "cannot follow the leader's index: a takeover starts empty");
+    return f;
+}
+
 /* Campaigns until this master is the leader (0; *out its term), a signal
  * asked to stop (-1), or the configuration is wrong (2, message printed). */
 static int elect(const kvp_config *cfg, kvp_mserver *s, kvp_leader **out)
@@ -117,10 +147,14 @@ static int elect(const kvp_config *cfg, kvp_mserver *s, kvp_leader **out)
     }
     KVP_INFO("master", "cluster %s: campaigning through etcd %s as %s", t.cluster,
              t.endpoints[0], addr);
-    if (kvp_leader_campaign(l, stop_requested, NULL) != 0) {
+    kvp_follow *f = follow(cfg, &t, addr, s);
+    rc = kvp_leader_campaign(l, stop_requested, NULL);
+    kvp_follow_stop(f); /* joined: nothing applies to the core any more */
+    if (rc != 0) {
         kvp_leader_close(l);
         return -1;
     }
+    kvp_mserver_takeover(s);
     *out = l;
     return 0;
 }

@@ -194,6 +194,14 @@ static const struct key_def keys[] = {
      .unit_ms = 1000, .min = 1000, .max = 60000, .def = "2s",
      .help = "master with etcd: the leader's lease; a leader that cannot renew it within "
              "3/4 of it stops serving, and a standby takes over once it expires"},
+    {.name = "ha_sync", .roles = R_M, .type = KT_BOOL, F_INT(ha_sync), .def = "true",
+     .help = "master with etcd: a leader answers a PUT_END only once every standby in sync "
+             "has the object (a standby that falls behind by ha_sync_timeout stops counting "
+             "until it catches up); false: answer at once, a failover may lose the last puts"},
+    {.name = "ha_sync_timeout", .roles = R_M, .type = KT_DURATION, F_U64(ha_sync_timeout_ms),
+     .unit_ms = 1000, .min = 10, .max = 60000, .def = "1s",
+     .help = "master with etcd and ha_sync: how long a standby may leave an update "
+             "unacknowledged before the leader stops waiting for it"},
     {.name = "log_level", .roles = R_ALL_NET, .type = KT_LOGLEVEL, F_INT(log_level), .def = "info",
      .help = "least severe log level written, process-wide; given in a client's configuration "
              "it sets the process level ($KVPOOL_LOG_LEVEL beats it, a flag beats both)"},

@@ -18,6 +18,7 @@
 #include "master/ere.h"
 #include "master/index.h"
 #include "master/obj.h"
+#include "ha/repl.h"
 #include "master/segalloc.h"
 #include "net/net.h"
 
@@ -203,6 +204,26 @@ struct kvp_master {
     uint64_t spill_total;   /* sum of the segments' spill_pages */
     uint64_t now;           /* the last handle / tick's clock */
     rjob *jobs, *jobs_tail; /* REMOVE_ALL / REMOVE_REGEX in progress, FIFO */
+    /* a cluster's leader: the index stream to its standbys (ha/repl.h) */
+    kvp_buf jr;             /* REPL_DATA frames not yet pushed */
+    kvp_repl_wr jw;         /* writes into jr */
+    uint64_t jseq;          /* seq of the last record journaled */
+    struct follower {
+        kvp_msess *s;
+        uint64_t acked;     /* highest seq it acknowledged */
+        uint64_t mark_seq;  /* it must acknowledge this seq ... */
+        uint64_t mark_ms;   /* ... by this + ha_sync_timeout_ms, else it lags */
+        int in_sync;        /* a PUT_END waits for it */
+    } *fol;
+    uint32_t nfol, fol_cap, fol_in_sync;
+    /* a standby, then a new leader: the objects of the leader before it,
+     * parked until the segment they live on mounts here. Parked objects'
+     * replicas name their segment by index in pseg (its id); they count
+     * in tenant_nobj (keeping their tenant) and nowhere else. */
+    kvp_index parked;
+    uint64_t *pseg;
+    uint32_t npseg, pseg_cap;
+    uint64_t parked_until;  /* after a takeover: what is parked then is dropped */
 };
 
 /* notices held per segment until acknowledged (32 B each); past it they are
@@ -435,6 +456,10 @@ static inline uint64_t wire_gen(const kvp_mseg *s, uint32_t gen)
     return (uint64_t)s->epoch << 32 | gen;
 }
 
+static void journal_pub(kvp_master *m, const kvp_obj *o);
+static void journal_del(kvp_master *m, const kvp_obj *o);
+static void adopt_parked(kvp_master *m, uint32_t si);
+
 /* a is later than b (ms32, wrapping) */
 static inline int after(uint32_t a, uint32_t b) { return (int32_t)(a - b) > 0; }
 
@@ -600,6 +625,7 @@ static void obj_destroy(kvp_master *m, kvp_obj *o, int why)
 {
     KVP_ASSERT(o->nrep <= o->rep_cap);
     KVP_ASSERT(m->tenant_nobj[o->tenant] > 0 && m->tq[o->tenant].bytes >= o->size);
+    journal_del(m, o);
     list_unlink(m, o);
     tenant_pages(m, o, -(int)o->nrep);
     m->tq[o->tenant].bytes -= o->size;
@@ -874,6 +900,7 @@ static void seg_unmount(kvp_master *m, uint32_t si)
         tenant_pages(m, o, -1);
         memmove(&r[k], &r[k + 1], (o->nrep - k - 1) * sizeof *r);
         o->nrep--;
+        journal_pub(m, o);
     }
     KVP_ASSERT(s->nrep == 0 && s->disk_objs == 0 && s->spill_pages == 0 && s->load_pages == 0);
     KVP_ASSERT(m->cap_pages >= s->capacity >> 12 && m->nseg > 0);
@@ -1040,6 +1067,7 @@ static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
     KVP_INFO(MOD, "segment %016llx (%s, %llu MiB, SSD tier %llu MiB) mounted by client %016llx",
              (unsigned long long)s->id, s->name, (unsigned long long)(cap >> 20),
              (unsigned long long)(s->disk_cap >> 20), (unsigned long long)c->id);
+    adopt_parked(m, slot);
     return 0;
 }
 
@@ -1235,6 +1263,7 @@ static void drop_dram(kvp_master *m, kvp_obj *o)
     tenant_pages(m, o, -(int)o->nrep);
     o->nrep = 0;
     settle_unleased(m, o);
+    journal_del(m, o);
 }
 
 /* Starts writing o (an LRU victim) to disk from its replica k: 1 started,
@@ -2336,6 +2365,7 @@ static int32_t do_put_end(req *q, kvp_obj *o, uint64_t checksum, int force)
     m->stats[KVP_STAT_PENDING]--;
     m->stats[KVP_STAT_OBJECTS]++;
     m->stats[KVP_STAT_BYTES] += o->size;
+    journal_pub(m, o);
     return 0;
 }
 
@@ -2443,6 +2473,7 @@ static void op_replica_bad(req *q)
         tenant_pages(m, o, -1);
         memmove(&r[j], &r[j + 1], (o->nrep - j - 1) * sizeof *r);
         o->nrep--;
+        journal_pub(m, o);
     }
     if (!oneway)
         reply_status(q, 0);
@@ -2725,6 +2756,7 @@ static void rep_loaded(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_en
     if (e->status == 0) {
         m->stats[KVP_STAT_LOADS]++;
         settle_unleased(m, o);
+        journal_pub(m, o);
         return;
     }
     m->stats[KVP_STAT_LOAD_FAILS]++;
@@ -3341,6 +3373,473 @@ static void op_seg_info(req *q)
     reply_end(q, off);
 }
 
+/* ====================================================== cluster replication */
+
+#define REPL_OUT_MAX ((size_t)4 << 30) /* a follower's unsent output (snapshot + changes) */
+#define PSEG_MAX 65536u                /* segment ids parked objects may name */
+
+/* Readable with a DRAM copy: what a new leader can take back. */
+static int repl_visible(const kvp_obj *o)
+{
+    return o->state == KVP_OBJ_COMPLETE && !o->replacing && o->nrep > 0 &&
+           !(o->flags & KVP_OBJ_LOADING);
+}
+
+static void repl_rec_of(const kvp_master *m, const kvp_obj *o, kvp_repl_rec *r)
+{
+    memset(r, 0, sizeof *r);
+    r->type = KVP_REPL_PUB;
+    r->tenant = (kvp_bytes){(const uint8_t *)m->tenants[o->tenant], m->tenant_len[o->tenant]};
+    r->key = (kvp_bytes){kvp_obj_key(o), o->keylen};
+    r->size = o->size;
+    r->checksum = o->checksum;
+    r->flags = (o->flags & KVP_OBJ_PINNED) ? KVP_REPL_F_PINNED : 0;
+    r->nrep = o->nrep;
+    const kvp_orep *rep = kvp_obj_reps((kvp_obj *)o);
+    for (unsigned i = 0; i < o->nrep; i++)
+        r->rep[i] = (kvp_repl_rep){m->segs[rep[i].seg]->id, rep[i].page, rep[i].gen};
+}
+
+/* o is readable (published, loaded back, a replica fewer): journal it. */
+static void journal_pub(kvp_master *m, const kvp_obj *o)
+{
+    if (!m->nfol)
+        return;
+    if (!repl_visible(o)) {
+        journal_del(m, o);
+        return;
+    }
+    kvp_repl_rec r;
+    repl_rec_of(m, o, &r);
+    kvp_repl_wr_add(&m->jw, &r, ++m->jseq);
+}
+
+/* o's key has no DRAM copy any more (removed, evicted, only on disk). */
+static void journal_del(kvp_master *m, const kvp_obj *o)
+{
+    if (!m->nfol || o->state != KVP_OBJ_COMPLETE || o->replacing)
+        return;
+    kvp_repl_rec r = {.type = KVP_REPL_DEL,
+                      .tenant = {(const uint8_t *)m->tenants[o->tenant], m->tenant_len[o->tenant]},
+                      .key = {kvp_obj_key(o), o->keylen}};
+    kvp_repl_wr_add(&m->jw, &r, ++m->jseq);
+}
+
+static struct follower *fol_of(kvp_master *m, const kvp_msess *s)
+{
+    for (uint32_t i = 0; i < m->nfol; i++)
+        if (m->fol[i].s == s)
+            return &m->fol[i];
+    return NULL;
+}
+
+static void fol_remove(kvp_master *m, kvp_msess *s)
+{
+    struct follower *f = fol_of(m, s);
+    if (!f)
+        return;
+    if (f->in_sync)
+        m->fol_in_sync--;
+    *f = m->fol[--m->nfol];
+    s->follower = 0;
+    KVP_INFO(MOD, "standby %s stopped following (%u left)", s->peer_addr, m->nfol);
+}
+
+/*
+ * REPL_FOLLOW (a standby of the cluster; the node credential, as for
+ * mounting): answered, then the snapshot -- RESET, every readable object,
+ * SYNCED -- as REPL_DATA frames in the same output; the changes follow
+ * (kvp_master_push_repl). The follower is waited for once it acknowledged
+ * the snapshot.
+ */
+static void op_repl_follow(req *q)
+{
+    kvp_master *m = q->m;
+    if (q->h->body_len != 0) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    if (!may_mount(m, q->s->client)) {
+        KVP_WARN_LIMITED(MOD, "REPL_FOLLOW refused: client %s lacks the node credential",
+                         q->s->client->name);
+        reply_status(q, KVP_EILLEGAL_CLIENT);
+        return;
+    }
+    struct follower *f = fol_of(m, q->s);
+    if (!f) {
+        if (m->nfol == m->fol_cap) {
+            uint32_t cap = m->fol_cap ? m->fol_cap * 2 : 4;
+            struct follower *nf = kvp_realloc(m->fol, cap * sizeof *nf);
+            if (!nf) {
+                reply_status(q, KVP_ENOMEM);
+                return;
+            }
+            m->fol = nf;
+            m->fol_cap = cap;
+        }
+        f = &m->fol[m->nfol++];
+    } else if (f->in_sync) {
+        m->fol_in_sync--;
+    }
+    kvp_repl_wr_close(&m->jw); /* what is journaled goes after the snapshot */
+    reply_status(q, 0);
+    kvp_buf *out = q->out;
+    if (out->cap < REPL_OUT_MAX)
+        out->cap = REPL_OUT_MAX;
+    size_t mark = out->len;
+    kvp_repl_wr w = {.out = out};
+    kvp_repl_rec r = {.type = KVP_REPL_RESET};
+    kvp_repl_wr_add(&w, &r, m->jseq);
+    kvp_index_settle(&m->ix);
+    uint64_t n = 0;
+    for (uint64_t i = 0; m->ix.count && i <= m->ix.mask; i++) {
+        kvp_obj *o = kvp_index_at(&m->ix, i);
+        if (o && repl_visible(o)) {
+            repl_rec_of(m, o, &r);
+            kvp_repl_wr_add(&w, &r, m->jseq);
+            n++;
+        }
+    }
+    r = (kvp_repl_rec){.type = KVP_REPL_SYNCED};
+    kvp_repl_wr_add(&w, &r, m->jseq);
+    kvp_repl_wr_close(&w);
+    *f = (struct follower){q->s, 0, m->jseq, m->now, 0};
+    q->s->follower = 1;
+    m->stats[KVP_STAT_REPL_BYTES] += out->len - mark;
+    KVP_INFO(MOD, "standby %s follows the index: snapshot of %llu objects (%llu KiB) at seq %llu",
+             q->s->peer_addr, (unsigned long long)n, (unsigned long long)((out->len - mark) >> 10),
+             (unsigned long long)m->jseq);
+}
+
+/* REPL_ACK (ONEWAY, from a follower): u64 seq applied. */
+static void op_repl_ack(req *q)
+{
+    kvp_rd rd;
+    kvp_rd_init(&rd, q->body, q->h->body_len);
+    uint64_t seq = kvp_rd_u64(&rd);
+    struct follower *f = fol_of(q->m, q->s);
+    if (kvp_rd_finish(&rd) != 0 || !f || seq > q->m->jseq) {
+        if (!(q->h->flags & KVP_FLAG_ONEWAY))
+            reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    if (seq > f->acked)
+        f->acked = seq;
+}
+
+void kvp_master_push_repl(kvp_master *m,
+                          void (*send)(kvp_msess *s, const void *p, size_t n, void *ctx), void *ctx)
+{
+    kvp_repl_wr_close(&m->jw);
+    if (m->jr.err) { /* out of memory: the followers cannot be told; they resync */
+        KVP_WARN(MOD, "index stream lost (%s): standbys must follow again",
+                 kvp_strerror(m->jr.err));
+        kvp_buf_reset(&m->jr);
+        return;
+    }
+    if (!m->jr.len)
+        return;
+    for (uint32_t i = 0; i < m->nfol; i++) {
+        send(m->fol[i].s, m->jr.data, m->jr.len, ctx);
+        m->stats[KVP_STAT_REPL_BYTES] += m->jr.len;
+    }
+    kvp_buf_reset(&m->jr);
+    kvp_buf_shrink(&m->jr, 1u << 20);
+}
+
+uint64_t kvp_master_repl_gate(const kvp_master *m) { return m->fol_in_sync ? m->jseq : 0; }
+
+void kvp_master_repl_state(kvp_master *m, uint64_t now, kvp_repl_state *st)
+{
+    uint64_t acked = m->jseq, lag = 0;
+    for (uint32_t i = 0; i < m->nfol; i++) {
+        struct follower *f = &m->fol[i];
+        if (f->acked >= f->mark_seq) { /* kept up: judge it on what came since */
+            if (!f->in_sync) {
+                f->in_sync = 1;
+                m->fol_in_sync++;
+                KVP_INFO(MOD, "standby %s in sync at seq %llu", f->s->peer_addr,
+                         (unsigned long long)f->acked);
+            }
+            f->mark_seq = m->jseq;
+            f->mark_ms = now;
+        } else if (f->in_sync && now - f->mark_ms > m->cfg.ha_sync_timeout_ms) {
+            f->in_sync = 0;
+            m->fol_in_sync--;
+            KVP_WARN(MOD, "standby %s left seq %llu unacknowledged for %llu ms: no longer "
+                          "waited for until it catches up",
+                     f->s->peer_addr, (unsigned long long)f->mark_seq,
+                     (unsigned long long)(now - f->mark_ms));
+        }
+        if (f->in_sync && f->acked < acked)
+            acked = f->acked;
+        if (m->jseq - f->acked > lag)
+            lag = m->jseq - f->acked;
+    }
+    m->stats[KVP_STAT_REPL_FOLLOWERS] = m->nfol;
+    m->stats[KVP_STAT_REPL_IN_SYNC] = m->fol_in_sync;
+    m->stats[KVP_STAT_REPL_SEQ] = m->jseq;
+    st->seq = m->jseq;
+    st->acked = acked;
+    st->followers = m->nfol;
+    st->in_sync = m->fol_in_sync;
+    m->stats[KVP_STAT_REPL_LAG] = lag;
+}
+
+/* ---------------------------------------------------------- standby side */
+
+static void parked_free(kvp_master *m, kvp_obj *o)
+{
+    kvp_index_remove(&m->parked, o);
+    KVP_ASSERT(m->tenant_nobj[o->tenant] > 0);
+    m->tenant_nobj[o->tenant]--;
+    tenant_release_if_empty(m, o->tenant);
+    kvp_sfree(o, kvp_obj_bytes(o->keylen, o->rep_cap));
+}
+
+/* Drops every parked object; returns how many. */
+static uint64_t parked_clear(kvp_master *m)
+{
+    uint64_t n = 0;
+    if (!m->parked.slots)
+        return 0;
+    kvp_index_settle(&m->parked);
+    for (uint64_t i = 0; m->parked.count && i <= m->parked.mask; i++) {
+        kvp_obj *o = kvp_index_at(&m->parked, i);
+        if (o) {
+            parked_free(m, o);
+            n++;
+            i--; /* backward shift may have moved an unvisited entry here */
+        }
+    }
+    m->npseg = 0;
+    return n;
+}
+
+static int pseg_index(kvp_master *m, uint64_t id)
+{
+    for (uint32_t i = 0; i < m->npseg; i++)
+        if (m->pseg[i] == id)
+            return (int)i;
+    if (m->npseg == PSEG_MAX)
+        return KVP_ELIMIT;
+    if (m->npseg == m->pseg_cap) {
+        uint32_t cap = m->pseg_cap ? m->pseg_cap * 2 : 16;
+        uint64_t *p = kvp_realloc(m->pseg, cap * sizeof *p);
+        if (!p)
+            return KVP_ENOMEM;
+        m->pseg = p;
+        m->pseg_cap = cap;
+    }
+    m->pseg[m->npseg] = id;
+    return (int)m->npseg++;
+}
+
+static int park(kvp_master *m, const kvp_repl_rec *r)
+{
+    if (!m->parked.slots && kvp_index_init(&m->parked, 0) != 0)
+        return KVP_ENOMEM;
+    int t = tenant_find(m, r->tenant);
+    uint64_t h = 0;
+    kvp_obj *old = NULL;
+    if (t >= 0) {
+        h = kvp_index_hash((uint16_t)t, r->key.p, r->key.len);
+        old = kvp_index_find(&m->parked, h, (uint16_t)t, r->key.p, r->key.len);
+    }
+    if (r->type == KVP_REPL_DEL) {
+        if (old)
+            parked_free(m, old);
+        return 0;
+    }
+    if (old)
+        parked_free(m, old); /* (its tenant stays: the new record needs it) */
+    if (r->key.len > m->cfg.max_key || r->size > KVP_OBJ_MAX_SIZE - 1)
+        return KVP_EPROTOCOL;
+    kvp_orep reps[KVP_MAX_REPLICAS];
+    for (unsigned i = 0; i < r->nrep; i++) {
+        int k = pseg_index(m, r->rep[i].seg_id);
+        if (k < 0)
+            return k;
+        reps[i] = (kvp_orep){(uint32_t)k, r->rep[i].page, r->rep[i].gen};
+    }
+    t = tenant_get(m, r->tenant);
+    if (t < 0)
+        return t;
+    h = kvp_index_hash((uint16_t)t, r->key.p, r->key.len);
+    kvp_obj *o = NULL;
+    if (kvp_index_reserve(&m->parked) == 0)
+        o = kvp_salloc(kvp_obj_bytes((uint16_t)r->key.len, r->nrep));
+    if (!o) {
+        tenant_release_if_empty(m, t);
+        return KVP_ENOMEM;
+    }
+    memset(o, 0, sizeof *o);
+    o->size = r->size;
+    o->checksum = r->checksum;
+    o->tenant = (uint16_t)t;
+    o->keylen = (uint16_t)r->key.len;
+    o->state = KVP_OBJ_COMPLETE;
+    o->nrep = o->rep_cap = r->nrep;
+    o->flags = (r->flags & KVP_REPL_F_PINNED) ? KVP_OBJ_PINNED : 0;
+    memcpy((uint8_t *)(o + 1), r->key.p, r->key.len);
+    memcpy(kvp_obj_reps(o), reps, r->nrep * sizeof *reps);
+    kvp_index_insert(&m->parked, h, o);
+    m->tenant_nobj[t]++;
+    return 0;
+}
+
+int kvp_master_repl_apply(kvp_master *m, const uint8_t *body, size_t len, uint64_t *seq)
+{
+    if (kvp_repl_check(body, len) != 0)
+        return KVP_EPROTOCOL;
+    kvp_repl_rd it;
+    kvp_repl_rec r;
+    int rc = kvp_repl_open(&it, body, len, seq);
+    while (rc == 0 && kvp_repl_next(&it, &r) == 1) {
+        if (r.type == KVP_REPL_RESET)
+            parked_clear(m);
+        else if (r.type == KVP_REPL_PUB || r.type == KVP_REPL_DEL)
+            rc = park(m, &r);
+    }
+    m->stats[KVP_STAT_PARKED] = m->parked.count;
+    return rc;
+}
+
+void kvp_master_takeover(kvp_master *m, uint64_t now)
+{
+    m->now = now;
+    m->parked_until = now + m->cfg.client_ttl_ms;
+    m->stats[KVP_STAT_PARKED] = m->parked.count;
+    KVP_INFO(MOD, "leader now: %llu objects of the leader before wait for %u segments to mount "
+                  "(%llu ms)",
+             (unsigned long long)m->parked.count, m->npseg,
+             (unsigned long long)m->cfg.client_ttl_ms);
+}
+
+typedef struct claim {
+    kvp_obj *o;
+    uint32_t page, gen;
+} claim;
+
+static int claim_cmp(const void *a, const void *b)
+{
+    uint32_t x = ((const claim *)a)->page, y = ((const claim *)b)->page;
+    return x < y ? -1 : x > y;
+}
+
+/* One parked object becomes live with its replica c on segment si (space
+ * claimed). 0, or a negative code (o stays parked). */
+static int adopt_one(kvp_master *m, uint32_t si, const claim *c)
+{
+    kvp_obj *p = c->o;
+    kvp_mseg *s = m->segs[si];
+    uint32_t np = kvp_pages(p->size);
+    uint64_t h = kvp_index_hash(p->tenant, kvp_obj_key(p), p->keylen);
+    if (kvp_index_find(&m->ix, h, p->tenant, kvp_obj_key(p), p->keylen) ||
+        kvp_index_find(&m->repl, h, p->tenant, kvp_obj_key(p), p->keylen))
+        return KVP_EOBJECT_ALREADY_EXISTS; /* put again since the takeover */
+    if ((uint64_t)c->page + np > s->capacity >> 12 || kvp_index_reserve(&m->ix) != 0)
+        return KVP_EINVALID_PARAMS;
+    int rc = kvp_segalloc_claim(s->alloc, c->page, np);
+    if (rc)
+        return rc;
+    kvp_obj *o = kvp_salloc(kvp_obj_bytes(p->keylen, 1));
+    if (!o) {
+        kvp_segalloc_free(s->alloc, c->page, np);
+        return KVP_ENOMEM;
+    }
+    memcpy(o, p, kvp_obj_rep_off(p->keylen));
+    o->prev = o->next = NULL;
+    o->nrep = o->rep_cap = 1;
+    o->list = KVP_LIST_NONE;
+    o->lease_seq = ++m->lease_seq;
+    *kvp_obj_reps(o) = (kvp_orep){si, c->page, c->gen};
+    if (c->gen > s->gen)
+        s->gen = c->gen; /* later allocations' generations stay above it */
+    s->used_pages += np;
+    s->nrep++;
+    m->used_pages += np;
+    m->tenant_nobj[p->tenant]++; /* the parked one's count goes below */
+    parked_free(m, p);
+    kvp_index_insert(&m->ix, h, o);
+    tenant_pages(m, o, 1);
+    m->tq[o->tenant].bytes += o->size;
+    m->stats[KVP_STAT_OBJECTS]++;
+    m->stats[KVP_STAT_BYTES] += o->size;
+    m->stats[KVP_STAT_ADOPTED]++;
+    o->exposed = m->stamp;
+    settle_unleased(m, o);
+    journal_pub(m, o);
+    return 0;
+}
+
+/* A segment just mounted (slot si, nothing allocated on it yet): the
+ * parked objects with a replica there take it back, in page order (the
+ * allocator's claims are O(1) so). An object on several segments comes
+ * back with the first of them that mounts; its other copies' space is
+ * simply free here. */
+static void adopt_parked(kvp_master *m, uint32_t si)
+{
+    kvp_mseg *s = m->segs[si];
+    int k = -1;
+    for (uint32_t i = 0; i < m->npseg; i++)
+        if (m->pseg[i] == s->id)
+            k = (int)i;
+    if (k < 0 || !m->parked.count)
+        return;
+    claim *cl = kvp_malloc((size_t)m->parked.count * sizeof *cl);
+    if (!cl) {
+        KVP_WARN(MOD, "out of memory: the objects of segment %016llx stay parked",
+                 (unsigned long long)s->id);
+        return;
+    }
+    size_t n = 0;
+    kvp_index_settle(&m->parked);
+    for (uint64_t i = 0; i <= m->parked.mask; i++) {
+        kvp_obj *o = kvp_index_at(&m->parked, i);
+        if (!o)
+            continue;
+        const kvp_orep *r = kvp_obj_reps(o);
+        for (unsigned j = 0; j < o->nrep; j++)
+            if (r[j].seg == (uint32_t)k) {
+                cl[n++] = (claim){o, r[j].page, r[j].gen};
+                break;
+            }
+    }
+    qsort(cl, n, sizeof *cl, claim_cmp);
+    uint64_t got = 0, lost = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (adopt_one(m, si, &cl[i]) == 0) {
+            got++;
+        } else { /* overlapping, out of range, or replaced: not this object */
+            lost++;
+            parked_free(m, cl[i].o);
+        }
+    }
+    kvp_free(cl);
+    m->stats[KVP_STAT_ADOPT_DROPPED] += lost;
+    m->stats[KVP_STAT_PARKED] = m->parked.count;
+    KVP_INFO(MOD, "segment %016llx (%s) came back: %llu objects taken over, %llu dropped, "
+                  "%llu still parked",
+             (unsigned long long)s->id, s->name, (unsigned long long)got,
+             (unsigned long long)lost, (unsigned long long)m->parked.count);
+}
+
+/* client_ttl after a takeover: what no segment claimed is gone. */
+static void parked_expire(kvp_master *m, uint64_t now)
+{
+    if (!m->parked_until || now < m->parked_until)
+        return;
+    m->parked_until = 0;
+    uint64_t n = parked_clear(m);
+    m->stats[KVP_STAT_ADOPT_DROPPED] += n;
+    m->stats[KVP_STAT_PARKED] = 0;
+    if (n)
+        KVP_WARN(MOD, "%llu objects of the leader before dropped: their segments did not mount "
+                      "within client_ttl",
+                 (unsigned long long)n);
+}
+
 int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const uint8_t *body,
                       kvp_arena *a, kvp_buf *out, uint64_t now_ms)
 {
@@ -3380,6 +3879,8 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
         case KVP_OP_DISK_REPORT: op_disk_report(&q); break;
         case KVP_OP_TIERS: op_exist(&q, 2); break;
         case KVP_OP_SEG_FREED_ACK: op_seg_freed_ack(&q); break;
+        case KVP_OP_REPL_FOLLOW: op_repl_follow(&q); break;
+        case KVP_OP_REPL_ACK: op_repl_ack(&q); break;
         default: reply_status(&q, KVP_EUNKNOWN_OP); break;
         }
     }
@@ -3401,6 +3902,7 @@ uint32_t kvp_master_tick(kvp_master *m, uint64_t now)
 {
     unsigned work = 0;
     m->now = now;
+    parked_expire(m, now);
     while (work < TICK_BUDGET && m->diskio.head && due(m->diskio.head->deadline, now)) {
         disk_timeout(m, m->diskio.head);
         work++;
@@ -3544,6 +4046,8 @@ int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
     }
     for (uint32_t i = 0; i < cfg->max_tenants; i++)
         tenant_reset(&m->tq[i]);
+    kvp_buf_init(&m->jr, SIZE_MAX / 2);
+    m->jw.out = &m->jr;
     m->tenants[0] = NULL; /* "default": matched by name below */
     m->ntenants = 1;
     m->ntenants_live = 1;
@@ -3583,8 +4087,8 @@ void kvp_master_destroy(kvp_master *m)
         m->jobs = j->next;
         job_free(m, j);
     }
-    kvp_index *ixs[2] = {&m->ix, &m->repl};
-    for (int k = 0; k < 2; k++) {
+    kvp_index *ixs[3] = {&m->ix, &m->repl, &m->parked};
+    for (int k = 0; k < 3; k++) {
         if (!ixs[k]->slots)
             continue;
         kvp_index_settle(ixs[k]);
@@ -3602,6 +4106,9 @@ void kvp_master_destroy(kvp_master *m)
         kvp_free(m->clients[i]);
     for (uint32_t i = 0; m->tenants && i < m->ntenants; i++)
         kvp_free(m->tenants[i]);
+    kvp_buf_free(&m->jr);
+    kvp_free(m->fol);
+    kvp_free(m->pseg);
     kvp_free(m->segs);
     kvp_free(m->dirty);
     kvp_free(m->mounted);
@@ -3638,6 +4145,8 @@ void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms)
 {
     if (s->deferred)
         job_cancel(m, s);
+    if (s->follower)
+        fol_remove(m, s);
     kvp_mclient *c = s->client;
     s->client = NULL;
     if (!c)

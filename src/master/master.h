@@ -47,6 +47,8 @@ typedef struct kvp_msess {
     char peer_addr[48];  /* the peer's address as text (service), for messages */
     uint32_t hold_ms;    /* set by the core with close_after: send the answer only
                             after this long (a refused HELLO of a peer backing off) */
+    int follower;        /* set by the core: a standby that asked for the index
+                            stream (REPL_FOLLOW); its output grows with it */
     int deferred;        /* set by the core: a request of this session is served
                             over several turns (kvp_master_jobs); serve none of
                             its later frames until the core clears it */
@@ -55,6 +57,36 @@ typedef struct kvp_msess {
 /* Copies what it needs from cfg and loads cfg->tenant_tokens_file. 0,
  * KVP_ENOMEM, or KVP_ECONFIG (the tenant file; the reason is logged). */
 int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out);
+/*
+ * A cluster of masters (ha/repl.h). The leader journals every change a new
+ * leader needs (an object readable, or no longer in DRAM) as REPL_DATA
+ * frames; kvp_master_push_repl hands them to every follower session. A
+ * standby applies what it receives to its parked index (objects whose
+ * segments have not mounted here); once it is leader, a segment mounting
+ * with a parked id takes its objects back (its node kept the bytes), and
+ * what is parked client_ttl after the takeover is dropped.
+ */
+typedef struct kvp_repl_state {
+    uint64_t seq;        /* last record journaled */
+    uint64_t acked;      /* lowest seq the in-sync followers acknowledged
+                            (= seq when there are none) */
+    uint32_t followers, in_sync;
+} kvp_repl_state;
+void kvp_master_push_repl(kvp_master *m,
+                          void (*send)(kvp_msess *s, const void *p, size_t n, void *ctx),
+                          void *ctx);
+/* The seq a PUT_END answered now waits for: the last journaled, or 0 when
+ * no standby is in sync (nothing to wait for). */
+uint64_t kvp_master_repl_gate(const kvp_master *m);
+/* Also marks followers silent for cfg->ha_sync_timeout_ms as lagging (no
+ * longer waited for) and those caught up as in sync again. */
+void kvp_master_repl_state(kvp_master *m, uint64_t now_ms, kvp_repl_state *st);
+/* Standby, before its loop runs: one REPL_DATA body. 0 and *seq, or
+ * KVP_EPROTOCOL (nothing applied) / KVP_ENOMEM. */
+int kvp_master_repl_apply(kvp_master *m, const uint8_t *body, size_t len, uint64_t *seq);
+/* The standby became the leader at now_ms. */
+void kvp_master_takeover(kvp_master *m, uint64_t now_ms);
+
 /* Frees everything; sessions must have been closed first. */
 void kvp_master_destroy(kvp_master *m);
 

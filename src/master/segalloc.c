@@ -97,6 +97,8 @@ struct kvp_segalloc {
     uint32_t cap;     /* records allocated */
     uint32_t hwm;     /* records ever handed out; [hwm, cap) never used */
     uint32_t recycle; /* stack of unused records below hwm, linked by next */
+    uint32_t claim_end; /* end of the last kvp_segalloc_claim: where the next
+                           ascending claim's free block starts */
 
     pmap by_start; /* off -> record */
     pmap by_end;   /* off + len -> record */
@@ -470,6 +472,58 @@ int kvp_segalloc_alloc(kvp_segalloc *a, uint32_t n, uint32_t *off)
     a->free_pages -= n;
     a->nalloc++;
     *off = start;
+    return 0;
+}
+
+/* The free block holding [off, off + n), or NIL. O(1) when it starts at
+ * the last claim's end (ascending claims), else a walk of the records. */
+static uint32_t containing(const kvp_segalloc *a, uint32_t off, uint32_t n)
+{
+    uint32_t b = pmap_get(&a->by_start, a->claim_end <= off ? a->claim_end : off);
+    if (b == NIL || a->blk[b].off > off || a->blk[b].off + (uint64_t)a->blk[b].len < (uint64_t)off + n)
+        b = NIL;
+    for (uint32_t i = 0; b == NIL && i < a->hwm; i++)
+        if (a->blk[i].len && a->blk[i].off <= off &&
+            a->blk[i].off + (uint64_t)a->blk[i].len >= (uint64_t)off + n)
+            b = i;
+    return b;
+}
+
+int kvp_segalloc_claim(kvp_segalloc *a, uint32_t off, uint32_t n)
+{
+    if (!a || n == 0 || off >= a->npages || n > a->npages - off)
+        return KVP_EINVALID_PARAMS;
+    uint32_t b = containing(a, off, n);
+    if (b == NIL)
+        return KVP_ENO_AVAILABLE_HANDLE;
+    if (reserve(a, max_free_blocks(a, a->nalloc + 1)) != 0)
+        return KVP_ENOMEM;
+    fblock *f = &a->blk[b];
+    uint32_t start = f->off, end = f->off + f->len;
+    list_remove(a, b);
+    pmap_del(&a->by_start, start);
+    pmap_del(&a->by_end, end);
+    if (start < off) { /* the left part stays free in record b */
+        f->len = off - start;
+        pmap_put(&a->by_start, start, b);
+        pmap_put(&a->by_end, off, b);
+        list_insert(a, b);
+        b = NIL;
+    }
+    if (off + n < end) { /* the right part: b, or a new record */
+        if (b == NIL)
+            b = rec_get(a);
+        a->blk[b].off = off + n;
+        a->blk[b].len = end - (off + n);
+        pmap_put(&a->by_start, off + n, b);
+        pmap_put(&a->by_end, end, b);
+        list_insert(a, b);
+    } else if (b != NIL) {
+        rec_put(a, b);
+    }
+    a->free_pages -= n;
+    a->nalloc++;
+    a->claim_end = off + n;
     return 0;
 }
 

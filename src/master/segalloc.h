@@ -36,6 +36,14 @@ void kvp_segalloc_destroy(kvp_segalloc *a);
  */
 int kvp_segalloc_alloc(kvp_segalloc *a, uint32_t n, uint32_t *off);
 
+/*
+ * Allocates exactly [off, off + n) (a new leader taking over the
+ * allocations its predecessor made): 0; KVP_ENO_AVAILABLE_HANDLE when any
+ * of it is not free; KVP_EINVALID_PARAMS out of range; KVP_ENOMEM (nothing
+ * changed). O(1) when claims come in ascending order of off, else
+ * O(free blocks). Freed like any allocation.
+ */
+int kvp_segalloc_claim(kvp_segalloc *a, uint32_t off, uint32_t n);
 /* Frees a range returned by kvp_segalloc_alloc with the same n. O(1). */
 void kvp_segalloc_free(kvp_segalloc *a, uint32_t off, uint32_t n);
 

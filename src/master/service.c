@@ -75,6 +75,7 @@
 #define ACCEPT_PAUSE_MIN_MS 100       /* EMFILE back-off: 100 ms, doubling ... */
 #define ACCEPT_PAUSE_MAX_MS 1000      /* ... up to 1 s */
 #define SUMMARY_MS 60000
+#define GATE_POLL_MS 20                /* loop wake-up while answers wait for standbys */
 #define STALL_MS 500                  /* a turn this much later than its wait: a stall */
 
 /* Connections before HELLO, counted per source address (IPv4 address, or
@@ -115,6 +116,9 @@ typedef struct conn {
     struct conn *starved_prev, *starved_next;
     int on_pushed;
     struct conn *pushed_next;   /* connections with SEG_FREED output */
+    uint64_t gate;      /* ha_sync: its output waits until the standbys acknowledged
+                           this seq (an answered PUT_END); 0 = none */
+    int gated;          /* counted in s->ngated: output held by the gate */
 } conn;
 
 struct kvp_mserver {
@@ -150,6 +154,8 @@ struct kvp_mserver {
     _Atomic int stop; /* set by kvp_mserver_stop from any thread or a signal handler */
     _Atomic uint64_t term_until; /* a leader's term is valid until then (0 = no term) */
     _Atomic int term_over;       /* the loop stopped because term_until passed */
+    uint64_t repl_acked;         /* seq every in-sync standby acknowledged */
+    uint32_t ngated;             /* connections whose output waits for them */
 };
 
 /* ---------------------------------------------------------- address map */
@@ -397,6 +403,8 @@ static void conn_close(kvp_mserver *s, conn *c)
         held_unlink(s, c);
     if (c->starved)
         unstarve(s, c);
+    if (c->gated)
+        s->ngated--;
     in_set_charge(s, c, 0);
     kvp_buf_free(&c->in);
     kvp_buf_free(&c->out);
@@ -418,6 +426,16 @@ static void mark_ready(kvp_mserver *s, conn *c, int more)
  * frames go back on the ready list. */
 static int conn_flush(kvp_mserver *s, conn *c)
 {
+    if (c->gate > s->repl_acked) { /* released by release_gated */
+        if (!c->gated) {
+            c->gated = 1;
+            s->ngated++;
+        }
+        c->want_out = 0;
+        conn_arm(s, c);
+        return 0;
+    }
+    c->gate = 0;
     while (c->out_off < c->out.len) {
         ssize_t n = kvp_sys.send(c->fd, c->out.data + c->out_off, c->out.len - c->out_off, MSG_NOSIGNAL);
         if (n < 0) {
@@ -514,6 +532,11 @@ static int conn_serve(kvp_mserver *s, conn *c)
         }
         pos += KVP_FRAME_HDR + (size_t)h.body_len;
         served++;
+        if (h.op == KVP_OP_PUT_END && s->cfg.ha_sync) {
+            uint64_t g = kvp_master_repl_gate(s->m);
+            if (g > c->gate)
+                c->gate = g;
+        }
         if (c->sess.close_after)
             c->closing = 1;
     }
@@ -874,6 +897,8 @@ static int wait_ms(const kvp_mserver *s, uint32_t next_tick, uint64_t now)
         if (d < t)
             t = d;
     }
+    if (s->ngated && t > GATE_POLL_MS) /* a standby that stops answering is noticed */
+        t = GATE_POLL_MS;
     return (int)t;
 }
 
@@ -962,6 +987,13 @@ uint16_t kvp_mserver_port(const kvp_mserver *s) { return s->port; }
 void kvp_mserver_set_term(kvp_mserver *s, uint64_t valid_until_ms) { s->term_until = valid_until_ms; }
 int kvp_mserver_term_over(const kvp_mserver *s) { return s->term_over; }
 
+int kvp_mserver_repl_apply(kvp_mserver *s, const uint8_t *body, size_t len, uint64_t *seq)
+{
+    return kvp_master_repl_apply(s->m, body, len, seq);
+}
+
+void kvp_mserver_takeover(kvp_mserver *s) { kvp_master_takeover(s->m, kvp_now_ms()); }
+
 void kvp_mserver_stop(kvp_mserver *s)
 {
     uint64_t one = 1;
@@ -1029,6 +1061,42 @@ static void push_freed(kvp_mserver *s)
         if (!c->want_out && conn_flush(s, c) < 0)
             c->closing = 1; /* closed at its next event (EPOLLHUP) */
     }
+}
+
+/* kvp_master_push_repl's callback: a follower's output. Past its bound the
+ * standby is cut off (it follows again, from a snapshot). */
+static void repl_send(kvp_msess *ms, const void *p, size_t n, void *ctx)
+{
+    kvp_mserver *s = ctx;
+    conn *c = (conn *)((char *)ms - offsetof(conn, sess));
+    if (c->closing)
+        return;
+    kvp_buf_put(&c->out, p, n);
+    if (c->out.err) {
+        KVP_WARN(MOD, "standby %s: %zu bytes of the index stream unsent: cutting it off",
+                 c->sess.peer_addr, c->out.len - c->out_off);
+        c->closing = 1;
+    }
+    freed_out(ms, s); /* joins s->pushed: flushed by push_freed */
+}
+
+/* Sends the journal to the standbys; answers whose puts they now all hold
+ * go out. */
+static void push_repl(kvp_mserver *s, uint64_t now)
+{
+    kvp_master_push_repl(s->m, repl_send, s);
+    kvp_repl_state st;
+    kvp_master_repl_state(s->m, now, &st);
+    s->repl_acked = st.acked;
+    if (!s->ngated)
+        return;
+    for (conn *c = s->conns; c; c = c->next)
+        if (c->gated && c->gate <= s->repl_acked) {
+            c->gated = 0;
+            s->ngated--;
+            if (conn_flush(s, c) < 0)
+                c->closing = 1; /* closed at its next event (EPOLLHUP) */
+        }
 }
 
 /* kvp_master_jobs's callback: a job's answer goes to the asker's output;
@@ -1146,6 +1214,7 @@ int kvp_mserver_run(kvp_mserver *s)
         next_tick = kvp_master_tick(s->m, now);
         if (kvp_master_jobs(s->m, now, job_out, s))
             next_tick = 0;
+        push_repl(s, now);
         push_freed(s);
         close_expired(s);
         summary(s, now);

@@ -52,6 +52,12 @@ void kvp_mserver_stop(kvp_mserver *s);
 void kvp_mserver_set_term(kvp_mserver *s, uint64_t valid_until_ms);
 /* Whether the loop stopped because the term ran out. */
 int kvp_mserver_term_over(const kvp_mserver *s);
+/* A standby, before run(), from one thread at a time: a REPL_DATA body of
+ * the leader's index stream (kvp_master_repl_apply). */
+int kvp_mserver_repl_apply(kvp_mserver *s, const uint8_t *body, size_t len, uint64_t *seq);
+/* The standby won the election (before run()): what it followed is taken
+ * over as its segments mount. */
+void kvp_mserver_takeover(kvp_mserver *s);
 /* Closes every connection and frees everything. Not while run() runs. */
 void kvp_mserver_destroy(kvp_mserver *s);
 #endif

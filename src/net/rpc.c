@@ -24,6 +24,7 @@ struct kvp_rpc {
     uint32_t max_frame;
     uint64_t next_id;
     uint64_t client_id;
+    uint64_t pushed;       /* unasked frames handed to on_push so far */
     kvp_buf out;
     kvp_buf in;
     size_t in_consumed; /* bytes of `in` handed out by the last recv */
@@ -101,6 +102,7 @@ static int take_pushes(kvp_rpc *r, kvp_frame_hdr *h, const uint8_t **body)
             return KVP_ERPC_FAIL; /* servers do not ask clients questions */
         if (r->on_push)
             r->on_push(r->push_ctx, h, *body);
+        r->pushed++;
         kvp_buf_consume(&r->in, KVP_FRAME_HDR + (size_t)h->body_len);
     }
 }
@@ -147,6 +149,7 @@ int kvp_rpc_recv(kvp_rpc *r, kvp_frame_hdr *h, const uint8_t **body)
 int kvp_rpc_poll(kvp_rpc *r, int timeout_ms)
 {
     uint64_t deadline = kvp_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+    uint64_t before = r->pushed;
     for (;;) {
         kvp_frame_hdr h;
         const uint8_t *b;
@@ -155,6 +158,8 @@ int kvp_rpc_poll(kvp_rpc *r, int timeout_ms)
             return rc;
         if (rc == 1)
             return KVP_ERPC_FAIL; /* an answer nobody asked for */
+        if (r->pushed != before)
+            return 0; /* what came was handled: the caller may answer it */
         int64_t left = (int64_t)(deadline - kvp_now_ms());
         if (left <= 0)
             return 0;

@@ -57,8 +57,9 @@ void kvp_rpc_queue_raw(kvp_rpc *r, const void *p, size_t len);
 int kvp_rpc_flush(kvp_rpc *r);
 /* Next response frame; *body valid until the next recv/call. */
 int kvp_rpc_recv(kvp_rpc *r, kvp_frame_hdr *h, const uint8_t **body);
-/* Waits up to timeout_ms for unasked frames and hands each to on_push.
- * 0 (timeout, frames handled or not) or KVP_ERPC_FAIL / KVP_ERPC_TIMEOUT
+/* Waits up to timeout_ms for unasked frames and hands each to on_push;
+ * returns as soon as some were handled (all that had arrived by then).
+ * 0 (frames handled, or the timeout) or KVP_ERPC_FAIL / KVP_ERPC_TIMEOUT
  * (a frame started but did not finish in time). */
 int kvp_rpc_poll(kvp_rpc *r, int timeout_ms);
 /* queue + flush + recv of the matching answer. *status = frame status. */

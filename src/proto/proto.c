@@ -42,7 +42,9 @@ const char *kvp_stat_name(unsigned i)
         "requests", "bad_frames", "bad_replicas", "disk_capacity", "disk_objects",
         "disk_bytes", "spilling", "spills", "spill_fails", "disk_hits", "loads",
         "load_fails", "disk_dropped", "disk_registered", "spill_pressure", "disk_used",
-        "disk_compacted_bytes", "disk_compacted_pages", "disk_dropped_pages", "soft_pinned"};
+        "disk_compacted_bytes", "disk_compacted_pages", "disk_dropped_pages", "soft_pinned",
+        "repl_followers", "repl_in_sync", "repl_seq", "repl_lag", "repl_bytes", "adopted",
+        "parked", "adopt_dropped"};
     return i < KVP_STAT__COUNT ? names[i] : "unknown";
 }
 

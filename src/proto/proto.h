@@ -71,7 +71,10 @@
     XX(DISK_CMD, 23, "master -> node: spill replicas to the SSD tier, load them back, forget records") \
     XX(DISK_REPORT, 24, "node -> master: spills durable, loads done, records held (after a mount), dropped") \
     XX(TIERS, 25, "per key: where it is (KVP_TIER_DRAM | KVP_TIER_DISK), 0 absent; no side effects") \
-    XX(SEG_FREED_ACK, 26, "node -> master: SEG_FREED applied up to a seq, their transfers stopped")
+    XX(SEG_FREED_ACK, 26, "node -> master: SEG_FREED applied up to a seq, their transfers stopped") \
+    XX(REPL_FOLLOW, 27, "standby -> leader: stream me the index (snapshot, then every change)") \
+    XX(REPL_DATA, 28, "leader -> standby: index records (ha/repl.h)")                 \
+    XX(REPL_ACK, 29, "standby -> leader: REPL_DATA applied up to a seq")
 
 enum kvp_op {
 #define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
@@ -399,6 +402,15 @@ enum kvp_stat {
     KVP_STAT_DISK_COMPACTED_PAGES, /* pages compaction reclaimed */
     KVP_STAT_DISK_DROPPED_PAGES,   /* pages dropped for room */
     KVP_STAT_SOFT_PINNED,    /* soft-pinned objects waiting on the soft lists (unleased) */
+    /* a cluster of masters (ha/repl.h) */
+    KVP_STAT_REPL_FOLLOWERS, /* standbys following the index now */
+    KVP_STAT_REPL_IN_SYNC,   /* of them, those a PUT_END waits for (not lagging) */
+    KVP_STAT_REPL_SEQ,       /* index records journaled to standbys so far */
+    KVP_STAT_REPL_LAG,       /* records the furthest-behind standby has not acknowledged */
+    KVP_STAT_REPL_BYTES,     /* bytes sent to standbys (snapshots and changes) */
+    KVP_STAT_ADOPTED,        /* objects a takeover kept from the leader before */
+    KVP_STAT_PARKED,         /* such objects still waiting for their node to mount */
+    KVP_STAT_ADOPT_DROPPED,  /* such objects dropped (node never came back, space taken) */
     KVP_STAT__COUNT
 };
 /* Name of a counter ("objects", "hits", ...), as `kvpool stat --json` prints it. */

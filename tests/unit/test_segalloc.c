@@ -530,3 +530,47 @@ TEST(fault_injection)
         CHECK(nth > 5);
     }
 }
+
+/* A takeover's claims: exact ranges, ascending or not; overlaps refused;
+ * claimed ranges free and coalesce like allocations; alloc avoids them. */
+TEST(claim_exact_ranges)
+{
+    kvp_segalloc *a;
+    CHECK_EQ(kvp_segalloc_create(1000, &a), 0);
+    CHECK_EQ(kvp_segalloc_claim(a, 10, 5), 0);   /* [10,15) */
+    CHECK_EQ(kvp_segalloc_claim(a, 15, 5), 0);   /* [15,20), adjacent */
+    CHECK_EQ(kvp_segalloc_claim(a, 100, 50), 0); /* a gap before it */
+    CHECK_EQ(kvp_segalloc_claim(a, 0, 3), 0);    /* out of order: the walk */
+    CHECK_EQ(kvp_segalloc_claim(a, 990, 10), 0); /* up to the end */
+    CHECK_EQ(kvp_segalloc_check(a), 0);
+    CHECK_EQ(kvp_segalloc_free_pages(a), 1000 - 73);
+    CHECK_EQ(kvp_segalloc_claim(a, 12, 1), KVP_ENO_AVAILABLE_HANDLE);   /* inside a claim */
+    CHECK_EQ(kvp_segalloc_claim(a, 140, 20), KVP_ENO_AVAILABLE_HANDLE); /* straddles one */
+    CHECK_EQ(kvp_segalloc_claim(a, 995, 10), KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_segalloc_claim(a, 1000, 1), KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_segalloc_claim(a, 5, 0), KVP_EINVALID_PARAMS);
+    CHECK_EQ(kvp_segalloc_check(a), 0);
+    /* 8 pages fit only in [3,10), [20,100), [150,990) */
+    uint32_t off;
+    for (int i = 0; i < 100; i++) {
+        if (kvp_segalloc_alloc(a, 8, &off) != 0)
+            break;
+        CHECK(off + 8 <= 10 || (off >= 20 && off + 8 <= 100) || (off >= 150 && off + 8 <= 990));
+    }
+    kvp_segalloc_destroy(a);
+
+    /* every page claimed one by one, descending, then freed: one block */
+    CHECK_EQ(kvp_segalloc_create(64, &a), 0);
+    for (int p = 63; p >= 0; p--)
+        CHECK_EQ(kvp_segalloc_claim(a, (uint32_t)p, 1), 0);
+    CHECK_EQ(kvp_segalloc_free_pages(a), 0);
+    CHECK_EQ(kvp_segalloc_check(a), 0);
+    for (uint32_t p = 0; p < 64; p += 2)
+        kvp_segalloc_free(a, p, 1);
+    for (uint32_t p = 1; p < 64; p += 2)
+        kvp_segalloc_free(a, p, 1);
+    CHECK_EQ(kvp_segalloc_free_blocks(a), 1);
+    CHECK_EQ(kvp_segalloc_free_pages(a), 64);
+    CHECK_EQ(kvp_segalloc_check(a), 0);
+    kvp_segalloc_destroy(a);
+}
