@@ -86,7 +86,7 @@ int kvp_repl_next(kvp_repl_rd *it, kvp_repl_rec *r)
         r->flags = kvp_rd_u8(&it->rd);
         r->nrep = kvp_rd_u8(&it->rd);
         if (r->nrep == 0 || r->nrep > KVP_MAX_REPLICAS || r->size == 0 ||
-            (r->flags & ~KVP_REPL_F_PINNED))
+            r->size > KVP_REPL_MAX_SIZE || (r->flags & ~KVP_REPL_F_PINNED))
             return KVP_EPROTOCOL;
         for (unsigned i = 0; i < r->nrep; i++) {
             r->rep[i].seg_id = kvp_rd_u64(&it->rd);

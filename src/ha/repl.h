@@ -17,7 +17,7 @@
  * REPL_DATA body:  u64 seq (of its last record) | u32 n | n records
  * record:          u8 type | fields by type
  *   RESET, SYNCED: nothing
- *   PUB:  bytes tenant | bytes key | u64 size | u64 checksum | u8 flags |
+ *   PUB:  bytes tenant | bytes key (1..65535) | u64 size (1..2^40-1) | u64 checksum | u8 flags |
  *         u8 nrep (1..KVP_MAX_REPLICAS) | nrep x (u64 segment id | u32 page | u32 gen)
  *   DEL:  bytes tenant | bytes key
  * `gen` is the low half of the allocation's generation (the master keeps
@@ -38,6 +38,7 @@ enum { KVP_REPL_F_PINNED = 0x1 };
 #define KVP_REPL_FRAME (256u << 10) /* a frame is closed past this many body bytes */
 #define KVP_REPL_MAX_KEY 65535u
 #define KVP_REPL_MAX_TENANT 255u
+#define KVP_REPL_MAX_SIZE ((1ull << 40) - 1) /* bytes of one value */
 
 typedef struct kvp_repl_rep {
     uint64_t seg_id;

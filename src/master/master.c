@@ -3653,8 +3653,8 @@ static int park(kvp_master *m, const kvp_repl_rec *r)
     }
     if (old)
         parked_free(m, old); /* (its tenant stays: the new record needs it) */
-    if (r->key.len > m->cfg.max_key || r->size > KVP_OBJ_MAX_SIZE - 1)
-        return KVP_EPROTOCOL;
+    if (r->key.len > m->cfg.max_key || r->size > m->cfg.max_object_size)
+        return KVP_ELIMIT; /* the leader is configured beyond this master */
     kvp_orep reps[KVP_MAX_REPLICAS];
     for (unsigned i = 0; i < r->nrep; i++) {
         int k = pseg_index(m, r->rep[i].seg_id);
