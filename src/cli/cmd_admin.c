@@ -97,8 +97,10 @@ static void keep_tenant(kvp_msg_stats_resp *s, const char *only)
         s->n_tenants = n;
 }
 
-/* A cluster's master (etcd://): who leads, at which epoch, who stands by. */
-static void print_cluster(const char *url)
+/* A cluster's master (etcd://): who leads, at which epoch, who stands by,
+ * and how far behind the standbys' copies of the index are (c: the
+ * leader's counters). */
+static void print_cluster(const char *url, const uint64_t *c)
 {
     kvp_leader_info lead, mem[16];
     int has = 0, n = 0;
@@ -118,7 +120,20 @@ static void print_cluster(const char *url)
         printf("%s%s", shown++ ? ", " : "cluster standbys ", mem[i].addr);
     }
     printf("%s", shown ? "\n" : "cluster standbys: none\n");
-    printf("cluster index replication: none (a new leader starts empty)\n");
+    if (c[KVP_STAT_REPL_FOLLOWERS] == 0)
+        printf("cluster index replication: no standby follows (a new leader would start "
+               "empty)\n");
+    else
+        printf("cluster index replication: %llu standbys following, %llu in sync; seq %llu, "
+               "lag %llu records, %llu MiB sent\n",
+               (unsigned long long)c[KVP_STAT_REPL_FOLLOWERS],
+               (unsigned long long)c[KVP_STAT_REPL_IN_SYNC],
+               (unsigned long long)c[KVP_STAT_REPL_SEQ], (unsigned long long)c[KVP_STAT_REPL_LAG],
+               (unsigned long long)(c[KVP_STAT_REPL_BYTES] >> 20));
+    if (c[KVP_STAT_ADOPTED] || c[KVP_STAT_PARKED] || c[KVP_STAT_ADOPT_DROPPED])
+        printf("cluster takeover: %llu objects kept, %llu waiting for their node, %llu dropped\n",
+               (unsigned long long)c[KVP_STAT_ADOPTED], (unsigned long long)c[KVP_STAT_PARKED],
+               (unsigned long long)c[KVP_STAT_ADOPT_DROPPED]);
 }
 
 static void print_table(const kvp_msg_stats_resp *s)
@@ -253,7 +268,7 @@ int kvp_cmd_stat(int argc, char **argv)
             print_json(&s);
         } else {
             if (kvp_etcd_is_url(cfg.master_addr))
-                print_cluster(cfg.master_addr);
+                print_cluster(cfg.master_addr, s.counters);
             print_table(&s);
         }
         if (every <= 0)

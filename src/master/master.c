@@ -3375,7 +3375,8 @@ static void op_seg_info(req *q)
 
 /* ====================================================== cluster replication */
 
-#define REPL_OUT_MAX ((size_t)4 << 30) /* a follower's unsent output (snapshot + changes) */
+#define REPL_OUT_MAX ((size_t)1 << 30) /* a follower's unsent output (snapshot + changes);
+                                          past it the service cuts the follower off */
 #define PSEG_MAX 65536u                /* segment ids parked objects may name */
 
 /* Readable with a DRAM copy: what a new leader can take back. */
@@ -3566,6 +3567,7 @@ void kvp_master_repl_state(kvp_master *m, uint64_t now, kvp_repl_state *st)
         } else if (f->in_sync && now - f->mark_ms > m->cfg.ha_sync_timeout_ms) {
             f->in_sync = 0;
             m->fol_in_sync--;
+            f->mark_seq = m->jseq; /* in sync again once it has all of today */
             KVP_WARN(MOD, "standby %s left seq %llu unacknowledged for %llu ms: no longer "
                           "waited for until it catches up",
                      f->s->peer_addr, (unsigned long long)f->mark_seq,

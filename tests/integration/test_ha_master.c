@@ -136,6 +136,11 @@ TEST(ha_failover_keeps_published_objects)
             tp_sleep_ms(50);
         }
         CHECK_EQ(stat_of(c, "repl_in_sync"), 1);
+        const char *argv[] = {tp_kvpool_bin(), "stat", "--master", e.url, NULL};
+        char out[8192];
+        CHECK_EQ(tp_run_capture(argv, 1, out, sizeof out, 10000), 0);
+        if (!strstr(out, "cluster index replication: 1 standbys following, 1 in sync"))
+            th_fail(__FILE__, __LINE__, "kvpool stat said: %.600s", out);
         char key[32];
         int put_ok = 1;
         for (int i = 0; i < KEPT && put_ok; i++) {
@@ -193,6 +198,58 @@ TEST(ha_failover_keeps_published_objects)
     } while (0);
     if (!ok && !th_failed())
         th_fail(__FILE__, __LINE__, "cluster sequence failed");
+    kvp_client_close(c);
+    env_down(&e);
+}
+
+/* A standby that stops answering (SIGSTOP) holds puts up for at most
+ * ha_sync_timeout, then is no longer waited for; resumed, it catches up
+ * and is waited for again. */
+TEST(ha_stopped_standby_holds_puts_only_briefly)
+{
+    env e;
+    int u = env_up(&e);
+    if (u)
+        return;
+    kvp_client *c = NULL;
+    int ok = 0;
+    do {
+        if (start_master(&e, 0) != 0 || wait_leader(&e, e.m[0].addr, 10000) < 0 ||
+            start_master(&e, 1) != 0 || tp_store_start(&e.st, e.url, NULL) != 0 ||
+            !(c = client(&e)))
+            break;
+        uint64_t t0 = tp_now_ms();
+        while (stat_of(c, "repl_in_sync") != 1 && tp_now_ms() - t0 < 10000)
+            tp_sleep_ms(50);
+        CHECK_EQ(stat_of(c, "repl_in_sync"), 1);
+        CHECK_EQ(put_get(c, "synced", 1), 0);
+        kill(e.m[1].pid, SIGSTOP);
+        t0 = tp_now_ms();
+        CHECK_EQ(put_get(c, "held", 2), 0); /* waits out ha_sync_timeout (1 s) */
+        uint64_t held = tp_now_ms() - t0;
+        t0 = tp_now_ms();
+        for (int i = 0; i < 20; i++) {
+            char key[32];
+            snprintf(key, sizeof key, "free-%d", i);
+            CHECK_EQ(put_get(c, key, 3 + (uint64_t)i), 0);
+        }
+        uint64_t free20 = tp_now_ms() - t0;
+        CHECK_EQ(stat_of(c, "repl_in_sync"), 0);
+        kill(e.m[1].pid, SIGCONT);
+        t0 = tp_now_ms();
+        while (stat_of(c, "repl_in_sync") != 1 && tp_now_ms() - t0 < 10000)
+            tp_sleep_ms(20);
+        CHECK_EQ(stat_of(c, "repl_in_sync"), 1);
+        fprintf(stderr, "    standby stopped: first put held %llu ms, 20 more took %llu ms; "
+                        "in sync again %llu ms after SIGCONT\n",
+                (unsigned long long)held, (unsigned long long)free20,
+                (unsigned long long)(tp_now_ms() - t0));
+        CHECK(held >= 800 && held < 5000);
+        ok = !th_failed();
+    } while (0);
+    if (!ok && !th_failed())
+        th_fail(__FILE__, __LINE__, "cluster sequence failed");
+    kill(e.m[1].pid, SIGCONT);
     kvp_client_close(c);
     env_down(&e);
 }
