@@ -202,6 +202,10 @@ static const struct key_def keys[] = {
      .unit_ms = 1000, .min = 10, .max = 60000, .def = "1s",
      .help = "master with etcd and ha_sync: how long a standby may leave an update "
              "unacknowledged before the leader stops waiting for it"},
+    {.name = "snapshot_file", .roles = R_M, .type = KT_STRING, F_STR(snapshot_file), .def = "",
+     .help = "master: keep the index in this file (a snapshot, then every change) and load "
+             "it at start, so a restarted master keeps the objects its nodes still hold "
+             "(\"\" = none)"},
     {.name = "log_level", .roles = R_ALL_NET, .type = KT_LOGLEVEL, F_INT(log_level), .def = "info",
      .help = "least severe log level written, process-wide; given in a client's configuration "
              "it sets the process level ($KVPOOL_LOG_LEVEL beats it, a flag beats both)"},

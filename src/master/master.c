@@ -3379,6 +3379,9 @@ static void op_seg_info(req *q)
                                           past it the service cuts the follower off */
 #define PSEG_MAX 65536u                /* segment ids parked objects may name */
 
+/* Changes are journaled while a standby follows or a snapshot file is kept. */
+static int journal_on(const kvp_master *m) { return m->nfol || m->cfg.snapshot_file[0]; }
+
 /* Readable with a DRAM copy: what a new leader can take back. */
 static int repl_visible(const kvp_obj *o)
 {
@@ -3401,10 +3404,60 @@ static void repl_rec_of(const kvp_master *m, const kvp_obj *o, kvp_repl_rec *r)
         r->rep[i] = (kvp_repl_rep){m->segs[rep[i].seg]->id, rep[i].page, rep[i].gen};
 }
 
+/* The same for a parked object (its replicas name segments by pseg index). */
+static void repl_rec_parked(const kvp_master *m, const kvp_obj *o, kvp_repl_rec *r)
+{
+    memset(r, 0, sizeof *r);
+    r->type = KVP_REPL_PUB;
+    r->tenant = (kvp_bytes){(const uint8_t *)m->tenants[o->tenant], m->tenant_len[o->tenant]};
+    r->key = (kvp_bytes){kvp_obj_key(o), o->keylen};
+    r->size = o->size;
+    r->checksum = o->checksum;
+    r->flags = (o->flags & KVP_OBJ_PINNED) ? KVP_REPL_F_PINNED : 0;
+    r->nrep = o->nrep;
+    const kvp_orep *rep = kvp_obj_reps((kvp_obj *)o);
+    for (unsigned i = 0; i < o->nrep; i++)
+        r->rep[i] = (kvp_repl_rep){m->pseg[rep[i].seg], rep[i].page, rep[i].gen};
+}
+
+uint64_t kvp_master_snapshot(kvp_master *m, kvp_buf *out)
+{
+    kvp_repl_wr_close(&m->jw); /* what is journaled goes after the snapshot */
+    kvp_repl_wr w = {.out = out};
+    kvp_repl_rec r = {.type = KVP_REPL_RESET};
+    kvp_repl_wr_add(&w, &r, m->jseq);
+    uint64_t n = 0;
+    kvp_index_settle(&m->ix);
+    for (uint64_t i = 0; m->ix.count && i <= m->ix.mask; i++) {
+        kvp_obj *o = kvp_index_at(&m->ix, i);
+        if (o && repl_visible(o)) {
+            repl_rec_of(m, o, &r);
+            kvp_repl_wr_add(&w, &r, m->jseq);
+            n++;
+        }
+    }
+    /* objects of a leader before, still waiting for their segment: a
+     * standby (or the next restart) must keep waiting for them too */
+    if (m->parked.slots)
+        kvp_index_settle(&m->parked);
+    for (uint64_t i = 0; m->parked.count && i <= m->parked.mask; i++) {
+        kvp_obj *o = kvp_index_at(&m->parked, i);
+        if (o) {
+            repl_rec_parked(m, o, &r);
+            kvp_repl_wr_add(&w, &r, m->jseq);
+            n++;
+        }
+    }
+    r = (kvp_repl_rec){.type = KVP_REPL_SYNCED};
+    kvp_repl_wr_add(&w, &r, m->jseq);
+    kvp_repl_wr_close(&w);
+    return n;
+}
+
 /* o is readable (published, loaded back, a replica fewer): journal it. */
 static void journal_pub(kvp_master *m, const kvp_obj *o)
 {
-    if (!m->nfol)
+    if (!journal_on(m))
         return;
     if (!repl_visible(o)) {
         journal_del(m, o);
@@ -3418,7 +3471,7 @@ static void journal_pub(kvp_master *m, const kvp_obj *o)
 /* o's key has no DRAM copy any more (removed, evicted, only on disk). */
 static void journal_del(kvp_master *m, const kvp_obj *o)
 {
-    if (!m->nfol || o->state != KVP_OBJ_COMPLETE || o->replacing)
+    if (!journal_on(m) || o->state != KVP_OBJ_COMPLETE || o->replacing)
         return;
     kvp_repl_rec r = {.type = KVP_REPL_DEL,
                       .tenant = {(const uint8_t *)m->tenants[o->tenant], m->tenant_len[o->tenant]},
@@ -3482,28 +3535,12 @@ static void op_repl_follow(req *q)
     } else if (f->in_sync) {
         m->fol_in_sync--;
     }
-    kvp_repl_wr_close(&m->jw); /* what is journaled goes after the snapshot */
     reply_status(q, 0);
     kvp_buf *out = q->out;
     if (out->cap < REPL_OUT_MAX)
         out->cap = REPL_OUT_MAX;
     size_t mark = out->len;
-    kvp_repl_wr w = {.out = out};
-    kvp_repl_rec r = {.type = KVP_REPL_RESET};
-    kvp_repl_wr_add(&w, &r, m->jseq);
-    kvp_index_settle(&m->ix);
-    uint64_t n = 0;
-    for (uint64_t i = 0; m->ix.count && i <= m->ix.mask; i++) {
-        kvp_obj *o = kvp_index_at(&m->ix, i);
-        if (o && repl_visible(o)) {
-            repl_rec_of(m, o, &r);
-            kvp_repl_wr_add(&w, &r, m->jseq);
-            n++;
-        }
-    }
-    r = (kvp_repl_rec){.type = KVP_REPL_SYNCED};
-    kvp_repl_wr_add(&w, &r, m->jseq);
-    kvp_repl_wr_close(&w);
+    uint64_t n = kvp_master_snapshot(m, out);
     *f = (struct follower){q->s, 0, m->jseq, m->now, 0};
     q->s->follower = 1;
     m->stats[KVP_STAT_REPL_BYTES] += out->len - mark;
@@ -3540,6 +3577,8 @@ void kvp_master_push_repl(kvp_master *m,
     }
     if (!m->jr.len)
         return;
+    if (m->cfg.snapshot_file[0])
+        send(NULL, m->jr.data, m->jr.len, ctx); /* the local file */
     for (uint32_t i = 0; i < m->nfol; i++) {
         send(m->fol[i].s, m->jr.data, m->jr.len, ctx);
         m->stats[KVP_STAT_REPL_BYTES] += m->jr.len;
@@ -3599,8 +3638,16 @@ static void parked_free(kvp_master *m, kvp_obj *o)
     kvp_sfree(o, kvp_obj_bytes(o->keylen, o->rep_cap));
 }
 
-/* Drops every parked object; returns how many. */
-static uint64_t parked_clear(kvp_master *m)
+/* A parked object is gone for good: the standbys and the snapshot file
+ * forget it too. */
+static void parked_drop(kvp_master *m, kvp_obj *o)
+{
+    journal_del(m, o);
+    parked_free(m, o);
+}
+
+/* Drops every parked object (journaled when `forget`); returns how many. */
+static uint64_t parked_clear(kvp_master *m, int forget)
 {
     uint64_t n = 0;
     if (!m->parked.slots)
@@ -3609,7 +3656,10 @@ static uint64_t parked_clear(kvp_master *m)
     for (uint64_t i = 0; m->parked.count && i <= m->parked.mask; i++) {
         kvp_obj *o = kvp_index_at(&m->parked, i);
         if (o) {
-            parked_free(m, o);
+            if (forget)
+                parked_drop(m, o);
+            else
+                parked_free(m, o);
             n++;
             i--; /* backward shift may have moved an unvisited entry here */
         }
@@ -3699,7 +3749,7 @@ int kvp_master_repl_apply(kvp_master *m, const uint8_t *body, size_t len, uint64
     int rc = kvp_repl_open(&it, body, len, seq);
     while (rc == 0 && kvp_repl_next(&it, &r) == 1) {
         if (r.type == KVP_REPL_RESET)
-            parked_clear(m);
+            parked_clear(m, 0);
         else if (r.type == KVP_REPL_PUB || r.type == KVP_REPL_DEL)
             rc = park(m, &r);
     }
@@ -3811,11 +3861,15 @@ static void adopt_parked(kvp_master *m, uint32_t si)
     qsort(cl, n, sizeof *cl, claim_cmp);
     uint64_t got = 0, lost = 0;
     for (size_t i = 0; i < n; i++) {
-        if (adopt_one(m, si, &cl[i]) == 0) {
+        int rc = adopt_one(m, si, &cl[i]);
+        if (rc == 0) {
             got++;
-        } else { /* overlapping, out of range, or replaced: not this object */
+        } else if (rc == KVP_EOBJECT_ALREADY_EXISTS) { /* put again: the new one stays */
             lost++;
             parked_free(m, cl[i].o);
+        } else { /* overlapping, or out of range: not this object */
+            lost++;
+            parked_drop(m, cl[i].o);
         }
     }
     kvp_free(cl);
@@ -3833,7 +3887,7 @@ static void parked_expire(kvp_master *m, uint64_t now)
     if (!m->parked_until || now < m->parked_until)
         return;
     m->parked_until = 0;
-    uint64_t n = parked_clear(m);
+    uint64_t n = parked_clear(m, 1);
     m->stats[KVP_STAT_ADOPT_DROPPED] += n;
     m->stats[KVP_STAT_PARKED] = 0;
     if (n)

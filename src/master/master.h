@@ -72,6 +72,7 @@ typedef struct kvp_repl_state {
                             (= seq when there are none) */
     uint32_t followers, in_sync;
 } kvp_repl_state;
+/* send() gets s = NULL for the snapshot file's copy (cfg->snapshot_file). */
 void kvp_master_push_repl(kvp_master *m,
                           void (*send)(kvp_msess *s, const void *p, size_t n, void *ctx),
                           void *ctx);
@@ -84,6 +85,10 @@ void kvp_master_repl_state(kvp_master *m, uint64_t now_ms, kvp_repl_state *st);
 /* Standby, before its loop runs: one REPL_DATA body. 0 and *seq, or
  * KVP_EPROTOCOL (nothing applied) / KVP_ENOMEM. */
 int kvp_master_repl_apply(kvp_master *m, const uint8_t *body, size_t len, uint64_t *seq);
+/* Appends a snapshot of the index (RESET, every readable object and every
+ * parked one, SYNCED) as REPL_DATA frames; changes journaled before it are
+ * sent after it. Returns the objects written. */
+uint64_t kvp_master_snapshot(kvp_master *m, kvp_buf *out);
 /* The standby became the leader at now_ms. */
 void kvp_master_takeover(kvp_master *m, uint64_t now_ms);
 

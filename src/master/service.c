@@ -60,6 +60,7 @@
 #include "common/sys.h"
 #include "kvpool.h"
 #include "master/master.h"
+#include "master/snapfile.h"
 #include "net/net.h"
 #include "proto/proto.h"
 
@@ -75,6 +76,9 @@
 #define ACCEPT_PAUSE_MIN_MS 100       /* EMFILE back-off: 100 ms, doubling ... */
 #define ACCEPT_PAUSE_MAX_MS 1000      /* ... up to 1 s */
 #define SUMMARY_MS 60000
+#define SNAP_SYNC_MS 1000              /* snapshot file: fdatasync period */
+#define SNAP_MIN (64ull << 20)        /* ... rewritten past this size and ... */
+#define SNAP_GROWTH 4                 /* ... this many times its last snapshot */
 #define GATE_POLL_MS 20                /* loop wake-up while answers wait for standbys */
 #define STALL_MS 500                  /* a turn this much later than its wait: a stall */
 
@@ -155,6 +159,8 @@ struct kvp_mserver {
     _Atomic uint64_t term_until; /* a leader's term is valid until then (0 = no term) */
     _Atomic int term_over;       /* the loop stopped because term_until passed */
     uint64_t repl_acked;         /* seq every in-sync standby acknowledged */
+    kvp_snapfile *snap;          /* cfg.snapshot_file, or NULL */
+    uint64_t snap_synced_ms;     /* its last fdatasync */
     uint32_t ngated;             /* connections whose output waits for them */
 };
 
@@ -902,6 +908,36 @@ static int wait_ms(const kvp_mserver *s, uint32_t next_tick, uint64_t now)
     return (int)t;
 }
 
+static void snap_rewrite(kvp_mserver *s);
+
+static int snap_apply(void *ctx, const uint8_t *body, size_t len)
+{
+    uint64_t seq;
+    return kvp_master_repl_apply(ctx, body, len, &seq);
+}
+
+/* Loads the snapshot file into the parked index (the objects come back as
+ * their segments mount, as after a takeover) and rewrites it compact. */
+static int snap_open(kvp_mserver *s, char *err, size_t errlen)
+{
+    uint64_t frames = 0, t0 = kvp_now_ms();
+    int rc = kvp_snapfile_open(s->cfg.snapshot_file, snap_apply, s->m, &frames, &s->snap, err,
+                               errlen);
+    if (rc)
+        return rc;
+    uint64_t st[KVP_STAT__COUNT];
+    kvp_master_stats(s->m, st);
+    if (st[KVP_STAT_PARKED]) {
+        KVP_INFO(MOD, "snapshot_file %s: %llu objects in %llu frames loaded in %llu ms",
+                 s->cfg.snapshot_file, (unsigned long long)st[KVP_STAT_PARKED],
+                 (unsigned long long)frames, (unsigned long long)(kvp_now_ms() - t0));
+        kvp_master_takeover(s->m, kvp_now_ms());
+    }
+    snap_rewrite(s);
+    s->snap_synced_ms = kvp_now_ms();
+    return 0;
+}
+
 int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **out, char *err,
                        size_t errlen)
 {
@@ -940,6 +976,10 @@ int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **
     int rc = kvp_master_create(cfg, kvp_now_ms(), &s->m);
     if (rc) {
         snprintf(err, errlen, "cannot create the master: %s", kvp_strerror(rc));
+        kvp_mserver_destroy(s);
+        return rc;
+    }
+    if (cfg->snapshot_file[0] && (rc = snap_open(s, err, errlen)) != 0) {
         kvp_mserver_destroy(s);
         return rc;
     }
@@ -992,7 +1032,12 @@ int kvp_mserver_repl_apply(kvp_mserver *s, const uint8_t *body, size_t len, uint
     return kvp_master_repl_apply(s->m, body, len, seq);
 }
 
-void kvp_mserver_takeover(kvp_mserver *s) { kvp_master_takeover(s->m, kvp_now_ms()); }
+void kvp_mserver_takeover(kvp_mserver *s)
+{
+    kvp_master_takeover(s->m, kvp_now_ms());
+    if (s->snap)
+        snap_rewrite(s); /* the leader's picture it followed, not its own old one */
+}
 
 void kvp_mserver_stop(kvp_mserver *s)
 {
@@ -1068,6 +1113,11 @@ static void push_freed(kvp_mserver *s)
 static void repl_send(kvp_msess *ms, const void *p, size_t n, void *ctx)
 {
     kvp_mserver *s = ctx;
+    if (!ms) { /* the snapshot file's copy */
+        if (s->snap)
+            kvp_snapfile_append(s->snap, p, n);
+        return;
+    }
     conn *c = (conn *)((char *)ms - offsetof(conn, sess));
     if (c->closing)
         return;
@@ -1080,11 +1130,43 @@ static void repl_send(kvp_msess *ms, const void *p, size_t n, void *ctx)
     freed_out(ms, s); /* joins s->pushed: flushed by push_freed */
 }
 
-/* Sends the journal to the standbys; answers whose puts they now all hold
- * go out. */
+/* Writes a fresh snapshot over the snapshot file. */
+static void snap_rewrite(kvp_mserver *s)
+{
+    kvp_buf b;
+    kvp_buf_init(&b, SIZE_MAX / 2);
+    uint64_t t0 = kvp_now_ms(), n = kvp_master_snapshot(s->m, &b);
+    if (b.err)
+        KVP_ERROR(MOD, "snapshot_file %s: no memory for a snapshot", s->cfg.snapshot_file);
+    else if (kvp_snapfile_rewrite(s->snap, b.data, b.len) == 0)
+        KVP_INFO(MOD, "snapshot_file %s: %llu objects, %llu KiB, written in %llu ms",
+                 s->cfg.snapshot_file, (unsigned long long)n, (unsigned long long)(b.len >> 10),
+                 (unsigned long long)(kvp_now_ms() - t0));
+    kvp_buf_free(&b);
+}
+
+/* The snapshot file: synced once a second; rewritten when the changes
+ * appended since its snapshot pass SNAP_GROWTH times it (and SNAP_MIN), or
+ * an append failed. */
+static void snap_tend(kvp_mserver *s, uint64_t now)
+{
+    if (!s->snap)
+        return;
+    if (now - s->snap_synced_ms >= SNAP_SYNC_MS) {
+        kvp_snapfile_sync(s->snap);
+        s->snap_synced_ms = now;
+    }
+    uint64_t size = kvp_snapfile_size(s->snap), base = kvp_snapfile_base(s->snap);
+    if (kvp_snapfile_broken(s->snap) || (size > SNAP_MIN && size > base * SNAP_GROWTH))
+        snap_rewrite(s);
+}
+
+/* Sends the journal to the standbys and the snapshot file; answers whose
+ * puts the standbys now all hold go out. */
 static void push_repl(kvp_mserver *s, uint64_t now)
 {
     kvp_master_push_repl(s->m, repl_send, s);
+    snap_tend(s, now);
     kvp_repl_state st;
     kvp_master_repl_state(s->m, now, &st);
     s->repl_acked = st.acked;
@@ -1231,6 +1313,12 @@ void kvp_mserver_destroy(kvp_mserver *s)
         return;
     while (s->conns)
         conn_close(s, s->conns);
+    if (s->snap && s->m) {
+        kvp_master_push_repl(s->m, repl_send, s); /* the last turn's changes */
+        if (kvp_snapfile_size(s->snap) > kvp_snapfile_base(s->snap))
+            snap_rewrite(s); /* compact for the next start */
+    }
+    kvp_snapfile_close(s->snap);
     if (s->m)
         kvp_master_destroy(s->m);
     kvp_arena_free(&s->arena);
