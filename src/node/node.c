@@ -65,6 +65,8 @@
 #define MOD "node"
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 2000
+#define BACKOFF_MAX_ETCD_MS 300 /* a cluster's master: each try asks etcd for the leader,
+                                   and a takeover should be found within a try */
 #define LINK_TIMEOUT_MS 3000  /* per master call, capped by rpc_timeout */
 #define LINK_POLL_MS 100      /* how often an idle link looks at `stop` */
 
@@ -436,6 +438,7 @@ static void *link_main(void *arg)
 {
     kvp_node *n = arg;
     uint64_t backoff = BACKOFF_MIN_MS;
+    const uint64_t cap = kvp_etcd_is_url(n->cfg.master_addr) ? BACKOFF_MAX_ETCD_MS : BACKOFF_MAX_MS;
     int warned = 0;
     char err[512];
     while (!stopping(n)) {
@@ -445,7 +448,7 @@ static void *link_main(void *arg)
                     KVP_WARN(MOD, "master %s: %s (retrying)", n->cfg.master_addr, err);
                 if (nap(n, backoff))
                     break;
-                backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
+                backoff = backoff * 2 > cap ? cap : backoff * 2;
                 continue;
             }
         }
@@ -457,7 +460,7 @@ static void *link_main(void *arg)
                 link_drop(n);
                 if (nap(n, backoff))
                     break;
-                backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
+                backoff = backoff * 2 > cap ? cap : backoff * 2;
                 continue;
             }
             backoff = BACKOFF_MIN_MS;
