@@ -83,6 +83,10 @@ static int follow_apply(void *ctx, const uint8_t *body, size_t len, uint64_t *se
     return kvp_mserver_repl_apply(ctx, body, len, seq);
 }
 
+/* kvp_leader_set_defer's test: a standby without the whole index lets one
+ * that has it take over first. */
+static int not_synced(void *f) { return !kvp_follow_synced(f); }
+
 /* Follows the leader's index while standing by (stopped before return). */
 static kvp_follow *follow(const kvp_config *cfg, const kvp_etcd_target *t, const char *self,
                           kvp_mserver *s)
@@ -148,6 +152,7 @@ static int elect(const kvp_config *cfg, kvp_mserver *s, kvp_leader **out)
     KVP_INFO("master", "cluster %s: campaigning through etcd %s as %s", t.cluster,
              t.endpoints[0], addr);
     kvp_follow *f = follow(cfg, &t, addr, s);
+    kvp_leader_set_defer(l, not_synced, f, 2 * cfg->ha_lease_ttl_ms);
     rc = kvp_leader_campaign(l, stop_requested, NULL);
     kvp_follow_stop(f); /* joined: nothing applies to the core any more */
     if (rc != 0) {

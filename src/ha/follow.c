@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "ha/leader.h"
+#include "ha/repl.h"
 #include "kvpool.h"
 #include "net/rpc.h"
 
@@ -25,6 +26,7 @@ struct kvp_follow {
     pthread_t th;
     _Atomic int stop;
     _Atomic uint64_t frames;
+    _Atomic int synced;   /* the last snapshot is complete (SYNCED applied since its RESET) */
     /* the connection's state, for on_push */
     int bad;          /* apply refused a frame: reconnect */
     uint64_t seq;     /* last applied seq */
@@ -54,6 +56,16 @@ static void on_push(void *ctx, const kvp_frame_hdr *h, const uint8_t *body)
     f->seq = seq;
     f->have_seq = 1;
     f->frames++;
+    kvp_repl_rd it;
+    kvp_repl_rec r;
+    if (kvp_repl_open(&it, body, h->body_len, &seq) != 0)
+        return;
+    while (kvp_repl_next(&it, &r) == 1) {
+        if (r.type == KVP_REPL_RESET)
+            f->synced = 0;
+        else if (r.type == KVP_REPL_SYNCED)
+            f->synced = 1;
+    }
 }
 
 static int ack(kvp_rpc *r, uint64_t seq)
@@ -166,3 +178,4 @@ void kvp_follow_stop(kvp_follow *f)
 }
 
 uint64_t kvp_follow_frames(const kvp_follow *f) { return f->frames; }
+int kvp_follow_synced(const kvp_follow *f) { return f && f->synced; }

@@ -33,5 +33,8 @@ int kvp_follow_start(const kvp_follow_opts *o, kvp_follow **out);
 void kvp_follow_stop(kvp_follow *f);
 /* REPL_DATA frames applied so far (any thread). */
 uint64_t kvp_follow_frames(const kvp_follow *f);
+/* Whether it holds a complete copy of the index of the leader it follows
+ * (or last followed): a snapshot's SYNCED applied since its RESET. Any thread. */
+int kvp_follow_synced(const kvp_follow *f);
 
 #endif

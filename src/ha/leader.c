@@ -162,6 +162,9 @@ int kvp_leader_cluster(const char *url, kvp_leader_info *leader, int *has_leader
 /* ------------------------------------------------------------ candidate */
 
 struct kvp_leader {
+    int (*defer)(void *arg); /* kvp_leader_set_defer */
+    void *defer_arg;
+    uint64_t defer_ms;
     kvp_etcd_target t;
     kvp_etcd *e;  /* the campaign's and close's */
     kvp_etcd *ka; /* the keepalive thread's */
@@ -274,9 +277,17 @@ static void won_term(kvp_leader *l, uint64_t epoch)
              l->t.cluster, l->epoch, l->ttl_ask);
 }
 
+void kvp_leader_set_defer(kvp_leader *l, int (*defer)(void *arg), void *arg, uint64_t max_ms)
+{
+    l->defer = defer;
+    l->defer_arg = arg;
+    l->defer_ms = max_ms;
+}
+
 int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
 {
-    uint64_t seen_epoch = 0, last_warn = 0;
+    uint64_t seen_epoch = 0, last_warn = 0, gone_ms = 0;
+    int deferred = 0;
     for (;;) {
         if (stop && stop(arg))
             return KVP_ECLOSED;
@@ -298,8 +309,24 @@ int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
                 KVP_INFO(MOD, "standby: the leader of cluster %s is %s (epoch %" PRIu64 ")",
                          l->t.cluster, cur.addr, cur.epoch);
             seen_epoch = cur.epoch;
+            gone_ms = 0;
             usleep(KVP_LEADER_POLL_MS * 1000);
             continue;
+        }
+        /* the leader is gone: a candidate not ready to lead (a standby that
+         * has not got the index yet) lets a ready one go first, for a while */
+        if (rc == 0 && seen_epoch && l->defer && l->defer(l->defer_arg)) {
+            uint64_t now = kvp_now_ms();
+            if (!gone_ms)
+                gone_ms = now;
+            if (now - gone_ms < l->defer_ms) {
+                if (!deferred++)
+                    KVP_INFO(MOD, "cluster %s: the leader is gone; not campaigning for up to "
+                                  "%" PRIu64 " ms (this standby has not got the index)",
+                             l->t.cluster, l->defer_ms);
+                usleep(KVP_LEADER_POLL_MS * 1000);
+                continue;
+            }
         }
         bool won = false;
         kvp_etcd_kv h;

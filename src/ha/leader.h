@@ -65,6 +65,10 @@ int kvp_leader_open(const kvp_etcd_target *t, int64_t ttl_s, const char *addr, u
 /* Blocks until this candidate won (0) or stop() returns non-zero
  * (KVP_ECLOSED); etcd being unreachable is retried (and logged). */
 int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg);
+/* Before campaigning: once a leader seen by this campaign is gone, while
+ * defer(arg) is true (not ready to lead: e.g. its copy of the index is not
+ * complete), wait up to max_ms before trying, so a ready standby wins. */
+void kvp_leader_set_defer(kvp_leader *l, int (*defer)(void *arg), void *arg, uint64_t max_ms);
 uint64_t kvp_leader_epoch(const kvp_leader *l);
 /* After a won campaign: until when (kvp_now_ms) the term is surely ours --
  * 3/4 of the TTL after the last lease grant or renewal was sent. */

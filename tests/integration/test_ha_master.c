@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <sys/stat.h>
 
 #include "common/clock.h"
 #include "common/config.h"
@@ -22,14 +25,14 @@ typedef struct env {
     tp_etcd etcd;
     char url[128];   /* etcd://ETCD/t: what clients and nodes are given */
     char flag[128];  /* http://ETCD: the masters' --etcd */
-    tp_master m[2];
+    tp_master m[3];
     tp_store st;
 } env;
 
 static void env_down(env *e)
 {
     tp_store_kill(&e->st);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         tp_master_kill(&e->m[i]);
     tp_etcd_stop(&e->etcd);
 }
@@ -251,6 +254,67 @@ TEST(ha_stopped_standby_holds_puts_only_briefly)
         th_fail(__FILE__, __LINE__, "cluster sequence failed");
     kill(e.m[1].pid, SIGCONT);
     kvp_client_close(c);
+    env_down(&e);
+}
+
+static int write_token(const char *path, const char *tok)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "%s\n", tok);
+    return fclose(f) == 0 && chmod(path, 0600) == 0 ? 0 : -1;
+}
+
+/* A standby without the index (here: refused the stream, its node
+ * credential is not the leader's) lets the standby that has it win: three
+ * failovers, the synced standby wins each time. */
+TEST(ha_standby_without_the_index_lets_a_synced_one_win)
+{
+    env e;
+    int u = env_up(&e);
+    if (u)
+        return;
+    char good[256], bad[256];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(good, sizeof good, "%s/kvp-ha-good-%d", tmp && *tmp ? tmp : "/tmp", (int)getpid());
+    snprintf(bad, sizeof bad, "%s/kvp-ha-bad-%d", tmp && *tmp ? tmp : "/tmp", (int)getpid());
+    int ok = 0;
+    do {
+        if (write_token(good, "node-secret-good-0123456789") != 0 ||
+            write_token(bad, "node-secret-bad-0123456789") != 0)
+            break;
+        const char *with_good[] = {"--etcd", e.flag, "--cluster", "t", "--ha-lease-ttl", "2s",
+                                   "--node-token-file", good, NULL};
+        const char *with_bad[] = {"--etcd", e.flag, "--cluster", "t", "--ha-lease-ttl", "2s",
+                                  "--node-token-file", bad, NULL};
+        if (tp_master_start(&e.m[0], with_good) != 0 || wait_leader(&e, e.m[0].addr, 10000) < 0 ||
+            tp_master_start(&e.m[2], with_bad) != 0)
+            break;
+        int wins = 0, rounds = 3;
+        int cur = 0; /* index of the leader now */
+        for (int r = 0; r < rounds; r++) {
+            int standby = cur == 0 ? 1 : 0;
+            if (tp_master_start(&e.m[standby], with_good) != 0)
+                break;
+            /* the synced standby has the snapshot (the stream is instant here) */
+            tp_sleep_ms(700);
+            tp_master_kill(&e.m[cur]);
+            long took = wait_leader(&e, e.m[standby].addr, 8000);
+            if (took >= 0)
+                wins++;
+            else
+                fprintf(stderr, "    round %d: the synced standby did not win\n", r);
+            cur = standby;
+        }
+        fprintf(stderr, "    the synced standby won %d of %d failovers\n", wins, rounds);
+        CHECK_EQ(wins, rounds);
+        ok = !th_failed();
+    } while (0);
+    if (!ok && !th_failed())
+        th_fail(__FILE__, __LINE__, "cluster sequence failed");
+    unlink(good);
+    unlink(bad);
     env_down(&e);
 }
 
