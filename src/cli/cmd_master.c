@@ -4,8 +4,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <sys/random.h>
-
 #include "cli/cli.h"
 #include "common/log.h"
 #include "ha/follow.h"
@@ -139,9 +137,7 @@ static int elect(const kvp_config *cfg, kvp_mserver *s, kvp_leader **out)
                         "the address clients dial\n", cfg->listen);
         return 2;
     }
-    uint64_t id = 0;
-    if (getrandom(&id, sizeof id, 0) != sizeof id)
-        id = (uint64_t)getpid();
+    uint64_t id = kvp_mserver_master_id(s); /* clients check it after HELLO */
     kvp_leader *l;
     int64_t ttl = (int64_t)((cfg->ha_lease_ttl_ms + 999) / 1000);
     int rc = kvp_leader_open(&t, ttl, addr, id, &l, err, sizeof err);

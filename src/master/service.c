@@ -1023,6 +1023,7 @@ int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **
 }
 
 uint16_t kvp_mserver_port(const kvp_mserver *s) { return s->port; }
+uint64_t kvp_mserver_master_id(const kvp_mserver *s) { return kvp_master_id(s->m); }
 
 void kvp_mserver_set_term(kvp_mserver *s, uint64_t valid_until_ms) { s->term_until = valid_until_ms; }
 int kvp_mserver_term_over(const kvp_mserver *s) { return s->term_over; }

@@ -40,6 +40,8 @@ int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **
                        size_t errlen);
 /* The bound TCP port (the real one when cfg->listen asked for port 0). */
 uint16_t kvp_mserver_port(const kvp_mserver *s);
+/* The core's instance id (HELLO answers it; a cluster's leader record names it). */
+uint64_t kvp_mserver_master_id(const kvp_mserver *s);
 /* Runs until stopped. 0 on a clean stop. */
 int kvp_mserver_run(kvp_mserver *s);
 /* Asks the loop to stop; callable from any thread or a signal handler. */

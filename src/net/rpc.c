@@ -282,8 +282,9 @@ int kvp_rpc_open(const char *addr, const kvp_rpc_opts *o, kvp_rpc **out, char *e
     /* a cluster's master: the leader etcd names now (each open looks again,
      * so a reconnect follows a failover) */
     char dial[KVP_LEADER_ADDR_MAX + 1];
+    kvp_leader_info lead = {0};
     if (kvp_etcd_is_url(addr)) {
-        int rc = kvp_leader_resolve(addr, dial, sizeof dial, NULL, err, errlen);
+        int rc = kvp_leader_resolve(addr, dial, sizeof dial, &lead, err, errlen);
         if (rc)
             return rc == KVP_ERPC_TIMEOUT ? rc : KVP_ERPC_FAIL;
         addr = dial;
@@ -338,6 +339,16 @@ int kvp_rpc_open(const char *addr, const kvp_rpc_opts *o, kvp_rpc **out, char *e
         r->in_consumed = 0;
         retry_pause(step, deadline);
         step = step >= 250 ? 500 : step * 2;
+    }
+    /* the term's holder is the master etcd names: one that answers with
+     * another id is not the leader (deposed, or its address reused) */
+    if (lead.id && !o->no_hello && r->hello.master_id != lead.id) {
+        snprintf(err, errlen, "%s is not the cluster's leader (etcd names master %016llx, epoch "
+                              "%llu; it answered as %016llx)",
+                 addr, (unsigned long long)lead.id, (unsigned long long)lead.epoch,
+                 (unsigned long long)r->hello.master_id);
+        kvp_rpc_close(r);
+        return KVP_ERPC_FAIL;
     }
     *out = r;
     return 0;

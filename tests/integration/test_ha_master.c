@@ -18,6 +18,7 @@
 #include "ha/leader.h"
 #include "harness.h"
 #include "master/service.h"
+#include "net/rpc.h"
 #include "kvpool.h"
 #include "proc.h"
 
@@ -254,6 +255,43 @@ TEST(ha_stopped_standby_holds_puts_only_briefly)
         th_fail(__FILE__, __LINE__, "cluster sequence failed");
     kill(e.m[1].pid, SIGCONT);
     kvp_client_close(c);
+    env_down(&e);
+}
+
+/* A leader record that names an address whose master is not the term's
+ * holder (a deposed leader, or its address reused): clients and nodes that
+ * look the leader up refuse it after HELLO instead of serving from it. */
+TEST(ha_clients_refuse_a_master_the_record_does_not_name)
+{
+    env e;
+    int u = env_up(&e);
+    if (u)
+        return;
+    do {
+        if (tp_master_start(&e.m[0], NULL) != 0) /* a plain master: not in the cluster */
+            break;
+        kvp_etcd_target t;
+        char err[512];
+        CHECK_EQ(kvp_etcd_parse_url(e.url, &t, err, sizeof err), 0);
+        kvp_etcd *h;
+        CHECK_EQ(kvp_etcd_open(&t, 2000, &h), 0);
+        char key[128], val[256];
+        kvp_leader_key("t", key, sizeof key);
+        snprintf(val, sizeof val, "{\"addr\": \"%s\", \"id\": \"00000000deadbeef\"}",
+                 e.m[0].addr);
+        CHECK_EQ(kvp_etcd_put(h, key, val, strlen(val), 0, NULL), 0);
+        kvp_etcd_close(h);
+        kvp_rpc_opts o = {.name = "test", .timeout_ms = 2000};
+        kvp_rpc *r = NULL;
+        int rc = kvp_rpc_open(e.url, &o, &r, err, sizeof err);
+        CHECK_EQ(rc, KVP_ERPC_FAIL);
+        if (!strstr(err, "is not the cluster's leader"))
+            th_fail(__FILE__, __LINE__, "said: %s", err);
+        kvp_rpc_close(r);
+        /* the master itself is fine when named directly */
+        CHECK_EQ(kvp_rpc_open(e.m[0].addr, &o, &r, err, sizeof err), 0);
+        kvp_rpc_close(r);
+    } while (0);
     env_down(&e);
 }
 
