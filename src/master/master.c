@@ -3389,7 +3389,9 @@ static int repl_visible(const kvp_obj *o)
            !(o->flags & KVP_OBJ_LOADING);
 }
 
-static void repl_rec_of(const kvp_master *m, const kvp_obj *o, kvp_repl_rec *r)
+/* o's PUB record; a parked object's replicas name their segment by pseg
+ * index, a live one's by slot. */
+static void repl_rec_fill(const kvp_master *m, const kvp_obj *o, int parked, kvp_repl_rec *r)
 {
     memset(r, 0, sizeof *r);
     r->type = KVP_REPL_PUB;
@@ -3401,23 +3403,8 @@ static void repl_rec_of(const kvp_master *m, const kvp_obj *o, kvp_repl_rec *r)
     r->nrep = o->nrep;
     const kvp_orep *rep = kvp_obj_reps((kvp_obj *)o);
     for (unsigned i = 0; i < o->nrep; i++)
-        r->rep[i] = (kvp_repl_rep){m->segs[rep[i].seg]->id, rep[i].page, rep[i].gen};
-}
-
-/* The same for a parked object (its replicas name segments by pseg index). */
-static void repl_rec_parked(const kvp_master *m, const kvp_obj *o, kvp_repl_rec *r)
-{
-    memset(r, 0, sizeof *r);
-    r->type = KVP_REPL_PUB;
-    r->tenant = (kvp_bytes){(const uint8_t *)m->tenants[o->tenant], m->tenant_len[o->tenant]};
-    r->key = (kvp_bytes){kvp_obj_key(o), o->keylen};
-    r->size = o->size;
-    r->checksum = o->checksum;
-    r->flags = (o->flags & KVP_OBJ_PINNED) ? KVP_REPL_F_PINNED : 0;
-    r->nrep = o->nrep;
-    const kvp_orep *rep = kvp_obj_reps((kvp_obj *)o);
-    for (unsigned i = 0; i < o->nrep; i++)
-        r->rep[i] = (kvp_repl_rep){m->pseg[rep[i].seg], rep[i].page, rep[i].gen};
+        r->rep[i] = (kvp_repl_rep){parked ? m->pseg[rep[i].seg] : m->segs[rep[i].seg]->id,
+                                   rep[i].page, rep[i].gen};
 }
 
 uint64_t kvp_master_snapshot(kvp_master *m, kvp_buf *out)
@@ -3431,7 +3418,7 @@ uint64_t kvp_master_snapshot(kvp_master *m, kvp_buf *out)
     for (uint64_t i = 0; m->ix.count && i <= m->ix.mask; i++) {
         kvp_obj *o = kvp_index_at(&m->ix, i);
         if (o && repl_visible(o)) {
-            repl_rec_of(m, o, &r);
+            repl_rec_fill(m, o, 0, &r);
             kvp_repl_wr_add(&w, &r, m->jseq);
             n++;
         }
@@ -3443,7 +3430,7 @@ uint64_t kvp_master_snapshot(kvp_master *m, kvp_buf *out)
     for (uint64_t i = 0; m->parked.count && i <= m->parked.mask; i++) {
         kvp_obj *o = kvp_index_at(&m->parked, i);
         if (o) {
-            repl_rec_parked(m, o, &r);
+            repl_rec_fill(m, o, 1, &r);
             kvp_repl_wr_add(&w, &r, m->jseq);
             n++;
         }
@@ -3464,7 +3451,7 @@ static void journal_pub(kvp_master *m, const kvp_obj *o)
         return;
     }
     kvp_repl_rec r;
-    repl_rec_of(m, o, &r);
+    repl_rec_fill(m, o, 0, &r);
     kvp_repl_wr_add(&m->jw, &r, ++m->jseq);
 }
 
