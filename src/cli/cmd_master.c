@@ -81,6 +81,8 @@ static int follow_apply(void *ctx, const uint8_t *body, size_t len, uint64_t *se
     return kvp_mserver_repl_apply(ctx, body, len, seq);
 }
 
+#define FOLLOW_TIMEOUT_MS 1000 /* a follower's calls (the stop waits for one at most) */
+
 /* kvp_leader_set_defer's test: a standby without the whole index lets one
  * that has it take over first. */
 static int not_synced(void *f) { return !kvp_follow_synced(f); }
@@ -99,7 +101,7 @@ static kvp_follow *follow(const kvp_config *cfg, const kvp_etcd_target *t, const
                          .self = self,
                          .token = cfg->cluster_token,
                          .node_token = cfg->node_token,
-                         .timeout_ms = (int)cfg->ha_lease_ttl_ms,
+                         .timeout_ms = FOLLOW_TIMEOUT_MS,
                          .apply = follow_apply,
                          .ctx = s};
     kvp_follow *f = NULL;
@@ -108,9 +110,10 @@ static kvp_follow *follow(const kvp_config *cfg, const kvp_etcd_target *t, const
     return f;
 }
 
-/* Campaigns until this master is the leader (0; *out its term), a signal
+/* Campaigns until this master is the leader (0; *out its term, *fol the
+ * follower, still running), a signal
  * asked to stop (-1), or the configuration is wrong (2, message printed). */
-static int elect(const kvp_config *cfg, kvp_mserver *s, kvp_leader **out)
+static int elect(const kvp_config *cfg, kvp_mserver *s, kvp_leader **out, kvp_follow **fol)
 {
     char err[256], addr[KVP_LEADER_ADDR_MAX + 1];
     kvp_etcd_target t;
@@ -150,13 +153,13 @@ static int elect(const kvp_config *cfg, kvp_mserver *s, kvp_leader **out)
     kvp_follow *f = follow(cfg, &t, addr, s);
     kvp_leader_set_defer(l, not_synced, f, 2 * cfg->ha_lease_ttl_ms);
     rc = kvp_leader_campaign(l, stop_requested, NULL);
-    kvp_follow_stop(f); /* joined: nothing applies to the core any more */
     if (rc != 0) {
+        kvp_follow_stop(f);
         kvp_leader_close(l);
         return -1;
     }
-    kvp_mserver_takeover(s);
     *out = l;
+    *fol = f; /* stopped once the keepalive runs: stopping may take a call's timeout */
     return 0;
 }
 
@@ -198,7 +201,8 @@ int kvp_cmd_master(int argc, char **argv)
         }
     }
     kvp_leader *l = NULL;
-    if (cfg.etcd[0] && (rc = elect(&cfg, s, &l)) != 0) {
+    kvp_follow *f = NULL;
+    if (cfg.etcd[0] && (rc = elect(&cfg, s, &l, &f)) != 0) {
         kvp_mserver_destroy(s);
         return rc < 0 ? 0 : rc; /* < 0: stopped by a signal while standing by */
     }
@@ -207,9 +211,14 @@ int kvp_cmd_master(int argc, char **argv)
         kvp_mserver_set_term(s, kvp_leader_valid_until(l));
     if (l && kvp_leader_start_keepalive(l, on_lost, on_renewed, &lc) != 0) {
         fprintf(stderr, "kvpool master: cannot start the lease keepalive\n");
+        kvp_follow_stop(f);
         kvp_leader_close(l);
         kvp_mserver_destroy(s);
         return 1;
+    }
+    if (l) { /* the term is renewed from now on; the core is the loop's once joined */
+        kvp_follow_stop(f);
+        kvp_mserver_takeover(s);
     }
     rc = kvp_mserver_run(s);
     /* run returned: nothing more is served; the keepalive thread (which

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "common/buf.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "ha/leader.h"
@@ -17,6 +18,8 @@
 #define MOD "follow"
 #define RETRY_MS 100
 #define POLL_MS 50
+#define IDLE_ACK_MS 1000 /* an idle stream is acknowledged this often (any request
+                            keeps a client alive; client_ttl is at least 1 s) */
 
 struct kvp_follow {
     char master[1200], self[300], token[256], node_token[256];
@@ -117,17 +120,21 @@ static void follow_once(kvp_follow *f, int *warned)
     }
     KVP_INFO(MOD, "following leader %s (epoch %llu)", f->leader, (unsigned long long)li.epoch);
     *warned = 0;
-    uint64_t acked = 0;
+    uint64_t acked = 0, acked_ms = kvp_now_ms();
     int acked_any = 0;
     while (!f->stop && !f->bad) {
         rc = kvp_rpc_poll(r, POLL_MS);
         if (rc)
             break;
-        if (f->have_seq && (!acked_any || f->seq != acked)) {
+        /* each frame applied is acknowledged; an idle stream too, now and
+         * then, which keeps this standby alive at the leader (client_ttl) */
+        uint64_t now = kvp_now_ms();
+        if ((f->have_seq && (!acked_any || f->seq != acked)) || now - acked_ms >= IDLE_ACK_MS) {
             if (ack(r, f->seq) != 0)
                 break;
             acked = f->seq;
-            acked_any = 1;
+            acked_any = f->have_seq;
+            acked_ms = now;
         }
     }
     if (!f->stop)
