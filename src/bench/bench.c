@@ -4,7 +4,9 @@
  * store` (the data plane) lives in bench_store.c, `kvpool bench
  * connector` (the connector's CPU overhead) in bench_connector.c, `kvpool
  * bench sim` (the simulator against the raw store) in bench_sim.c, `kvpool
- * bench gpu` (device memory to the pool and back) in bench_gpu.c.
+ * bench gpu` (device memory to the pool and back) in bench_gpu.c, `kvpool
+ * bench disk` (the SSD tier's store) in bench_disk.c, `kvpool bench ha` (a
+ * cluster of masters: its cost, failovers) in bench_ha.c.
  *
  * It starts `kvpool master` itself (same binary, free port) unless --master
  * is given, mounts a segment large enough for every object (the master never
@@ -566,16 +568,18 @@ int kvp_bench_main(int argc, char **argv)
                    {"connector", "bench connector", kvp_bench_connector},
                    {"sim", "bench sim", kvp_bench_sim},
                    {"gpu", "bench gpu", kvp_bench_gpu},
-                   {"disk", "bench disk", kvp_bench_disk}};
+                   {"disk", "bench disk", kvp_bench_disk},
+                   {"ha", "bench ha", kvp_bench_ha}};
     for (size_t i = 0; argc >= 2 && i < sizeof benches / sizeof benches[0]; i++)
         if (!strcmp(argv[1], benches[i].name)) {
             argv[1] = (char *)benches[i].label;
             return benches[i].fn(argc - 1, argv + 1);
         }
-    fprintf(stderr, "usage: kvpool bench master|store|connector|sim|gpu|disk [--json]\n"
+    fprintf(stderr, "usage: kvpool bench master|store|connector|sim|gpu|disk|ha [--json]\n"
                     "       (kvpool bench master --help, kvpool bench store --help,\n"
                     "        kvpool bench connector --help, kvpool bench sim --help,\n"
-                    "        kvpool bench gpu --help, kvpool bench disk --help)\n"
+                    "        kvpool bench gpu --help, kvpool bench disk --help,\n"
+                    "        kvpool bench ha --help)\n"
                     "  master  the master's throughput, latency and memory\n"
                     "  store   batch put/get GB/s: shm and tcp vs memcpy, raw TCP, redis, "
                     "memcached\n"
@@ -586,6 +590,9 @@ int kvp_bench_main(int argc, char **argv)
                     "  gpu     batch put/get GB/s from / into CUDA device memory (shm, tcp) vs\n"
                     "          the PCIe limit measured in the same run, per copy strategy\n"
                     "  disk    the SSD tier's store: write / read GB/s vs fio on the same\n"
-                    "          directory, and warm-restart times\n");
+                    "          directory, and warm-restart times\n"
+                    "  ha      a leader + standby (etcd) against one master: put/get ratio,\n"
+                    "          kill -9 failovers (time to put/get again, objects lost),\n"
+                    "          replication bytes per put\n");
     return argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? 0 : 2;
 }
