@@ -867,6 +867,11 @@ static void run_failover(hb *b, int r)
                     f->get_ms = (long long)(kvp_now_ms() - t0);
             }
         }
+        /* a put or get served means the node was back, whatever the poll saw */
+        long long served = f->put_ms >= 0 && (f->get_ms < 0 || f->put_ms < f->get_ms) ? f->put_ms
+                                                                                   : f->get_ms;
+        if (f->remount_ms < 0 || (served >= 0 && served < f->remount_ms))
+            f->remount_ms = served;
         usleep(10000);
     }
     if (f->takeover_ms < 0 || f->remount_ms < 0 || f->put_ms < 0 || f->get_ms < 0) {
