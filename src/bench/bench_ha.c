@@ -43,7 +43,11 @@
  *       standbys) over the timed put batches of (a) and over each publish of
  *       (b), per put and per million puts; repl_lag (journal records the
  *       slowest standby had not acknowledged) sampled every 20 ms by a
- *       second client while the cluster is loaded, its largest value.
+ *       second client while the cluster is loaded, its largest value; the
+ *       bytes per removal (the untimed removals of (a)); and --index-objects
+ *       4 KiB objects (default 200000) put through the cluster with the
+ *       leader's and the standby's VmRSS read before and after: resident
+ *       bytes per object on each (then removed again).
  * Keys are 100 bytes, as in `kvpool bench master`.
  *
  * --json: JSON on stdout, the text on stderr. Every process logs (level
@@ -166,6 +170,15 @@ typedef struct hb {
     double paired[NSHAPES][2]; /* cluster/single: median of the rounds' ratios; -1 none */
     uint64_t repl_put_bytes, repl_puts;
     long long lag_after_put_max;
+    uint64_t repl_del_bytes, repl_dels; /* removals of (a), untimed */
+    uint64_t nidx;                      /* index-memory objects (0 = skip) */
+    struct {
+        int ok;
+        uint64_t objects;
+        double leader_bytes, standby_bytes; /* RSS growth per object */
+        double put_bytes, del_bytes;        /* repl_bytes per put / per removal */
+        char why[192];
+    } mem;
     sampler smp;
     fo fos[MAX_FAILOVERS];
     int nfo_done;
@@ -591,9 +604,17 @@ static int tput_round(hb *b, int si, const shape *s, int timed, char *why, size_
             return -1;
         }
     int rr[MAX_VALUES];
+    long long rd0 = si == SET_CLUSTER && timed ? stat1(b, c, "repl_bytes") : -1;
     if (kvp_client_batch_remove(c, b->keys, s->n, 1, rr) < 0) {
         snprintf(why, wl, "remove failed");
         return -1;
+    }
+    if (rd0 >= 0) {
+        long long rd1 = stat1(b, c, "repl_bytes");
+        if (rd1 >= rd0) {
+            b->repl_del_bytes += (uint64_t)(rd1 - rd0);
+            b->repl_dels += s->n;
+        }
     }
     if (timed) {
         ce->put_lat[ce->rounds] = t1 - t0;
@@ -683,6 +704,104 @@ static void run_throughput(hb *b)
             ce->get_p50_us = (double)ce->get_lat[ce->rounds / 2] / 1e3;
         }
     }
+}
+
+/* ------------------------------------------------------------ (c) memory */
+
+static long long wait_in_sync(hb *b, kvp_client *c, long long want, unsigned ms);
+
+static uint64_t rss_of(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    unsigned long long kb = 0;
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+static void idx_key(const hb *b, uint64_t i, char *k)
+{
+    int l = snprintf(k, KEYLEN + 1, "kvpool-bench/ha-%016llx-index@tp0@pcp0@dcp0@pp0@%020llu@",
+                     b->nonce, (unsigned long long)i);
+    if (l < KEYLEN)
+        memset(k + l, 'i', (size_t)(KEYLEN - l));
+    k[KEYLEN] = '\0';
+}
+
+/* b->nidx 4 KiB objects put through the cluster: the leader's and the
+ * standby's resident memory before and after, per object, and the stream's
+ * bytes per put; then removed again (bytes per removal). */
+static void run_index_memory(hb *b)
+{
+    kvp_client *c = b->c[SET_CLUSTER];
+    char lead[64], why[192];
+    leader_now(b, lead, sizeof lead);
+    proc *l = master_at(b, lead), *sb = NULL;
+    for (int i = 0; i < b->nm; i++)
+        if (b->m[i].pid > 0 && &b->m[i] != l)
+            sb = &b->m[i];
+    if (!l || !sb || wait_in_sync(b, c, 1, 10000) < 0) {
+        snprintf(b->mem.why, sizeof b->mem.why, "no leader with an in-sync standby");
+        return;
+    }
+    const uint32_t n = 256;
+    const size_t size = (size_t)4 << 10;
+    char keys[256][KEYLEN + 1];
+    const char *kp[256];
+    uint64_t l0 = rss_of(l->pid), s0 = rss_of(sb->pid);
+    long long rb0 = stat1(b, c, "repl_bytes");
+    b->smp.active = 1;
+    for (uint64_t done = 0; done < b->nidx; done += n) {
+        uint32_t m = b->nidx - done < n ? (uint32_t)(b->nidx - done) : n;
+        for (uint32_t i = 0; i < m; i++) {
+            idx_key(b, done + i, keys[i]);
+            kp[i] = keys[i];
+            unsigned long long stamp = done + i;
+            memcpy(b->src + i * size, &stamp, sizeof stamp);
+        }
+        if (batch(c, kp, b->src, m, size, 1, why, sizeof why)) {
+            b->smp.active = 0;
+            snprintf(b->mem.why, sizeof b->mem.why, "put %llu: %.160s",
+                     (unsigned long long)done, why);
+            return;
+        }
+    }
+    b->smp.active = 0;
+    /* with ha_sync every acknowledged put is applied; without, wait */
+    for (uint64_t end = kvp_now_ms() + 10000;
+         kvp_now_ms() < end && stat1(b, c, "repl_lag") != 0;)
+        usleep(20000);
+    long long rb1 = stat1(b, c, "repl_bytes");
+    uint64_t l1 = rss_of(l->pid), s1 = rss_of(sb->pid);
+    for (uint64_t done = 0; done < b->nidx; done += n) {
+        uint32_t m = b->nidx - done < n ? (uint32_t)(b->nidx - done) : n;
+        int rr[256];
+        for (uint32_t i = 0; i < m; i++) {
+            idx_key(b, done + i, keys[i]);
+            kp[i] = keys[i];
+        }
+        if (kvp_client_batch_remove(c, kp, m, 1, rr) < 0) {
+            snprintf(b->mem.why, sizeof b->mem.why, "remove failed");
+            return;
+        }
+    }
+    long long rb2 = stat1(b, c, "repl_bytes");
+    b->mem.objects = b->nidx;
+    b->mem.leader_bytes = ((double)l1 - (double)l0) / (double)b->nidx;
+    b->mem.standby_bytes = ((double)s1 - (double)s0) / (double)b->nidx;
+    if (rb0 >= 0 && rb1 >= rb0 && rb2 >= rb1) {
+        b->mem.put_bytes = (double)(rb1 - rb0) / (double)b->nidx;
+        b->mem.del_bytes = (double)(rb2 - rb1) / (double)b->nidx;
+    }
+    b->mem.ok = l0 && l1 && s0 && s1;
+    if (!b->mem.ok)
+        snprintf(b->mem.why, sizeof b->mem.why, "cannot read the masters' VmRSS");
 }
 
 /* ------------------------------------------------------------ (b) failover */
@@ -1027,6 +1146,18 @@ static void print_text(const hb *b)
                "%lld right after a put batch\n",
             pp, pp, (unsigned long long)b->repl_puts, b->smp.lag_max,
             (unsigned long long)b->smp.samples, SAMPLE_MS, b->lag_after_put_max);
+    if (b->repl_dels)
+        fprintf(o, "  a removal: %.1f bytes to the standby (over %llu removals of (a))\n",
+                (double)b->repl_del_bytes / (double)b->repl_dels,
+                (unsigned long long)b->repl_dels);
+    if (b->mem.ok)
+        fprintf(o, "  %llu objects of 4 KiB in the index: resident memory +%.0f bytes per object "
+                   "on the leader, +%.0f on the standby; %.1f bytes per put and %.1f per removal "
+                   "on the stream\n",
+                (unsigned long long)b->mem.objects, b->mem.leader_bytes, b->mem.standby_bytes,
+                b->mem.put_bytes, b->mem.del_bytes);
+    else if (b->nidx)
+        fprintf(o, "  index memory: failed: %s\n", b->mem.why);
     for (int i = 0; i < b->nfo_done; i++) {
         const fo *f = &b->fos[i];
         if (!f->pub_repl_bytes && !f->snapshot_bytes)
@@ -1143,7 +1274,21 @@ static void print_json(const hb *b, int nwarn, int bad)
         else
             printf("null");
     }
-    printf("}},\n");
+    printf("}, \"removals\": %llu, \"bytes_per_removal\": %.1f},\n",
+           (unsigned long long)b->repl_dels,
+           b->repl_dels ? (double)b->repl_del_bytes / (double)b->repl_dels : 0.0);
+    if (b->mem.ok)
+        printf("  \"index_memory\": {\"objects\": %llu, \"value_bytes\": 4096, "
+               "\"leader_rss_bytes_per_object\": %.0f, \"standby_rss_bytes_per_object\": %.0f, "
+               "\"repl_bytes_per_put\": %.1f, \"repl_bytes_per_removal\": %.1f},\n",
+               (unsigned long long)b->mem.objects, b->mem.leader_bytes, b->mem.standby_bytes,
+               b->mem.put_bytes, b->mem.del_bytes);
+    else {
+        kvp_bench_json_escape(e, sizeof e, b->mem.why);
+        printf("  \"index_memory\": {\"objects\": %llu, \"status\": \"%s\", "
+               "\"reason\": \"%s\"},\n",
+               (unsigned long long)b->nidx, b->nidx ? "failed" : "skipped", e);
+    }
     printf("  \"process_warnings\": %d,\n  \"process_bad_exits\": %d\n}\n", nwarn, bad);
 }
 
@@ -1309,7 +1454,8 @@ static void teardown(hb *b)
 static void usage(void)
 {
     printf("usage: kvpool bench ha [--json] [--ops N] [--failovers N] [--objects N]\n"
-           "                       [--ha-lease-ttl DURATION] [--ha-sync BOOL] [--keep-logs]\n"
+           "                       [--index-objects N] [--ha-lease-ttl DURATION] [--ha-sync BOOL]\n"
+           "                       [--keep-logs]\n"
            "  a cluster of masters against one master alone, in one run: it starts etcd\n"
            "  (loopback, free ports, temp data dir; skipped when etcd is not installed), a\n"
            "  master with its node, and a leader + standby (etcd election) with theirs\n"
@@ -1317,7 +1463,8 @@ static void usage(void)
            "      cluster/single\n"
            "  (b) kill -9 of the leader: ms to a new leader, the first put, the first get of\n"
            "      a kept object; every acknowledged object read back byte for byte\n"
-           "  (c) replication bytes per put (repl_bytes) and repl_lag while loaded\n"
+           "  (c) replication bytes per put and removal (repl_bytes), repl_lag while loaded,\n"
+           "      the leader's and the standby's memory per object\n"
            "  --json             JSON on stdout, the text on stderr\n"
            "  --ops N            keys per shape and setup in (a), 64..1000000 (default 4096;\n"
            "                     at least %d batches)\n"
@@ -1326,6 +1473,8 @@ static void usage(void)
            "                     (default 1000)\n"
            "  --ha-lease-ttl D   the masters' lease TTL (default 2s); --ha-sync,\n"
            "                     --ha-sync-timeout likewise go to the masters\n"
+           "  --index-objects N  4 KiB objects for the index memory of the leader and the\n"
+           "                     standby in (c), 0..200000 (default 200000; 0 = skip)\n"
            "  --keep-logs        keep the temp dir with every process's log\n"
            "  etcd: $KVPOOL_ETCD, else /usr/bin/etcd or /usr/local/bin/etcd\n",
            MIN_ROUNDS, MAX_FAILOVERS);
@@ -1333,10 +1482,11 @@ static void usage(void)
 
 int kvp_bench_ha(int argc, char **argv)
 {
-    static const kvp_cli_flag own[] = {{"json", KVP_CLI_BOOL},       {"ops", KVP_CLI_TEXT},
-                                       {"failovers", KVP_CLI_TEXT},  {"objects", KVP_CLI_TEXT},
-                                       {"keep-logs", KVP_CLI_BOOL},  {NULL, KVP_CLI_TEXT}};
-    const char *v[5] = {NULL};
+    static const kvp_cli_flag own[] = {
+        {"json", KVP_CLI_BOOL},      {"ops", KVP_CLI_TEXT},          {"failovers", KVP_CLI_TEXT},
+        {"objects", KVP_CLI_TEXT},   {"keep-logs", KVP_CLI_BOOL},    {"index-objects", KVP_CLI_TEXT},
+        {NULL, KVP_CLI_TEXT}};
+    const char *v[6] = {NULL};
     hb *b = kvp_calloc(1, sizeof *b);
     if (!b) {
         fprintf(stderr, "kvpool bench ha: out of memory\n");
@@ -1352,7 +1502,9 @@ int kvp_bench_ha(int argc, char **argv)
     uint64_t nfo = 3;
     b->ops = 4096;
     b->nobj = 1000;
+    b->nidx = 200000;
     if (rc < 0 ||
+        (v[5] && kvp_cli_uint("bench ha", "index-objects", v[5], 0, 200000, &b->nidx) != 0) ||
         (v[1] && kvp_cli_uint("bench ha", "ops", v[1], 64, 1000000, &b->ops) != 0) ||
         (v[2] && kvp_cli_uint("bench ha", "failovers", v[2], 0, MAX_FAILOVERS, &nfo) != 0) ||
         (v[3] && kvp_cli_uint("bench ha", "objects", v[3], 1, 10000, &b->nobj) != 0)) {
@@ -1403,6 +1555,8 @@ int kvp_bench_ha(int argc, char **argv)
         goto out;
     }
     run_throughput(b);
+    if (b->nidx)
+        run_index_memory(b);
     for (int r = 0; r < b->nfo; r++) {
         kvp_bench_progress("failover", 10, "", 0, r, b->nfo);
         run_failover(b, r);
