@@ -1107,8 +1107,8 @@ static void print_text(const hb *b)
         double rp = ratio(b, k, 0), rg = ratio(b, k, 1);
         double tp = ratio_totals(b, k, 0), tg = ratio_totals(b, k, 1);
         char a[16], g[16], ta[16], tgs[16];
-        snprintf(a, sizeof a, rp < 0 ? "-" : "%.2f", rp);
-        snprintf(g, sizeof g, rg < 0 ? "-" : "%.2f", rg);
+        snprintf(a, sizeof a, rp < 0 ? "-" : "%.3f", rp); /* 0.899 is not 0.90 */
+        snprintf(g, sizeof g, rg < 0 ? "-" : "%.3f", rg);
         snprintf(ta, sizeof ta, tp < 0 ? "-" : "%.2f", tp);
         snprintf(tgs, sizeof tgs, tg < 0 ? "-" : "%.2f", tg);
         fprintf(o, "  %-12s %-8s put %s x (%s)  get %s x (%s)  goal >= 0.9 (median of the "
