@@ -300,9 +300,13 @@ static double usable_fraction(uint64_t size)
     return worst;
 }
 
-static pid_t spawn_master(char *addr, size_t addrlen)
+/* The master it measures; max_master_memory (a flag or the configuration
+ * file) goes to it: past it puts are refused, which bounds --objects-big. */
+static pid_t spawn_master(const kvp_config *cfg, char *addr, size_t addrlen)
 {
-    static const char *const args[] = {"master", "--log-level", "warn", NULL};
+    char mem[32];
+    snprintf(mem, sizeof mem, "%llu", (unsigned long long)cfg->max_master_memory);
+    const char *const args[] = {"master", "--log-level", "warn", "--max-master-memory", mem, NULL};
     return kvp_cli_spawn_self(args, 5000, addr, addrlen);
 }
 
@@ -319,7 +323,8 @@ static int bench_master(int argc, char **argv)
         printf("usage: kvpool bench master [--json] [--master HOST:PORT] [--objects N]\n"
                "                           [--objects-big N] [--ops N]\n"
                "  --objects N      objects stored for the throughput runs (default 1000000)\n"
-               "  --objects-big N  objects for the second memory point (default 10000000; 0 = skip)\n"
+               "  --objects-big N  objects for the second memory point (default 10000000; 0 = skip;\n"
+               "                   past about 16000000 give --max-master-memory, default 4GiB)\n"
                "  --ops N          key-operations per batch-of-1 run (default 20000)\n");
         return 0;
     }
@@ -345,7 +350,7 @@ static int bench_master(int argc, char **argv)
         snprintf(addr, sizeof addr, "%s", v[1]);
     } else {
         signal(SIGPIPE, SIG_IGN);
-        pid = spawn_master(addr, sizeof addr);
+        pid = spawn_master(&cfg, addr, sizeof addr);
         if (pid < 0) {
             fprintf(stderr, "kvpool bench master: could not start a master\n");
             return 1;
@@ -415,7 +420,12 @@ static int bench_master(int argc, char **argv)
             uint32_t n = nbig - done < 1024 ? (uint32_t)(nbig - done) : 1024;
             make_keys(&b, done, n);
             if ((rc = do_put(&b, done, n)) != 0) {
-                fprintf(stderr, "kvpool bench: fill failed: %s\n", kvp_strerror(rc));
+                fprintf(stderr, "kvpool bench: fill failed at %llu objects: %s%s\n",
+                        (unsigned long long)done, kvp_strerror(rc),
+                        rc == KVP_ENO_AVAILABLE_HANDLE
+                            ? " (the master's max_master_memory bounds the objects it holds: "
+                              "give --max-master-memory SIZE)"
+                            : "");
                 goto out;
             }
             if ((done / 1024) % 512 == 0) { /* keep the idle node connection alive */
