@@ -22,6 +22,9 @@ mv "$out/sim_tier.json.tmp" "$out/sim_tier.json"
 echo "== kvpool bench disk: the SSD tier's store vs fio (results: $out/disk.json)"
 "$build/kvpool" bench disk --json >"$out/disk.json.tmp"
 mv "$out/disk.json.tmp" "$out/disk.json"
+echo "== kvpool bench ha: leader + standby vs one master, kill -9 failovers (results: $out/ha.json)"
+"$build/kvpool" bench ha --json >"$out/ha.json.tmp"
+mv "$out/ha.json.tmp" "$out/ha.json"
 venv=${KVPOOL_VENV:-$HOME/.cache/kvpool/venv}
 if "$venv/bin/python" -c 'import numpy' 2>/dev/null; then
   echo "== bench/bench_python.py: kvpool.mooncake, the C client, Mooncake (results: $out/python.json)"

@@ -4,7 +4,9 @@
  * store` (the data plane) lives in bench_store.c, `kvpool bench
  * connector` (the connector's CPU overhead) in bench_connector.c, `kvpool
  * bench sim` (the simulator against the raw store) in bench_sim.c, `kvpool
- * bench gpu` (device memory to the pool and back) in bench_gpu.c.
+ * bench gpu` (device memory to the pool and back) in bench_gpu.c, `kvpool
+ * bench disk` (the SSD tier's store) in bench_disk.c, `kvpool bench ha` (a
+ * cluster of masters: its cost, failovers) in bench_ha.c.
  *
  * It starts `kvpool master` itself (same binary, free port) unless --master
  * is given, mounts a segment large enough for every object (the master never
@@ -298,9 +300,13 @@ static double usable_fraction(uint64_t size)
     return worst;
 }
 
-static pid_t spawn_master(char *addr, size_t addrlen)
+/* The master it measures; max_master_memory (a flag or the configuration
+ * file) goes to it: past it puts are refused, which bounds --objects-big. */
+static pid_t spawn_master(const kvp_config *cfg, char *addr, size_t addrlen)
 {
-    static const char *const args[] = {"master", "--log-level", "warn", NULL};
+    char mem[32];
+    snprintf(mem, sizeof mem, "%llu", (unsigned long long)cfg->max_master_memory);
+    const char *const args[] = {"master", "--log-level", "warn", "--max-master-memory", mem, NULL};
     return kvp_cli_spawn_self(args, 5000, addr, addrlen);
 }
 
@@ -317,7 +323,8 @@ static int bench_master(int argc, char **argv)
         printf("usage: kvpool bench master [--json] [--master HOST:PORT] [--objects N]\n"
                "                           [--objects-big N] [--ops N]\n"
                "  --objects N      objects stored for the throughput runs (default 1000000)\n"
-               "  --objects-big N  objects for the second memory point (default 10000000; 0 = skip)\n"
+               "  --objects-big N  objects for the second memory point (default 10000000; 0 = skip;\n"
+               "                   past about 16000000 give --max-master-memory, default 4GiB)\n"
                "  --ops N          key-operations per batch-of-1 run (default 20000)\n");
         return 0;
     }
@@ -343,7 +350,7 @@ static int bench_master(int argc, char **argv)
         snprintf(addr, sizeof addr, "%s", v[1]);
     } else {
         signal(SIGPIPE, SIG_IGN);
-        pid = spawn_master(addr, sizeof addr);
+        pid = spawn_master(&cfg, addr, sizeof addr);
         if (pid < 0) {
             fprintf(stderr, "kvpool bench master: could not start a master\n");
             return 1;
@@ -413,7 +420,12 @@ static int bench_master(int argc, char **argv)
             uint32_t n = nbig - done < 1024 ? (uint32_t)(nbig - done) : 1024;
             make_keys(&b, done, n);
             if ((rc = do_put(&b, done, n)) != 0) {
-                fprintf(stderr, "kvpool bench: fill failed: %s\n", kvp_strerror(rc));
+                fprintf(stderr, "kvpool bench: fill failed at %llu objects: %s%s\n",
+                        (unsigned long long)done, kvp_strerror(rc),
+                        rc == KVP_ENO_AVAILABLE_HANDLE
+                            ? " (the master's max_master_memory bounds the objects it holds: "
+                              "give --max-master-memory SIZE)"
+                            : "");
                 goto out;
             }
             if ((done / 1024) % 512 == 0) { /* keep the idle node connection alive */
@@ -566,16 +578,18 @@ int kvp_bench_main(int argc, char **argv)
                    {"connector", "bench connector", kvp_bench_connector},
                    {"sim", "bench sim", kvp_bench_sim},
                    {"gpu", "bench gpu", kvp_bench_gpu},
-                   {"disk", "bench disk", kvp_bench_disk}};
+                   {"disk", "bench disk", kvp_bench_disk},
+                   {"ha", "bench ha", kvp_bench_ha}};
     for (size_t i = 0; argc >= 2 && i < sizeof benches / sizeof benches[0]; i++)
         if (!strcmp(argv[1], benches[i].name)) {
             argv[1] = (char *)benches[i].label;
             return benches[i].fn(argc - 1, argv + 1);
         }
-    fprintf(stderr, "usage: kvpool bench master|store|connector|sim|gpu|disk [--json]\n"
+    fprintf(stderr, "usage: kvpool bench master|store|connector|sim|gpu|disk|ha [--json]\n"
                     "       (kvpool bench master --help, kvpool bench store --help,\n"
                     "        kvpool bench connector --help, kvpool bench sim --help,\n"
-                    "        kvpool bench gpu --help, kvpool bench disk --help)\n"
+                    "        kvpool bench gpu --help, kvpool bench disk --help,\n"
+                    "        kvpool bench ha --help)\n"
                     "  master  the master's throughput, latency and memory\n"
                     "  store   batch put/get GB/s: shm and tcp vs memcpy, raw TCP, redis, "
                     "memcached\n"
@@ -586,6 +600,9 @@ int kvp_bench_main(int argc, char **argv)
                     "  gpu     batch put/get GB/s from / into CUDA device memory (shm, tcp) vs\n"
                     "          the PCIe limit measured in the same run, per copy strategy\n"
                     "  disk    the SSD tier's store: write / read GB/s vs fio on the same\n"
-                    "          directory, and warm-restart times\n");
+                    "          directory, and warm-restart times\n"
+                    "  ha      a leader + standby (etcd) against one master: put/get ratio,\n"
+                    "          kill -9 failovers (time to put/get again, objects lost),\n"
+                    "          replication bytes per put\n");
     return argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? 0 : 2;
 }

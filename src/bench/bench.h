@@ -44,4 +44,7 @@ int kvp_bench_client_probe(struct kvp_client *c, const char *probe, const void *
                            char *transport, char *why, size_t wl);
 /* `kvpool bench disk`: bench_disk.c */
 int kvp_bench_disk(int argc, char **argv);
+/* `kvpool bench ha` (bench_ha.c): a leader + standby against one master,
+ * failovers; argv[0] is "bench ha". */
+int kvp_bench_ha(int argc, char **argv);
 #endif

@@ -184,6 +184,9 @@ TEST(missing_empty_and_malformed_values)
     CHECK(strstr(out, "flag --watch: value \"nan\" is not a number of seconds") != NULL);
     CHECK_EQ(KVPOOL(2, "bench", "sim", "--duration", "1e9"), 2);
     CHECK(strstr(out, "flag --duration") != NULL);
+    CHECK_EQ(KVPOOL(2, "bench", "ha", "--failovers", "11"), 2);
+    CHECK(strstr(out, "kvpool bench ha: flag --failovers: value \"11\" is not a whole number "
+                      "from 0 to 10") != NULL);
     CHECK_EQ(KVPOOL(2, "serve", "--segment-size", "12 parsecs"), 2);
     CHECK(strstr(out, "flag --segment-size: value \"12 parsecs\" is not a size") != NULL);
     /* positionals where a command takes none; wrong counts */
@@ -252,4 +255,8 @@ TEST(sim_flags_like_every_command)
     CHECK(strstr(out, "usage: kvpool sim") != NULL);
     CHECK_EQ(KVPOOL(1, "bench", "connector", "--help"), 0);
     CHECK(strstr(out, "usage: kvpool bench connector") != NULL);
+    CHECK_EQ(KVPOOL(1, "bench", "ha", "--help"), 0);
+    CHECK(strstr(out, "usage: kvpool bench ha") != NULL);
+    CHECK_EQ(KVPOOL(2, "bench", "bogus"), 2); /* the list names every benchmark */
+    CHECK(strstr(out, "usage: kvpool bench master|store|connector|sim|gpu|disk|ha") != NULL);
 }
