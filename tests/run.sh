@@ -5,11 +5,20 @@
 #   N passed, N failed, N skipped
 # A binary that dies without its RESULT line counts as one failure. When the
 # venv cannot be made, the Python tests count as one skip, with the reason.
-dir=${1:?usage: tests/run.sh BUILD_TEST_DIR}
+# `tests/run.sh --pytest NAME ENV_SCRIPT` runs only pytest over tests/NAME in
+# the venv of scripts/ENV_SCRIPT, with the same accounting and last line.
+if [ "${1:-}" = "--pytest" ]; then
+    only=${2:?usage: tests/run.sh --pytest NAME ENV_SCRIPT}
+    only_env=${3:?usage: tests/run.sh --pytest NAME ENV_SCRIPT}
+    dir=
+else
+    only=
+    dir=${1:?usage: tests/run.sh BUILD_TEST_DIR}
+fi
 P=0; F=0; S=0
 log=$(mktemp)
 failed=$(mktemp) # names of what failed, repeated above the total (CI shows the tail)
-for t in $(find "$dir" -type f -name 'test_*' -perm -u+x | sort); do
+for t in $([ -n "$dir" ] && find "$dir" -type f -name 'test_*' -perm -u+x | sort); do
     echo "== $t"
     "$t" >"$log" 2>&1
     rc=$?
@@ -61,12 +70,16 @@ PYEOF
     fi
 }
 
-# The vLLM venv first: tests/python also uses its torch (test_torch_cpu_tensors),
-# so on a fresh machine it must exist before tests/python runs, not after.
-"$root/scripts/vllm-env" >"$log" 2>&1 || echo "note: the vLLM venv could not be made: $(tail -3 "$log" | tr '\n' ' ')"
-pytest_dir python python-env
-# vLLM's tests exercise the Python connector, not our threads: make tsan leaves them out
-[ -n "${KVP_TSAN:-}" ] || pytest_dir vllm vllm-env
+if [ -n "$only" ]; then
+    pytest_dir "$only" "$only_env"
+else
+    # The vLLM venv first: tests/python also uses its torch (test_torch_cpu_tensors),
+    # so on a fresh machine it must exist before tests/python runs, not after.
+    "$root/scripts/vllm-env" >"$log" 2>&1 || echo "note: the vLLM venv could not be made: $(tail -3 "$log" | tr '\n' ' ')"
+    pytest_dir python python-env
+    # vLLM's tests exercise the Python connector, not our threads: make tsan leaves them out
+    [ -n "${KVP_TSAN:-}" ] || pytest_dir vllm vllm-env
+fi
 rm -f "$log"
 if [ -s "$failed" ]; then
     echo "== what failed"
