@@ -27,18 +27,6 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGTERM, _sigterm)
     if not cl.unavailable():
         cl.nethosts.sweep_stale()
-    config.addinivalue_line(
-        "markers", "needs_replication: asserts that a failover loses no published object; "
-                   "runs only with KVPOOL_HA_REPLICATION=1")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("KVPOOL_HA_REPLICATION") == "1":
-        return
-    skip = pytest.mark.skip(reason="index replication to standbys not landed")
-    for item in items:
-        if "needs_replication" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture
