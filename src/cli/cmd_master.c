@@ -150,9 +150,11 @@ static int elect(const kvp_config *cfg, kvp_mserver *s, kvp_leader **out, kvp_fo
     }
     KVP_INFO("master", "cluster %s: campaigning through etcd %s as %s", t.cluster,
              t.endpoints[0], addr);
+    kvp_mserver_standby(s, 1);
     kvp_follow *f = follow(cfg, &t, addr, s);
     kvp_leader_set_defer(l, not_synced, f, 2 * cfg->ha_lease_ttl_ms);
     rc = kvp_leader_campaign(l, stop_requested, NULL);
+    kvp_mserver_standby(s, 0); /* the loop takes the listener from here */
     if (rc != 0) {
         kvp_follow_stop(f);
         kvp_leader_close(l);

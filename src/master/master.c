@@ -2499,7 +2499,7 @@ static void op_seg_failing(req *q)
             continue;
         m->segs[si]->suspect = 1;
         m->nsuspect++;
-        KVP_WARN_LIMITED(MOD, "segment %016llx (%s) reported failing by client %s: no placement "
+        KVP_WARN_LIMITED(MOD, "segment %016llx (%s) reported failing by %s: no placement "
                               "there until its node heartbeats",
                          (unsigned long long)d.ids[i], m->segs[si]->name, q->s->client->name);
     }

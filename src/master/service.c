@@ -50,6 +50,8 @@
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -76,6 +78,7 @@
 #define ACCEPT_PAUSE_MIN_MS 100       /* EMFILE back-off: 100 ms, doubling ... */
 #define ACCEPT_PAUSE_MAX_MS 1000      /* ... up to 1 s */
 #define SUMMARY_MS 60000
+#define STANDBY_READ_MS 200           /* a standby waits this long for a peer's first frame */
 #define SNAP_SYNC_MS 1000              /* snapshot file: fdatasync period */
 #define SNAP_MIN (64ull << 20)        /* ... rewritten past this size and ... */
 #define SNAP_GROWTH 4                 /* ... this many times its last snapshot */
@@ -160,6 +163,8 @@ struct kvp_mserver {
     _Atomic int term_over;       /* the loop stopped because term_until passed */
     uint64_t repl_acked;         /* seq every in-sync standby acknowledged */
     kvp_snapfile *snap;          /* cfg.snapshot_file, or NULL */
+    pthread_t standby_th;        /* kvp_mserver_standby: answers HELLOs "not the leader" */
+    _Atomic int standby_on;
     uint64_t snap_synced_ms;     /* its last fdatasync */
     uint32_t ngated;             /* connections whose output waits for them */
 };
@@ -1028,6 +1033,65 @@ uint64_t kvp_mserver_master_id(const kvp_mserver *s) { return kvp_master_id(s->m
 void kvp_mserver_set_term(kvp_mserver *s, uint64_t valid_until_ms) { s->term_until = valid_until_ms; }
 int kvp_mserver_term_over(const kvp_mserver *s) { return s->term_over; }
 
+/* A standby's listener: every connection gets its first frame answered
+ * KVP_EAGAIN ("not the leader", the record the peer followed is stale),
+ * then closed, so it looks the leader up again at once instead of waiting
+ * out its HELLO timeout. */
+static void standby_answer(int fd)
+{
+    uint8_t h[KVP_FRAME_HDR];
+    size_t got = 0;
+    uint64_t t0 = kvp_now_ms();
+    while (got < sizeof h && kvp_now_ms() - t0 < STANDBY_READ_MS) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, STANDBY_READ_MS) <= 0)
+            break;
+        ssize_t n = recv(fd, h + got, sizeof h - got, 0);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    if (got == sizeof h) {
+        uint64_t req_id = 0;
+        for (int i = 7; i >= 0; i--)
+            req_id = (req_id << 8) | h[8 + i];
+        uint8_t out[KVP_FRAME_HDR + 16];
+        kvp_buf b = {out, 0, sizeof out, sizeof out, 0};
+        size_t off = kvp_frame_begin(&b, (uint16_t)(h[4] | (h[5] << 8)), KVP_FLAG_RESPONSE,
+                                     req_id, KVP_EAGAIN);
+        kvp_frame_end(&b, off);
+        if (!b.err)
+            (void)!send(fd, out, b.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    close(fd);
+}
+
+static void *standby_main(void *arg)
+{
+    kvp_mserver *s = arg;
+    while (s->standby_on) {
+        struct pollfd p = {s->lfd, POLLIN, 0};
+        if (poll(&p, 1, 50) <= 0)
+            continue;
+        int fd;
+        while ((fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC)) >= 0)
+            standby_answer(fd);
+    }
+    return NULL;
+}
+
+void kvp_mserver_standby(kvp_mserver *s, int on)
+{
+    if (on && !s->standby_on) {
+        s->standby_on = 1;
+        if (pthread_create(&s->standby_th, NULL, standby_main, s) != 0)
+            s->standby_on = 0;
+    } else if (!on && s->standby_on) {
+        s->standby_on = 0;
+        pthread_join(s->standby_th, NULL);
+    }
+}
+
 int kvp_mserver_repl_apply(kvp_mserver *s, const uint8_t *body, size_t len, uint64_t *seq)
 {
     return kvp_master_repl_apply(s->m, body, len, seq);
@@ -1312,6 +1376,7 @@ void kvp_mserver_destroy(kvp_mserver *s)
 {
     if (!s)
         return;
+    kvp_mserver_standby(s, 0);
     while (s->conns)
         conn_close(s, s->conns);
     if (s->snap && s->m) {

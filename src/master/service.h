@@ -57,6 +57,9 @@ int kvp_mserver_term_over(const kvp_mserver *s);
 /* A standby, before run(), from one thread at a time: a REPL_DATA body of
  * the leader's index stream (kvp_master_repl_apply). */
 int kvp_mserver_repl_apply(kvp_mserver *s, const uint8_t *body, size_t len, uint64_t *seq);
+/* A standby (before run()): on = a thread answers every connection's first
+ * frame KVP_EAGAIN (not the leader) and closes it; off = stops it (joined). */
+void kvp_mserver_standby(kvp_mserver *s, int on);
 /* The standby won the election (before run()): what it followed is taken
  * over as its segments mount. */
 void kvp_mserver_takeover(kvp_mserver *s);

@@ -244,6 +244,9 @@ static int say_hello(kvp_rpc *r, const char *addr, const kvp_rpc_opts *o, char *
         snprintf(err, errlen, "HELLO to %s failed: %s: the master requires a cluster token and "
                  "none was given (set cluster_token_file, or $KVPOOL_CLUSTER_TOKEN)", addr,
                  kvp_strerror(rc));
+    else if (rc == KVP_EAGAIN) /* (a standby's only answer) */
+        snprintf(err, errlen, "%s is a standby master of a cluster, not its leader (name the "
+                 "master etcd://ETCD/CLUSTER to follow the leader)", addr);
     else if (rc)
         snprintf(err, errlen, "HELLO to %s failed: %s", addr, kvp_strerror(rc));
     return rc;
@@ -274,27 +277,52 @@ static void retry_pause(uint32_t step, uint64_t deadline)
  * or it timed out) and a definite answer (a wrong credential, with or
  * without back-off; another version) are not retried.
  */
+#define STANDBY_RETRY_MS 100 /* a standby answered: etcd is asked again after this */
+
+static int open_at(const char *addr, const kvp_leader_info *lead, const kvp_rpc_opts *o,
+                   int timeout_ms, kvp_rpc **out, char *err, size_t errlen);
+
 int kvp_rpc_open(const char *addr, const kvp_rpc_opts *o, kvp_rpc **out, char *err, size_t errlen)
 {
     kvp_rpc_opts def = {0};
     if (!o)
         o = &def;
+    if (!kvp_etcd_is_url(addr))
+        return open_at(addr, NULL, o, o->timeout_ms, out, err, errlen);
     /* a cluster's master: the leader etcd names now (each open looks again,
-     * so a reconnect follows a failover) */
-    char dial[KVP_LEADER_ADDR_MAX + 1];
-    kvp_leader_info lead = {0};
-    if (kvp_etcd_is_url(addr)) {
+     * so a reconnect follows a failover); a standby that answers (its
+     * record was stale: the term moved on) sends us to look again */
+    const int timeout = o->timeout_ms > 0 ? o->timeout_ms : 10000;
+    const uint64_t deadline = kvp_now_ms() + (uint64_t)timeout;
+    for (;;) {
+        char dial[KVP_LEADER_ADDR_MAX + 1];
+        kvp_leader_info lead = {0};
         int rc = kvp_leader_resolve(addr, dial, sizeof dial, &lead, err, errlen);
         if (rc)
             return rc == KVP_ERPC_TIMEOUT ? rc : KVP_ERPC_FAIL;
-        addr = dial;
+        uint64_t now = kvp_now_ms();
+        int left = now < deadline ? (int)(deadline - now) : 1;
+        rc = open_at(dial, &lead, o, left, out, err, errlen);
+        if (rc != KVP_EAGAIN || kvp_now_ms() + STANDBY_RETRY_MS >= deadline)
+            return rc == KVP_EAGAIN ? KVP_ERPC_FAIL : rc;
+        usleep(STANDBY_RETRY_MS * 1000);
     }
+}
+
+/* Connects to addr and says HELLO within timeout_ms; lead: the record that
+ * named addr (its master id is checked), or NULL. */
+static int open_at(const char *addr, const kvp_leader_info *lead_in, const kvp_rpc_opts *o,
+                   int timeout_ms, kvp_rpc **out, char *err, size_t errlen)
+{
+    kvp_leader_info lead = {0};
+    if (lead_in)
+        lead = *lead_in;
     kvp_rpc *r = kvp_calloc(1, sizeof *r);
     if (!r) {
         snprintf(err, errlen, "out of memory");
         return KVP_ENOMEM;
     }
-    r->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
+    r->timeout_ms = timeout_ms > 0 ? timeout_ms : 10000;
     r->max_frame = o->max_frame ? o->max_frame : 64u << 20;
     r->client_id = o->client_id;
     r->on_push = o->on_push;
@@ -350,6 +378,7 @@ int kvp_rpc_open(const char *addr, const kvp_rpc_opts *o, kvp_rpc **out, char *e
         kvp_rpc_close(r);
         return KVP_ERPC_FAIL;
     }
+    r->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000; /* each call's from now on */
     *out = r;
     return 0;
 }

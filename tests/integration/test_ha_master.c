@@ -376,6 +376,19 @@ TEST(ha_standby_takes_over_after_kill)
         tp_sleep_ms(300);
         if (wait_leader(&e, e.m[0].addr, 100) < 0) /* the second one stands by */
             break;
+        { /* and answers a peer at once that it is not the leader */
+            kvp_rpc_opts o = {.name = "test", .timeout_ms = 5000};
+            kvp_rpc *r = NULL;
+            char err[512];
+            uint64_t t0 = tp_now_ms();
+            int rc = kvp_rpc_open(e.m[1].addr, &o, &r, err, sizeof err);
+            uint64_t took = tp_now_ms() - t0;
+            kvp_rpc_close(r);
+            CHECK_EQ(rc, KVP_EAGAIN);
+            CHECK(took < 1000);
+            if (!strstr(err, "is a standby master"))
+                th_fail(__FILE__, __LINE__, "said: %s", err);
+        }
         if (tp_store_start(&e.st, e.url, NULL) != 0 || !(c = client(&e)))
             break;
         if (put_get(c, "before", 1) != 0)
