@@ -522,14 +522,9 @@ void kvp_bench_progress_clear(int width)
         fprintf(stderr, "\r%*s\r", width, "");
 }
 
-kvp_client *kvp_bench_client_open(const char *master, const char *token, int force_tcp,
-                                  char *why, size_t wl)
+kvp_client *kvp_bench_client_open_conf(const char *conf, int force_tcp, char *why, size_t wl)
 {
-    char m[300], t[300], conf[800], err[256];
-    kvp_bench_json_escape(m, sizeof m, master);
-    kvp_bench_json_escape(t, sizeof t, token ? token : "");
-    snprintf(conf, sizeof conf, "{\"master\": \"%s\", \"mode\": \"standalone-store\"%s%s%s}", m,
-             *t ? ", \"cluster_token\": \"" : "", t, *t ? "\"" : "");
+    char err[256] = "";
     kvp_client *c = NULL;
     if (force_tcp)
         setenv("KVPOOL_FORCE_TCP", "1", 1);
@@ -542,6 +537,17 @@ kvp_client *kvp_bench_client_open(const char *master, const char *token, int for
         return NULL;
     }
     return c;
+}
+
+kvp_client *kvp_bench_client_open(const char *master, const char *token, int force_tcp,
+                                  char *why, size_t wl)
+{
+    char m[300], t[300], conf[800];
+    kvp_bench_json_escape(m, sizeof m, master);
+    kvp_bench_json_escape(t, sizeof t, token ? token : "");
+    snprintf(conf, sizeof conf, "{\"master\": \"%s\", \"mode\": \"standalone-store\"%s%s%s}", m,
+             *t ? ", \"cluster_token\": \"" : "", t, *t ? "\"" : "");
+    return kvp_bench_client_open_conf(conf, force_tcp, why, wl);
 }
 
 int kvp_bench_client_probe(kvp_client *c, const char *probe, const void *val, char *transport,

@@ -40,6 +40,9 @@ void kvp_bench_progress(const char *label, int lw, const char *shape, int sw, in
 void kvp_bench_progress_clear(int width);
 struct kvp_client *kvp_bench_client_open(const char *master, const char *token, int force_tcp,
                                          char *why, size_t wl);
+/* The same from a whole client configuration (JSON text). */
+struct kvp_client *kvp_bench_client_open_conf(const char *conf, int force_tcp, char *why,
+                                              size_t wl);
 int kvp_bench_client_probe(struct kvp_client *c, const char *probe, const void *val,
                            char *transport, char *why, size_t wl);
 /* `kvpool bench disk`: bench_disk.c */

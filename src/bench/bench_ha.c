@@ -444,22 +444,11 @@ static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *
 
 static kvp_client *open_client(const char *master, int force_tcp, char *why, size_t wl)
 {
-    char m[300], conf[600], err[256];
+    char m[300], conf[600];
     kvp_bench_json_escape(m, sizeof m, master);
     snprintf(conf, sizeof conf,
              "{\"master\": \"%s\", \"mode\": \"standalone-store\", \"rpc_timeout\": \"2s\"}", m);
-    if (force_tcp)
-        setenv("KVPOOL_FORCE_TCP", "1", 1);
-    else
-        unsetenv("KVPOOL_FORCE_TCP");
-    kvp_client *c = NULL;
-    int rc = kvp_client_open(conf, &c, err, sizeof err);
-    unsetenv("KVPOOL_FORCE_TCP");
-    if (rc) {
-        snprintf(why, wl, "kvp_client_open: %.160s", err[0] ? err : kvp_strerror(rc));
-        return NULL;
-    }
-    return c;
+    return kvp_bench_client_open_conf(conf, force_tcp, why, wl);
 }
 
 /* The master's counter name in a stat text, or -1. */
@@ -837,7 +826,7 @@ static uint64_t verify_all(hb *b, kvp_client *c, uint64_t deadline_ms, fo *f)
     if (!state)
         return 0;
     for (;;) {
-        uint64_t todo = 0;
+        uint64_t left = 0;
         for (uint64_t from = 0; from < n;) {
             uint32_t m = 0;
             uint64_t idx[FO_BATCH];
@@ -863,12 +852,12 @@ static uint64_t verify_all(hb *b, kvp_client *c, uint64_t deadline_ms, fo *f)
                 niov[i] = 1;
             }
             if (kvp_client_batch_get_into_multi_buffers(c, kp, iovs, niov, m, res) < 0) {
-                todo += m;
+                left += m;
                 continue;
             }
             for (uint32_t i = 0; i < m; i++) {
                 if (res[i] != (int64_t)FO_SIZE) {
-                    todo++;
+                    left++;
                     continue;
                 }
                 fill(b->src, FO_SIZE, idx[i]);
@@ -880,10 +869,10 @@ static uint64_t verify_all(hb *b, kvp_client *c, uint64_t deadline_ms, fo *f)
                 }
             }
         }
-        if (!todo || kvp_now_ms() >= deadline_ms)
+        if (!left || kvp_now_ms() >= deadline_ms)
             break;
         long long parked = stat1(b, c, "parked");
-        if (parked == 0 && todo) {
+        if (parked == 0 && left) {
             /* nothing more will come back: one more pass was just made */
             break;
         }

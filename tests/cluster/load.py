@@ -166,15 +166,15 @@ class Load:
     def check_batch(self, keys: list[str]) -> list[str]:
         """Each key's verification result (see verify)."""
         out: dict[str, str] = {}
-        todo = list(keys)
+        unread = list(keys)
         deadline = time.monotonic() + 5.0
-        while todo:
+        while unread:
             try:
-                got = self.c.get_batch(todo)
+                got = self.c.get_batch(unread)
             except BaseException as e:  # noqa: BLE001
-                got = [e] * len(todo)
+                got = [e] * len(unread)
             again = []
-            for k, g in zip(todo, got):
+            for k, g in zip(unread, got):
                 if isinstance(g, (bytes, bytearray)):
                     out[k] = "ok" if bytes(g) == value_of(k) else "wrong"
                 elif isinstance(g, kvpool.ObjectNotFoundError):
@@ -184,7 +184,7 @@ class Load:
                     again.append(k)
             if not again or time.monotonic() > deadline:
                 break
-            todo = again
+            unread = again
             time.sleep(0.2)
         return [out[k] for k in keys]
 
