@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "net/http.h"
 #include "common/log.h"
 #include "ha/follow.h"
 #include "ha/leader.h"
@@ -202,9 +203,15 @@ int kvp_cmd_master(int argc, char **argv)
             return 1;
         }
     }
+    kvp_http *http; /* before the election: a standby shows itself too */
+    if (kvp_cli_http_start("master", &cfg, kvp_mserver_status(s), NULL, &http) != 0) {
+        kvp_mserver_destroy(s);
+        return 1;
+    }
     kvp_leader *l = NULL;
     kvp_follow *f = NULL;
     if (cfg.etcd[0] && (rc = elect(&cfg, s, &l, &f)) != 0) {
+        kvp_http_stop(http);
         kvp_mserver_destroy(s);
         return rc < 0 ? 0 : rc; /* < 0: stopped by a signal while standing by */
     }
@@ -215,6 +222,7 @@ int kvp_cmd_master(int argc, char **argv)
         fprintf(stderr, "kvpool master: cannot start the lease keepalive\n");
         kvp_follow_stop(f);
         kvp_leader_close(l);
+        kvp_http_stop(http);
         kvp_mserver_destroy(s);
         return 1;
     }
@@ -227,6 +235,7 @@ int kvp_cmd_master(int argc, char **argv)
      * may touch s) ends before s goes, then the term is given up */
     kvp_leader_close(l);
     int over = __atomic_load_n(&lc.lost, __ATOMIC_ACQUIRE) || kvp_mserver_term_over(s);
+    kvp_http_stop(http);
     kvp_mserver_destroy(s);
     KVP_INFO("master", "stopped");
     if (over)

@@ -16,6 +16,7 @@
 #include "common/size.h"
 #include "kvpool.h"
 #include "master/service.h"
+#include "net/http.h"
 #include "net/net.h"
 #include "node/node.h"
 #include "node/segment.h"
@@ -145,11 +146,15 @@ int kvp_cmd_serve(int argc, char **argv)
             ret = 1;
         }
     }
+    kvp_http *http = NULL;
+    if (ret == 0 && kvp_cli_http_start("serve", &cfg, kvp_mserver_status(ms), node, &http) != 0)
+        ret = 1;
     if (ret == 0) {
         int sig;
         sigwait(&ss, &sig);
         KVP_INFO("serve", "signal %d: shutting down", sig);
     }
+    kvp_http_stop(http);
     kvp_node_stop(node);
     kvp_mserver_stop(ms);
     pthread_join(th, NULL);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "net/http.h"
 #include "common/log.h"
 #include "kvpool.h"
 #include "node/node.h"
@@ -81,9 +82,15 @@ int kvp_cmd_store(int argc, char **argv)
     }
     KVP_INFO("store", "segment %016llx serving on port %u, master %s",
              (unsigned long long)kvp_node_segment_id(n), kvp_node_port(n), cfg.master_addr);
+    kvp_http *http;
+    if (kvp_cli_http_start("store", &cfg, NULL, n, &http) != 0) {
+        kvp_node_stop(n);
+        return 1;
+    }
     int sig = 0;
     sigwait(&ss, &sig);
     KVP_INFO("store", "signal %d: shutting down", sig);
+    kvp_http_stop(http);
     kvp_node_stop(n);
     KVP_INFO("store", "stopped");
     return 0;

@@ -200,7 +200,7 @@ static int config_kind(const char *name)
     if (!strcmp(n, "master") || !strcmp(n, "master_server_address") ||
         !strcmp(n, "master_server_addr"))
         return KVP_CLI_CONNECT;
-    if (!strcmp(n, "listen"))
+    if (!strcmp(n, "listen") || !strcmp(n, "http"))
         return KVP_CLI_LISTEN;
     if (!strcmp(n, "tenant") || !strcmp(n, "tenant_id"))
         return KVP_CLI_TEXT;

@@ -1,6 +1,9 @@
 /* buf.c -- bounded writer, checked reader, bump arena. */
 #include "common/buf.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 #include "common/assert.h"
 #include "common/mem.h"
 #include "kvpool.h"
@@ -69,6 +72,28 @@ void kvp_buf_put(kvp_buf *b, const void *p, size_t n)
     KVP_ASSERT(b->len + n <= b->alloc);
     memcpy(b->data + b->len, p, n);
     b->len += n;
+}
+
+void kvp_buf_printf(kvp_buf *b, const char *fmt, ...)
+{
+    char small[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n < sizeof small) {
+        kvp_buf_put(b, small, (size_t)n);
+        return;
+    }
+    /* room for the text and vsnprintf's NUL, which len does not count */
+    if (kvp_buf_reserve(b, (size_t)n + 1))
+        return;
+    va_start(ap, fmt);
+    vsnprintf((char *)b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
 }
 
 void kvp_buf_u8(kvp_buf *b, uint8_t v) { kvp_buf_put(b, &v, 1); }

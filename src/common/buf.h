@@ -46,6 +46,8 @@ static inline void kvp_buf_i32(kvp_buf *b, int32_t v) { kvp_buf_u32(b, (uint32_t
 /* u32 length then the bytes. */
 void kvp_buf_bytes(kvp_buf *b, const void *p, uint32_t n);
 static inline void kvp_buf_str(kvp_buf *b, const char *s) { kvp_buf_bytes(b, s, (uint32_t)strlen(s)); }
+/* Formatted text (no NUL is appended; len counts the text only). */
+void kvp_buf_printf(kvp_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Overwrites a u32 written earlier at offset `at` (for back-patched counts). */
 void kvp_buf_patch_u32(kvp_buf *b, size_t at, uint32_t v);
 

@@ -206,6 +206,14 @@ static const struct key_def keys[] = {
      .help = "master: keep the index in this file (a snapshot, then every change) and load "
              "it at start, so a restarted master keeps the objects its nodes still hold "
              "(\"\" = none)"},
+    {.name = "http", .roles = R_M | R_N, .type = KT_STRING, F_STR(http), .def = "",
+     .help = "master, storage node: serve /metrics (Prometheus), /healthz and /readyz (the "
+             "master also its status page / and /api/stats) on this HOST:PORT (\"\" = off); "
+             "beyond loopback it needs http_token_file (or insecure)"},
+    {.name = "http_token_file", .roles = R_M | R_N, .type = KT_STRING, F_STR(http_token_file),
+     .def = "",
+     .help = "file holding the bearer token every HTTP request must carry (Authorization: "
+             "Bearer TOKEN; one line, not readable by other users)"},
     {.name = "log_level", .roles = R_ALL_NET, .type = KT_LOGLEVEL, F_INT(log_level), .def = "info",
      .help = "least severe log level written, process-wide; given in a client's configuration "
              "it sets the process level ($KVPOOL_LOG_LEVEL beats it, a flag beats both)"},

@@ -31,6 +31,8 @@ typedef struct kvp_config {
     int ha_sync;                  /* "ha_sync": PUT_END answered once the standbys have it */
     uint64_t ha_sync_timeout_ms;  /* "ha_sync_timeout" (ms): a standby's ack is awaited this long */
     char snapshot_file[1024];     /* "snapshot_file": the index on local disk ("" = none) */
+    char http[256];               /* "http": master / node HTTP endpoint host:port ("" = off) */
+    char http_token_file[256];    /* "http_token_file": the bearer token HTTP requests need */
     char cluster_token[256];      /* "cluster_token": "" = none (secret.h: file, env) */
     char cluster_token_file[256]; /* "cluster_token_file": file holding it */
     char node_token[256];         /* "node_token": credential to mount segments */

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,40 @@ int kvp_log_level_parse(const char *s)
     return -1;
 }
 
+/* The last KVP_LOG_RECENT warnings and errors, oldest first from
+ * recent_next (a ring under recent_mu). */
+static struct {
+    kvp_log_recent_line l[KVP_LOG_RECENT];
+    uint64_t n; /* lines kept so far; the next goes to l[n % KVP_LOG_RECENT] */
+} recent;
+static pthread_mutex_t recent_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void recent_keep(int level, const char *mod, const char *msg, size_t len,
+                        const struct timespec *ts)
+{
+    pthread_mutex_lock(&recent_mu);
+    kvp_log_recent_line *r = &recent.l[recent.n++ % KVP_LOG_RECENT];
+    r->level = level;
+    r->ms = (uint64_t)ts->tv_sec * 1000 + (uint64_t)ts->tv_nsec / 1000000;
+    snprintf(r->mod, sizeof r->mod, "%s", mod);
+    if (len >= sizeof r->msg)
+        len = sizeof r->msg - 1;
+    memcpy(r->msg, msg, len);
+    r->msg[len] = '\0';
+    pthread_mutex_unlock(&recent_mu);
+}
+
+size_t kvp_log_recent(kvp_log_recent_line *out, size_t max)
+{
+    pthread_mutex_lock(&recent_mu);
+    uint64_t have = recent.n < KVP_LOG_RECENT ? recent.n : KVP_LOG_RECENT;
+    size_t n = have < max ? (size_t)have : max;
+    for (size_t i = 0; i < n; i++) /* the newest n, oldest first */
+        out[i] = recent.l[(recent.n - n + i) % KVP_LOG_RECENT];
+    pthread_mutex_unlock(&recent_mu);
+    return n;
+}
+
 void kvp_log_write(int level, const char *mod, const char *fmt, ...)
 {
     static const char lc[] = "DIWE";
@@ -114,6 +149,8 @@ void kvp_log_write(int level, const char *mod, const char *fmt, ...)
         len = sizeof line - 2;
     line[len++] = '\n';
     line[len] = '\0';
+    if (level >= KVP_LOG_WARN)
+        recent_keep(level, mod, line + n, len - 1 - (size_t)n, &ts);
     const kvp_log_sink *sink = atomic_load(&log_sink);
     if (sink) {
         kvp_log_record r = {.level = level, .mod = mod, .msg = line + n,

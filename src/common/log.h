@@ -78,6 +78,20 @@ void kvp_log_set_sink(const kvp_log_sink *s);
 #define KVP_ERROR(mod, ...) kvp_log(KVP_LOG_ERROR, mod, __VA_ARGS__)
 
 /*
+ * The last KVP_LOG_RECENT warnings and errors written (sink or not, the
+ * level filter applied), for the status page: kvp_log_recent copies the
+ * newest max of them, oldest first, and returns how many. Thread-safe.
+ */
+#define KVP_LOG_RECENT 32
+typedef struct kvp_log_recent_line {
+    int level;
+    unsigned long long ms; /* CLOCK_REALTIME, ms */
+    char mod[16];
+    char msg[240];
+} kvp_log_recent_line;
+size_t kvp_log_recent(kvp_log_recent_line *out, size_t max);
+
+/*
  * Rate-limited lines, for anything a peer can trigger at will (a bad frame,
  * a refused connection, EMFILE): at most KVP_LOG_BURST lines per call site
  * per KVP_LOG_WINDOW_MS; the first line after a quiet window says how many

@@ -2365,6 +2365,8 @@ static int32_t do_put_end(req *q, kvp_obj *o, uint64_t checksum, int force)
     m->stats[KVP_STAT_PENDING]--;
     m->stats[KVP_STAT_OBJECTS]++;
     m->stats[KVP_STAT_BYTES] += o->size;
+    m->stats[KVP_STAT_PUTS]++;
+    m->stats[KVP_STAT_PUT_BYTES] += o->size;
     journal_pub(m, o);
     return 0;
 }
@@ -2960,6 +2962,7 @@ static void op_get(req *q)
         } else if (r.status == 0) {
             lease_grant(m, o, q->now);
             m->stats[KVP_STAT_HITS]++;
+            m->stats[KVP_STAT_HIT_BYTES] += o->size;
             r.size = o->size;
             r.checksum = o->checksum;
             r.lease_id = o->lease_seq;
@@ -4312,6 +4315,52 @@ void kvp_master_push_freed(kvp_master *m, kvp_buf *(*out_for)(kvp_msess *s, void
         }
     }
     m->ndirty = keep;
+}
+
+static void view_name(char *out, size_t cap, const char *p, size_t len)
+{
+    if (len >= cap)
+        len = cap - 1;
+    memcpy(out, p, len);
+    out[len] = '\0';
+}
+
+void kvp_master_view(const kvp_master *m, kvp_mview_seg *segs, uint32_t max_segs, uint32_t *nsegs,
+                     kvp_mview_tenant *tenants, uint32_t max_tenants, uint32_t *ntenants)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < m->nseg && n < max_segs; i++) {
+        const kvp_mseg *s = m->segs[m->mounted[i]];
+        kvp_mview_seg *v = &segs[n++];
+        view_name(v->name, sizeof v->name, s->name, s->namelen);
+        v->id = s->id;
+        v->capacity = s->capacity;
+        v->used = s->used_pages << 12;
+        v->replicas = s->nrep;
+        v->largest_free = (uint64_t)kvp_segalloc_largest_free(s->alloc) << 12;
+        v->disk_capacity = s->disk_cap;
+        v->disk_used = s->disk_usage[0];
+        v->disk_objects = s->disk_objs;
+        v->disk_bytes = s->disk_bytes;
+    }
+    *nsegs = n;
+    n = 0;
+    for (uint32_t i = 0; i < m->ntenants && n < max_tenants; i++) {
+        if (!m->tenants[i])
+            continue;
+        const mtenant *t = &m->tq[i];
+        kvp_mview_tenant *v = &tenants[n++];
+        view_name(v->name, sizeof v->name, m->tenants[i], m->tenant_len[i]);
+        v->objects = m->tenant_nobj[i];
+        v->bytes = t->bytes;
+        v->pool_bytes = t->pages << 12;
+        v->max_bytes = t->max_pages << 12;
+        v->max_objects = t->max_objects;
+        v->evictions = t->evictions;
+        v->refused = t->refused;
+        v->share = t->share;
+    }
+    *ntenants = n;
 }
 
 void kvp_master_stats(const kvp_master *m, uint64_t out[KVP_STAT__COUNT])

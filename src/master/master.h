@@ -155,6 +155,23 @@ void kvp_master_note_bad_frame(kvp_master *m);
 
 /* Counters (enum kvp_stat) for logs and tests. */
 void kvp_master_stats(const kvp_master *m, uint64_t out[KVP_STAT__COUNT]);
+/*
+ * The pool's picture for the HTTP endpoint (master/status.h): every
+ * mounted segment, then every tenant that exists, at most max_* of each
+ * (names cut to fit their fields). The service calls it on its loop.
+ */
+typedef struct kvp_mview_seg {
+    char name[128];
+    uint64_t id, capacity, used, replicas, largest_free;
+    uint64_t disk_capacity, disk_used, disk_objects, disk_bytes;
+} kvp_mview_seg;
+typedef struct kvp_mview_tenant {
+    char name[128];
+    uint64_t objects, bytes, pool_bytes, max_bytes, max_objects, evictions, refused;
+    uint32_t share;
+} kvp_mview_tenant;
+void kvp_master_view(const kvp_master *m, kvp_mview_seg *segs, uint32_t max_segs, uint32_t *nsegs,
+                     kvp_mview_tenant *tenants, uint32_t max_tenants, uint32_t *ntenants);
 /* Self-check for tests: index, lists and allocators agree. 0 if so. */
 int kvp_master_check(const kvp_master *m);
 

@@ -63,6 +63,7 @@
 #include "kvpool.h"
 #include "master/master.h"
 #include "master/snapfile.h"
+#include "master/status.h"
 #include "net/net.h"
 #include "proto/proto.h"
 
@@ -83,6 +84,7 @@
 #define SNAP_MIN (64ull << 20)        /* ... rewritten past this size and ... */
 #define SNAP_GROWTH 4                 /* ... this many times its last snapshot */
 #define GATE_POLL_MS 20                /* loop wake-up while answers wait for standbys */
+#define STATUS_MS 1000                /* the HTTP endpoint's picture: republished this often */
 #define STALL_MS 500                  /* a turn this much later than its wait: a stall */
 
 /* Connections before HELLO, counted per source address (IPv4 address, or
@@ -167,7 +169,11 @@ struct kvp_mserver {
     _Atomic int standby_on;
     uint64_t snap_synced_ms;     /* its last fdatasync */
     uint32_t ngated;             /* connections whose output waits for them */
+    kvp_mstatus *status;         /* cfg.http: what the HTTP endpoint shows, or NULL */
+    uint64_t n_refused_by[KVP_MREFUSE__COUNT]; /* accept refusals by reason */
 };
+
+static void status_publish(kvp_mserver *s, uint64_t now);
 
 /* ---------------------------------------------------------- address map */
 
@@ -499,6 +505,20 @@ static void refuse(kvp_mserver *s, conn *c, int err)
                      c->sess.client ? "" : " (before HELLO)");
 }
 
+/* For the HTTP endpoint: the frame's op, time, and the status of the
+ * answer it appended at out_before (none for a ONEWAY request). */
+static void note_op(kvp_mserver *s, const kvp_frame_hdr *h, uint64_t ns, const kvp_buf *out,
+                    size_t out_before)
+{
+    int32_t status = 0;
+    if (out->len >= out_before + KVP_FRAME_HDR) {
+        const uint8_t *p = out->data + out_before + 20;
+        status = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                           (uint32_t)p[3] << 24);
+    }
+    kvp_mstatus_op(s->status, h->op, ns, status);
+}
+
 /* Serves up to FRAMES_PER_TURN complete frames from c->in; stops early when
  * the unsent output passes OUT_PAUSE (c->out_paused). Returns 1 when it
  * stopped for the frame budget with complete frames left, else 0. */
@@ -537,10 +557,14 @@ static int conn_serve(kvp_mserver *s, conn *c)
             c->closing = 1;
             break;
         }
+        size_t out_before = c->out.len;
+        uint64_t t0 = s->status ? kvp_now_ns() : 0;
         if (kvp_master_handle(s->m, &c->sess, &h, body, &s->arena, &c->out, now) != 0) {
             c->closing = 1;
             break;
         }
+        if (s->status)
+            note_op(s, &h, kvp_now_ns() - t0, &c->out, out_before);
         pos += KVP_FRAME_HDR + (size_t)h.body_len;
         served++;
         if (h.op == KVP_OP_PUT_END && s->cfg.ha_sync) {
@@ -699,13 +723,16 @@ static int evictable(const kvp_mserver *s, const conn *c)
  * only when there is none to evict (all completed HELLO, or all came in
  * this turn).
  */
-static const char *admit(kvp_mserver *s, const struct sockaddr_storage *ss, addr_ent **ent)
+static const char *admit(kvp_mserver *s, const struct sockaddr_storage *ss, addr_ent **ent,
+                         int *reason)
 {
+    *reason = KVP_MREFUSE_MAX_CONNS;
     if (s->nconns >= s->cfg.max_connections) {
         if (!evictable(s, s->hello_head))
             return "max_connections reached";
         evict(s, s->hello_head, "max_connections reached; a newer connection came");
     }
+    *reason = KVP_MREFUSE_PRE_HELLO;
     if (s->npre >= s->pre_cap) {
         if (!evictable(s, s->hello_head))
             return "connections before HELLO at 7/8 of max_connections";
@@ -714,8 +741,10 @@ static const char *admit(kvp_mserver *s, const struct sockaddr_storage *ss, addr
     uint8_t key[ADDR_KEY];
     addr_key(ss, key);
     addr_ent *e = addr_find(s, key, 1);
+    *reason = KVP_MREFUSE_MEMORY;
     if (!e)
         return "out of memory";
+    *reason = KVP_MREFUSE_PER_ADDR;
     e->n++; /* counted first: evicting the last other one must not free e */
     if (e->n > s->cfg.max_conns_per_addr) {
         if (!evictable(s, e->head)) {
@@ -837,9 +866,11 @@ static void on_accept(kvp_mserver *s, uint64_t now)
         }
         s->accept_pause_ms = 0;
         addr_ent *e = NULL;
-        const char *why = admit(s, &ss, &e);
+        int reason;
+        const char *why = admit(s, &ss, &e, &reason);
         if (why) {
             s->n_refused++;
+            s->n_refused_by[reason]++;
             KVP_WARN_LIMITED(MOD, "connection refused: %s", why);
             close(fd);
             continue;
@@ -910,6 +941,8 @@ static int wait_ms(const kvp_mserver *s, uint32_t next_tick, uint64_t now)
     }
     if (s->ngated && t > GATE_POLL_MS) /* a standby that stops answering is noticed */
         t = GATE_POLL_MS;
+    if (s->status && t > STATUS_MS) /* the HTTP endpoint's picture stays fresh */
+        t = STATUS_MS;
     return (int)t;
 }
 
@@ -1023,6 +1056,20 @@ int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **
         ev.data.ptr = &s->sigfd;
         epoll_ctl(s->ep, EPOLL_CTL_ADD, s->sigfd, &ev);
     }
+    if (cfg->http[0]) {
+        char host[256], where[300];
+        uint16_t ignored;
+        kvp_net_split(cfg->listen, host, sizeof host, &ignored);
+        snprintf(where, sizeof where, strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, s->port);
+        if (!(s->status = kvp_mstatus_new(where))) {
+            snprintf(err, errlen, "out of memory");
+            kvp_mserver_destroy(s);
+            return KVP_ENOMEM;
+        }
+        /* with etcd it stands by until kvp_mserver_takeover */
+        kvp_mstatus_role(s->status, cfg->etcd[0] ? KVP_MROLE_STANDBY : KVP_MROLE_SINGLE);
+        status_publish(s, kvp_now_ms());
+    }
     *out = s;
     return 0;
 }
@@ -1080,8 +1127,29 @@ static void *standby_main(void *arg)
     return NULL;
 }
 
+/* The HTTP endpoint's picture, from the thread that owns the core. */
+static void status_publish(kvp_mserver *s, uint64_t now)
+{
+    kvp_msvc v = {.conns = s->nconns,
+                  .input_waits = s->n_input_waits,
+                  .input_used = s->in_used,
+                  .input_budget = s->in_budget,
+                  .turns = s->turn,
+                  .longest_turn_ms = s->longest_turn_ms,
+                  .master_id = kvp_master_id(s->m)};
+    memcpy(v.refused, s->n_refused_by, sizeof v.refused);
+    v.refused[KVP_MREFUSE_EVICTED] = s->n_evicted;
+    v.refused[KVP_MREFUSE_HELLO_TIMEOUT] = s->n_hello_timeouts;
+    v.refused[KVP_MREFUSE_HELLO_BACKOFF] = s->n_held;
+    kvp_mstatus_publish(s->status, s->m, &v, now);
+}
+
+kvp_mstatus *kvp_mserver_status(kvp_mserver *s) { return s->status; }
+
 void kvp_mserver_standby(kvp_mserver *s, int on)
 {
+    if (s->status && on)
+        kvp_mstatus_role(s->status, KVP_MROLE_STANDBY);
     if (on && !s->standby_on) {
         s->standby_on = 1;
         if (pthread_create(&s->standby_th, NULL, standby_main, s) != 0)
@@ -1094,7 +1162,11 @@ void kvp_mserver_standby(kvp_mserver *s, int on)
 
 int kvp_mserver_repl_apply(kvp_mserver *s, const uint8_t *body, size_t len, uint64_t *seq)
 {
-    return kvp_master_repl_apply(s->m, body, len, seq);
+    int rc = kvp_master_repl_apply(s->m, body, len, seq);
+    uint64_t now = kvp_now_ms();
+    if (s->status && kvp_mstatus_due(s->status, now)) /* the follower owns the core now */
+        status_publish(s, now);
+    return rc;
 }
 
 void kvp_mserver_takeover(kvp_mserver *s)
@@ -1102,6 +1174,10 @@ void kvp_mserver_takeover(kvp_mserver *s)
     kvp_master_takeover(s->m, kvp_now_ms());
     if (s->snap)
         snap_rewrite(s); /* the leader's picture it followed, not its own old one */
+    if (s->status) {
+        kvp_mstatus_role(s->status, KVP_MROLE_LEADER);
+        status_publish(s, kvp_now_ms());
+    }
 }
 
 void kvp_mserver_stop(kvp_mserver *s)
@@ -1365,6 +1441,8 @@ int kvp_mserver_run(kvp_mserver *s)
         push_freed(s);
         close_expired(s);
         summary(s, now);
+        if (s->status && kvp_mstatus_due(s->status, now))
+            status_publish(s, now);
         if (kvp_now_ms() - woke > s->longest_turn_ms)
             s->longest_turn_ms = kvp_now_ms() - woke;
     }
@@ -1387,6 +1465,7 @@ void kvp_mserver_destroy(kvp_mserver *s)
     kvp_snapfile_close(s->snap);
     if (s->m)
         kvp_master_destroy(s->m);
+    kvp_mstatus_free(s->status);
     kvp_arena_free(&s->arena);
     kvp_free(s->amap); /* empty: every connection was closed */
     if (s->lfd >= 0) close(s->lfd);

@@ -65,4 +65,8 @@ void kvp_mserver_standby(kvp_mserver *s, int on);
 void kvp_mserver_takeover(kvp_mserver *s);
 /* Closes every connection and frees everything. Not while run() runs. */
 void kvp_mserver_destroy(kvp_mserver *s);
+/* cfg.http: what the HTTP endpoint shows (master/status.h); NULL without
+ * it. Lives as long as s. */
+struct kvp_mstatus;
+struct kvp_mstatus *kvp_mserver_status(kvp_mserver *s);
 #endif

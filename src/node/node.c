@@ -50,6 +50,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/prom.h"
 #include "common/secret.h"
 #include "ha/leader.h"
 #include "kvpool.h"
@@ -771,3 +772,96 @@ uint64_t kvp_node_segment_id(const kvp_node *n) { return n->seg_id; }
 uint16_t kvp_node_port(const kvp_node *n) { return n->srv ? kvp_segserver_port(n->srv) : 0; }
 const char *kvp_node_name(const kvp_node *n) { return n->name; }
 int kvp_node_mounted(const kvp_node *n) { return __atomic_load_n(&n->mounted, __ATOMIC_ACQUIRE); }
+
+/* One sample family with no labels. */
+static void metric(kvp_buf *b, const char *name, const char *type, const char *help, uint64_t v)
+{
+    kvp_prom_family(b, name, type, help);
+    kvp_prom_u64(b, name, NULL, v);
+}
+
+void kvp_node_write_metrics(kvp_node *n, kvp_buf *b)
+{
+    char l[400] = "";
+    kvp_prom_family(b, "kvpool_node_info", "gauge", "This storage node's segment (HOST:PORT).");
+    kvp_prom_label(l, sizeof l, "segment", n->name, strlen(n->name));
+    kvp_prom_u64(b, "kvpool_node_info", l, 1);
+    metric(b, "kvpool_node_mounted", "gauge", "1 while the master holds this node's mount.",
+           (uint64_t)kvp_node_mounted(n));
+    metric(b, "kvpool_node_segment_bytes", "gauge", "The segment's size.",
+           kvp_segment_size(n->seg));
+    metric(b, "kvpool_node_segment_faulted_bytes", "gauge",
+           "Bytes of the segment faulted in so far.", kvp_segment_faulted(n->seg));
+    kvp_segserver_stats ss;
+    kvp_segserver_stats_get(n->srv, &ss);
+    metric(b, "kvpool_node_connections", "gauge", "Open connections to the segment server.",
+           ss.conns);
+    static const char *const refused[] = {"max_connections", "evicted", "peer_credentials"};
+    uint64_t rv[] = {ss.refused_full, ss.evicted, ss.peer_refused};
+    kvp_prom_family(b, "kvpool_node_connections_refused_total", "counter",
+                    "Connections refused at accept, by reason.");
+    for (int i = 0; i < 3; i++) {
+        char rl[64] = "";
+        kvp_prom_label(rl, sizeof rl, "reason", refused[i], strlen(refused[i]));
+        kvp_prom_u64(b, "kvpool_node_connections_refused_total", rl, rv[i]);
+    }
+    static const char *const closed[] = {"hello_timeout", "idle_timeout", "stall_timeout",
+                                         "revoked",       "expired",      "slow"};
+    uint64_t cv[] = {ss.hello_timeouts, ss.idle_timeouts, ss.stall_timeouts,
+                     ss.cut_revoked,    ss.cut_expired,   ss.cut_slow};
+    kvp_prom_family(b, "kvpool_node_connections_closed_total", "counter",
+                    "Connections the segment server closed, by reason.");
+    for (int i = 0; i < 6; i++) {
+        char rl[64] = "";
+        kvp_prom_label(rl, sizeof rl, "reason", closed[i], strlen(closed[i]));
+        kvp_prom_u64(b, "kvpool_node_connections_closed_total", rl, cv[i]);
+    }
+    metric(b, "kvpool_node_accept_pauses_total", "counter",
+           "Listener pauses for want of file descriptors.", ss.accept_pauses);
+    kvp_disk_stats ds = {0};
+    kvp_tier_stats ts = {0};
+    if (n->tier) {
+        kvp_tier_disk_stats(n->tier, &ds);
+        kvp_tier_get_stats(n->tier, &ts);
+    }
+    kvp_prom_family(b, "kvpool_node_transfer_bytes_total", "counter",
+                    "Value bytes this node moved, by path (tcp and unix: the segment server; "
+                    "disk: the SSD tier) and direction.");
+    static const char *const paths[] = {"tcp", "unix"};
+    for (int p = 0; p < 2; p++)
+        for (int d = 0; d < 2; d++) {
+            char pl[64] = "";
+            kvp_prom_label(pl, sizeof pl, "path", paths[p], strlen(paths[p]));
+            kvp_prom_label(pl, sizeof pl, "dir", d ? "write" : "read", d ? 5 : 4);
+            kvp_prom_u64(b, "kvpool_node_transfer_bytes_total", pl, ss.moved[p][d]);
+        }
+    kvp_prom_u64(b, "kvpool_node_transfer_bytes_total", "path=\"disk\",dir=\"read\"",
+                 ds.read_bytes);
+    kvp_prom_u64(b, "kvpool_node_transfer_bytes_total", "path=\"disk\",dir=\"write\"",
+                 ds.write_bytes);
+    metric(b, "kvpool_node_disk_capacity_bytes", "gauge", "The SSD tier's capacity (0 = none).",
+           ds.capacity);
+    metric(b, "kvpool_node_disk_used_bytes", "gauge", "Bytes of the SSD tier's page files.",
+           ds.used);
+    metric(b, "kvpool_node_disk_live_bytes", "gauge", "Bytes of the live records.",
+           ds.live_bytes);
+    metric(b, "kvpool_node_disk_records", "gauge", "Live records on the SSD tier.", ds.records);
+    metric(b, "kvpool_node_disk_writes_total", "counter", "Records written.", ds.writes);
+    metric(b, "kvpool_node_disk_write_errors_total", "counter", "Writes that failed.",
+           ds.write_errors);
+    metric(b, "kvpool_node_disk_pressure_total", "counter",
+           "Writes refused with -200 (staging or disk full).", ds.pressure);
+    metric(b, "kvpool_node_disk_reads_total", "counter", "Records read.", ds.reads);
+    metric(b, "kvpool_node_disk_read_misses_total", "counter", "Reads of records not there.",
+           ds.read_misses);
+    metric(b, "kvpool_node_disk_corrupt_total", "counter", "Records found corrupt.", ds.corrupt);
+    metric(b, "kvpool_node_disk_dropped_records_total", "counter", "Records dropped for room.",
+           ds.dropped_records);
+    metric(b, "kvpool_node_disk_compacted_bytes_total", "counter", "Bytes compaction moved.",
+           ds.compacted_bytes);
+    metric(b, "kvpool_node_spills_total", "counter", "Spills done for the master.", ts.spills);
+    metric(b, "kvpool_node_spill_failures_total", "counter", "Spills that failed.",
+           ts.spill_fails);
+    metric(b, "kvpool_node_loads_total", "counter", "Loads back into DRAM done.", ts.loads);
+    metric(b, "kvpool_node_load_failures_total", "counter", "Loads that failed.", ts.load_fails);
+}

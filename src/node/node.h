@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/buf.h"
 #include "common/config.h"
 
 typedef struct kvp_node kvp_node;
@@ -52,6 +53,9 @@ uint16_t kvp_node_port(const kvp_node *n);
 const char *kvp_node_name(const kvp_node *n);
 /* 1 while the master holds our mount (for tests and `stat`). */
 int kvp_node_mounted(const kvp_node *n);
+/* The node's Prometheus metrics (kvpool_node_*: its segment, connections,
+ * bytes moved per path, the SSD tier), appended to out. Any thread. */
+void kvp_node_write_metrics(kvp_node *n, kvp_buf *out);
 
 /* This machine's identity for the same-host check: the kernel boot id
  * (/proc/sys/kernel/random/boot_id). Static storage. */

@@ -189,6 +189,7 @@ struct kvp_segserver {
     /* atomic counters (kvp_segserver_stats) */
     uint64_t peer_refused, refused_full, evicted, hello_to, idle_to, stall_to, accept_pauses;
     uint64_t cut_revoked, cut_expired, cut_slow;
+    uint64_t moved[2][2];        /* atomic: bytes [tcp, unix][read, written] */
     int paused;                  /* acceptor only: listeners out of acc_ep */
     uint32_t backoff_ms;         /* acceptor only: last pause, 0 = none since an accept */
     uint64_t resume_ms;          /* acceptor only: end of the pause */
@@ -525,6 +526,7 @@ static void on_seg_io(struct kvp_segserver *s, conn *c)
             answer(c, KVP_EINVALID_READ, NULL, 0, NULL, 0, -1);
         } else {
             answer(c, 0, NULL, 0, s->base + r.offset, r.length, -1);
+            __atomic_fetch_add(&s->moved[!!c->is_unix][0], r.length, __ATOMIC_RELAXED);
             oitem *it = &c->outq[(c->oh + c->on - 1) % OUTQ];
             it->gen = r.generation;
             it->deadline = dl;
@@ -632,6 +634,7 @@ static int conn_input(worker *w, conn *c)
             budget -= (size_t)n;
             if (c->left == 0) {
                 answer(c, 0, NULL, 0, NULL, 0, -1);
+                __atomic_fetch_add(&s->moved[!!c->is_unix][1], c->wlen, __ATOMIC_RELAXED);
                 c->st = ST_HDR;
             }
             break;
@@ -1184,7 +1187,9 @@ void kvp_segserver_stats_get(const kvp_segserver *s, kvp_segserver_stats *out)
     *out = (kvp_segserver_stats){LD(nconns),   LD(refused_full),  LD(evicted),
                                  LD(hello_to), LD(idle_to),       LD(stall_to),
                                  LD(accept_pauses), LD(peer_refused), LD(cut_revoked),
-                                 LD(cut_expired), LD(cut_slow)};
+                                 LD(cut_expired), LD(cut_slow),
+                                 {{LD(moved[0][0]), LD(moved[0][1])},
+                                  {LD(moved[1][0]), LD(moved[1][1])}}};
 #undef LD
 }
 

@@ -80,6 +80,8 @@ typedef struct kvp_segserver_stats {
     uint64_t cut_revoked;      /* closed: a transfer's grant was revoked (barrier) */
     uint64_t cut_expired;      /* closed: a transfer outlived its descriptor */
     uint64_t cut_slow;         /* closed: busy below min_rate */
+    uint64_t moved[2][2];      /* bytes served [tcp, unix][read (SEG_READ), written (SEG_WRITE)];
+                                  a read counts when answered, a write once its body is in */
 } kvp_segserver_stats;
 
 int kvp_segserver_start(kvp_segment *seg, const kvp_segserver_opts *o, kvp_segserver **out,

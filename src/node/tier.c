@@ -577,6 +577,8 @@ void kvp_tier_close(kvp_tier *t)
 uint64_t kvp_tier_capacity(const kvp_tier *t) { return t->capacity; }
 int kvp_tier_wake_fd(const kvp_tier *t) { return t->evfd; }
 
+void kvp_tier_disk_stats(kvp_tier *t, kvp_disk_stats *out) { kvp_disk_get_stats(t->disk, out); }
+
 void kvp_tier_get_stats(kvp_tier *t, kvp_tier_stats *out)
 {
     pthread_mutex_lock(&t->mu);

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "common/config.h"
+#include "node/disk.h"
 #include "node/segment.h"
 
 typedef struct kvp_tier kvp_tier;
@@ -62,4 +63,6 @@ typedef struct kvp_tier_stats {
     uint64_t registered;
 } kvp_tier_stats;
 void kvp_tier_get_stats(kvp_tier *t, kvp_tier_stats *out);
+/* The disk store's own figures (disk.h). Thread-safe. */
+void kvp_tier_disk_stats(kvp_tier *t, kvp_disk_stats *out);
 #endif

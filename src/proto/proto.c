@@ -44,7 +44,7 @@ const char *kvp_stat_name(unsigned i)
         "load_fails", "disk_dropped", "disk_registered", "spill_pressure", "disk_used",
         "disk_compacted_bytes", "disk_compacted_pages", "disk_dropped_pages", "soft_pinned",
         "repl_followers", "repl_in_sync", "repl_seq", "repl_lag", "repl_bytes", "adopted",
-        "parked", "adopt_dropped"};
+        "parked", "adopt_dropped", "puts", "put_bytes", "hit_bytes"};
     return i < KVP_STAT__COUNT ? names[i] : "unknown";
 }
 

@@ -411,6 +411,9 @@ enum kvp_stat {
     KVP_STAT_ADOPTED,        /* objects a takeover kept from the leader before */
     KVP_STAT_PARKED,         /* such objects still waiting for their node to mount */
     KVP_STAT_ADOPT_DROPPED,  /* such objects dropped (node never came back, space taken) */
+    KVP_STAT_PUTS,           /* objects published (PUT_END done) */
+    KVP_STAT_PUT_BYTES,      /* their bytes */
+    KVP_STAT_HIT_BYTES,      /* bytes of the objects GET found (leases granted) */
     KVP_STAT__COUNT
 };
 /* Name of a counter ("objects", "hits", ...), as `kvpool stat --json` prints it. */

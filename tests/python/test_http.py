@@ -1,0 +1,294 @@
+"""The servers' HTTP endpoint (--http): /metrics checked by promtool and
+scraped by a real Prometheus, /healthz and /readyz, credentials, and the
+master's status page drawn by headless Chromium (its screenshot is kept as
+an artifact in $KVPOOL_ARTIFACTS, default build/artifacts)."""
+from __future__ import annotations
+
+import html.parser
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+
+import kvpool
+import kvpool_procs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fetch(url: str, token: Optional[str] = None, method: str = "GET") -> tuple[int, str, dict[str, str]]:
+    req = urllib.request.Request(url, method=method)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), dict(e.headers)
+
+
+def wait_http(url: str, deadline_s: float = 20.0) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            fetch(url)
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(url)
+
+
+def samples(text: str, name: str) -> dict[str, float]:
+    """{labels: value} of every sample of metric `name` in an exposition."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, val = line.rpartition(" ")
+        if head == name or head.startswith(name + "{"):
+            out[head[len(name):]] = float(val)
+    return out
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[kvpool_procs.Proc, str]]:
+    """`kvpool serve --http` and the endpoint's base URL."""
+    (port,) = kvpool_procs.free_ports(1)
+    p = kvpool_procs.serve("64MiB", "--http", f"127.0.0.1:{port}")
+    base = f"http://127.0.0.1:{port}"
+    wait_http(base + "/healthz")
+    yield p, base
+    p.stop()
+
+
+def put_some(addr: str, n: int, prefix: str) -> None:
+    c = kvpool.Client({"master": addr, "mode": "standalone-store"})
+    try:
+        for i in range(n):
+            c.put(f"{prefix}{i}", bytes([i % 251]) * (1000 + i))
+        assert c.get(f"{prefix}0") == bytes([0]) * 1000
+    finally:
+        c.close()
+
+
+def until(fn, what: str, deadline_s: float = 15.0):  # type: ignore[no-untyped-def]
+    end = time.monotonic() + deadline_s
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_metrics_follow_the_pool_and_pass_promtool(served: tuple[kvpool_procs.Proc, str]) -> None:
+    proc, base = served
+    put_some(proc.addr, 7, "m")
+    # the picture is republished every second
+
+    def published() -> Optional[str]:
+        t = fetch(base + "/metrics")[1]
+        return t if samples(t, "kvpool_objects").get("") == 7 else None
+
+    text = until(published, "kvpool_objects == 7")
+    assert samples(text, "kvpool_puts_total")[""] >= 7
+    assert samples(text, "kvpool_hits_total")[""] >= 1
+    assert samples(text, "kvpool_capacity_bytes")['{tier="dram"}'] == 64 << 20
+    assert samples(text, "kvpool_master_role")['{role="single"}'] == 1
+    assert samples(text, "kvpool_node_mounted")[""] == 1
+    assert samples(text, "kvpool_tenant_objects")['{tenant="default"}'] == 7
+    lat = samples(text, "kvpool_request_duration_seconds_count")
+    assert lat['{op="PUT_END"}'] >= 7 and lat['{op="GET"}'] >= 1
+    seg = samples(text, "kvpool_segment_capacity_bytes")
+    assert any(v == 64 << 20 and 'tier="dram"' in k for k, v in seg.items())
+    r = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
+    assert not r.stdout.strip() and not r.stderr.strip(), r.stdout.decode() + r.stderr.decode()
+
+
+def test_probes_methods_and_paths(served: tuple[kvpool_procs.Proc, str]) -> None:
+    _, base = served
+    st, body, hdr = fetch(base + "/healthz")
+    assert st == 200 and body == "ok\n"
+    st, body, _ = fetch(base + "/readyz")
+    assert st == 200, body
+    assert fetch(base + "/nope")[0] == 404
+    st, _, hdr = fetch(base + "/metrics", method="POST")
+    assert st == 405 and hdr.get("Allow") == "GET, HEAD"
+    st, body, hdr = fetch(base + "/metrics", method="HEAD")
+    assert st == 200 and body == "" and hdr["Content-Type"].startswith("text/plain; version=0.0.4")
+    st, body, hdr = fetch(base + "/api/stats")
+    assert st == 200 and hdr["Content-Type"] == "application/json"
+    j = json.loads(body)
+    assert j["role"] == "single" and j["ready"] and j["version"] == kvpool.__version__
+    assert j["segments"] and j["counters"]["segments"] == 1
+
+
+def test_a_token_guards_every_path() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        tok = Path(d) / "http-token"
+        tok.write_text("s3cret-metrics\n")
+        tok.chmod(0o600)
+        (port,) = kvpool_procs.free_ports(1)
+        p = kvpool_procs.master("--http", f"127.0.0.1:{port}", "--http-token-file", str(tok))
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_http(base + "/healthz")
+            for path in ("/metrics", "/healthz", "/", "/api/stats"):
+                st, _, hdr = fetch(base + path)
+                assert st == 401 and hdr.get("WWW-Authenticate", "").startswith("Bearer"), path
+                assert fetch(base + path, token="wrong")[0] == 401
+                assert fetch(base + path, token="s3cret-metrics")[0] == 200, path
+        finally:
+            p.stop()
+
+
+def test_beyond_loopback_needs_a_token() -> None:
+    (port,) = kvpool_procs.free_ports(1)
+    r = subprocess.run([kvpool_procs.kvpool_bin(), "master", "--listen", "127.0.0.1:0",
+                        "--http", f"0.0.0.0:{port}"], capture_output=True, timeout=30,
+                       env=kvpool_procs.server_env())
+    assert r.returncode == 1
+    assert b"HTTP endpoint" in r.stderr and b"insecure" in r.stderr, r.stderr
+
+
+def test_a_real_prometheus_scrapes_master_and_node(tmp_path: Path) -> None:
+    prom = shutil.which("prometheus")
+    assert prom, "prometheus is installed by scripts/install-deps"
+    mport, nport, pport = kvpool_procs.free_ports(3)
+    m = kvpool_procs.master("--http", f"127.0.0.1:{mport}")
+    log = open(tmp_path / "store.log", "wb")
+    store = subprocess.Popen([kvpool_procs.kvpool_bin(), "store", "--master", m.addr,
+                              "--segment-size", "32MiB", "--listen", "127.0.0.1:0",
+                              "--http", f"127.0.0.1:{nport}"], stdout=log,
+                             stderr=subprocess.STDOUT, env=kvpool_procs.server_env(),
+                             start_new_session=True)
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(
+        "global: {scrape_interval: 1s, scrape_timeout: 900ms}\n"
+        "scrape_configs:\n"
+        f"  - job_name: master\n    static_configs: [{{targets: ['127.0.0.1:{mport}']}}]\n"
+        f"  - job_name: node\n    static_configs: [{{targets: ['127.0.0.1:{nport}']}}]\n")
+    pl = open(tmp_path / "prometheus.log", "wb")
+    pp = subprocess.Popen([prom, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                           f"--web.listen-address=127.0.0.1:{pport}", "--log.level=warn"],
+                          stdout=pl, stderr=subprocess.STDOUT, start_new_session=True)
+    api = f"http://127.0.0.1:{pport}/api/v1/query?query="
+
+    def query(q: str) -> list[dict]:  # type: ignore[type-arg]
+        try:
+            st, body, _ = fetch(api + urllib.parse.quote(q))
+        except OSError:
+            return []
+        j = json.loads(body) if st == 200 else {}
+        return j.get("data", {}).get("result", []) if j.get("status") == "success" else []
+
+    try:
+        wait_http(f"http://127.0.0.1:{nport}/healthz")
+        until(lambda: fetch(f"http://127.0.0.1:{nport}/readyz")[0] == 200, "the node mounted")
+        put_some(m.addr, 5, "p")
+        # two scrapes of each target after the puts were published
+        until(lambda: [r for r in query('count_over_time(kvpool_objects{job="master"}[30s])')
+                       if float(r["value"][1]) >= 2]
+              and [r for r in query('kvpool_objects{job="master"}') if r["value"][1] == "5"],
+              "two scrapes and kvpool_objects == 5", 60)
+        up = {r["metric"]["job"]: r["value"][1] for r in query("up")}
+        assert up == {"master": "1", "node": "1"}, up
+        mounted = query('kvpool_node_mounted{job="node"}')
+        assert mounted and mounted[0]["value"][1] == "1"
+        segs = query('kvpool_segment_capacity_bytes{job="master",tier="dram"}')
+        assert [s["value"][1] for s in segs] == [str(32 << 20)]
+    finally:
+        os.killpg(pp.pid, 15)
+        pp.wait(20)
+        os.killpg(store.pid, 15)
+        store.wait(20)
+        m.stop()
+        log.close()
+        pl.close()
+
+
+class _Dom(html.parser.HTMLParser):
+    """Elements of a dumped DOM by id (attributes and text) and table rows by class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_id: dict[str, dict[str, str]] = {}
+        self.text: dict[str, str] = {}
+        self.rows: dict[str, int] = {}
+        self._open: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, Optional[str]]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if "id" in a:
+            self.by_id[a["id"]] = a
+            self.text[a["id"]] = ""
+            self._open.append(a["id"])
+        else:
+            self._open.append("")
+        if tag == "tr" and a.get("class"):
+            self.rows[a["class"]] = self.rows.get(a["class"], 0) + 1
+        if tag in ("meta", "br", "img", "input", "link"):
+            self._open.pop()
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._open:
+            self._open.pop()
+
+    def handle_data(self, data: str) -> None:
+        for i in self._open:
+            if i:
+                self.text[i] += data
+
+
+def test_the_status_page_renders_in_chromium(served: tuple[kvpool_procs.Proc, str]) -> None:
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium is installed by scripts/install-deps"
+    proc, base = served
+
+    def counters() -> dict[str, int]:
+        return json.loads(fetch(base + "/api/stats")[1])["counters"]  # type: ignore[no-any-return]
+
+    time.sleep(1.2)  # the picture is at most a second old
+    before = counters()["puts"]
+    put_some(proc.addr, 3, "page")
+
+    def objects() -> Optional[int]:
+        c = counters()
+        return int(c["objects"]) if c["puts"] >= before + 3 else None
+
+    want = until(objects, "the puts published")
+    art = Path(os.environ.get("KVPOOL_ARTIFACTS", ROOT / "build" / "artifacts"))
+    art.mkdir(parents=True, exist_ok=True)
+    shot = art / "status-page.png"
+    with tempfile.TemporaryDirectory() as prof:
+        flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 f"--user-data-dir={prof}", "--window-size=1280,1400", "--virtual-time-budget=5000"]
+        dom = subprocess.run(flags + ["--dump-dom", base + "/"], capture_output=True, timeout=120)
+        assert dom.returncode == 0, dom.stderr.decode()[-2000:]
+        shot.unlink(missing_ok=True)
+        r = subprocess.run(flags + [f"--screenshot={shot}", base + "/"], capture_output=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    d = _Dom()
+    d.feed(dom.stdout.decode())
+    # what the script drew, not what the server sent (the HTML has "-" there)
+    assert d.by_id["status"]["data-state"] == "live", d.text.get("status")
+    assert int(d.by_id["objects"]["data-value"]) == want
+    assert d.text["role"] == "single" and d.text["version"] == kvpool.__version__
+    assert d.text["ready"] == "ready"
+    assert d.rows.get("seg") == 1 and d.rows.get("tenant") == 1
+    assert d.text["hit-rate"].endswith("%")
+    assert "PUT_END" in d.text["ops"]
