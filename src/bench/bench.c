@@ -6,7 +6,8 @@
  * bench sim` (the simulator against the raw store) in bench_sim.c, `kvpool
  * bench gpu` (device memory to the pool and back) in bench_gpu.c, `kvpool
  * bench disk` (the SSD tier's store) in bench_disk.c, `kvpool bench ha` (a
- * cluster of masters: its cost, failovers) in bench_ha.c.
+ * cluster of masters: its cost, failovers) in bench_ha.c. `kvpool bench
+ * scrape` (the cost of scraping /metrics) is at the end of this file.
  *
  * It starts `kvpool master` itself (same binary, free port) unless --master
  * is given, mounts a segment large enough for every object (the master never
@@ -18,6 +19,8 @@
  *   the segment allocator's usable fraction for vLLM-like value sizes.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +36,7 @@
 #include "common/size.h"
 #include "kvpool.h"
 #include "master/segalloc.h"
+#include "net/net.h"
 #include "net/rpc.h"
 #include "proto/proto.h"
 
@@ -574,6 +578,265 @@ int kvp_bench_client_probe(kvp_client *c, const char *probe, const void *val, ch
     return 0;
 }
 
+/* -------------------------------------------------- bench scrape */
+
+/* `kvpool bench scrape`: does scraping the master's /metrics slow its
+ * request loop? One master with --http, 100,000 objects; rounds of timed
+ * runs (EXIST batch 1, GET+RELEASE batch 256) under each scrape rate in
+ * turn, so that drift hits every rate alike; medians over the rounds. */
+typedef struct scraper {
+    uint16_t port;
+    double hz;                 /* 0 = as fast as one connection can */
+    _Atomic int stop;
+    uint64_t n, bytes, fails;
+    double *lat_ms;            /* per scrape */
+    uint64_t cap;
+    pthread_t th;
+} scraper;
+
+/* One GET /metrics over a fresh connection, read to the end: bytes, or -1. */
+static long scrape_once(uint16_t port)
+{
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", port);
+    char err[KVP_NET_ERRLEN];
+    int fd = kvp_net_connect(addr, 2000, err, sizeof err);
+    if (fd < 0)
+        return -1;
+    static const char req[] = "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n";
+    long total = 0;
+    if (kvp_bench_write_all(fd, req, sizeof req - 1) == 0) {
+        char buf[65536];
+        ssize_t n;
+        while ((n = read(fd, buf, sizeof buf)) > 0)
+            total += n;
+        if (n < 0)
+            total = -1;
+    } else {
+        total = -1;
+    }
+    close(fd);
+    return total;
+}
+
+static void *scraper_main(void *arg)
+{
+    scraper *sc = arg;
+    uint64_t next = kvp_now_ns();
+    while (!atomic_load(&sc->stop)) {
+        uint64_t t0 = kvp_now_ns();
+        long got = scrape_once(sc->port);
+        uint64_t t1 = kvp_now_ns();
+        if (got <= 0) {
+            sc->fails++;
+        } else {
+            sc->bytes += (uint64_t)got;
+            if (sc->n < sc->cap)
+                sc->lat_ms[sc->n] = (double)(t1 - t0) / 1e6;
+            sc->n++;
+        }
+        if (sc->hz > 0) {
+            next += (uint64_t)(1e9 / sc->hz);
+            while (!atomic_load(&sc->stop) && kvp_now_ns() < next)
+                usleep(1000);
+        }
+    }
+    return NULL;
+}
+
+/* ops a second of fn(batch) for secs seconds; -1 on an error */
+static double timed(bench *b, op_fn fn, uint64_t nobj, uint32_t batch, double secs)
+{
+    uint64_t t0 = kvp_now_ns(), end = t0 + (uint64_t)(secs * 1e9), keys = 0, from = 0;
+    uint64_t beat = 0;
+    while (kvp_now_ns() < end) {
+        if (kvp_now_ns() - beat > 1000000000ull) { /* the idle node must stay alive */
+            const uint8_t *resp;
+            uint32_t len;
+            if (rpc(b, b->node, KVP_OP_HEARTBEAT, &resp, &len) != 0)
+                return -1;
+            beat = kvp_now_ns();
+        }
+        if (from + batch > nobj)
+            from = 0;
+        make_keys(b, from, batch);
+        if (fn(b, from, batch) != 0)
+            return -1;
+        keys += batch;
+        from += batch;
+    }
+    return (double)keys / ((double)(kvp_now_ns() - t0) / 1e9);
+}
+
+static int bench_scrape(int argc, char **argv)
+{
+    kvp_config cfg;
+    kvp_config_defaults(&cfg);
+    static const kvp_cli_flag own[] = {{"json", KVP_CLI_BOOL}, {"rounds", KVP_CLI_TEXT},
+                                       {"seconds", KVP_CLI_TEXT}, {NULL, KVP_CLI_TEXT}};
+    const char *v[3] = {NULL};
+    int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
+    if (rc == 1) {
+        printf("usage: kvpool bench scrape [--json] [--rounds N] [--seconds S]\n"
+               "  the master's EXIST (batch 1) and GET+RELEASE (batch 256) key-ops/s while\n"
+               "  /metrics is not scraped, scraped once a second, 20 times a second, and as\n"
+               "  fast as one connection can; --rounds (default 5) x --seconds per run\n"
+               "  (default 2)\n");
+        return 0;
+    }
+    if (rc < 0)
+        return 2;
+    uint64_t rounds = 5, secs = 2;
+    if ((v[1] && kvp_cli_uint("bench scrape", "rounds", v[1], 1, 100, &rounds) != 0) ||
+        (v[2] && kvp_cli_uint("bench scrape", "seconds", v[2], 1, 600, &secs) != 0))
+        return 2;
+    bench b = {0};
+    b.json = v[0] != NULL;
+    b.out = b.json ? stderr : stdout;
+    signal(SIGPIPE, SIG_IGN);
+    /* a free port for the endpoint: the master binds it at once */
+    uint16_t hport = 0;
+    int pfd = kvp_net_listen("127.0.0.1:0", 1, &hport, (char[KVP_NET_ERRLEN]){0}, KVP_NET_ERRLEN);
+    if (pfd < 0)
+        return 1;
+    close(pfd);
+    char http[32], addr[64];
+    snprintf(http, sizeof http, "127.0.0.1:%u", hport);
+    const char *const args[] = {"master", "--log-level", "warn", "--http", http, NULL};
+    pid_t pid = kvp_cli_spawn_self(args, 5000, addr, sizeof addr);
+    if (pid < 0) {
+        fprintf(stderr, "kvpool bench scrape: could not start a master\n");
+        return 1;
+    }
+    const uint64_t nobj = 100000;
+    int ret = 1;
+    char err[256];
+    kvp_rpc_opts o = {.name = "bench-node", .timeout_ms = 60000};
+    kvp_proto_limits_default(&b.lim);
+    kvp_buf_init(&b.body, 64u << 20);
+    kvp_arena_init(&b.ra, 256u << 20);
+    b.keybuf = kvp_malloc((size_t)KEYLEN * 1024);
+    b.keys = kvp_malloc(1024 * sizeof *b.keys);
+    b.u64s = kvp_malloc(1024 * sizeof *b.u64s);
+    enum { NMODES = 4 };
+    static const double hz[NMODES] = {-1, 1, 20, 0}; /* -1: no scraper */
+    static const char *const mname[NMODES] = {"none", "1/s", "20/s", "flat-out"};
+    double *res[NMODES][2] = {{0}};
+    for (int m = 0; m < NMODES; m++)
+        for (int k = 0; k < 2; k++)
+            res[m][k] = kvp_calloc(rounds, sizeof(double));
+    scraper sc = {.port = hport, .cap = 1u << 20};
+    sc.lat_ms = kvp_malloc(sc.cap * sizeof *sc.lat_ms);
+    uint64_t scrapes = 0, sbytes = 0, sfails = 0, nlat = 0;
+    if (!b.keybuf || !b.keys || !b.u64s || !sc.lat_ms)
+        goto out;
+    for (int m = 0; m < NMODES; m++)
+        for (int k = 0; k < 2; k++)
+            if (!res[m][k])
+                goto out;
+    if (kvp_rpc_open(addr, &o, &b.node, err, sizeof err) ||
+        (o.name = "bench-client", kvp_rpc_open(addr, &o, &b.cl, err, sizeof err))) {
+        fprintf(stderr, "kvpool bench scrape: %s\n", err);
+        goto out;
+    }
+    kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)"127.0.0.1:1", 11}};
+    kvp_seg_desc sd = {0xBE7C5, {(const uint8_t *)"bench-node:1", 12}, 4 * nobj * 4096, 1, &ep,
+                       0x5EC2E8, 1, 0};
+    kvp_msg_mount mm = {1, &sd};
+    kvp_enc_mount(&b.body, &mm);
+    const uint8_t *resp;
+    uint32_t len;
+    if ((rc = rpc(&b, b.node, KVP_OP_MOUNT_SEGMENT, &resp, &len)) != 0) {
+        fprintf(stderr, "kvpool bench scrape: mount failed: %s\n", kvp_strerror(rc));
+        goto out;
+    }
+    for (uint64_t done = 0; done < nobj; done += 1024) {
+        make_keys(&b, done, 1024);
+        if ((rc = do_put(&b, done, 1024)) != 0) {
+            fprintf(stderr, "kvpool bench scrape: fill: %s\n", kvp_strerror(rc));
+            goto out;
+        }
+    }
+    fprintf(b.out, "kvpool bench scrape: master %s, /metrics on %s, %llu objects, %llu rounds "
+            "x %llu s per run\n", addr, http, (unsigned long long)nobj,
+            (unsigned long long)rounds, (unsigned long long)secs);
+    for (uint64_t r = 0; r < rounds; r++)
+        for (int m = 0; m < NMODES; m++) {
+            kvp_bench_progress("scrape", 6, mname[m], 8, (int)r, (int)rounds);
+            sc.hz = hz[m];
+            sc.n = sc.bytes = sc.fails = 0;
+            atomic_store(&sc.stop, 0);
+            if (hz[m] >= 0 && pthread_create(&sc.th, NULL, scraper_main, &sc) != 0)
+                goto out;
+            double e = timed(&b, op_exist, nobj, 1, (double)secs);
+            double g = timed(&b, do_get, nobj, 256, (double)secs);
+            if (hz[m] >= 0) {
+                atomic_store(&sc.stop, 1);
+                pthread_join(sc.th, NULL);
+                if (m == NMODES - 1) { /* latency and size from the flat-out runs */
+                    uint64_t keep = sc.n < sc.cap ? sc.n : sc.cap;
+                    nlat = keep;
+                    scrapes += sc.n;
+                    sbytes += sc.bytes;
+                }
+                sfails += sc.fails;
+            }
+            if (e < 0 || g < 0) {
+                fprintf(stderr, "kvpool bench scrape: a request failed\n");
+                goto out;
+            }
+            res[m][0][r] = e;
+            res[m][1][r] = g;
+        }
+    kvp_bench_progress_clear(60);
+    double med[NMODES][2];
+    for (int m = 0; m < NMODES; m++)
+        for (int k = 0; k < 2; k++) {
+            qsort(res[m][k], rounds, sizeof(double), cmp_d);
+            med[m][k] = res[m][k][rounds / 2];
+        }
+    qsort(sc.lat_ms, nlat, sizeof(double), cmp_d);
+    double sp50 = nlat ? sc.lat_ms[nlat / 2] : 0;
+    double sp99 = nlat ? sc.lat_ms[(uint64_t)((double)(nlat - 1) * 0.99)] : 0;
+    double ssize = scrapes ? (double)sbytes / (double)scrapes : 0;
+    fprintf(b.out, "  %-9s %16s %8s %20s %8s\n", "scrapes", "EXIST b1 keys/s", "ratio",
+            "GET+REL b256 keys/s", "ratio");
+    for (int m = 0; m < NMODES; m++)
+        fprintf(b.out, "  %-9s %16.0f %8.3f %20.0f %8.3f\n", mname[m], med[m][0],
+                med[m][0] / med[0][0], med[m][1], med[m][1] / med[0][1]);
+    fprintf(b.out, "  a scrape: %.0f bytes, p50 %.2f ms, p99 %.2f ms (flat-out runs); %llu "
+            "failed\n", ssize, sp50, sp99, (unsigned long long)sfails);
+    if (b.json) {
+        printf("{\n  \"bench\": \"scrape\",\n  \"objects\": %llu,\n  \"rounds\": %llu,\n"
+               "  \"seconds\": %llu,\n  \"modes\": [\n", (unsigned long long)nobj,
+               (unsigned long long)rounds, (unsigned long long)secs);
+        for (int m = 0; m < NMODES; m++)
+            printf("    {\"scrapes\": \"%s\", \"exist_b1_keys_per_s\": %.0f, \"exist_ratio\": "
+                   "%.3f, \"get_b256_keys_per_s\": %.0f, \"get_ratio\": %.3f}%s\n",
+                   mname[m], med[m][0], med[m][0] / med[0][0], med[m][1],
+                   med[m][1] / med[0][1], m + 1 < NMODES ? "," : "");
+        printf("  ],\n  \"scrape_bytes\": %.0f,\n  \"scrape_p50_ms\": %.3f,\n"
+               "  \"scrape_p99_ms\": %.3f,\n  \"scrape_failures\": %llu\n}\n", ssize, sp50,
+               sp99, (unsigned long long)sfails);
+    }
+    ret = sfails ? 1 : 0;
+out:
+    kvp_rpc_close(b.node);
+    kvp_rpc_close(b.cl);
+    kvp_buf_free(&b.body);
+    kvp_arena_free(&b.ra);
+    kvp_free(b.keybuf);
+    kvp_free(b.keys);
+    kvp_free(b.u64s);
+    kvp_free(sc.lat_ms);
+    for (int m = 0; m < NMODES; m++)
+        for (int k = 0; k < 2; k++)
+            kvp_free(res[m][k]);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    return ret;
+}
+
 int kvp_bench_main(int argc, char **argv)
 {
     static const struct {
@@ -585,13 +848,14 @@ int kvp_bench_main(int argc, char **argv)
                    {"sim", "bench sim", kvp_bench_sim},
                    {"gpu", "bench gpu", kvp_bench_gpu},
                    {"disk", "bench disk", kvp_bench_disk},
-                   {"ha", "bench ha", kvp_bench_ha}};
+                   {"ha", "bench ha", kvp_bench_ha},
+                   {"scrape", "bench scrape", bench_scrape}};
     for (size_t i = 0; argc >= 2 && i < sizeof benches / sizeof benches[0]; i++)
         if (!strcmp(argv[1], benches[i].name)) {
             argv[1] = (char *)benches[i].label;
             return benches[i].fn(argc - 1, argv + 1);
         }
-    fprintf(stderr, "usage: kvpool bench master|store|connector|sim|gpu|disk|ha [--json]\n"
+    fprintf(stderr, "usage: kvpool bench master|store|connector|sim|gpu|disk|ha|scrape [--json]\n"
                     "       (kvpool bench master --help, kvpool bench store --help,\n"
                     "        kvpool bench connector --help, kvpool bench sim --help,\n"
                     "        kvpool bench gpu --help, kvpool bench disk --help,\n"
@@ -609,6 +873,8 @@ int kvp_bench_main(int argc, char **argv)
                     "          directory, and warm-restart times\n"
                     "  ha      a leader + standby (etcd) against one master: put/get ratio,\n"
                     "          kill -9 failovers (time to put/get again, objects lost),\n"
-                    "          replication bytes per put\n");
+                    "          replication bytes per put\n"
+                    "  scrape  the master's key-ops/s while its /metrics is scraped (none, 1/s,\n"
+                    "          20/s, flat out)\n");
     return argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? 0 : 2;
 }

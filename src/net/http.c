@@ -171,10 +171,11 @@ int kvp_http_start(const kvp_http_opts *o, kvp_http **out, char *err, size_t err
     }
     h->d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-        on_request, h, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd, MHD_OPTION_CONNECTION_LIMIT,
+        on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, /* first: it covers the rest */
+        MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)MAX_CONNS, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PER_ADDR,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)CONN_MEM, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_END);
+        (size_t)CONN_MEM, MHD_OPTION_END);
     if (!h->d) {
         close(fd);
         snprintf(err, errlen, "http: cannot start the HTTP server on %s", o->listen);
