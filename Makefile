@@ -14,7 +14,9 @@
 #   make test-gpu the device-path tests on a CUDA machine (test_gpu on the real
 #                 driver, tests/gpu with torch CUDA tensors); skips without one
 #   make fuzz     bounded run of every libFuzzer target (clang)
-#   make bench    benchmarks against real processes; results in bench/results/
+#   make bench    benchmarks against real processes; results in bench/results/,
+#                 then their plots (scripts/plots) in bench/plots/
+#   make plots    the plots alone, from the results in bench/results/ (gnuplot)
 #   make bench-hostile  the hostile run (bench/hostile.py, HOSTILE_SECONDS per target)
 #   make demo     kvpool serve + kvpool sim (2 instances x TP 2, ~30 s), then stops
 #   make gpu-kernel  regenerate src/client/gpu_kernel_ptx.c from gpu_kernel.cu (nvcc)
@@ -47,7 +49,7 @@ A_CFLAGS := $(CFLAGS_BASE) -O1 -fno-omit-frame-pointer -fsanitize=address,undefi
 T := build/tsan
 T_CFLAGS := $(CFLAGS_BASE) -O1 -fsanitize=thread -DKVP_TESTING=1
 
-.PHONY: all deps test test-gpu test-cluster tsan fuzz bench bench-hostile clean unit integ demo \
+.PHONY: all deps test test-gpu test-cluster tsan fuzz bench bench-hostile plots clean unit integ demo \
         python gpu-kernel install uninstall
 all: deps $(R)/kvpool $(R)/libkvpool.so $(R)/libkvpool.a
 
@@ -151,6 +153,11 @@ fuzz: deps $(FUZZ_BINS)
 
 bench: all
 	$(Q)bench/run.sh $(R)
+	$(Q)scripts/plots
+
+# PNGs in bench/plots/ drawn from bench/results/*.json (gnuplot-nox)
+plots: deps
+	$(Q)scripts/plots
 
 # the hostile run (bench/hostile.py): ~3 x (HOSTILE_SECONDS + 13) s
 HOSTILE_SECONDS ?= 60

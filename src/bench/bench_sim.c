@@ -26,6 +26,8 @@
  *     seed, so it does not load the first run's blocks), which shows
  *     how much of the gap is the simulator's own checking (a second pass
  *     over every loaded byte) rather than the connector's data path.
+ *     Each run's "timeline" (hit rate and GB/s per interval, from the
+ *     simulator's --json) is passed through into the results.
  *  3. raw store again. On a shared host the two raw figures can differ a
  *     lot; the ratio uses the HIGHER one (the conservative choice).
  *  Ratio = simulator GB/s / raw GB/s, judged on the full-verify run;
@@ -73,6 +75,7 @@ typedef struct simres {
     char why[192];
     double seconds, gbps, hit_rate;
     unsigned long long stored, loaded, mismatches, verified, requests;
+    char timeline[8192]; /* the simulator's "timeline" object, "null" without one */
 } simres;
 
 /* Piece p of key k lives at buf + (p * RAW_KEYS + k) * BLOCK_BYTES: the
@@ -214,6 +217,28 @@ static double jnum(const char *s, const char *key)
     return end == p + strlen(pat) ? -1 : v;
 }
 
+/* The object after "\"key\": " in s (brackets counted; it holds no
+ * strings with brackets) into out, else "null". */
+static void jobject(const char *s, const char *key, char *out, size_t outlen)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": {", key);
+    const char *p = strstr(s, pat);
+    snprintf(out, outlen, "null");
+    if (!p)
+        return;
+    p += strlen(pat) - 1;
+    int depth = 0;
+    for (const char *q = p; *q; q++) {
+        depth += (*q == '{' || *q == '[') - (*q == '}' || *q == ']');
+        if (depth == 0) {
+            if ((size_t)(q + 1 - p) < outlen)
+                snprintf(out, outlen, "%.*s", (int)(q + 1 - p), p);
+            return;
+        }
+    }
+}
+
 /* The ratio run's workload. */
 static const char *const WORKLOAD[] = {"--instances", "2", "--tp", "2", "--layers", "4",
                                        "--block-bytes", "16384", "--num-blocks", "256",
@@ -252,7 +277,7 @@ static void bench_sim(const char *master, const char *duration, const char *veri
         _exit(127);
     }
     close(p[1]);
-    char out[4096];
+    char out[16384]; /* the summary and its timeline (at most 65 samples) */
     size_t len = 0;
     for (;;) {
         ssize_t n = read(p[0], out + len, sizeof out - 1 - len);
@@ -277,6 +302,7 @@ static void bench_sim(const char *master, const char *duration, const char *veri
     r->mismatches = (v = jnum(out, "mismatches")) >= 0 ? (unsigned long long)v : 0;
     r->verified = (v = jnum(out, "blocks_verified")) >= 0 ? (unsigned long long)v : 0;
     r->requests = (v = jnum(out, "requests")) >= 0 ? (unsigned long long)v : 0;
+    jobject(out, "timeline", r->timeline, sizeof r->timeline);
     r->ok = r->exit_status == 0 && strstr(out, "\"ok\": true") && r->gbps > 0;
     if (!r->ok)
         snprintf(r->why, sizeof r->why, "kvpool sim exited %d%s", r->exit_status,
@@ -494,10 +520,12 @@ int kvp_bench_sim(int argc, char **argv)
                "  \"sim\": {\"ok\": %s, \"verify\": \"full\", \"instances\": 2, \"tp\": 2, "
                "\"layers\": %d, \"block_bytes\": %u, \"seconds\": %.3f, \"requests\": %llu, "
                "\"hit_rate\": %.4f, \"bytes_stored\": %llu, \"bytes_loaded\": %llu, "
-               "\"blocks_verified\": %llu, \"mismatches\": %llu, \"gbps\": %.3f},\n"
+               "\"blocks_verified\": %llu, \"mismatches\": %llu, \"gbps\": %.3f,\n"
+               "          \"timeline\": %s},\n"
                "  \"sim_sampled\": {\"ok\": %s, \"verify\": \"sample\", \"seconds\": %.3f, "
                "\"requests\": %llu, \"hit_rate\": %.4f, \"bytes_stored\": %llu, "
-               "\"bytes_loaded\": %llu, \"mismatches\": %llu, \"gbps\": %.3f},\n"
+               "\"bytes_loaded\": %llu, \"mismatches\": %llu, \"gbps\": %.3f,\n"
+               "          \"timeline\": %s},\n"
                "  \"ratio\": %.3f,\n  \"ratio_sampled\": %.3f,\n  \"target\": %.1f,\n"
                "  \"met\": %s\n}\n",
                addr, pid > 0 ? "true" : "false", raw.transport, raw.ok ? "true" : "false",
@@ -505,8 +533,9 @@ int kvp_bench_sim(int argc, char **argv)
                before, raw2.gbps,
                sim.ok ? "true" : "false", LAYERS, BLOCK_BYTES, sim.seconds, sim.requests,
                sim.hit_rate, sim.stored, sim.loaded, sim.verified, sim.mismatches, sim.gbps,
-               sam.ok ? "true" : "false", sam.seconds, sam.requests, sam.hit_rate, sam.stored,
-               sam.loaded, sam.mismatches, sam.gbps, ratio, ratio_s, TARGET,
+               sim.timeline[0] ? sim.timeline : "null", sam.ok ? "true" : "false", sam.seconds,
+               sam.requests, sam.hit_rate, sam.stored, sam.loaded, sam.mismatches, sam.gbps,
+               sam.timeline[0] ? sam.timeline : "null", ratio, ratio_s, TARGET,
                met ? "true" : "false");
     fflush(stdout);
     return raw.ok && sim.ok && sam.ok ? 0 : 1;

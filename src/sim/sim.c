@@ -61,7 +61,11 @@
  * prints a progress line (stderr, tty only) and the summary (text or
  * --json): hit rate, tokens loaded / computed / decoded, bytes stored and
  * loaded, GB/s, blocks verified, load errors and blocks recomputed,
- * preemptions, the consumers' own figures, mismatches.
+ * preemptions, the consumers' own figures, mismatches; --json ends with
+ * the run's timeline: the parent samples the instances' counters every
+ * TL_MS0 ms, at most TL_MAX samples (when full every other one goes and
+ * the interval doubles), each with the hit rate and the GB/s stored and
+ * loaded over its interval.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -1007,7 +1011,7 @@ static int engine_run(engine *e, int fd)
         }
         if (nran == 0 && nfin == 0)
             usleep(500);
-        if (now - last_report > 200000000ull) {
+        if (now - last_report > 50000000ull) { /* 50 ms: the parent's timeline */
             collect_stats(e);
             report(fd, &e->st);
             last_report = now;
@@ -1236,7 +1240,8 @@ static void usage(void)
            "  --duration SECONDS          keep starting conversations this long; 0 = one\n"
            "                              pass of users x turns (default 10)\n"
            "  --seed N                    workload seed (default 1)\n"
-           "  --json                      summary as JSON on stdout\n"
+           "  --json                      summary as JSON on stdout (ending with a timeline:\n"
+           "                              hit rate and GB/s per interval)\n"
            "  --block-size N              tokens per KV block (default 16)\n"
            "  --layers N                  layers (default 2)\n"
            "  --block-bytes N             bytes per block, plane and layer (default 4096)\n"
@@ -1522,6 +1527,79 @@ static void progress(const simstats *last, int n, uint64_t t0)
 }
 
 /*
+ * The timeline (--json): the summed counters of the instances' latest
+ * reports (every 50 ms) taken every `every` ns from the start; when TL_MAX
+ * samples are held every other one is dropped and the interval doubles, so
+ * the samples stay bounded for a run of any length. A sample is taken when
+ * the parent wakes (a report arrives) at or after its time; the last one is
+ * the run's end. Rates are over each sample's own interval.
+ */
+#define TL_MAX 64
+#define TL_MS0 500
+typedef struct tlsample {
+    uint64_t t_ns, requests, prompt_tokens, loaded_tokens, bytes_stored, bytes_loaded;
+} tlsample;
+typedef struct timeline {
+    tlsample s[TL_MAX + 1]; /* + the final sample */
+    int n;
+    uint64_t every, next; /* ns since the start */
+} timeline;
+
+static void tl_add(timeline *tl, const simstats *t, uint64_t at)
+{
+    if (tl->n == TL_MAX + 1)
+        return;
+    tl->s[tl->n++] = (tlsample){at, t->requests, t->prompt_tokens, t->loaded_tokens,
+                                t->bytes_stored, t->bytes_loaded};
+}
+
+static void tl_take(timeline *tl, const simstats *last, int n, uint64_t since)
+{
+    if (since < tl->next)
+        return;
+    if (tl->n == TL_MAX) { /* keep the 2nd, 4th, ...: an interval twice as long */
+        for (int i = 0; i < TL_MAX / 2; i++)
+            tl->s[i] = tl->s[2 * i + 1];
+        tl->n = TL_MAX / 2;
+        tl->every *= 2;
+        tl->next = tl->every * (uint64_t)(tl->n + 1);
+        if (since < tl->next)
+            return;
+    }
+    simstats t = {0};
+    for (int i = 0; i < n; i++)
+        sum(&t, &last[i]);
+    tl_add(tl, &t, since);
+    tl->next = (since / tl->every + 1) * tl->every; /* a late wake-up skips, never bunches */
+}
+
+/* ", \"timeline\": {...}" into stdout: per sample t (s), requests so far,
+ * hit rate over the interval (null without prompt tokens in it) and so far,
+ * GB/s stored and loaded over the interval. */
+static void tl_print(const timeline *tl)
+{
+    printf(", \"timeline\": {\"interval_s\": %.3f, \"columns\": [\"t_s\", \"requests\", "
+           "\"interval_hit_rate\", \"hit_rate_so_far\", \"stored_gbps\", \"loaded_gbps\"], "
+           "\"samples\": [", (double)tl->every / 1e9);
+    tlsample z = {0};
+    for (int i = 0; i < tl->n; i++) {
+        const tlsample *a = i ? &tl->s[i - 1] : &z, *b = &tl->s[i];
+        double dt = (double)(b->t_ns - a->t_ns) / 1e9;
+        uint64_t dp = b->prompt_tokens - a->prompt_tokens;
+        uint64_t dl = b->loaded_tokens - a->loaded_tokens;
+        char hr[16] = "null";
+        if (dp)
+            snprintf(hr, sizeof hr, "%.4f", (double)dl / (double)dp);
+        printf("%s[%.2f, %" PRIu64 ", %s, %.4f, %.3f, %.3f]", i ? ", " : "",
+               (double)b->t_ns / 1e9, b->requests, hr,
+               b->prompt_tokens ? (double)b->loaded_tokens / (double)b->prompt_tokens : 0.0,
+               dt > 0 ? (double)(b->bytes_stored - a->bytes_stored) / dt / 1e9 : 0.0,
+               dt > 0 ? (double)(b->bytes_loaded - a->bytes_loaded) / dt / 1e9 : 0.0);
+    }
+    printf("]}");
+}
+
+/*
  * Phase of instance i: with --roles naming both consumers and others, the
  * consumers run in phase 1, after every other instance finished (they
  * replay the same users' prompts: disaggregated prefill); else everything
@@ -1561,6 +1639,12 @@ int kvp_sim_main(int argc, char **argv)
         fds[i] = -1;
     uint64_t t0 = now_ns();
     int fail = 0, exit_bad = 0, tty = isatty(2);
+    timeline *tl = kvp_calloc(1, sizeof *tl);
+    if (!tl) {
+        fprintf(stderr, "kvpool sim: out of memory\n");
+        return 1;
+    }
+    tl->every = tl->next = (uint64_t)TL_MS0 * 1000000ull;
     for (int phase = 0; phase < 2 && !fail; phase++) {
         int nslots = 0, open_fds = 0;
         for (int i = 0; i < n; i++)
@@ -1587,6 +1671,7 @@ int kvp_sim_main(int argc, char **argv)
                         close(fds[j]);
                 int r = instance_main(&c, i, slot, nslots, p[1]);
                 close(p[1]);
+                kvp_free(tl);
                 kvp_free(pids);
                 kvp_free(fds);
                 kvp_free(last);
@@ -1620,6 +1705,7 @@ int kvp_sim_main(int argc, char **argv)
             }
             if (tty)
                 progress(last, n, t0);
+            tl_take(tl, last, n, now_ns() - t0);
         }
         for (int i = 0; i < n; i++) {
             if (!pids[i] || phase_of(&c, i) != phase)
@@ -1638,13 +1724,17 @@ int kvp_sim_main(int argc, char **argv)
     }
     if (tty)
         fprintf(stderr, "\n");
-    double el = (double)(now_ns() - t0) / 1e9;
+    uint64_t el_ns = now_ns() - t0;
+    double el = (double)el_ns / 1e9;
     simstats t = {0}, tc = {0};
     for (int i = 0; i < n; i++) {
         sum(&t, &last[i]);
         if (sim_role(&c, i) == SIM_CONSUMER)
             sum(&tc, &last[i]);
     }
+    if (tl->n && el_ns - tl->s[tl->n - 1].t_ns < tl->every / 2)
+        tl->n--; /* the end replaces a sample just before it: no sliver of an interval */
+    tl_add(tl, &t, el_ns);
     double hit = t.prompt_tokens ? (double)t.loaded_tokens / (double)t.prompt_tokens : 0.0;
     double chit = tc.prompt_tokens ? (double)tc.loaded_tokens / (double)tc.prompt_tokens : 0.0;
     double gbs = el > 0 ? (double)(t.bytes_stored + t.bytes_loaded) / el / 1e9 : 0.0;
@@ -1677,7 +1767,7 @@ int kvp_sim_main(int argc, char **argv)
                ", \"blocks_recomputed\": %" PRIu64 ", \"mismatches\": %" PRIu64
                ", \"consumer\": {\"requests\": %" PRIu64 ", \"prompt_tokens\": %" PRIu64
                ", \"tokens_loaded\": %" PRIu64 ", \"hit_rate\": %.4f, \"bytes_stored\": %" PRIu64
-               ", \"bytes_loaded\": %" PRIu64 "}, \"ok\": %s}\n",
+               ", \"bytes_loaded\": %" PRIu64 "}, \"ok\": %s",
                n, c.tp, c.pp, c.mla ? "true" : "false", c.swa, roles,
                c.sample ? "sample" : "full", el, t.requests,
                t.prompt_tokens, t.loaded_tokens, t.lookup_hit_tokens, t.loaded_tokens,
@@ -1691,6 +1781,8 @@ int kvp_sim_main(int argc, char **argv)
                t.load_error_reqs, t.blocks_recomputed,
                t.mismatches, tc.requests, tc.prompt_tokens, tc.loaded_tokens, chit,
                tc.bytes_stored, tc.bytes_loaded, bad ? "false" : "true");
+        tl_print(tl); /* last: readers that scan for the first "key": find the summary's */
+        printf("}\n");
     } else {
         printf("kvpool sim: %d instances (%s) x TP %d x PP %d%s, %.1f s\n", n, roles, c.tp,
                c.pp, c.swa     ? " (hybrid: full + sliding window)"
@@ -1732,6 +1824,7 @@ int kvp_sim_main(int argc, char **argv)
         printf("  result                %s\n", bad ? "FAIL" : "ok");
     }
     fflush(stdout);
+    kvp_free(tl);
     kvp_free(pids);
     kvp_free(fds);
     kvp_free(last);
