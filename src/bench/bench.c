@@ -304,6 +304,63 @@ static double usable_fraction(uint64_t size)
     return worst;
 }
 
+/* The buffers of a run (maxlat latencies); 0 or -1 (out of memory). */
+static int bench_init(bench *b, uint64_t maxlat)
+{
+    kvp_proto_limits_default(&b->lim);
+    kvp_buf_init(&b->body, 64u << 20);
+    kvp_arena_init(&b->ra, 256u << 20);
+    b->keybuf = kvp_malloc((size_t)KEYLEN * 1024);
+    b->keys = kvp_malloc(1024 * sizeof *b->keys);
+    b->u64s = kvp_malloc(1024 * sizeof *b->u64s);
+    b->lat = kvp_malloc(maxlat * sizeof *b->lat);
+    return b->keybuf && b->keys && b->u64s && b->lat ? 0 : -1;
+}
+
+static void bench_fini(bench *b)
+{
+    kvp_rpc_close(b->node);
+    kvp_rpc_close(b->cl);
+    kvp_buf_free(&b->body);
+    kvp_arena_free(&b->ra);
+    kvp_free(b->keybuf);
+    kvp_free(b->keys);
+    kvp_free(b->u64s);
+    kvp_free(b->lat);
+}
+
+/* The node and client connections to addr, and a segment of seg_bytes
+ * mounted by the node (the master never touches segment memory: the
+ * capacity costs nothing). 0, or -1 after a message naming `who`. */
+static int bench_connect(bench *b, const char *who, const char *addr, const char *token,
+                         uint64_t seg_bytes)
+{
+    char err[256];
+    kvp_rpc_opts o = {.name = "bench-node", .timeout_ms = 60000, .token = token};
+    if (kvp_rpc_open(addr, &o, &b->node, err, sizeof err)) {
+        fprintf(stderr, "kvpool %s: %s\n", who, err);
+        return -1;
+    }
+    o.name = "bench-client";
+    if (kvp_rpc_open(addr, &o, &b->cl, err, sizeof err)) {
+        fprintf(stderr, "kvpool %s: %s\n", who, err);
+        return -1;
+    }
+    kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)"127.0.0.1:1", 11}};
+    kvp_seg_desc sd = {0xBE7C4, {(const uint8_t *)"bench-node:1", 12}, seg_bytes, 1, &ep,
+                       0x5EC2E7, 1, 0};
+    kvp_msg_mount mm = {1, &sd};
+    kvp_enc_mount(&b->body, &mm);
+    const uint8_t *resp;
+    uint32_t len;
+    int rc = rpc(b, b->node, KVP_OP_MOUNT_SEGMENT, &resp, &len);
+    if (rc != 0) {
+        fprintf(stderr, "kvpool %s: mount failed: %s\n", who, kvp_strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
 /* The master it measures; max_master_memory (a flag or the configuration
  * file) goes to it: past it puts are refused, which bounds --objects-big. */
 static pid_t spawn_master(const kvp_config *cfg, char *addr, size_t addrlen)
@@ -360,42 +417,16 @@ static int bench_master(int argc, char **argv)
             return 1;
         }
     }
-    char err[256];
-    kvp_rpc_opts o = {.name = "bench-node", .timeout_ms = 60000,
-                      .token = cfg.cluster_token[0] ? cfg.cluster_token : NULL};
     int ret = 1;
-    kvp_proto_limits_default(&b.lim);
-    kvp_buf_init(&b.body, 64u << 20);
-    kvp_arena_init(&b.ra, 256u << 20);
-    b.keybuf = kvp_malloc((size_t)KEYLEN * 1024);
-    b.keys = kvp_malloc(1024 * sizeof *b.keys);
-    b.u64s = kvp_malloc(1024 * sizeof *b.u64s);
-    uint64_t maxlat = (nbig > nobj ? nbig : nobj) + nops + 16;
-    b.lat = kvp_malloc(maxlat * sizeof *b.lat);
-    if (!b.keybuf || !b.keys || !b.u64s || !b.lat)
-        goto out;
-    if (kvp_rpc_open(addr, &o, &b.node, err, sizeof err)) {
-        fprintf(stderr, "kvpool bench master: %s\n", err);
-        goto out;
-    }
-    o.name = "bench-client";
-    if (kvp_rpc_open(addr, &o, &b.cl, err, sizeof err)) {
-        fprintf(stderr, "kvpool bench master: %s\n", err);
-        goto out;
-    }
+    const uint8_t *resp;
+    uint32_t len;
     /* heartbeats keep the node alive during long phases: it is idle */
     /* twice what is stored: stays below the eviction watermarks */
     uint64_t total = 2 * ((nbig > nobj ? nbig : nobj) + nops + 1024);
-    kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)"127.0.0.1:1", 11}};
-    kvp_seg_desc sd = {0xBE7C4, {(const uint8_t *)"bench-node:1", 12}, total * 4096, 1, &ep, 0x5EC2E7, 1, 0};
-    kvp_msg_mount mm = {1, &sd};
-    kvp_enc_mount(&b.body, &mm);
-    const uint8_t *resp;
-    uint32_t len;
-    if ((rc = rpc(&b, b.node, KVP_OP_MOUNT_SEGMENT, &resp, &len)) != 0) {
-        fprintf(stderr, "kvpool bench master: mount failed: %s\n", kvp_strerror(rc));
+    if (bench_init(&b, (nbig > nobj ? nbig : nobj) + nops + 16) != 0 ||
+        bench_connect(&b, "bench master", addr, cfg.cluster_token[0] ? cfg.cluster_token : NULL,
+                      total * 4096) != 0)
         goto out;
-    }
     uint64_t rss0 = pid ? rss_bytes(pid) : 0;
     fprintf(b.out, "kvpool bench master: %s, %llu objects, %d-byte keys, 4 KiB values\n", addr,
             (unsigned long long)nobj, KEYLEN);
@@ -461,14 +492,7 @@ static int bench_master(int argc, char **argv)
                uf1, uf2);
     ret = 0;
 out:
-    kvp_rpc_close(b.node);
-    kvp_rpc_close(b.cl);
-    kvp_buf_free(&b.body);
-    kvp_arena_free(&b.ra);
-    kvp_free(b.keybuf);
-    kvp_free(b.keys);
-    kvp_free(b.u64s);
-    kvp_free(b.lat);
+    bench_fini(&b);
     if (pid > 0) {
         kill(pid, SIGTERM);
         waitpid(pid, NULL, 0);
@@ -710,14 +734,6 @@ static int bench_scrape(int argc, char **argv)
     }
     const uint64_t nobj = 100000;
     int ret = 1;
-    char err[256];
-    kvp_rpc_opts o = {.name = "bench-node", .timeout_ms = 60000};
-    kvp_proto_limits_default(&b.lim);
-    kvp_buf_init(&b.body, 64u << 20);
-    kvp_arena_init(&b.ra, 256u << 20);
-    b.keybuf = kvp_malloc((size_t)KEYLEN * 1024);
-    b.keys = kvp_malloc(1024 * sizeof *b.keys);
-    b.u64s = kvp_malloc(1024 * sizeof *b.u64s);
     enum { NMODES = 4 };
     static const double hz[NMODES] = {-1, 1, 20, 0}; /* -1: no scraper */
     static const char *const mname[NMODES] = {"none", "1/s", "20/s", "flat-out"};
@@ -728,28 +744,14 @@ static int bench_scrape(int argc, char **argv)
     scraper sc = {.port = hport, .cap = 1u << 20};
     sc.lat_ms = kvp_malloc(sc.cap * sizeof *sc.lat_ms);
     uint64_t scrapes = 0, sbytes = 0, sfails = 0, nlat = 0;
-    if (!b.keybuf || !b.keys || !b.u64s || !sc.lat_ms)
+    if (bench_init(&b, 16) != 0 || !sc.lat_ms)
         goto out;
     for (int m = 0; m < NMODES; m++)
         for (int k = 0; k < 2; k++)
             if (!res[m][k])
                 goto out;
-    if (kvp_rpc_open(addr, &o, &b.node, err, sizeof err) ||
-        (o.name = "bench-client", kvp_rpc_open(addr, &o, &b.cl, err, sizeof err))) {
-        fprintf(stderr, "kvpool bench scrape: %s\n", err);
+    if (bench_connect(&b, "bench scrape", addr, NULL, 4 * nobj * 4096) != 0)
         goto out;
-    }
-    kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)"127.0.0.1:1", 11}};
-    kvp_seg_desc sd = {0xBE7C5, {(const uint8_t *)"bench-node:1", 12}, 4 * nobj * 4096, 1, &ep,
-                       0x5EC2E8, 1, 0};
-    kvp_msg_mount mm = {1, &sd};
-    kvp_enc_mount(&b.body, &mm);
-    const uint8_t *resp;
-    uint32_t len;
-    if ((rc = rpc(&b, b.node, KVP_OP_MOUNT_SEGMENT, &resp, &len)) != 0) {
-        fprintf(stderr, "kvpool bench scrape: mount failed: %s\n", kvp_strerror(rc));
-        goto out;
-    }
     for (uint64_t done = 0; done < nobj; done += 1024) {
         make_keys(&b, done, 1024);
         if ((rc = do_put(&b, done, 1024)) != 0) {
@@ -821,13 +823,7 @@ static int bench_scrape(int argc, char **argv)
     }
     ret = sfails ? 1 : 0;
 out:
-    kvp_rpc_close(b.node);
-    kvp_rpc_close(b.cl);
-    kvp_buf_free(&b.body);
-    kvp_arena_free(&b.ra);
-    kvp_free(b.keybuf);
-    kvp_free(b.keys);
-    kvp_free(b.u64s);
+    bench_fini(&b);
     kvp_free(sc.lat_ms);
     for (int m = 0; m < NMODES; m++)
         for (int k = 0; k < 2; k++)
