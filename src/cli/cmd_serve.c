@@ -13,6 +13,7 @@
 
 #include "cli/cli.h"
 #include "common/log.h"
+#include "common/notify.h"
 #include "common/size.h"
 #include "kvpool.h"
 #include "master/service.h"
@@ -146,9 +147,11 @@ int kvp_cmd_serve(int argc, char **argv)
         }
     }
     if (ret == 0) {
+        kvp_notify("READY=1"); /* the master serves, the node is mounted */
         int sig;
         sigwait(&ss, &sig);
         KVP_INFO("serve", "signal %d: shutting down", sig);
+        kvp_notify("STOPPING=1");
     }
     kvp_node_stop(node);
     kvp_mserver_stop(ms);

@@ -6,6 +6,7 @@
 
 #include "cli/cli.h"
 #include "common/log.h"
+#include "common/notify.h"
 #include "kvpool.h"
 #include "node/node.h"
 #include "node/segment.h"
@@ -81,9 +82,11 @@ int kvp_cmd_store(int argc, char **argv)
     }
     KVP_INFO("store", "segment %016llx serving on port %u, master %s",
              (unsigned long long)kvp_node_segment_id(n), kvp_node_port(n), cfg.master_addr);
+    kvp_notify("READY=1"); /* mounted (or serving without a master: --master-optional) */
     int sig = 0;
     sigwait(&ss, &sig);
     KVP_INFO("store", "signal %d: shutting down", sig);
+    kvp_notify("STOPPING=1");
     kvp_node_stop(n);
     KVP_INFO("store", "stopped");
     return 0;
