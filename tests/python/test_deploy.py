@@ -187,3 +187,43 @@ def test_units_command_lines_serve_with_the_example_config(tmp_path: Path) -> No
             assert _stop(s) == 0, log.read_text(errors="replace")[-2000:]
         finally:
             assert _stop(m) == 0, log.read_text(errors="replace")[-2000:]
+
+
+# ------------------------------------------------------------ Containerfile
+
+def _containerfile() -> list[str]:
+    """The Containerfile's instructions, continuation lines joined."""
+    text = (DEPLOY / "Containerfile").read_text()
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
+    return [i.strip() for i in re.sub(r"\\\n", " ", "\n".join(lines)).splitlines() if i.strip()]
+
+
+def test_containerfile_packages_exist_in_apt() -> None:
+    if shutil.which("apt-cache") is None:
+        pytest.skip("apt-cache is not installed (not a Debian machine)")
+    pkgs: list[str] = []
+    for ins in _containerfile():
+        for m in re.finditer(r"apt-get install((?: +-{1,2}[a-z-]+)*)((?: +[a-z0-9][a-z0-9.+-]+)+)", ins):
+            pkgs += m.group(2).split()
+    assert {"libjansson4", "libxxhash0", "liburing2", "libmicrohttpd12", "libcurl4"} <= set(pkgs)
+    for p in pkgs:
+        r = subprocess.run(["apt-cache", "show", p], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and f"Package: {p}" in r.stdout, f"no Debian package {p}"
+
+
+def test_containerfile_copies_what_the_repository_has() -> None:
+    ins = _containerfile()
+    assert ins[0].startswith("FROM debian:12 AS build")
+    copies = [shlex.split(i)[1:-1] for i in ins if i.startswith("COPY ") and "--from=" not in i]
+    assert copies
+    for srcs in copies:
+        for src in srcs:
+            assert (ROOT / src).exists(), f"COPY {src}: not in the repository"
+    assert any(i.startswith("USER ") and "root" not in i for i in ins)
+    assert any(i.startswith("EXPOSE ") for i in ins)
+    health = [i for i in ins if i.startswith("HEALTHCHECK ")]
+    port = re.search(r"curl -f\S* .*http://127\.0\.0\.1:(\d+)/healthz", health[0])
+    assert port, health
+    cmd = next(i for i in ins if i.startswith("CMD "))
+    assert f"0.0.0.0:{port.group(1)}" in cmd and port.group(1) in next(
+        i for i in ins if i.startswith("EXPOSE "))
