@@ -227,3 +227,47 @@ def test_containerfile_copies_what_the_repository_has() -> None:
     cmd = next(i for i in ins if i.startswith("CMD "))
     assert f"0.0.0.0:{port.group(1)}" in cmd and port.group(1) in next(
         i for i in ins if i.startswith("EXPOSE "))
+
+
+# --------------------------------------------------------- bash completion
+
+def complete(*words: str, cwd: Path = ROOT) -> list[str]:
+    """COMPREPLY of deploy/completion/kvpool.bash for the command line
+    words (the last one is completed)."""
+    script = ('source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); '
+              '_kvpool; printf "%s\\n" "${COMPREPLY[@]}"')
+    r = subprocess.run(["bash", "-c", script, "bash", str(DEPLOY / "completion" / "kvpool.bash"),
+                        kvpool_bin(), *words], capture_output=True, text=True, cwd=cwd,
+                       env=server_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [w for w in r.stdout.splitlines() if w]
+
+
+def test_completion_subcommands_come_from_kvpool_help() -> None:
+    got = complete("")
+    for c in ("serve", "master", "store", "stat", "put", "get", "help", "version", "--help"):
+        assert c in got
+    assert complete("ma") == ["master"]
+    assert complete("s") == ["serve", "store", "stat", "sim"]
+    topics = complete("help", "")
+    assert "config" in topics and "master" in topics and "help" not in topics
+
+
+def test_completion_flags_per_subcommand_and_config_keys() -> None:
+    assert complete("master", "--tenant-t") == ["--tenant-tokens-file"]
+    assert complete("master", "--lease") == ["--lease-ttl"]
+    assert complete("put", "--lease") == []  # put does not read lease_ttl: refuses it
+    store = complete("store", "--")
+    assert {"--master-optional", "--unix-dir", "--offload-dir", "--config", "--help"} <= set(store)
+    assert "--lease-ttl" not in store
+    assert set(complete("serve", "--port-file", "x", "--")) >= {"--segment-size", "--listen"}
+
+
+def test_completion_files_after_file_flags(tmp_path: Path) -> None:
+    (tmp_path / "kvpool.json").write_text("{}")
+    (tmp_path / "cluster.token").write_text("x")
+    (tmp_path / "tier").mkdir()
+    assert complete("master", "--config", "kv", cwd=tmp_path) == ["kvpool.json"]
+    assert complete("store", "--cluster-token-file", "clu", cwd=tmp_path) == ["cluster.token"]
+    assert complete("store", "--offload-dir", "", cwd=tmp_path) == ["tier"]
+    assert complete("store", "--config", "=", "kv", cwd=tmp_path) == ["kvpool.json"]
