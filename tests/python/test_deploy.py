@@ -271,3 +271,53 @@ def test_completion_files_after_file_flags(tmp_path: Path) -> None:
     assert complete("store", "--cluster-token-file", "clu", cwd=tmp_path) == ["cluster.token"]
     assert complete("store", "--offload-dir", "", cwd=tmp_path) == ["tier"]
     assert complete("store", "--config", "=", "kv", cwd=tmp_path) == ["kvpool.json"]
+
+
+# ------------------------------------------------------- Grafana dashboard
+
+# the metric names the servers export (the names the dashboard may use)
+METRICS = {
+    "kvpool_objects", "kvpool_bytes", "kvpool_capacity_bytes", "kvpool_used_bytes",
+    "kvpool_segment_capacity_bytes", "kvpool_segment_used_bytes", "kvpool_hits_total",
+    "kvpool_misses_total", "kvpool_puts_total", "kvpool_put_bytes_total",
+    "kvpool_hit_bytes_total", "kvpool_evictions_total", "kvpool_spills_total",
+    "kvpool_loads_total", "kvpool_pressure_refusals_total", "kvpool_leases",
+    "kvpool_pending_puts", "kvpool_tenant_objects", "kvpool_tenant_bytes",
+    "kvpool_request_duration_seconds_bucket", "kvpool_requests_total", "kvpool_errors_total",
+    "kvpool_connections", "kvpool_connections_refused_total", "kvpool_repl_lag_records",
+    "kvpool_repl_followers", "kvpool_node_transfer_bytes_total", "kvpool_node_connections",
+}
+
+
+def _exprs(node: object) -> list[str]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k == "expr" and isinstance(v, str)] + \
+            [e for v in node.values() for e in _exprs(v)]
+    if isinstance(node, list):
+        return [e for v in node for e in _exprs(v)]
+    return []
+
+
+def test_grafana_dashboard_uses_only_exported_metrics() -> None:
+    d = json.loads((DEPLOY / "grafana" / "kvpool.json").read_text())
+    assert d["schemaVersion"] == 39
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variables["DS_PROMETHEUS"]["type"] == "datasource"
+    exprs = _exprs(d["panels"])
+    assert len(exprs) >= 20
+    used: set[str] = set()
+    for e in exprs:
+        names = set(re.findall(r"\bkvpool_[a-z_]+", e))
+        assert names <= METRICS, f"{e}: not exported: {names - METRICS}"
+        assert names or re.match(r"up\b", e), e
+        used |= names
+    assert METRICS - used == set(), f"metrics no panel shows: {METRICS - used}"
+    for p in d["panels"]:
+        if p["type"] != "row":
+            assert p["datasource"]["uid"] == "${DS_PROMETHEUS}", p["title"]
+    titles = " ".join(p["title"] for p in d["panels"]).lower()
+    for want in ("hit rate", "throughput", "p50", "p99", "tier", "segment", "evictions",
+                 "pressure", "errors", "connections", "replication"):
+        assert want in titles, want
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
