@@ -4,13 +4,17 @@ SIGTERM (the sd_notify protocol that systemd's Type=notify waits for)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
-from kvpool_procs import kvpool_bin, server_env
+import pytest
+
+from kvpool_procs import free_ports, kvpool_bin, server_env, wait_listening
 
 
 def _run_until_ready(args: list[str], notify_addr: str, sock: socket.socket) -> list[str]:
@@ -84,3 +88,67 @@ def test_bad_notify_socket_does_not_stop_serving() -> None:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+def test_etcd_standby_is_ready_once_it_campaigns(tmp_path: Path) -> None:
+    """With etcd, a master serves its role as soon as it campaigns: the
+    leader and a standby both send READY=1 (the standby with its STATUS)."""
+    etcd = shutil.which("etcd")
+    if etcd is None:
+        pytest.skip("etcd is not installed (Debian package etcd-server)")
+    cport, pport = free_ports(2)
+    curl, purl = f"http://127.0.0.1:{cport}", f"http://127.0.0.1:{pport}"
+    e = subprocess.Popen([etcd, "--name", "kvp", "--data-dir", str(tmp_path / "etcd"),
+                          "--listen-client-urls", curl, "--advertise-client-urls", curl,
+                          "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+                          "--initial-cluster", f"kvp={purl}", "--log-level", "error"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    masters: list[subprocess.Popen[bytes]] = []
+    try:
+        wait_listening(cport, e, time.monotonic() + 20, "etcd")
+        socks = []
+        for i in range(2):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            s.bind(str(tmp_path / f"notify{i}"))
+            s.settimeout(30)
+            socks.append(s)
+            env = server_env()
+            env["NOTIFY_SOCKET"] = str(tmp_path / f"notify{i}")
+            masters.append(subprocess.Popen(
+                [kvpool_bin(), "master", "--listen", "127.0.0.1:0", "--etcd", curl,
+                 "--cluster", "notify"], env=env, start_new_session=True,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            first = socks[i].recv(4096).decode().split("\n")
+            assert first == ["READY=1", "STATUS=standby: campaigning"], first
+        # one of them wins and says so; the other stays a ready standby
+        statuses: list[str] = []
+        for s in socks:
+            s.settimeout(0.3)
+        deadline = time.monotonic() + 20
+        while "STATUS=leader" not in statuses and time.monotonic() < deadline:
+            for s in socks:
+                try:
+                    statuses.append(s.recv(4096).decode())
+                except TimeoutError:
+                    pass
+        assert statuses.count("STATUS=leader") == 1, statuses
+        for m in masters:
+            os.killpg(m.pid, signal.SIGTERM)
+            assert m.wait(30) == 0
+        for s in socks:
+            s.settimeout(5)
+            rest = []
+            try:
+                while True:
+                    rest.append(s.recv(4096).decode())
+            except TimeoutError:
+                pass
+            assert rest[-1:] == ["STOPPING=1"], rest
+            s.close()
+    finally:
+        for m in masters:
+            if m.poll() is None:
+                os.killpg(m.pid, signal.SIGKILL)
+                m.wait()
+        e.kill()
+        e.wait()
