@@ -7,7 +7,8 @@
 # command's flags (its own and the configuration keys it reads, as
 # --key-name) from `kvpool CMD --help`, asked of the very program being
 # completed (the first word: kvpool, ./build/kvpool, ...) once per shell
-# and cached, so the completion cannot drift from the program.
+# and cached, so the completion cannot drift from the program. Candidates
+# are one a line (mapfile): file names with spaces stay whole.
 #   kvpool <TAB>                 the subcommands, help, version
 #   kvpool help <TAB>            config and the subcommands
 #   kvpool CMD --<TAB>           CMD's flags
@@ -43,7 +44,7 @@ _kvpool_flags()
 
 _kvpool()
 {
-    local cur=${COMP_WORDS[COMP_CWORD]} prev= prog=${COMP_WORDS[0]} cmd= i
+    local cur=${COMP_WORDS[COMP_CWORD]} prev='' prog=${COMP_WORDS[0]} cmd='' i
     (( COMP_CWORD > 0 )) && prev=${COMP_WORDS[COMP_CWORD-1]}
     # --flag=VALUE: bash splits at '=' (COMP_WORDBREAKS); the flag is before it
     if [[ $cur == = ]]; then
@@ -61,14 +62,14 @@ _kvpool()
     done
     COMPREPLY=()
     if [[ -z $cmd ]]; then
-        COMPREPLY=($(compgen -W "$(_kvpool_commands "$prog") --help" -- "$cur"))
+        mapfile -t COMPREPLY < <(compgen -W "$(_kvpool_commands "$prog") --help" -- "$cur")
         return 0
     fi
     case $cmd in
     help)
         (( i + 1 == COMP_CWORD )) &&
-            COMPREPLY=($(compgen -W "config $(_kvpool_commands "$prog" |
-                grep -vxE 'help|version')" -- "$cur"))
+            mapfile -t COMPREPLY < <(compgen -W "config $(_kvpool_commands "$prog" |
+                grep -vxE 'help|version')" -- "$cur")
         return 0
         ;;
     version) return 0 ;;
@@ -76,21 +77,21 @@ _kvpool()
     case $prev in
     --config | --*-file)
         compopt -o filenames 2>/dev/null
-        COMPREPLY=($(compgen -f -- "$cur"))
+        mapfile -t COMPREPLY < <(compgen -f -- "$cur")
         return 0
         ;;
     --*-dir)
         compopt -o filenames 2>/dev/null
-        COMPREPLY=($(compgen -d -- "$cur"))
+        mapfile -t COMPREPLY < <(compgen -d -- "$cur")
         return 0
         ;;
     esac
     if [[ $cur == -* ]]; then
-        COMPREPLY=($(compgen -W "$(_kvpool_flags "$prog" "$cmd")" -- "$cur"))
+        mapfile -t COMPREPLY < <(compgen -W "$(_kvpool_flags "$prog" "$cmd")" -- "$cur")
         return 0
     fi
     compopt -o filenames 2>/dev/null
-    COMPREPLY=($(compgen -f -- "$cur"))
+    mapfile -t COMPREPLY < <(compgen -f -- "$cur")
     return 0
 }
 

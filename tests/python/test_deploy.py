@@ -267,10 +267,12 @@ def test_completion_files_after_file_flags(tmp_path: Path) -> None:
     (tmp_path / "kvpool.json").write_text("{}")
     (tmp_path / "cluster.token").write_text("x")
     (tmp_path / "tier").mkdir()
+    (tmp_path / "node token").write_text("x")
     assert complete("master", "--config", "kv", cwd=tmp_path) == ["kvpool.json"]
     assert complete("store", "--cluster-token-file", "clu", cwd=tmp_path) == ["cluster.token"]
     assert complete("store", "--offload-dir", "", cwd=tmp_path) == ["tier"]
     assert complete("store", "--config", "=", "kv", cwd=tmp_path) == ["kvpool.json"]
+    assert complete("store", "--node-token-file", "no", cwd=tmp_path) == ["node token"]
 
 
 # ------------------------------------------------------- Grafana dashboard
