@@ -1,7 +1,8 @@
 # kvpool -- top-level Makefile.
 #   make          release build: build/kvpool, build/libkvpool.{so,a}
-#   make install  the release build, public headers and kvpool.pc into
-#                 $(DESTDIR)$(PREFIX) (default /usr/local); make uninstall
+#   make install  the release build, public headers, kvpool.pc, the bash
+#                 completion and the systemd units into $(DESTDIR)$(PREFIX)
+#                 (default /usr/local); make uninstall
 #   make test     ASan+UBSan build of everything, then every C test and the Python
 #                 tests (pytest); ends with "N passed, N failed, N skipped" over both
 #   make python   the Python extension (kvpool._native) and the kvpool program
@@ -213,6 +214,11 @@ LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 PUBLIC_HEADERS := $(wildcard include/*.h)
+# bash completion and systemd units (deploy/); the units' ExecStart names
+# $(BINDIR)/kvpool, the installed program
+COMPLETIONDIR ?= $(PREFIX)/share/bash-completion/completions
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+UNITS := $(notdir $(wildcard deploy/systemd/*.service))
 $(R)/kvpool.pc: FORCE
 	@mkdir -p $(dir $@)
 	$(Q)printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' \
@@ -227,11 +233,16 @@ install: all $(R)/kvpool.pc
 	install -D -m 0644 $(R)/libkvpool.a $(DESTDIR)$(LIBDIR)/libkvpool.a
 	$(foreach h,$(PUBLIC_HEADERS),install -D -m 0644 $(h) $(DESTDIR)$(INCLUDEDIR)/$(notdir $(h)) &&) true
 	install -D -m 0644 $(R)/kvpool.pc $(DESTDIR)$(PKGCONFIGDIR)/kvpool.pc
+	install -D -m 0644 deploy/completion/kvpool.bash $(DESTDIR)$(COMPLETIONDIR)/kvpool
+	$(foreach u,$(UNITS),mkdir -p $(DESTDIR)$(SYSTEMDUNITDIR) && \
+	    sed 's|/usr/local/bin/kvpool|$(BINDIR)/kvpool|g' deploy/systemd/$(u) \
+	    >$(DESTDIR)$(SYSTEMDUNITDIR)/$(u) && chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/$(u) &&) true
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/kvpool $(DESTDIR)$(LIBDIR)/libkvpool.so.$(VERSION) \
 	    $(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libkvpool.so $(DESTDIR)$(LIBDIR)/libkvpool.a \
 	    $(foreach h,$(PUBLIC_HEADERS),$(DESTDIR)$(INCLUDEDIR)/$(notdir $(h))) \
-	    $(DESTDIR)$(PKGCONFIGDIR)/kvpool.pc
+	    $(DESTDIR)$(PKGCONFIGDIR)/kvpool.pc $(DESTDIR)$(COMPLETIONDIR)/kvpool \
+	    $(foreach u,$(UNITS),$(DESTDIR)$(SYSTEMDUNITDIR)/$(u))
 FORCE:
 .PHONY: FORCE
 

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bench/bench.h"
@@ -659,10 +660,14 @@ static void *scraper_main(void *arg)
                 sc->lat_ms[sc->n] = (double)(t1 - t0) / 1e6;
             sc->n++;
         }
-        if (sc->hz > 0) {
+        if (sc->hz > 0) { /* asleep until the next one (waking every 50 ms to see stop) */
             next += (uint64_t)(1e9 / sc->hz);
-            while (!atomic_load(&sc->stop) && kvp_now_ns() < next)
-                usleep(1000);
+            uint64_t now;
+            while (!atomic_load(&sc->stop) && (now = kvp_now_ns()) < next) {
+                uint64_t d = next - now < 50000000u ? next - now : 50000000u;
+                struct timespec ts = {(time_t)(d / 1000000000u), (long)(d % 1000000000u)};
+                nanosleep(&ts, NULL);
+            }
         }
     }
     return NULL;

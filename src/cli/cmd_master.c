@@ -5,12 +5,13 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "net/http.h"
 #include "common/log.h"
+#include "common/notify.h"
 #include "ha/follow.h"
 #include "ha/leader.h"
 #include "kvpool.h"
 #include "master/service.h"
+#include "net/http.h"
 
 static void help(void)
 {
@@ -152,6 +153,7 @@ static int elect(const kvp_config *cfg, kvp_mserver *s, kvp_leader **out, kvp_fo
     KVP_INFO("master", "cluster %s: campaigning through etcd %s as %s", t.cluster,
              t.endpoints[0], addr);
     kvp_mserver_standby(s, 1);
+    kvp_notify("READY=1\nSTATUS=standby: campaigning"); /* a standby serves its role */
     kvp_follow *f = follow(cfg, &t, addr, s);
     kvp_leader_set_defer(l, not_synced, f, 2 * cfg->ha_lease_ttl_ms);
     rc = kvp_leader_campaign(l, stop_requested, NULL);
@@ -211,7 +213,12 @@ int kvp_cmd_master(int argc, char **argv)
     kvp_leader *l = NULL;
     kvp_follow *f = NULL;
     if (cfg.etcd[0] && (rc = elect(&cfg, s, &l, &f)) != 0) {
+<<<<<<< HEAD
         kvp_http_stop(http);
+=======
+        if (rc < 0)
+            kvp_notify("STOPPING=1");
+>>>>>>> deploy
         kvp_mserver_destroy(s);
         return rc < 0 ? 0 : rc; /* < 0: stopped by a signal while standing by */
     }
@@ -230,7 +237,9 @@ int kvp_cmd_master(int argc, char **argv)
         kvp_follow_stop(f);
         kvp_mserver_takeover(s);
     }
+    kvp_notify(l ? "STATUS=leader" : "READY=1"); /* a leader was READY as a standby */
     rc = kvp_mserver_run(s);
+    kvp_notify("STOPPING=1");
     /* run returned: nothing more is served; the keepalive thread (which
      * may touch s) ends before s goes, then the term is given up */
     kvp_leader_close(l);

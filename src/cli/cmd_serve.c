@@ -13,6 +13,7 @@
 
 #include "cli/cli.h"
 #include "common/log.h"
+#include "common/notify.h"
 #include "common/size.h"
 #include "kvpool.h"
 #include "master/service.h"
@@ -150,9 +151,11 @@ int kvp_cmd_serve(int argc, char **argv)
     if (ret == 0 && kvp_cli_http_start("serve", &cfg, kvp_mserver_status(ms), node, &http) != 0)
         ret = 1;
     if (ret == 0) {
+        kvp_notify("READY=1"); /* the master serves, the node is mounted */
         int sig;
         sigwait(&ss, &sig);
         KVP_INFO("serve", "signal %d: shutting down", sig);
+        kvp_notify("STOPPING=1");
     }
     kvp_http_stop(http);
     kvp_node_stop(node);

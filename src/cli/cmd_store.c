@@ -5,8 +5,9 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "net/http.h"
 #include "common/log.h"
+#include "common/notify.h"
+#include "net/http.h"
 #include "kvpool.h"
 #include "node/node.h"
 #include "node/segment.h"
@@ -87,9 +88,11 @@ int kvp_cmd_store(int argc, char **argv)
         kvp_node_stop(n);
         return 1;
     }
+    kvp_notify("READY=1"); /* mounted (or serving without a master: --master-optional) */
     int sig = 0;
     sigwait(&ss, &sig);
     KVP_INFO("store", "signal %d: shutting down", sig);
+    kvp_notify("STOPPING=1");
     kvp_http_stop(http);
     kvp_node_stop(n);
     KVP_INFO("store", "stopped");

@@ -994,9 +994,55 @@ static struct val val_of(json_t *j)
     return v;
 }
 
-/* Parses text[0..len) as a flat JSON object and applies each key over *c.
- * src names the input in messages ("path" or "config"). */
-static int load_text(kvp_config *c, const char *text, size_t len, const char *src, char *err,
+static int load_json(kvp_config *c, const char *text, size_t len, const char *src, char *err,
+                     size_t errlen);
+
+/* Whole-line comments: a line whose first characters other than blanks
+ * (space, tab) are "#" or "//" is turned into blanks, its newline kept, so
+ * every line and column jansson and locate() report stay those of the file.
+ * A JSON string cannot span lines, so such a line is never inside one: a
+ * "#" or "//" after a value, or inside a string, is left to the parser.
+ * Returns a kvp_malloc'ed copy of len bytes, or NULL when out of memory. */
+static char *blank_comments(const char *text, size_t len)
+{
+    char *t = kvp_malloc(len ? len : 1);
+    if (!t)
+        return NULL;
+    memcpy(t, text, len);
+    for (size_t i = 0; i < len;) {
+        size_t j = i;
+        while (j < len && (t[j] == ' ' || t[j] == '\t'))
+            j++;
+        int comment = j < len && (t[j] == '#' || (t[j] == '/' && j + 1 < len && t[j + 1] == '/'));
+        while (j < len && t[j] != '\n') {
+            if (comment)
+                t[j] = ' ';
+            j++;
+        }
+        i = j + 1;
+    }
+    return t;
+}
+
+/* Parses text[0..len) as a flat JSON object (whole-line comments blanked)
+ * and applies each key over *c. src names the input in messages ("path"
+ * or "config"). */
+static int load_text(kvp_config *c, const char *raw, size_t len, const char *src, char *err,
+                     size_t errlen)
+{
+    char *text = blank_comments(raw, len);
+    if (!text) {
+        if (err && errlen)
+            snprintf(err, errlen, "%s: out of memory reading the configuration", src);
+        return KVP_ENOMEM;
+    }
+    int rc = load_json(c, text, len, src, err, errlen);
+    kvp_free(text);
+    return rc;
+}
+
+/* load_text's parse of the comment-free text. */
+static int load_json(kvp_config *c, const char *text, size_t len, const char *src, char *err,
                      size_t errlen)
 {
     json_error_t je;
@@ -1405,6 +1451,11 @@ int kvp_config_validate(const kvp_config *c, char *err, size_t errlen)
 }
 
 /* -------------------------------------------------------------- reference */
+
+const char *kvp_config_key_name(size_t i)
+{
+    return i < NKEYS ? keys[i].name : NULL;
+}
 
 void kvp_config_print_reference(FILE *f)
 {

@@ -183,6 +183,10 @@ int kvp_config_validate(const kvp_config *c, char *err, size_t errlen);
  */
 const char *kvp_config_path_from_env(void);
 
+/* The canonical name of the i-th key of the table (the order of kvpool help
+ * config), NULL for i past the last: lets a tool or a test walk every key. */
+const char *kvp_config_key_name(size_t i);
+
 /* Writes the key reference (key, type, default, meaning) for --help and README. */
 void kvp_config_print_reference(FILE *f);
 

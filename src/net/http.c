@@ -103,12 +103,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return answer_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n", "GET, HEAD", 0);
     if (*upload_len) /* a GET with a body: not ours to read */
         return answer_text(c, MHD_HTTP_BAD_REQUEST, "a GET has no body\n", NULL, 0);
-    if (!authorized(h, c))
-        return answer_text(c, MHD_HTTP_UNAUTHORIZED, "a bearer token is needed\n", NULL, 1);
     const kvp_http_route *rt = NULL;
     for (size_t i = 0; i < h->nroutes; i++)
         if (!strcmp(h->routes[i].path, url))
             rt = &h->routes[i];
+    /* the token first: without it, which paths exist is not told */
+    if ((!rt || !rt->open) && !authorized(h, c))
+        return answer_text(c, MHD_HTTP_UNAUTHORIZED, "a bearer token is needed\n", NULL, 1);
     if (!rt)
         return answer_text(c, MHD_HTTP_NOT_FOUND, "not found\n", NULL, 0);
     kvp_buf body;

@@ -13,7 +13,8 @@
  * Credentials follow the other listeners' rules (docs/SECURITY.md): an
  * address beyond loopback needs a token (or `insecure`); once a token is
  * set every request must carry "Authorization: Bearer TOKEN" (compared in
- * constant time), 401 otherwise.
+ * constant time), 401 otherwise -- except on the routes marked open (the
+ * probes), so that a kubelet or a container health check needs no secret.
  */
 #ifndef KVP_HTTP_H
 #define KVP_HTTP_H
@@ -34,6 +35,8 @@ typedef struct kvp_http_route {
     const char *path; /* exact: "/metrics" */
     kvp_http_fn fn;
     void *ctx;
+    int open;         /* served without the token: liveness and readiness
+                         probes, which tell nothing but "ok" or why not */
 } kvp_http_route;
 
 #define KVP_HTTP_MAX_ROUTES 16

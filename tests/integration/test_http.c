@@ -79,7 +79,7 @@ static int env_up(env *e, const char *token)
     kvp_http_route r[] = {{"/metrics", kvp_mstatus_metrics, st},
                           {"/api/stats", kvp_mstatus_api, st},
                           {"/", kvp_mstatus_page, st},
-                          {"/readyz", kvp_mstatus_readyz, st}};
+                          {"/readyz", kvp_mstatus_readyz, st, 1}};
     kvp_http_opts o = {.listen = "127.0.0.1:0", .token = token, .what = "master", .routes = r,
                        .nroutes = 4};
     REQUIRE(kvp_http_start(&o, &e->h, err, sizeof err) == 0);
@@ -219,6 +219,13 @@ TEST(a_token_is_required_once_set)
     CHECK(http_get(port, "GET /metrics HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer tok-123\r\n"
                          "Connection: close\r\n\r\n", ans, sizeof ans) > 0);
     CHECK_EQ(status_of(ans), 200);
+    /* the probes are open: they tell nothing but "ok" or why not */
+    CHECK(http_get(port, "GET /readyz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", ans,
+                   sizeof ans) > 0);
+    CHECK_EQ(status_of(ans), 200);
+    CHECK(http_get(port, "GET /nothing HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", ans,
+                   sizeof ans) > 0);
+    CHECK_EQ(status_of(ans), 401);
     env_down(&e);
     /* beyond loopback without a token: refused, with the reason */
     kvp_http_route r[] = {{"/x", kvp_mstatus_page, NULL}};

@@ -145,11 +145,14 @@ def test_a_token_guards_every_path() -> None:
         try:
             base = f"http://127.0.0.1:{port}"
             wait_http(base + "/healthz")
-            for path in ("/metrics", "/healthz", "/", "/api/stats"):
+            for path in ("/metrics", "/", "/api/stats", "/nope"):
                 st, _, hdr = fetch(base + path)
                 assert st == 401 and hdr.get("WWW-Authenticate", "").startswith("Bearer"), path
                 assert fetch(base + path, token="wrong")[0] == 401
-                assert fetch(base + path, token="s3cret-metrics")[0] == 200, path
+                assert fetch(base + path, token="s3cret-metrics")[0] == (404 if path == "/nope" else 200), path
+            for path in ("/healthz", "/readyz"):  # probes need no secret
+                st, body, _ = fetch(base + path)
+                assert st == 200 and body == "ok\n", path
         finally:
             p.stop()
 

@@ -195,6 +195,11 @@ def test_make_install_gives_a_library_programs_link_with_pkg_config(
     headers = sorted(h.name for h in (ROOT / "include").glob("*.h"))
     assert sorted(h.name for h in (usr / "include").iterdir()) == headers
     assert (lib / "pkgconfig" / "kvpool.pc").is_file()
+    assert (usr / "share" / "bash-completion" / "completions" / "kvpool").read_text() == \
+        (ROOT / "deploy" / "completion" / "kvpool.bash").read_text()
+    for unit in ("kvpool-master.service", "kvpool-store.service"):
+        text = (lib / "systemd" / "system" / unit).read_text()
+        assert "ExecStart=/usr/bin/kvpool " in text and "/usr/local/" not in text, unit
 
     pc_env = clean_env(PKG_CONFIG_PATH=str(lib / "pkgconfig"), PKG_CONFIG_SYSROOT_DIR=str(dest),
                        PKG_CONFIG_ALLOW_SYSTEM_CFLAGS="1", PKG_CONFIG_ALLOW_SYSTEM_LIBS="1")

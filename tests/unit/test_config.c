@@ -704,3 +704,72 @@ TEST(embedded_and_standalone_segment_rules)
     CHECK_EQ(load(&c, "{\"mode\": \"embedded\"}", err), 0); /* default 4 GiB */
     CHECK_EQ(kvp_config_validate(&c, err, sizeof err), 0);
 }
+
+/* Whole-line comments ('#' or '//' after blanks) are blanked before parsing:
+ * accepted anywhere a line may be, never inside a string, and the positions
+ * in messages are those of the file. */
+TEST(whole_line_comments)
+{
+    kvp_config c;
+    char err[KVP_CONFIG_ERRLEN];
+    CHECK_EQ(load(&c, "# kvpool\n{\n  // the master\n  \"listen\": \"0.0.0.0:7000\",\n"
+                      "\t# a tab first\n  \"tenant\": \"a#b//c\"\n   #\n}\n// end", err), 0);
+    CHECK(strcmp(c.listen, "0.0.0.0:7000") == 0);
+    CHECK(strcmp(c.tenant, "a#b//c") == 0); /* inside a string: untouched */
+    /* a comment after a value on its line is not a whole-line comment */
+    CHECK_EQ(load(&c, "{\"listen\": \"h:1\" # no\n}", err), KVP_ECONFIG);
+    CHECK(HAS(err, "config:1:", "invalid JSON"));
+    /* a single '/' starts no comment */
+    CHECK_EQ(load(&c, "/ x\n{}", err), KVP_ECONFIG);
+    /* positions after comment lines are the file's */
+    const char *bad = "# one\n// two\n{\n  # three\n  \"lease_ttl\": \"5x\"\n}\n";
+    CHECK_EQ(load(&c, bad, err), KVP_ECONFIG);
+    CHECK(HAS(err, "config:5:16: key \"lease_ttl\": value \"5x\""));
+    CHECK_EQ(load(&c, "# one\n{\n  # two\n  \"lease_tll\": 1\n}", err), KVP_ECONFIG);
+    CHECK(HAS(err, "config:4:3: unknown key \"lease_tll\""));
+    CHECK_EQ(load(&c, "# a\n{\n  \"listen\": \"h:1\",\n  # b\n  ,\n}", err), KVP_ECONFIG);
+    CHECK(HAS(err, "config:5:"));
+    /* the same in a file */
+    char path[64];
+    CHECK_EQ(write_tmp(path, sizeof path, "# c\n{\n// d\n\"max_key_size\": 0\n}\n"), 0);
+    kvp_config_defaults(&c);
+    int rc = kvp_config_load_file(&c, path, err, sizeof err);
+    unlink(path);
+    CHECK_EQ(rc, KVP_ECONFIG);
+    CHECK(HAS(err, ":4:17: key \"max_key_size\""));
+}
+
+/* deploy/kvpool.example.json: loads through the real loader, validates, and
+ * gives every key of the table (a key added without its example fails). */
+TEST(example_config_has_every_key)
+{
+    char path[4096] = "deploy/kvpool.example.json";
+    if (access(path, R_OK) != 0) { /* not run from the repository root: from the binary */
+        char exe[3000];
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        CHECK(n > 0);
+        exe[n] = 0;
+        char *b = strstr(exe, "/build/");
+        CHECK(b != NULL);
+        *b = 0;
+        snprintf(path, sizeof path, "%s/deploy/kvpool.example.json", exe);
+    }
+    kvp_config c;
+    char err[KVP_CONFIG_ERRLEN] = "";
+    kvp_config_defaults(&c);
+    int rc = kvp_config_load_file(&c, path, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "    %s\n", err);
+    CHECK_EQ(rc, 0);
+    rc = kvp_config_validate(&c, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "    %s\n", err);
+    CHECK_EQ(rc, 0);
+    size_t i = 0;
+    for (const char *k; (k = kvp_config_key_name(i)) != NULL; i++)
+        if (!kvp_config_was_set(&c, k)) {
+            fprintf(stderr, "    %s lacks key \"%s\"\n", path, k);
+            CHECK(kvp_config_was_set(&c, k));
+        }
+    CHECK(i > 50);
+}
