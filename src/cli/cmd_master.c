@@ -213,12 +213,9 @@ int kvp_cmd_master(int argc, char **argv)
     kvp_leader *l = NULL;
     kvp_follow *f = NULL;
     if (cfg.etcd[0] && (rc = elect(&cfg, s, &l, &f)) != 0) {
-<<<<<<< HEAD
-        kvp_http_stop(http);
-=======
         if (rc < 0)
             kvp_notify("STOPPING=1");
->>>>>>> deploy
+        kvp_http_stop(http);
         kvp_mserver_destroy(s);
         return rc < 0 ? 0 : rc; /* < 0: stopped by a signal while standing by */
     }

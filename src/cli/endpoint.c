@@ -66,12 +66,12 @@ int kvp_cli_http_start(const char *cmd, const kvp_config *cfg, kvp_mstatus *ms, 
     g_parts = (struct parts){ms, node};
     kvp_http_route r[5];
     size_t n = 0;
-    r[n++] = (kvp_http_route){"/metrics", metrics, &g_parts};
+    r[n++] = (kvp_http_route){"/metrics", metrics, &g_parts, 0};
     r[n++] = (kvp_http_route){"/healthz", healthz, &g_parts, 1};
     r[n++] = (kvp_http_route){"/readyz", readyz, &g_parts, 1};
     if (ms) {
-        r[n++] = (kvp_http_route){"/", kvp_mstatus_page, ms};
-        r[n++] = (kvp_http_route){"/api/stats", kvp_mstatus_api, ms};
+        r[n++] = (kvp_http_route){"/", kvp_mstatus_page, ms, 0};
+        r[n++] = (kvp_http_route){"/api/stats", kvp_mstatus_api, ms, 0};
     }
     kvp_http_opts o = {.listen = cfg->http,
                        .token = token,

@@ -76,9 +76,9 @@ static int env_up(env *e, const char *token)
     snprintf(e->addr, sizeof e->addr, "127.0.0.1:%u", kvp_mserver_port(e->s));
     kvp_mstatus *st = kvp_mserver_status(e->s);
     REQUIRE(st != NULL);
-    kvp_http_route r[] = {{"/metrics", kvp_mstatus_metrics, st},
-                          {"/api/stats", kvp_mstatus_api, st},
-                          {"/", kvp_mstatus_page, st},
+    kvp_http_route r[] = {{"/metrics", kvp_mstatus_metrics, st, 0},
+                          {"/api/stats", kvp_mstatus_api, st, 0},
+                          {"/", kvp_mstatus_page, st, 0},
                           {"/readyz", kvp_mstatus_readyz, st, 1}};
     kvp_http_opts o = {.listen = "127.0.0.1:0", .token = token, .what = "master", .routes = r,
                        .nroutes = 4};
@@ -228,7 +228,7 @@ TEST(a_token_is_required_once_set)
     CHECK_EQ(status_of(ans), 401);
     env_down(&e);
     /* beyond loopback without a token: refused, with the reason */
-    kvp_http_route r[] = {{"/x", kvp_mstatus_page, NULL}};
+    kvp_http_route r[] = {{"/x", kvp_mstatus_page, NULL, 0}};
     kvp_http_opts o = {.listen = "0.0.0.0:0", .what = "master", .routes = r, .nroutes = 1};
     kvp_http *h = NULL;
     char err[512];
