@@ -327,3 +327,18 @@ def test_grafana_dashboard_uses_only_exported_metrics() -> None:
         assert want in titles, want
     ids = [p["id"] for p in d["panels"]]
     assert len(ids) == len(set(ids))
+
+
+# ------------------------------------------------------------ Prometheus
+
+def test_prometheus_example_passes_promtool(tmp_path: Path) -> None:
+    """deploy/prometheus/prometheus.yml is a valid Prometheus configuration
+    (its token file moved to a temp file: promtool checks that it exists)."""
+    tok = tmp_path / "token"
+    tok.write_text("t" * 44 + "\n")
+    text = (DEPLOY / "prometheus" / "prometheus.yml").read_text()
+    assert "/etc/prometheus/kvpool-http.token" in text
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(text.replace("/etc/prometheus/kvpool-http.token", str(tok)))
+    r = subprocess.run(["promtool", "check", "config", str(cfg)], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
