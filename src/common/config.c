@@ -212,8 +212,9 @@ static const struct key_def keys[] = {
              "beyond loopback it needs http_token_file (or insecure)"},
     {.name = "http_token_file", .roles = R_M | R_N, .type = KT_STRING, F_STR(http_token_file),
      .def = "",
-     .help = "file holding the bearer token every HTTP request must carry (Authorization: "
-             "Bearer TOKEN; one line, not readable by other users)"},
+     .help = "file holding the bearer token every HTTP request but the probes (/healthz, "
+             "/readyz) must carry (Authorization: Bearer TOKEN; one line, not readable by "
+             "other users)"},
     {.name = "log_level", .roles = R_ALL_NET, .type = KT_LOGLEVEL, F_INT(log_level), .def = "info",
      .help = "least severe log level written, process-wide; given in a client's configuration "
              "it sets the process level ($KVPOOL_LOG_LEVEL beats it, a flag beats both)"},
