@@ -709,13 +709,13 @@ static int bench_scrape(int argc, char **argv)
         printf("usage: kvpool bench scrape [--json] [--rounds N] [--seconds S]\n"
                "  the master's EXIST (batch 1) and GET+RELEASE (batch 256) key-ops/s while\n"
                "  /metrics is not scraped, scraped once a second, 20 times a second, and as\n"
-               "  fast as one connection can; --rounds (default 5) x --seconds per run\n"
-               "  (default 2)\n");
+               "  fast as one connection can; --rounds (default 9) x --seconds per run\n"
+               "  (default 1)\n");
         return 0;
     }
     if (rc < 0)
         return 2;
-    uint64_t rounds = 5, secs = 2;
+    uint64_t rounds = 9, secs = 1;
     if ((v[1] && kvp_cli_uint("bench scrape", "rounds", v[1], 1, 100, &rounds) != 0) ||
         (v[2] && kvp_cli_uint("bench scrape", "seconds", v[2], 1, 600, &secs) != 0))
         return 2;
@@ -806,11 +806,12 @@ static int bench_scrape(int argc, char **argv)
     double sp50 = nlat ? sc.lat_ms[nlat / 2] : 0;
     double sp99 = nlat ? sc.lat_ms[(uint64_t)((double)(nlat - 1) * 0.99)] : 0;
     double ssize = scrapes ? (double)sbytes / (double)scrapes : 0;
-    fprintf(b.out, "  %-9s %16s %8s %20s %8s\n", "scrapes", "EXIST b1 keys/s", "ratio",
-            "GET+REL b256 keys/s", "ratio");
+    fprintf(b.out, "  %-9s %16s %8s %20s %8s   (rounds' range, EXIST / GET)\n", "scrapes",
+            "EXIST b1 keys/s", "ratio", "GET+REL b256 keys/s", "ratio");
     for (int m = 0; m < NMODES; m++)
-        fprintf(b.out, "  %-9s %16.0f %8.3f %20.0f %8.3f\n", mname[m], med[m][0],
-                med[m][0] / med[0][0], med[m][1], med[m][1] / med[0][1]);
+        fprintf(b.out, "  %-9s %16.0f %8.3f %20.0f %8.3f   %.0f..%.0f / %.0f..%.0f\n", mname[m],
+                med[m][0], med[m][0] / med[0][0], med[m][1], med[m][1] / med[0][1],
+                res[m][0][0], res[m][0][rounds - 1], res[m][1][0], res[m][1][rounds - 1]);
     fprintf(b.out, "  a scrape: %.0f bytes, p50 %.2f ms, p99 %.2f ms (flat-out runs); %llu "
             "failed\n", ssize, sp50, sp99, (unsigned long long)sfails);
     if (b.json) {
@@ -819,9 +820,11 @@ static int bench_scrape(int argc, char **argv)
                (unsigned long long)rounds, (unsigned long long)secs);
         for (int m = 0; m < NMODES; m++)
             printf("    {\"scrapes\": \"%s\", \"exist_b1_keys_per_s\": %.0f, \"exist_ratio\": "
-                   "%.3f, \"get_b256_keys_per_s\": %.0f, \"get_ratio\": %.3f}%s\n",
-                   mname[m], med[m][0], med[m][0] / med[0][0], med[m][1],
-                   med[m][1] / med[0][1], m + 1 < NMODES ? "," : "");
+                   "%.3f, \"exist_range\": [%.0f, %.0f], \"get_b256_keys_per_s\": %.0f, "
+                   "\"get_ratio\": %.3f, \"get_range\": [%.0f, %.0f]}%s\n",
+                   mname[m], med[m][0], med[m][0] / med[0][0], res[m][0][0],
+                   res[m][0][rounds - 1], med[m][1], med[m][1] / med[0][1], res[m][1][0],
+                   res[m][1][rounds - 1], m + 1 < NMODES ? "," : "");
         printf("  ],\n  \"scrape_bytes\": %.0f,\n  \"scrape_p50_ms\": %.3f,\n"
                "  \"scrape_p99_ms\": %.3f,\n  \"scrape_failures\": %llu\n}\n", ssize, sp50,
                sp99, (unsigned long long)sfails);
