@@ -295,3 +295,55 @@ def test_the_status_page_renders_in_chromium(served: tuple[kvpool_procs.Proc, st
     assert d.rows.get("seg") == 1 and d.rows.get("tenant") == 1
     assert d.text["hit-rate"].endswith("%")
     assert "PUT_END" in d.text["ops"]
+
+
+def test_a_cluster_of_masters_shows_its_roles(tmp_path: Path) -> None:
+    """With etcd: the leader is ready, a standby is healthy but not ready and
+    says so; the leader counts it as a follower; after the leader is killed,
+    the standby's endpoint turns ready as the leader."""
+    etcd = shutil.which("etcd")
+    assert etcd, "etcd is installed by scripts/install-deps"
+    cport, pport, h0, h1 = kvpool_procs.free_ports(4)
+    curl, purl = f"http://127.0.0.1:{cport}", f"http://127.0.0.1:{pport}"
+    e = subprocess.Popen([etcd, "--name", "kvp", "--data-dir", str(tmp_path / "etcd"),
+                          "--listen-client-urls", curl, "--advertise-client-urls", curl,
+                          "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+                          "--initial-cluster", f"kvp={purl}", "--log-level", "error"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    masters: list[subprocess.Popen[bytes]] = []
+    bases = [f"http://127.0.0.1:{h0}", f"http://127.0.0.1:{h1}"]
+    try:
+        kvpool_procs.wait_listening(cport, e, time.monotonic() + 20, "etcd")
+        for port in (h0, h1):
+            masters.append(subprocess.Popen(
+                [kvpool_procs.kvpool_bin(), "master", "--listen", "127.0.0.1:0", "--etcd", curl,
+                 "--cluster", "http", "--http", f"127.0.0.1:{port}"],
+                env=kvpool_procs.server_env(), start_new_session=True,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            wait_http(f"http://127.0.0.1:{port}/healthz")
+
+        def roles() -> Optional[tuple[int, int]]:
+            r = [fetch(b + "/readyz")[0] for b in bases]
+            return (r.index(200), r.index(503)) if sorted(r) == [200, 503] else None
+
+        lead, stand = until(roles, "one leader, one standby", 30)
+        st, body, _ = fetch(bases[stand] + "/readyz")
+        assert st == 503 and body.startswith("standby"), body
+        assert fetch(bases[stand] + "/healthz")[0] == 200
+        assert samples(fetch(bases[stand] + "/metrics")[1],
+                       "kvpool_master_role")['{role="standby"}'] == 1
+        until(lambda: json.loads(fetch(bases[lead] + "/api/stats")[1])["repl"]["followers"] == 1,
+              "the standby follows the leader", 30)
+        assert json.loads(fetch(bases[lead] + "/api/stats")[1])["role"] == "leader"
+        os.killpg(masters[lead].pid, 9)
+        masters[lead].wait(10)
+        until(lambda: fetch(bases[stand] + "/readyz")[0] == 200, "the standby took over", 30)
+        assert samples(fetch(bases[stand] + "/metrics")[1],
+                       "kvpool_master_role")['{role="leader"}'] == 1
+    finally:
+        for m in masters:
+            if m.poll() is None:
+                os.killpg(m.pid, 15)
+                m.wait(30)
+        e.terminate()
+        e.wait(20)
