@@ -4363,6 +4363,21 @@ void kvp_master_view(const kvp_master *m, kvp_mview_seg *segs, uint32_t max_segs
     *ntenants = n;
 }
 
+uint32_t kvp_master_view_standbys(const kvp_master *m, kvp_mview_standby *out, uint32_t max)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < m->nfol && n < max; i++) {
+        const struct follower *f = &m->fol[i];
+        kvp_mview_standby *v = &out[n++];
+        snprintf(v->peer, sizeof v->peer, "%s", f->s->peer_addr);
+        snprintf(v->name, sizeof v->name, "%s", f->s->client ? f->s->client->name : "");
+        v->acked = f->acked;
+        v->lag = m->jseq - f->acked;
+        v->in_sync = f->in_sync;
+    }
+    return n;
+}
+
 void kvp_master_stats(const kvp_master *m, uint64_t out[KVP_STAT__COUNT])
 {
     memcpy(out, m->stats, sizeof m->stats);

@@ -172,6 +172,15 @@ typedef struct kvp_mview_tenant {
 } kvp_mview_tenant;
 void kvp_master_view(const kvp_master *m, kvp_mview_seg *segs, uint32_t max_segs, uint32_t *nsegs,
                      kvp_mview_tenant *tenants, uint32_t max_tenants, uint32_t *ntenants);
+/* The standbys following this leader's index, at most max. */
+typedef struct kvp_mview_standby {
+    char peer[48];      /* its address */
+    char name[64];      /* the name it gave at HELLO */
+    uint64_t acked;     /* the last record it acknowledged */
+    uint64_t lag;       /* records journaled since */
+    int in_sync;        /* a PUT_END waits for it */
+} kvp_mview_standby;
+uint32_t kvp_master_view_standbys(const kvp_master *m, kvp_mview_standby *out, uint32_t max);
 /* Self-check for tests: index, lists and allocators agree. 0 if so. */
 int kvp_master_check(const kvp_master *m);
 

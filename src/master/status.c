@@ -23,6 +23,7 @@
 #define MAX_TENANTS 256     /* tenants shown */
 #define HISTORY 600         /* samples kept: 10 minutes at one a second */
 #define API_HISTORY 300     /* ... of which /api/stats returns the last 5 minutes */
+#define MAX_STANDBYS 16     /* standbys listed */
 
 /* the error table's codes, for errors by code */
 static const int err_codes[] = {
@@ -47,6 +48,8 @@ typedef struct picture {
     uint32_t nsegs, ntenants;
     kvp_mview_seg *segs;             /* MAX_SEGS */
     kvp_mview_tenant *tenants;       /* MAX_TENANTS */
+    kvp_mview_standby standbys[MAX_STANDBYS];
+    uint32_t nstandbys;
 } picture;
 
 struct kvp_mstatus {
@@ -143,6 +146,11 @@ void kvp_mstatus_publish(kvp_mstatus *st, const kvp_master *m, const kvp_msvc *s
         clean(p->segs[i].name);
     for (uint32_t i = 0; i < p->ntenants; i++)
         clean(p->tenants[i].name);
+    p->nstandbys = kvp_master_view_standbys(m, p->standbys, MAX_STANDBYS);
+    for (uint32_t i = 0; i < p->nstandbys; i++) {
+        clean(p->standbys[i].peer);
+        clean(p->standbys[i].name);
+    }
     sample *h = &st->hist[st->nhist++ % HISTORY];
     *h = (sample){.ms = real_ms(),
                   .hits = p->st[KVP_STAT_HITS],
@@ -587,6 +595,18 @@ static json_t *api_warnings(void)
     return a;
 }
 
+static json_t *api_standbys(const picture *p)
+{
+    json_t *a = json_array();
+    for (uint32_t i = 0; i < p->nstandbys; i++) {
+        const kvp_mview_standby *s = &p->standbys[i];
+        json_array_append_new(a, json_pack("{s:s,s:s,s:o,s:o,s:b}", "peer", s->peer, "name",
+                                           s->name, "acked", u64(s->acked), "lag", u64(s->lag),
+                                           "in_sync", s->in_sync));
+    }
+    return a;
+}
+
 static json_t *api_ops(kvp_mstatus *st)
 {
     json_t *a = json_array();
@@ -628,9 +648,9 @@ int kvp_mstatus_api(void *ctx, kvp_buf *out, const char **ctype)
         u64(p.svc.input_waits), "longest_turn_ms", u64(p.svc.longest_turn_ms), "segments",
         api_segments(&p), "tenants", api_tenants(&p), "history", api_history(st), "warnings",
         api_warnings(), "ops", api_ops(st), "repl",
-        json_pack("{s:o,s:o,s:o,s:o}", "followers", u64(p.st[KVP_STAT_REPL_FOLLOWERS]), "in_sync",
-                  u64(p.st[KVP_STAT_REPL_IN_SYNC]), "seq", u64(p.st[KVP_STAT_REPL_SEQ]), "lag",
-                  u64(p.st[KVP_STAT_REPL_LAG])));
+        json_pack("{s:o,s:o,s:o,s:o,s:o}", "followers", u64(p.st[KVP_STAT_REPL_FOLLOWERS]),
+                  "in_sync", u64(p.st[KVP_STAT_REPL_IN_SYNC]), "seq", u64(p.st[KVP_STAT_REPL_SEQ]),
+                  "lag", u64(p.st[KVP_STAT_REPL_LAG]), "standbys", api_standbys(&p)));
     pic_free(&p);
     if (!j)
         return out->err = KVP_ENOMEM, 500;

@@ -334,7 +334,10 @@ def test_a_cluster_of_masters_shows_its_roles(tmp_path: Path) -> None:
                        "kvpool_master_role")['{role="standby"}'] == 1
         until(lambda: json.loads(fetch(bases[lead] + "/api/stats")[1])["repl"]["followers"] == 1,
               "the standby follows the leader", 30)
-        assert json.loads(fetch(bases[lead] + "/api/stats")[1])["role"] == "leader"
+        j = json.loads(fetch(bases[lead] + "/api/stats")[1])
+        assert j["role"] == "leader"
+        (sb,) = j["repl"]["standbys"]
+        assert sb["peer"].startswith("127.0.0.1") and sb["lag"] >= 0
         os.killpg(masters[lead].pid, 9)
         masters[lead].wait(10)
         until(lambda: fetch(bases[stand] + "/readyz")[0] == 200, "the standby took over", 30)
