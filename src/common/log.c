@@ -307,12 +307,18 @@ void kvp_log_write(int level, const char *mod, const char *fmt, ...)
         m = 0;
     size_t mlen = (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1;
     const char *peer = log_peer;
-    size_t len = kvp_log_render(line, sizeof line, kvp_log_get_format(), &ts, level, mod, peer,
-                                msg, mlen);
+    int format = kvp_log_get_format();
+    size_t len = kvp_log_render(line, sizeof line, format, &ts, level, mod, peer, msg, mlen);
     const kvp_log_sink *sink = atomic_load(&log_sink);
     if (sink) {
         kvp_log_record r = {.level = level, .mod = mod, .msg = msg, .msg_len = mlen,
                             .line = line, .line_len = len, .time = ts, .peer = peer};
+        /* text: the message is the line's tail, as it always was */
+        const char *tail = format == KVP_LOG_TEXT ? strstr(line, ": ") : NULL;
+        if (tail && tail + 2 <= line + len - 1) {
+            r.msg = tail + 2;
+            r.msg_len = (size_t)(line + len - 1 - r.msg);
+        }
         sink->fn(sink->ctx, &r);
         return;
     }

@@ -101,7 +101,8 @@ size_t kvp_log_render(char *out, size_t cap, int format, const struct timespec *
 typedef struct kvp_log_record {
     int level;            /* KVP_LOG_DEBUG .. KVP_LOG_ERROR */
     const char *mod;      /* "client", "node", ... (NUL-terminated) */
-    const char *msg;      /* the message, no prefix, no newline */
+    const char *msg;      /* the message, no prefix, no newline (text format: the
+                             line's tail, just before its newline) */
     size_t msg_len;
     const char *line;     /* the whole stderr line, with its newline (in the format) */
     size_t line_len;
