@@ -121,6 +121,8 @@ const char *kvp_cli_quote(const char *s, char *buf, size_t n);
  * 0 when unset or empty, 1 with *level set, -1 when invalid (message on
  * stderr naming the variable; the command exits with status 2). */
 int kvp_cli_env_log_level(const char *cmd, int *level);
+/* The same for $KVPOOL_LOG_FORMAT (text | json, any case). */
+int kvp_cli_env_log_format(const char *cmd, int *format);
 
 /*
  * What a refusal by the master means for this session's credentials, to

@@ -433,6 +433,21 @@ int kvp_cli_env_log_level(const char *cmd, int *level)
     return 1;
 }
 
+int kvp_cli_env_log_format(const char *cmd, int *format)
+{
+    int f = kvp_log_env_format();
+    if (f == -1)
+        return 0;
+    if (f == -2) {
+        char q[96];
+        fprintf(stderr, "kvpool %s: $%s: value %s is not a log format (allowed: text, json)\n",
+                cmd, KVP_LOG_FORMAT_ENV, kvp_cli_quote(getenv(KVP_LOG_FORMAT_ENV), q, sizeof q));
+        return -1;
+    }
+    *format = f;
+    return 1;
+}
+
 int kvp_cli_scan(int argc, char **argv, const kvp_cli_flag *own, const char **own_vals,
                  int *npos)
 {
@@ -480,6 +495,15 @@ int kvp_cli_parse_for(int argc, char **argv, unsigned roles, kvp_config *cfg,
         fprintf(stderr, "kvpool %s: $%s: %s\n", argv[0], KVP_LOG_ENV, err);
         return -1;
     }
+    /* the same for $KVPOOL_LOG_FORMAT and --log-format */
+    int efmt;
+    if ((e = kvp_cli_env_log_format(argv[0], &efmt)) < 0)
+        return -1;
+    if (e > 0 &&
+        kvp_config_set(cfg, "log_format", kvp_log_format_name(efmt), err, sizeof err) != 0) {
+        fprintf(stderr, "kvpool %s: $%s: %s\n", argv[0], KVP_LOG_FORMAT_ENV, err);
+        return -1;
+    }
     if (apply_all(argc, argv, cfg, roles, own, own_vals, npos) != 0)
         return -1;
     if (kvp_config_validate(cfg, err, sizeof err) != 0 ||
@@ -488,6 +512,8 @@ int kvp_cli_parse_for(int argc, char **argv, unsigned roles, kvp_config *cfg,
         return -1;
     }
     kvp_log_set_level(cfg->log_level);
+    kvp_log_set_format(kvp_log_format_parse(cfg->log_format) == KVP_LOG_JSON ? KVP_LOG_JSON
+                                                                             : KVP_LOG_TEXT);
     return 0;
 }
 

@@ -90,6 +90,7 @@ struct key_def {
 static const char *const protocol_choices[] = {"tcp", "rdma", NULL};
 static const char *const mode_choices[] = {"embedded", "standalone-store", NULL};
 static const char *const prefault_choices[] = {"auto", "background", "sync", "off", NULL};
+static const char *const log_format_choices[] = {"text", "json", NULL};
 
 static const struct key_def keys[] = {
     /* ---- master ---- */
@@ -218,6 +219,11 @@ static const struct key_def keys[] = {
     {.name = "log_level", .roles = R_ALL_NET, .type = KT_LOGLEVEL, F_INT(log_level), .def = "info",
      .help = "least severe log level written, process-wide; given in a client's configuration "
              "it sets the process level ($KVPOOL_LOG_LEVEL beats it, a flag beats both)"},
+    {.name = "log_format", .roles = R_ALL_NET, .type = KT_ENUM, F_STR(log_format),
+     .choices = log_format_choices, .def = "text",
+     .help = "log lines: text (\"TIME L component[ peer=HOST:PORT]: message\") or json (one "
+             "object a line: ts, level, component, peer when known, msg); process-wide, "
+             "like log_level ($KVPOOL_LOG_FORMAT beats it, a flag beats both)"},
     /* ---- client / storage node ---- */
     {.name = "master", .roles = R_N | R_C | R_A, .aliases = {"master_server_address", "master_server_addr"},
      .type = KT_STRING, F_STR(master_addr), .def = "127.0.0.1:50051",
@@ -1495,6 +1501,9 @@ void kvp_config_apply_log_level(const kvp_config *c)
 {
     if (kvp_config_was_set(c, "log_level"))
         kvp_log_set_configured(c->log_level);
+    int f = kvp_log_format_parse(c->log_format);
+    if (kvp_config_was_set(c, "log_format") && f >= 0)
+        kvp_log_set_configured_format(f);
 }
 
 int kvp_config_load_spec(kvp_config *c, const char *spec, char *err, size_t errlen)

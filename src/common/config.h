@@ -65,6 +65,7 @@ typedef struct kvp_config {
     uint64_t max_objects;         /* "max_objects": 0 = unlimited */
     uint64_t max_object_size;     /* "max_object_size": bytes (1 GiB); 4 KiB .. 4 GiB - 64 KiB */
     int log_level;                /* "log_level": debug|info|warn|error (info) */
+    char log_format[8];           /* "log_format": text | json (text) */
 
     /* ---- client / storage node ---- */
     char master_addr[256];        /* "master_server_address" / "master_server_addr" / "master" */
@@ -130,8 +131,9 @@ int kvp_config_bool_word(const char *v);
  */
 int kvp_config_load_spec(kvp_config *c, const char *spec, char *err, size_t errlen);
 
-/* The library's rule for "log_level" (common/log.h): when c gives it
- * explicitly, kvp_log_set_configured(c->log_level); else nothing. */
+/* The library's rule for "log_level" and "log_format" (common/log.h):
+ * when c gives one explicitly, kvp_log_set_configured(c->log_level) /
+ * kvp_log_set_configured_format(its format); else nothing. */
 void kvp_config_apply_log_level(const kvp_config *c);
 
 /* Is `name` ('-' or '_') a boolean key? (a bare --name flag means true) */

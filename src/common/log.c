@@ -125,37 +125,238 @@ size_t kvp_log_recent(kvp_log_recent_line *out, size_t max)
     return n;
 }
 
-void kvp_log_write(int level, const char *mod, const char *fmt, ...)
+
+/* ------------------------------------------------------------- format */
+
+#define FORMAT_UNRESOLVED (-1)
+static atomic_int log_format = FORMAT_UNRESOLVED;
+static int env_format = -1; /* like env_level */
+static pthread_once_t env_format_once = PTHREAD_ONCE_INIT;
+static _Thread_local const char *log_peer;
+
+int kvp_log_format_parse(const char *s)
+{
+    if (strcasecmp(s, "text") == 0)
+        return KVP_LOG_TEXT;
+    if (strcasecmp(s, "json") == 0)
+        return KVP_LOG_JSON;
+    return -1;
+}
+
+const char *kvp_log_format_name(int format)
+{
+    return format == KVP_LOG_TEXT ? "text" : format == KVP_LOG_JSON ? "json" : "?";
+}
+
+int kvp_log_env_format(void)
+{
+    const char *v = getenv(KVP_LOG_FORMAT_ENV);
+    if (!v || !*v)
+        return -1;
+    int f = kvp_log_format_parse(v);
+    return f >= 0 ? f : -2;
+}
+
+static void env_format_read(void)
+{
+    int f = kvp_log_env_format();
+    env_format = f >= 0 ? f : -1;
+    int unresolved = FORMAT_UNRESOLVED;
+    atomic_compare_exchange_strong(&log_format, &unresolved, f >= 0 ? f : KVP_LOG_TEXT);
+    if (f == -2 && kvp_log_get_level() <= KVP_LOG_WARN) {
+        char q[64];
+        const char *v = getenv(KVP_LOG_FORMAT_ENV);
+        size_t i = 0;
+        for (; v && v[i] && i < sizeof q - 1; i++)
+            q[i] = (v[i] >= 0x20 && v[i] < 0x7f) ? v[i] : '?';
+        q[i] = 0;
+        kvp_log_write(KVP_LOG_WARN, "log",
+                      "$%s=\"%s\" is not a log format (allowed: text, json); ignored",
+                      KVP_LOG_FORMAT_ENV, q);
+    }
+}
+
+void kvp_log_set_format(int format) { atomic_store(&log_format, format); }
+
+int kvp_log_get_format(void)
+{
+    int f = atomic_load_explicit(&log_format, memory_order_relaxed);
+    if (__builtin_expect(f != FORMAT_UNRESOLVED, 1))
+        return f;
+    pthread_once(&env_format_once, env_format_read);
+    return atomic_load(&log_format);
+}
+
+void kvp_log_set_configured_format(int format)
+{
+    pthread_once(&env_format_once, env_format_read);
+    if (env_format < 0)
+        atomic_store(&log_format, format);
+}
+
+void kvp_log_set_peer(const char *peer) { log_peer = peer; }
+const char *kvp_log_get_peer(void) { return log_peer; }
+
+/* ------------------------------------------------------------- render */
+
+/* Length of the well-formed UTF-8 sequence at p[0..n) (n >= 1), 0 if the
+ * bytes there are not one (stray continuation, overlong, surrogate, above
+ * U+10FFFF, cut short). */
+static size_t utf8_len(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    size_t len;
+    unsigned lo = 0x80, hi = 0xbf; /* bounds of the second byte */
+    if (c >= 0xc2 && c <= 0xdf)
+        len = 2;
+    else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        if (c == 0xe0)
+            lo = 0xa0; /* overlong */
+        else if (c == 0xed)
+            hi = 0x9f; /* surrogates */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        if (c == 0xf0)
+            lo = 0x90;
+        else if (c == 0xf4)
+            hi = 0x8f;
+    } else
+        return 0;
+    if (n < len || p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++)
+        if (p[i] < 0x80 || p[i] > 0xbf)
+            return 0;
+    return len;
+}
+
+/* Appends s[0..n) as a JSON string body (no quotes) to out[*len..cap),
+ * stopping before the first unit that does not fit. */
+static void json_escape(char *out, size_t cap, size_t *len, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        char esc[8];
+        const char *u = esc;
+        size_t ul, adv = 1;
+        unsigned c = p[i];
+        if (c == '"' || c == '\\') {
+            esc[0] = '\\', esc[1] = (char)c, ul = 2;
+        } else if (c == '\n') {
+            u = "\\n", ul = 2;
+        } else if (c == '\r') {
+            u = "\\r", ul = 2;
+        } else if (c == '\t') {
+            u = "\\t", ul = 2;
+        } else if (c < 0x20 || c == 0x7f) {
+            memcpy(esc, "\\u00", 4);
+            esc[4] = hex[c >> 4], esc[5] = hex[c & 15], ul = 6;
+        } else if (c < 0x80) {
+            esc[0] = (char)c, ul = 1;
+        } else if ((adv = utf8_len(p + i, n - i)) != 0) {
+            u = s + i, ul = adv;
+        } else {
+            u = "\\ufffd", ul = 6, adv = 1;
+        }
+        if (*len + ul >= cap)
+            return;
+        memcpy(out + *len, u, ul);
+        *len += ul;
+        i += adv;
+    }
+}
+
+static void put_str(char *out, size_t cap, size_t *len, const char *s)
+{
+    size_t n = strlen(s);
+    if (*len + n >= cap)
+        n = *len + 1 >= cap ? 0 : cap - 1 - *len;
+    memcpy(out + *len, s, n);
+    *len += n;
+}
+
+size_t kvp_log_render(char *out, size_t cap, int format, const struct timespec *ts, int level,
+                      const char *mod, const char *peer, const char *msg, size_t msg_len)
 {
     static const char lc[] = "DIWE";
-    char line[1024];
-    struct timespec ts;
+    if (cap < 2)
+        return 0;
     struct tm tm;
+    gmtime_r(&ts->tv_sec, &tm);
+    char t[96];
+    snprintf(t, sizeof t, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
+             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (ts->tv_nsec / 1000000) % 1000);
+    size_t len = 0, room = cap - 1; /* the newline's byte is kept */
+    if (format == KVP_LOG_JSON) {
+        room = cap > 3 ? cap - 2 : 1; /* and the closing brace */
+        put_str(out, room, &len, "{\"ts\":\"");
+        put_str(out, room, &len, t);
+        put_str(out, room, &len, "\",\"level\":\"");
+        put_str(out, room, &len, kvp_log_level_name(level));
+        put_str(out, room, &len, "\",\"component\":\"");
+        json_escape(out, room, &len, mod, strlen(mod));
+        if (peer) {
+            put_str(out, room, &len, "\",\"peer\":\"");
+            json_escape(out, room, &len, peer, strlen(peer));
+        }
+        put_str(out, room, &len, "\",\"msg\":\"");
+        /* the closing quote must fit: escape into room - 1 */
+        json_escape(out, room - 1 > len ? room - 1 : len + 1, &len, msg, msg_len);
+        out[len++] = '"';
+        out[len++] = '}';
+    } else {
+        char c[2] = {lc[level & 3], 0};
+        put_str(out, room, &len, t);
+        put_str(out, room, &len, " ");
+        put_str(out, room, &len, c);
+        put_str(out, room, &len, " ");
+        put_str(out, room, &len, mod);
+        if (peer) {
+            put_str(out, room, &len, " peer=");
+            put_str(out, room, &len, peer);
+        }
+        put_str(out, room, &len, ": ");
+        size_t n = msg_len;
+        if (len + n >= room)
+            n = room - 1 > len ? room - 1 - len : 0;
+        memcpy(out + len, msg, n);
+        len += n;
+    }
+    out[len++] = '\n';
+    out[len] = '\0';
+    return len;
+}
+
+void kvp_log_write(int level, const char *mod, const char *fmt, ...)
+{
+    char msg[1024];
+    char line[8192]; /* a json line: each message byte at most 6 */
+    struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
-    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %c %s: ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, ts.tv_nsec / 1000000, lc[level & 3], mod);
-    if (n < 0 || (size_t)n >= sizeof line - 2)
-        return;
     va_list ap;
     va_start(ap, fmt);
-    int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    int m = vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     if (m < 0)
         m = 0;
-    size_t len = (size_t)n + (size_t)m;
-    if (len > sizeof line - 2)
-        len = sizeof line - 2;
-    line[len++] = '\n';
-    line[len] = '\0';
+    size_t mlen = (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1;
+    const char *peer = log_peer;
+    int format = kvp_log_get_format();
+    size_t len = kvp_log_render(line, sizeof line, format, &ts, level, mod, peer, msg, mlen);
     if (level >= KVP_LOG_WARN)
-        recent_keep(level, mod, line + n, len - 1 - (size_t)n, &ts);
+        recent_keep(level, mod, msg, mlen, &ts);
     const kvp_log_sink *sink = atomic_load(&log_sink);
     if (sink) {
-        kvp_log_record r = {.level = level, .mod = mod, .msg = line + n,
-                            .msg_len = len - 1 - (size_t)n, .line = line, .line_len = len,
-                            .time = ts};
+        kvp_log_record r = {.level = level, .mod = mod, .msg = msg, .msg_len = mlen,
+                            .line = line, .line_len = len, .time = ts, .peer = peer};
+        /* text: the message is the line's tail, as it always was */
+        const char *tail = format == KVP_LOG_TEXT ? strstr(line, ": ") : NULL;
+        if (tail && tail + 2 <= line + len - 1) {
+            r.msg = tail + 2;
+            r.msg_len = (size_t)(line + len - 1 - r.msg);
+        }
         sink->fn(sink->ctx, &r);
         return;
     }

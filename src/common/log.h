@@ -1,7 +1,22 @@
 /*
  * log.h -- leveled logging to stderr (or to a sink, see kvp_log_set_sink).
- * Lines look like: "2026-11-29T08:57:17.123Z W master: message".
+ * Lines look like: "2026-11-29T08:57:17.123Z W master: message", or, while
+ * the thread serves a connection (kvp_log_set_peer),
+ * "2026-11-29T08:57:17.123Z W master peer=10.0.0.1:5555: message".
  * Thread-safe: each line is written with one write(2).
+ *
+ * With the json format (kvp_log_set_format) each line is one JSON object:
+ *   {"ts":"2026-11-29T08:57:17.123Z","level":"warn","component":"master",
+ *    "peer":"10.0.0.1:5555","msg":"message"}
+ * ("peer" only when known). Every string is escaped byte by byte: '"' and
+ * '\' as \" and \\, \n \r \t, other bytes below 0x20 and 0x7f as \u00XX,
+ * well-formed UTF-8 as is, and each byte of an ill-formed UTF-8 sequence
+ * as \ufffd, so a line is always valid JSON (and valid UTF-8).
+ * The format comes from, strongest first: kvp_log_set_format (the CLI's
+ * resolved --log-format), $KVPOOL_LOG_FORMAT (text | json, any case; an
+ * invalid value is ignored with one WARN line), kvp_log_set_configured_format
+ * (a client's configuration "log_format"), the default text -- the same
+ * rules as the level's below.
  *
  * The level is process-wide (one per process, shared by every client,
  * node and master in it). Where it comes from, strongest first:
@@ -42,6 +57,37 @@ const char *kvp_log_level_name(int level);
 void kvp_log_write(int level, const char *mod, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Line formats (see above). */
+enum kvp_log_format { KVP_LOG_TEXT = 0, KVP_LOG_JSON };
+#define KVP_LOG_FORMAT_ENV "KVPOOL_LOG_FORMAT"
+void kvp_log_set_format(int format);
+int kvp_log_get_format(void);
+/* Sets the format unless $KVPOOL_LOG_FORMAT holds a valid format. */
+void kvp_log_set_configured_format(int format);
+/* $KVPOOL_LOG_FORMAT now: its format, -1 when unset or empty, -2 when invalid. */
+int kvp_log_env_format(void);
+/* Parses "text", "json" (any case); -1 if unknown. */
+int kvp_log_format_parse(const char *s);
+/* "text", "json" ("?" for anything else). */
+const char *kvp_log_format_name(int format);
+
+/*
+ * The peer this thread is serving ("HOST:PORT", or NULL for none): every
+ * line the thread logs while it is set carries it. Servers set it around
+ * the work of one connection and clear it after. `peer` is not copied: it
+ * must stay valid (and unchanged) until cleared or replaced.
+ */
+void kvp_log_set_peer(const char *peer);
+const char *kvp_log_get_peer(void);
+
+/*
+ * Renders one line (with its newline) into out[cap] in `format`; returns
+ * its length (< cap: cut to fit, never in the middle of an escape, the
+ * newline kept). peer may be NULL. kvp_log_write uses it; exposed for tests.
+ */
+size_t kvp_log_render(char *out, size_t cap, int format, const struct timespec *ts, int level,
+                      const char *mod, const char *peer, const char *msg, size_t msg_len);
+
 /*
  * Sink: where lines go instead of stderr (the Python extension turns them
  * into `logging` records). One record per line, passed to fn(ctx, r) on
@@ -55,11 +101,13 @@ void kvp_log_write(int level, const char *mod, const char *fmt, ...)
 typedef struct kvp_log_record {
     int level;            /* KVP_LOG_DEBUG .. KVP_LOG_ERROR */
     const char *mod;      /* "client", "node", ... (NUL-terminated) */
-    const char *msg;      /* the message, no prefix, no newline */
+    const char *msg;      /* the message, no prefix, no newline (text format: the
+                             line's tail, just before its newline) */
     size_t msg_len;
-    const char *line;     /* the whole stderr line, with its newline */
+    const char *line;     /* the whole stderr line, with its newline (in the format) */
     size_t line_len;
     struct timespec time; /* CLOCK_REALTIME when it was logged */
+    const char *peer;     /* the thread's peer (kvp_log_set_peer), or NULL */
 } kvp_log_record;
 typedef struct kvp_log_sink {
     void (*fn)(void *ctx, const kvp_log_record *r);

@@ -128,6 +128,7 @@ typedef struct conn {
     uint64_t gate;      /* ha_sync: its output waits until the standbys acknowledged
                            this seq (an answered PUT_END); 0 = none */
     int gated;          /* counted in s->ngated: output held by the gate */
+    char peer_log[KVP_NET_PEERLEN]; /* "HOST:PORT", for its log lines (kvp_log_set_peer) */
 } conn;
 
 struct kvp_mserver {
@@ -701,10 +702,13 @@ static uint64_t peer_hash(const struct sockaddr_storage *sa, socklen_t len)
 /* Closes c, a pre-HELLO connection, to make room for a new one. */
 static void evict(kvp_mserver *s, conn *c, const char *why)
 {
+    const char *prev = kvp_log_get_peer();
+    kvp_log_set_peer(c->peer_log);
     s->n_evicted++;
     KVP_WARN_LIMITED(MOD, "connection fd %d from %s closed before HELLO: %s", c->fd,
                      c->sess.peer_addr, why);
     conn_close(s, c);
+    kvp_log_set_peer(prev);
 }
 
 /* May `c`, the oldest pre-HELLO connection of a set, make room? Not when
@@ -796,6 +800,7 @@ static conn *conn_open(kvp_mserver *s, int fd, addr_ent *e, const struct sockadd
     kvp_master_sess_open(s->m, &c->sess);
     c->sess.peer = peer_hash(ss, sl);
     peer_text(ss, c->sess.peer_addr, sizeof c->sess.peer_addr);
+    kvp_net_peer_text(ss, c->peer_log, sizeof c->peer_log);
     c->accepted_ms = now;
     c->accept_turn = s->turn;
     c->addr = e;
@@ -869,9 +874,13 @@ static void on_accept(kvp_mserver *s, uint64_t now)
         int reason;
         const char *why = admit(s, &ss, &e, &reason);
         if (why) {
+            char pl[KVP_NET_PEERLEN];
+            kvp_net_peer_text(&ss, pl, sizeof pl);
+            kvp_log_set_peer(pl);
             s->n_refused++;
             s->n_refused_by[reason]++;
             KVP_WARN_LIMITED(MOD, "connection refused: %s", why);
+            kvp_log_set_peer(NULL);
             close(fd);
             continue;
         }
@@ -895,6 +904,7 @@ static void expire_hellos(kvp_mserver *s, uint64_t now)
             continue;
         }
         s->n_hello_timeouts++;
+        kvp_log_set_peer(c->peer_log);
         KVP_WARN_LIMITED(MOD, "connection fd %d: no HELLO within %llu ms; closing it", c->fd,
                          (unsigned long long)s->cfg.hello_timeout_ms);
         kvp_buf_reset(&c->in); /* answer with request id 0: the frame in hand is not served */
@@ -902,6 +912,7 @@ static void expire_hellos(kvp_mserver *s, uint64_t now)
         answer_error(c, KVP_ENO_HELLO);
         conn_flush(s, c); /* best effort */
         conn_close(s, c);
+        kvp_log_set_peer(NULL);
     }
 }
 
@@ -1338,19 +1349,23 @@ static kvp_buf *job_out(kvp_msess *ms, void *ctx)
  * input, then flush (EPOLLOUT lands here too). */
 static void conn_event(kvp_mserver *s, conn *c, uint32_t events)
 {
+    kvp_log_set_peer(c->peer_log); /* its lines name it; cleared before every return */
     if (events & (EPOLLERR | EPOLLHUP) && !(events & EPOLLIN)) {
         conn_close(s, c);
+        kvp_log_set_peer(NULL);
         return;
     }
     /* the interest may have changed earlier in this batch */
     if ((events & EPOLLIN) && (c->events & EPOLLIN) && !c->on_ready) {
         if (conn_readable(s, c) < 0) {
             conn_close(s, c);
+            kvp_log_set_peer(NULL);
             return;
         }
         conn_work(s, c);
     }
     conn_after(s, c);
+    kvp_log_set_peer(NULL);
 }
 
 /* Connections with unserved frames from earlier turns; the list is
@@ -1364,8 +1379,10 @@ static void serve_ready(kvp_mserver *s)
         conn *c = r;
         r = r->ready_next;
         c->on_ready = 0;
+        kvp_log_set_peer(c->peer_log);
         conn_work(s, c);
         conn_after(s, c);
+        kvp_log_set_peer(NULL);
     }
 }
 

@@ -223,3 +223,22 @@ int kvp_net_source_for(const char *addr, char *host, size_t hostlen, char *err, 
     freeaddrinfo(res);
     return rc;
 }
+
+void kvp_net_peer_text(const struct sockaddr_storage *ss, char *out, size_t outlen)
+{
+    char h[INET6_ADDRSTRLEN];
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        if (inet_ntop(AF_INET, &a->sin_addr, h, sizeof h)) {
+            snprintf(out, outlen, "%s:%u", h, (unsigned)ntohs(a->sin_port));
+            return;
+        }
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        if (inet_ntop(AF_INET6, &a->sin6_addr, h, sizeof h)) {
+            snprintf(out, outlen, "[%s]:%u", h, (unsigned)ntohs(a->sin6_port));
+            return;
+        }
+    }
+    snprintf(out, outlen, "?");
+}

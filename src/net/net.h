@@ -33,4 +33,8 @@ int kvp_net_is_loopback(const char *host);
  * nothing. Numeric, without brackets, into host. 0, or KVP_EINVALID_PARAMS
  * (a bad or unresolvable address) / KVP_EIO (no route) with a message. */
 int kvp_net_source_for(const char *addr, char *host, size_t hostlen, char *err, size_t errlen);
+/* A peer's address as "HOST:PORT" ("[ADDR]:PORT" for IPv6, "?" for another
+ * family), for log lines (kvp_log_set_peer); KVP_NET_PEERLEN is enough. */
+#define KVP_NET_PEERLEN 64
+void kvp_net_peer_text(const struct sockaddr_storage *ss, char *out, size_t outlen);
 #endif

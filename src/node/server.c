@@ -135,6 +135,7 @@ typedef struct conn {
     uint64_t win_ms, win_moved; /* rate window: start, `moved` then */
     struct clist *list;   /* the worker's list it is on, NULL = none yet */
     struct conn *prev, *next;
+    char peer[KVP_NET_PEERLEN]; /* "HOST:PORT" or "unix", for its log lines; "" = unknown */
 #ifdef KVP_FUZZING
     const uint8_t *feed;  /* server_internal.h: input from memory (fd < 0) */
     size_t feed_left;
@@ -688,7 +689,19 @@ static void set_interest(worker *w, conn *c)
     }
 }
 
+/* Log lines of the thread name c's peer until the next call (NULL: none). */
+static void log_peer(const conn *c) { kvp_log_set_peer(c && c->peer[0] ? c->peer : NULL); }
+
+static void conn_event_peer(worker *w, conn *c, uint32_t ev);
+
 static void conn_event(worker *w, conn *c, uint32_t ev)
+{
+    log_peer(c);
+    conn_event_peer(w, c, ev);
+    log_peer(NULL);
+}
+
+static void conn_event_peer(worker *w, conn *c, uint32_t ev)
 {
     if ((ev & EPOLLERR) || ((ev & EPOLLHUP) && !(ev & EPOLLIN))) {
         conn_free(w, c);
@@ -727,12 +740,14 @@ static void sweep(worker *w, uint64_t now)
     struct kvp_segserver *s = w->s;
     while (w->pre.head && now - w->pre.head->born_ms >= s->hello_ms) {
         count(&s->hello_to);
+        log_peer(w->pre.head);
         KVP_WARN_LIMITED(MOD, "closed a connection that sent no HELLO within %u ms",
                          (unsigned)s->hello_ms);
         conn_free(w, w->pre.head);
     }
     for (conn *c = w->auth.head, *nx; c; c = nx) {
         nx = c->next;
+        log_peer(c);
         int busy = c->st != ST_HDR || c->got || c->on;
         if (busy && ((c->st == ST_WBODY && now > c->wdeadline) || out_expired(c, now))) {
             count(&s->cut_expired);
@@ -767,6 +782,7 @@ static void sweep(worker *w, uint64_t now)
         }
         conn_free(w, c);
     }
+    log_peer(NULL);
 }
 
 static void take_incoming(worker *w)
@@ -790,9 +806,11 @@ static void take_incoming(worker *w)
         cl_push(&w->pre, c);
         if (w->pre.n > w->s->pre_cap) {
             count(&w->s->evicted);
+            log_peer(w->pre.head);
             KVP_WARN_LIMITED(MOD, "%d connections without HELLO on a worker: closed the oldest",
                              w->pre.n);
             conn_free(w, w->pre.head);
+            log_peer(NULL);
         }
     }
 }
@@ -826,8 +844,10 @@ static void revoke_scan(worker *w)
         nx = c->next;
         if (has_dead_transfer(s, c, all)) {
             count(&s->cut_revoked);
+            log_peer(c);
             KVP_WARN_LIMITED(MOD, "closed a connection whose transfer's grant was revoked");
             conn_free(w, c);
+            log_peer(NULL);
         }
     }
     pthread_mutex_lock(&s->rev_mu);
@@ -966,7 +986,10 @@ static void *acceptor_main(void *arg)
             if (lfd == &s->stop_fd)
                 continue;
             while (!s->paused) {
-                int fd = kvp_sys.accept4(*lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                struct sockaddr_storage ss;
+                socklen_t sl = sizeof ss;
+                int fd = kvp_sys.accept4(*lfd, (struct sockaddr *)&ss, &sl,
+                                         SOCK_NONBLOCK | SOCK_CLOEXEC);
                 if (fd < 0) {
                     if (errno == EINTR || errno == ECONNABORTED)
                         continue;
@@ -984,7 +1007,12 @@ static void *acceptor_main(void *arg)
                      * then reads the stats finds it counted */
                     count(&s->refused_full);
                     close(fd);
+                    char pl[KVP_NET_PEERLEN] = "unix";
+                    if (lfd != &s->unix_fd)
+                        kvp_net_peer_text(&ss, pl, sizeof pl);
+                    kvp_log_set_peer(pl);
                     KVP_WARN_LIMITED(MOD, "%d connections open: closed a new one", s->max_conns);
+                    kvp_log_set_peer(NULL);
                     continue;
                 }
                 conn *c = kvp_calloc(1, sizeof *c);
@@ -995,6 +1023,10 @@ static void *acceptor_main(void *arg)
                 __atomic_add_fetch(&s->nconns, 1, __ATOMIC_RELAXED);
                 c->fd = fd;
                 c->is_unix = lfd == &s->unix_fd;
+                if (c->is_unix)
+                    snprintf(c->peer, sizeof c->peer, "unix");
+                else
+                    kvp_net_peer_text(&ss, c->peer, sizeof c->peer);
                 c->st = ST_HDR;
                 c->born_ms = c->last_ms = c->win_ms = kvp_now_ms();
                 if (!c->is_unix)

@@ -68,6 +68,7 @@ TEST(defaults_match_header)
     CHECK(c.max_tenants == 1024);
     CHECK(c.max_objects == 0);
     CHECK_EQ(c.log_level, KVP_LOG_INFO);
+    CHECK(strcmp(c.log_format, "text") == 0);
     CHECK(strcmp(c.master_addr, "127.0.0.1:50051") == 0);
     CHECK(strcmp(c.local_hostname, "localhost") == 0);
     CHECK(strcmp(c.protocol, "tcp") == 0);
@@ -95,7 +96,7 @@ TEST(every_default_parses)
         {"lease_ttl", "5s"}, {"put_timeout", "30s"}, {"client_ttl", "10s"},
         {"eviction_high_watermark_ratio", "0.95"}, {"eviction_low_watermark_ratio", "0.90"},
         {"max_key_size", "4096"}, {"max_connections", "4096"}, {"max_segments", "4096"},
-        {"max_tenants", "1024"}, {"max_objects", "0"}, {"log_level", "info"},
+        {"max_tenants", "1024"}, {"max_objects", "0"}, {"log_level", "info"}, {"log_format", "text"},
         {"master", "127.0.0.1:50051"}, {"local_hostname", "localhost"}, {"protocol", "tcp"},
         {"mode", "standalone-store"}, {"global_segment_size", "4GiB"}, {"local_buffer_size", "0"},
         {"enable_offload", "false"}, {"rpc_timeout", "10s"}, {"replica_num", "1"},
@@ -241,6 +242,31 @@ TEST(numbers_or_strings)
     CHECK_EQ(c.log_level, KVP_LOG_DEBUG);
     CHECK_EQ(load(&c, "{\"log_level\": \"off\"}", err), 0);
     CHECK_EQ(c.log_level, KVP_LOG_OFF);
+}
+
+TEST(log_format_key)
+{
+    kvp_config c;
+    char err[KVP_CONFIG_ERRLEN];
+    kvp_config_defaults(&c);
+    CHECK(!kvp_config_was_set(&c, "log_format"));
+    CHECK_EQ(load(&c, "{\"log_format\": \"json\"}", err), 0);
+    CHECK(strcmp(c.log_format, "json") == 0);
+    CHECK(kvp_config_was_set(&c, "log_format"));
+    CHECK_EQ(kvp_config_set(&c, "log-format", "text", err, sizeof err), 0);
+    CHECK(strcmp(c.log_format, "text") == 0);
+    CHECK(kvp_config_set(&c, "log_format", "xml", err, sizeof err) != 0);
+    CHECK(strstr(err, "log_format") && strstr(err, "xml") && strstr(err, "json"));
+    CHECK(strcmp(c.log_format, "text") == 0);
+    CHECK(load(&c, "{\"log_format\": 1}", err) != 0);
+    /* a configuration that gives it sets the process format (no $KVPOOL_LOG_FORMAT) */
+    unsetenv(KVP_LOG_FORMAT_ENV);
+    CHECK_EQ(load(&c, "{\"log_format\": \"json\"}", err), 0);
+    kvp_config_apply_log_level(&c);
+    CHECK_EQ(kvp_log_get_format(), KVP_LOG_JSON);
+    kvp_config_defaults(&c); /* not given: left alone */
+    kvp_config_apply_log_level(&c);
+    CHECK_EQ(kvp_log_get_format(), KVP_LOG_JSON);
 }
 
 /* One bad value per row: the message names source, key, value and what is allowed. */
@@ -648,7 +674,8 @@ TEST(reference_lists_every_key)
     static const char *const names[] = {
         "listen", "cluster_token", "max_frame_size", "lease_ttl", "put_timeout", "client_ttl",
         "eviction_high_watermark_ratio", "eviction_low_watermark_ratio", "max_key_size",
-        "max_connections", "max_segments", "max_tenants", "max_objects", "log_level", "master",
+        "max_connections", "max_segments", "max_tenants", "max_objects", "log_level", "log_format",
+        "allowed: \"text\", \"json\"", "master",
         "local_hostname", "protocol", "mode", "global_segment_size", "local_buffer_size",
         "enable_offload", "rpc_timeout", "replica_num", "master_server_address", "master_server_addr",
         "default_kv_lease_ttl", "metadata_server", "use_ascend_direct", "64MiB", "4GiB",

@@ -50,6 +50,7 @@ TEST(roles_follow_the_readers)
         {"preferred_segment", C},
         {"cluster_token_file", M | N | C | A},
         {"log_level", M | N | C | A},
+        {"log_format", M | N | C | A},
         {"local_buffer_size", 0}, /* nobody reads it: a Mooncake file's key */
         {"device_name", 0},       /* Mooncake, no such component */
         {"lease_tll", -1},
