@@ -44,9 +44,9 @@ static void print_json_str(kvp_bytes b)
     }
 }
 
-static void print_json(const kvp_msg_stats_resp *s)
+static void print_json(const kvp_msg_stats_resp *s, const char *version)
 {
-    printf("{\"counters\": {");
+    printf("{\"version\": \"%s\", \"counters\": {", version);
     for (uint32_t i = 0; i < s->n_counters && i < KVP_STAT__COUNT; i++)
         printf("%s\"%s\": %llu", i ? ", " : "", kvp_stat_name(i), (unsigned long long)s->counters[i]);
     printf("}, \"segments\": [");
@@ -264,9 +264,18 @@ int kvp_cmd_stat(int argc, char **argv)
         keep_tenant(&s, kvp_config_was_set(&cfg, "tenant") ? cfg.tenant : NULL);
         if (every > 0 && !v[0] && isatty(1))
             printf("\033[H\033[2J");
+        /* the server's release, from the HELLO of the connection in use (proto.c
+         * lets printable ASCII through; '"' and '\\' are dropped for the JSON) */
+        char ver[KVP_SERVER_VERSION_MAX + 1];
+        size_t vn = 0;
+        for (const char *p = kvp_rpc_hello_resp(r)->server_version; *p; p++)
+            if (*p != '"' && *p != '\\')
+                ver[vn++] = *p;
+        ver[vn] = '\0';
         if (v[0]) {
-            print_json(&s);
+            print_json(&s, ver);
         } else {
+            printf("master version %s\n", vn ? ver : "unknown");
             if (kvp_etcd_is_url(cfg.master_addr))
                 print_cluster(cfg.master_addr, s.counters);
             print_table(&s);

@@ -1828,7 +1828,7 @@ static void op_hello(req *q)
     c->last_seen = q->now;
     kvp_msg_hello_resp r = {KVP_PROTO_VERSION, m->id, (uint32_t)m->cfg.max_frame,
                             (uint32_t)m->cfg.lease_ttl_ms, (uint32_t)m->cfg.client_ttl_ms,
-                            q->now, {0}};
+                            q->now, {0}, KVPOOL_VERSION_STRING};
     memcpy(r.session, c->session, sizeof r.session);
     size_t off = reply_begin(q);
     kvp_enc_hello_resp(q->out, &r);

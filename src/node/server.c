@@ -83,7 +83,7 @@
 #define MOD "segserver"
 #define OUTQ 64                  /* queued answers per connection */
 #define SMALL_MAX 4096           /* largest HELLO / SHM_ATTACH body */
-#define SMALL_RESP 64            /* largest small answer body */
+#define SMALL_RESP 96            /* largest small answer body (HELLO: 83) */
 #define READ_BUDGET (8u << 20)   /* bytes read per connection per event */
 #define FRAME_BUDGET 256         /* frames per connection per event */
 #define SCRATCH 65536            /* per-worker discard buffer */
@@ -423,7 +423,8 @@ static void on_hello(struct kvp_segserver *s, conn *c)
         return;
     }
     c->hello_ok = 1;
-    kvp_msg_hello_resp r = {KVP_PROTO_VERSION, s->segment_id, s->max_frame, 0, 0, 0, {0}};
+    kvp_msg_hello_resp r = {KVP_PROTO_VERSION, s->segment_id, s->max_frame, 0, 0, 0, {0},
+                            KVPOOL_VERSION_STRING};
     uint8_t tmp[SMALL_RESP];
     kvp_buf b = {tmp, 0, sizeof tmp, sizeof tmp, 0};
     kvp_enc_hello_resp(&b, &r);

@@ -329,6 +329,8 @@ void kvp_enc_hello_resp(kvp_buf *b, const kvp_msg_hello_resp *m)
     kvp_buf_u32(b, m->client_ttl_ms);
     kvp_buf_u64(b, m->now_ms);
     kvp_buf_put(b, m->session, KVP_SESSION_LEN);
+    size_t vl = strnlen(m->server_version, KVP_SERVER_VERSION_MAX);
+    kvp_buf_bytes(b, m->server_version, (uint32_t)vl);
 }
 
 int kvp_dec_hello_resp(const uint8_t *p, uint32_t len, kvp_msg_hello_resp *m)
@@ -343,6 +345,18 @@ int kvp_dec_hello_resp(const uint8_t *p, uint32_t len, kvp_msg_hello_resp *m)
     const uint8_t *sess = kvp_rd_raw(&r, KVP_SESSION_LEN);
     if (sess)
         memcpy(m->session, sess, KVP_SESSION_LEN);
+    uint32_t vl = kvp_rd_u32(&r);
+    const uint8_t *v = vl <= KVP_SERVER_VERSION_MAX ? kvp_rd_raw(&r, vl) : NULL;
+    memset(m->server_version, 0, sizeof m->server_version);
+    if (!v && vl) {
+        rd_fail(&r);
+    } else {
+        for (uint32_t i = 0; i < vl; i++) {
+            if (v[i] < 0x20 || v[i] > 0x7e) /* shown to operators as is */
+                rd_fail(&r);
+            m->server_version[i] = (char)v[i];
+        }
+    }
     DEC_END;
 }
 

@@ -33,8 +33,9 @@
 #include "common/buf.h"
 
 #define KVP_PROTO_MAGIC 0x4B56u
-#define KVP_PROTO_VERSION 2 /* 2: DISK_CMD / DISK_REPORT entries carry a record id,
-                               PUT_START a soft pin's TTL */
+#define KVP_PROTO_VERSION 3 /* 2: DISK_CMD / DISK_REPORT entries carry a record id,
+                               PUT_START a soft pin's TTL; 3: the HELLO answer carries
+                               the server's release */
 #define KVP_FRAME_HDR 24
 
 #define KVP_FLAG_RESPONSE 0x01 /* this frame answers req_id */
@@ -153,6 +154,7 @@ typedef struct kvp_msg_hello {
 } kvp_msg_hello;
 
 /* HELLO response. */
+#define KVP_SERVER_VERSION_MAX 31
 typedef struct kvp_msg_hello_resp {
     uint32_t version;
     uint64_t master_id;       /* random per master start: a change means restart */
@@ -161,6 +163,8 @@ typedef struct kvp_msg_hello_resp {
     uint32_t client_ttl_ms;   /* heartbeat at least every client_ttl_ms / 3 */
     uint64_t now_ms;          /* the master's monotonic clock (descriptor expiry) */
     uint8_t session[KVP_SESSION_LEN]; /* the client's session secret (zeros from a node) */
+    char server_version[KVP_SERVER_VERSION_MAX + 1]; /* the server's release ("0.1.0"):
+                                 printable ASCII, NUL-terminated once decoded */
 } kvp_msg_hello_resp;
 
 /* Body of a HELLO answered KVP_EAUTH_BACKOFF (older peers see only the

@@ -350,3 +350,18 @@ def test_a_cluster_of_masters_shows_its_roles(tmp_path: Path) -> None:
                 m.wait(30)
         e.terminate()
         e.wait(20)
+
+
+def test_kvpool_stat_names_the_masters_release(served: tuple[kvpool_procs.Proc, str]) -> None:
+    """The master's HELLO answer carries its release: `kvpool stat` shows it."""
+    proc, _ = served
+    env = kvpool_procs.server_env()
+    r = subprocess.run([kvpool_procs.kvpool_bin(), "stat", "--master", proc.addr],
+                       capture_output=True, timeout=30, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().splitlines()[0] == f"master version {kvpool.__version__}"
+    r = subprocess.run([kvpool_procs.kvpool_bin(), "stat", "--master", proc.addr, "--json"],
+                       capture_output=True, timeout=30, env=env)
+    assert json.loads(r.stdout)["version"] == kvpool.__version__
+    v = subprocess.run([kvpool_procs.kvpool_bin(), "--version"], capture_output=True, timeout=30)
+    assert v.stdout.decode().strip() == f"kvpool {kvpool.__version__}"

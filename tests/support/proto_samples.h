@@ -196,7 +196,7 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(hello, 1) m->hello = (kvp_msg_hello){KVP_PROTO_VERSION, 0x0123456789abcdefull, PC_B("secret"), PC_B("node 10.0.0.1:7000"), PC_B("node-cred"), PC_B("tenant-cred"), PC_B("0123456789abcdef")}; return 0;
     S(hello, 2) m->hello = (kvp_msg_hello){UINT32_MAX, UINT64_MAX, str_max, str_max, str_max, str_max, PC_B("")}; return 0;
     S(hello_resp, 0) return 0;
-    S(hello_resp, 1) m->hello_resp = (kvp_msg_hello_resp){1, UINT64_MAX - 1, 64u << 20, 5000, UINT32_MAX, 123456789, "0123456789abcde"}; return 0;
+    S(hello_resp, 1) m->hello_resp = (kvp_msg_hello_resp){1, UINT64_MAX - 1, 64u << 20, 5000, UINT32_MAX, 123456789, "0123456789abcde", "9.12.0-rc1 (test build)"}; return 0;
     S(mount, 0) return 0;
     S(mount, 1) m->mount = (kvp_msg_mount){2, segs}; return 0;
     S(mount, 2) m->mount = (kvp_msg_mount){1, &seg_max}; return 0;

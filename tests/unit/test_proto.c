@@ -874,3 +874,30 @@ TEST(stats_tenants_section)
     kvp_arena_free(&a);
     kvp_buf_free(&b);
 }
+
+/* The HELLO answer's server release: round trip; longer than
+ * KVP_SERVER_VERSION_MAX or not printable ASCII is refused. */
+TEST(hello_resp_server_version)
+{
+    kvp_msg_hello_resp in = {KVP_PROTO_VERSION, 7, 1 << 20, 5000, 10000, 1, {0}, "0.1.0"}, out;
+    uint8_t raw[256];
+    kvp_buf b = {raw, 0, sizeof raw, sizeof raw, 0};
+    kvp_enc_hello_resp(&b, &in);
+    CHECK_EQ(kvp_dec_hello_resp(raw, (uint32_t)b.len, &out), 0);
+    CHECK(!strcmp(out.server_version, "0.1.0") && out.master_id == 7);
+    /* the last field: u32 length, then the bytes */
+    size_t at = b.len - 5 - 4;
+    raw[at + 4 + 2] = 0x07; /* a control byte */
+    CHECK_EQ(kvp_dec_hello_resp(raw, (uint32_t)b.len, &out), KVP_EPROTOCOL);
+    raw[at + 4 + 2] = 0xc3; /* not ASCII */
+    CHECK_EQ(kvp_dec_hello_resp(raw, (uint32_t)b.len, &out), KVP_EPROTOCOL);
+    raw[at + 4 + 2] = '1';
+    raw[at] = KVP_SERVER_VERSION_MAX + 1; /* longer than allowed (and than the body) */
+    CHECK_EQ(kvp_dec_hello_resp(raw, (uint32_t)b.len, &out), KVP_EPROTOCOL);
+    /* an empty release is allowed (a server that does not say) */
+    kvp_msg_hello_resp none = {KVP_PROTO_VERSION, 7, 1 << 20, 5000, 10000, 1, {0}, ""};
+    b.len = 0;
+    kvp_enc_hello_resp(&b, &none);
+    CHECK_EQ(kvp_dec_hello_resp(raw, (uint32_t)b.len, &out), 0);
+    CHECK_EQ(out.server_version[0], '\0');
+}

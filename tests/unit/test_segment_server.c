@@ -806,7 +806,7 @@ static void *rogue_main(void *p)
         kvp_buf b = {out + KVP_FRAME_HDR, 0, 64, 64, 0};
         int mfd = -1;
         if (fh.op == KVP_OP_HELLO) {
-            kvp_msg_hello_resp m = {KVP_PROTO_VERSION, 1, 1 << 20, 1000, 1000, 0, {0}};
+            kvp_msg_hello_resp m = {KVP_PROTO_VERSION, 1, 1 << 20, 1000, 1000, 0, {0}, "t"};
             kvp_enc_hello_resp(&b, &m);
         } else {
             memcpy(out + KVP_FRAME_HDR, &r->announce, 8);
