@@ -94,11 +94,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         while (hrc == 0 && s.deferred) /* a whole-index job: its next turns */
             kvp_master_jobs(m, now, job_out, &out);
         if (hrc == 0 && !(h.flags & KVP_FLAG_ONEWAY)) {
+            /* the answer, then only whole frames: a REPL_FOLLOW's answer is
+             * followed by the index snapshot (REPL_DATA frames) */
             kvp_frame_hdr rh;
             const uint8_t *rb;
             if (kvp_frame_next(out.data, out.len, 1u << 30, &rh, &rb) != 1 ||
-                KVP_FRAME_HDR + rh.body_len != out.len || rh.req_id != h.req_id)
+                rh.req_id != h.req_id)
                 abort();
+            size_t at = KVP_FRAME_HDR + rh.body_len;
+            while (at < out.len) {
+                if (h.op != KVP_OP_REPL_FOLLOW ||
+                    kvp_frame_next(out.data + at, out.len - at, 1u << 30, &rh, &rb) != 1 ||
+                    rh.op != KVP_OP_REPL_DATA)
+                    abort();
+                at += KVP_FRAME_HDR + rh.body_len;
+            }
         }
         kvp_master_tick(m, now);
         kvp_master_push_freed(m, sink, &b);
