@@ -46,14 +46,7 @@ static int count_level(const char *text, char c)
 /* Reads the whole file into out (NUL-terminated); 0 or -1. */
 static int slurp(const char *path)
 {
-    int fd = open(path, O_RDONLY);
-    REQUIRE(fd >= 0);
-    size_t n = 0;
-    ssize_t r;
-    while (n < sizeof out - 1 && (r = read(fd, out + n, sizeof out - 1 - n)) > 0)
-        n += (size_t)r;
-    out[n] = 0;
-    close(fd);
+    REQUIRE(tp_slurp(path, out, sizeof out) >= 0);
     return 0;
 }
 

@@ -107,3 +107,27 @@ def serve(segment_size: str = "256MiB", *extra: str) -> Proc:
 
 def master(*extra: str) -> Proc:
     return Proc("master", *extra)
+
+
+def etcd(data_dir: Path) -> tuple["subprocess.Popen[bytes]", str]:
+    """A one-member etcd on loopback at free ports, data in data_dir (Debian's
+    etcd-server, installed by scripts/install-deps); returns it once it
+    listens, with its client URL. Stop it with .terminate() and .wait()."""
+    import shutil
+    exe = shutil.which("etcd")
+    if exe is None:
+        raise RuntimeError("etcd is not installed (scripts/install-deps installs etcd-server)")
+    cport, pport = free_ports(2)
+    curl, purl = f"http://127.0.0.1:{cport}", f"http://127.0.0.1:{pport}"
+    e = subprocess.Popen([exe, "--name", "kvp", "--data-dir", str(data_dir),
+                          "--listen-client-urls", curl, "--advertise-client-urls", curl,
+                          "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+                          "--initial-cluster", f"kvp={purl}", "--log-level", "error"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_listening(cport, e, time.monotonic() + 20, "etcd")
+    except Exception:
+        e.kill()
+        e.wait()
+        raise
+    return e, curl

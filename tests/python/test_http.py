@@ -301,19 +301,11 @@ def test_a_cluster_of_masters_shows_its_roles(tmp_path: Path) -> None:
     """With etcd: the leader is ready, a standby is healthy but not ready and
     says so; the leader counts it as a follower; after the leader is killed,
     the standby's endpoint turns ready as the leader."""
-    etcd = shutil.which("etcd")
-    assert etcd, "etcd is installed by scripts/install-deps"
-    cport, pport, h0, h1 = kvpool_procs.free_ports(4)
-    curl, purl = f"http://127.0.0.1:{cport}", f"http://127.0.0.1:{pport}"
-    e = subprocess.Popen([etcd, "--name", "kvp", "--data-dir", str(tmp_path / "etcd"),
-                          "--listen-client-urls", curl, "--advertise-client-urls", curl,
-                          "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
-                          "--initial-cluster", f"kvp={purl}", "--log-level", "error"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    h0, h1 = kvpool_procs.free_ports(2)
+    e, curl = kvpool_procs.etcd(tmp_path / "etcd")
     masters: list[subprocess.Popen[bytes]] = []
     bases = [f"http://127.0.0.1:{h0}", f"http://127.0.0.1:{h1}"]
     try:
-        kvpool_procs.wait_listening(cport, e, time.monotonic() + 20, "etcd")
         for port in (h0, h1):
             masters.append(subprocess.Popen(
                 [kvpool_procs.kvpool_bin(), "master", "--listen", "127.0.0.1:0", "--etcd", curl,

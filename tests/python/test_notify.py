@@ -4,7 +4,6 @@ SIGTERM (the sd_notify protocol that systemd's Type=notify waits for)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -12,9 +11,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
-
-from kvpool_procs import free_ports, kvpool_bin, server_env, wait_listening
+import kvpool_procs
+from kvpool_procs import kvpool_bin, server_env
 
 
 def _run_until_ready(args: list[str], notify_addr: str, sock: socket.socket) -> list[str]:
@@ -93,19 +91,9 @@ def test_bad_notify_socket_does_not_stop_serving() -> None:
 def test_etcd_standby_is_ready_once_it_campaigns(tmp_path: Path) -> None:
     """With etcd, a master serves its role as soon as it campaigns: the
     leader and a standby both send READY=1 (the standby with its STATUS)."""
-    etcd = shutil.which("etcd")
-    if etcd is None:
-        pytest.skip("etcd is not installed (Debian package etcd-server)")
-    cport, pport = free_ports(2)
-    curl, purl = f"http://127.0.0.1:{cport}", f"http://127.0.0.1:{pport}"
-    e = subprocess.Popen([etcd, "--name", "kvp", "--data-dir", str(tmp_path / "etcd"),
-                          "--listen-client-urls", curl, "--advertise-client-urls", curl,
-                          "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
-                          "--initial-cluster", f"kvp={purl}", "--log-level", "error"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    e, curl = kvpool_procs.etcd(tmp_path / "etcd")
     masters: list[subprocess.Popen[bytes]] = []
     try:
-        wait_listening(cport, e, time.monotonic() + 20, "etcd")
         socks = []
         for i in range(2):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -58,6 +58,23 @@ void tp_fill(uint8_t *p, size_t len, uint64_t seed)
     }
 }
 
+long tp_slurp(const char *path, char *out, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || cap == 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    size_t n = 0;
+    ssize_t r;
+    while (n < cap - 1 && (r = read(fd, out + n, cap - 1 - n)) > 0)
+        n += (size_t)r;
+    out[n] = 0;
+    close(fd);
+    return (long)n;
+}
+
 void tp_sleep_ms(unsigned ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};

@@ -118,6 +118,9 @@ int tp_free_addr(char *out, size_t outlen);
 /* Monotonic milliseconds and a sleep, for tests. */
 uint64_t tp_now_ms(void);
 void tp_sleep_ms(unsigned ms);
+/* Reads the whole file (at most cap - 1 bytes) into out, NUL-terminated:
+ * the bytes read, or -1 when it cannot be opened. */
+long tp_slurp(const char *path, char *out, size_t cap);
 /* Removes dir and the files directly in it (a test's temporary directory;
  * no subdirectories). Quiet when it does not exist. */
 void tp_rm_dir(const char *dir);
