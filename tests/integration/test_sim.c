@@ -83,7 +83,7 @@ static json_t *run_json(const char *tp, const char *duration, const char *const 
         th_fail(__FILE__, __LINE__, "pool up");
         return NULL;
     }
-    static char out[8192];
+    static char out[16384];
     int rc = tp_sim_run(p.m.addr, tp, duration, extra, out, sizeof out);
     pool_down(&p);
     json_error_t e;
@@ -103,7 +103,7 @@ static void run_ok3(const char *tp, const char *duration, const char *segment, c
         CHECK(!"pool up");
         return;
     }
-    static char out[8192];
+    static char out[16384];
     int rc = sim(&p, tp, duration, flag, out, sizeof out);
     CHECK_EQ(rc, 0);
     json_error_t e;
@@ -160,7 +160,7 @@ static double tier_hit_rate(const char *offload_dir)
         tp_master_stop(&p.m);
         return -1;
     }
-    static char out[8192];
+    static char out[16384];
     const char *ex[] = {"--users", "16", "--turns", "5", "--layers", "4", "--block-bytes",
                         "16384", NULL};
     int rc = tp_sim_run(p.m.addr, "1", "0", ex, out, sizeof out);
@@ -249,7 +249,7 @@ TEST(sim_disaggregated_prefill_consumer_loads_never_stores)
  * segments holds objects (the simulator is storing and loading on both). */
 static int pool_busy(const char *addr, int nsegs)
 {
-    static char out[8192];
+    static char out[16384];
     const char *argv[] = {tp_kvpool_bin(), "stat", "--json", "--master", addr, NULL};
     if (tp_run_capture(argv, 1, out, sizeof out, 5000) != 0)
         return 0;
@@ -310,7 +310,7 @@ TEST(sim_storage_node_killed_mid_run_recomputes)
         tp_sleep_ms(100);
     tp_sleep_ms(300);
     tp_store_kill(&s2);
-    static char out[8192];
+    static char out[16384];
     size_t len = 0;
     for (;;) {
         ssize_t r = read(pfd[0], out + len, sizeof out - 1 - len);
@@ -405,7 +405,7 @@ TEST(sim_corruption_is_caught)
         CHECK(!"pool up");
         return;
     }
-    static char out[8192];
+    static char out[16384];
     int rc = sim(&p, "1", "2", "--corrupt", out, sizeof out);
     CHECK_EQ(rc, 1);
     json_error_t e;
@@ -466,23 +466,30 @@ TEST(sim_bad_flags_are_named)
  * key (its bytes are not that key's): 0 mismatches. */
 TEST(sim_swa_under_eviction_pressure_never_stores_null_blocks)
 {
-    pool p;
-    if (pool_up2(&p, "2MiB") != 0) {
-        CHECK(!"pool up");
-        return;
+    /* whether a window block is loaded at all depends on what eviction
+     * left between turns (timing: a slow, sanitized run may see none), so
+     * up to three runs, each of which must be clean, until one verified
+     * some */
+    uint64_t swa = 0;
+    for (int attempt = 0; attempt < 3 && (swa == 0 || swa == (uint64_t)-1); attempt++) {
+        pool p;
+        if (pool_up2(&p, "2MiB") != 0) {
+            CHECK(!"pool up");
+            return;
+        }
+        static char out[16384];
+        const char *ex[] = {"--swa", "40", "--users", "12", NULL};
+        int rc = tp_sim_run(p.m.addr, "2", "5", ex, out, sizeof out);
+        pool_down(&p);
+        json_error_t e;
+        json_t *j = json_loads(out, 0, &e);
+        CHECK(j != NULL);
+        uint64_t mm = jnum(j, "mismatches"), req = jnum(j, "requests");
+        swa = jnum(j, "swa_blocks_verified");
+        json_decref(j);
+        CHECK_EQ(rc, 0);
+        CHECK(req > 0 && req != (uint64_t)-1);
+        CHECK_EQ(mm, 0);
     }
-    static char out[8192];
-    const char *ex[] = {"--swa", "40", "--users", "12", NULL};
-    int rc = tp_sim_run(p.m.addr, "2", "5", ex, out, sizeof out);
-    pool_down(&p);
-    json_error_t e;
-    json_t *j = json_loads(out, 0, &e);
-    CHECK(j != NULL);
-    uint64_t mm = jnum(j, "mismatches"), req = jnum(j, "requests"),
-             swa = jnum(j, "swa_blocks_verified");
-    json_decref(j);
-    CHECK_EQ(rc, 0);
-    CHECK(req > 0 && req != (uint64_t)-1);
     CHECK(swa > 0 && swa != (uint64_t)-1);
-    CHECK_EQ(mm, 0);
 }

@@ -30,7 +30,7 @@ static json_t *run_mamba(const char *duration, const char *const *extra)
     const char *flags[16] = {"--mamba"};
     for (size_t i = 0; extra && extra[i] && i + 2 < sizeof flags / sizeof flags[0]; i++)
         flags[i + 1] = extra[i];
-    static char out[8192];
+    static char out[16384];
     int rc = tp_sim_run(m.addr, "2", duration, flags, out, sizeof out);
     int down = tp_store_stop(&st) | tp_master_stop(&m);
     json_error_t e;
@@ -119,7 +119,7 @@ TEST(sim_mamba_corruption_is_caught)
                           "--tp", "1", "--duration", "0", "--users", "4", "--turns", "3",
                           "--system-prompt-tokens", "256", "--turn-tokens", "64", "--json",
                           "--mamba", "--corrupt", "1", NULL};
-    static char out[8192];
+    static char out[16384];
     int rc = tp_run_capture(argv, 1, out, sizeof out, 60000);
     CHECK_EQ(tp_store_stop(&st), 0);
     CHECK_EQ(tp_master_stop(&m), 0);
