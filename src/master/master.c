@@ -4221,6 +4221,13 @@ void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms)
     }
 }
 
+void kvp_master_sess_alive(kvp_master *m, kvp_msess *s, uint64_t now_ms)
+{
+    (void)m;
+    if (s->client && !s->client->dropped && now_ms > s->client->last_seen)
+        s->client->last_seen = now_ms;
+}
+
 int kvp_master_sess_dead(const kvp_msess *s) { return s->client && s->client->dropped; }
 
 /* Sends si's queued DISK_CMD entries, a frame per DQ_FRAME of them; 0,

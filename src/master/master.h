@@ -103,6 +103,10 @@ uint64_t kvp_master_id(const kvp_master *m);
  * until the client's TTL expires, so a node can reconnect after a blip. */
 void kvp_master_sess_open(kvp_master *m, kvp_msess *s);
 void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms);
+/* The service read bytes of a frame of s not yet whole, or holds s's
+ * input back for want of input memory: its client is not silent, however
+ * long its frame takes (client_ttl judges clients that send nothing). */
+void kvp_master_sess_alive(kvp_master *m, kvp_msess *s, uint64_t now_ms);
 /* True when the session's client was dropped (TTL): close the connection. */
 int kvp_master_sess_dead(const kvp_msess *s);
 

@@ -84,6 +84,7 @@
 #define SNAP_MIN (64ull << 20)        /* ... rewritten past this size and ... */
 #define SNAP_GROWTH 4                 /* ... this many times its last snapshot */
 #define GATE_POLL_MS 20                /* loop wake-up while answers wait for standbys */
+#define ALIVE_MS 100                  /* clients of connections held back: kept alive this often */
 #define STATUS_MS 1000                /* the HTTP endpoint's picture: republished this often */
 #define STALL_MS 500                  /* a turn this much later than its wait: a stall */
 
@@ -172,6 +173,7 @@ struct kvp_mserver {
     uint32_t ngated;             /* connections whose output waits for them */
     kvp_mstatus *status;         /* cfg.http: what the HTTP endpoint shows, or NULL */
     uint64_t n_refused_by[KVP_MREFUSE__COUNT]; /* accept refusals by reason */
+    uint64_t alive_ms;           /* keep_starved_alive's last pass */
 };
 
 static void status_publish(kvp_mserver *s, uint64_t now);
@@ -341,6 +343,17 @@ static void try_wake(kvp_mserver *s, conn *c)
         unstarve(s, c); /* (the first two: serve decides, as in conn_readable) */
         conn_arm(s, c);
     }
+}
+
+/* Connections waiting for input memory send nothing the master reads, not
+ * for want of trying: their clients are kept alive (every ALIVE_MS). */
+static void keep_starved_alive(kvp_mserver *s, uint64_t now)
+{
+    if (now - s->alive_ms < ALIVE_MS)
+        return;
+    s->alive_ms = now;
+    for (conn *c = s->starved; c; c = c->starved_next)
+        kvp_master_sess_alive(s->m, &c->sess, now);
 }
 
 /* After charges dropped: tries, oldest first, every waiting connection. */
@@ -663,6 +676,8 @@ static int conn_readable(kvp_mserver *s, conn *c)
         if ((size_t)n < want)
             break;
     }
+    if (got && c->sess.client) /* a large frame arriving slowly is not silence */
+        kvp_master_sess_alive(s->m, &c->sess, kvp_now_ms());
     return 0;
 }
 
@@ -1451,6 +1466,7 @@ int kvp_mserver_run(kvp_mserver *s)
          * not count as its peers' silence */
         if (now - before > (uint64_t)wait + STALL_MS)
             kvp_master_stalled(s->m, now - before - (uint64_t)wait, now);
+        keep_starved_alive(s, now);
         next_tick = kvp_master_tick(s->m, now);
         if (kvp_master_jobs(s->m, now, job_out, s))
             next_tick = 0;
