@@ -266,11 +266,19 @@ static int hold_lease(kvp_leader *l)
     return 0;
 }
 
-/* The campaign won the term of epoch. */
+/* The campaign won the term of epoch. The lease was last renewed before the
+ * campaign's calls (grant, member record, transaction: each an fsync in etcd,
+ * slow on a loaded machine), so that much of the TTL may be gone already --
+ * past 3/4 of it the keepalive would give the term up before trying. It is
+ * renewed once more here, so the term starts with the whole window; when
+ * that renewal fails, the window stays what it was (the keepalive decides). */
 static void won_term(kvp_leader *l, uint64_t epoch)
 {
     l->epoch = epoch;
-    uint64_t ttl_ms = (uint64_t)l->ttl_ask * 1000;
+    uint64_t ttl_ms = (uint64_t)l->ttl_ask * 1000, now = kvp_now_ms();
+    int64_t left = 0;
+    if (kvp_etcd_lease_keepalive(l->e, l->lease, &left) == 0 && left > 0)
+        l->last_sent = now; /* sent at now or later */
     /* the lease cannot expire before its last renewal + TTL */
     l->valid_until = l->last_sent + ttl_ms - ttl_ms / 4;
     KVP_INFO(MOD, "leader of cluster %s at epoch %" PRIu64 " (lease TTL %" PRId64 " s)",
