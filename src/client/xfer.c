@@ -64,6 +64,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/sys.h"
+#include "common/workers.h"
 #include "kvpool.h"
 #include "net/net.h"
 #include "node/node.h"
@@ -93,9 +94,9 @@ typedef struct job {
     uint64_t deadline_ms;
     void *(*exec)(void *job);
     int own_thread;      /* wants a thread of its own */
-    int threaded;        /* a thread was started for it */
-    pthread_t th;
+    int pooled;          /* handed to the transfer workers */
     int dev;             /* its ops hold device memory (all of one kvp_gpu_dev) */
+    kvp_work work;       /* its item for the workers (when pooled) */
 } job;
 #define JOB_OP(j, k) (&(j)->ops[(j)->idx[(k) * (j)->stride]])
 
@@ -143,6 +144,7 @@ struct kvp_xfer {
     pthread_rwlock_t lock;
     seg_ent **segs;
     size_t nsegs, cap;
+    kvp_workers *workers; /* the batches' threads, started on first use */
 };
 
 static const xops shm_ops, tcp_ops;
@@ -551,11 +553,11 @@ static size_t shm_plan(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, 
     for (size_t k = 0; k < n; k++)
         bytes += ops[idx[k]].rep.length;
     if (n < 2 || bytes < SHM_SPLIT_BYTES || x->nconns < 2) {
-        *out = (job){x, e, is_write, ops, idx, n, 1, deadline_ms, shm_exec, 0, 0, 0, 0};
+        *out = (job){x, e, is_write, ops, idx, n, 1, deadline_ms, shm_exec, 0, 0, 0, {0}};
         return 1;
     }
-    out[0] = (job){x, e, is_write, ops, idx, (n + 1) / 2, 2, deadline_ms, shm_exec, 1, 0, 0, 0};
-    out[1] = (job){x, e, is_write, ops, idx + 1, n / 2, 2, deadline_ms, shm_exec, 0, 0, 0, 0};
+    out[0] = (job){x, e, is_write, ops, idx, (n + 1) / 2, 2, deadline_ms, shm_exec, 1, 0, 0, {0}};
+    out[1] = (job){x, e, is_write, ops, idx + 1, n / 2, 2, deadline_ms, shm_exec, 0, 0, 0, {0}};
     return 2;
 }
 
@@ -850,7 +852,7 @@ static size_t tcp_plan(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, 
     size_t nj = n < (size_t)x->nconns ? n : (size_t)x->nconns;
     for (size_t t = 0; t < nj; t++)
         out[t] = (job){x, e, is_write, ops, idx + t, (n - t + nj - 1) / nj, nj, deadline_ms,
-                       tcp_exec, 1, 0, 0, 0};
+                       tcp_exec, 1, 0, 0, {0}};
     return nj;
 }
 
@@ -1007,7 +1009,7 @@ static size_t shm_plan_dev(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *o
     size_t nj = n < (size_t)x->gpu_threads ? n : (size_t)x->gpu_threads;
     for (size_t t = 0; t < nj; t++)
         out[t] = (job){x, e, is_write, ops, idx + t, (n - t + nj - 1) / nj, nj, deadline_ms,
-                       shm_dev_exec, 1, 0, 0, 1};
+                       shm_dev_exec, 1, 0, 1, {0}};
     return nj;
 }
 
@@ -1264,6 +1266,15 @@ int kvp_xfer_create(const kvp_xfer_opts *o, kvp_xfer **out)
     x->force_tcp = o ? o->force_tcp : 0;
     x->timeout_ms = o && o->timeout_ms > 0 ? o->timeout_ms : 10000;
     x->gpu_threads = o && o->gpu_threads > 0 ? o->gpu_threads : default_gpu_threads();
+    /* enough for every tcp connection of two nodes and the device jobs of
+     * one segment at once; a batch with more jobs runs the rest on the
+     * caller's thread */
+    int nw = 2 * x->nconns > x->gpu_threads ? 2 * x->nconns : x->gpu_threads;
+    int rc = kvp_workers_create(nw > 64 ? 64 : nw, "kvp-xfer", &x->workers);
+    if (rc) {
+        kvp_free(x);
+        return rc;
+    }
     pthread_rwlock_init(&x->lock, NULL);
     *out = x;
     return 0;
@@ -1295,6 +1306,7 @@ void kvp_xfer_destroy(kvp_xfer *x)
     for (size_t i = 0; i < x->nsegs; i++)
         ent_free(x, x->segs[i]);
     kvp_free(x->segs);
+    kvp_workers_destroy(x->workers);
     pthread_rwlock_destroy(&x->lock);
     kvp_free(x);
 }
@@ -1437,6 +1449,34 @@ static const xops *ent_ops(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
     return &shm_ops;
 }
 
+static void job_item(void *arg)
+{
+    job *j = arg;
+    j->exec(j);
+}
+
+/* Runs a batch's jobs: those that want a thread of their own go to the
+ * persistent workers (unless one job is all there is), the caller runs the
+ * rest meanwhile, then waits -- running itself any pooled job no worker
+ * has picked up. No thread is created or joined here once the workers run. */
+static void run_jobs(kvp_xfer *x, job *jobs, size_t nj)
+{
+    size_t want_threads = 0;
+    for (size_t t = 0; t < nj; t++)
+        want_threads += jobs[t].own_thread;
+    kvp_wbatch b = KVP_WBATCH_INIT;
+    for (size_t t = 0; t < nj && (nj > 1 || want_threads > 1); t++)
+        if (jobs[t].own_thread) {
+            jobs[t].pooled = 1;
+            jobs[t].work = (kvp_work){.fn = job_item, .arg = &jobs[t]};
+            kvp_workers_submit(x->workers, &b, &jobs[t].work, 1);
+        }
+    for (size_t t = 0; t < nj; t++)
+        if (!jobs[t].pooled)
+            jobs[t].exec(&jobs[t]);
+    kvp_workers_wait(x->workers, &b);
+}
+
 int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t deadline_ms)
 {
     if (!x || (n && !ops))
@@ -1494,20 +1534,7 @@ int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t
         KVP_ASSERT(made <= m);
         nj += made;
     }
-    /* threads for the tcp jobs (unless one job is all there is), then the
-     * caller runs the rest, then joins */
-    size_t want_threads = 0;
-    for (size_t t = 0; t < nj; t++)
-        want_threads += jobs[t].own_thread;
-    for (size_t t = 0; t < nj && (nj > 1 || want_threads > 1); t++)
-        if (jobs[t].own_thread)
-            jobs[t].threaded = pthread_create(&jobs[t].th, NULL, jobs[t].exec, &jobs[t]) == 0;
-    for (size_t t = 0; t < nj; t++)
-        if (!jobs[t].threaded)
-            jobs[t].exec(&jobs[t]);
-    for (size_t t = 0; t < nj; t++)
-        if (jobs[t].threaded)
-            pthread_join(jobs[t].th, NULL);
+    run_jobs(x, jobs, nj);
     if (!jobs)
         for (size_t i = 0; i < n; i++)
             if (ops[i].status == 1)

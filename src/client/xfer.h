@@ -13,7 +13,9 @@
  *   tcp  a pool of connections to the node's "tcp" endpoint (HELLO once per
  *        connection); SEG_WRITE/SEG_READ frames, with writev from / readv
  *        into the caller's iovecs (no staging copy), pipelined; a batch is
- *        spread over the pool's connections, one thread per connection.
+ *        spread over the pool's connections, one job per connection, run by
+ *        the client's persistent transfer workers (common/workers.h) beside
+ *        the caller.
  *
  * Thread-safe: any number of threads may call kvp_xfer_run at once.
  */
