@@ -34,6 +34,10 @@
  * Targets: kvpool shm >= 0.8 x memcpy; kvpool tcp >= 0.8 x raw TCP and
  * ahead of redis and memcached, put and get, both shapes.
  *
+ * --contend N starts N busy processes (a spinning loop each, ended with the
+ * run) before the first cell: every row is then measured while they hold
+ * cores, as on an engine host whose cores are busy.
+ *
  * It starts `kvpool serve` (master + storage node, 1 GiB segment) itself
  * unless --master names a running master. A peer that is not installed is
  * reported as skipped; one that fails is reported as failed and does not
@@ -108,9 +112,42 @@ typedef struct sb {
     cell cells[NSYS][NSHAPES];
     char transport[2][16];        /* what the kvpool shm/tcp clients really use */
     FILE *out;                    /* table (stderr with --json) */
+    int contend;                  /* --contend: busy processes */
+    pid_t spin[64];               /* their pids (0: none) */
 } sb;
 
 /* ------------------------------------------------------------ helpers */
+
+/* --contend: b->contend children that spin until killed (or until this
+ * process dies: PR_SET_PDEATHSIG). 0, or -1 with the reason printed. */
+static int spin_start(sb *b)
+{
+    for (int i = 0; i < b->contend; i++) {
+        pid_t p = fork();
+        if (p < 0) {
+            fprintf(stderr, "kvpool bench store: --contend: fork failed\n");
+            return -1;
+        }
+        if (p == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            volatile uint64_t n = 0;
+            for (;;)
+                n++;
+        }
+        b->spin[i] = p;
+    }
+    return 0;
+}
+
+static void spin_stop(sb *b)
+{
+    for (int i = 0; i < b->contend; i++)
+        if (b->spin[i] > 0) {
+            kill(b->spin[i], SIGKILL);
+            waitpid(b->spin[i], NULL, 0);
+            b->spin[i] = 0;
+        }
+}
 
 static void make_keys(sb *b, uint32_t n)
 {
@@ -961,9 +998,10 @@ static void print_table(const sb *b, const char *master, int spawned)
     snprintf(raw_name, sizeof raw_name, "raw TCP x%d", BENCH_CONNS);
     const char *names[NSYS] = {"memcpy", raw_name, "kvpool shm", "kvpool tcp", "redis",
                                "memcached"};
-    fprintf(o, "kvpool bench store: master %s%s, %d rounds, %d connections, kvpool transports %s/%s\n",
+    fprintf(o, "kvpool bench store: master %s%s, %d rounds, %d connections, kvpool transports %s/%s, "
+               "%d busy processes\n",
             master, spawned ? " (kvpool serve, segment " SEGMENT_SIZE ")" : "", b->rounds,
-            BENCH_CONNS, b->transport[0], b->transport[1]);
+            BENCH_CONNS, b->transport[0], b->transport[1], b->contend);
     fprintf(o, "  %-12s", "");
     for (int si = 0; si < NSHAPES; si++)
         fprintf(o, "  %-38s", shapes[si].title);
@@ -1015,9 +1053,10 @@ static void print_json(const sb *b, const char *master, int spawned)
     kvp_bench_json_escape(m, sizeof m, master);
     printf("{\n  \"bench\": \"store\",\n  \"master\": \"%s\",\n  \"spawned_serve\": %s,\n"
            "  \"segment_size\": \"%s\",\n  \"rounds\": %d,\n  \"connections\": %d,\n"
+           "  \"contend\": %d,\n"
            "  \"transports\": {\"kvpool_shm\": \"%s\", \"kvpool_tcp\": \"%s\"},\n  \"shapes\": [",
            m, spawned ? "true" : "false", spawned ? SEGMENT_SIZE : "", b->rounds, BENCH_CONNS,
-           b->transport[0], b->transport[1]);
+           b->contend, b->transport[0], b->transport[1]);
     for (int si = 0; si < NSHAPES; si++)
         printf("%s{\"shape\": \"%s\", \"values\": %u, \"value_bytes\": %zu, \"batch_bytes\": %zu}",
                si ? ", " : "", shapes[si].name, shapes[si].n, shapes[si].size,
@@ -1068,18 +1107,22 @@ int kvp_bench_store(int argc, char **argv)
     kvp_config cfg;
     kvp_config_defaults(&cfg);
     static const kvp_cli_flag own[] = {{"json", KVP_CLI_BOOL}, {"master", KVP_CLI_CONNECT},
-                                       {"rounds", KVP_CLI_TEXT}, {NULL, KVP_CLI_TEXT}};
-    const char *v[3] = {NULL};
+                                       {"rounds", KVP_CLI_TEXT}, {"contend", KVP_CLI_TEXT},
+                                       {NULL, KVP_CLI_TEXT}};
+    const char *v[4] = {NULL};
     int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
     if (rc == 1) {
         printf("usage: kvpool bench store [--json] [--master HOST:PORT] [--rounds N]\n"
+               "                          [--contend N]\n"
                "  batch put/get of 64 x 512 KiB and 16 x 2 MiB values through kvpool (shm and\n"
                "  tcp), next to memcpy, a raw %d-connection loopback TCP stream, redis-server\n"
                "  and memcached (started on free loopback ports), in one run\n"
                "  --json          JSON on stdout, the table on stderr\n"
                "  --master ADDR   use this master (default: start `kvpool serve`, segment %s)\n"
                "  --rounds N      timed batches per cell, 1..1000 (default 20; a cell stops\n"
-               "                  after 3 rounds once it has run 2 s)\n",
+               "                  after 3 rounds once it has run 2 s)\n"
+               "  --contend N     N busy processes hold cores for the whole run, 0..64\n"
+               "                  (default 0)\n",
                BENCH_CONNS, SEGMENT_SIZE);
         return 0;
     }
@@ -1089,6 +1132,9 @@ int kvp_bench_store(int argc, char **argv)
     if (v[2] && kvp_cli_uint("bench store", "rounds", v[2], 1, 1000, &rounds64) != 0)
         return 2;
     int rounds = (int)rounds64;
+    uint64_t contend = 0;
+    if (v[3] && kvp_cli_uint("bench store", "contend", v[3], 0, 64, &contend) != 0)
+        return 2;
     signal(SIGPIPE, SIG_IGN);
     sb *b = kvp_calloc(1, sizeof *b);
     if (!b) {
@@ -1098,6 +1144,7 @@ int kvp_bench_store(int argc, char **argv)
     int json = v[0] != NULL, ret = 1;
     b->out = json ? stderr : stdout;
     b->rounds = rounds;
+    b->contend = (int)contend;
     b->nonce = ((unsigned long long)getpid() << 32) ^ kvp_now_ns();
     snprintf(b->transport[0], 16, "-");
     snprintf(b->transport[1], 16, "-");
@@ -1119,6 +1166,8 @@ int kvp_bench_store(int argc, char **argv)
         memcpy(b->src + i, &x, 8);
     }
     memset(b->dst, 0, BATCH_BYTES);
+    if (spin_start(b) != 0)
+        goto out;
 
     for (int si = 0; si < NSHAPES; si++)
         bench_memcpy(b, &shapes[si], &b->cells[SYS_MEMCPY][si]);
@@ -1164,6 +1213,7 @@ out:
         kill(pid, SIGTERM);
         waitpid(pid, NULL, 0);
     }
+    spin_stop(b);
     kvp_free(b->src);
     kvp_free(b->dst);
     kvp_free(b->put_ns);
