@@ -180,6 +180,8 @@ TEST(missing_empty_and_malformed_values)
     CHECK(strstr(out, "kvpool bench master: flag --objects: value \"10k\"") != NULL);
     CHECK_EQ(KVPOOL(2, "bench", "store", "--rounds", "1001"), 2);
     CHECK(strstr(out, "kvpool bench store: flag --rounds") != NULL);
+    CHECK_EQ(KVPOOL(2, "bench", "store", "--contend", "65"), 2);
+    CHECK(strstr(out, "kvpool bench store: flag --contend: value \"65\"") != NULL);
     CHECK_EQ(KVPOOL(2, "stat", "--watch", "nan"), 2);
     CHECK(strstr(out, "flag --watch: value \"nan\" is not a number of seconds") != NULL);
     CHECK_EQ(KVPOOL(2, "bench", "sim", "--duration", "1e9"), 2);
