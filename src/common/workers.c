@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/mem.h"
 #include "kvpool.h"
@@ -27,6 +28,7 @@ struct kvp_workers {
     kvp_work *head, *tail;
     size_t queued; /* items on the queue */
     int max, nthreads, idle, quit;
+    pid_t pid; /* the process the threads run in */
     pthread_t *th;
     char name[16];
 };
@@ -83,6 +85,7 @@ int kvp_workers_create(int max_threads, const char *name, kvp_workers **out)
     pthread_cond_init(&w->work_cv, NULL);
     pthread_cond_init(&w->done_cv, NULL);
     w->max = max_threads;
+    w->pid = getpid();
     w->th = th;
     snprintf(w->name, sizeof w->name, "%s", name && *name ? name : "kvp-worker");
     *out = w;
@@ -96,7 +99,7 @@ void kvp_workers_destroy(kvp_workers *w)
     pthread_mutex_lock(&w->mu);
     w->quit = 1;
     pthread_cond_broadcast(&w->work_cv);
-    int n = w->nthreads;
+    int n = w->pid == getpid() ? w->nthreads : 0; /* a forked child has none */
     pthread_mutex_unlock(&w->mu);
     for (int i = 0; i < n; i++)
         pthread_join(w->th[i], NULL);
@@ -126,6 +129,14 @@ void kvp_workers_submit(kvp_workers *w, kvp_wbatch *b, kvp_work *items, size_t n
     if (!n)
         return;
     pthread_mutex_lock(&w->mu);
+    if (w->pid != getpid()) {
+        /* a child forked from the process that started the threads: none of
+         * them (nor their callers) is here; what they queued is not ours */
+        w->pid = getpid();
+        w->nthreads = w->idle = 0;
+        w->head = w->tail = NULL;
+        w->queued = 0;
+    }
     for (size_t i = 0; i < n; i++) {
         items[i].next = NULL;
         items[i].batch = b;

@@ -12,7 +12,9 @@
  *
  * Threads are started on demand, when an item is queued and no worker is
  * idle, up to the pool's maximum; they live until kvp_workers_destroy.
- * Thread-safe: any number of callers may submit and wait at once.
+ * Thread-safe: any number of callers may submit and wait at once. In a
+ * child forked from a process whose pool had threads, the first submit
+ * forgets the parent's threads and queue and starts the child's own.
  */
 #ifndef KVP_WORKERS_H
 #define KVP_WORKERS_H

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/workers.h"
@@ -226,5 +227,45 @@ TEST(workers_take_no_signals)
     }
     CHECK(!pthread_equal(p.on, pthread_self()));
     CHECK_EQ(p.blocked, 1);
+    kvp_workers_destroy(w);
+}
+
+/* One batch of n counted items; 1 when each ran once. */
+static int one_batch(kvp_workers *w, int n)
+{
+    counted c[16];
+    kvp_work it[16];
+    memset(c, 0, sizeof c);
+    for (int i = 0; i < n; i++)
+        it[i] = (kvp_work){.fn = count_item, .arg = &c[i]};
+    kvp_wbatch b = KVP_WBATCH_INIT;
+    kvp_workers_submit(w, &b, it, (size_t)n);
+    kvp_workers_wait(w, &b);
+    for (int i = 0; i < n; i++)
+        if (atomic_load(&c[i].runs) != 1)
+            return 0;
+    return 1;
+}
+
+TEST(workers_in_a_forked_child)
+{
+#ifdef __SANITIZE_THREAD__
+    SKIP("ThreadSanitizer does not start threads in a child forked from a threaded process");
+#endif
+    kvp_workers *w = NULL;
+    CHECK_EQ(kvp_workers_create(2, "t-fork", &w), 0);
+    CHECK(one_batch(w, 8));
+    CHECK(kvp_workers_threads(w) >= 1);
+    pid_t p = fork();
+    CHECK(p >= 0);
+    if (p == 0) { /* the parent's threads are not here: the child starts its own */
+        int ok = one_batch(w, 8) && one_batch(w, 3) && kvp_workers_threads(w) <= 2;
+        kvp_workers_destroy(w);
+        _exit(ok ? 0 : 1);
+    }
+    int st = 0;
+    CHECK_EQ(waitpid(p, &st, 0), p);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK(one_batch(w, 8)); /* the parent's pool is untouched */
     kvp_workers_destroy(w);
 }
