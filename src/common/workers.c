@@ -61,6 +61,8 @@ static void *worker_main(void *arg)
         w->queued--;
         it->started = 1;
         kvp_wbatch *b = it->batch;
+        if (w->head && w->idle == 0 && w->nthreads >= w->max)
+            pthread_cond_broadcast(&w->done_cv); /* every worker busy: waiters take theirs */
         pthread_mutex_unlock(&w->mu);
         it->fn(it->arg);
         pthread_mutex_lock(&w->mu);
@@ -159,42 +161,46 @@ void kvp_workers_submit(kvp_workers *w, kvp_wbatch *b, kvp_work *items, size_t n
     pthread_mutex_unlock(&w->mu);
 }
 
-void kvp_workers_wait(kvp_workers *w, kvp_wbatch *b)
+/* Unlinks and returns the first queued item of b, or NULL (mu held). */
+static kvp_work *take_mine(kvp_workers *w, kvp_wbatch *b)
 {
-    kvp_work *mine = NULL, **endp = &mine;
-    size_t taken = 0;
-    pthread_mutex_lock(&w->mu);
-    /* take back what no worker started: this thread runs it */
     kvp_work *prev = NULL;
-    for (kvp_work *it = w->head, *next; it; it = next) {
-        next = it->next;
-        if (it->batch != b) {
-            prev = it;
+    for (kvp_work *it = w->head; it; prev = it, it = it->next) {
+        if (it->batch != b)
             continue;
-        }
         if (prev)
-            prev->next = next;
+            prev->next = it->next;
         else
-            w->head = next;
+            w->head = it->next;
         if (w->tail == it)
             w->tail = prev;
         w->queued--;
         it->started = 1;
         it->next = NULL;
-        *endp = it;
-        endp = &it->next;
-        taken++;
+        return it;
     }
-    pthread_mutex_unlock(&w->mu);
-    for (kvp_work *it = mine, *next; it; it = next) {
-        next = it->next;
-        it->fn(it->arg);
-    }
+    return NULL;
+}
+
+void kvp_workers_wait(kvp_workers *w, kvp_wbatch *b)
+{
     pthread_mutex_lock(&w->mu);
-    if (taken)
-        ended(w, b, taken);
-    while (b->left)
-        pthread_cond_wait(&w->done_cv, &w->mu);
+    while (b->left) {
+        /* The pool runs b's queued items while a worker is idle (woken by
+         * the submit) or can still be started; only when every worker is
+         * busy does this thread take one back and run it itself -- taking
+         * them early would run in series what the workers run side by side
+         * (a batch's tcp jobs each wait on their own connection). */
+        kvp_work *it = w->idle == 0 && w->nthreads >= w->max ? take_mine(w, b) : NULL;
+        if (!it) {
+            pthread_cond_wait(&w->done_cv, &w->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&w->mu);
+        it->fn(it->arg);
+        pthread_mutex_lock(&w->mu);
+        ended(w, b, 1);
+    }
     pthread_mutex_unlock(&w->mu);
 }
 
