@@ -3,18 +3,19 @@
  * items beside it, so that the hot path never creates or joins a thread.
  *
  * A caller hands items to the pool (kvp_workers_submit), does its own share
- * of the batch on its own thread, then waits (kvp_workers_wait). The wait
- * first takes back every item of its batch that no worker has started and
- * runs it itself, then sleeps until the started ones end. So a batch always
- * finishes even when every worker is busy with other callers' batches (or
- * none could be started): the pool only ever adds parallelism, never a
- * dependency.
+ * of the batch on its own thread, then waits (kvp_workers_wait). Queued
+ * items are the workers' while one is idle or starting; when none is, the
+ * waiter starts another if the pool may grow, else takes one of its own
+ * items back and runs it itself. So a batch always finishes even when every
+ * worker is busy with other callers' batches (or no thread can be made):
+ * the pool only ever adds parallelism, never a dependency.
  *
  * Threads are started on demand, when an item is queued and no worker is
- * idle, up to the pool's maximum; they live until kvp_workers_destroy.
- * Thread-safe: any number of callers may submit and wait at once. In a
- * child forked from a process whose pool had threads, the first submit
- * forgets the parent's threads and queue and starts the child's own.
+ * idle, up to the pool's maximum (after a failed pthread_create, none for
+ * a second); they live until kvp_workers_destroy. Thread-safe: any number
+ * of callers may submit and wait at once. fork-safe: a forked child's
+ * pools have no threads and nothing queued (pthread_atfork), and start
+ * their own at the child's first submit.
  */
 #ifndef KVP_WORKERS_H
 #define KVP_WORKERS_H

@@ -2,7 +2,8 @@
  * batch beside it. Every item runs exactly once; a batch ends even while
  * every worker is held by another caller's item (the waiter runs its own
  * queued items); threads are started once and reused; many callers at once
- * (the TSan build checks the locking). */
+ * (the TSan build checks the locking); the caller leaves its queued items to
+ * free workers; a forked child starts threads of its own. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -46,9 +47,49 @@ TEST(workers_every_item_runs_once)
         for (int i = 0; i < N; i++)
             CHECK_EQ(atomic_load(&c[i].runs), 1);
     }
-    /* started on demand, never more than the maximum, reused afterwards */
-    int started = kvp_workers_threads(w);
-    CHECK(started >= 1 && started <= 4);
+    /* started on demand (the first batch queued more than 4), never more
+     * than the maximum, and reused: another 50 batches start none */
+    CHECK_EQ(kvp_workers_threads(w), 4);
+    for (int round = 0; round < 50; round++) {
+        kvp_wbatch b = KVP_WBATCH_INIT;
+        for (int i = 0; i < 4; i++)
+            it[i] = (kvp_work){.fn = count_item, .arg = &c[i]};
+        kvp_workers_submit(w, &b, it, 4);
+        kvp_workers_wait(w, &b);
+    }
+    CHECK_EQ(kvp_workers_threads(w), 4);
+    kvp_workers_destroy(w);
+}
+
+/* An item that records where it ran and takes a while (so that the caller,
+ * were it to take items back early, would find them queued). */
+static void slow_item(void *arg)
+{
+    counted *c = arg;
+    c->on = pthread_self();
+    usleep(20000);
+    atomic_fetch_add(&c->runs, 1);
+}
+
+TEST(workers_caller_leaves_queued_items_to_free_workers)
+{
+    kvp_workers *w = NULL;
+    CHECK_EQ(kvp_workers_create(4, "t-free", &w), 0);
+    for (int round = 0; round < 3; round++) { /* fresh threads, then idle ones */
+        counted c[4];
+        kvp_work it[4];
+        memset(c, 0, sizeof c);
+        for (int i = 0; i < 4; i++)
+            it[i] = (kvp_work){.fn = slow_item, .arg = &c[i]};
+        kvp_wbatch b = KVP_WBATCH_INIT;
+        kvp_workers_submit(w, &b, it, 4);
+        kvp_workers_wait(w, &b);
+        for (int i = 0; i < 4; i++) {
+            CHECK_EQ(atomic_load(&c[i].runs), 1);
+            CHECK(!pthread_equal(c[i].on, pthread_self())); /* side by side, not here */
+        }
+    }
+    CHECK_EQ(kvp_workers_threads(w), 4);
     kvp_workers_destroy(w);
 }
 
@@ -259,7 +300,15 @@ TEST(workers_in_a_forked_child)
     pid_t p = fork();
     CHECK(p >= 0);
     if (p == 0) { /* the parent's threads are not here: the child starts its own */
-        int ok = one_batch(w, 8) && one_batch(w, 3) && kvp_workers_threads(w) <= 2;
+        alarm(20);  /* a hang fails the test, not the run */
+        int fresh = kvp_workers_threads(w) == 0;
+        counted c = {0};
+        kvp_work it = {.fn = count_item, .arg = &c};
+        kvp_wbatch b = KVP_WBATCH_INIT;
+        kvp_workers_submit(w, &b, &it, 1);
+        kvp_workers_wait(w, &b);
+        int ok = fresh && atomic_load(&c.runs) == 1 && !pthread_equal(c.on, pthread_self()) &&
+                 kvp_workers_threads(w) == 1 && one_batch(w, 8) && kvp_workers_threads(w) <= 2;
         kvp_workers_destroy(w);
         _exit(ok ? 0 : 1);
     }
