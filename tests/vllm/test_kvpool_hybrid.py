@@ -76,6 +76,10 @@ def test_resumed_request_saves_its_generated_tokens(pool: kvpool_procs.Proc, mon
         while len(e.outputs["p0"]) < 40:
             assert e.step_count < 200, e.describe()
             e.step()
+        # the prompt's blocks are saved in the background: the resume can only
+        # load them from the pool once they are there (a loaded machine once
+        # preempted before they were)
+        _wait_pool_objects(pool.addr, HIT // 16)
         e.preempt("p0", own_step=True)
         assert e.reset_local_cache()  # the resume must come from the pool, chunk by chunk
         new_resumes: list[Any] = []
@@ -98,6 +102,19 @@ def test_resumed_request_saves_its_generated_tokens(pool: kvpool_procs.Proc, mon
         assert e.external_tokens["q0"] == [128]
     finally:
         e.shutdown()
+
+
+def _wait_pool_objects(master: str, n: int, timeout: float = 30.0) -> None:
+    """Waits until the pool at master holds at least n objects."""
+    import kvpool
+    c = kvpool.Client({"master": master, "mode": "standalone-store"})
+    try:
+        deadline = time.monotonic() + timeout
+        while (got := int(c.stat()["counters"]["objects"])) < n:
+            assert time.monotonic() < deadline, f"the pool holds {got} objects, not {n}"
+            time.sleep(0.02)
+    finally:
+        c.close()
 
 
 def _abort_at_checkpoint(e: E.Engine, rid: str, prompt: list[int], at: int) -> list[Any]:
