@@ -1462,8 +1462,9 @@ static void job_item(void *arg)
 
 /* Runs a batch's jobs: those that want a thread of their own go to the
  * persistent workers (unless one job is all there is), the caller runs the
- * rest meanwhile, then waits -- running itself any pooled job no worker
- * has picked up. No thread is created or joined here once the workers run. */
+ * rest meanwhile, then waits (kvp_workers_wait runs a queued job here only
+ * when every worker is busy). No thread is created or joined here once the
+ * workers run. */
 static void run_jobs(kvp_xfer *x, job *jobs, size_t nj)
 {
     size_t want_threads = 0;

@@ -102,7 +102,8 @@ static void ended(kvp_workers *w, kvp_wbatch *b, size_t n)
 /* No thread may be started now (mu held). */
 static int busy(const kvp_workers *w)
 {
-    return w->nthreads >= w->max || w->quit || kvp_now_ms() < w->no_start_until;
+    return w->nthreads >= w->max || w->quit ||
+           (w->no_start_until && kvp_now_ms() < w->no_start_until);
 }
 
 static void *worker_main(void *arg)
@@ -124,7 +125,6 @@ static void *worker_main(void *arg)
         if (!w->head)
             w->tail = NULL;
         w->queued--;
-        it->started = 1;
         kvp_wbatch *b = it->batch;
         if (w->head && w->idle == 0 && w->starting == 0)
             pthread_cond_broadcast(&w->done_cv); /* waiters start a thread or run theirs */
@@ -220,7 +220,6 @@ void kvp_workers_submit(kvp_workers *w, kvp_wbatch *b, kvp_work *items, size_t n
     for (size_t i = 0; i < n; i++) {
         items[i].next = NULL;
         items[i].batch = b;
-        items[i].started = 0;
         if (w->tail)
             w->tail->next = &items[i];
         else
@@ -252,7 +251,6 @@ static kvp_work *take_mine(kvp_workers *w, kvp_wbatch *b)
         if (w->tail == it)
             w->tail = prev;
         w->queued--;
-        it->started = 1;
         it->next = NULL;
         return it;
     }

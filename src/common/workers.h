@@ -33,7 +33,6 @@ typedef struct kvp_work {
     void *arg;
     struct kvp_work *next;
     kvp_wbatch *batch;
-    int started;
 } kvp_work;
 
 /* A batch in flight: the items submitted under it that have not ended.
