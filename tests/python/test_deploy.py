@@ -209,7 +209,8 @@ def test_containerfile_packages_exist_in_apt() -> None:
     for ins in _containerfile():
         for m in re.finditer(r"apt-get install((?: +-{1,2}[a-z-]+)*)((?: +[a-z0-9][a-z0-9.+-]+)+)", ins):
             pkgs += m.group(2).split()
-    assert {"libjansson4", "libxxhash0", "liburing2", "libmicrohttpd12", "libcurl4"} <= set(pkgs)
+    assert {"libjansson4", "libxxhash0", "liburing2", "libmicrohttpd12", "libzmq5", "libmsgpackc2",
+            "libcurl4"} <= set(pkgs)
     for p in pkgs:
         r = subprocess.run(["apt-cache", "show", p], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and f"Package: {p}" in r.stdout, f"no Debian package {p}"

@@ -1,0 +1,819 @@
+/*
+ * kvev.c -- vLLM KV-event batches (msgpack-c) and their ZeroMQ publisher
+ * (see kvev.h).
+ *
+ * Threads. kvp_kvpub_submit runs on the caller's thread: it copies the batch
+ * into one allocation and appends it to the queue under mu, and writes the
+ * eventfd when the queue was empty. Everything else -- encoding, both
+ * sockets, the replay ring, the replay in progress -- is the publisher
+ * thread's. kvp_kvpub_create makes and binds the sockets before it starts
+ * the thread and never touches them again (a ZMQ socket may change threads
+ * across a full memory barrier: pthread_create is one); the thread closes
+ * them before it ends.
+ *
+ * The thread's loop: zmq_poll on the eventfd and, while no replay is in
+ * progress, the ROUTER; then
+ *   1. takes the whole queue and, batch by batch, encodes it, sends it on
+ *      PUB (which never blocks: at its high-water mark a subscriber's copy is
+ *      dropped, as vLLM's is) and appends it to the replay ring;
+ *   2. sends at most REPLAY_CHUNK batches (REPLAY_CHUNK_BYTES) of the replay
+ *      in progress, so a long replay runs between the queue's batches
+ *      instead of holding them up (the queue goes first, as in vLLM);
+ *   3. with no replay in progress, reads requests until one is well formed:
+ *      one replay at a time, the others wait in the ROUTER's queue.
+ * The eventfd is written only by a submit that finds the queue empty, and
+ * read before the queue is taken, so no batch is left without a wake-up.
+ *
+ * Replay answers respect the ROUTER's high-water mark (vLLM's: twice the
+ * ring's batches plus one, so a whole replay fits): ZMQ_ROUTER_MANDATORY
+ * makes a send to a full pipe fail with EAGAIN instead of dropping it; the
+ * replay then pauses (the loop polls every PAUSE_POLL_MS) and is abandoned
+ * when the client has taken nothing for REPLAY_STALL_MS, or at once when it
+ * is gone (EHOSTUNREACH). A replay answers the batches in the ring when it
+ * was asked for (ring ids [cursor, end)); one evicted before its turn is
+ * skipped, a gap the subscriber sees.
+ */
+#include "master/kvev.h"
+
+#include <errno.h>
+#include <msgpack.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/mem.h"
+#include "kvpool.h"
+
+#define MOD "kvpub"
+
+#define DEF_BUFFER_BATCHES 10000u
+#define MAX_BUFFER_BATCHES (1u << 24)
+#define DEF_BUFFER_BYTES (256ull << 20)
+#define DEF_HWM 100000u
+#define DEF_QUEUE_BYTES (256ull << 20)
+#define ENC_CAP ((size_t)1 << 30)  /* one batch's payload at most (larger: dropped) */
+#define ENC_KEEP ((size_t)1 << 20) /* the encoder's buffer is freed above this when idle */
+#define LINGER_MS 500              /* unsent messages kept this long at close */
+#define DRAIN_MS 1000              /* destroy sends what is queued for at most this long */
+#define REPLAY_CHUNK 256           /* replayed batches per turn of the loop ... */
+#define REPLAY_CHUNK_BYTES ((size_t)4 << 20) /* ... and bytes */
+#define PAUSE_POLL_MS 10           /* a replay paused at the HWM is retried this often */
+#define REPLAY_STALL_MS 5000       /* ... and abandoned after this long without progress */
+#define REQ_PER_TURN 16            /* replay requests read per turn of the loop at most */
+#define MAX_ID 255                 /* a ZMQ routing id's bytes */
+#define REQ_FRAMES 5               /* frames of a request kept: one more than the longest form */
+#define MAX_FRAME (KVP_KVPUB_MAX_TOPIC + MAX_ID) /* ZMQ_MAXMSGSIZE of the ROUTER */
+#define EP_LEN 256
+
+#if defined(__SANITIZE_THREAD__)
+/* ThreadSanitizer builds: libzmq hands messages between its threads through
+ * lock-free pipes whose atomics TSan cannot see (the library is not
+ * instrumented), so it reports the malloc, memcpy and free that libzmq
+ * calls on either side as races. What libzmq calls is ignored; our code,
+ * and what it passes to libzmq, stay checked. (The only definition in
+ * kvpool: TSan's runtime reads it at start-up.) */
+const char *__tsan_default_suppressions(void);
+const char *__tsan_default_suppressions(void) { return "called_from_lib:libzmq.so\n"; }
+#endif
+
+/* ------------------------------------------------------------ encoding */
+
+static const char *const medium_name[] = {"kvpool-dram", "kvpool-disk"};
+
+/* 0 when every event has a known type and, where it has one, medium. */
+static int check_events(const kvp_kvev *ev, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (ev[i].type < KVP_KVEV_STORED || ev[i].type > KVP_KVEV_CLEARED)
+            return KVP_EINVALID_PARAMS;
+        if (ev[i].type != KVP_KVEV_CLEARED && ev[i].medium > KVP_KVEV_DISK)
+            return KVP_EINVALID_PARAMS;
+    }
+    return 0;
+}
+
+/* How many of ev[0..n) (n >= 1) make the one vLLM event starting at ev[0]
+ * (the merging rules of kvev.h). */
+static size_t run_len(const kvp_kvev *ev, size_t n)
+{
+    size_t k = 1;
+    const kvp_kvev *e0 = &ev[0];
+    if (e0->type == KVP_KVEV_STORED)
+        while (k < n && ev[k].type == KVP_KVEV_STORED && ev[k].medium == e0->medium &&
+               ev[k].group == e0->group && ev[k].block_size == e0->block_size &&
+               ev[k].has_parent && ev[k].parent == ev[k - 1].hash)
+            k++;
+    else if (e0->type == KVP_KVEV_REMOVED)
+        while (k < n && ev[k].type == KVP_KVEV_REMOVED && ev[k].medium == e0->medium &&
+               ev[k].group == e0->group)
+            k++;
+    return k;
+}
+
+/* msgpack-c's write callback: appends to the kvp_buf (its error is sticky,
+ * so the packer's later writes are no-ops and the caller checks once). */
+static int pk_write(void *data, const char *buf, size_t len)
+{
+    kvp_buf *b = data;
+    kvp_buf_put(b, buf, len);
+    return b->err ? -1 : 0;
+}
+
+static void pk_str(msgpack_packer *pk, const char *s)
+{
+    size_t n = strlen(s);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+static void pk_hashes(msgpack_packer *pk, const kvp_kvev *ev, size_t k)
+{
+    pk_str(pk, "block_hashes");
+    msgpack_pack_array(pk, k);
+    for (size_t i = 0; i < k; i++)
+        msgpack_pack_uint64(pk, ev[i].hash);
+}
+
+/* One vLLM event from ev[0..k), a run of run_len; keys in the order of the
+ * msgspec classes' fields, the tag first. */
+static void pk_event(msgpack_packer *pk, const kvp_kvev *ev, size_t k)
+{
+    switch (ev[0].type) {
+    case KVP_KVEV_STORED:
+        msgpack_pack_map(pk, 10);
+        pk_str(pk, "type");
+        pk_str(pk, "BlockStored");
+        pk_hashes(pk, ev, k);
+        pk_str(pk, "parent_block_hash");
+        if (ev[0].has_parent)
+            msgpack_pack_uint64(pk, ev[0].parent);
+        else
+            msgpack_pack_nil(pk);
+        pk_str(pk, "token_ids");
+        msgpack_pack_array(pk, 0);
+        pk_str(pk, "block_size");
+        msgpack_pack_uint32(pk, ev[0].block_size);
+        pk_str(pk, "lora_id");
+        msgpack_pack_nil(pk);
+        pk_str(pk, "medium");
+        pk_str(pk, medium_name[ev[0].medium]);
+        pk_str(pk, "lora_name");
+        msgpack_pack_nil(pk);
+        pk_str(pk, "group_idx");
+        msgpack_pack_uint8(pk, ev[0].group);
+        pk_str(pk, "locality");
+        pk_str(pk, "REMOTE");
+        break;
+    case KVP_KVEV_REMOVED:
+        msgpack_pack_map(pk, 5);
+        pk_str(pk, "type");
+        pk_str(pk, "BlockRemoved");
+        pk_hashes(pk, ev, k);
+        pk_str(pk, "medium");
+        pk_str(pk, medium_name[ev[0].medium]);
+        pk_str(pk, "group_idx");
+        msgpack_pack_uint8(pk, ev[0].group);
+        pk_str(pk, "locality");
+        pk_str(pk, "REMOTE");
+        break;
+    default: /* KVP_KVEV_CLEARED (check_events ran) */
+        msgpack_pack_map(pk, 1);
+        pk_str(pk, "type");
+        pk_str(pk, "AllBlocksCleared");
+        break;
+    }
+}
+
+int kvp_kvev_encode(kvp_buf *out, double ts, const kvp_kvev *ev, size_t n)
+{
+    if (!out || (n && !ev) || n > UINT32_MAX || check_events(ev, n))
+        return KVP_EINVALID_PARAMS;
+    if (out->err)
+        return out->err;
+    size_t start = out->len, nv = 0;
+    for (size_t i = 0; i < n; i += run_len(ev + i, n - i))
+        nv++;
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, out, pk_write);
+    /* data_parallel_rank nil (None): vLLM always sends the third element
+     * (its publisher sets the rank), and consumers that decode a fixed
+     * tuple (Rust, Go) expect it */
+    msgpack_pack_array(&pk, 3);
+    msgpack_pack_double(&pk, ts);
+    msgpack_pack_array(&pk, nv);
+    for (size_t i = 0; i < n;) {
+        size_t k = run_len(ev + i, n - i);
+        pk_event(&pk, ev + i, k);
+        i += k;
+    }
+    msgpack_pack_nil(&pk);
+    if (out->err) {
+        out->len = start;
+        return out->err;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ publisher */
+
+/* A submitted batch, one allocation: the events, then the topic's bytes. */
+typedef struct qitem {
+    struct qitem *next;
+    uint64_t seq;
+    double ts;
+    size_t n;       /* events */
+    size_t size;    /* the allocation's bytes, counted in queued_bytes */
+    uint32_t topic_len;
+    kvp_kvev ev[];
+} qitem;
+
+static const uint8_t *qitem_topic(const qitem *q) { return (const uint8_t *)(q->ev + q->n); }
+
+/* A batch kept for replay: mem holds the topic then the payload. */
+typedef struct rent {
+    uint8_t *mem;
+    size_t len;     /* payload bytes */
+    uint64_t seq;
+    uint32_t topic_len;
+} rent;
+
+/* The replay in progress. */
+typedef struct replay {
+    int on;
+    uint8_t id[MAX_ID];
+    size_t id_len;
+    uint8_t topic[KVP_KVPUB_MAX_TOPIC];
+    size_t topic_len;
+    uint64_t start_seq;
+    uint64_t cursor, end; /* ring ids still to answer from: [cursor, end) */
+    uint64_t paused_ms;   /* kvp_now_ms of the first refused send of this pause; 0 = none */
+} replay;
+
+struct kvp_kvpub {
+    /* fixed from create on */
+    void *zctx, *pub, *router; /* router NULL: no replay socket */
+    int efd;
+    pthread_t th;
+    uint32_t ring_cap;
+    uint64_t ring_max_bytes, queue_max;
+    char pub_ep[EP_LEN], replay_ep[EP_LEN];
+
+    pthread_mutex_t mu;    /* guards what follows down to the thread's part */
+    qitem *head, *tail;
+    int quit;
+    kvp_kvpub_stats st;
+
+    /* the publisher thread's */
+    rent *ring;            /* ring_cap entries; id k at ring[k % ring_cap] */
+    uint64_t first, next;  /* ids held: [first, next) */
+    uint64_t ring_bytes;
+    replay rp;
+    kvp_buf enc;
+};
+
+static void put_be64(uint8_t *p, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--, v >>= 8)
+        p[i] = (uint8_t)v;
+}
+
+static uint64_t get_be64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+int kvp_kvpub_parse_replay(const kvp_bytes *frames, size_t nframes, kvp_bytes *topic,
+                           uint64_t *start_seq)
+{
+    if (!frames || (nframes != 3 && nframes != 4))
+        return KVP_EPROTOCOL;
+    const kvp_bytes *seq = &frames[nframes - 1];
+    if (frames[0].len < 1 || frames[0].len > MAX_ID || frames[1].len != 0 || seq->len != 8)
+        return KVP_EPROTOCOL;
+    kvp_bytes t = {(const uint8_t *)KVP_KVPUB_DEFAULT_TOPIC, sizeof KVP_KVPUB_DEFAULT_TOPIC - 1};
+    if (nframes == 4) {
+        if (frames[2].len > KVP_KVPUB_MAX_TOPIC)
+            return KVP_EPROTOCOL;
+        t = frames[2];
+    }
+    *topic = t;
+    *start_seq = get_be64(seq->p);
+    return 0;
+}
+
+/* --- the ring (the thread's) */
+
+static void ring_pop(kvp_kvpub *p)
+{
+    rent *e = &p->ring[p->first % p->ring_cap];
+    p->ring_bytes -= e->topic_len + e->len;
+    kvp_free(e->mem);
+    e->mem = NULL;
+    p->first++;
+}
+
+/* Keeps one batch for replay, dropping the oldest beyond the bounds. A
+ * batch larger than buffer_bytes, or one without memory, is not kept. */
+static void ring_put(kvp_kvpub *p, const uint8_t *topic, uint32_t topic_len, uint64_t seq,
+                     const uint8_t *payload, size_t len)
+{
+    uint64_t need = (uint64_t)topic_len + len;
+    if (need > p->ring_max_bytes) {
+        KVP_WARN_LIMITED(MOD, "a batch of %zu bytes is larger than the replay buffer: not kept",
+                         len);
+        return;
+    }
+    while (p->next - p->first == p->ring_cap || p->ring_bytes + need > p->ring_max_bytes)
+        ring_pop(p);
+    uint8_t *mem = kvp_malloc(need ? need : 1);
+    if (!mem) {
+        KVP_WARN_LIMITED(MOD, "out of memory: a batch is not kept for replay");
+        return;
+    }
+    memcpy(mem, topic, topic_len);
+    memcpy(mem + topic_len, payload, len);
+    p->ring[p->next % p->ring_cap] = (rent){mem, len, seq, topic_len};
+    p->next++;
+    p->ring_bytes += need;
+}
+
+/* --- publishing (the thread's) */
+
+/* Encodes q, sends it on PUB and keeps it for replay; frees it. */
+static void publish_one(kvp_kvpub *p, qitem *q)
+{
+    const uint8_t *topic = qitem_topic(q);
+    kvp_buf_reset(&p->enc);
+    int rc = kvp_kvev_encode(&p->enc, q->ts, q->ev, q->n);
+    int sent = 0;
+    if (rc) {
+        KVP_WARN_LIMITED(MOD, "a batch of %zu events does not encode (%s): dropped", q->n,
+                         kvp_strerror(rc));
+    } else {
+        uint8_t seq[8];
+        put_be64(seq, q->seq);
+        sent = zmq_send(p->pub, topic, q->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
+               zmq_send(p->pub, seq, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
+               zmq_send(p->pub, p->enc.data, p->enc.len, ZMQ_DONTWAIT) >= 0;
+        if (!sent)
+            KVP_WARN_LIMITED(MOD, "PUB send: %s", zmq_strerror(zmq_errno()));
+        ring_put(p, topic, q->topic_len, q->seq, p->enc.data, p->enc.len);
+    }
+    pthread_mutex_lock(&p->mu);
+    p->st.queued_bytes -= q->size;
+    if (sent) {
+        p->st.batches++;
+        p->st.events += q->n;
+        p->st.bytes += p->enc.len;
+    } else if (rc) {
+        p->st.dropped++;
+    }
+    pthread_mutex_unlock(&p->mu);
+    kvp_free(q);
+    kvp_buf_reset(&p->enc);
+    kvp_buf_shrink(&p->enc, ENC_KEEP);
+}
+
+/* Publishes the list q in order. Past deadline_ms (0: none) the rest is
+ * dropped and counted. */
+static void publish_list(kvp_kvpub *p, qitem *q, uint64_t deadline_ms)
+{
+    while (q) {
+        qitem *nx = q->next;
+        if (deadline_ms && kvp_now_ms() > deadline_ms) {
+            uint64_t n = 0, bytes = 0;
+            for (; q; q = nx) {
+                nx = q->next;
+                n++;
+                bytes += q->size;
+                kvp_free(q);
+            }
+            pthread_mutex_lock(&p->mu);
+            p->st.queued_bytes -= bytes;
+            p->st.dropped += n;
+            pthread_mutex_unlock(&p->mu);
+            KVP_WARN(MOD, "closing: %llu batches not sent in %d ms: dropped",
+                     (unsigned long long)n, DRAIN_MS);
+            return;
+        }
+        publish_one(p, q);
+        q = nx;
+    }
+}
+
+/* --- replay (the thread's) */
+
+/* Sends one answer message to the replay's client: (id, "", topic, seq,
+ * payload). 0, or the errno of the refused first frame (EAGAIN: its pipe is
+ * at the HWM; EHOSTUNREACH: the client is gone). Once the first frame is
+ * taken the rest of the message is too. */
+static int send_answer(kvp_kvpub *p, const uint8_t *topic, size_t topic_len, const uint8_t *seq,
+                       const uint8_t *payload, size_t len)
+{
+    const replay *r = &p->rp;
+    if (zmq_send(p->router, r->id, r->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        return zmq_errno();
+    zmq_send(p->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(p->router, topic, topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(p->router, seq, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(p->router, payload, len, ZMQ_DONTWAIT);
+    return 0;
+}
+
+/* A send of the replay was refused with errno e: pause it, or abandon it. */
+static void replay_refused(kvp_kvpub *p, int e)
+{
+    replay *r = &p->rp;
+    uint64_t now = kvp_now_ms();
+    if (e == EAGAIN && !r->paused_ms) {
+        r->paused_ms = now;
+        return;
+    }
+    if (e == EAGAIN && now - r->paused_ms < REPLAY_STALL_MS)
+        return;
+    if (e == EAGAIN)
+        KVP_WARN_LIMITED(MOD, "replay: the client took nothing for %d ms: abandoned",
+                         REPLAY_STALL_MS);
+    else
+        KVP_DEBUG(MOD, "replay: abandoned (%s)", zmq_strerror(e));
+    r->on = 0;
+}
+
+/* Sends the next chunk of the replay in progress; its end marker when done. */
+static void replay_step(kvp_kvpub *p)
+{
+    replay *r = &p->rp;
+    size_t nsent = 0, bytes = 0;
+    int e = 0;
+    while (r->cursor < r->end && nsent < REPLAY_CHUNK && bytes < REPLAY_CHUNK_BYTES) {
+        if (r->cursor < p->first) { /* evicted since the request: a gap */
+            r->cursor = p->first;
+            continue;
+        }
+        const rent *x = &p->ring[r->cursor % p->ring_cap];
+        if (x->topic_len == r->topic_len && memcmp(x->mem, r->topic, r->topic_len) == 0 &&
+            x->seq >= r->start_seq) {
+            uint8_t seq[8];
+            put_be64(seq, x->seq);
+            if ((e = send_answer(p, x->mem, x->topic_len, seq, x->mem + x->topic_len, x->len)))
+                break;
+            nsent++;
+            bytes += x->len;
+        }
+        r->cursor++;
+    }
+    if (nsent) {
+        r->paused_ms = 0;
+        pthread_mutex_lock(&p->mu);
+        p->st.replayed_batches += nsent;
+        pthread_mutex_unlock(&p->mu);
+    }
+    if (!e && r->cursor >= r->end) {
+        static const uint8_t end_seq[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+        if (!(e = send_answer(p, (const uint8_t *)"", 0, end_seq, (const uint8_t *)"", 0))) {
+            r->on = 0;
+            return;
+        }
+    }
+    if (e)
+        replay_refused(p, e);
+}
+
+/* Reads one multipart message from the ROUTER: its first REQ_FRAMES frames
+ * into m[0..*kept) (the caller closes them), the rest read and dropped.
+ * Returns its frame count; 0 when none was waiting. */
+static size_t recv_request(void *sock, zmq_msg_t *m, size_t *kept)
+{
+    size_t total = 0;
+    *kept = 0;
+    for (int more = 1; more;) {
+        zmq_msg_t scratch;
+        zmq_msg_t *dst = *kept < REQ_FRAMES ? &m[*kept] : &scratch;
+        zmq_msg_init(dst);
+        if (zmq_msg_recv(dst, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(dst);
+            break;
+        }
+        more = zmq_msg_more(dst);
+        total++;
+        if (dst == &scratch)
+            zmq_msg_close(dst);
+        else
+            (*kept)++;
+    }
+    return total;
+}
+
+/* Reads requests (REQ_PER_TURN at most) until a well-formed one starts a
+ * replay; logs and drops the others. */
+static void take_requests(kvp_kvpub *p)
+{
+    for (int i = 0; i < REQ_PER_TURN && !p->rp.on; i++) {
+        zmq_msg_t m[REQ_FRAMES];
+        size_t kept;
+        size_t total = recv_request(p->router, m, &kept);
+        if (!total)
+            return;
+        kvp_bytes f[REQ_FRAMES];
+        kvp_bytes topic;
+        uint64_t start = 0;
+        int ok = 1;
+        for (size_t j = 0; j < kept; j++) {
+            size_t sz = zmq_msg_size(&m[j]);
+            if (sz > MAX_FRAME) /* ZMQ_MAXMSGSIZE keeps them out; kvp_bytes has 32 bits */
+                ok = 0;
+            f[j] = (kvp_bytes){zmq_msg_data(&m[j]), (uint32_t)sz};
+        }
+        if (ok && kvp_kvpub_parse_replay(f, kept, &topic, &start) == 0) {
+            replay *r = &p->rp;
+            r->id_len = f[0].len;
+            memcpy(r->id, f[0].p, r->id_len);
+            r->topic_len = topic.len;
+            if (topic.len)
+                memcpy(r->topic, topic.p, topic.len);
+            r->start_seq = start;
+            r->cursor = p->first;
+            r->end = p->next;
+            r->paused_ms = 0;
+            r->on = 1;
+            pthread_mutex_lock(&p->mu);
+            p->st.replays++;
+            pthread_mutex_unlock(&p->mu);
+        } else {
+            KVP_WARN_LIMITED(MOD, "malformed replay request (%zu frames): ignored", total);
+        }
+        for (size_t j = 0; j < kept; j++)
+            zmq_msg_close(&m[j]);
+    }
+}
+
+/* --- the thread */
+
+static void *pub_main(void *arg)
+{
+    kvp_kvpub *p = arg;
+    pthread_setname_np(pthread_self(), "kvp-kvpub");
+    for (;;) {
+        zmq_pollitem_t it[2] = {{.fd = p->efd, .events = ZMQ_POLLIN}};
+        int nit = 1;
+        if (p->router && !p->rp.on)
+            it[nit++] = (zmq_pollitem_t){.socket = p->router, .events = ZMQ_POLLIN};
+        long timeout = !p->rp.on ? -1 : p->rp.paused_ms ? PAUSE_POLL_MS : 0;
+        if (zmq_poll(it, nit, timeout) > 0 && (it[0].revents & ZMQ_POLLIN)) {
+            uint64_t v; /* reset before the queue is taken */
+            ssize_t rd = read(p->efd, &v, sizeof v);
+            (void)rd;
+        }
+        pthread_mutex_lock(&p->mu);
+        qitem *q = p->head;
+        p->head = p->tail = NULL;
+        int quit = p->quit;
+        pthread_mutex_unlock(&p->mu);
+        /* quit: no submit runs or follows, so q is everything left */
+        publish_list(p, q, quit ? kvp_now_ms() + DRAIN_MS : 0);
+        if (quit)
+            break;
+        if (p->rp.on)
+            replay_step(p);
+        else if (p->router)
+            take_requests(p);
+    }
+    if (p->rp.on)
+        KVP_DEBUG(MOD, "closing: a replay in progress is abandoned");
+    zmq_close(p->pub);
+    if (p->router)
+        zmq_close(p->router);
+    return NULL;
+}
+
+/* --- life */
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* "tcp://HOST:PORT" text, short enough to bind and report. */
+static int endpoint_ok(const char *ep)
+{
+    if (!ep || strncmp(ep, "tcp://", 6) != 0 || strlen(ep) >= EP_LEN)
+        return 0;
+    const char *colon = strrchr(ep + 6, ':');
+    return colon && colon > ep + 6 && colon[1];
+}
+
+/* Binds sock to ep and stores the bound endpoint in bound[EP_LEN]. */
+static int bind_one(void *sock, const char *what, const char *ep, char *bound, char *err,
+                    size_t errlen)
+{
+    if (zmq_bind(sock, ep) != 0) {
+        int e = zmq_errno();
+        seterr(err, errlen, "%s: cannot bind %s: %s", what, ep, zmq_strerror(e));
+        return e == EINVAL || e == EPROTONOSUPPORT || e == ENODEV ? KVP_EINVALID_PARAMS
+                                                                  : KVP_EIO;
+    }
+    size_t len = EP_LEN;
+    if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, bound, &len) != 0)
+        snprintf(bound, EP_LEN, "%s", ep);
+    return 0;
+}
+
+static int sockopt_int(void *sock, int opt, int v)
+{
+    return zmq_setsockopt(sock, opt, &v, sizeof v);
+}
+
+/* Frees what create made; the thread is not running. */
+static void release(kvp_kvpub *p)
+{
+    if (p->pub)
+        zmq_close(p->pub);
+    if (p->router)
+        zmq_close(p->router);
+    if (p->zctx)
+        while (zmq_ctx_term(p->zctx) != 0 && zmq_errno() == EINTR)
+            ;
+    if (p->efd >= 0)
+        close(p->efd);
+    while (p->head) {
+        qitem *q = p->head;
+        p->head = q->next;
+        kvp_free(q);
+    }
+    if (p->ring)
+        while (p->first < p->next)
+            ring_pop(p);
+    kvp_free(p->ring);
+    kvp_buf_free(&p->enc);
+    pthread_mutex_destroy(&p->mu);
+    kvp_free(p);
+}
+
+/* Makes the context and the sockets, and binds them (create's part; every
+ * thread libzmq starts here inherits the caller's signal mask). */
+static int open_sockets(kvp_kvpub *p, const kvp_kvpub_cfg *cfg, int has_replay, char *err,
+                        size_t errlen)
+{
+    p->zctx = zmq_ctx_new();
+    if (!p->zctx || !(p->pub = zmq_socket(p->zctx, ZMQ_PUB))) {
+        seterr(err, errlen, "zmq: %s", zmq_strerror(zmq_errno()));
+        return KVP_EIO;
+    }
+    sockopt_int(p->pub, ZMQ_SNDHWM, (int)(cfg->hwm ? cfg->hwm : DEF_HWM));
+    sockopt_int(p->pub, ZMQ_LINGER, LINGER_MS);
+    int rc = bind_one(p->pub, "pub", cfg->pub, p->pub_ep, err, errlen);
+    if (rc || !has_replay)
+        return rc;
+    if (!(p->router = zmq_socket(p->zctx, ZMQ_ROUTER))) {
+        seterr(err, errlen, "zmq: %s", zmq_strerror(zmq_errno()));
+        return KVP_EIO;
+    }
+    int64_t maxmsg = MAX_FRAME;
+    zmq_setsockopt(p->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    sockopt_int(p->router, ZMQ_SNDHWM, (int)(2 * (p->ring_cap + 1)));
+    sockopt_int(p->router, ZMQ_ROUTER_MANDATORY, 1);
+    sockopt_int(p->router, ZMQ_LINGER, LINGER_MS);
+    return bind_one(p->router, "replay", cfg->replay, p->replay_ep, err, errlen);
+}
+
+int kvp_kvpub_create(const kvp_kvpub_cfg *cfg, kvp_kvpub **out, char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = 0;
+    if (!cfg || !out)
+        return KVP_EINVALID_PARAMS;
+    *out = NULL;
+    int has_replay = cfg->replay && cfg->replay[0];
+    if (!endpoint_ok(cfg->pub) || (has_replay && !endpoint_ok(cfg->replay))) {
+        seterr(err, errlen, "%s endpoint \"%s\" is not tcp://HOST:PORT",
+               endpoint_ok(cfg->pub) ? "replay" : "pub",
+               endpoint_ok(cfg->pub) ? cfg->replay : cfg->pub ? cfg->pub : "");
+        return KVP_EINVALID_PARAMS;
+    }
+    if (cfg->buffer_batches > MAX_BUFFER_BATCHES || cfg->hwm > INT32_MAX) {
+        seterr(err, errlen, "%s out of range", cfg->hwm > INT32_MAX ? "hwm" : "buffer_batches");
+        return KVP_EINVALID_PARAMS;
+    }
+    kvp_kvpub *p = kvp_calloc(1, sizeof *p);
+    if (!p)
+        return KVP_ENOMEM;
+    pthread_mutex_init(&p->mu, NULL);
+    p->efd = -1;
+    p->ring_cap = cfg->buffer_batches ? cfg->buffer_batches : DEF_BUFFER_BATCHES;
+    p->ring_max_bytes = cfg->buffer_bytes ? cfg->buffer_bytes : DEF_BUFFER_BYTES;
+    p->queue_max = cfg->queue_bytes ? cfg->queue_bytes : DEF_QUEUE_BYTES;
+    kvp_buf_init(&p->enc, ENC_CAP);
+    p->ring = kvp_calloc(p->ring_cap, sizeof *p->ring);
+    if (!p->ring) {
+        release(p);
+        return KVP_ENOMEM;
+    }
+    p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (p->efd < 0) {
+        seterr(err, errlen, "eventfd: %s", strerror(errno));
+        release(p);
+        return KVP_EIO;
+    }
+    /* Neither the publisher thread nor libzmq's (started by the first
+     * socket) takes an asynchronous signal: the server's signal thread (or
+     * Python's main thread) keeps them all. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = open_sockets(p, cfg, has_replay, err, errlen);
+    int prc = rc ? 0 : pthread_create(&p->th, NULL, pub_main, p);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (prc != 0) {
+        seterr(err, errlen, "cannot start the publisher thread: %s", strerror(prc));
+        rc = KVP_EIO;
+    }
+    if (rc) {
+        release(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+int kvp_kvpub_submit(kvp_kvpub *p, const char *topic, size_t topic_len, uint64_t seq, double ts,
+                     const kvp_kvev *ev, size_t n)
+{
+    if (!p || !ev || n == 0 || n > UINT32_MAX || topic_len > KVP_KVPUB_MAX_TOPIC ||
+        (topic_len && !topic) || check_events(ev, n))
+        return KVP_EINVALID_PARAMS;
+    size_t size = sizeof(qitem) + n * sizeof *ev + topic_len;
+    qitem *q = kvp_malloc(size);
+    if (q) {
+        *q = (qitem){.seq = seq, .ts = ts, .n = n, .size = size, .topic_len = (uint32_t)topic_len};
+        memcpy(q->ev, ev, n * sizeof *ev);
+        if (topic_len)
+            memcpy(q->ev + n, topic, topic_len);
+    }
+    pthread_mutex_lock(&p->mu);
+    int rc = !q ? KVP_ENOMEM : size > p->queue_max - p->st.queued_bytes ? KVP_ELIMIT : 0;
+    int wake = 0;
+    if (rc) {
+        p->st.dropped++;
+    } else {
+        wake = !p->head;
+        if (p->tail)
+            p->tail->next = q;
+        else
+            p->head = q;
+        p->tail = q;
+        p->st.queued_bytes += size;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (rc) {
+        kvp_free(q);
+        return rc;
+    }
+    if (wake) {
+        uint64_t one = 1;
+        ssize_t wr = write(p->efd, &one, sizeof one);
+        (void)wr;
+    }
+    return 0;
+}
+
+void kvp_kvpub_stats_get(kvp_kvpub *p, kvp_kvpub_stats *st)
+{
+    pthread_mutex_lock(&p->mu);
+    *st = p->st;
+    pthread_mutex_unlock(&p->mu);
+}
+
+const char *kvp_kvpub_pub_endpoint(const kvp_kvpub *p) { return p->pub_ep; }
+const char *kvp_kvpub_replay_endpoint(const kvp_kvpub *p) { return p->replay_ep; }
+
+void kvp_kvpub_destroy(kvp_kvpub *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->quit = 1;
+    pthread_mutex_unlock(&p->mu);
+    uint64_t one = 1;
+    ssize_t wr = write(p->efd, &one, sizeof one);
+    (void)wr;
+    pthread_join(p->th, NULL);
+    p->pub = p->router = NULL; /* closed by the thread */
+    release(p);
+}
