@@ -178,6 +178,33 @@ KVP_API uint64_t kvp_client_disk_reads(const kvp_client *c);
 /* Number of leading keys present (>= 0), or < 0. */
 KVP_API int64_t kvp_client_prefix(kvp_client *c, const char *const *keys, size_t n);
 
+/*
+ * Prefix lookup by engine block hashes (a router's question): nchains
+ * chains, chain i the lens[i] hashes starting at hashes + sum(lens[0..i)),
+ * of group groups[i] (groups NULL = all 0), each a prefix in order. out[i]:
+ * how many leading blocks of chain i have every part in DRAM, on disk, and
+ * in either (what a load can read). Blocks are those puts named with
+ * kvp_put_opts.blocks, in the client's tenant. 0 or < 0.
+ */
+typedef struct kvp_hash_prefix {
+    uint32_t dram, disk, any;
+} kvp_hash_prefix;
+KVP_API int kvp_client_lookup_hashes(kvp_client *c, const uint64_t *hashes, const size_t *lens,
+                                     const uint8_t *groups, size_t nchains,
+                                     kvp_hash_prefix *out);
+/*
+ * The client's tenant's blocks as the master's KV events announced them,
+ * as of the batch numbered *seq of the tenant's event stream (0 when the
+ * master publishes no events: then the blocks as they are): fn(arg, hash,
+ * group, tier) once per block and tier (KVP_TIER_DRAM or KVP_TIER_DISK).
+ * A router that missed events rebuilds from this, then applies the batches
+ * after *seq. The count of calls, or < 0 (KVP_ETOO_LARGE: more blocks than
+ * one answer can carry, see max_frame_size).
+ */
+typedef void (*kvp_snapshot_fn)(void *arg, uint64_t hash, unsigned group, unsigned tier);
+KVP_API int64_t kvp_client_kv_snapshot(kvp_client *c, uint64_t *seq, kvp_snapshot_fn fn,
+                                       void *arg);
+
 /* Single values. put: 0 or < 0. get: bytes copied (<= cap), or < 0;
  * KVP_EBUFFER_OVERFLOW when cap is smaller than the value. */
 KVP_API int kvp_client_put(kvp_client *c, const char *key, const void *buf, size_t len);
@@ -238,6 +265,27 @@ KVP_API int kvp_client_batch_get_alloc(kvp_client *c, const char *const *keys, s
  * is KVP_EINVALID_PARAMS for every key. */
 #define KVP_PUT_SOFT_PIN 0x4u
 #define KVP_PUT_SOFT_UNPIN 0x8u
+/*
+ * The engine KV block a key holds one part of, for KV-aware routers: the
+ * master indexes such objects by (tenant, hash, group) for
+ * kvp_client_lookup_hashes and publishes KV events (kv_events). A block is
+ * `parts` objects (an engine's ranks each store their own part); it counts
+ * as held in a tier when all of them are. Every put of a group in a tenant
+ * must agree on parts and block_size (one model per tenant): a put that
+ * does not keeps its value but not its block.
+ */
+#define KVP_BLOCK_PARENT 0x1u /* parent is the previous block's hash */
+#define KVP_BLOCK_NONE 0x2u   /* no block for this key */
+typedef struct kvp_block {
+    uint64_t hash;       /* the engine's block hash (vLLM's int form: the hash's last 8
+                            bytes, big-endian) */
+    uint64_t parent;     /* with KVP_BLOCK_PARENT */
+    uint32_t block_size; /* tokens per block, >= 1 */
+    uint16_t parts;      /* objects that make the block, >= 1 */
+    uint8_t group;       /* the engine's KV cache group, 0..31 */
+    uint8_t flags;       /* KVP_BLOCK_* */
+} kvp_block;
+
 typedef struct kvp_put_opts {
     size_t struct_size;            /* sizeof(kvp_put_opts), from kvp_put_opts_init */
     uint32_t replica_num;          /* copies on distinct segments, 1..3 (best effort when
@@ -247,6 +295,9 @@ typedef struct kvp_put_opts {
                                       default (config, env, own segment); "" = none */
     int64_t soft_pin_ttl_ms;       /* with KVP_PUT_SOFT_PIN: ms >= 0, or -1 (init) = none
                                       given; any other negative is KVP_EINVALID_PARAMS */
+    const kvp_block *blocks;       /* NULL, or one per key: the block it is a part of (a
+                                      bad one, e.g. group > 31, is KVP_EINVALID_PARAMS for
+                                      its key) */
 } kvp_put_opts;
 KVP_API void kvp_put_opts_init(kvp_put_opts *o);
 

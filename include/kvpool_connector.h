@@ -157,6 +157,13 @@ typedef struct kvp_conn_config {
                                  a gid: also to processes whose (primary) gid it is, and
                                  the socket file is 0660 of that group (rank 0 must be a
                                  member). Both halves need the same value. */
+    /* ---- worker half */
+    bool pool_blocks;         /* default true: each put tells the pool which engine block
+                                 the key is a part of (kvp_block: the pool's
+                                 kvp_client_lookup_hashes and KV events) */
+    const int *engine_group_ids; /* per group: the engine's index of it, as its own KV
+                                 events name it (group_idx); NULL = the position in
+                                 groups; a group over 31 is stored without its block */
 } kvp_conn_config;
 
 /* Fills the defaults above (role BOTH, lookup on, async loads, every size 1). */

@@ -20,12 +20,14 @@ sets both the ``kvpool`` logger's level and the core's (kvpool/_log.py).
 """
 from __future__ import annotations
 
+import array
 import builtins
 import json
 import operator
 import os
+import struct
 from types import TracebackType
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
 
 from . import _log, _native
 from ._log import set_log_level
@@ -35,7 +37,8 @@ __all__ = [
     "TimeoutError", "ChecksumMismatchError", "InvalidParamsError", "InvalidKeyError",
     "BufferTooSmallError", "ObjectHasLeaseError", "TransferError", "ConnectionError",
     "ClosedError", "ConfigError", "AuthError", "NotSupportedError", "codes",
-    "install_as_mooncake", "set_log_level", "__version__",
+    "install_as_mooncake", "set_log_level", "__version__", "Block", "HashPrefix",
+    "KVSnapshot", "engine_hash",
 ]
 
 __version__: str = _native.version
@@ -230,6 +233,61 @@ def _with_buffers(fn: Any, keys: Sequence[Any], values: Sequence[Any], ptr_fn: A
         return fn(keys, fixed, **kw)
 
 
+# ------------------------------------------------------------------ blocks
+
+class Block(NamedTuple):
+    """The engine KV block a key holds one part of (put_batch's ``blocks``):
+    the master indexes it for ``lookup_hashes`` and announces it in its KV
+    events. ``hash``/``parent``: the engine's block hashes in vLLM's int
+    form (``engine_hash``); ``parts``: the objects that make the block (each
+    rank stores its own); ``group``: the KV cache group (0..31)."""
+    hash: int
+    parent: Optional[int]
+    block_size: int
+    parts: int = 1
+    group: int = 0
+
+
+class HashPrefix(NamedTuple):
+    """Leading blocks of a chain with every part in DRAM, on disk, in either."""
+    dram: int
+    disk: int
+    any: int
+
+
+class KVSnapshot(NamedTuple):
+    """A tenant's blocks as the KV events announced them as of batch ``seq``
+    of its stream (0: the master publishes no events); ``blocks``:
+    (hash, group, "dram" | "disk"), one per block and tier."""
+    seq: int
+    blocks: list[tuple[int, int, str]]
+
+
+_BLOCK = struct.Struct("<QQIHBB")  # kvp_block (include/kvpool.h)
+_U64 = (1 << 64) - 1
+
+
+def engine_hash(block_hash: Union[bytes, int]) -> int:
+    """vLLM's int form of a block hash (its KV events with
+    VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES): the last 8 bytes, big-endian."""
+    if isinstance(block_hash, int):
+        return block_hash & _U64
+    return int.from_bytes(block_hash, "big") & _U64
+
+
+def _pack_blocks(blocks: Sequence[Optional[Block]]) -> bytes:
+    out = bytearray(_BLOCK.size * len(blocks))
+    for i, b in enumerate(blocks):
+        if b is None:
+            _BLOCK.pack_into(out, i * _BLOCK.size, 0, 0, 0, 0, 0, _native.BLOCK_NONE)
+            continue
+        has_parent = b.parent is not None
+        _BLOCK.pack_into(out, i * _BLOCK.size, b.hash & _U64,
+                         (b.parent & _U64) if has_parent else 0, b.block_size, b.parts, b.group,
+                         _native.BLOCK_PARENT if has_parent else 0)
+    return bytes(out)
+
+
 # ------------------------------------------------------------------ client
 
 class Client:
@@ -297,12 +355,17 @@ class Client:
 
     def put_batch(self, keys: Sequence[str], values: Sequence[Value], *,
                   replica_num: Optional[int] = None, pin: bool = False,
-                  preferred_segment: Optional[str] = None) -> list[Optional[Error]]:
-        """Per key: None (stored) or its Error."""
+                  preferred_segment: Optional[str] = None,
+                  blocks: Optional[Sequence[Optional[Block]]] = None) -> list[Optional[Error]]:
+        """Per key: None (stored) or its Error. ``blocks``: per key, the
+        engine block it is a part of (or None)."""
+        if blocks is not None and len(blocks) != len(keys):
+            raise InvalidParamsError(codes["INVALID_PARAMS"], "one block (or None) per key")
         res = _with_buffers(self._c.put_buffers, keys, values, self._c.put_ptrs,
                             replica_num=replica_num,
                             flags=_native.PUT_HARD_PIN if pin else 0,
-                            preferred=preferred_segment)
+                            preferred=preferred_segment,
+                            blocks=_pack_blocks(blocks) if blocks is not None else None)
         return [None if r >= 0 else Error.from_code(r) for r in res]
 
     def put_from(self, key: str, ptr: Union[int, Sequence[int]], size: Union[int, Sequence[int]],
@@ -378,6 +441,30 @@ class Client:
     def prefix(self, keys: Sequence[str]) -> int:
         """How many leading keys exist (one request)."""
         return _check(self._c.prefix(keys))
+
+    def lookup_hashes(self, chains: Sequence[Sequence[int]],
+                      groups: Optional[Sequence[int]] = None) -> list[HashPrefix]:
+        """A router's prefix query in one request: for each chain of engine
+        block hashes (a prompt's blocks in order; of groups[i], default 0),
+        how many leading blocks the pool holds in DRAM, on disk, in either."""
+        lens = [len(c) for c in chains]
+        flat = array.array("Q", [h & _U64 for c in chains for h in c])
+        g = bytes(groups) if groups is not None else None
+        r = self._c.lookup_hashes(flat, lens, g)
+        if isinstance(r, int):
+            raise Error.from_code(r)
+        return [HashPrefix(*t) for t in r]
+
+    def kv_snapshot(self) -> KVSnapshot:
+        """This tenant's blocks as the master's KV events announced them, and
+        the stream's seq they reflect: a router that lost events rebuilds
+        from this, then applies the batches after ``seq``."""
+        r = self._c.kv_snapshot()
+        if isinstance(r, int):
+            raise Error.from_code(r)
+        seq, blocks = r
+        names = {_native.TIER_DRAM: "dram", _native.TIER_DISK: "disk"}
+        return KVSnapshot(int(seq), [(h, g, names.get(t, str(t))) for h, g, t in blocks])
 
     def remove(self, key: str, force: bool = False) -> None:
         """force: even while leased by a reader or pinned."""

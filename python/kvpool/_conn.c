@@ -450,6 +450,8 @@ static PyTypeObject ConnRequestType = {
 typedef struct {
     kvp_conn_config c;
     kvp_conn_group groups[64];
+    int gids[64]; /* engine_group_ids */
+    Py_ssize_t ngids; /* how many were given (-1: none) */
     PyObject *keep; /* a list holding the objects the strings borrow from */
     int fence_cuda;
 } config;
@@ -581,6 +583,7 @@ static const struct cfg_key {
     K(recv_threads, CK_U32, 64),
     K(staging_budget, CK_U64, UINT64_MAX),
     K(kv_events, CK_BOOL, 1),
+    K(pool_blocks, CK_BOOL, 1),
     K(lookup_gid, CK_I64, UINT32_MAX - 1), /* absent: -1, no group */
 #undef K
 };
@@ -617,6 +620,7 @@ static int cfg_parse(config *k, PyObject *d)
     kvp_conn_config *c = &k->c;
     kvp_conn_config_default(c);
     k->fence_cuda = 0;
+    k->ngids = -1;
     if (!PyDict_Check(d)) {
         PyErr_SetString(PyExc_TypeError, "config must be a dict");
         return -1;
@@ -667,6 +671,28 @@ static int cfg_parse(config *k, PyObject *d)
             Py_DECREF(t);
             c->groups = k->groups;
             c->ngroups = (size_t)ng;
+        } else if (!strcmp(n, "engine_group_ids")) {
+            PyObject *t = PySequence_Fast(v, "engine_group_ids must be a list of ints");
+            if (!t)
+                return -1;
+            Py_ssize_t ng = PySequence_Fast_GET_SIZE(t);
+            if (ng > 64) {
+                Py_DECREF(t);
+                PyErr_SetString(PyExc_ValueError, "engine_group_ids: at most 64");
+                return -1;
+            }
+            for (Py_ssize_t i = 0; i < ng; i++) {
+                uint64_t x;
+                if (cfg_int(PySequence_Fast_GET_ITEM(t, i), "engine_group_ids", INT32_MAX, &x) <
+                    0) {
+                    Py_DECREF(t);
+                    return -1;
+                }
+                k->gids[i] = (int)x;
+            }
+            Py_DECREF(t);
+            c->engine_group_ids = k->gids;
+            k->ngids = ng;
         } else if (!strcmp(n, "fence")) {
             const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
             if (v == Py_None || (s && !strcmp(s, "none")))
@@ -681,6 +707,10 @@ static int cfg_parse(config *k, PyObject *d)
             PyErr_Format(PyExc_ValueError, "unknown connector config key %R", key);
             return -1;
         }
+    }
+    if (k->ngids >= 0 && (size_t)k->ngids != c->ngroups) {
+        PyErr_SetString(PyExc_ValueError, "engine_group_ids: one per group");
+        return -1;
     }
     return 0;
 }

@@ -575,12 +575,14 @@ static PyObject *all_codes(args *a, int code)
  * (None = not given; an int >= 0). */
 typedef struct {
     kvp_put_opts o;
+    Py_buffer blocks; /* blocks=: kvp_block records, one per key (buf NULL: none) */
 } put_kw;
 
 static int parse_put_kw(PyObject *replica, PyObject *flags, PyObject *pref, PyObject *ttl,
                         put_kw *k)
 {
     kvp_put_opts_init(&k->o);
+    k->blocks.buf = NULL;
     size_t v;
     if (replica && replica != Py_None) {
         if (as_size(replica, "replica_num", 0, &v))
@@ -636,16 +638,16 @@ enum src_kind { SRC_BUFFERS, SRC_PTRS };
 static PyObject *do_put(Client *self, PyObject *args_, PyObject *kw, enum src_kind kind)
 {
     static char *nb[] = {"keys", "values", "replica_num", "flags", "preferred",
-                         "soft_pin_ttl_ms", NULL};
+                         "soft_pin_ttl_ms", "blocks", NULL};
     static char *np[] = {"keys", "ptrs", "sizes", "replica_num", "flags", "preferred",
-                         "soft_pin_ttl_ms", NULL};
+                         "soft_pin_ttl_ms", "blocks", NULL};
     PyObject *keys, *values = NULL, *ptrs = NULL, *sizes = NULL;
-    PyObject *replica = NULL, *flags = NULL, *pref = NULL, *ttl = NULL;
+    PyObject *replica = NULL, *flags = NULL, *pref = NULL, *ttl = NULL, *blocks = NULL;
     int ok = kind == SRC_BUFFERS
-                 ? PyArg_ParseTupleAndKeywords(args_, kw, "OO|OOOO:put_buffers", nb, &keys,
-                                               &values, &replica, &flags, &pref, &ttl)
-                 : PyArg_ParseTupleAndKeywords(args_, kw, "OOO|OOOO:put_ptrs", np, &keys, &ptrs,
-                                               &sizes, &replica, &flags, &pref, &ttl);
+                 ? PyArg_ParseTupleAndKeywords(args_, kw, "OO|OOOOO:put_buffers", nb, &keys,
+                                               &values, &replica, &flags, &pref, &ttl, &blocks)
+                 : PyArg_ParseTupleAndKeywords(args_, kw, "OOO|OOOOO:put_ptrs", np, &keys, &ptrs,
+                                               &sizes, &replica, &flags, &pref, &ttl, &blocks);
     if (!ok)
         return NULL;
     put_kw pk;
@@ -658,6 +660,21 @@ static PyObject *do_put(Client *self, PyObject *args_, PyObject *kw, enum src_ki
     if ((kind == SRC_BUFFERS ? args_buffers(&a, values, 0) : args_ptrs(&a, ptrs, sizes)))
         goto done;
     args_finish(&a);
+    if (blocks && blocks != Py_None) {
+        /* packed kvp_block records (kvpool.Block), one per key */
+        if (PyObject_GetBuffer(blocks, &pk.blocks, PyBUF_SIMPLE))
+            goto done;
+        if ((size_t)pk.blocks.len != (size_t)a.n * sizeof(kvp_block)) {
+            PyErr_Format(PyExc_ValueError, "blocks: %zd bytes for %zd keys (want %zu each)",
+                         pk.blocks.len, a.n, sizeof(kvp_block));
+            goto done;
+        }
+        pk.o.blocks = pk.blocks.buf; /* memcpy'd by the library: no alignment needed */
+        if (((uintptr_t)pk.blocks.buf & 7) != 0) {
+            PyErr_SetString(PyExc_ValueError, "blocks: buffer not 8-byte aligned");
+            goto done;
+        }
+    }
     int rc = enter(self);
     if (rc) {
         out = all_codes(&a, rc);
@@ -695,6 +712,8 @@ static PyObject *do_put(Client *self, PyObject *args_, PyObject *kw, enum src_ki
     PyMem_Free(map);
     out = list_of_i64(a.results, a.n);
 done:
+    if (pk.blocks.buf)
+        PyBuffer_Release(&pk.blocks);
     args_free(&a);
     return out;
 }
@@ -937,6 +956,147 @@ done:
     return out;
 }
 
+/* lookup_hashes(hashes, lens, groups) -> [(dram, disk, any)]: hashes a
+ * buffer of native uint64 (all chains back to back), lens a sequence of
+ * chain lengths, groups bytes (one per chain) or None. */
+static PyObject *Client_lookup_hashes(Client *self, PyObject *args_)
+{
+    PyObject *hashes, *lens, *groups;
+    if (!PyArg_ParseTuple(args_, "OOO:lookup_hashes", &hashes, &lens, &groups))
+        return NULL;
+    Py_buffer hb = {0}, gb = {0};
+    PyObject *lt = NULL, *out = NULL;
+    size_t *ln = NULL;
+    kvp_hash_prefix *res = NULL;
+    if (PyObject_GetBuffer(hashes, &hb, PyBUF_SIMPLE))
+        return NULL;
+    if (groups != Py_None && PyObject_GetBuffer(groups, &gb, PyBUF_SIMPLE))
+        goto done;
+    if (!(lt = PySequence_Fast(lens, "lens must be a sequence")))
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(lt);
+    if (gb.buf && gb.len != n) {
+        PyErr_SetString(PyExc_ValueError, "groups: one byte per chain");
+        goto done;
+    }
+    ln = PyMem_Calloc((size_t)n + 1, sizeof *ln);
+    res = PyMem_Calloc((size_t)n + 1, sizeof *res);
+    if (!ln || !res) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (as_size(PySequence_Fast_GET_ITEM(lt, i), "lens", 0, &ln[i]))
+            goto done;
+        total += ln[i];
+    }
+    if (hb.len < 0 || (size_t)hb.len != total * sizeof(uint64_t) || ((uintptr_t)hb.buf & 7)) {
+        PyErr_SetString(PyExc_ValueError, "hashes: an aligned buffer of sum(lens) uint64");
+        goto done;
+    }
+    int rc = enter(self);
+    if (rc == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = kvp_client_lookup_hashes(self->c, hb.buf, ln, gb.buf, (size_t)n, res);
+        Py_END_ALLOW_THREADS
+        leave(self);
+    }
+    if (rc) {
+        out = PyLong_FromLong(rc);
+        goto done;
+    }
+    if (!(out = PyList_New(n)))
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = Py_BuildValue("(kkk)", (unsigned long)res[i].dram,
+                                    (unsigned long)res[i].disk, (unsigned long)res[i].any);
+        if (!t) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+done:
+    PyMem_Free(ln);
+    PyMem_Free(res);
+    Py_XDECREF(lt);
+    if (gb.buf)
+        PyBuffer_Release(&gb);
+    PyBuffer_Release(&hb);
+    return out;
+}
+
+/* The snapshot's entries, packed (hash u64, group u8, tier u8) while the
+ * GIL is released; turned into a list after. */
+typedef struct snapbuf {
+    uint8_t *p;
+    size_t n, cap;
+    int oom;
+} snapbuf;
+
+static void snap_add(void *arg, uint64_t hash, unsigned group, unsigned tier)
+{
+    snapbuf *b = arg;
+    if (b->oom)
+        return;
+    if (b->n == b->cap) {
+        size_t nc = b->cap ? b->cap * 2 : 1024;
+        uint8_t *np = realloc(b->p, nc * 10);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->n * 10, &hash, 8);
+    b->p[b->n * 10 + 8] = (uint8_t)group;
+    b->p[b->n * 10 + 9] = (uint8_t)tier;
+    b->n++;
+}
+
+/* kv_snapshot() -> (seq, [(hash, group, tier)]) or an error code */
+static PyObject *Client_kv_snapshot(Client *self, PyObject *unused)
+{
+    (void)unused;
+    snapbuf b = {0};
+    uint64_t seq = 0;
+    int64_t rc = enter(self);
+    if (rc == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = kvp_client_kv_snapshot(self->c, &seq, snap_add, &b);
+        Py_END_ALLOW_THREADS
+        leave(self);
+    }
+    if (rc >= 0 && b.oom)
+        rc = KVP_ENOMEM;
+    PyObject *out = NULL, *l = NULL;
+    if (rc < 0) {
+        out = PyLong_FromLongLong(rc);
+        goto done;
+    }
+    if (!(l = PyList_New((Py_ssize_t)b.n)))
+        goto done;
+    for (size_t i = 0; i < b.n; i++) {
+        uint64_t h;
+        memcpy(&h, b.p + i * 10, 8);
+        PyObject *t = Py_BuildValue("(KII)", (unsigned long long)h, (unsigned)b.p[i * 10 + 8],
+                                    (unsigned)b.p[i * 10 + 9]);
+        if (!t) {
+            Py_CLEAR(l);
+            goto done;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, t);
+    }
+    out = Py_BuildValue("(KN)", (unsigned long long)seq, l);
+    l = NULL;
+done:
+    Py_XDECREF(l);
+    free(b.p);
+    return out;
+}
+
 static PyObject *Client_remove_all(Client *self, PyObject *args_, PyObject *kw)
 {
     static char *names[] = {"force", NULL};
@@ -1139,6 +1299,10 @@ static PyMethodDef Client_methods[] = {
      "tiers(keys) -> list[int]: TIER_DRAM | TIER_DISK bits, 0 absent, or < 0"},
     {"sizes", (PyCFunction)Client_sizes, METH_O, "sizes(keys) -> list[int]"},
     {"prefix", (PyCFunction)Client_prefix, METH_O, "prefix(keys) -> int"},
+    {"lookup_hashes", (PyCFunction)Client_lookup_hashes, METH_VARARGS,
+     "lookup_hashes(hashes, lens, groups) -> [(dram, disk, any)] or code"},
+    {"kv_snapshot", (PyCFunction)Client_kv_snapshot, METH_NOARGS,
+     "kv_snapshot() -> (seq, [(hash, group, tier)]) or code"},
     {"remove", (PyCFunction)(void (*)(void))Client_remove, METH_VARARGS | METH_KEYWORDS,
      "remove(keys, force=False) -> list[int]"},
     {"remove_all", (PyCFunction)(void (*)(void))Client_remove_all, METH_VARARGS | METH_KEYWORDS,
@@ -1439,6 +1603,8 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "PUT_SOFT_PIN", KVP_PUT_SOFT_PIN) < 0 ||
         PyModule_AddIntConstant(m, "PUT_SOFT_UNPIN", KVP_PUT_SOFT_UNPIN) < 0 ||
         PyModule_AddIntConstant(m, "DEVICE_MEMORY", 1) < 0 ||
+        PyModule_AddIntConstant(m, "BLOCK_PARENT", KVP_BLOCK_PARENT) < 0 ||
+        PyModule_AddIntConstant(m, "BLOCK_NONE", KVP_BLOCK_NONE) < 0 ||
         PyModule_AddIntConstant(m, "TIER_DRAM", KVP_TIER_DRAM) < 0 ||
         PyModule_AddIntConstant(m, "TIER_DISK", KVP_TIER_DISK) < 0 ||
         kvp_py_conn_init(m, OpenError) < 0)

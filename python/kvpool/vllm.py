@@ -309,6 +309,7 @@ def _setup(vllm_config: "VllmConfig", kv_cache_config: KVCacheConfig,
         "tp_size": tp, "pp_size": pp, "pcp_size": pcp, "dcp_size": dcp,
         "use_eagle": use_eagle,
         "kv_events": kv_events,
+        "engine_group_ids": list(ids),  # the pool's blocks name groups as vLLM does
     }
     if "lookup_timeout_ms" in extra:
         conn["lookup_timeout_ms"] = int(extra["lookup_timeout_ms"])

@@ -28,6 +28,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "bench/bench.h"
 #include "cli/cli.h"
@@ -56,7 +57,18 @@ typedef struct bench {
     int json;
     FILE *out;             /* table output (stderr with --json) */
     int first_result;
+    kvp_blkinfo *blk;      /* puts carry engine blocks (--blocks): 1024 of them */
 } bench;
+
+/* Key i's engine block: a hash of i, in chains of 64 (parent = block i-1). */
+static void make_blocks(bench *b, uint64_t from, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t k = from + i;
+        b->blk[i] = (kvp_blkinfo){(k + 1) * 0x9E3779B97F4A7C15ull, k * 0x9E3779B97F4A7C15ull, 16,
+                                  1, 0, k % 64 ? KVP_BLK_F_PARENT : 0};
+    }
+}
 
 static void make_keys(bench *b, uint64_t from, uint32_t n)
 {
@@ -87,7 +99,10 @@ static int do_put(bench *b, uint64_t from, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)
         b->u64s[i] = 4096;
-    kvp_msg_put_start ps = {{NULL, 0}, 1, 0, 0, {NULL, 0}, n, b->keys, b->u64s};
+    if (b->blk)
+        make_blocks(b, from, n);
+    kvp_msg_put_start ps = {{NULL, 0}, 1, b->blk ? KVP_PUT_F_BLOCKS : 0, 0, {NULL, 0}, n, b->keys,
+                            b->u64s, b->blk};
     kvp_enc_put_start(&b->body, &ps);
     const uint8_t *resp;
     uint32_t len;
@@ -328,6 +343,7 @@ static void bench_fini(bench *b)
     kvp_free(b->keys);
     kvp_free(b->u64s);
     kvp_free(b->lat);
+    kvp_free(b->blk);
 }
 
 /* The node and client connections to addr, and a segment of seg_bytes
@@ -378,16 +394,19 @@ static int bench_master(int argc, char **argv)
     kvp_config_defaults(&cfg);
     static const kvp_cli_flag own[] = {{"json", KVP_CLI_BOOL},    {"master", KVP_CLI_CONNECT},
                                        {"objects", KVP_CLI_TEXT},  {"objects-big", KVP_CLI_TEXT},
-                                       {"ops", KVP_CLI_TEXT},      {NULL, KVP_CLI_TEXT}};
-    const char *v[5] = {NULL};
+                                       {"ops", KVP_CLI_TEXT},      {"blocks", KVP_CLI_BOOL},
+                                       {NULL, KVP_CLI_TEXT}};
+    const char *v[6] = {NULL};
     int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
     if (rc == 1) {
         printf("usage: kvpool bench master [--json] [--master HOST:PORT] [--objects N]\n"
-               "                           [--objects-big N] [--ops N]\n"
+               "                           [--objects-big N] [--ops N] [--blocks]\n"
                "  --objects N      objects stored for the throughput runs (default 1000000)\n"
                "  --objects-big N  objects for the second memory point (default 10000000; 0 = skip;\n"
                "                   past about 16000000 give --max-master-memory, default 4GiB)\n"
-               "  --ops N          key-operations per batch-of-1 run (default 20000)\n");
+               "  --ops N          key-operations per batch-of-1 run (default 20000)\n"
+               "  --blocks         every put names an engine block (as the vLLM connector's do):\n"
+               "                   the block index's cost in time and memory\n");
         return 0;
     }
     if (rc < 0)
@@ -424,17 +443,19 @@ static int bench_master(int argc, char **argv)
     /* heartbeats keep the node alive during long phases: it is idle */
     /* twice what is stored: stays below the eviction watermarks */
     uint64_t total = 2 * ((nbig > nobj ? nbig : nobj) + nops + 1024);
+    if (v[5] && !(b.blk = kvp_calloc(1024, sizeof *b.blk)))
+        goto out;
     if (bench_init(&b, (nbig > nobj ? nbig : nobj) + nops + 16) != 0 ||
         bench_connect(&b, "bench master", addr, cfg.cluster_token[0] ? cfg.cluster_token : NULL,
                       total * 4096) != 0)
         goto out;
     uint64_t rss0 = pid ? rss_bytes(pid) : 0;
-    fprintf(b.out, "kvpool bench master: %s, %llu objects, %d-byte keys, 4 KiB values\n", addr,
-            (unsigned long long)nobj, KEYLEN);
+    fprintf(b.out, "kvpool bench master: %s, %llu objects, %d-byte keys, 4 KiB values%s\n", addr,
+            (unsigned long long)nobj, KEYLEN, b.blk ? ", engine blocks" : "");
     if (b.json)
         printf("{\n  \"bench\": \"master\",\n  \"objects\": %llu,\n  \"key_bytes\": %d,\n"
-               "  \"results\": [\n",
-               (unsigned long long)nobj, KEYLEN);
+               "  \"blocks\": %s,\n  \"results\": [\n",
+               (unsigned long long)nobj, KEYLEN, b.blk ? "true" : "false");
     if (run_phase(&b, "PUT_START+PUT_END", do_put, 0, nobj, 256) ||
         run_phase(&b, "EXIST", op_exist, 0, nobj, 256) ||
         run_phase(&b, "EXIST", op_exist, 0, nobj, 1024) ||
@@ -841,6 +862,270 @@ out:
     return ret;
 }
 
+/* ------------------------------------------------------ bench kvev */
+
+/*
+ * `kvpool bench kvev`: what KV events cost the master. Two masters side by
+ * side, one publishing KV events (a subscriber in this process takes every
+ * batch, as a router would), one not; both get the same churn: each round
+ * puts keys that name engine blocks (batch 256) and removes the previous
+ * round's (batch 256): a BlockStored and a BlockRemoved per key. Rounds
+ * alternate between the two masters. (Eviction would churn as well, but the
+ * stand-in node never acknowledges frees, so evicted space never comes
+ * back: see bench master.) Then LOOKUP_HASHES of one 1024-block chain
+ * against EXIST of the same 1024 keys.
+ */
+typedef struct ksub {
+    void *ctx, *sock;
+    atomic_int stop;
+    uint64_t batches, bytes, gaps, last; /* gaps: seqs skipped in a topic */
+    pthread_t th;
+    int started;
+} ksub;
+
+static void *ksub_main(void *arg)
+{
+    ksub *k = arg;
+    while (!atomic_load(&k->stop)) {
+        zmq_pollitem_t it = {k->sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 100) <= 0)
+            continue;
+        zmq_msg_t fr[3];
+        int nf = 0, more = 1;
+        while (more && nf < 3) {
+            zmq_msg_init(&fr[nf]);
+            if (zmq_msg_recv(&fr[nf], k->sock, 0) < 0)
+                break;
+            more = zmq_msg_more(&fr[nf++]);
+        }
+        if (nf == 3 && zmq_msg_size(&fr[1]) == 8) {
+            const uint8_t *p = zmq_msg_data(&fr[1]);
+            uint64_t seq = 0;
+            for (int i = 0; i < 8; i++)
+                seq = seq << 8 | p[i];
+            if (k->last && seq != k->last + 1)
+                k->gaps++;
+            k->last = seq;
+            k->batches++;
+            k->bytes += zmq_msg_size(&fr[2]);
+        }
+        for (int i = 0; i < nf; i++)
+            zmq_msg_close(&fr[i]);
+    }
+    return NULL;
+}
+
+static int do_remove(bench *b, uint64_t from, uint32_t n)
+{
+    make_keys(b, from, n);
+    kvp_msg_remove m = {{NULL, 0}, 0, n, b->keys};
+    kvp_enc_remove(&b->body, &m);
+    const uint8_t *resp;
+    uint32_t len;
+    int rc = rpc(b, b->cl, KVP_OP_REMOVE, &resp, &len);
+    kvp_msg_results res;
+    if (rc == 0 && (rc = kvp_dec_results(resp, len, &b->lim, &b->ra, &res)) == 0)
+        for (uint32_t i = 0; i < n && rc == 0; i++)
+            rc = res.codes[i];
+    return rc;
+}
+
+static uint64_t master_counter(bench *b, int which)
+{
+    const uint8_t *resp;
+    uint32_t len;
+    kvp_msg_stats_resp st;
+    if (rpc(b, b->cl, KVP_OP_STATS, &resp, &len) != 0 ||
+        kvp_dec_stats_resp(resp, len, &b->lim, &b->ra, &st) != 0 || (uint32_t)which >= st.n_counters)
+        return 0;
+    return st.counters[which];
+}
+
+/* p50 in us of `reps` requests of op over the 1024 keys (EXIST) or their
+ * hashes in one chain (LOOKUP_HASHES) from key `from`. */
+static double kvev_p50(bench *b, uint64_t from, int lookup, int reps, double *lat)
+{
+    uint64_t hs[1024];
+    for (int i = 0; i < 1024; i++)
+        hs[i] = (from + (uint64_t)i + 1) * 0x9E3779B97F4A7C15ull; /* make_blocks' */
+    for (int r = 0; r < reps; r++) {
+        make_keys(b, from, 1024);
+        uint64_t t0 = kvp_now_ns();
+        int rc;
+        if (lookup) {
+            kvp_hchain ch = {0, 1024, hs};
+            kvp_msg_lookup_hashes m = {{NULL, 0}, 1, &ch};
+            kvp_enc_lookup_hashes(&b->body, &m);
+            const uint8_t *resp;
+            uint32_t len;
+            kvp_msg_lookup_hashes_resp lr;
+            rc = rpc(b, b->cl, KVP_OP_LOOKUP_HASHES, &resp, &len);
+            if (rc == 0 && (rc = kvp_dec_lookup_hashes_resp(resp, len, &b->lim, &b->ra, &lr)) == 0)
+                rc = lr.n == 1 && lr.prefix[0].dram == 1024 ? 0 : KVP_EOBJECT_NOT_FOUND;
+        } else {
+            rc = do_exist(b, from, 1024, 0);
+        }
+        if (rc)
+            return -1;
+        lat[r] = (double)(kvp_now_ns() - t0) / 1e3;
+    }
+    qsort(lat, (size_t)reps, sizeof *lat, cmp_d);
+    return lat[reps / 2];
+}
+
+static int bench_kvev(int argc, char **argv)
+{
+    kvp_config cfg;
+    kvp_config_defaults(&cfg);
+    static const kvp_cli_flag own[] = {{"json", KVP_CLI_BOOL}, {"objects", KVP_CLI_TEXT},
+                                       {"rounds", KVP_CLI_TEXT}, {NULL, KVP_CLI_TEXT}};
+    const char *v[3] = {NULL};
+    int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
+    if (rc == 1) {
+        printf("usage: kvpool bench kvev [--json] [--objects N] [--rounds N]\n"
+               "  a master publishing KV events (and a subscriber taking them) against one that\n"
+               "  does not, under the same churn: --objects puts of engine blocks each (default\n"
+               "  1000000, half of them evicting), in --rounds alternating rounds (default 6);\n"
+               "  then LOOKUP_HASHES of a 1024-block chain against EXIST of its 1024 keys\n");
+        return 0;
+    }
+    if (rc < 0)
+        return 2;
+    uint64_t nobj = 1000000, rounds = 6;
+    if ((v[1] && kvp_cli_uint("bench kvev", "objects", v[1], 16384, 1ull << 30, &nobj) != 0) ||
+        (v[2] && kvp_cli_uint("bench kvev", "rounds", v[2], 2, 100, &rounds) != 0))
+        return 2;
+    signal(SIGPIPE, SIG_IGN);
+    bench b[2] = {{0}, {0}}; /* 0: events off, 1: on */
+    ksub sub = {0};
+    pid_t pid[2] = {-1, -1};
+    double *kps[2] = {kvp_calloc(rounds, sizeof(double)), kvp_calloc(rounds, sizeof(double))};
+    double lat[201];
+    int ret = 1;
+    b[0].json = b[1].json = v[0] != NULL;
+    FILE *out = v[0] ? stderr : stdout;
+    uint16_t pport = 0;
+    int pfd = kvp_net_listen("127.0.0.1:0", 1, &pport, (char[KVP_NET_ERRLEN]){0}, KVP_NET_ERRLEN);
+    if (pfd < 0 || !kps[0] || !kps[1])
+        goto out;
+    close(pfd);
+    char pub[48], addr[2][64];
+    snprintf(pub, sizeof pub, "tcp://127.0.0.1:%u", pport);
+    const char *const off_args[] = {"master", "--log-level", "warn", NULL};
+    const char *const on_args[] = {"master", "--log-level", "warn", "--kv-events", pub, NULL};
+    pid[0] = kvp_cli_spawn_self(off_args, 5000, addr[0], sizeof addr[0]);
+    pid[1] = kvp_cli_spawn_self(on_args, 5000, addr[1], sizeof addr[1]);
+    if (pid[0] < 0 || pid[1] < 0) {
+        fprintf(stderr, "kvpool bench kvev: could not start the masters\n");
+        goto out;
+    }
+    for (int m = 0; m < 2; m++) {
+        b[m].out = out;
+        if (bench_init(&b[m], 16) != 0 || !(b[m].blk = kvp_calloc(1024, sizeof *b[m].blk)) ||
+            bench_connect(&b[m], "bench kvev", addr[m], NULL, (2 * nobj + 4096) * 4096) != 0)
+            goto out;
+    }
+    sub.ctx = zmq_ctx_new();
+    sub.sock = sub.ctx ? zmq_socket(sub.ctx, ZMQ_SUB) : NULL;
+    int hwm = 0; /* take everything: a gap here would be the subscriber's, not the master's */
+    if (!sub.sock || zmq_setsockopt(sub.sock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0 ||
+        zmq_setsockopt(sub.sock, ZMQ_SUBSCRIBE, "", 0) != 0 || zmq_connect(sub.sock, pub) != 0 ||
+        !(sub.started = pthread_create(&sub.th, NULL, ksub_main, &sub) == 0)) {
+        fprintf(stderr, "kvpool bench kvev: no subscriber: %s\n", zmq_strerror(zmq_errno()));
+        goto out;
+    }
+    usleep(300000); /* the SUB's connection (ZeroMQ's slow joiner) */
+    fprintf(out, "kvpool bench kvev: masters %s (events off) and %s (events on, %s), %llu puts "
+            "of engine blocks and as many removes each, in %llu rounds\n", addr[0], addr[1],
+            pub, (unsigned long long)nobj, (unsigned long long)rounds);
+    uint64_t per = nobj / rounds, ev0 = master_counter(&b[1], KVP_STAT_KV_EVENTS);
+    double on_secs = 0;
+    for (uint64_t r = 0; r < rounds; r++)
+        for (int k = 0; k < 2; k++) {
+            int m = (int)((r + (uint64_t)k) & 1); /* alternate which goes first */
+            kvp_bench_progress("kvev", 4, m ? "on" : "off", 3, (int)r, (int)rounds);
+            b[m].nlat = 0;
+            uint64_t t0 = kvp_now_ns(), beat = t0;
+            for (uint64_t done = 0; done < per; done += 256) {
+                uint32_t n = per - done < 256 ? (uint32_t)(per - done) : 256;
+                make_keys(&b[m], r * per + done, n);
+                if ((rc = do_put(&b[m], r * per + done, n)) != 0) {
+                    fprintf(stderr, "kvpool bench kvev: put: %s\n", kvp_strerror(rc));
+                    goto out;
+                }
+                if (r > 0 && (rc = do_remove(&b[m], (r - 1) * per + done, n)) != 0) {
+                    fprintf(stderr, "kvpool bench kvev: remove: %s\n", kvp_strerror(rc));
+                    goto out;
+                }
+                if (kvp_now_ns() - beat > 1000000000ull) { /* the idle node stays alive */
+                    const uint8_t *resp;
+                    uint32_t len;
+                    if (rpc(&b[m], b[m].node, KVP_OP_HEARTBEAT, &resp, &len) != 0)
+                        goto out;
+                    beat = kvp_now_ns();
+                }
+            }
+            double secs = (double)(kvp_now_ns() - t0) / 1e9;
+            kps[m][r] = (double)(r > 0 ? 2 * per : per) / secs;
+            if (m)
+                on_secs += secs;
+        }
+    kvp_bench_progress_clear(60);
+    uint64_t events = master_counter(&b[1], KVP_STAT_KV_EVENTS) - ev0;
+    uint64_t batches = master_counter(&b[1], KVP_STAT_KV_BATCHES);
+    for (int i = 0; i < 50 && sub.batches < batches; i++)
+        usleep(100000); /* the last turns' batches on their way */
+    double lk = kvev_p50(&b[1], nobj - 1024 * 2, 1, 201, lat);
+    double ex = kvev_p50(&b[1], nobj - 1024 * 2, 0, 201, lat);
+    double med[2];
+    for (int m = 0; m < 2; m++) {
+        qsort(kps[m], rounds, sizeof(double), cmp_d);
+        med[m] = kps[m][rounds / 2];
+    }
+    double eps = on_secs > 0 ? (double)events / on_secs : 0;
+    fprintf(out, "  puts + removes (batch 256, key-ops/s, median of rounds): events off %.0f "
+            "(%.0f..%.0f), on "
+            "%.0f (%.0f..%.0f): ratio %.3f\n", med[0], kps[0][0], kps[0][rounds - 1], med[1],
+            kps[1][0], kps[1][rounds - 1], med[1] / med[0]);
+    fprintf(out, "  events: %llu recorded in %.1f s of puts (%.0f/s); %llu batches closed, %llu "
+            "received by the subscriber (%.1f MB), %llu gaps\n", (unsigned long long)events,
+            on_secs, eps, (unsigned long long)batches, (unsigned long long)sub.batches,
+            (double)sub.bytes / 1e6, (unsigned long long)sub.gaps);
+    fprintf(out, "  1024 blocks: LOOKUP_HASHES p50 %.1f us, EXIST of their keys p50 %.1f us "
+            "(ratio %.2f)\n", lk, ex, ex > 0 ? lk / ex : 0);
+    if (v[0])
+        printf("{\n  \"bench\": \"kvev\",\n  \"objects\": %llu,\n  \"rounds\": %llu,\n"
+               "  \"key_ops_per_s_off\": %.0f,\n  \"key_ops_per_s_on\": %.0f,\n"
+               "  \"ratio\": %.3f,\n  \"off_range\": [%.0f, %.0f],\n  \"on_range\": [%.0f, %.0f],\n"
+               "  \"events\": %llu,\n  \"events_per_s\": %.0f,\n  \"batches\": %llu,\n"
+               "  \"received_batches\": %llu,\n  \"received_bytes\": %llu,\n  \"gaps\": %llu,\n"
+               "  \"lookup_hashes_1024_p50_us\": %.1f,\n  \"exist_1024_p50_us\": %.1f\n}\n",
+               (unsigned long long)nobj, (unsigned long long)rounds, med[0], med[1],
+               med[1] / med[0], kps[0][0], kps[0][rounds - 1], kps[1][0], kps[1][rounds - 1],
+               (unsigned long long)events, eps, (unsigned long long)batches,
+               (unsigned long long)sub.batches, (unsigned long long)sub.bytes,
+               (unsigned long long)sub.gaps, lk, ex);
+    ret = lk < 0 || ex < 0 || sub.gaps ? 1 : 0;
+out:
+    if (sub.started) {
+        atomic_store(&sub.stop, 1);
+        pthread_join(sub.th, NULL);
+    }
+    if (sub.sock)
+        zmq_close(sub.sock);
+    if (sub.ctx)
+        zmq_ctx_term(sub.ctx);
+    for (int m = 0; m < 2; m++) {
+        bench_fini(&b[m]);
+        kvp_free(kps[m]);
+        if (pid[m] > 0) {
+            kill(pid[m], SIGTERM);
+            waitpid(pid[m], NULL, 0);
+        }
+    }
+    return ret;
+}
+
 int kvp_bench_main(int argc, char **argv)
 {
     static const struct {
@@ -853,7 +1138,8 @@ int kvp_bench_main(int argc, char **argv)
                    {"gpu", "bench gpu", kvp_bench_gpu},
                    {"disk", "bench disk", kvp_bench_disk},
                    {"ha", "bench ha", kvp_bench_ha},
-                   {"scrape", "bench scrape", bench_scrape}};
+                   {"scrape", "bench scrape", bench_scrape},
+                   {"kvev", "bench kvev", bench_kvev}};
     for (size_t i = 0; argc >= 2 && i < sizeof benches / sizeof benches[0]; i++)
         if (!strcmp(argv[1], benches[i].name)) {
             argv[1] = (char *)benches[i].label;

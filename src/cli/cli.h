@@ -144,15 +144,16 @@ const char *kvp_cli_tenant_hint(const kvp_config *cfg, int rc, char *buf, size_t
 pid_t kvp_cli_spawn_self(const char *const *args, int wait_ms, char *addr, size_t addrlen);
 /*
  * The HTTP endpoint of a server command (config key "http"; endpoint.c):
- * the master's pages and metrics (ms), the storage node's metrics (node),
- * or both in one (kvpool serve). /metrics, /healthz and /readyz answer for
- * every part given (ready = every part ready). Returns 0 with *out (NULL
- * when cfg->http is empty), or 1 after a message on stderr. ms and node
- * must outlive the endpoint: kvp_http_stop it first.
+ * the master's pages, metrics and /api/kv/lookup (master), the storage
+ * node's metrics (node), or both in one (kvpool serve). /metrics, /healthz
+ * and /readyz answer for every part given (ready = every part ready).
+ * Returns 0 with *out (NULL when cfg->http is empty), or 1 after a message
+ * on stderr. master and node must outlive the endpoint: kvp_http_stop it
+ * first.
  */
-struct kvp_mstatus;
+struct kvp_mserver;
 struct kvp_node;
 struct kvp_http;
-int kvp_cli_http_start(const char *cmd, const kvp_config *cfg, struct kvp_mstatus *ms,
+int kvp_cli_http_start(const char *cmd, const kvp_config *cfg, struct kvp_mserver *master,
                        struct kvp_node *node, struct kvp_http **out);
 #endif

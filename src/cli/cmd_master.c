@@ -206,7 +206,7 @@ int kvp_cmd_master(int argc, char **argv)
         }
     }
     kvp_http *http; /* before the election: a standby shows itself too */
-    if (kvp_cli_http_start("master", &cfg, kvp_mserver_status(s), NULL, &http) != 0) {
+    if (kvp_cli_http_start("master", &cfg, s, NULL, &http) != 0) {
         kvp_mserver_destroy(s);
         return 1;
     }

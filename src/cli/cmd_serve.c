@@ -148,7 +148,7 @@ int kvp_cmd_serve(int argc, char **argv)
         }
     }
     kvp_http *http = NULL;
-    if (ret == 0 && kvp_cli_http_start("serve", &cfg, kvp_mserver_status(ms), node, &http) != 0)
+    if (ret == 0 && kvp_cli_http_start("serve", &cfg, ms, node, &http) != 0)
         ret = 1;
     if (ret == 0) {
         kvp_notify("READY=1"); /* the master serves, the node is mounted */

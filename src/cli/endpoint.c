@@ -7,6 +7,8 @@
 #include "common/mem.h"
 #include "common/prom.h"
 #include "common/secret.h"
+#include "master/kvapi.h"
+#include "master/service.h"
 #include "master/status.h"
 #include "net/http.h"
 #include "node/node.h"
@@ -51,10 +53,11 @@ static int readyz(void *ctx, kvp_buf *out, const char **ctype)
     return ok ? 200 : 503;
 }
 
-int kvp_cli_http_start(const char *cmd, const kvp_config *cfg, kvp_mstatus *ms, kvp_node *node,
+int kvp_cli_http_start(const char *cmd, const kvp_config *cfg, kvp_mserver *master, kvp_node *node,
                        kvp_http **out)
 {
     *out = NULL;
+    kvp_mstatus *ms = master ? kvp_mserver_status(master) : NULL;
     if (!cfg->http[0])
         return 0;
     char token[256] = "", err[512];
@@ -64,14 +67,17 @@ int kvp_cli_http_start(const char *cmd, const kvp_config *cfg, kvp_mstatus *ms, 
         return 1;
     }
     g_parts = (struct parts){ms, node};
-    kvp_http_route r[5];
+    kvp_http_route r[6];
     size_t n = 0;
-    r[n++] = (kvp_http_route){"/metrics", metrics, &g_parts, 0};
-    r[n++] = (kvp_http_route){"/healthz", healthz, &g_parts, 1};
-    r[n++] = (kvp_http_route){"/readyz", readyz, &g_parts, 1};
+    r[n++] = (kvp_http_route){.path = "/metrics", .fn = metrics, .ctx = &g_parts};
+    r[n++] = (kvp_http_route){.path = "/healthz", .fn = healthz, .ctx = &g_parts, .open = 1};
+    r[n++] = (kvp_http_route){.path = "/readyz", .fn = readyz, .ctx = &g_parts, .open = 1};
     if (ms) {
-        r[n++] = (kvp_http_route){"/", kvp_mstatus_page, ms, 0};
-        r[n++] = (kvp_http_route){"/api/stats", kvp_mstatus_api, ms, 0};
+        r[n++] = (kvp_http_route){.path = "/", .fn = kvp_mstatus_page, .ctx = ms};
+        r[n++] = (kvp_http_route){.path = "/api/stats", .fn = kvp_mstatus_api, .ctx = ms};
+        /* asks the loop itself (master/kvapi.h); not open: the token guards it */
+        r[n++] = (kvp_http_route){.path = "/api/kv/lookup", .fn_req = kvp_kvapi_lookup,
+                                  .ctx = master};
     }
     kvp_http_opts o = {.listen = cfg->http,
                        .token = token,

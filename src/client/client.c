@@ -732,17 +732,24 @@ typedef struct put_args {
     uint32_t flags;     /* KVP_PUT_* of the protocol */
     uint64_t soft_ttl_ms; /* with KVP_PUT_SOFT_TTL */
     kvp_bytes preferred;
+    const kvp_block *blocks; /* per key of the call, or NULL */
 } put_args;
+_Static_assert(sizeof(kvp_block) == sizeof(kvp_blkinfo) &&
+                   offsetof(kvp_block, flags) == offsetof(kvp_blkinfo, flags) &&
+                   KVP_BLOCK_PARENT == KVP_BLK_F_PARENT && KVP_BLOCK_NONE == KVP_BLK_F_NONE,
+               "kvp_block is the protocol's kvp_blkinfo");
 
 static void put_chunk(kvp_client *c, scratch *s, const put_args *pa, const kvp_bytes *k,
-                      const size_t *idx, const uint64_t *sizes, size_t m,
+                      const size_t *idx, const uint64_t *sizes, const kvp_blkinfo *bk, size_t m,
                       const kvp_iov *const *iovs, const size_t *niov, int64_t *results,
                       uint8_t *again)
 {
     memset(again, 0, m);
     scratch_reset(s);
-    kvp_msg_put_start ps = {tenant_of(c), pa->replicas, pa->flags, pa->soft_ttl_ms, pa->preferred,
-                            (uint32_t)m, (kvp_bytes *)k, (uint64_t *)sizes};
+    kvp_msg_put_start ps = {tenant_of(c), pa->replicas,
+                            pa->flags | (bk ? KVP_PUT_F_BLOCKS : 0), pa->soft_ttl_ms,
+                            pa->preferred, (uint32_t)m, (kvp_bytes *)k, (uint64_t *)sizes,
+                            (kvp_blkinfo *)bk};
     kvp_enc_put_start(&s->req, &ps);
     int rc = mcall(c, KVP_OP_PUT_START, &s->req, RETRY_IF_NEW_MASTER, &s->resp);
     kvp_msg_put_start_resp pr = {0};
@@ -937,6 +944,7 @@ static int put_args_of(const kvp_client *c, const kvp_put_opts *o, put_args *pa)
     pa->replicas = (uint32_t)c->cfg.replica_num;
     pa->flags = 0;
     pa->soft_ttl_ms = 0;
+    pa->blocks = NULL;
     const char *pref = c->pref_name;
     if (o) {
         if (o->struct_size < PUT_OPTS_V1_SIZE || o->struct_size > sizeof *o)
@@ -955,6 +963,8 @@ static int put_args_of(const kvp_client *c, const kvp_put_opts *o, put_args *pa)
             pa->flags |= KVP_PUT_F_SOFT_TTL;
             pa->soft_ttl_ms = (uint64_t)ttl;
         }
+        if (PUT_OPTS_HAS(o, blocks))
+            pa->blocks = o->blocks;
         if (o->preferred_segment) {
             pref = o->preferred_segment;
             if (strlen(pref) >= sizeof c->pref_name)
@@ -987,10 +997,14 @@ int kvp_client_batch_put_opts(kvp_client *c, const char *const *keys,
     kvp_bytes *k = kvp_calloc(n, sizeof *k);
     size_t *idx = kvp_calloc(n, sizeof *idx);
     uint64_t *sizes = kvp_calloc(n, sizeof *sizes);
-    if (!k || !idx || !sizes) {
+    kvp_blkinfo *bk = pa.blocks ? kvp_calloc(n, sizeof *bk) : NULL;
+    uint8_t *again = kvp_calloc(n + 1, 1);
+    if (!k || !idx || !sizes || !again || (pa.blocks && !bk)) {
         kvp_free(k);
         kvp_free(idx);
         kvp_free(sizes);
+        kvp_free(bk);
+        kvp_free(again);
         return KVP_ENOMEM;
     }
     size_t m = 0;
@@ -999,20 +1013,17 @@ int kvp_client_batch_put_opts(kvp_client *c, const char *const *keys,
         int64_t t = rc ? rc : pieces_total(iovs[i], niov[i]);
         if (t == 0)
             t = KVP_EINVALID_PARAMS; /* empty values are not stored */
+        if (t > 0 && bk && (pa.blocks[i].flags & ~(KVP_BLOCK_PARENT | KVP_BLOCK_NONE)))
+            t = KVP_EINVALID_PARAMS;
         if (t < 0) {
             results[i] = t;
             continue;
         }
         idx[m] = i;
         sizes[m] = (uint64_t)t;
+        if (bk)
+            memcpy(&bk[m], &pa.blocks[i], sizeof bk[m]);
         m++;
-    }
-    uint8_t *again = kvp_calloc(m + 1, 1);
-    if (!again) {
-        kvp_free(k);
-        kvp_free(idx);
-        kvp_free(sizes);
-        return KVP_ENOMEM;
     }
     scratch s;
     scratch_init(&s);
@@ -1022,14 +1033,16 @@ int kvp_client_batch_put_opts(kvp_client *c, const char *const *keys,
         size_t next = 0;
         for (size_t off = 0; off < m;) {
             size_t l = chunk_len(c, k + off, m - off, 8, RESP_PER_PUT_START);
-            put_chunk(c, &s, &pa, k + off, idx + off, sizes + off, l, iovs, niov, results,
-                      again + off);
+            put_chunk(c, &s, &pa, k + off, idx + off, sizes + off, bk ? bk + off : NULL, l, iovs,
+                      niov, results, again + off);
             off += l;
         }
         for (size_t i = 0; i < m; i++)
             if (again[i]) { /* compaction in place: next <= i */
                 k[next] = k[i];
                 idx[next] = idx[i];
+                if (bk)
+                    bk[next] = bk[i];
                 sizes[next++] = sizes[i];
             }
         if (next)
@@ -1041,6 +1054,7 @@ int kvp_client_batch_put_opts(kvp_client *c, const char *const *keys,
     kvp_free(k);
     kvp_free(idx);
     kvp_free(sizes);
+    kvp_free(bk);
     return 0;
 }
 
@@ -1783,6 +1797,84 @@ int64_t kvp_client_prefix(kvp_client *c, const char *const *keys, size_t n)
     scratch_free(&s);
     kvp_free(k);
     return total;
+}
+
+/* ----------------------------------------------------- engine KV blocks */
+
+#define LOOKUP_CHUNK 65536 /* hashes per LOOKUP_HASHES request (whole chains) */
+
+int kvp_client_lookup_hashes(kvp_client *c, const uint64_t *hashes, const size_t *lens,
+                             const uint8_t *groups, size_t nchains, kvp_hash_prefix *out)
+{
+    if (!c || (nchains && (!lens || !out)))
+        return KVP_EINVALID_PARAMS;
+    size_t total = 0;
+    for (size_t i = 0; i < nchains; i++) {
+        if (lens[i] > c->lim.max_batch || total + lens[i] < total)
+            return KVP_ETOO_LARGE;
+        total += lens[i];
+    }
+    if (total && !hashes)
+        return KVP_EINVALID_PARAMS;
+    kvp_hchain *ch = kvp_calloc(nchains + 1, sizeof *ch);
+    if (!ch)
+        return KVP_ENOMEM;
+    const uint64_t *h = hashes;
+    for (size_t i = 0; i < nchains; i++) {
+        ch[i] = (kvp_hchain){groups ? groups[i] : 0, (uint32_t)lens[i], (uint64_t *)h};
+        h += lens[i];
+    }
+    scratch s;
+    scratch_init(&s);
+    int rc = 0;
+    for (size_t off = 0; off < nchains && rc == 0;) {
+        size_t l = 0, sum = 0; /* at least one chain, whole chains up to LOOKUP_CHUNK */
+        while (off + l < nchains && (l == 0 || sum + ch[off + l].n <= LOOKUP_CHUNK))
+            sum += ch[off + l++].n;
+        scratch_reset(&s);
+        kvp_msg_lookup_hashes q = {tenant_of(c), (uint32_t)l, ch + off};
+        kvp_enc_lookup_hashes(&s.req, &q);
+        rc = mcall(c, KVP_OP_LOOKUP_HASHES, &s.req, RETRY_SAFE, &s.resp);
+        kvp_msg_lookup_hashes_resp r = {0};
+        if (rc == 0)
+            rc = kvp_dec_lookup_hashes_resp(s.resp.data, (uint32_t)s.resp.len, &c->lim, &s.a, &r);
+        if (rc == 0 && r.n != l)
+            rc = KVP_EPROTOCOL;
+        for (size_t i = 0; rc == 0 && i < l; i++) {
+            const kvp_hprefix *p = &r.prefix[i];
+            if (p->dram > ch[off + i].n || p->disk > ch[off + i].n || p->any > ch[off + i].n)
+                rc = KVP_EPROTOCOL;
+            else
+                out[off + i] = (kvp_hash_prefix){p->dram, p->disk, p->any};
+        }
+        off += l;
+    }
+    scratch_free(&s);
+    kvp_free(ch);
+    return rc;
+}
+
+int64_t kvp_client_kv_snapshot(kvp_client *c, uint64_t *seq, kvp_snapshot_fn fn, void *arg)
+{
+    if (!c || !seq || !fn)
+        return KVP_EINVALID_PARAMS;
+    scratch s;
+    scratch_init(&s);
+    kvp_msg_keys q = {tenant_of(c), 0, NULL};
+    kvp_enc_keys(&s.req, &q);
+    int rc = mcall(c, KVP_OP_KV_SNAPSHOT, &s.req, RETRY_SAFE, &s.resp);
+    kvp_msg_kv_snapshot_resp r = {0};
+    if (rc == 0)
+        rc = kvp_dec_kv_snapshot_resp(s.resp.data, (uint32_t)s.resp.len, &c->lim, &s.a, &r);
+    int64_t n = rc;
+    if (rc == 0) {
+        *seq = r.seq;
+        for (uint32_t i = 0; i < r.n; i++)
+            fn(arg, r.blocks[i].hash, r.blocks[i].group, r.blocks[i].tier);
+        n = r.n;
+    }
+    scratch_free(&s);
+    return n;
 }
 
 /* -------------------------------------------------------------- remove */

@@ -211,6 +211,16 @@ static const struct key_def keys[] = {
      .help = "master, storage node: serve /metrics (Prometheus), /healthz and /readyz (the "
              "master also its status page / and /api/stats) on this HOST:PORT (\"\" = off); "
              "beyond loopback it needs http_token_file (or insecure)"},
+    {.name = "kv_events", .roles = R_M, .type = KT_STRING, F_STR(kv_events), .def = "",
+     .help = "master: publish KV events for KV-aware routers (vLLM's wire format: ZeroMQ PUB, "
+             "msgpack KVEventBatch, one topic per tenant) on this tcp://HOST:PORT (\"\" = off)"},
+    {.name = "kv_events_replay", .roles = R_M, .type = KT_STRING, F_STR(kv_events_replay),
+     .def = "",
+     .help = "master with kv_events: answer vLLM's replay requests (ZeroMQ ROUTER) on this "
+             "tcp://HOST:PORT (\"\" = none)"},
+    {.name = "kv_events_buffer", .roles = R_M, .type = KT_UINT, F_U64(kv_events_buffer),
+     .min = 1, .max = 1u << 24, .def = "10000",
+     .help = "master with kv_events_replay: event batches kept for replay (the oldest go)"},
     {.name = "http_token_file", .roles = R_M | R_N, .type = KT_STRING, F_STR(http_token_file),
      .def = "",
      .help = "file holding the bearer token every HTTP request but the probes (/healthz, "
@@ -822,19 +832,20 @@ static int apply(kvp_config *c, const struct key_def *k, const struct val *v, st
 
 /* ---------------------------------------------------------------- defaults */
 
-_Static_assert(NKEYS <= 64, "kvp_config.set_mask has one bit per key");
+_Static_assert(NKEYS <= 128, "kvp_config.set_mask has one bit per key");
 
 /* Records that key k was given by a file, a string or a flag. */
 static void mark_set(kvp_config *c, const struct key_def *k)
 {
-    c->set_mask |= 1ull << (size_t)(k - keys);
+    size_t i = (size_t)(k - keys);
+    c->set_mask[i / 64] |= 1ull << (i % 64);
 }
 
 /* Whether the key named `name` was given explicitly. */
 static int was_set(const kvp_config *c, const char *name)
 {
     const struct key_def *k = find_key(name);
-    return k && (c->set_mask >> (size_t)(k - keys)) & 1u;
+    return k && (c->set_mask[(size_t)(k - keys) / 64] >> ((size_t)(k - keys) % 64)) & 1u;
 }
 
 int kvp_config_was_set(const kvp_config *c, const char *name)
@@ -1369,6 +1380,16 @@ int kvp_config_validate(const kvp_config *c, char *err, size_t errlen)
                            keys[i].name, v, allowed);
         }
     }
+    if ((c->kv_events[0] && strncmp(c->kv_events, "tcp://", 6) != 0) ||
+        (c->kv_events_replay[0] && strncmp(c->kv_events_replay, "tcp://", 6) != 0))
+        return invalid(err, errlen, "key \"%s\": \"%s\" is not a tcp://HOST:PORT endpoint",
+                       c->kv_events[0] && strncmp(c->kv_events, "tcp://", 6) ? "kv_events"
+                                                                           : "kv_events_replay",
+                       c->kv_events[0] && strncmp(c->kv_events, "tcp://", 6)
+                           ? c->kv_events
+                           : c->kv_events_replay);
+    if (c->kv_events_replay[0] && !c->kv_events[0])
+        return invalid(err, errlen, "key \"kv_events_replay\" needs key \"kv_events\"");
     if (!(c->evict_low < c->evict_high))
         return invalid(err, errlen,
                        "key \"eviction_low_watermark_ratio\" (%g) must be less than key "

@@ -33,6 +33,9 @@ typedef struct kvp_config {
     char snapshot_file[1024];     /* "snapshot_file": the index on local disk ("" = none) */
     char http[256];               /* "http": master / node HTTP endpoint host:port ("" = off) */
     char http_token_file[256];    /* "http_token_file": the bearer token HTTP requests need */
+    char kv_events[256];          /* "kv_events": master: PUB endpoint of KV events ("" = off) */
+    char kv_events_replay[256];   /* "kv_events_replay": master: their replay ROUTER ("" = none) */
+    uint64_t kv_events_buffer;    /* "kv_events_buffer": batches kept for replay (10000) */
     char cluster_token[256];      /* "cluster_token": "" = none (secret.h: file, env) */
     char cluster_token_file[256]; /* "cluster_token_file": file holding it */
     char node_token[256];         /* "node_token": credential to mount segments */
@@ -92,7 +95,7 @@ typedef struct kvp_config {
     char preferred_segment[256];  /* "preferred_segment": host:port puts prefer ("" = unset) */
     char tenant[256];             /* "tenant" / "tenant_id": key namespace (default) */
     char shm_group[64];           /* "shm_group": group allowed to attach the memfd ("") */
-    uint64_t set_mask;            /* keys given explicitly (file, string, flag): one bit per
+    uint64_t set_mask[2];            /* keys given explicitly (file, string, flag): one bit per
                                      key in table order; defaults leave it 0 */
 } kvp_config;
 

@@ -62,6 +62,7 @@ void kvp_conn_config_default(kvp_conn_config *c)
     c->tp_size = c->pp_size = c->pcp_size = c->dcp_size = 1;
     c->recv_threads = 2;
     c->lookup_gid = -1;
+    c->pool_blocks = true;
 }
 
 static int fail(char *err, size_t errlen, const char *msg)
@@ -484,6 +485,7 @@ int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *
         .hash_block_size = H, .use_eagle = c->use_eagle, .retention_interval = -1,
         .num_gpu_blocks = c->num_blocks, .num_recv_threads = c->recv_threads ? c->recv_threads : 2,
         .staging_budget = c->staging_budget, .enable_kv_events = c->kv_events,
+        .pool_blocks = c->pool_blocks, .engine_group_ids = c->engine_group_ids,
         .fence = c->fence, .fence_arg = c->fence_arg,
     };
     rc = kvp_worker_create(&wc, &x->w, err, errlen);

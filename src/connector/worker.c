@@ -140,6 +140,8 @@ struct kvp_worker {
     int role;
     int tp_rank, tp_size, pcp_size, dcp_size, pp_size;
     int eagle_prefix_hashing, enable_kv_events;
+    int *block_group;       /* pool_blocks: per group, the engine's index in a put's
+                               kvp_block (-1: stored without its block); NULL: off */
     int use_eagle;          /* speculative_config.use_eagle(): the Mamba checkpoint rule */
     uint64_t staging_budget;
     double staging_ratio;   /* usable share of it ($VLLM_MOONCAKE_DISK_STAGING_USABLE_RATIO) */
@@ -390,6 +392,7 @@ typedef struct xb {
     uint32_t *grp;
     uint64_t *start, *end;
     const uint8_t **hash;
+    kvp_block *blk;     /* per key: its block (pool_blocks), else NULL */
     int64_t *res;
 } xb;
 
@@ -405,6 +408,7 @@ static void xb_free(xb *b)
     kvp_free(b->start);
     kvp_free(b->end);
     kvp_free(b->hash);
+    kvp_free(b->blk);
     kvp_free(b->res);
     memset(b, 0, sizeof *b);
 }
@@ -430,8 +434,9 @@ static int xb_init(kvp_worker *w, xb *b, size_t cap, size_t hash_len)
     b->end = kvp_calloc(b->cap, sizeof *b->end);
     b->hash = kvp_calloc(b->cap, sizeof *b->hash);
     b->res = kvp_calloc(b->cap, sizeof *b->res);
+    b->blk = w->block_group ? kvp_calloc(b->cap, sizeof *b->blk) : NULL;
     if (!b->keybuf || !b->keys || !b->iov || !b->iovp || !b->niov || !b->bid || !b->grp ||
-        !b->start || !b->end || !b->hash || !b->res) {
+        !b->start || !b->end || !b->hash || !b->res || (w->block_group && !b->blk)) {
         xb_free(b);
         return KVP_ENOMEM;
     }
@@ -525,6 +530,40 @@ static void record_saved(kvp_worker *w, const job *j, uint64_t T)
     pthread_mutex_unlock(&w->lock);
 }
 
+static int is_mamba(const kvp_worker *w, uint32_t g);
+
+/* vLLM's int form of a block hash: its last 8 bytes, big-endian. */
+static uint64_t engine_hash(const uint8_t *h, size_t len)
+{
+    uint64_t v = 0;
+    for (size_t i = len > 8 ? len - 8 : 0; i < len; i++)
+        v = v << 8 | h[i];
+    return v;
+}
+
+/* The block key k of b is a part of: its hash, its parent (the group's
+ * previous block: block_size / H hashes back, when that is in the request),
+ * its size and how many objects make it (every rank namespace's). */
+static void fill_block(const kvp_worker *w, const job *j, const xb *b, size_t k, kvp_block *o)
+{
+    uint32_t g = b->grp[k];
+    memset(o, 0, sizeof *o);
+    if (w->block_group[g] < 0) {
+        o->flags = KVP_BLOCK_NONE;
+        return;
+    }
+    o->hash = engine_hash(b->hash[k], j->hash_len);
+    o->block_size = w->B[g];
+    o->parts = (uint16_t)w->lk_n[g];
+    o->group = (uint8_t)w->block_group[g];
+    size_t back = (size_t)(w->B[g] / w->H) * j->hash_len;
+    if (!is_mamba(w, g) && w->B[g] % w->H == 0 && back &&
+        (size_t)(b->hash[k] - j->hashes) >= back) {
+        o->parent = engine_hash(b->hash[k] - back, j->hash_len);
+        o->flags = KVP_BLOCK_PARENT;
+    }
+}
+
 /*
  * Fence, one dedup-put, stats, events, pressure. Returns 0 when every key
  * succeeded (stored or already there), 1 when some failed, < 0 when the
@@ -534,10 +573,17 @@ static int put_batch(kvp_worker *w, const job *j, xb *b)
 {
     uint64_t t0 = kvp_now_ns();
     int rc = fence(w, j);
+    kvp_put_opts po;
+    kvp_put_opts_init(&po);
+    if (b->blk) {
+        for (size_t k = 0; k < b->n; k++)
+            fill_block(w, j, b, k, &b->blk[k]);
+        po.blocks = b->blk;
+    }
     if (rc == 0)
-        rc = kvp_client_batch_put_from_multi_buffers(w->client, (const char *const *)b->keys,
-                                                     (const kvp_iov *const *)b->iovp, b->niov,
-                                                     b->n, b->res);
+        rc = kvp_client_batch_put_opts(w->client, (const char *const *)b->keys,
+                                       (const kvp_iov *const *)b->iovp, b->niov, b->n,
+                                       b->blk ? &po : NULL, b->res);
     if (rc < 0) {
         stat_rec(w, KVP_WORKER_OP_SAVE_PUT, t0, b->n, 0, b->n, 0, 1);
         KVP_WARN(MOD, "put of %zu keys for %s not issued: %s", b->n, j->req_id,
@@ -1250,6 +1296,16 @@ int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, si
             goto fail;
         }
     }
+    if (cfg->pool_blocks) {
+        rc = KVP_ENOMEM;
+        if (!(w->block_group = kvp_calloc(w->ng, sizeof *w->block_group)))
+            goto fail;
+        for (size_t g = 0; g < w->ng; g++) {
+            int eg = cfg->engine_group_ids ? cfg->engine_group_ids[g] : (int)g;
+            /* a block of more parts than the protocol counts: stored without */
+            w->block_group[g] = eg >= 0 && eg <= 31 && w->lk_n[g] <= UINT16_MAX ? eg : -1;
+        }
+    }
     *out = w;
     return 0;
 fail:
@@ -1338,6 +1394,7 @@ void kvp_worker_destroy(kvp_worker *w)
     }
     kvp_free(w->B);
     kvp_free(w->factor);
+    kvp_free(w->block_group);
     kvp_free(w->prefix);
     kvp_free(w->prefix_len);
     kvp_free(w->lk_buf);

@@ -139,6 +139,8 @@ typedef struct kvp_worker_cfg {
                                    KVP_WORKER_DISK_STAGING_DEFAULT when the store
                                    config sets enable_offload */
     int enable_kv_events;
+    int pool_blocks;             /* puts carry each key's block (kvp_block) */
+    const int *engine_group_ids; /* per group: its engine index; NULL = position */
     kvp_worker_fence_fn fence; /* may be NULL: engine memory is always coherent */
     void *fence_arg;
 } kvp_worker_cfg;

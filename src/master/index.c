@@ -17,8 +17,11 @@ uint64_t kvp_index_hash(uint16_t tenant, const uint8_t *key, uint32_t len)
     return XXH3_64bits_withSeed(key, len, (XXH64_hash_t)tenant * 0x9E3779B97F4A7C15ull + 1);
 }
 
-int kvp_index_init(kvp_index *ix, uint64_t hint)
+int kvp_index_init(kvp_index *ix, uint64_t hint) { return kvp_index_init_by(ix, hint, NULL); }
+
+int kvp_index_init_by(kvp_index *ix, uint64_t hint, kvp_index_hfn hfn)
 {
+    ix->hfn = hfn;
     uint64_t cap = 1024;
     while (cap < hint + hint / 3)
         cap <<= 1;
@@ -44,10 +47,16 @@ void kvp_index_free(kvp_index *ix)
 
 static inline kvp_obj *obj_of(uint64_t s) { return (kvp_obj *)(uintptr_t)(s & PTR_MASK); }
 
-/* Home of slot value s in a table of `mask`, no lower than `floor`. */
-static inline uint64_t home(uint64_t s, uint64_t mask, uint64_t floor)
+/* The hash an entry was placed by (its low 32 bits are what placement uses). */
+static inline uint64_t ent_hash(kvp_index_hfn hfn, const kvp_obj *o)
 {
-    uint64_t h = obj_of(s)->hash & mask;
+    return hfn ? hfn(o) : o->hash;
+}
+
+/* Home of slot value s in a table of `mask`, no lower than `floor`. */
+static inline uint64_t home(kvp_index_hfn hfn, uint64_t s, uint64_t mask, uint64_t floor)
+{
+    uint64_t h = (uint32_t)ent_hash(hfn, obj_of(s)) & mask;
     return h < floor ? floor : h;
 }
 
@@ -79,20 +88,26 @@ kvp_obj *kvp_index_find(const kvp_index *ix, uint64_t h, uint16_t tenant, const 
     return o;
 }
 
-static void place(uint64_t *slots, uint64_t mask, uint64_t s)
+/* Slot value s (whose entry hashes to h) at its first free slot from home. */
+static void place_h(uint64_t *slots, uint64_t mask, uint64_t s, uint64_t h)
 {
-    uint64_t i = obj_of(s)->hash & mask;
+    uint64_t i = (uint32_t)h & mask;
     while (slots[i])
         i = (i + 1) & mask;
     slots[i] = s;
+}
+
+static void place(kvp_index_hfn hfn, uint64_t *slots, uint64_t mask, uint64_t s)
+{
+    place_h(slots, mask, s, ent_hash(hfn, obj_of(s)));
 }
 
 /* Backward-shift deletion of slot i: pull later cluster members whose
  * (effective) home is not cyclically in (i, j] into the hole. `sc`: the
  * scan walking this table (or NULL); an entry moved from a slot it has not
  * visited to one it has takes its cursor back there. */
-static void delete_at(uint64_t *slots, uint64_t mask, uint64_t floor, uint64_t i,
-                      kvp_index_scan *sc)
+static void delete_at(kvp_index_hfn hfn, uint64_t *slots, uint64_t mask, uint64_t floor,
+                      uint64_t i, kvp_index_scan *sc)
 {
     uint64_t j = i;
     for (;;) {
@@ -101,7 +116,7 @@ static void delete_at(uint64_t *slots, uint64_t mask, uint64_t floor, uint64_t i
             j = (j + 1) & mask;
             if (slots[j] == 0)
                 return;
-            uint64_t k = home(slots[j], mask, floor);
+            uint64_t k = home(hfn, slots[j], mask, floor);
             if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
                 continue;
             break;
@@ -130,8 +145,8 @@ uint64_t kvp_index_step(kvp_index *ix, uint64_t budget)
             continue;
         }
         KVP_ASSERT(ix->old_count > 0);
-        place(ix->slots, ix->mask, s);
-        delete_at(ix->old, ix->old_mask, ix->mig, ix->mig, NULL); /* may refill old[mig] */
+        place(ix->hfn, ix->slots, ix->mask, s);
+        delete_at(ix->hfn, ix->old, ix->old_mask, ix->mig, ix->mig, NULL); /* may refill old[mig] */
         ix->old_count--;
     }
     return done;
@@ -164,15 +179,17 @@ void kvp_index_insert(kvp_index *ix, uint64_t h, kvp_obj *o)
      * pointers fit the 48 bits a slot keeps of them */
     KVP_ASSERT((ix->count + 1) * 4 <= (ix->mask + 1) * 3);
     KVP_ASSERT(((uintptr_t)o & ~(uintptr_t)PTR_MASK) == 0);
-    o->hash = (uint32_t)h;
-    place(ix->slots, ix->mask, TAG(h) | ((uint64_t)(uintptr_t)o & PTR_MASK));
+    if (!ix->hfn)
+        o->hash = (uint32_t)h;
+    place_h(ix->slots, ix->mask, TAG(h) | ((uint64_t)(uintptr_t)o & PTR_MASK), h);
     ix->count++;
 }
 
 /* Finds o by pointer from its (effective) home; the slot index or -1. */
-static int64_t slot_of(const uint64_t *slots, uint64_t mask, uint64_t floor, const kvp_obj *o)
+static int64_t slot_of(kvp_index_hfn hfn, const uint64_t *slots, uint64_t mask, uint64_t floor,
+                       const kvp_obj *o)
 {
-    uint64_t i = o->hash & mask;
+    uint64_t i = (uint32_t)ent_hash(hfn, o) & mask;
     if (i < floor)
         i = floor;
     for (;;) {
@@ -186,18 +203,46 @@ static int64_t slot_of(const uint64_t *slots, uint64_t mask, uint64_t floor, con
 
 void kvp_index_remove(kvp_index *ix, kvp_obj *o)
 {
-    int64_t i = slot_of(ix->slots, ix->mask, 0, o);
+    int64_t i = slot_of(ix->hfn, ix->slots, ix->mask, 0, o);
     if (i >= 0) {
-        delete_at(ix->slots, ix->mask, 0, (uint64_t)i, ix->scan);
+        delete_at(ix->hfn, ix->slots, ix->mask, 0, (uint64_t)i, ix->scan);
     } else {
         KVP_ASSERT(ix->old != NULL); /* o is in the index: if not new, then old */
-        i = slot_of(ix->old, ix->old_mask, ix->mig, o);
+        i = slot_of(ix->hfn, ix->old, ix->old_mask, ix->mig, o);
         KVP_ASSERT(i >= 0 && ix->old_count > 0);
-        delete_at(ix->old, ix->old_mask, ix->mig, (uint64_t)i, NULL);
+        delete_at(ix->hfn, ix->old, ix->old_mask, ix->mig, (uint64_t)i, NULL);
         ix->old_count--;
     }
     KVP_ASSERT(ix->count > 0 && ix->count >= ix->old_count);
     ix->count--;
+}
+
+void kvp_index_it_init(const kvp_index *ix, uint64_t h, kvp_index_it *it)
+{
+    it->h = h;
+    it->i = h & ix->mask;
+    it->old = 0;
+}
+
+kvp_obj *kvp_index_it_next(const kvp_index *ix, kvp_index_it *it)
+{
+    uint64_t tag = TAG(it->h);
+    for (;;) {
+        const uint64_t *slots = it->old ? ix->old : ix->slots;
+        uint64_t mask = it->old ? ix->old_mask : ix->mask;
+        uint64_t s = slots[it->i];
+        if (s == 0) {
+            if (it->old || !ix->old)
+                return NULL;
+            it->old = 1; /* then the old table, from its effective home */
+            uint64_t i = (uint32_t)it->h & ix->old_mask;
+            it->i = i < ix->mig ? ix->mig : i;
+            continue;
+        }
+        it->i = (it->i + 1) & mask;
+        if (TAG(s) == tag)
+            return obj_of(s);
+    }
 }
 
 void kvp_index_scan_start(kvp_index *ix, kvp_index_scan *sc)

@@ -15,6 +15,11 @@
  * at max(home, cursor) (its "effective home").
  *
  * Hash = XXH3-64 of the key seeded with the tenant id.
+ *
+ * The same table also indexes objects by another hash the object can
+ * recompute (the block index of master/kvblk.c): kvp_index_init_by sets the
+ * function, o->hash is left alone, and lookups go through kvp_index_it
+ * (the caller compares the candidates).
  */
 #ifndef KVP_INDEX_H
 #define KVP_INDEX_H
@@ -25,7 +30,10 @@
 
 typedef struct kvp_index_scan kvp_index_scan;
 
+typedef uint64_t (*kvp_index_hfn)(const kvp_obj *o);
+
 typedef struct kvp_index {
+    kvp_index_hfn hfn; /* an entry's hash; NULL = (tenant, key): o->hash */
     uint64_t *slots;  /* current table */
     uint64_t mask;    /* its capacity - 1 (a power of two) */
     uint64_t count;   /* entries in both tables */
@@ -65,13 +73,17 @@ void kvp_index_scan_stop(kvp_index *ix, kvp_index_scan *sc);
 uint64_t kvp_index_hash(uint16_t tenant, const uint8_t *key, uint32_t len);
 /* 0 or KVP_ENOMEM. */
 int kvp_index_init(kvp_index *ix, uint64_t capacity_hint);
+/* An index of objects by hfn(o) (not their key): kvp_index_insert leaves
+ * o->hash alone; find with kvp_index_it. */
+int kvp_index_init_by(kvp_index *ix, uint64_t capacity_hint, kvp_index_hfn hfn);
 void kvp_index_free(kvp_index *ix);
 kvp_obj *kvp_index_find(const kvp_index *ix, uint64_t h, uint16_t tenant, const uint8_t *key,
                         uint32_t len);
 /* Makes room for one more entry (may start a growth, and drains a few
  * slots of an ongoing one). 0 or KVP_ENOMEM. */
 int kvp_index_reserve(kvp_index *ix);
-/* Inserts o (not present; o->hash set from h). Requires a prior successful
+/* Inserts o (not present; o->hash set from h, unless the index has its own
+ * hfn, then h must be hfn(o)). Requires a prior successful
  * kvp_index_reserve; never fails. */
 void kvp_index_insert(kvp_index *ix, uint64_t h, kvp_obj *o);
 /* Removes o, which must be present. */
@@ -84,6 +96,19 @@ static inline void kvp_index_settle(kvp_index *ix)
     while (ix->old)
         kvp_index_step(ix, UINT64_MAX);
 }
+
+/*
+ * Every entry whose slot tag matches hash h, in probe order (both tables
+ * while a growth drains): candidates the caller compares. The index must
+ * not change during the walk.
+ */
+typedef struct kvp_index_it {
+    uint64_t h, i;
+    int old; /* walking the old table */
+} kvp_index_it;
+void kvp_index_it_init(const kvp_index *ix, uint64_t h, kvp_index_it *it);
+/* The next candidate, NULL at the end. */
+kvp_obj *kvp_index_it_next(const kvp_index *ix, kvp_index_it *it);
 
 /* Starts loading the cache line of h's home slot (batched lookups). */
 static inline void kvp_index_prefetch(const kvp_index *ix, uint64_t h)

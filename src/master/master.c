@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 
 #include "common/assert.h"
 #include "common/log.h"
@@ -17,6 +18,7 @@
 #include "kvpool.h"
 #include "master/ere.h"
 #include "master/index.h"
+#include "master/kvblk.h"
 #include "master/obj.h"
 #include "ha/repl.h"
 #include "master/segalloc.h"
@@ -224,6 +226,9 @@ struct kvp_master {
     uint64_t *pseg;
     uint32_t npseg, pseg_cap;
     uint64_t parked_until;  /* after a takeover: what is parked then is dropped */
+    /* engine KV blocks: the block index and the KV events (master/kvblk.h) */
+    kvp_kvblk *kb;
+    const kvp_obj *dying;   /* being destroyed: in no tier any more */
 };
 
 /* notices held per segment until acknowledged (32 B each); past it they are
@@ -234,6 +239,14 @@ struct kvp_master {
  * conservatively); after XFER_MARGIN_MS more no transfer on it moves. */
 #define XFER_MARGIN_MS 1000
 #define FREED_PER_FRAME 256 /* entries per SEG_FREED frame (encoded from the stack) */
+
+/* Wall-clock microseconds: where a KV event stream's seqs start. */
+static uint64_t wall_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
 
 static inline uint32_t ms32(uint64_t now) { return (uint32_t)now; }
 static inline int due(uint32_t deadline, uint64_t now) { return (int32_t)(deadline - ms32(now)) <= 0; }
@@ -456,8 +469,9 @@ static inline uint64_t wire_gen(const kvp_mseg *s, uint32_t gen)
     return (uint64_t)s->epoch << 32 | gen;
 }
 
-static void journal_pub(kvp_master *m, const kvp_obj *o);
-static void journal_del(kvp_master *m, const kvp_obj *o);
+static void journal_pub(kvp_master *m, kvp_obj *o);
+static void journal_del(kvp_master *m, kvp_obj *o);
+static void blk_sync(kvp_master *m, kvp_obj *o);
 static void adopt_parked(kvp_master *m, uint32_t si);
 
 /* a is later than b (ms32, wrapping) */
@@ -626,6 +640,10 @@ static void obj_destroy(kvp_master *m, kvp_obj *o, int why)
     KVP_ASSERT(o->nrep <= o->rep_cap);
     KVP_ASSERT(m->tenant_nobj[o->tenant] > 0 && m->tq[o->tenant].bytes >= o->size);
     journal_del(m, o);
+    if (o->blk) {
+        m->dying = o; /* the disk record's FORGET below is no tier move */
+        kvp_kvblk_remove(m->kb, o);
+    }
     list_unlink(m, o);
     tenant_pages(m, o, -(int)o->nrep);
     m->tq[o->tenant].bytes -= o->size;
@@ -672,7 +690,8 @@ static void obj_destroy(kvp_master *m, kvp_obj *o, int why)
     } else if (why == GONE_TIMEOUT) {
         m->stats[KVP_STAT_PUT_TIMEOUTS]++;
     }
-    kvp_sfree(o, kvp_obj_bytes(o->keylen, o->rep_cap));
+    m->dying = NULL;
+    kvp_sfree(o, kvp_obj_size(o));
 }
 
 /* ============================================================ tenants */
@@ -737,6 +756,8 @@ static void tenant_release_if_empty(kvp_master *m, int id)
         return;
     KVP_ASSERT(m->tq[id].pages == 0 && m->tq[id].bytes == 0 && m->tq[id].lru.n == 0);
     KVP_ASSERT(m->ntenants_live > 0);
+    if (m->kb)
+        kvp_kvblk_tenant_gone(m->kb, (uint16_t)id);
     kvp_free(m->tenants[id]);
     m->tenants[id] = NULL;
     m->tenant_len[id] = 0;
@@ -1214,6 +1235,7 @@ static void disk_unadopt(kvp_master *m, kvp_obj *o)
     m->stats[KVP_STAT_DISK_OBJECTS]--;
     m->stats[KVP_STAT_DISK_BYTES] -= o->size;
     o->flags &= (uint8_t)~KVP_OBJ_ONDISK;
+    blk_sync(m, o);
 }
 
 /* The object's disk record is no longer wanted: ONDISK cleared, counts
@@ -1240,6 +1262,7 @@ static void disk_adopt(kvp_master *m, kvp_obj *o, uint32_t si, uint32_t rec)
     s->disk_bytes += o->size;
     m->stats[KVP_STAT_DISK_OBJECTS]++;
     m->stats[KVP_STAT_DISK_BYTES] += o->size;
+    blk_sync(m, o);
 }
 
 /* Never allocates: quar_reserve made room when the load started. */
@@ -2109,8 +2132,12 @@ static void op_put_start(req *q)
         kvp_obj *o = NULL;
         uint32_t np = kvp_pages(d.sizes[i]);
         int into = 0; /* 1: a replacement, into m->repl */
+        const kvp_blkinfo *bi = d.blocks ? &d.blocks[i] : NULL;
+        int blk = 0; /* 1: the record holds a block (master/kvblk.h) */
         if (!key_ok(m, k)) {
             r.status = KVP_EINVALID_KEY;
+        } else if (bi && (blk = kvp_kvblk_admit(m->kb, (uint16_t)tenant, bi)) < 0) {
+            r.status = blk;
         } else if (d.sizes[i] == 0) {
             r.status = KVP_EINVALID_PARAMS;
         } else if (d.sizes[i] > keep) {
@@ -2145,7 +2172,7 @@ static void op_put_start(req *q)
                 have++;
             }
             if (r.status == 0) {
-                o = kvp_salloc(kvp_obj_bytes(k.len, (uint8_t)have));
+                o = kvp_salloc(kvp_obj_bytes(k.len, (uint8_t)have, blk));
                 if (!o)
                     r.status = KVP_ENOMEM;
             }
@@ -2168,9 +2195,19 @@ static void op_put_start(req *q)
             o->deadline = ms32(q->now + m->cfg.put_timeout_ms);
             o->exposed = o->deadline; /* its WRITE descriptors' expiry */
             o->lease_seq = ++m->lease_seq;
-            memcpy((uint8_t *)(o + 1), k.p, k.len);
+            if (blk) {
+                /* pending, checksum and disk_rec hold the parent until PUT_END */
+                o->blk = 1;
+                o->group = bi->group & KVP_OBJ_MAX_GROUP;
+                memcpy(o + 1, &bi->hash, sizeof bi->hash);
+                o->checksum = bi->parent;
+                o->disk_rec = (bi->flags & KVP_BLK_F_PARENT) != 0;
+            }
+            memcpy((uint8_t *)kvp_obj_key(o), k.p, k.len);
             memcpy(kvp_obj_reps(o), reps, have * sizeof *reps);
             kvp_index_insert(into ? &m->repl : &m->ix, h, o);
+            if (blk)
+                kvp_kvblk_insert(m->kb, o);
             m->tenant_nobj[tenant]++;
             tenant_pages(m, o, (int)have);
             m->tq[tenant].bytes += o->size;
@@ -2350,6 +2387,9 @@ static int32_t do_put_end(req *q, kvp_obj *o, uint64_t checksum, int force)
     }
     put_end_pin(m, o, keep, until);
     list_unlink(m, o);
+    uint64_t parent = o->checksum; /* with a block: see op_put_start */
+    int has_parent = o->blk && o->disk_rec;
+    o->disk_rec = 0;
     o->state = KVP_OBJ_COMPLETE;
     o->checksum = checksum;
     o->aux = 0;
@@ -2367,6 +2407,8 @@ static int32_t do_put_end(req *q, kvp_obj *o, uint64_t checksum, int force)
     m->stats[KVP_STAT_BYTES] += o->size;
     m->stats[KVP_STAT_PUTS]++;
     m->stats[KVP_STAT_PUT_BYTES] += o->size;
+    if (o->blk)
+        kvp_kvblk_sync(m->kb, o, parent, has_parent); /* BlockStored with its parent */
     journal_pub(m, o);
     return 0;
 }
@@ -2829,7 +2871,7 @@ static void rep_have(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent 
         return;
     kvp_obj *n = NULL;
     if (kvp_index_reserve(&m->ix) == 0)
-        n = kvp_salloc(kvp_obj_bytes((uint16_t)e->key.len, 1));
+        n = kvp_salloc(kvp_obj_bytes((uint16_t)e->key.len, 1, 0));
     if (!n) {
         tenant_release_if_empty(m, tenant);
         return;
@@ -3027,6 +3069,85 @@ static void op_exist(req *q, int prefix)
     reply_end(q, off);
 }
 
+/* LOOKUP_HASHES: per chain, the leading blocks in each tier (kvblk.h). */
+static void op_lookup_hashes(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_lookup_hashes d;
+    if (kvp_dec_lookup_hashes(q->body, q->h->body_len, &m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int rc = tenant_allowed(m, q->s->client, d.tenant);
+    if (rc) {
+        reply_status(q, rc);
+        return;
+    }
+    int tenant = tenant_find(m, d.tenant);
+    size_t off = reply_begin(q);
+    kvp_buf_u32(q->out, d.n);
+    for (uint32_t i = 0; i < d.n; i++) {
+        kvp_hprefix p = {0};
+        if (tenant >= 0)
+            kvp_kvblk_lookup(m->kb, (uint16_t)tenant, &d.chains[i], &p);
+        kvp_buf_u32(q->out, p.dram);
+        kvp_buf_u32(q->out, p.disk);
+        kvp_buf_u32(q->out, p.any);
+    }
+    reply_end(q, off);
+}
+
+void kvp_master_lookup(kvp_master *m, const char *tenant, size_t tlen, const kvp_hchain *c,
+                       kvp_hprefix *out)
+{
+    int t = tlen <= UINT16_MAX ? tenant_find(m, (kvp_bytes){(const uint8_t *)tenant, (uint32_t)tlen})
+                               : -1;
+    memset(out, 0, sizeof *out);
+    if (t >= 0)
+        kvp_kvblk_lookup(m->kb, (uint16_t)t, c, out);
+}
+
+static void snap_put(void *ctx, uint64_t hash, uint8_t group, uint8_t tier)
+{
+    kvp_buf *b = ctx;
+    kvp_buf_u64(b, hash);
+    kvp_buf_u8(b, group);
+    kvp_buf_u8(b, tier);
+}
+
+/* KV_SNAPSHOT: the tenant's announced blocks as of its stream's last batch
+ * (its open events are closed into a batch first, so the answer's seq
+ * covers everything it reflects). An answer over max_frame is TOO_LARGE. */
+static void op_kv_snapshot(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_keys d;
+    if (kvp_dec_keys(q->body, q->h->body_len, &m->lim, q->a, &d) || d.n != 0) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    int rc = tenant_allowed(m, q->s->client, d.tenant);
+    if (rc) {
+        reply_status(q, rc);
+        return;
+    }
+    int tenant = tenant_find(m, d.tenant);
+    uint64_t seq = tenant >= 0 ? kvp_kvblk_close(m->kb, (uint16_t)tenant, wall_us()) : 0;
+    size_t off = reply_begin(q);
+    kvp_buf_u64(q->out, seq);
+    size_t at = q->out->len;
+    kvp_buf_u32(q->out, 0);
+    uint64_t n = tenant >= 0 ? kvp_kvblk_snapshot(m->kb, (uint16_t)tenant, snap_put, q->out) : 0;
+    if (!q->out->err && n <= UINT32_MAX) {
+        uint32_t n32 = (uint32_t)n;
+        for (int i = 0; i < 4; i++)
+            q->out->data[at + (size_t)i] = (uint8_t)(n32 >> (8 * i));
+    } else if (!q->out->err) {
+        q->out->err = KVP_ETOO_LARGE;
+    }
+    reply_end(q, off);
+}
+
 
 /*
  * REMOVE_ALL and REMOVE_REGEX scan the whole index, so they run as jobs:
@@ -3125,8 +3246,12 @@ static int job_run(kvp_master *m, rjob *j, uint64_t now, uint64_t *budget)
             continue;
         }
         kvp_obj *o = kvp_index_scan_next(&m->ix, &j->scan, budget);
-        if (!o)
+        if (!o) {
+            /* a REMOVE_ALL that left nothing announced: AllBlocksCleared */
+            if (j->scan.done && !j->patlen && kvp_kvblk_announced(m->kb, (uint16_t)j->tenant) == 0)
+                kvp_kvblk_cleared(m->kb, (uint16_t)j->tenant);
             return j->scan.done;
+        }
         if (!removable(j, o, now))
             continue;
         if (!j->re) {
@@ -3392,6 +3517,40 @@ static int repl_visible(const kvp_obj *o)
            !(o->flags & KVP_OBJ_LOADING);
 }
 
+/* Where o is for lookups and KV events (master/kvblk.h): DRAM when
+ * readable with a DRAM copy, disk with a durable record; an object being
+ * destroyed is nowhere. */
+static unsigned obj_tiers(void *ctx, const kvp_obj *o)
+{
+    const kvp_master *m = ctx;
+    if (o == m->dying)
+        return 0;
+    unsigned w = repl_visible(o) ? KVP_TIER_DRAM : 0u;
+    if (o->state == KVP_OBJ_COMPLETE && !o->replacing && (o->flags & KVP_OBJ_ONDISK))
+        w |= KVP_TIER_DISK;
+    return w;
+}
+
+/* o may have entered or left a tier: KV events (kvblk.h). */
+static void blk_sync(kvp_master *m, kvp_obj *o)
+{
+    if (o->blk && o != m->dying)
+        kvp_kvblk_sync(m->kb, o, 0, 0);
+}
+
+static const char *tenant_name(void *ctx, uint16_t t, size_t *len)
+{
+    const kvp_master *m = ctx;
+    *len = m->tenant_len[t];
+    return m->tenants[t] ? m->tenants[t] : "";
+}
+
+void kvp_master_take_events(kvp_master *m, kvp_kvblk_sink sink, void *ctx)
+{
+    if (kvp_kvblk_events(m->kb))
+        kvp_kvblk_take(m->kb, wall_us(), sink, ctx);
+}
+
 /* o's PUB record; a parked object's replicas name their segment by pseg
  * index, a live one's by slot. */
 static void repl_rec_fill(const kvp_master *m, const kvp_obj *o, int parked, kvp_repl_rec *r)
@@ -3445,8 +3604,9 @@ uint64_t kvp_master_snapshot(kvp_master *m, kvp_buf *out)
 }
 
 /* o is readable (published, loaded back, a replica fewer): journal it. */
-static void journal_pub(kvp_master *m, const kvp_obj *o)
+static void journal_pub(kvp_master *m, kvp_obj *o)
 {
+    blk_sync(m, o);
     if (!journal_on(m))
         return;
     if (!repl_visible(o)) {
@@ -3459,8 +3619,9 @@ static void journal_pub(kvp_master *m, const kvp_obj *o)
 }
 
 /* o's key has no DRAM copy any more (removed, evicted, only on disk). */
-static void journal_del(kvp_master *m, const kvp_obj *o)
+static void journal_del(kvp_master *m, kvp_obj *o)
 {
+    blk_sync(m, o);
     if (!journal_on(m) || o->state != KVP_OBJ_COMPLETE || o->replacing)
         return;
     kvp_repl_rec r = {.type = KVP_REPL_DEL,
@@ -3625,7 +3786,7 @@ static void parked_free(kvp_master *m, kvp_obj *o)
     KVP_ASSERT(m->tenant_nobj[o->tenant] > 0);
     m->tenant_nobj[o->tenant]--;
     tenant_release_if_empty(m, o->tenant);
-    kvp_sfree(o, kvp_obj_bytes(o->keylen, o->rep_cap));
+    kvp_sfree(o, kvp_obj_size(o));
 }
 
 /* A parked object is gone for good: the standbys and the snapshot file
@@ -3710,7 +3871,7 @@ static int park(kvp_master *m, const kvp_repl_rec *r)
     h = kvp_index_hash((uint16_t)t, r->key.p, r->key.len);
     kvp_obj *o = NULL;
     if (kvp_index_reserve(&m->parked) == 0)
-        o = kvp_salloc(kvp_obj_bytes((uint16_t)r->key.len, r->nrep));
+        o = kvp_salloc(kvp_obj_bytes((uint16_t)r->key.len, r->nrep, 0));
     if (!o) {
         tenant_release_if_empty(m, t);
         return KVP_ENOMEM;
@@ -3785,12 +3946,13 @@ static int adopt_one(kvp_master *m, uint32_t si, const claim *c)
     int rc = kvp_segalloc_claim(s->alloc, c->page, np);
     if (rc)
         return rc;
-    kvp_obj *o = kvp_salloc(kvp_obj_bytes(p->keylen, 1));
+    KVP_ASSERT(!p->blk); /* the index stream carries no block (ha/repl.h) */
+    kvp_obj *o = kvp_salloc(kvp_obj_bytes(p->keylen, 1, 0));
     if (!o) {
         kvp_segalloc_free(s->alloc, c->page, np);
         return KVP_ENOMEM;
     }
-    memcpy(o, p, kvp_obj_rep_off(p->keylen));
+    memcpy(o, p, kvp_obj_rep_off(p->keylen, 0));
     o->prev = o->next = NULL;
     o->nrep = o->rep_cap = 1;
     o->list = KVP_LIST_NONE;
@@ -3927,6 +4089,8 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
         case KVP_OP_SEG_FREED_ACK: op_seg_freed_ack(&q); break;
         case KVP_OP_REPL_FOLLOW: op_repl_follow(&q); break;
         case KVP_OP_REPL_ACK: op_repl_ack(&q); break;
+        case KVP_OP_LOOKUP_HASHES: op_lookup_hashes(&q); break;
+        case KVP_OP_KV_SNAPSHOT: op_kv_snapshot(&q); break;
         default: reply_status(&q, KVP_EUNKNOWN_OP); break;
         }
     }
@@ -4076,8 +4240,11 @@ int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
     m->evt = kvp_calloc(cfg->max_tenants, sizeof *m->evt);
     if (!m->segs || !m->mounted || !m->dirty || !m->clients || !m->tenants || !m->tenant_len ||
         !m->tenant_nobj || !m->tq || !m->evt ||
-        kvp_index_init(&m->ix, 0) != 0 || kvp_index_init(&m->repl, 0) != 0) {
+        kvp_index_init(&m->ix, 0) != 0 || kvp_index_init(&m->repl, 0) != 0 ||
+        kvp_kvblk_create((uint32_t)cfg->max_tenants, cfg->kv_events[0] != 0, obj_tiers,
+                         tenant_name, m, &m->kb) != 0) {
         kvp_index_free(&m->ix);
+        kvp_index_free(&m->repl);
         kvp_free(m->segs);
         kvp_free(m->mounted);
         kvp_free(m->dirty);
@@ -4120,6 +4287,10 @@ int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
             return rc;
         }
     }
+    /* a start with an empty index: routers forget what they were told */
+    for (uint32_t t = 0; t < m->ntenants; t++)
+        if (m->tenants[t])
+            kvp_kvblk_cleared(m->kb, (uint16_t)t);
     *out = m;
     return 0;
 }
@@ -4141,10 +4312,11 @@ void kvp_master_destroy(kvp_master *m)
         for (uint64_t i = 0; i <= ixs[k]->mask; i++) {
             kvp_obj *o = kvp_index_at(ixs[k], i);
             if (o)
-                kvp_sfree(o, kvp_obj_bytes(o->keylen, o->rep_cap));
+                kvp_sfree(o, kvp_obj_size(o));
         }
         kvp_index_free(ixs[k]);
     }
+    kvp_kvblk_destroy(m->kb);
     for (uint32_t i = 0; m->segs && i < m->cfg.max_segments; i++)
         if (m->segs[i])
             seg_free(m->segs[i]);
@@ -4401,6 +4573,13 @@ void kvp_master_stats(const kvp_master *m, uint64_t out[KVP_STAT__COUNT])
     }
     for (uint32_t t = 0; t < m->ntenants; t++)
         out[KVP_STAT_SOFT_PINNED] += m->tq[t].soft.n;
+    kvp_kvblk_stats k;
+    kvp_kvblk_stats_get(m->kb, &k);
+    out[KVP_STAT_BLOCK_OBJECTS] = k.objects;
+    out[KVP_STAT_BLOCK_CONFLICTS] = k.conflicts;
+    out[KVP_STAT_KV_EVENTS] = k.events;
+    out[KVP_STAT_KV_BATCHES] = k.batches;
+    out[KVP_STAT_KV_LOST] = k.lost;
 }
 
 static int check_list(const olist *l, int which, uint64_t *seen)
@@ -4432,6 +4611,8 @@ static const kvp_obj *slot_obj(const kvp_index *ix, uint64_t t)
 int kvp_master_check(const kvp_master *m)
 {
     uint64_t listed = 0, n = 0, none = 0, used = 0;
+    if (kvp_kvblk_check(m->kb))
+        return -1;
     if (check_list(&m->pending, KVP_LIST_PENDING, &listed) ||
         check_list(&m->leased, KVP_LIST_LEASED, &listed) ||
         check_list(&m->diskio, KVP_LIST_DISKIO, &listed) ||

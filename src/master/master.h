@@ -33,6 +33,7 @@
 
 #include "common/buf.h"
 #include "common/config.h"
+#include "master/kvblk.h"
 #include "proto/proto.h"
 
 typedef struct kvp_master kvp_master;
@@ -153,6 +154,20 @@ void kvp_master_stalled(kvp_master *m, uint64_t ms, uint64_t now_ms);
  */
 void kvp_master_push_freed(kvp_master *m, kvp_buf *(*out_for)(kvp_msess *s, void *ctx),
                            void *ctx);
+
+/*
+ * KV events (cfg->kv_events, master/kvblk.h): hands the event batches
+ * closed since the last call to sink, per tenant stream in order; the
+ * service publishes them (master/kvev.h) once per loop turn. A no-op when
+ * events are off.
+ */
+void kvp_master_take_events(kvp_master *m, kvp_kvblk_sink sink, void *ctx);
+
+/* LOOKUP_HASHES of one chain in the tenant named tenant[0..tlen) ("" =
+ * "default"; an unknown tenant holds nothing), for the HTTP API (the
+ * endpoint's token guards it; no session). */
+void kvp_master_lookup(kvp_master *m, const char *tenant, size_t tlen, const kvp_hchain *c,
+                       kvp_hprefix *out);
 
 /* The service refused a frame it could not parse. */
 void kvp_master_note_bad_frame(kvp_master *m);

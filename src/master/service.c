@@ -61,6 +61,7 @@
 #include "common/secret.h"
 #include "common/sys.h"
 #include "kvpool.h"
+#include "master/kvev.h"
 #include "master/master.h"
 #include "master/snapfile.h"
 #include "master/status.h"
@@ -172,11 +173,30 @@ struct kvp_mserver {
     uint64_t snap_synced_ms;     /* its last fdatasync */
     uint32_t ngated;             /* connections whose output waits for them */
     kvp_mstatus *status;         /* cfg.http: what the HTTP endpoint shows, or NULL */
+    kvp_kvpub *kvpub;            /* cfg.kv_events: the KV events' publisher, or NULL */
     uint64_t n_refused_by[KVP_MREFUSE__COUNT]; /* accept refusals by reason */
     uint64_t alive_ms;           /* keep_starved_alive's last pass */
+    /* HTTP lookups (kvp_mserver_lookup): other threads queue them, the loop
+     * answers them (lookups_serve); every lk_ field but lk_due under lk_mu */
+    pthread_mutex_t lk_mu;
+    pthread_cond_t lk_cv;        /* (CLOCK_MONOTONIC) answers given, or the loop stopped */
+    struct lk_req *lk_head, *lk_tail;
+    int lk_closed;               /* the loop stopped: no more answers */
+    int lk_due;                  /* the loop's own: its eventfd fired this turn */
 };
 
+/* One query of kvp_mserver_lookup, on its caller's stack. */
+typedef struct lk_req {
+    const char *tenant;
+    size_t tlen;
+    const kvp_hchain *chain;
+    kvp_hprefix out;
+    int rc;                      /* 1 while queued; then 0 or < 0 */
+    struct lk_req *next;
+} lk_req;
+
 static void status_publish(kvp_mserver *s, uint64_t now);
+static void publish_events(kvp_mserver *s);
 
 /* ---------------------------------------------------------- address map */
 
@@ -519,6 +539,22 @@ static void refuse(kvp_mserver *s, conn *c, int err)
                      c->sess.client ? "" : " (before HELLO)");
 }
 
+/* A leader's term past its deadline (kvp_mserver_set_term): the term may
+ * be another master's by now, so nothing more is answered and the loop
+ * stops. 1 then, else 0. */
+static int term_ran_out(kvp_mserver *s, uint64_t now)
+{
+    uint64_t until = s->term_until;
+    if (!until || now < until)
+        return 0;
+    if (!s->term_over)
+        KVP_ERROR(MOD, "the leader's term ran out %llu ms ago: answering nothing more",
+                  (unsigned long long)(now - until));
+    s->term_over = 1;
+    kvp_mserver_stop(s);
+    return 1;
+}
+
 /* For the HTTP endpoint: the frame's op, time, and the status of the
  * answer it appended at out_before (none for a ONEWAY request). */
 static void note_op(kvp_mserver *s, const kvp_frame_hdr *h, uint64_t ns, const kvp_buf *out,
@@ -561,13 +597,8 @@ static int conn_serve(kvp_mserver *s, conn *c)
             break;
         }
         kvp_arena_reset(&s->arena);
-        uint64_t now = kvp_now_ms(), until = s->term_until;
-        if (until && now >= until) { /* the term may be another master's by now */
-            if (!s->term_over)
-                KVP_ERROR(MOD, "the leader's term ran out %llu ms ago: answering nothing more",
-                          (unsigned long long)(now - until));
-            s->term_over = 1;
-            kvp_mserver_stop(s);
+        uint64_t now = kvp_now_ms();
+        if (term_ran_out(s, now)) {
             c->closing = 1;
             break;
         }
@@ -1002,6 +1033,33 @@ static int snap_open(kvp_mserver *s, char *err, size_t errlen)
     return 0;
 }
 
+/* Binds the KV events' sockets (cfg.kv_events, kv_events_replay). Beyond
+ * loopback they need `insecure` where tenants are protected from each
+ * other: a subscriber sees every tenant's blocks. 0 or < 0 with err. */
+static int events_open(kvp_mserver *s, const kvp_config *cfg, char *err, size_t errlen)
+{
+    const char *eps[2] = {cfg->kv_events, cfg->kv_events_replay};
+    for (int i = 0; i < 2; i++) {
+        if (!eps[i][0])
+            continue;
+        int rc = kvp_secret_listen_check(eps[i] + 6 /* "tcp://" */, !cfg->tenant_tokens_file[0],
+                                         cfg->insecure, i ? "the KV events' replay" : "the KV events",
+                                         err, errlen);
+        if (rc)
+            return rc;
+    }
+    kvp_kvpub_cfg pc = {.pub = cfg->kv_events,
+                        .replay = cfg->kv_events_replay,
+                        .buffer_batches = (uint32_t)cfg->kv_events_buffer};
+    int rc = kvp_kvpub_create(&pc, &s->kvpub, err, errlen);
+    if (rc)
+        return rc;
+    const char *r = kvp_kvpub_replay_endpoint(s->kvpub);
+    KVP_INFO(MOD, "KV events on %s%s%s", kvp_kvpub_pub_endpoint(s->kvpub), r[0] ? ", replay on " : "",
+             r);
+    return 0;
+}
+
 int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **out, char *err,
                        size_t errlen)
 {
@@ -1011,6 +1069,12 @@ int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **
         return KVP_ENOMEM;
     }
     s->cfg = *cfg;
+    pthread_mutex_init(&s->lk_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->lk_cv, &ca);
+    pthread_condattr_destroy(&ca);
     /* Connection buffers of large frames are freed when the frame is
      * served; a fixed mmap threshold (glibc raises its own after every such
      * free) keeps them mmapped, so their memory goes back to the system
@@ -1081,6 +1145,10 @@ int kvp_mserver_create(const kvp_config *cfg, int handle_signals, kvp_mserver **
     if (s->sigfd >= 0) {
         ev.data.ptr = &s->sigfd;
         epoll_ctl(s->ep, EPOLL_CTL_ADD, s->sigfd, &ev);
+    }
+    if (cfg->kv_events[0] && (rc = events_open(s, cfg, err, errlen)) != 0) {
+        kvp_mserver_destroy(s);
+        return rc;
     }
     if (cfg->http[0]) {
         char host[256], where[300];
@@ -1163,6 +1231,15 @@ static void status_publish(kvp_mserver *s, uint64_t now)
                   .turns = s->turn,
                   .longest_turn_ms = s->longest_turn_ms,
                   .master_id = kvp_master_id(s->m)};
+    if (s->kvpub) {
+        kvp_kvpub_stats ks;
+        kvp_kvpub_stats_get(s->kvpub, &ks);
+        v.kv_events = 1;
+        v.kv_sent = ks.batches;
+        v.kv_dropped = ks.dropped;
+        v.kv_replays = ks.replays;
+        v.kv_replayed = ks.replayed_batches;
+    }
     memcpy(v.refused, s->n_refused_by, sizeof v.refused);
     v.refused[KVP_MREFUSE_EVICTED] = s->n_evicted;
     v.refused[KVP_MREFUSE_HELLO_TIMEOUT] = s->n_hello_timeouts;
@@ -1245,6 +1322,98 @@ static void summary(kvp_mserver *s, uint64_t now)
              (unsigned long long)st[KVP_STAT_EVICTIONS], (unsigned long long)st[KVP_STAT_LEASES],
              (unsigned long long)st[KVP_STAT_PENDING], (unsigned long long)st[KVP_STAT_REQUESTS]);
 }
+
+/* ------------------------------------------------------ HTTP lookups */
+
+int kvp_mserver_lookup(kvp_mserver *s, const char *tenant, size_t tlen, const kvp_hchain *c,
+                       kvp_hprefix *out, uint32_t wait_ms)
+{
+    lk_req q = {.tenant = tenant, .tlen = tlen, .chain = c, .rc = 1};
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += wait_ms / 1000;
+    dl.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&s->lk_mu);
+    if (s->lk_closed) {
+        pthread_mutex_unlock(&s->lk_mu);
+        return KVP_ECLOSED;
+    }
+    if (s->lk_tail)
+        s->lk_tail->next = &q;
+    else
+        s->lk_head = &q;
+    s->lk_tail = &q;
+    uint64_t one = 1; /* the loop wakes after the query is in: lookups_serve finds it */
+    ssize_t w = write(s->evfd, &one, sizeof one);
+    (void)w;
+    while (q.rc == 1)
+        if (pthread_cond_timedwait(&s->lk_cv, &s->lk_mu, &dl) == ETIMEDOUT && q.rc == 1) {
+            lk_req **pp = &s->lk_head, *prev = NULL; /* withdrawn: the loop never sees it */
+            while (*pp != &q) {
+                prev = *pp;
+                pp = &(*pp)->next;
+            }
+            *pp = q.next;
+            if (s->lk_tail == &q)
+                s->lk_tail = prev;
+            q.rc = KVP_ERPC_TIMEOUT;
+        }
+    pthread_mutex_unlock(&s->lk_mu);
+    if (q.rc == 0)
+        *out = q.out;
+    return q.rc;
+}
+
+/* The loop, once per turn its eventfd fired: answers every query queued.
+ * Under the mutex: a query's memory is its caller's, who waits for it (or
+ * withdraws it) under the same mutex. A lookup is at most 4096 hashes. */
+static void lookups_serve(kvp_mserver *s, uint64_t now)
+{
+    pthread_mutex_lock(&s->lk_mu);
+    if (s->lk_head && !term_ran_out(s, now)) { /* past the term: released as the loop stops */
+        for (lk_req *q = s->lk_head; q; q = q->next) {
+            kvp_master_lookup(s->m, q->tenant, q->tlen, q->chain, &q->out);
+            q->rc = 0;
+        }
+        s->lk_head = s->lk_tail = NULL;
+        pthread_cond_broadcast(&s->lk_cv);
+    }
+    pthread_mutex_unlock(&s->lk_mu);
+}
+
+/* The loop stopped: queries waiting are released, later ones refused. */
+static void lookups_close(kvp_mserver *s)
+{
+    pthread_mutex_lock(&s->lk_mu);
+    s->lk_closed = 1;
+    for (lk_req *q = s->lk_head; q; q = q->next)
+        q->rc = KVP_ECLOSED;
+    s->lk_head = s->lk_tail = NULL;
+    pthread_cond_broadcast(&s->lk_cv);
+    pthread_mutex_unlock(&s->lk_mu);
+}
+
+/* kvp_master_take_events's sink: one batch to the publisher, which copies
+ * it (a full queue drops it: a gap its subscribers see and mend). */
+static void event_sink(void *ctx, const char *topic, size_t topic_len, uint64_t seq,
+                       const kvp_kvev *ev, uint32_t n)
+{
+    kvp_mserver *s = ctx;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int rc = kvp_kvpub_submit(s->kvpub, topic, topic_len, seq,
+                              (double)ts.tv_sec + (double)ts.tv_nsec / 1e9, ev, n);
+    if (rc)
+        KVP_WARN_LIMITED(MOD, "a KV event batch (%u events) was dropped: %s", n,
+                         kvp_strerror(rc));
+}
+
+/* The KV events of this turn go out, once per turn. */
+static void publish_events(kvp_mserver *s) { kvp_master_take_events(s->m, event_sink, s); }
 
 /* kvp_master_push_freed's callback: the node's connection output; the
  * connection joins s->pushed to be flushed. */
@@ -1431,6 +1600,7 @@ int kvp_mserver_run(kvp_mserver *s)
         uint64_t woke = kvp_now_ms();
         if (n < 0 && errno != EINTR) {
             KVP_ERROR(MOD, "epoll_wait: %s", strerror(errno));
+            lookups_close(s);
             return KVP_EIO;
         }
         for (int i = 0; i < n; i++) {
@@ -1441,6 +1611,7 @@ int kvp_mserver_run(kvp_mserver *s)
                 uint64_t v;
                 ssize_t rd = read(s->evfd, &v, sizeof v);
                 (void)rd;
+                s->lk_due = 1; /* a lookup, or a stop */
             } else if (p == &s->sigfd) {
                 struct signalfd_siginfo si;
                 if (read(s->sigfd, &si, sizeof si) == sizeof si)
@@ -1451,6 +1622,10 @@ int kvp_mserver_run(kvp_mserver *s)
             }
         }
         serve_ready(s);
+        if (s->lk_due) {
+            s->lk_due = 0;
+            lookups_serve(s, kvp_now_ms());
+        }
         if (s->accept_due) {
             s->accept_due = 0;
             on_accept(s, kvp_now_ms());
@@ -1472,6 +1647,8 @@ int kvp_mserver_run(kvp_mserver *s)
             next_tick = 0;
         push_repl(s, now);
         push_freed(s);
+        if (s->kvpub)
+            publish_events(s);
         close_expired(s);
         summary(s, now);
         if (s->status && kvp_mstatus_due(s->status, now))
@@ -1479,6 +1656,7 @@ int kvp_mserver_run(kvp_mserver *s)
         if (kvp_now_ms() - woke > s->longest_turn_ms)
             s->longest_turn_ms = kvp_now_ms() - woke;
     }
+    lookups_close(s);
     KVP_INFO(MOD, "longest loop turn: %llu ms", (unsigned long long)s->longest_turn_ms);
     return 0;
 }
@@ -1490,6 +1668,9 @@ void kvp_mserver_destroy(kvp_mserver *s)
     kvp_mserver_standby(s, 0);
     while (s->conns)
         conn_close(s, s->conns);
+    if (s->kvpub && s->m)
+        publish_events(s); /* the last turn's */
+    kvp_kvpub_destroy(s->kvpub);
     if (s->snap && s->m) {
         kvp_master_push_repl(s->m, repl_send, s); /* the last turn's changes */
         if (kvp_snapfile_size(s->snap) > kvp_snapfile_base(s->snap))
@@ -1505,5 +1686,7 @@ void kvp_mserver_destroy(kvp_mserver *s)
     if (s->ep >= 0) close(s->ep);
     if (s->evfd >= 0) close(s->evfd);
     if (s->sigfd >= 0) close(s->sigfd);
+    pthread_cond_destroy(&s->lk_cv);
+    pthread_mutex_destroy(&s->lk_mu);
     kvp_free(s);
 }

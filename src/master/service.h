@@ -69,4 +69,19 @@ void kvp_mserver_destroy(kvp_mserver *s);
  * it. Lives as long as s. */
 struct kvp_mstatus;
 struct kvp_mstatus *kvp_mserver_status(kvp_mserver *s);
+/*
+ * kvp_master_lookup for the HTTP API (master/kvapi.h), from any thread but
+ * the loop's: the query joins a queue under a mutex, the loop is woken
+ * through its eventfd and answers it in its next turn (while it runs: a
+ * query made before run() waits for it), and the caller sleeps on a
+ * condition variable meanwhile. 0 with *out; KVP_ERPC_TIMEOUT when no
+ * answer came within wait_ms (the query is withdrawn); KVP_ECLOSED once the
+ * loop has stopped (queries still waiting are released with it). tenant
+ * and c are only read, and only until it returns. Every caller must have
+ * returned before kvp_mserver_destroy (stop the HTTP endpoint first).
+ */
+struct kvp_hchain;
+struct kvp_hprefix;
+int kvp_mserver_lookup(kvp_mserver *s, const char *tenant, size_t tlen,
+                       const struct kvp_hchain *c, struct kvp_hprefix *out, uint32_t wait_ms);
 #endif

@@ -347,6 +347,16 @@ static const struct core_metric {
      KVP_STAT_PARKED, NULL},
     {"kvpool_adopt_dropped_total", "counter", "Adopted objects dropped (their node never came "
      "back).", KVP_STAT_ADOPT_DROPPED, NULL},
+    {"kvpool_block_objects", "gauge", "Objects put with an engine block (indexed by its hash).",
+     KVP_STAT_BLOCK_OBJECTS, NULL},
+    {"kvpool_block_conflicts_total", "counter", "Puts whose block disagreed with their "
+     "tenant's (stored without it).", KVP_STAT_BLOCK_CONFLICTS, NULL},
+    {"kvpool_kv_events_total", "counter", "KV events recorded for routers.", KVP_STAT_KV_EVENTS,
+     NULL},
+    {"kvpool_kv_event_batches_total", "counter", "KV event batches closed.", KVP_STAT_KV_BATCHES,
+     NULL},
+    {"kvpool_kv_events_lost_total", "counter", "KV events lost for want of memory (a gap in "
+     "their stream).", KVP_STAT_KV_LOST, NULL},
 };
 
 static const char *const refuse_names[KVP_MREFUSE__COUNT] = {
@@ -440,6 +450,28 @@ static void write_service(kvp_mstatus *st, kvp_buf *b, const picture *p)
     kvp_prom_u64(b, "kvpool_input_used_bytes", NULL, p->svc.input_used);
     kvp_prom_family(b, "kvpool_input_budget_bytes", "gauge", "Input memory budget.");
     kvp_prom_u64(b, "kvpool_input_budget_bytes", NULL, p->svc.input_budget);
+    if (p->svc.kv_events) {
+        static const struct {
+            const char *name, *help;
+            size_t off;
+        } kv[] = {
+            {"kvpool_kv_event_batches_sent_total", "KV event batches published (ZeroMQ PUB).",
+             offsetof(kvp_msvc, kv_sent)},
+            {"kvpool_kv_event_batches_dropped_total", "KV event batches the publisher dropped "
+             "(queue full): gaps its subscribers mend from a snapshot.",
+             offsetof(kvp_msvc, kv_dropped)},
+            {"kvpool_kv_event_replays_total", "Replay requests answered.",
+             offsetof(kvp_msvc, kv_replays)},
+            {"kvpool_kv_event_batches_replayed_total", "Batches sent in replay answers.",
+             offsetof(kvp_msvc, kv_replayed)},
+        };
+        for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
+            uint64_t v;
+            memcpy(&v, (const char *)&p->svc + kv[i].off, sizeof v);
+            kvp_prom_family(b, kv[i].name, "counter", kv[i].help);
+            kvp_prom_u64(b, kv[i].name, NULL, v);
+        }
+    }
     kvp_prom_family(b, "kvpool_loop_longest_turn_seconds", "gauge",
                     "The master loop's longest turn so far.");
     kvp_prom_f64(b, "kvpool_loop_longest_turn_seconds", NULL,

@@ -43,6 +43,8 @@ typedef struct kvp_msvc {
     uint64_t input_used, input_budget;
     uint64_t turns, longest_turn_ms;
     uint64_t master_id;
+    int kv_events;             /* the KV events' publisher runs (master/kvev.h) */
+    uint64_t kv_sent, kv_dropped, kv_replays, kv_replayed; /* its batches, requests */
 } kvp_msvc;
 
 /* listen: the master's address, shown on the page. NULL when out of memory. */

@@ -18,7 +18,7 @@
 #define MAX_CONNS 64
 #define PER_ADDR 8
 #define IDLE_S 10
-#define CONN_MEM (32u << 10) /* request line + headers; bigger is refused */
+#define CONN_MEM KVP_HTTP_CONN_MEM /* request line + headers; bigger is refused */
 #define BODY_CAP (64u << 20) /* largest answer a handler may write */
 #define CTYPE_TEXT "text/plain; charset=utf-8"
 /* the status page's inline script and style reach nothing but this host */
@@ -73,6 +73,32 @@ static enum MHD_Result answer_text(struct MHD_Connection *c, unsigned status, co
     return answer(c, status, text, strlen(text), CTYPE_TEXT, allow, auth);
 }
 
+struct kvp_http_req {
+    struct MHD_Connection *c;
+};
+
+struct args_walk {
+    kvp_http_arg_fn fn;
+    void *ctx;
+    int rc;
+};
+
+static enum MHD_Result arg_one(void *cls, enum MHD_ValueKind kind, const char *key,
+                               size_t key_size, const char *value, size_t value_size)
+{
+    struct args_walk *w = cls;
+    (void)kind;
+    w->rc = w->fn(w->ctx, key ? key : "", key ? key_size : 0, value, value ? value_size : 0);
+    return w->rc ? MHD_NO : MHD_YES;
+}
+
+int kvp_http_args(const kvp_http_req *req, kvp_http_arg_fn fn, void *ctx)
+{
+    struct args_walk w = {fn, ctx, 0};
+    MHD_get_connection_values_n(req->c, MHD_GET_ARGUMENT_KIND, arg_one, &w);
+    return w.rc;
+}
+
 /* "Bearer TOKEN" with the configured token (constant time in the token). */
 static int authorized(const kvp_http *h, struct MHD_Connection *c)
 {
@@ -115,7 +141,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     kvp_buf body;
     kvp_buf_init(&body, BODY_CAP);
     const char *ctype = NULL;
-    int status = rt->fn(rt->ctx, &body, &ctype);
+    kvp_http_req req = {c};
+    int status = rt->fn_req ? rt->fn_req(rt->ctx, &req, &body, &ctype)
+                            : rt->fn(rt->ctx, &body, &ctype);
     enum MHD_Result rc;
     if (body.err) {
         KVP_WARN_LIMITED(MOD, "%s: %s: the answer did not fit: %s", h->what, url,
@@ -136,6 +164,11 @@ int kvp_http_start(const kvp_http_opts *o, kvp_http **out, char *err, size_t err
         snprintf(err, errlen, "too many HTTP routes");
         return KVP_EINVALID_PARAMS;
     }
+    for (size_t i = 0; i < o->nroutes; i++)
+        if (!o->routes[i].fn == !o->routes[i].fn_req) {
+            snprintf(err, errlen, "HTTP route %s: one handler, fn or fn_req", o->routes[i].path);
+            return KVP_EINVALID_PARAMS;
+        }
     const char *what = o->what ? o->what : "server";
     char host[256], what_http[64];
     uint16_t port;

@@ -5,10 +5,15 @@
  * One thread of its own polls every connection; handlers run on it, one
  * request at a time, so a handler must be quick and must not block on the
  * server it describes (they read snapshots that the server publishes, see
- * master/status.h). Only GET and HEAD are served (405 otherwise), on exact
- * paths (404 otherwise); a request body, a long URL or header is refused
- * by libmicrohttpd's memory limit. Limits: 64 connections, 8 per address,
- * 10 s of silence closes a connection.
+ * master/status.h; the one exception, /api/kv/lookup, waits at most 2 s
+ * for the master's loop, master/kvapi.h). Only GET and HEAD are served
+ * (405 otherwise), on exact paths (404 otherwise; the query string is not
+ * part of the path); a request body is refused, and so is a request line
+ * or header past libmicrohttpd's memory per connection (KVP_HTTP_CONN_MEM:
+ * with ordinary headers a URL of up to about 130 KB fits; a longer one is
+ * answered 414, a long header 431, and within a few hundred bytes of the
+ * bound the connection is closed unanswered). Limits: 64 connections, 8
+ * per address, 10 s of silence closes a connection.
  *
  * Credentials follow the other listeners' rules (docs/SECURITY.md): an
  * address beyond loopback needs a token (or `insecure`); once a token is
@@ -31,15 +36,34 @@ typedef struct kvp_http kvp_http;
  * A body that out could not hold (out->err) is answered 500. */
 typedef int (*kvp_http_fn)(void *ctx, kvp_buf *out, const char **ctype);
 
+/* The request a kvp_http_req_fn answers: valid only during the call. */
+typedef struct kvp_http_req kvp_http_req;
+/* A handler that reads its request (the query string's arguments);
+ * otherwise as kvp_http_fn. */
+typedef int (*kvp_http_req_fn)(void *ctx, const kvp_http_req *req, kvp_buf *out,
+                               const char **ctype);
+
+/* Query arguments, percent-decoded ('+' is a space), in the order the URL
+ * gives them: fn once per argument, value NULL for a bare "?name" (no
+ * '='); lengths count bytes (a decoded value may hold NUL bytes). Stops at
+ * fn's first nonzero return and returns it; 0 after the last argument. */
+typedef int (*kvp_http_arg_fn)(void *ctx, const char *name, size_t nlen, const char *value,
+                               size_t vlen);
+int kvp_http_args(const kvp_http_req *req, kvp_http_arg_fn fn, void *ctx);
+
 typedef struct kvp_http_route {
     const char *path; /* exact: "/metrics" */
-    kvp_http_fn fn;
+    kvp_http_fn fn;   /* NULL when fn_req answers */
     void *ctx;
     int open;         /* served without the token: liveness and readiness
                          probes, which tell nothing but "ok" or why not */
+    kvp_http_req_fn fn_req; /* instead of fn: a handler that reads the request */
 } kvp_http_route;
 
 #define KVP_HTTP_MAX_ROUTES 16
+/* libmicrohttpd's memory per connection: the request line and headers
+ * must fit in it (with its bookkeeping), so it bounds the URL. */
+#define KVP_HTTP_CONN_MEM (128u << 10)
 
 typedef struct kvp_http_opts {
     const char *listen;   /* HOST:PORT (port 0: any free one) */

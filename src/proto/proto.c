@@ -44,7 +44,8 @@ const char *kvp_stat_name(unsigned i)
         "load_fails", "disk_dropped", "disk_registered", "spill_pressure", "disk_used",
         "disk_compacted_bytes", "disk_compacted_pages", "disk_dropped_pages", "soft_pinned",
         "repl_followers", "repl_in_sync", "repl_seq", "repl_lag", "repl_bytes", "adopted",
-        "parked", "adopt_dropped", "puts", "put_bytes", "hit_bytes"};
+        "parked", "adopt_dropped", "puts", "put_bytes", "hit_bytes", "block_objects",
+        "block_conflicts", "kv_events", "kv_batches", "kv_lost"};
     return i < KVP_STAT__COUNT ? names[i] : "unknown";
 }
 
@@ -499,6 +500,15 @@ void kvp_enc_put_start(kvp_buf *b, const kvp_msg_put_start *m)
     for (uint32_t i = 0; i < m->n; i++) {
         wr_bytes(b, m->keys[i]);
         kvp_buf_u64(b, m->sizes[i]);
+        if (m->flags & KVP_PUT_F_BLOCKS) {
+            const kvp_blkinfo *k = &m->blocks[i];
+            kvp_buf_u64(b, k->hash);
+            kvp_buf_u64(b, k->parent);
+            kvp_buf_u32(b, k->block_size);
+            kvp_buf_u16(b, k->parts);
+            kvp_buf_u8(b, k->group);
+            kvp_buf_u8(b, k->flags);
+        }
     }
 }
 
@@ -511,12 +521,119 @@ int kvp_dec_put_start(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
     m->flags = kvp_rd_u32(&r);
     m->soft_ttl_ms = kvp_rd_u64(&r);
     m->preferred = kvp_rd_bytes(&r, l->max_str);
-    m->n = kvp_rd_count(&r, l->max_batch, MIN_KEY + 8);
-    if (!ALLOC_ARRAY(a, m->keys, m->n) || !ALLOC_ARRAY(a, m->sizes, m->n))
+    int blocks = (m->flags & KVP_PUT_F_BLOCKS) != 0;
+    m->n = kvp_rd_count(&r, l->max_batch, MIN_KEY + 8 + (blocks ? KVP_BLK_SIZE : 0));
+    m->blocks = NULL;
+    if (!ALLOC_ARRAY(a, m->keys, m->n) || !ALLOC_ARRAY(a, m->sizes, m->n) ||
+        (blocks && !ALLOC_ARRAY(a, m->blocks, m->n)))
         return KVP_ENOMEM;
     for (uint32_t i = 0; i < m->n && !r.err; i++) {
         m->keys[i] = rd_key(&r, l);
         m->sizes[i] = kvp_rd_u64(&r);
+        if (blocks) {
+            kvp_blkinfo *k = &m->blocks[i];
+            k->hash = kvp_rd_u64(&r);
+            k->parent = kvp_rd_u64(&r);
+            k->block_size = kvp_rd_u32(&r);
+            k->parts = kvp_rd_u16(&r);
+            k->group = kvp_rd_u8(&r);
+            k->flags = kvp_rd_u8(&r);
+            if (k->flags & ~(KVP_BLK_F_PARENT | KVP_BLK_F_NONE))
+                return rd_fail(&r);
+        }
+    }
+    DEC_END;
+}
+
+/* ------------------------------------------------------- lookup_hashes */
+
+void kvp_enc_lookup_hashes(kvp_buf *b, const kvp_msg_lookup_hashes *m)
+{
+    wr_bytes(b, m->tenant);
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++) {
+        kvp_buf_u8(b, m->chains[i].group);
+        kvp_buf_u32(b, m->chains[i].n);
+        for (uint32_t j = 0; j < m->chains[i].n; j++)
+            kvp_buf_u64(b, m->chains[i].hashes[j]);
+    }
+}
+
+int kvp_dec_lookup_hashes(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                          kvp_arena *a, kvp_msg_lookup_hashes *m)
+{
+    DEC_BEGIN;
+    m->tenant = kvp_rd_bytes(&r, l->max_str);
+    m->n = kvp_rd_count(&r, l->max_batch, 1 + 4);
+    if (!ALLOC_ARRAY(a, m->chains, m->n))
+        return KVP_ENOMEM;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < m->n && !r.err; i++) {
+        kvp_hchain *c = &m->chains[i];
+        c->group = kvp_rd_u8(&r);
+        c->n = kvp_rd_count(&r, l->max_batch, 8);
+        total += c->n;
+        if (total > l->max_batch)
+            return rd_fail(&r);
+        if (!ALLOC_ARRAY(a, c->hashes, c->n))
+            return KVP_ENOMEM;
+        for (uint32_t j = 0; j < c->n && !r.err; j++)
+            c->hashes[j] = kvp_rd_u64(&r);
+    }
+    DEC_END;
+}
+
+void kvp_enc_lookup_hashes_resp(kvp_buf *b, const kvp_msg_lookup_hashes_resp *m)
+{
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++) {
+        kvp_buf_u32(b, m->prefix[i].dram);
+        kvp_buf_u32(b, m->prefix[i].disk);
+        kvp_buf_u32(b, m->prefix[i].any);
+    }
+}
+
+int kvp_dec_lookup_hashes_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                               kvp_arena *a, kvp_msg_lookup_hashes_resp *m)
+{
+    DEC_BEGIN;
+    m->n = kvp_rd_count(&r, l->max_batch, 12);
+    if (!ALLOC_ARRAY(a, m->prefix, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n && !r.err; i++) {
+        m->prefix[i].dram = kvp_rd_u32(&r);
+        m->prefix[i].disk = kvp_rd_u32(&r);
+        m->prefix[i].any = kvp_rd_u32(&r);
+    }
+    DEC_END;
+}
+
+/* --------------------------------------------------------- kv_snapshot */
+
+void kvp_enc_kv_snapshot_resp(kvp_buf *b, const kvp_msg_kv_snapshot_resp *m)
+{
+    kvp_buf_u64(b, m->seq);
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++) {
+        kvp_buf_u64(b, m->blocks[i].hash);
+        kvp_buf_u8(b, m->blocks[i].group);
+        kvp_buf_u8(b, m->blocks[i].tier);
+    }
+}
+
+int kvp_dec_kv_snapshot_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                             kvp_arena *a, kvp_msg_kv_snapshot_resp *m)
+{
+    (void)l; /* bounded by the frame: a snapshot is not a request batch */
+    DEC_BEGIN;
+    m->seq = kvp_rd_u64(&r);
+    m->n = kvp_rd_count(&r, UINT32_MAX, KVP_SNAP_BLK_SIZE);
+    if (!ALLOC_ARRAY(a, m->blocks, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n && !r.err; i++) {
+        m->blocks[i].hash = kvp_rd_u64(&r);
+        m->blocks[i].group = kvp_rd_u8(&r);
+        m->blocks[i].tier = kvp_rd_u8(&r);
     }
     DEC_END;
 }

@@ -75,7 +75,9 @@
     XX(SEG_FREED_ACK, 26, "node -> master: SEG_FREED applied up to a seq, their transfers stopped") \
     XX(REPL_FOLLOW, 27, "standby -> leader: stream me the index (snapshot, then every change)") \
     XX(REPL_DATA, 28, "leader -> standby: index records (ha/repl.h)")                 \
-    XX(REPL_ACK, 29, "standby -> leader: REPL_DATA applied up to a seq")
+    XX(REPL_ACK, 29, "standby -> leader: REPL_DATA applied up to a seq")             \
+    XX(LOOKUP_HASHES, 30, "per chain of engine block hashes: leading blocks in DRAM, on disk, in either") \
+    XX(KV_SNAPSHOT, 31, "a tenant's announced blocks (KV events) as of its stream's last seq")
 
 enum kvp_op {
 #define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
@@ -250,8 +252,28 @@ typedef struct kvp_msg_keys {
 #define KVP_PUT_F_SOFT_PIN 0x4
 #define KVP_PUT_F_SOFT_UNPIN 0x8
 #define KVP_PUT_F_SOFT_TTL 0x10
-#define KVP_PUT_F__ALL 0x1f
+#define KVP_PUT_F_BLOCKS 0x20 /* each key carries a kvp_blkinfo (after its size) */
+#define KVP_PUT_F__ALL 0x3f
 
+/*
+ * What a put tells about the engine's KV block a key holds one part of
+ * (KVP_PUT_F_BLOCKS): the master indexes objects by (tenant, hash, group)
+ * for LOOKUP_HASHES and publishes KV events for routers. A block is
+ * `parts` objects (an engine's ranks each store their own); it is in a tier
+ * when all of them are. Wire: u64 hash, u64 parent, u32 block_size, u16
+ * parts, u8 group, u8 flags (KVP_BLK_*; unknown bits are an error).
+ */
+#define KVP_BLK_F_PARENT 0x1 /* parent is the previous block's hash */
+#define KVP_BLK_F_NONE 0x2   /* no block for this key (the other fields are 0) */
+#define KVP_BLK_SIZE 24
+typedef struct kvp_blkinfo {
+    uint64_t hash;        /* the engine's block hash (vLLM's int form) */
+    uint64_t parent;      /* with KVP_BLK_F_PARENT */
+    uint32_t block_size;  /* tokens per block, >= 1 */
+    uint16_t parts;       /* objects that make the block, >= 1 */
+    uint8_t group;        /* the engine's KV cache group */
+    uint8_t flags;        /* KVP_BLK_F_* */
+} kvp_blkinfo;
 typedef struct kvp_msg_put_start {
     kvp_bytes tenant;
     uint32_t replicas;    /* 1..KVP_MAX_REPLICAS */
@@ -261,6 +283,7 @@ typedef struct kvp_msg_put_start {
     uint32_t n;
     kvp_bytes *keys;
     uint64_t *sizes;      /* bytes, > 0 */
+    kvp_blkinfo *blocks;  /* with KVP_PUT_F_BLOCKS, one per key; else NULL */
 } kvp_msg_put_start;
 
 /* What a replica descriptor allows. PUT_START hands out WRITE descriptors,
@@ -418,6 +441,12 @@ enum kvp_stat {
     KVP_STAT_PUTS,           /* objects published (PUT_END done) */
     KVP_STAT_PUT_BYTES,      /* their bytes */
     KVP_STAT_HIT_BYTES,      /* bytes of the objects GET found (leases granted) */
+    /* engine KV blocks (LOOKUP_HASHES, KV events) */
+    KVP_STAT_BLOCK_OBJECTS,  /* objects put with a block (indexed by block hash) */
+    KVP_STAT_BLOCK_CONFLICTS,/* puts whose block disagreed with their tenant's (stored without) */
+    KVP_STAT_KV_EVENTS,      /* KV events recorded */
+    KVP_STAT_KV_BATCHES,     /* KV event batches closed */
+    KVP_STAT_KV_LOST,        /* KV events lost (no memory): gaps in their stream */
     KVP_STAT__COUNT
 };
 /* Name of a counter ("objects", "hits", ...), as `kvpool stat --json` prints it. */
@@ -591,6 +620,57 @@ int kvp_dec_disk(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_
 void kvp_enc_seg_io(kvp_buf *b, const kvp_replica *r);
 /* Decodes the first 56 bytes of a body (len >= 56). 0 or KVP_EPROTOCOL. */
 int kvp_dec_seg_io(const uint8_t *p, uint32_t len, kvp_replica *r);
+
+/*
+ * LOOKUP_HASHES: chains of engine block hashes (each a prefix in order, of
+ * one group), answered per chain with how many leading blocks have every
+ * part in DRAM, on disk, and in either (a part in DRAM or on disk: what a
+ * load can read). Hashes of all chains together <= max_batch.
+ */
+typedef struct kvp_hchain {
+    uint8_t group;
+    uint32_t n;
+    uint64_t *hashes;
+} kvp_hchain;
+typedef struct kvp_msg_lookup_hashes {
+    kvp_bytes tenant;
+    uint32_t n;
+    kvp_hchain *chains;
+} kvp_msg_lookup_hashes;
+typedef struct kvp_hprefix {
+    uint32_t dram, disk, any;
+} kvp_hprefix;
+typedef struct kvp_msg_lookup_hashes_resp {
+    uint32_t n;
+    kvp_hprefix *prefix;
+} kvp_msg_lookup_hashes_resp;
+void kvp_enc_lookup_hashes(kvp_buf *b, const kvp_msg_lookup_hashes *m);
+int kvp_dec_lookup_hashes(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                          kvp_arena *a, kvp_msg_lookup_hashes *m);
+void kvp_enc_lookup_hashes_resp(kvp_buf *b, const kvp_msg_lookup_hashes_resp *m);
+int kvp_dec_lookup_hashes_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                               kvp_arena *a, kvp_msg_lookup_hashes_resp *m);
+
+/*
+ * KV_SNAPSHOT request: the tenant (kvp_msg_keys with no keys). Answer: u64
+ * seq (the last batch of the tenant's event stream this reflects; 0 when
+ * the master publishes no events, then the blocks are as they are), u32 n,
+ * n x (u64 hash, u8 group, u8 tier: KVP_TIER_DRAM or KVP_TIER_DISK), one
+ * entry per block and tier announced.
+ */
+typedef struct kvp_snap_blk {
+    uint64_t hash;
+    uint8_t group, tier;
+} kvp_snap_blk;
+typedef struct kvp_msg_kv_snapshot_resp {
+    uint64_t seq;
+    uint32_t n;
+    kvp_snap_blk *blocks;
+} kvp_msg_kv_snapshot_resp;
+#define KVP_SNAP_BLK_SIZE 10
+void kvp_enc_kv_snapshot_resp(kvp_buf *b, const kvp_msg_kv_snapshot_resp *m);
+int kvp_dec_kv_snapshot_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                             kvp_arena *a, kvp_msg_kv_snapshot_resp *m);
 
 /* ----------------------------------------------------------------- codecs */
 /*

@@ -20,6 +20,10 @@
  *   clock     every step advances it a little, ADVANCE steps a lot
  *             (leases, put timeouts, disk timeouts, client TTLs fire)
  *   faults    FAIL steps make the master's Nth next allocation fail
+ *   blocks    puts that name engine blocks (small pools of hashes, parts,
+ *             groups, some invalid), LOOKUP_HASHES and KV_SNAPSHOT steps;
+ *             configurations with KV events take every turn's batches
+ *             (each encoded in vLLM's format, seqs per topic increasing)
  *
  * After every step: kvp_master_tick, kvp_master_push_freed (the pushed
  * SEG_FREED / DISK_CMD frames are decoded), kvp_master_check must be 0,
@@ -43,6 +47,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "kvpool.h"
+#include "master/kvev.h"
 #include "master/master.h"
 #include "proto/proto.h"
 
@@ -148,6 +153,11 @@ typedef struct world {
     /* the last PUT_START: PUT_END / PUT_REVOKE can name the same keys */
     uint8_t last_t, last_k[4], last_n;
     uint32_t fail;        /* a FAIL step: the next request's nth allocation fails */
+    struct {              /* KV event streams seen: topic, last seq */
+        char topic[32];
+        uint64_t seq;
+    } streams[8];
+    unsigned nstreams;
 } world;
 
 /* Buffers live across runs (allocation once: faster, and fault injection
@@ -343,6 +353,22 @@ static void check_body(world *w, sess *s, const call *c, const uint8_t *b, uint3
         FAILIF(r.n != c->n);
         break;
     }
+    case KVP_OP_LOOKUP_HASHES: {
+        kvp_msg_lookup_hashes_resp r;
+        FAILIF(kvp_dec_lookup_hashes_resp(b, len, &lim, &ra, &r) != 0);
+        FAILIF(r.n != c->n);
+        for (uint32_t i = 0; i < r.n; i++)
+            FAILIF(r.prefix[i].dram > r.prefix[i].any || r.prefix[i].disk > r.prefix[i].any ||
+                   r.prefix[i].any > 4);
+        break;
+    }
+    case KVP_OP_KV_SNAPSHOT: {
+        kvp_msg_kv_snapshot_resp r;
+        FAILIF(kvp_dec_kv_snapshot_resp(b, len, &lim, &ra, &r) != 0);
+        for (uint32_t i = 0; i < r.n; i++)
+            FAILIF(r.blocks[i].tier != KVP_TIER_DRAM && r.blocks[i].tier != KVP_TIER_DISK);
+        break;
+    }
     default: /* REPLICA_BAD, SEG_FAILING, DISK_REPORT sent as requests */
         FAILIF(len != 0);
         break;
@@ -513,8 +539,66 @@ enum {
     S_HELLO, S_MOUNT, S_UNMOUNT, S_HEARTBEAT, S_PUT_START, S_PUT_END, S_PUT_REVOKE, S_GET,
     S_RELEASE, S_EXIST, S_REMOVE, S_REMOVE_ALL, S_REMOVE_REGEX, S_STATS, S_SEG_INFO,
     S_REPLICA_BAD, S_SEG_FAILING, S_DISK_REPORT, S_ADVANCE, S_CLOSE, S_RAW, S_FAIL, S_PUT,
-    S__COUNT
+    S_LOOKUP, S_SNAPSHOT, S__COUNT
 };
+
+/* LOOKUP_HASHES of one or two chains from the puts' pool of hashes. */
+static void st_lookup(world *w, sess *s, prog *g)
+{
+    call c = {.op = KVP_OP_LOOKUP_HASHES};
+    kvp_bytes tenant = pick_tenant(g, &c.tenant);
+    uint64_t hs[2][4];
+    kvp_hchain ch[2];
+    c.n = 1 + u8(g) % 2;
+    for (uint32_t i = 0; i < c.n; i++) {
+        uint8_t v = u8(g);
+        ch[i] = (kvp_hchain){(uint8_t)(v % 3), 1 + (v >> 2) % 4, hs[i]};
+        for (uint32_t j = 0; j < ch[i].n; j++)
+            hs[i][j] = 1 + u8(g) % 6;
+    }
+    c.refuse = must_refuse(w, s, tenant);
+    kvp_msg_lookup_hashes m = {tenant, c.n, ch};
+    kvp_buf_reset(&body);
+    kvp_enc_lookup_hashes(&body, &m);
+    send(w, s, &c);
+}
+
+static void st_snapshot(world *w, sess *s, prog *g)
+{
+    call c = {.op = KVP_OP_KV_SNAPSHOT};
+    kvp_bytes tenant = pick_tenant(g, &c.tenant);
+    c.refuse = must_refuse(w, s, tenant);
+    kvp_msg_keys m = {tenant, 0, NULL};
+    kvp_buf_reset(&body);
+    kvp_enc_keys(&body, &m);
+    send(w, s, &c);
+}
+
+/* kvp_master_take_events's sink: a topic's seqs only grow; every batch
+ * encodes in vLLM's format. */
+static void ev_sink(void *ctx, const char *topic, size_t len, uint64_t seq, const kvp_kvev *ev,
+                    uint32_t n)
+{
+    world *w = ctx;
+    FAILIF(n == 0 || seq == 0 || len >= 32);
+    unsigned i;
+    for (i = 0; i < w->nstreams; i++)
+        if (strlen(w->streams[i].topic) == len && !memcmp(w->streams[i].topic, topic, len))
+            break;
+    if (i == w->nstreams && i < 8) {
+        memcpy(w->streams[i].topic, topic, len);
+        w->streams[i].topic[len] = 0;
+        w->nstreams++;
+    }
+    if (i < 8) {
+        FAILIF(seq <= w->streams[i].seq);
+        w->streams[i].seq = seq;
+    }
+    kvp_buf e;
+    kvp_buf_init(&e, 1u << 20);
+    FAILIF(kvp_kvev_encode(&e, 1.5, ev, n) != 0);
+    kvp_buf_free(&e);
+}
 
 static void st_hello(world *w, sess *s, prog *g)
 {
@@ -650,13 +734,26 @@ static void st_put_start(world *w, sess *s, prog *g)
         c.n = 8;
     kvp_bytes keys[8];
     uint64_t sizes[8];
+    kvp_blkinfo blk[8];
     for (uint32_t i = 0; i < c.n; i++) {
         keys[i] = pick_key(w, g, &c.keys[i]);
         sizes[i] = pick_size(g);
     }
+    if (p & 0x80) { /* engine blocks: small pools, so parts meet and clash */
+        flags |= KVP_PUT_F_BLOCKS;
+        for (uint32_t i = 0; i < c.n; i++) {
+            uint8_t a = u8(g), b = u8(g);
+            blk[i] = (kvp_blkinfo){1 + a % 6, 1 + (a >> 3) % 6, b & 1 ? 16 : 32 * (b >> 7),
+                                   (uint16_t)(1 + (b >> 1) % 3), (uint8_t)((b >> 3) % 3),
+                                   (uint8_t)((a >> 6) & 3)};
+            if (b == 0xFF)
+                blk[i].group = KVP_OBJ_MAX_GROUP + 1; /* refused per key */
+        }
+    }
     c.sizes = sizes;
     c.refuse = must_refuse(w, s, tenant);
-    kvp_msg_put_start m = {tenant, c.replicas, flags, 0, pref, c.n, keys, sizes};
+    kvp_msg_put_start m = {tenant, c.replicas, flags, 0, pref, c.n, keys, sizes,
+                           (flags & KVP_PUT_F_BLOCKS) ? blk : NULL};
     kvp_buf_reset(&body);
     kvp_enc_put_start(&body, &m);
     send(w, s, &c);
@@ -953,6 +1050,8 @@ static void step(world *w, prog *g)
     }
     case S_CLOSE: sess_close(w, s); break;
     case S_RAW: st_raw(w, s, g); break;
+    case S_LOOKUP: st_lookup(w, s, g); break;
+    case S_SNAPSHOT: st_snapshot(w, s, g); break;
     case S_FAIL: /* the next request's nth allocation fails (once) */
         w->fail = 1 + u8(g) % 8;
         break;
@@ -980,6 +1079,7 @@ static void step(world *w, prog *g)
     kvp_master_tick(w->m, w->now);
     kvp_master_push_freed(w->m, sink, w);
     drain_pushes(w);
+    kvp_master_take_events(w->m, ev_sink, w);
     int rc = kvp_master_check(w->m);
     if (trace) /* $FUZZ_SEQ_TRACE: one line per step, to read a crashing program */
         fprintf(stderr, "step %u session %d now %llu: answer %d, check %d\n", k,
@@ -1078,6 +1178,8 @@ static void configure(world *w, uint8_t c)
         w->cfg.evict_high = 0.5;
         w->cfg.evict_low = 0.25;
     }
+    if (c & 128) /* the core records KV events (no socket: the service publishes) */
+        snprintf(w->cfg.kv_events, sizeof w->cfg.kv_events, "tcp://127.0.0.1:1");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -72,7 +72,7 @@ static int put_start(raw *r, const char *t, const char *key, uint64_t size, uint
                      kvp_replica *w)
 {
     kvp_bytes k = bs(key);
-    kvp_msg_put_start ps = {bs(t), 1, flags, 0, {NULL, 0}, 1, &k, &size};
+    kvp_msg_put_start ps = {bs(t), 1, flags, 0, {NULL, 0}, 1, &k, &size, NULL};
     kvp_enc_put_start(&r->body, &ps);
     REQUIRE(call(r, r->m, KVP_OP_PUT_START) == 0 && r->st == 0);
     kvp_msg_put_start_resp d;

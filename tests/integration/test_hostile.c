@@ -55,7 +55,7 @@ static kvp_bytes bs(const char *s) { return (kvp_bytes){(const uint8_t *)s, (uin
 static int put_start(raw *r, const char *key, uint64_t size, kvp_replica *w)
 {
     kvp_bytes k = bs(key);
-    kvp_msg_put_start ps = {{NULL, 0}, 1, 0, 0, {NULL, 0}, 1, &k, &size};
+    kvp_msg_put_start ps = {{NULL, 0}, 1, 0, 0, {NULL, 0}, 1, &k, &size, NULL};
     kvp_enc_put_start(&r->body, &ps);
     REQUIRE(call(r, r->m, KVP_OP_PUT_START) == 0 && r->st == 0);
     kvp_msg_put_start_resp d;
@@ -588,7 +588,7 @@ TEST(node_credential_and_session_identity)
 static int put_start_t(kvp_rpc *r, const char *tenant, const char *key, uint64_t size)
 {
     kvp_bytes k = bs(key);
-    kvp_msg_put_start ps = {bs(tenant), 1, 0, 0, {NULL, 0}, 1, &k, &size};
+    kvp_msg_put_start ps = {bs(tenant), 1, 0, 0, {NULL, 0}, 1, &k, &size, NULL};
     kvp_buf b;
     kvp_buf_init(&b, 4096);
     kvp_enc_put_start(&b, &ps);

@@ -1,18 +1,24 @@
 /* test_http.c -- the HTTP endpoint in process: a master's loop publishes
  * its picture while clients put and scrapers read /metrics and
  * /api/stats at once (the threaded path TSan checks); what the endpoint
- * answers, its limits on methods and paths, and the bearer token. */
+ * answers, its limits on methods and paths, and the bearer token; and
+ * /api/kv/lookup, which the HTTP thread hands to the loop and waits for
+ * (answers as LOOKUP_HASHES does, bad arguments, a loop that is busy, not
+ * running, stopping or a standby's). */
+#include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/clock.h"
 #include "common/config.h"
 #include "harness.h"
 #include "kvpool.h"
+#include "master/kvapi.h"
 #include "master/service.h"
 #include "master/status.h"
 #include "net/http.h"
@@ -27,10 +33,12 @@ static int http_get(uint16_t port, const char *req, char *out, size_t cap)
     int fd = kvp_net_connect(addr, 2000, err, sizeof err);
     if (fd < 0)
         return -1;
-    size_t n = strlen(req), got = 0;
-    if (write(fd, req, n) != (ssize_t)n) {
-        close(fd);
-        return -1;
+    size_t n = strlen(req), got = 0, sent = 0;
+    while (sent < n) { /* a server that refuses a long request may close before the end */
+        ssize_t w = send(fd, req + sent, n - sent, MSG_NOSIGNAL);
+        if (w <= 0)
+            break;
+        sent += (size_t)w;
     }
     ssize_t r;
     while (got + 1 < cap && (r = read(fd, out + got, cap - 1 - got)) > 0)
@@ -65,7 +73,8 @@ static void *loop_main(void *arg)
     return NULL;
 }
 
-static int env_up(env *e, const char *token)
+/* run: the loop thread starts (else the test runs it, or not) */
+static int env_up_run(env *e, const char *token, int run)
 {
     kvp_config cfg;
     kvp_config_defaults(&cfg);
@@ -76,16 +85,20 @@ static int env_up(env *e, const char *token)
     snprintf(e->addr, sizeof e->addr, "127.0.0.1:%u", kvp_mserver_port(e->s));
     kvp_mstatus *st = kvp_mserver_status(e->s);
     REQUIRE(st != NULL);
-    kvp_http_route r[] = {{"/metrics", kvp_mstatus_metrics, st, 0},
-                          {"/api/stats", kvp_mstatus_api, st, 0},
-                          {"/", kvp_mstatus_page, st, 0},
-                          {"/readyz", kvp_mstatus_readyz, st, 1}};
+    kvp_http_route r[] = {{.path = "/metrics", .fn = kvp_mstatus_metrics, .ctx = st},
+                          {.path = "/api/stats", .fn = kvp_mstatus_api, .ctx = st},
+                          {.path = "/", .fn = kvp_mstatus_page, .ctx = st},
+                          {.path = "/readyz", .fn = kvp_mstatus_readyz, .ctx = st, .open = 1},
+                          {.path = "/api/kv/lookup", .fn_req = kvp_kvapi_lookup, .ctx = e->s}};
     kvp_http_opts o = {.listen = "127.0.0.1:0", .token = token, .what = "master", .routes = r,
-                       .nroutes = 4};
+                       .nroutes = 5};
     REQUIRE(kvp_http_start(&o, &e->h, err, sizeof err) == 0);
-    REQUIRE(pthread_create(&e->loop, NULL, loop_main, e->s) == 0);
+    if (run)
+        REQUIRE(pthread_create(&e->loop, NULL, loop_main, e->s) == 0);
     return 0;
 }
+
+static int env_up(env *e, const char *token) { return env_up_run(e, token, 1); }
 
 static void env_down(env *e)
 {
@@ -186,7 +199,7 @@ TEST(methods_paths_and_hostile_requests)
     CHECK_EQ(status_of(ans), 200);
     CHECK(strstr(ans, "text/html") != NULL && strstr(ans, "/api/stats") != NULL);
     /* a header past the connection's memory: refused, and the server goes on */
-    size_t big = 64 << 10;
+    size_t big = KVP_HTTP_CONN_MEM + (16 << 10);
     char *req = malloc(big + 128);
     if (req) {
         int o = sprintf(req, "GET /metrics HTTP/1.1\r\nHost: t\r\nX-Big: ");
@@ -228,10 +241,473 @@ TEST(a_token_is_required_once_set)
     CHECK_EQ(status_of(ans), 401);
     env_down(&e);
     /* beyond loopback without a token: refused, with the reason */
-    kvp_http_route r[] = {{"/x", kvp_mstatus_page, NULL, 0}};
+    kvp_http_route r[] = {{.path = "/x", .fn = kvp_mstatus_page}};
     kvp_http_opts o = {.listen = "0.0.0.0:0", .what = "master", .routes = r, .nroutes = 1};
     kvp_http *h = NULL;
     char err[512];
     CHECK_EQ(kvp_http_start(&o, &h, err, sizeof err), KVP_ECONFIG);
     CHECK(h == NULL && strstr(err, "HTTP endpoint") != NULL);
+}
+
+/* ------------------------------------------------------ /api/kv/lookup */
+
+/* GET target (path and query) with an optional bearer token: the status
+ * (-1: no answer) and, with j, the body parsed as JSON (NULL if it is not).
+ * Thread-safe. */
+static int get_json(uint16_t port, const char *target, const char *token, json_t **j)
+{
+    size_t cap = strlen(target) + 1024;
+    char *req = malloc(cap), *ans = malloc(1 << 16);
+    int st = -1;
+    if (j)
+        *j = NULL;
+    if (req && ans) {
+        snprintf(req, cap, "GET %s HTTP/1.1\r\nHost: t\r\n%s%s%sConnection: close\r\n\r\n", target,
+                 token ? "Authorization: Bearer " : "", token ? token : "", token ? "\r\n" : "");
+        if (http_get(port, req, ans, 1 << 16) > 0) {
+            st = status_of(ans);
+            const char *body = strstr(ans, "\r\n\r\n");
+            if (j && body) {
+                *j = json_loads(body + 4, 0, NULL);
+                if (st != 401 && !strstr(ans, "Content-Type: application/json"))
+                    st = -2; /* every answer of the route is JSON */
+            }
+        }
+    }
+    free(req);
+    free(ans);
+    return st;
+}
+
+static long long jint(const json_t *j, const char *k)
+{
+    const json_t *v = json_object_get(j, k);
+    return json_is_integer(v) ? (long long)json_integer_value(v) : -1;
+}
+
+static const char *jstr(const json_t *j, const char *k)
+{
+    const char *s = json_string_value(json_object_get(j, k));
+    return s ? s : "";
+}
+
+/* An embedded client of the env's master, in tenant (NULL: default). */
+static kvp_client *open_client(const env *e, const char *tenant)
+{
+    char conf[320], err[256];
+    snprintf(conf, sizeof conf,
+             "{\"master\": \"%s\", \"mode\": \"embedded\", \"global_segment_size\": \"16MiB\""
+             "%s%s%s}",
+             e->addr, tenant ? ", \"tenant\": \"" : "", tenant ? tenant : "", tenant ? "\"" : "");
+    kvp_client *c = NULL;
+    return kvp_client_open(conf, &c, err, sizeof err) == 0 ? c : NULL;
+}
+
+/* One object per block of the chain h[0..n) in group g (parts 1). */
+static int put_chain(kvp_client *c, const char *prefix, const uint64_t *h, size_t n, uint8_t g)
+{
+    char keys[16][48], val[512];
+    const char *kp[16];
+    kvp_iov iov[16];
+    const kvp_iov *iovp[16];
+    size_t niov[16];
+    kvp_block b[16];
+    int64_t res[16];
+    memset(val, 'b', sizeof val);
+    REQUIRE(n <= 16);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(keys[i], sizeof keys[i], "%s-%zu", prefix, i);
+        kp[i] = keys[i];
+        iov[i] = (kvp_iov){val, sizeof val};
+        iovp[i] = &iov[i];
+        niov[i] = 1;
+        b[i] = (kvp_block){.hash = h[i], .parent = i ? h[i - 1] : 0, .block_size = 16,
+                           .parts = 1, .group = g, .flags = i ? KVP_BLOCK_PARENT : 0};
+    }
+    kvp_put_opts o;
+    kvp_put_opts_init(&o);
+    o.blocks = b;
+    REQUIRE(kvp_client_batch_put_opts(c, kp, iovp, niov, n, &o, res) == 0);
+    for (size_t i = 0; i < n; i++)
+        REQUIRE(res[i] >= 0); /* the bytes stored */
+    return 0;
+}
+
+/* The HTTP answer for chain h[0..n) of group g in tenant (NULL: none
+ * given) equals the client's LOOKUP_HASHES (c in that tenant) and names
+ * the tenant, group and length; the prefix into *p. 0 or -1. */
+static int same_as_lookup_hashes(const env *e, kvp_client *c, const char *tenant, const uint64_t *h,
+                                 size_t n, uint8_t g, int hex, kvp_hash_prefix *p)
+{
+    char *q = malloc(64 + n * 24);
+    REQUIRE(q);
+    int o = sprintf(q, "/api/kv/lookup?");
+    if (tenant)
+        o += sprintf(q + o, "tenant=%s&", tenant);
+    o += sprintf(q + o, "hashes=");
+    for (size_t i = 0; i < n; i++)
+        o += sprintf(q + o, hex ? "%s0x%llx" : "%s%llu", i ? "," : "", (unsigned long long)h[i]);
+    if (g)
+        sprintf(q + o, "&group=%u", g);
+    json_t *j;
+    int st = get_json(kvp_http_port(e->h), q, NULL, &j);
+    free(q);
+    kvp_hash_prefix want;
+    size_t len = n;
+    int rc = kvp_client_lookup_hashes(c, h, &len, &g, 1, &want);
+    int ok = st == 200 && j && rc == 0 && jint(j, "dram") == want.dram &&
+             jint(j, "disk") == want.disk && jint(j, "any") == want.any &&
+             jint(j, "blocks") == (long long)n && jint(j, "group") == g &&
+             !strcmp(jstr(j, "tenant"), tenant && tenant[0] ? tenant : "default");
+    if (!ok) {
+        char *d = j ? json_dumps(j, 0) : NULL;
+        fprintf(stderr, "lookup: status %d, %s; LOOKUP_HASHES %d: %u %u %u\n", st,
+                d ? d : "(no JSON)", rc, want.dram, want.disk, want.any);
+        free(d);
+    }
+    json_decref(j);
+    REQUIRE(ok);
+    *p = want;
+    return 0;
+}
+
+#define H0 0xfedcba9876543210ull /* 20 decimal digits */
+
+TEST(kv_lookup_answers_as_lookup_hashes)
+{
+    env e;
+    if (env_up(&e, NULL) != 0)
+        return;
+    kvp_client *c = open_client(&e, NULL), *acme = open_client(&e, "acme");
+    CHECK(c && acme);
+    uint64_t a[5] = {H0, H0 + 1, H0 + 2, H0 + 3, H0 + 4}, g2[2] = {H0 + 100, H0 + 101},
+             b[2] = {7, 8};
+    CHECK_EQ(put_chain(c, "a", a, 3, 0), 0); /* a[3], a[4] never put */
+    CHECK_EQ(put_chain(c, "g", g2, 2, 2), 0);
+    CHECK_EQ(put_chain(acme, "b", b, 2, 0), 0);
+    kvp_hash_prefix p;
+    /* a hit chain, in decimal and in hex; the tenant named or not */
+    CHECK_EQ(same_as_lookup_hashes(&e, c, NULL, a, 5, 0, 0, &p), 0);
+    CHECK(p.dram == 3 && p.any == 3 && p.disk == 0);
+    CHECK_EQ(same_as_lookup_hashes(&e, c, NULL, a, 2, 0, 1, &p), 0);
+    CHECK_EQ(p.any, 2);
+    CHECK_EQ(same_as_lookup_hashes(&e, c, "default", a, 3, 0, 0, &p), 0);
+    CHECK_EQ(p.any, 3);
+    CHECK_EQ(same_as_lookup_hashes(&e, c, "", a, 4, 0, 0, &p), 0);
+    CHECK_EQ(p.any, 3);
+    /* a partial chain: its first block missing, nothing counts */
+    uint64_t holed[3] = {H0 + 3, H0, H0 + 1};
+    CHECK_EQ(same_as_lookup_hashes(&e, c, NULL, holed, 3, 0, 0, &p), 0);
+    CHECK(p.dram == 0 && p.any == 0);
+    /* another group: its own chain; the same hashes in group 0 are not it */
+    CHECK_EQ(same_as_lookup_hashes(&e, c, NULL, g2, 2, 2, 0, &p), 0);
+    CHECK_EQ(p.any, 2);
+    CHECK_EQ(same_as_lookup_hashes(&e, c, NULL, g2, 2, 0, 0, &p), 0);
+    CHECK_EQ(p.any, 0);
+    CHECK_EQ(same_as_lookup_hashes(&e, c, NULL, g2, 2, 255, 0, &p), 0);
+    CHECK_EQ(p.any, 0);
+    /* tenants: acme's blocks are acme's; an unknown tenant holds nothing */
+    CHECK_EQ(same_as_lookup_hashes(&e, acme, "acme", b, 2, 0, 0, &p), 0);
+    CHECK_EQ(p.any, 2);
+    CHECK_EQ(same_as_lookup_hashes(&e, c, NULL, b, 2, 0, 0, &p), 0);
+    CHECK_EQ(p.any, 0);
+    json_t *j;
+    char q[256];
+    snprintf(q, sizeof q, "/api/kv/lookup?hashes=%llu&tenant=nobody", (unsigned long long)H0);
+    CHECK_EQ(get_json(kvp_http_port(e.h), q, NULL, &j), 200);
+    CHECK(j && !strcmp(jstr(j, "tenant"), "nobody") && jint(j, "any") == 0 &&
+          jint(j, "dram") == 0 && jint(j, "disk") == 0 && jint(j, "blocks") == 1);
+    json_decref(j);
+    /* the largest hash, and an encoded comma and tenant */
+    CHECK_EQ(get_json(kvp_http_port(e.h),
+                      "/api/kv/lookup?hashes=18446744073709551615%2C0xFFFFFFFFFFFFFFFF&tenant=ac%6De",
+                      NULL, &j), 200);
+    CHECK(j && !strcmp(jstr(j, "tenant"), "acme") && jint(j, "blocks") == 2 && jint(j, "any") == 0);
+    json_decref(j);
+    /* empty arguments are nothing; an empty name with a value is unknown */
+    snprintf(q, sizeof q, "/api/kv/lookup?&hashes=%llu&&group=0&", (unsigned long long)H0);
+    CHECK_EQ(get_json(kvp_http_port(e.h), q, NULL, &j), 200);
+    CHECK(j && jint(j, "any") == 1 && jint(j, "blocks") == 1);
+    json_decref(j);
+    /* HEAD: the same status, no body */
+    static char ans[4096];
+    snprintf(q, sizeof q, "HEAD /api/kv/lookup?hashes=%llu HTTP/1.1\r\nHost: t\r\n"
+             "Connection: close\r\n\r\n", (unsigned long long)H0);
+    CHECK(http_get(kvp_http_port(e.h), q, ans, sizeof ans) > 0);
+    CHECK_EQ(status_of(ans), 200);
+    kvp_client_close(acme);
+    kvp_client_close(c);
+    env_down(&e);
+}
+
+TEST(kv_lookup_refuses_bad_arguments)
+{
+    env e;
+    if (env_up(&e, NULL) != 0)
+        return;
+    static char big[8192], many[4200 * 2 + 64], bad[200];
+    snprintf(big, sizeof big, "/api/kv/lookup?hashes=1&tenant=%0256d", 0);
+    int o = sprintf(many, "/api/kv/lookup?hashes=0");
+    for (int i = 1; i < KVP_KVAPI_MAX_HASHES + 1; i++)
+        o += sprintf(many + o, ",%d", i % 10);
+    static const struct {
+        const char *target, *says;
+    } cases[] = {
+        {"/api/kv/lookup", "hashes: missing"},
+        {"/api/kv/lookup?group=1", "hashes: missing"},
+        {"/api/kv/lookup?hashes=", "hashes: empty list"},
+        {"/api/kv/lookup?hashes", "hashes: empty list"},
+        {"/api/kv/lookup?hashes=12a", "hash 1 (\"12a\") is not an unsigned integer"},
+        {"/api/kv/lookup?hashes=1,-1", "hash 2 (\"-1\") is not"},
+        {"/api/kv/lookup?hashes=1,+2", "hash 2 (\" 2\") is not"},
+        {"/api/kv/lookup?hashes=0x", "is not an unsigned integer"},
+        {"/api/kv/lookup?hashes=0xg1", "is not an unsigned integer"},
+        {"/api/kv/lookup?hashes=1.5", "is not an unsigned integer"},
+        {"/api/kv/lookup?hashes=18446744073709551616", "is larger than 2^64-1"},
+        {"/api/kv/lookup?hashes=0x10000000000000000", "is larger than 2^64-1"},
+        {"/api/kv/lookup?hashes=99999999999999999999999999x", "is not an unsigned integer"},
+        {"/api/kv/lookup?hashes=1,,2", "hash 2 of 3 is empty"},
+        {"/api/kv/lookup?hashes=1,", "hash 2 of 2 is empty"},
+        {"/api/kv/lookup?hashes=1&group=256", "group: \"256\" is not a number from 0 to 255"},
+        {"/api/kv/lookup?hashes=1&group=x", "group:"},
+        {"/api/kv/lookup?hashes=1&group=", "group:"},
+        {"/api/kv/lookup?hashes=1&group", "group:"},
+        {"/api/kv/lookup?hashes=1&hashes=2", "parameter \"hashes\" given twice"},
+        {"/api/kv/lookup?hashes=1&group=1&group=1", "parameter \"group\" given twice"},
+        {"/api/kv/lookup?hashes=1&foo=2", "unknown parameter \"foo\""},
+        {"/api/kv/lookup?hashes=1&%22%0a=2", "unknown parameter \"??\""},
+        {"/api/kv/lookup?hashes=1&=2", "unknown parameter \"\""},
+        {"/api/kv/lookup?Hashes=1", "unknown parameter \"Hashes\""},
+        {"/api/kv/lookup?hashes=1&tenant=a%00b", "tenant: holds a NUL byte"},
+        {"/api/kv/lookup?hashes=1&tenant=%ff", "tenant: not UTF-8"},
+        {big, "tenant: 256 bytes, at most 255"},
+        {many, "hashes: 4097 given, at most 4096"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *j;
+        int st = get_json(kvp_http_port(e.h), cases[i].target, NULL, &j);
+        const char *err = jstr(j, "error");
+        if (st != 400 || !strstr(err, cases[i].says)) {
+            snprintf(bad, sizeof bad, "%.100s", cases[i].target);
+            fprintf(stderr, "%s: status %d, error \"%s\"\n", bad, st, err);
+        }
+        CHECK_EQ(st, 400);
+        CHECK(strstr(err, cases[i].says) != NULL);
+        json_decref(j);
+    }
+    env_down(&e);
+}
+
+TEST(kv_lookup_needs_the_token_and_bounds_the_url)
+{
+    env e;
+    if (env_up(&e, "tok-123") != 0)
+        return;
+    uint16_t port = kvp_http_port(e.h);
+    kvp_client *c = open_client(&e, NULL);
+    CHECK(c != NULL);
+    uint64_t a[2] = {H0, H0 + 1};
+    CHECK_EQ(put_chain(c, "a", a, 2, 0), 0);
+    /* the longest query: 4096 hashes of 20 digits, a 255-byte tenant, the token */
+    size_t cap = 64 + KVP_KVAPI_MAX_HASHES * 21 + 300;
+    char *q = malloc(cap);
+    CHECK(q != NULL);
+    int o = sprintf(q, "/api/kv/lookup?hashes=%llu,%llu", (unsigned long long)a[0],
+                    (unsigned long long)a[1]);
+    for (int i = 2; i < KVP_KVAPI_MAX_HASHES; i++)
+        o += sprintf(q + o, ",%llu", 18446744073709551615ull - (unsigned long long)i);
+    int end = o;
+    sprintf(q + end, "&group=0&tenant=default");
+    json_t *j;
+    CHECK_EQ(get_json(port, q, NULL, &j), 401);
+    json_decref(j);
+    CHECK_EQ(get_json(port, q, "tok-12", &j), 401);
+    json_decref(j);
+    CHECK_EQ(get_json(port, q, "tok-123", &j), 200);
+    CHECK(j && jint(j, "blocks") == KVP_KVAPI_MAX_HASHES && jint(j, "any") == 2);
+    json_decref(j);
+    o = end + sprintf(q + end, "&group=255&tenant=");
+    memset(q + o, 'z', 255);
+    q[o + 255] = '\0';
+    CHECK_EQ(get_json(port, q, "tok-123", &j), 200);
+    CHECK(j && strlen(jstr(j, "tenant")) == 255 && jint(j, "any") == 0 && jint(j, "group") == 255);
+    json_decref(j);
+    free(q);
+    /* a URL past the connection's memory: refused (414) or cut off, never served */
+    size_t huge = 2 * KVP_HTTP_CONN_MEM;
+    q = malloc(huge + 64);
+    CHECK(q != NULL);
+    o = sprintf(q, "/api/kv/lookup?hashes=1");
+    while ((size_t)o < huge)
+        o += sprintf(q + o, ",1");
+    int st = get_json(port, q, "tok-123", NULL);
+    CHECK(st == -1 || st == 414 || st == 400);
+    free(q);
+    /* and the endpoint goes on */
+    CHECK_EQ(get_json(port, "/api/kv/lookup?hashes=1", "tok-123", &j), 200);
+    json_decref(j);
+    kvp_client_close(c);
+    env_down(&e);
+}
+
+typedef struct busy {
+    const char *addr;
+    _Atomic int stop;
+    int ops, bad;
+} busy;
+
+/* A client keeping the loop busy: puts and gets of 64 KiB values. */
+static void *busy_main(void *arg)
+{
+    busy *b = arg;
+    char conf[256], err[256];
+    snprintf(conf, sizeof conf,
+             "{\"master\": \"%s\", \"mode\": \"embedded\", \"global_segment_size\": \"32MiB\"}",
+             b->addr);
+    kvp_client *c = NULL;
+    if (kvp_client_open(conf, &c, err, sizeof err) != 0) {
+        b->bad++;
+        return NULL;
+    }
+    char *val = malloc(65536);
+    if (!val) {
+        b->bad++;
+        kvp_client_close(c);
+        return NULL;
+    }
+    memset(val, 'x', 65536);
+    for (int i = 0; !atomic_load(&b->stop); i++) {
+        char k[48];
+        snprintf(k, sizeof k, "busy-%p-%d", (void *)b, i % 64);
+        kvp_client_remove(c, k, 1);
+        if (kvp_client_put(c, k, val, 65536) != 0 || kvp_client_get(c, k, val, 65536) != 65536)
+            b->bad++;
+        b->ops++;
+    }
+    free(val);
+    kvp_client_close(c);
+    return NULL;
+}
+
+TEST(kv_lookup_answers_while_the_loop_is_busy)
+{
+    env e;
+    if (env_up(&e, NULL) != 0)
+        return;
+    kvp_client *c = open_client(&e, NULL);
+    CHECK(c != NULL);
+    uint64_t a[4] = {H0, H0 + 1, H0 + 2, H0 + 3};
+    CHECK_EQ(put_chain(c, "a", a, 4, 0), 0);
+    busy b[3] = {{.addr = e.addr}, {.addr = e.addr}, {.addr = e.addr}};
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(pthread_create(&th[i], NULL, busy_main, &b[i]), 0);
+    tp_sleep_ms(200);
+    char q[256];
+    snprintf(q, sizeof q, "/api/kv/lookup?hashes=%llu,%llu,%llu,%llu,1", (unsigned long long)a[0],
+             (unsigned long long)a[1], (unsigned long long)a[2], (unsigned long long)a[3]);
+    uint64_t worst = 0;
+    int n = 0, good = 0;
+    for (uint64_t end = kvp_now_ms() + 2000; kvp_now_ms() < end; n++) {
+        uint64_t t0 = kvp_now_ms();
+        json_t *j;
+        int st = get_json(kvp_http_port(e.h), q, NULL, &j);
+        good += st == 200 && jint(j, "any") == 4 && jint(j, "blocks") == 5;
+        json_decref(j);
+        if (kvp_now_ms() - t0 > worst)
+            worst = kvp_now_ms() - t0;
+    }
+    for (int i = 0; i < 3; i++) {
+        atomic_store(&b[i].stop, 1);
+        pthread_join(th[i], NULL);
+    }
+    fprintf(stderr, "%d lookups beside %d+%d+%d client ops, the slowest %llu ms\n", n, b[0].ops,
+            b[1].ops, b[2].ops, (unsigned long long)worst);
+    CHECK(n > 0);
+    CHECK_EQ(good, n);
+    CHECK(worst < KVP_KVAPI_WAIT_MS);
+    CHECK(b[0].ops + b[1].ops + b[2].ops > 0);
+    CHECK_EQ(b[0].bad + b[1].bad + b[2].bad, 0);
+    kvp_client_close(c);
+    env_down(&e);
+}
+
+typedef struct asker {
+    uint16_t port;
+    pthread_t th;
+    int status;
+    char error[128];
+    uint64_t ms;
+} asker;
+
+static void *ask_main(void *arg)
+{
+    asker *a = arg;
+    uint64_t t0 = kvp_now_ms();
+    json_t *j;
+    a->status = get_json(a->port, "/api/kv/lookup?hashes=1,2", NULL, &j);
+    snprintf(a->error, sizeof a->error, "%s", jstr(j, "error"));
+    json_decref(j);
+    a->ms = kvp_now_ms() - t0;
+    return NULL;
+}
+
+TEST(kv_lookup_without_a_serving_loop)
+{
+    env e;
+    if (env_up_run(&e, NULL, 0) != 0) /* the loop is not running */
+        return;
+    uint16_t port = kvp_http_port(e.h);
+    kvp_mstatus *st = kvp_mserver_status(e.s);
+    /* a standby answers at once, as /readyz does */
+    kvp_mstatus_role(st, KVP_MROLE_STANDBY);
+    asker a = {.port = port};
+    ask_main(&a);
+    CHECK_EQ(a.status, 503);
+    CHECK(strstr(a.error, "standby") != NULL && a.ms < 1000);
+    kvp_mstatus_role(st, KVP_MROLE_SINGLE);
+    /* nobody answers: 503 after the wait */
+    ask_main(&a);
+    CHECK_EQ(a.status, 503);
+    CHECK(!strcmp(a.error, "the master's loop did not answer"));
+    CHECK(a.ms >= KVP_KVAPI_WAIT_MS - 100 && a.ms < KVP_KVAPI_WAIT_MS + 1500);
+    /* a query made before the loop runs is answered once it does */
+    CHECK_EQ(pthread_create(&a.th, NULL, ask_main, &a), 0);
+    tp_sleep_ms(300);
+    CHECK_EQ(pthread_create(&e.loop, NULL, loop_main, e.s), 0);
+    pthread_join(a.th, NULL);
+    CHECK_EQ(a.status, 200);
+    /* the loop stopped: refused at once */
+    kvp_mserver_stop(e.s);
+    pthread_join(e.loop, NULL);
+    ask_main(&a);
+    CHECK_EQ(a.status, 503);
+    CHECK(!strcmp(a.error, "the master is stopping") && a.ms < 1000);
+    kvp_http_stop(e.h);
+    kvp_mserver_destroy(e.s);
+    /* a query waiting when the loop stops is released, not left to time out */
+    if (env_up_run(&e, NULL, 0) != 0)
+        return;
+    a = (asker){.port = kvp_http_port(e.h)};
+    CHECK_EQ(pthread_create(&a.th, NULL, ask_main, &a), 0);
+    tp_sleep_ms(300);
+    kvp_mserver_stop(e.s);
+    CHECK_EQ(pthread_create(&e.loop, NULL, loop_main, e.s), 0); /* stops at once */
+    pthread_join(a.th, NULL);
+    CHECK_EQ(a.status, 503);
+    CHECK(!strcmp(a.error, "the master is stopping"));
+    CHECK(a.ms < KVP_KVAPI_WAIT_MS);
+    env_down(&e);
+}
+
+TEST(a_route_has_one_handler)
+{
+    kvp_http_route r[] = {{.path = "/x"}};
+    kvp_http_opts o = {.listen = "127.0.0.1:0", .what = "master", .routes = r, .nroutes = 1};
+    kvp_http *h = NULL;
+    char err[512];
+    CHECK_EQ(kvp_http_start(&o, &h, err, sizeof err), KVP_EINVALID_PARAMS);
+    r[0] = (kvp_http_route){.path = "/x", .fn = kvp_mstatus_page, .fn_req = kvp_kvapi_lookup};
+    CHECK_EQ(kvp_http_start(&o, &h, err, sizeof err), KVP_EINVALID_PARAMS);
+    CHECK(h == NULL && strstr(err, "/x") != NULL);
 }

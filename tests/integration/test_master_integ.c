@@ -156,7 +156,7 @@ static int put_start(cl *c, int from, int n, uint64_t size, uint32_t flags, cons
     uint64_t *sizes = malloc((size_t)(n ? n : 1) * sizeof *sizes);
     for (int i = 0; i < n; i++)
         sizes[i] = size;
-    kvp_msg_put_start m = {{NULL, 0}, 1, flags, 0, bstr(pref), (uint32_t)n, k.keys, sizes};
+    kvp_msg_put_start m = {{NULL, 0}, 1, flags, 0, bstr(pref), (uint32_t)n, k.keys, sizes, NULL};
     kvp_enc_put_start(&c->body, &m);
     int rc = cl_call(c, KVP_OP_PUT_START);
     keys_free(&k);

@@ -101,6 +101,27 @@ class Proc:
         return rc
 
 
+class Store(Proc):
+    """A `kvpool store` (a storage node) of the master at master_addr, returned
+    once its segment is mounted there (it has no --port-file: its log says)."""
+
+    def __init__(self, master_addr: str, *args: str, timeout_s: float = 20.0) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="kvpool-py-")
+        self.log_path = Path(self._dir.name) / "log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [kvpool_bin(), "store", "--listen", "127.0.0.1:0", "--master", master_addr, *args],
+            stdout=self._log, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while b"mounted at master" not in self.log_path.read_bytes():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                log = self.log_path.read_text(errors="replace")[-2000:]
+                self.stop()
+                raise RuntimeError(f"kvpool store did not mount: {log}")
+            time.sleep(0.05)
+        self.addr = ""
+
+
 def serve(segment_size: str = "256MiB", *extra: str) -> Proc:
     return Proc("serve", "--segment-size", segment_size, *extra)
 

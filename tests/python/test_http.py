@@ -1,15 +1,18 @@
 """The servers' HTTP endpoint (--http): /metrics checked by promtool and
-scraped by a real Prometheus, /healthz and /readyz, credentials, and the
+scraped by a real Prometheus, /healthz and /readyz, credentials, the
 master's status page drawn by headless Chromium (its screenshot is kept as
-an artifact in $KVPOOL_ARTIFACTS, default build/artifacts)."""
+an artifact in $KVPOOL_ARTIFACTS, default build/artifacts), and
+/api/kv/lookup against the client's lookup_hashes."""
 from __future__ import annotations
 
 import html.parser
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -145,7 +148,7 @@ def test_a_token_guards_every_path() -> None:
         try:
             base = f"http://127.0.0.1:{port}"
             wait_http(base + "/healthz")
-            for path in ("/metrics", "/", "/api/stats", "/nope"):
+            for path in ("/metrics", "/", "/api/stats", "/api/kv/lookup?hashes=1", "/nope"):
                 st, _, hdr = fetch(base + path)
                 assert st == 401 and hdr.get("WWW-Authenticate", "").startswith("Bearer"), path
                 assert fetch(base + path, token="wrong")[0] == 401
@@ -321,6 +324,10 @@ def test_a_cluster_of_masters_shows_its_roles(tmp_path: Path) -> None:
         lead, stand = until(roles, "one leader, one standby", 30)
         st, body, _ = fetch(bases[stand] + "/readyz")
         assert st == 503 and body.startswith("standby"), body
+        st, body, _ = fetch(bases[stand] + "/api/kv/lookup?hashes=1")  # the leader answers
+        assert st == 503 and json.loads(body)["error"].startswith("standby"), body
+        st, body, _ = fetch(bases[lead] + "/api/kv/lookup?hashes=1")
+        assert st == 200 and json.loads(body)["any"] == 0, body
         assert fetch(bases[stand] + "/healthz")[0] == 200
         assert samples(fetch(bases[stand] + "/metrics")[1],
                        "kvpool_master_role")['{role="standby"}'] == 1
@@ -357,3 +364,156 @@ def test_kvpool_stat_names_the_masters_release(served: tuple[kvpool_procs.Proc, 
     assert json.loads(r.stdout)["version"] == kvpool.__version__
     v = subprocess.run([kvpool_procs.kvpool_bin(), "--version"], capture_output=True, timeout=30)
     assert v.stdout.decode().strip() == f"kvpool {kvpool.__version__}"
+
+
+# ------------------------------------------------------------ /api/kv/lookup
+
+H0 = 0xFEDCBA9876543210  # 20 decimal digits
+
+
+def put_chain(c: kvpool.Client, prefix: str, hashes: list[int], group: int = 0) -> None:
+    """One object per block of the chain (parts 1)."""
+    blocks = [kvpool.Block(h, hashes[i - 1] if i else None, 16, 1, group)
+              for i, h in enumerate(hashes)]
+    res = c.put_batch([f"{prefix}-{i}" for i in range(len(hashes))],
+                      [bytes([i]) * 700 for i in range(len(hashes))], blocks=blocks)
+    assert res == [None] * len(hashes), res
+
+
+def lookup(base: str, hashes: list[int], group: Optional[int] = None, tenant: Optional[str] = None,
+           hexa: bool = False, token: Optional[str] = None) -> tuple[int, dict]:  # type: ignore[type-arg]
+    q = {"hashes": ",".join(hex(h) if hexa else str(h) for h in hashes)}
+    if group is not None:
+        q["group"] = str(group)
+    if tenant is not None:
+        q["tenant"] = tenant
+    st, body, hdr = fetch(base + "/api/kv/lookup?" + urllib.parse.urlencode(q), token=token)
+    assert hdr["Content-Type"] == "application/json", hdr
+    return st, json.loads(body)
+
+
+def test_kv_lookup_answers_as_lookup_hashes(served: tuple[kvpool_procs.Proc, str]) -> None:
+    proc, base = served
+    a = [H0 + i for i in range(5)]
+    g = [H0 + 100, H0 + 101]
+    t = [H0 + 200, H0 + 201]
+    with kvpool.Client({"master": proc.addr, "mode": "standalone-store"}) as c, \
+            kvpool.Client({"master": proc.addr, "mode": "standalone-store",
+                           "tenant": "http-t"}) as ct:
+        put_chain(c, "kvl-a", a[:3])  # a[3:] never put
+        put_chain(c, "kvl-g", g, group=3)
+        put_chain(ct, "kvl-t", t)
+        cases = [  # (client of the tenant, chain, group, tenant, hex)
+            (c, a, None, None, False),            # a hit chain: 3 of 5
+            (c, a[:2], None, None, True),         # hex
+            (c, a, 0, "default", False),
+            (c, a[:4], None, "", False),          # "" is "default"
+            (c, [a[3]] + a[:3], None, None, False),  # first block missing: 0
+            (c, a[1:3], None, None, False),       # a chain need not start at the root
+            (c, g, 3, None, False),               # another group
+            (c, g, None, None, False),            # ... not in group 0
+            (c, g, 255, None, False),
+            (ct, t, None, "http-t", False),       # a tenant's own blocks
+            (c, t, None, None, False),            # ... not the default tenant's
+        ]
+        for cl, chain, group, tenant, hexa in cases:
+            want = cl.lookup_hashes([chain], [group or 0])[0]
+            st, j = lookup(base, chain, group, tenant, hexa)
+            assert st == 200, j
+            assert j == {"tenant": tenant or "default", "group": group or 0, "blocks": len(chain),
+                         "dram": want.dram, "disk": want.disk, "any": want.any}, (j, want)
+        assert c.lookup_hashes([a])[0] == kvpool.HashPrefix(3, 0, 3)
+        assert ct.lookup_hashes([t])[0] == kvpool.HashPrefix(2, 0, 2)
+        assert c.lookup_hashes([g], [3])[0].any == 2
+    # an unknown tenant holds nothing
+    st, j = lookup(base, a, tenant="no-such-tenant")
+    assert st == 200 and j == {"tenant": "no-such-tenant", "group": 0, "blocks": 5, "dram": 0,
+                               "disk": 0, "any": 0}, j
+
+
+def test_kv_lookup_refuses_bad_arguments(served: tuple[kvpool_procs.Proc, str]) -> None:
+    _, base = served
+    cases = {
+        "": "hashes: missing",
+        "hashes=": "hashes: empty list",
+        "hashes=abc": 'hash 1 ("abc") is not an unsigned integer',
+        "hashes=1,-2": 'hash 2 ("-2") is not an unsigned integer',
+        "hashes=18446744073709551616": "larger than 2^64-1",
+        "hashes=0x1ffffffffffffffff": "larger than 2^64-1",
+        "hashes=1,,2": "hash 2 of 3 is empty",
+        "hashes=" + ",".join(["1"] * 4097): "hashes: 4097 given, at most 4096",
+        "hashes=1&group=256": "group:",
+        "hashes=1&group=-1": "group:",
+        "hashes=1&hashes=2": 'parameter "hashes" given twice',
+        "hashes=1&limit=2": 'unknown parameter "limit"',
+        "hashes=1&tenant=" + "x" * 256: "tenant: 256 bytes, at most 255",
+    }
+    for q, says in cases.items():
+        st, body, hdr = fetch(base + "/api/kv/lookup?" + q)
+        assert st == 400 and hdr["Content-Type"] == "application/json", (q[:80], st, body)
+        assert says in json.loads(body)["error"], (q[:80], body)
+    # the largest query fits: 4096 hashes of 20 digits, a 255-byte tenant
+    chain = [(1 << 64) - 1 - i for i in range(4096)]
+    st, j = lookup(base, chain, group=31, tenant="t" * 255)
+    assert st == 200 and j["blocks"] == 4096 and j["any"] == 0 and len(j["tenant"]) == 255, st
+    # a URL past the connection's memory: 414 (or the connection closed), never served
+    host, port = base.rsplit("/", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        req = ("GET /api/kv/lookup?hashes=" + ",".join(["1"] * 150_000) +
+               " HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").encode()
+        try:
+            s.sendall(req)
+            ans = s.recv(4096)
+        except OSError:  # reset while sending: refused before the end
+            ans = b""
+        assert ans == b"" or ans.startswith(b"HTTP/1.1 414"), ans[:200]
+    assert fetch(base + "/api/kv/lookup?hashes=1")[0] == 200  # and it goes on
+    assert fetch(base + "/readyz")[0] == 200
+
+
+def test_kv_lookup_answers_while_the_master_is_busy(served: tuple[kvpool_procs.Proc, str]) -> None:
+    """Clients keep the master's loop busy (puts, gets, lookups over the
+    wire) while HTTP lookups go through it: each is answered, well within
+    the endpoint's 2 s wait, and agrees with the wire's answer."""
+    proc, base = served
+    chain = [H0 + 300 + i for i in range(8)]
+    with kvpool.Client({"master": proc.addr, "mode": "standalone-store"}) as c:
+        put_chain(c, "kvl-busy", chain)
+        stop = threading.Event()
+        errors: list[str] = []
+        ops = [0]
+
+        def hammer(n: int) -> None:
+            try:
+                with kvpool.Client({"master": proc.addr, "mode": "standalone-store"}) as w:
+                    val = bytes([n]) * 65536
+                    i = 0
+                    while not stop.is_set():
+                        keys = [f"kvl-busy-{n}-{(i + k) % 32}" for k in range(8)]
+                        assert w.put_batch(keys, [val] * 8) == [None] * 8
+                        assert w.get(keys[0]) == val
+                        assert w.lookup_hashes([chain])[0].any == 8
+                        ops[0] += 1
+                        i += 8
+            except Exception as e:  # noqa: BLE001 -- reported below
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=hammer, args=(n,)) for n in range(4)]
+        for th in threads:
+            th.start()
+        try:
+            worst, n = 0.0, 0
+            end = time.monotonic() + 3
+            while time.monotonic() < end:
+                t0 = time.monotonic()
+                st, j = lookup(base, chain + [1])
+                worst = max(worst, time.monotonic() - t0)
+                assert st == 200 and j["any"] == 8 and j["blocks"] == 9, j
+                n += 1
+        finally:
+            stop.set()
+            for th in threads:
+                th.join(30)
+        assert not errors, errors
+        assert ops[0] > 0 and n > 0
+        assert worst < 2.0, worst

@@ -45,7 +45,10 @@
     XX(remove_regex, L)                                                        \
     XX(seg_freed, LA)                                                          \
     XX(replica_bad, LA)                                                        \
-    XX(disk, LA)
+    XX(disk, LA)                                                               \
+    XX(lookup_hashes, LA)                                                      \
+    XX(lookup_hashes_resp, LA)                                                 \
+    XX(kv_snapshot_resp, LA)
 
 enum pc_kind {
 #define PC__ENUM(t, sig) PC_##t,
@@ -115,6 +118,8 @@ static PC_UNUSED const struct { int req, resp; } pc_op_kinds[KVP_OP__MAX] = {
     [KVP_OP_DISK_REPORT] = {PC_disk, PC_NONE},        /* ONEWAY */
     [KVP_OP_SEG_FREED_ACK] = {PC_ids, PC_NONE},       /* ONEWAY: {segment_id, seq} */
     [KVP_OP_TIERS] = {PC_keys, PC_results},
+    [KVP_OP_LOOKUP_HASHES] = {PC_lookup_hashes, PC_lookup_hashes_resp},
+    [KVP_OP_KV_SNAPSHOT] = {PC_keys, PC_kv_snapshot_resp},
 };
 
 /* ------------------------------------------------------------- samples */
@@ -138,6 +143,12 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     static int32_t codes[] = {0, KVP_EOBJECT_NOT_FOUND, 1, INT32_MIN, INT32_MAX};
     static kvp_bytes keys3[3], keys_max[2];
     static uint64_t u64s[3] = {1, 4096, UINT64_MAX};
+    static kvp_blkinfo blk2[2] = {{UINT64_MAX, UINT64_MAX, UINT32_MAX, UINT16_MAX, 255, 3},
+                                  {0, 0, 0, 0, 0, 0}};
+    static uint64_t hs[3] = {0, 0x8000000000000000ull, UINT64_MAX};
+    static kvp_hchain chains[3] = {{0, 3, hs}, {31, 0, NULL}, {255, 1, hs + 2}};
+    static kvp_hprefix hpre[2] = {{3, 0, 3}, {UINT32_MAX, UINT32_MAX, UINT32_MAX}};
+    static kvp_snap_blk sblk[3] = {{0, 0, 1}, {UINT64_MAX, 31, 2}, {42, 255, 255}};
     static kvp_put_result pres[3];
     static kvp_get_result gres[4];
     static uint64_t counters[1024];
@@ -210,8 +221,16 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(keys, 1) m->keys = (kvp_msg_keys){PC_B("tenant-1"), 3, keys3}; return 0;
     S(keys, 2) m->keys = (kvp_msg_keys){str_max, 2, keys_max}; return 0;
     S(put_start, 0) return 0;
-    S(put_start, 1) m->put_start = (kvp_msg_put_start){PC_B("t"), 2, KVP_PUT_PIN | KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_TTL, 1800000, PC_B("host-a:7000"), 3, keys3, u64s}; return 0;
-    S(put_start, 2) m->put_start = (kvp_msg_put_start){str_max, UINT32_MAX, UINT32_MAX, UINT64_MAX, str_max, 2, keys_max, u64s}; return 0;
+    S(put_start, 1) m->put_start = (kvp_msg_put_start){PC_B("t"), 2, KVP_PUT_PIN | KVP_PUT_F_SOFT_PIN | KVP_PUT_F_SOFT_TTL, 1800000, PC_B("host-a:7000"), 3, keys3, u64s, NULL}; return 0;
+    S(put_start, 2) m->put_start = (kvp_msg_put_start){str_max, UINT32_MAX, UINT32_MAX, UINT64_MAX, str_max, 2, keys_max, u64s, blk2}; return 0;
+    S(lookup_hashes, 0) return 0;
+    S(lookup_hashes, 1) m->lookup_hashes = (kvp_msg_lookup_hashes){PC_B("t"), 3, chains}; return 0;
+    S(lookup_hashes, 2) m->lookup_hashes = (kvp_msg_lookup_hashes){str_max, 1, chains}; return 0;
+    S(lookup_hashes_resp, 0) return 0;
+    S(lookup_hashes_resp, 1) m->lookup_hashes_resp = (kvp_msg_lookup_hashes_resp){2, hpre}; return 0;
+    S(kv_snapshot_resp, 0) return 0;
+    S(kv_snapshot_resp, 1) m->kv_snapshot_resp = (kvp_msg_kv_snapshot_resp){1733356800000000ull, 3, sblk}; return 0;
+    S(kv_snapshot_resp, 2) m->kv_snapshot_resp = (kvp_msg_kv_snapshot_resp){UINT64_MAX, 1, sblk + 1}; return 0;
     S(put_start_resp, 0) return 0;
     S(put_start_resp, 1) m->put_start_resp = (kvp_msg_put_start_resp){3, pres}; return 0;
     S(put_end, 0) return 0;
@@ -343,8 +362,36 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
         return pc_beq(a->tenant, b->tenant) && a->replicas == b->replicas && a->flags == b->flags &&
                a->soft_ttl_ms == b->soft_ttl_ms &&
                pc_beq(a->preferred, b->preferred) && a->n == b->n &&
-               pc_keys_eq(a->n, a->keys, b->keys) && pc_u64_eq(a->n, a->sizes, b->sizes);
+               pc_keys_eq(a->n, a->keys, b->keys) && pc_u64_eq(a->n, a->sizes, b->sizes) &&
+               !a->blocks == !b->blocks &&
+               (!a->blocks || memcmp(a->blocks, b->blocks, a->n * sizeof *a->blocks) == 0);
     }
+    case PC_lookup_hashes:
+        if (!pc_beq(x->lookup_hashes.tenant, y->lookup_hashes.tenant) ||
+            x->lookup_hashes.n != y->lookup_hashes.n)
+            return 0;
+        for (uint32_t i = 0; i < x->lookup_hashes.n; i++) {
+            const kvp_hchain *a = &x->lookup_hashes.chains[i], *b = &y->lookup_hashes.chains[i];
+            if (a->group != b->group || a->n != b->n || !pc_u64_eq(a->n, a->hashes, b->hashes))
+                return 0;
+        }
+        return 1;
+    case PC_lookup_hashes_resp:
+        return x->lookup_hashes_resp.n == y->lookup_hashes_resp.n &&
+               (x->lookup_hashes_resp.n == 0 ||
+                memcmp(x->lookup_hashes_resp.prefix, y->lookup_hashes_resp.prefix,
+                       x->lookup_hashes_resp.n * sizeof(kvp_hprefix)) == 0);
+    case PC_kv_snapshot_resp:
+        if (x->kv_snapshot_resp.seq != y->kv_snapshot_resp.seq ||
+            x->kv_snapshot_resp.n != y->kv_snapshot_resp.n)
+            return 0;
+        for (uint32_t i = 0; i < x->kv_snapshot_resp.n; i++) {
+            const kvp_snap_blk *a = &x->kv_snapshot_resp.blocks[i];
+            const kvp_snap_blk *b = &y->kv_snapshot_resp.blocks[i];
+            if (a->hash != b->hash || a->group != b->group || a->tier != b->tier)
+                return 0;
+        }
+        return 1;
     case PC_put_start_resp:
         if (x->put_start_resp.n != y->put_start_resp.n)
             return 0;

@@ -79,7 +79,7 @@ static inline int tq_put_start(kvp_rpc *r, const char *tenant, const char *key, 
                                uint64_t *seg)
 {
     kvp_bytes k = tq_bs(key);
-    kvp_msg_put_start ps = {tq_bs(tenant), 1, 0, 0, {NULL, 0}, 1, &k, &size};
+    kvp_msg_put_start ps = {tq_bs(tenant), 1, 0, 0, {NULL, 0}, 1, &k, &size, NULL};
     kvp_buf b;
     kvp_buf_init(&b, 8192);
     kvp_enc_put_start(&b, &ps);

@@ -16,7 +16,7 @@ static kvp_obj *mkobj(int k, uint16_t tenant)
 {
     char key[32];
     int len = snprintf(key, sizeof key, "k%d", k);
-    kvp_obj *o = calloc(1, kvp_obj_bytes((uint16_t)len, 1));
+    kvp_obj *o = calloc(1, kvp_obj_bytes((uint16_t)len, 1, 0));
     o->keylen = (uint16_t)len;
     o->tenant = tenant;
     memcpy((uint8_t *)(o + 1), key, (size_t)len);

@@ -216,7 +216,7 @@ static int put_start(core *c, sess *s, int from, int n, uint64_t size, uint32_t 
     }
     kvp_msg_put_start m = {{NULL, 0}, replicas, flags, c->soft_ttl,
                            {(const uint8_t *)pref, pref ? (uint32_t)strlen(pref) : 0},
-                           (uint32_t)n, keys, sizes};
+                           (uint32_t)n, keys, sizes, NULL};
     kvp_enc_put_start(&c->body, &m);
     int rc = call(c, s, KVP_OP_PUT_START, 0);
     free(kb);
@@ -470,7 +470,7 @@ TEST(validation)
     memset(big, 'k', sizeof big);
     kvp_bytes k = {(const uint8_t *)big, 4097};
     uint64_t sz = 10;
-    kvp_msg_put_start m = {{NULL, 0}, 1, 0, 0, {NULL, 0}, 1, &k, &sz};
+    kvp_msg_put_start m = {{NULL, 0}, 1, 0, 0, {NULL, 0}, 1, &k, &sz, NULL};
     kvp_enc_put_start(&c.body, &m);
     CHECK(call(&c, &s, KVP_OP_PUT_START, 0) == 0);
     CHECK(c.status != 0); /* refused by the decoder's key limit */
@@ -813,7 +813,7 @@ TEST(remove_all_and_tenants)
     /* the same key in another tenant is another object */
     kvp_bytes k = {(const uint8_t *)"key-000000", 10};
     uint64_t sz = 4096;
-    kvp_msg_put_start m = {{(const uint8_t *)"t2", 2}, 1, 0, 0, {NULL, 0}, 1, &k, &sz};
+    kvp_msg_put_start m = {{(const uint8_t *)"t2", 2}, 1, 0, 0, {NULL, 0}, 1, &k, &sz, NULL};
     kvp_enc_put_start(&c.body, &m);
     CHECK(call(&c, &s, KVP_OP_PUT_START, 0) == 0);
     kvp_proto_limits l;
@@ -1385,7 +1385,7 @@ static int tput(core *c, sess *s, const char *tenant, const char *key, uint64_t 
 {
     kvp_bytes t = {(const uint8_t *)tenant, (uint32_t)strlen(tenant)};
     kvp_bytes k = {(const uint8_t *)key, (uint32_t)strlen(key)};
-    kvp_msg_put_start ps = {t, 1, 0, 0, {NULL, 0}, 1, &k, &size};
+    kvp_msg_put_start ps = {t, 1, 0, 0, {NULL, 0}, 1, &k, &size, NULL};
     kvp_enc_put_start(&c->body, &ps);
     REQUIRE(call(c, s, KVP_OP_PUT_START, 0) == 0);
     if (c->status)
@@ -2020,6 +2020,328 @@ TEST(replace_pending_on_an_unmounted_segment_is_revoked)
     CHECK_EQ(kvp_master_check(c.m), 0);
     CHECK_EQ(stat_of(&c, KVP_STAT_PENDING), 0);
     CHECK_EQ(get_csum(&c, &s, 0), 11);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* ------------------------------------------------- engine KV blocks */
+
+static void with_events(kvp_config *cfg) { strcpy(cfg->kv_events, "tcp://127.0.0.1:1"); }
+
+/* PUT_START + PUT_END of keys [from, from+n), key i a part of block
+ * hashes[i] (its parent hashes[i-1] when i > 0 and chain), group g. */
+static int bput(core *c, sess *s, int from, int n, const uint64_t *hashes, int chain,
+                uint16_t parts, uint8_t g, int32_t *status)
+{
+    char kb[64][32];
+    kvp_bytes keys[64];
+    uint64_t sizes[64], cs[64];
+    kvp_blkinfo bi[64];
+    REQUIRE(n <= 64);
+    for (int i = 0; i < n; i++) {
+        keys[i] = key_of(kb[i], 32, from + i);
+        sizes[i] = 4096;
+        cs[i] = 0xB10C0000u + (uint64_t)(from + i);
+        bi[i] = (kvp_blkinfo){hashes[i], chain && i ? hashes[i - 1] : 0, 16, parts, g,
+                              chain && i ? KVP_BLK_F_PARENT : 0};
+    }
+    kvp_msg_put_start m = {{NULL, 0}, 1, KVP_PUT_F_BLOCKS, 0, {NULL, 0}, (uint32_t)n, keys, sizes,
+                           bi};
+    kvp_enc_put_start(&c->body, &m);
+    REQUIRE(call(c, s, KVP_OP_PUT_START, 0) == 0);
+    if (c->status)
+        return c->status;
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    kvp_msg_put_start_resp r;
+    REQUIRE(kvp_dec_put_start_resp(c->resp, c->resp_len, &l, &c->ra, &r) == 0 && r.n == (uint32_t)n);
+    int32_t codes[64];
+    for (int i = 0; i < n; i++)
+        status[i] = r.results[i].status;
+    REQUIRE(keys_op(c, s, KVP_OP_PUT_END, from, n, cs, codes) == 0);
+    for (int i = 0; i < n; i++)
+        if (status[i] == 0)
+            status[i] = codes[i];
+    return 0;
+}
+
+/* The events of one take, flattened: (topic, seq) of each event's batch. */
+typedef struct evlog {
+    int n, batches;
+    kvp_kvev ev[512];
+    uint64_t seq[512];
+    char topic[512][16];
+} evlog;
+
+static void evlog_sink(void *ctx, const char *topic, size_t len, uint64_t seq, const kvp_kvev *ev,
+                       uint32_t n)
+{
+    evlog *g = ctx;
+    g->batches++;
+    for (uint32_t i = 0; i < n && g->n < 512; i++, g->n++) {
+        g->ev[g->n] = ev[i];
+        g->seq[g->n] = seq;
+        snprintf(g->topic[g->n], sizeof g->topic[g->n], "%.*s", (int)len, topic);
+    }
+}
+
+static void take_events(core *c, evlog *g)
+{
+    memset(g, 0, sizeof *g);
+    kvp_master_take_events(c->m, evlog_sink, g);
+}
+
+static int lookup(core *c, sess *s, uint8_t g, const uint64_t *h, uint32_t n, kvp_hprefix *out)
+{
+    kvp_hchain ch = {g, n, (uint64_t *)h};
+    kvp_msg_lookup_hashes m = {{NULL, 0}, 1, &ch};
+    kvp_enc_lookup_hashes(&c->body, &m);
+    REQUIRE(call(c, s, KVP_OP_LOOKUP_HASHES, 0) == 0);
+    if (c->status)
+        return c->status;
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    kvp_msg_lookup_hashes_resp r;
+    REQUIRE(kvp_dec_lookup_hashes_resp(c->resp, c->resp_len, &l, &c->ra, &r) == 0 && r.n == 1);
+    *out = r.prefix[0];
+    return 0;
+}
+
+static int snapshot(core *c, sess *s, kvp_msg_kv_snapshot_resp *r)
+{
+    kvp_msg_keys m = {{NULL, 0}, 0, NULL};
+    kvp_enc_keys(&c->body, &m);
+    REQUIRE(call(c, s, KVP_OP_KV_SNAPSHOT, 0) == 0);
+    if (c->status)
+        return c->status;
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    REQUIRE(kvp_dec_kv_snapshot_resp(c->resp, c->resp_len, &l, &c->ra, r) == 0);
+    return 0;
+}
+
+#define HP(p, d, k, a) ((p).dram == (d) && (p).disk == (k) && (p).any == (a))
+
+/* A block is two parts: announced when both are readable, withdrawn when
+ * the first goes; lookups and the snapshot agree; remove_all ends with
+ * AllBlocksCleared; seqs go up by one per batch. */
+TEST(blocks_parts_events_lookup_snapshot)
+{
+    core c;
+    CHECK(core_init(&c, with_events) == 0);
+    evlog *g = calloc(1, sizeof *g);
+    take_events(&c, g); /* a start with an empty index */
+    CHECK(g->n == 1 && g->ev[0].type == KVP_KVEV_CLEARED && !strcmp(g->topic[0], "default"));
+    uint64_t seq0 = g->seq[0];
+    CHECK(seq0 > 1700000000000000ull); /* starts at the wall clock in us */
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    uint64_t h[2] = {0xA0A0A0A0A0A0A0A0ull, 0xB0B0B0B0B0B0B0B0ull};
+    int32_t st[4];
+    /* part 0 of both blocks (rank 0), then part 1 (rank 1) */
+    CHECK_EQ(bput(&c, &s, 0, 2, h, 1, 2, 3, st), 0);
+    CHECK(st[0] == 0 && st[1] == 0);
+    take_events(&c, g);
+    CHECK_EQ(g->n, 0);
+    kvp_hprefix p;
+    CHECK_EQ(lookup(&c, &s, 3, h, 2, &p), 0);
+    CHECK(HP(p, 0, 0, 0));
+    CHECK_EQ(bput(&c, &s, 10, 2, h, 1, 2, 3, st), 0);
+    CHECK(st[0] == 0 && st[1] == 0);
+    take_events(&c, g);
+    CHECK_EQ(g->n, 2);
+    CHECK(g->ev[0].type == KVP_KVEV_STORED && g->ev[0].hash == h[0] && !g->ev[0].has_parent &&
+          g->ev[0].medium == KVP_KVEV_DRAM && g->ev[0].group == 3 && g->ev[0].block_size == 16);
+    CHECK(g->ev[1].type == KVP_KVEV_STORED && g->ev[1].hash == h[1] && g->ev[1].has_parent &&
+          g->ev[1].parent == h[0]);
+    CHECK_EQ(g->seq[0], seq0 + 1);
+    CHECK_EQ(lookup(&c, &s, 3, h, 2, &p), 0);
+    CHECK(HP(p, 2, 0, 2));
+    CHECK_EQ(lookup(&c, &s, 0, h, 2, &p), 0); /* another group */
+    CHECK(HP(p, 0, 0, 0));
+    kvp_msg_kv_snapshot_resp r;
+    CHECK_EQ(snapshot(&c, &s, &r), 0);
+    CHECK_EQ(r.seq, seq0 + 1);
+    CHECK_EQ(r.n, 2);
+    CHECK(r.blocks[0].tier == KVP_TIER_DRAM && r.blocks[0].group == 3);
+    CHECK((r.blocks[0].hash == h[0] && r.blocks[1].hash == h[1]) ||
+          (r.blocks[0].hash == h[1] && r.blocks[1].hash == h[0]));
+    /* one part of block B goes: B is withdrawn, A stays */
+    int32_t code;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 11, 1, NULL, &code), 0);
+    CHECK_EQ(code, 0);
+    CHECK_EQ(snapshot(&c, &s, &r), 0); /* closes the batch: seq covers it */
+    CHECK_EQ(r.seq, seq0 + 2);
+    CHECK(r.n == 1 && r.blocks[0].hash == h[0]);
+    take_events(&c, g);
+    CHECK(g->n == 1 && g->ev[0].type == KVP_KVEV_REMOVED && g->ev[0].hash == h[1] &&
+          g->seq[0] == seq0 + 2);
+    CHECK_EQ(lookup(&c, &s, 3, h, 2, &p), 0);
+    CHECK(HP(p, 1, 0, 1));
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* REMOVE_ALL: A withdrawn, then AllBlocksCleared */
+    kvp_msg_remove_all ra = {{NULL, 0}, 0};
+    kvp_enc_remove_all(&c.body, &ra);
+    CHECK_EQ(call(&c, &s, KVP_OP_REMOVE_ALL, 0), 0);
+    take_events(&c, g);
+    CHECK(g->n == 2 && g->ev[0].type == KVP_KVEV_REMOVED && g->ev[0].hash == h[0] &&
+          g->ev[1].type == KVP_KVEV_CLEARED && g->seq[1] == seq0 + 3);
+    CHECK_EQ(snapshot(&c, &s, &r), 0);
+    CHECK_EQ(r.n, 0);
+    uint64_t sv[KVP_STAT__COUNT];
+    stats(&c, sv);
+    CHECK_EQ(sv[KVP_STAT_BLOCK_OBJECTS], 0);
+    CHECK(sv[KVP_STAT_KV_EVENTS] >= 6 && sv[KVP_STAT_KV_LOST] == 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    free(g);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* A tenant's parts and block size are the first put's: a put that disagrees
+ * keeps its value, not its block; a bad block is refused per key. */
+TEST(blocks_conflict_and_bad_info)
+{
+    core c;
+    CHECK(core_init(&c, with_events) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    uint64_t h[2] = {1, 2};
+    int32_t st[2];
+    CHECK_EQ(bput(&c, &s, 0, 1, h, 0, 1, 0, st), 0);
+    CHECK_EQ(st[0], 0);
+    CHECK_EQ(bput(&c, &s, 1, 1, h + 1, 0, 4, 0, st), 0); /* 4 parts: disagrees */
+    CHECK_EQ(st[0], 0);
+    CHECK_EQ(exists(&c, &s, 1), 1);
+    uint64_t sv[KVP_STAT__COUNT];
+    stats(&c, sv);
+    CHECK(sv[KVP_STAT_BLOCK_OBJECTS] == 1 && sv[KVP_STAT_BLOCK_CONFLICTS] == 1);
+    CHECK_EQ(bput(&c, &s, 2, 1, h, 0, 1, KVP_OBJ_MAX_GROUP + 1, st), 0);
+    CHECK_EQ(st[0], KVP_EINVALID_PARAMS);
+    CHECK_EQ(bput(&c, &s, 3, 1, h, 0, 0, 1, st), 0); /* 0 parts */
+    CHECK_EQ(st[0], KVP_EINVALID_PARAMS);
+    CHECK_EQ(exists(&c, &s, 2), 0);
+    kvp_hprefix p;
+    CHECK_EQ(lookup(&c, &s, 0, h, 2, &p), 0);
+    CHECK(HP(p, 1, 0, 1));
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* Tier moves: a spill announces the disk copy, then withdraws the DRAM one;
+ * a load announces DRAM again; eviction and the node's loss withdraw. */
+TEST(blocks_spill_load_evict_unmount)
+{
+    core c;
+    CHECK(core_init(&c, with_events) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount_disk(&c, &s, 7, "n:1", 10 * 4096, 1ull << 30), 0);
+    uint64_t h[10];
+    for (int i = 0; i < 10; i++)
+        h[i] = 0x1000u + (uint64_t)i;
+    int32_t st[10];
+    CHECK_EQ(bput(&c, &s, 0, 10, h, 1, 1, 0, st), 0); /* full */
+    evlog *g = calloc(1, sizeof *g);
+    take_events(&c, g);
+    CHECK(g->n == 11 && g->ev[0].type == KVP_KVEV_CLEARED && g->ev[10].hash == h[9]);
+    /* room for one more: key 0 is spilled */
+    kvp_msg_put_start_resp r;
+    CHECK_EQ(put_start(&c, &s, 100, 1, 4096, 1, 0, NULL, &r), 0);
+    pushed *p = calloc(1, sizeof *p);
+    take_push(&c, p);
+    int sp = find_cmd(p, KVP_DISK_SPILL);
+    CHECK(sp >= 0 && !strcmp(p->e[sp].key, "key-000000"));
+    take_events(&c, g);
+    CHECK_EQ(g->n, 0); /* still in DRAM, not yet on disk */
+    report(&c, &s, 7, KVP_DISK_SPILLED, 0, "key-000000", 4096, 0xB10C0000u, p->e[sp].page,
+           p->e[sp].gen);
+    take_events(&c, g);
+    CHECK(g->n == 2 && g->ev[0].type == KVP_KVEV_STORED && g->ev[0].medium == KVP_KVEV_DISK &&
+          g->ev[0].hash == h[0] && !g->ev[0].has_parent && g->ev[1].type == KVP_KVEV_REMOVED &&
+          g->ev[1].medium == KVP_KVEV_DRAM && g->ev[1].hash == h[0]);
+    kvp_hprefix hp;
+    CHECK_EQ(lookup(&c, &s, 0, h, 10, &hp), 0);
+    CHECK(HP(hp, 0, 1, 10));
+    /* a load back: DRAM again (the disk record stays) */
+    CHECK_EQ(get_status(&c, &s, 0, NULL), KVP_EOBJECT_LOADING);
+    for (int round = 0; round < 4; round++) { /* spills for room, then the load */
+        take_push(&c, p);
+        for (int i = 0; i < p->n; i++) {
+            int k = atoi(p->e[i].key + 4);
+            if (p->e[i].what == KVP_DISK_SPILL)
+                report(&c, &s, 7, KVP_DISK_SPILLED, 0, p->e[i].key, 4096,
+                       0xB10C0000u + (uint64_t)k, p->e[i].page, p->e[i].gen);
+            else if (p->e[i].what == KVP_DISK_LOAD)
+                report(&c, &s, 7, KVP_DISK_LOADED, 0, p->e[i].key, 4096,
+                       0xB10C0000u + (uint64_t)k, p->e[i].page, p->e[i].gen);
+        }
+    }
+    CHECK_EQ(get_status(&c, &s, 0, NULL), 0);
+    take_events(&c, g);
+    int dram0 = 0;
+    for (int i = 0; i < g->n; i++)
+        dram0 += g->ev[i].hash == h[0] && g->ev[i].type == KVP_KVEV_STORED &&
+                 g->ev[i].medium == KVP_KVEV_DRAM;
+    CHECK_EQ(dram0, 1);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* the node goes: every block it held is withdrawn, tier by tier */
+    kvp_msg_kv_snapshot_resp sr;
+    CHECK_EQ(snapshot(&c, &s, &sr), 0);
+    uint32_t announced = sr.n;
+    CHECK(announced >= 10);
+    take_events(&c, g);
+    uint64_t id = 7;
+    kvp_msg_ids ids = {1, &id};
+    kvp_enc_ids(&c.body, &ids);
+    CHECK_EQ(call(&c, &s, KVP_OP_UNMOUNT_SEGMENT, 0), 0);
+    take_events(&c, g);
+    int removed = 0;
+    for (int i = 0; i < g->n; i++)
+        removed += g->ev[i].type == KVP_KVEV_REMOVED;
+    CHECK_EQ((uint32_t)removed, announced);
+    CHECK_EQ(snapshot(&c, &s, &sr), 0);
+    CHECK_EQ(sr.n, 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    free(p);
+    free(g);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* Without kv_events the index still answers lookups; no events recorded. */
+TEST(blocks_lookup_without_events_and_eviction)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 4 * 4096), 0);
+    uint64_t h[6] = {11, 12, 13, 14, 15, 16};
+    int32_t st[6];
+    CHECK_EQ(bput(&c, &s, 0, 4, h, 1, 1, 0, st), 0);
+    kvp_hprefix p;
+    CHECK_EQ(lookup(&c, &s, 0, h, 6, &p), 0);
+    CHECK(HP(p, 4, 0, 4));
+    CHECK_EQ(bput(&c, &s, 4, 2, h + 4, 0, 1, 0, st), 0); /* evicts keys 0, 1 */
+    CHECK_EQ(lookup(&c, &s, 0, h, 6, &p), 0);
+    CHECK(HP(p, 0, 0, 0));
+    CHECK_EQ(lookup(&c, &s, 0, h + 2, 4, &p), 0);
+    CHECK(HP(p, 4, 0, 4));
+    evlog *g = calloc(1, sizeof *g);
+    take_events(&c, g);
+    CHECK_EQ(g->n, 0);
+    kvp_msg_kv_snapshot_resp r;
+    CHECK_EQ(snapshot(&c, &s, &r), 0);
+    CHECK(r.seq == 0 && r.n == 4);
+    uint64_t sv[KVP_STAT__COUNT];
+    stats(&c, sv);
+    CHECK(sv[KVP_STAT_BLOCK_OBJECTS] == 4 && sv[KVP_STAT_KV_EVENTS] == 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    free(g);
     kvp_master_sess_close(c.m, &s.s, c.now);
     core_free(&c);
 }
