@@ -930,6 +930,18 @@ static int do_remove(bench *b, uint64_t from, uint32_t n)
     return rc;
 }
 
+/* The stand-in node heartbeats once a second (else the master drops its
+ * segment, and every object, after client_ttl). 0 or the error. */
+static int node_alive(bench *b, uint64_t *beat)
+{
+    if (kvp_now_ns() - *beat < 1000000000ull)
+        return 0;
+    const uint8_t *resp;
+    uint32_t len;
+    *beat = kvp_now_ns();
+    return rpc(b, b->node, KVP_OP_HEARTBEAT, &resp, &len);
+}
+
 static uint64_t master_counter(bench *b, int which)
 {
     const uint8_t *resp;
@@ -1039,13 +1051,14 @@ static int bench_kvev(int argc, char **argv)
             "of engine blocks and as many removes each, in %llu rounds\n", addr[0], addr[1],
             pub, (unsigned long long)nobj, (unsigned long long)rounds);
     uint64_t per = nobj / rounds, ev0 = master_counter(&b[1], KVP_STAT_KV_EVENTS);
+    uint64_t bt0 = master_counter(&b[1], KVP_STAT_KV_BATCHES), beat[2] = {0, 0};
     double on_secs = 0;
     for (uint64_t r = 0; r < rounds; r++)
         for (int k = 0; k < 2; k++) {
             int m = (int)((r + (uint64_t)k) & 1); /* alternate which goes first */
             kvp_bench_progress("kvev", 4, m ? "on" : "off", 3, (int)r, (int)rounds);
             b[m].nlat = 0;
-            uint64_t t0 = kvp_now_ns(), beat = t0;
+            uint64_t t0 = kvp_now_ns();
             for (uint64_t done = 0; done < per; done += 256) {
                 uint32_t n = per - done < 256 ? (uint32_t)(per - done) : 256;
                 make_keys(&b[m], r * per + done, n);
@@ -1057,13 +1070,8 @@ static int bench_kvev(int argc, char **argv)
                     fprintf(stderr, "kvpool bench kvev: remove: %s\n", kvp_strerror(rc));
                     goto out;
                 }
-                if (kvp_now_ns() - beat > 1000000000ull) { /* the idle node stays alive */
-                    const uint8_t *resp;
-                    uint32_t len;
-                    if (rpc(&b[m], b[m].node, KVP_OP_HEARTBEAT, &resp, &len) != 0)
-                        goto out;
-                    beat = kvp_now_ns();
-                }
+                if (node_alive(&b[m], &beat[m]) != 0)
+                    goto out;
             }
             double secs = (double)(kvp_now_ns() - t0) / 1e9;
             kps[m][r] = (double)(r > 0 ? 2 * per : per) / secs;
@@ -1072,9 +1080,12 @@ static int bench_kvev(int argc, char **argv)
         }
     kvp_bench_progress_clear(60);
     uint64_t events = master_counter(&b[1], KVP_STAT_KV_EVENTS) - ev0;
-    uint64_t batches = master_counter(&b[1], KVP_STAT_KV_BATCHES);
+    uint64_t batches = master_counter(&b[1], KVP_STAT_KV_BATCHES) - bt0;
     for (int i = 0; i < 50 && sub.batches < batches; i++)
         usleep(100000); /* the last turns' batches on their way */
+    beat[1] = 0;
+    if (node_alive(&b[1], &beat[1]) != 0)
+        goto out;
     double lk = kvev_p50(&b[1], nobj - 1024 * 2, 1, 201, lat);
     double ex = kvev_p50(&b[1], nobj - 1024 * 2, 0, 201, lat);
     double med[2];

@@ -56,6 +56,7 @@ struct kvp_kvblk {
     kretired *ret;
     uint32_t nret, retcap;
     int events;
+    uint64_t pending;   /* events recorded since the last take */
     kvp_kvblk_tiers_fn tiers;
     kvp_kvblk_name_fn name;
     void *ctx;
@@ -211,6 +212,7 @@ static int push(kvp_kvblk *b, kstream *s, const kvp_kvev *e)
     }
     s->ev[s->n++] = *e;
     b->st.events++;
+    b->pending++;
     return 0;
 }
 
@@ -384,8 +386,11 @@ void kvp_kvblk_tenant_gone(kvp_kvblk *b, uint16_t t)
     s->lost = 0;
 }
 
+uint64_t kvp_kvblk_pending(const kvp_kvblk *b) { return b->pending; }
+
 void kvp_kvblk_take(kvp_kvblk *b, uint64_t wall_us, kvp_kvblk_sink sink, void *ctx)
 {
+    b->pending = 0;
     for (uint32_t i = 0; i < b->nret; i++) {
         kretired *r = &b->ret[i];
         hand_out(&r->s, r->topic, r->len, sink, ctx);

@@ -91,6 +91,9 @@ void kvp_kvblk_tenant_gone(kvp_kvblk *b, uint16_t t);
 typedef void (*kvp_kvblk_sink)(void *ctx, const char *topic, size_t topic_len, uint64_t seq,
                                const kvp_kvev *ev, uint32_t n);
 void kvp_kvblk_take(kvp_kvblk *b, uint64_t wall_us, kvp_kvblk_sink sink, void *ctx);
+/* Events recorded and not yet taken (the service publishes at most once a
+ * millisecond while this is under a bound). */
+uint64_t kvp_kvblk_pending(const kvp_kvblk *b);
 /* Closes tenant t's open batch now (numbered, handed out at the next take)
  * and returns the seq of its stream's last batch (0: none yet). */
 uint64_t kvp_kvblk_close(kvp_kvblk *b, uint16_t t, uint64_t wall_us);

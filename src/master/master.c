@@ -3545,6 +3545,8 @@ static const char *tenant_name(void *ctx, uint16_t t, size_t *len)
     return m->tenants[t] ? m->tenants[t] : "";
 }
 
+uint64_t kvp_master_events_pending(const kvp_master *m) { return kvp_kvblk_pending(m->kb); }
+
 void kvp_master_take_events(kvp_master *m, kvp_kvblk_sink sink, void *ctx)
 {
     if (kvp_kvblk_events(m->kb))

@@ -162,6 +162,8 @@ void kvp_master_push_freed(kvp_master *m, kvp_buf *(*out_for)(kvp_msess *s, void
  * events are off.
  */
 void kvp_master_take_events(kvp_master *m, kvp_kvblk_sink sink, void *ctx);
+/* KV events recorded and not yet taken. */
+uint64_t kvp_master_events_pending(const kvp_master *m);
 
 /* LOOKUP_HASHES of one chain in the tenant named tenant[0..tlen) ("" =
  * "default"; an unknown tenant holds nothing), for the HTTP API (the

@@ -68,6 +68,7 @@
 #include "net/net.h"
 #include "proto/proto.h"
 
+#define KV_PUB_EVENTS 65536 /* KV events held back for a fuller batch, at most */
 #define MOD "master"
 #define FRAMES_PER_TURN 256           /* frames served per connection per turn */
 #define READ_PER_TURN (1u << 20)      /* bytes read per connection per turn */
@@ -174,6 +175,7 @@ struct kvp_mserver {
     uint32_t ngated;             /* connections whose output waits for them */
     kvp_mstatus *status;         /* cfg.http: what the HTTP endpoint shows, or NULL */
     kvp_kvpub *kvpub;            /* cfg.kv_events: the KV events' publisher, or NULL */
+    uint64_t kv_pub_ms;          /* when this turn's events were last handed to it */
     uint64_t n_refused_by[KVP_MREFUSE__COUNT]; /* accept refusals by reason */
     uint64_t alive_ms;           /* keep_starved_alive's last pass */
     /* HTTP lookups (kvp_mserver_lookup): other threads queue them, the loop
@@ -1000,6 +1002,8 @@ static int wait_ms(const kvp_mserver *s, uint32_t next_tick, uint64_t now)
         t = GATE_POLL_MS;
     if (s->status && t > STATUS_MS) /* the HTTP endpoint's picture stays fresh */
         t = STATUS_MS;
+    if (s->kvpub && t > 1 && kvp_master_events_pending(s->m)) /* events go out within 1 ms */
+        t = 1;
     return (int)t;
 }
 
@@ -1647,8 +1651,11 @@ int kvp_mserver_run(kvp_mserver *s)
             next_tick = 0;
         push_repl(s, now);
         push_freed(s);
-        if (s->kvpub)
-            publish_events(s);
+        if (s->kvpub && kvp_master_events_pending(s->m) &&
+            (now != s->kv_pub_ms || kvp_master_events_pending(s->m) >= KV_PUB_EVENTS)) {
+            publish_events(s); /* at most once a millisecond: fewer, fuller batches */
+            s->kv_pub_ms = now;
+        }
         close_expired(s);
         summary(s, now);
         if (s->status && kvp_mstatus_due(s->status, now))

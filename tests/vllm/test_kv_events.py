@@ -218,10 +218,11 @@ def test_tier_moves_node_loss_remove_all_and_master_restart(tmp_path: Path) -> N
     m = kvpool_procs.master("--client-ttl", "2s", "--lease-ttl", "1s", *args)
     d = tmp_path / "disk"
     d.mkdir()
-    node = kvpool_procs.Store(m.addr, "--segment-size", "8MiB", "--enable-offload", "true",
-                              "--offload-dir", str(d), "--offload-capacity", "256MiB",
-                              "--offload-page-size", "64MiB")
+    node: Any = None
     try:
+        node = kvpool_procs.Store(m.addr, "--segment-size", "8MiB", "--enable-offload", "true",
+                                  "--offload-dir", str(d), "--offload-capacity", "256MiB",
+                                  "--offload-page-size", "64MiB")
         with client(m.addr) as c:
             view = PoolView(pe, re_, client=c)
             time.sleep(0.3)
@@ -277,5 +278,6 @@ def test_tier_moves_node_loss_remove_all_and_master_restart(tmp_path: Path) -> N
             assert not view.picture
             view.close()
     finally:
-        node.stop()
+        if node is not None:
+            node.stop()
         m.stop()
