@@ -47,6 +47,12 @@ void kvp_repl_wr_add(kvp_repl_wr *w, const kvp_repl_rec *r, uint64_t seq)
             kvp_buf_u32(b, r->rep[i].page);
             kvp_buf_u32(b, r->rep[i].gen);
         }
+        if (r->flags & KVP_REPL_F_BLOCK) {
+            kvp_buf_u64(b, r->blk_hash);
+            kvp_buf_u8(b, r->group);
+            kvp_buf_u16(b, r->parts);
+            kvp_buf_u32(b, r->block_size);
+        }
     }
     w->n++;
     w->seq = seq;
@@ -86,13 +92,21 @@ int kvp_repl_next(kvp_repl_rd *it, kvp_repl_rec *r)
         r->flags = kvp_rd_u8(&it->rd);
         r->nrep = kvp_rd_u8(&it->rd);
         if (r->nrep == 0 || r->nrep > KVP_MAX_REPLICAS || r->size == 0 ||
-            r->size > KVP_REPL_MAX_SIZE || (r->flags & ~KVP_REPL_F_PINNED))
+            r->size > KVP_REPL_MAX_SIZE || (r->flags & ~(KVP_REPL_F_PINNED | KVP_REPL_F_BLOCK)))
             return KVP_EPROTOCOL;
         for (unsigned i = 0; i < r->nrep; i++) {
             r->rep[i].seg_id = kvp_rd_u64(&it->rd);
             r->rep[i].page = kvp_rd_u32(&it->rd);
             r->rep[i].gen = kvp_rd_u32(&it->rd);
             if (r->rep[i].seg_id == 0)
+                return KVP_EPROTOCOL;
+        }
+        if (r->flags & KVP_REPL_F_BLOCK) {
+            r->blk_hash = kvp_rd_u64(&it->rd);
+            r->group = kvp_rd_u8(&it->rd);
+            r->parts = kvp_rd_u16(&it->rd);
+            r->block_size = kvp_rd_u32(&it->rd);
+            if (!it->rd.err && (r->group > 31 || r->parts == 0 || r->block_size == 0))
                 return KVP_EPROTOCOL;
         }
         break;

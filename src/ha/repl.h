@@ -19,6 +19,8 @@
  *   RESET, SYNCED: nothing
  *   PUB:  bytes tenant | bytes key (1..65535) | u64 size (1..2^40-1) | u64 checksum | u8 flags |
  *         u8 nrep (1..KVP_MAX_REPLICAS) | nrep x (u64 segment id | u32 page | u32 gen)
+ *         [ with KVP_REPL_F_BLOCK: u64 block hash | u8 group (0..31) | u16 parts (>= 1) |
+ *           u32 block_size (>= 1): the engine block the object is a part of (kvblk.h) ]
  *   DEL:  bytes tenant | bytes key
  * `gen` is the low half of the allocation's generation (the master keeps
  * the high half per segment mount). Every field is validated by
@@ -34,7 +36,7 @@
 #include "proto/proto.h"
 
 enum { KVP_REPL_RESET = 1, KVP_REPL_PUB = 2, KVP_REPL_DEL = 3, KVP_REPL_SYNCED = 4 };
-enum { KVP_REPL_F_PINNED = 0x1 };
+enum { KVP_REPL_F_PINNED = 0x1, KVP_REPL_F_BLOCK = 0x2 };
 #define KVP_REPL_FRAME (256u << 10) /* a frame is closed past this many body bytes */
 #define KVP_REPL_MAX_KEY 65535u
 #define KVP_REPL_MAX_TENANT 255u
@@ -52,6 +54,11 @@ typedef struct kvp_repl_rec {
     uint8_t flags;         /* KVP_REPL_F_* */
     uint8_t nrep;
     kvp_repl_rep rep[KVP_MAX_REPLICAS];
+    /* KVP_REPL_F_BLOCK */
+    uint64_t blk_hash;
+    uint32_t block_size;
+    uint16_t parts;
+    uint8_t group;
 } kvp_repl_rec;
 
 /* Appends records to `out` as REPL_DATA frames: one is opened on demand and

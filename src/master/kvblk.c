@@ -156,6 +156,19 @@ int kvp_kvblk_admit(kvp_kvblk *b, uint16_t t, const kvp_blkinfo *bi)
     return kvp_index_reserve(&b->ix) == 0 ? 1 : 0;
 }
 
+int kvp_kvblk_group(const kvp_kvblk *b, uint16_t t, uint8_t g, uint16_t *parts,
+                    uint32_t *block_size)
+{
+    const kstream *s = &b->ts[t];
+    if (!s->grp || g > KVP_OBJ_MAX_GROUP || !s->grp[g].parts)
+        return 0;
+    *parts = s->grp[g].parts;
+    *block_size = s->grp[g].block_size;
+    return 1;
+}
+
+int kvp_kvblk_reserve(kvp_kvblk *b) { return kvp_index_reserve(&b->ix); }
+
 void kvp_kvblk_insert(kvp_kvblk *b, kvp_obj *o)
 {
     KVP_ASSERT(o->blk && !o->ev_dram && !o->ev_disk);

@@ -63,6 +63,12 @@ int kvp_kvblk_events(const kvp_kvblk *b);
  * KVP_OBJ_MAX_GROUP, parts or block_size 0).
  */
 int kvp_kvblk_admit(kvp_kvblk *b, uint16_t t, const kvp_blkinfo *bi);
+/* Tenant t's parts and block size for group g (0 when the group has none). */
+int kvp_kvblk_group(const kvp_kvblk *b, uint16_t t, uint8_t g, uint16_t *parts,
+                    uint32_t *block_size);
+/* Room for one more kvp_kvblk_insert (adopting an object that has a block).
+ * 0 or KVP_ENOMEM. */
+int kvp_kvblk_reserve(kvp_kvblk *b);
 /* o->blk set, hash written (obj.h), group and tenant set: index it. Never
  * fails after kvp_kvblk_admit returned 1 (which reserved the room). */
 void kvp_kvblk_insert(kvp_kvblk *b, kvp_obj *o);

@@ -3564,6 +3564,12 @@ static void repl_rec_fill(const kvp_master *m, const kvp_obj *o, int parked, kvp
     r->size = o->size;
     r->checksum = o->checksum;
     r->flags = (o->flags & KVP_OBJ_PINNED) ? KVP_REPL_F_PINNED : 0;
+    if (o->blk && kvp_kvblk_group(m->kb, o->tenant, (uint8_t)o->group, &r->parts,
+                                  &r->block_size)) {
+        r->flags |= KVP_REPL_F_BLOCK;
+        r->blk_hash = kvp_obj_blk(o);
+        r->group = (uint8_t)o->group;
+    }
     r->nrep = o->nrep;
     const kvp_orep *rep = kvp_obj_reps((kvp_obj *)o);
     for (unsigned i = 0; i < o->nrep; i++)
@@ -3871,9 +3877,12 @@ static int park(kvp_master *m, const kvp_repl_rec *r)
     if (t < 0)
         return t;
     h = kvp_index_hash((uint16_t)t, r->key.p, r->key.len);
+    /* its block: the tenant's group learns the leader's parts and size */
+    kvp_blkinfo bi = {r->blk_hash, 0, r->block_size, r->parts, r->group, 0};
+    int blk = (r->flags & KVP_REPL_F_BLOCK) && kvp_kvblk_admit(m->kb, (uint16_t)t, &bi) == 1;
     kvp_obj *o = NULL;
     if (kvp_index_reserve(&m->parked) == 0)
-        o = kvp_salloc(kvp_obj_bytes((uint16_t)r->key.len, r->nrep, 0));
+        o = kvp_salloc(kvp_obj_bytes((uint16_t)r->key.len, r->nrep, blk));
     if (!o) {
         tenant_release_if_empty(m, t);
         return KVP_ENOMEM;
@@ -3886,7 +3895,12 @@ static int park(kvp_master *m, const kvp_repl_rec *r)
     o->state = KVP_OBJ_COMPLETE;
     o->nrep = o->rep_cap = r->nrep;
     o->flags = (r->flags & KVP_REPL_F_PINNED) ? KVP_OBJ_PINNED : 0;
-    memcpy((uint8_t *)(o + 1), r->key.p, r->key.len);
+    if (blk) { /* parked: kept in the record, indexed by block once adopted */
+        o->blk = 1;
+        o->group = r->group;
+        memcpy(o + 1, &r->blk_hash, sizeof r->blk_hash);
+    }
+    memcpy((uint8_t *)kvp_obj_key(o), r->key.p, r->key.len);
     memcpy(kvp_obj_reps(o), reps, r->nrep * sizeof *reps);
     kvp_index_insert(&m->parked, h, o);
     m->tenant_nobj[t]++;
@@ -3948,13 +3962,15 @@ static int adopt_one(kvp_master *m, uint32_t si, const claim *c)
     int rc = kvp_segalloc_claim(s->alloc, c->page, np);
     if (rc)
         return rc;
-    KVP_ASSERT(!p->blk); /* the index stream carries no block (ha/repl.h) */
-    kvp_obj *o = kvp_salloc(kvp_obj_bytes(p->keylen, 1, 0));
+    kvp_obj *o = NULL;
+    if (!p->blk || kvp_kvblk_reserve(m->kb) == 0)
+        o = kvp_salloc(kvp_obj_bytes(p->keylen, 1, p->blk));
     if (!o) {
         kvp_segalloc_free(s->alloc, c->page, np);
         return KVP_ENOMEM;
     }
-    memcpy(o, p, kvp_obj_rep_off(p->keylen, 0));
+    memcpy(o, p, kvp_obj_rep_off(p->keylen, p->blk));
+    o->ev_dram = o->ev_disk = 0;
     o->prev = o->next = NULL;
     o->nrep = o->rep_cap = 1;
     o->list = KVP_LIST_NONE;
@@ -3968,6 +3984,8 @@ static int adopt_one(kvp_master *m, uint32_t si, const claim *c)
     m->tenant_nobj[p->tenant]++; /* the parked one's count goes below */
     parked_free(m, p);
     kvp_index_insert(&m->ix, h, o);
+    if (o->blk)
+        kvp_kvblk_insert(m->kb, o); /* announced by journal_pub below */
     tenant_pages(m, o, 1);
     m->tq[o->tenant].bytes += o->size;
     m->stats[KVP_STAT_OBJECTS]++;

@@ -2345,3 +2345,55 @@ TEST(blocks_lookup_without_events_and_eviction)
     kvp_master_sess_close(c.m, &s.s, c.now);
     core_free(&c);
 }
+
+/* A standby learns the blocks from the leader's index stream: once it
+ * leads and the node mounts again, the adopted objects are found by hash
+ * and announced (after the new stream's AllBlocksCleared). */
+TEST(blocks_survive_a_takeover)
+{
+    core a, b;
+    CHECK(core_init(&a, with_events) == 0);
+    CHECK(core_init(&b, with_events) == 0);
+    sess s, n;
+    CHECK_EQ(hello(&a, &s, 1), 0);
+    CHECK_EQ(mount(&a, &s, 42, "n:1", 100 * 4096), 0);
+    uint64_t h[3] = {0xAAA1, 0xAAA2, 0xAAA3};
+    int32_t st[3];
+    CHECK_EQ(bput(&a, &s, 0, 3, h, 1, 1, 2, st), 0);
+    CHECK(st[0] == 0 && st[1] == 0 && st[2] == 0);
+    kvp_buf snap;
+    kvp_buf_init(&snap, 64 * MiB);
+    CHECK_EQ(kvp_master_snapshot(a.m, &snap), 3);
+    size_t at = 0;
+    kvp_frame_hdr fh;
+    const uint8_t *body;
+    uint64_t seq;
+    while (at < snap.len && kvp_frame_next(snap.data + at, snap.len - at, 1u << 30, &fh, &body) == 1) {
+        CHECK_EQ(kvp_master_repl_apply(b.m, body, fh.body_len, &seq), 0);
+        at += KVP_FRAME_HDR + fh.body_len;
+    }
+    kvp_buf_free(&snap);
+    CHECK_EQ(kvp_master_check(b.m), 0);
+    kvp_master_takeover(b.m, b.now);
+    CHECK_EQ(hello(&b, &n, 7), 0);
+    CHECK_EQ(mount(&b, &n, 42, "n:1", 100 * 4096), 0); /* its objects come back */
+    kvp_hprefix p;
+    CHECK_EQ(lookup(&b, &n, 2, h, 3, &p), 0);
+    CHECK(HP(p, 3, 0, 3));
+    evlog *g = calloc(1, sizeof *g);
+    take_events(&b, g);
+    CHECK(g->n == 4 && g->ev[0].type == KVP_KVEV_CLEARED); /* the new stream's start */
+    for (int i = 1; i < g->n; i++) /* every adopted block, in DRAM, group 2 */
+        CHECK(g->ev[i].type == KVP_KVEV_STORED && g->ev[i].medium == KVP_KVEV_DRAM &&
+              g->ev[i].group == 2 && g->ev[i].block_size == 16 &&
+              (g->ev[i].hash == h[0] || g->ev[i].hash == h[1] || g->ev[i].hash == h[2]));
+    kvp_msg_kv_snapshot_resp r;
+    CHECK_EQ(snapshot(&b, &n, &r), 0);
+    CHECK_EQ(r.n, 3);
+    CHECK_EQ(kvp_master_check(b.m), 0);
+    free(g);
+    kvp_master_sess_close(a.m, &s.s, a.now);
+    kvp_master_sess_close(b.m, &n.s, b.now);
+    core_free(&a);
+    core_free(&b);
+}

@@ -38,7 +38,11 @@ TEST(repl_records_roundtrip)
     kvp_repl_wr_add(&w, &r, 5);
     r = pub("", "k1", 4096, 0xabc);
     r.nrep = 3;
-    r.flags = KVP_REPL_F_PINNED;
+    r.flags = KVP_REPL_F_PINNED | KVP_REPL_F_BLOCK;
+    r.blk_hash = UINT64_MAX - 5;
+    r.group = 31;
+    r.parts = 8;
+    r.block_size = 528;
     r.rep[1] = (kvp_repl_rep){0xdef, 100, 1};
     r.rep[2] = (kvp_repl_rep){0x123, 0, UINT32_MAX};
     kvp_repl_wr_add(&w, &r, 6);
@@ -58,7 +62,9 @@ TEST(repl_records_roundtrip)
     CHECK_EQ(r.type, KVP_REPL_RESET);
     CHECK_EQ(kvp_repl_next(&it, &r), 1);
     CHECK(r.type == KVP_REPL_PUB && r.key.len == 2 && memcmp(r.key.p, "k1", 2) == 0);
-    CHECK(r.size == 4096 && r.checksum == 4096 * 7 && r.flags == KVP_REPL_F_PINNED);
+    CHECK(r.size == 4096 && r.checksum == 4096 * 7 &&
+          r.flags == (KVP_REPL_F_PINNED | KVP_REPL_F_BLOCK));
+    CHECK(r.blk_hash == UINT64_MAX - 5 && r.group == 31 && r.parts == 8 && r.block_size == 528);
     CHECK(r.nrep == 3 && r.rep[1].seg_id == 0xdef && r.rep[1].page == 100);
     CHECK_EQ(r.rep[2].gen, UINT32_MAX);
     CHECK_EQ(kvp_repl_next(&it, &r), 1);
