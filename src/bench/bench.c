@@ -990,15 +990,18 @@ static int bench_kvev(int argc, char **argv)
     kvp_config cfg;
     kvp_config_defaults(&cfg);
     static const kvp_cli_flag own[] = {{"json", KVP_CLI_BOOL}, {"objects", KVP_CLI_TEXT},
-                                       {"rounds", KVP_CLI_TEXT}, {NULL, KVP_CLI_TEXT}};
-    const char *v[3] = {NULL};
+                                       {"rounds", KVP_CLI_TEXT}, {"no-subscriber", KVP_CLI_BOOL},
+                                       {NULL, KVP_CLI_TEXT}};
+    const char *v[4] = {NULL};
     int rc = kvp_cli_parse(argc, argv, &cfg, own, v, NULL);
     if (rc == 1) {
-        printf("usage: kvpool bench kvev [--json] [--objects N] [--rounds N]\n"
+        printf("usage: kvpool bench kvev [--json] [--objects N] [--rounds N] [--no-subscriber]\n"
                "  a master publishing KV events (and a subscriber taking them) against one that\n"
                "  does not, under the same churn: --objects puts of engine blocks each (default\n"
                "  1000000, half of them evicting), in --rounds alternating rounds (default 6);\n"
-               "  then LOOKUP_HASHES of a 1024-block chain against EXIST of its 1024 keys\n");
+               "  then LOOKUP_HASHES of a 1024-block chain against EXIST of its 1024 keys;\n"
+               "  --no-subscriber: nobody subscribes (the master's own cost, without a\n"
+               "  subscriber's CPU on the same machine)\n");
         return 0;
     }
     if (rc < 0)
@@ -1037,12 +1040,14 @@ static int bench_kvev(int argc, char **argv)
             bench_connect(&b[m], "bench kvev", addr[m], NULL, (2 * nobj + 4096) * 4096) != 0)
             goto out;
     }
-    sub.ctx = zmq_ctx_new();
+    int nosub = v[3] != NULL;
+    sub.ctx = nosub ? NULL : zmq_ctx_new();
     sub.sock = sub.ctx ? zmq_socket(sub.ctx, ZMQ_SUB) : NULL;
     int hwm = 0; /* take everything: a gap here would be the subscriber's, not the master's */
-    if (!sub.sock || zmq_setsockopt(sub.sock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0 ||
-        zmq_setsockopt(sub.sock, ZMQ_SUBSCRIBE, "", 0) != 0 || zmq_connect(sub.sock, pub) != 0 ||
-        !(sub.started = pthread_create(&sub.th, NULL, ksub_main, &sub) == 0)) {
+    if (!nosub &&
+        (!sub.sock || zmq_setsockopt(sub.sock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0 ||
+         zmq_setsockopt(sub.sock, ZMQ_SUBSCRIBE, "", 0) != 0 || zmq_connect(sub.sock, pub) != 0 ||
+         !(sub.started = pthread_create(&sub.th, NULL, ksub_main, &sub) == 0))) {
         fprintf(stderr, "kvpool bench kvev: no subscriber: %s\n", zmq_strerror(zmq_errno()));
         goto out;
     }
@@ -1081,7 +1086,7 @@ static int bench_kvev(int argc, char **argv)
     kvp_bench_progress_clear(60);
     uint64_t events = master_counter(&b[1], KVP_STAT_KV_EVENTS) - ev0;
     uint64_t batches = master_counter(&b[1], KVP_STAT_KV_BATCHES) - bt0;
-    for (int i = 0; i < 50 && sub.batches < batches; i++)
+    for (int i = 0; i < 50 && !nosub && sub.batches < batches; i++)
         usleep(100000); /* the last turns' batches on their way */
     beat[1] = 0;
     if (node_alive(&b[1], &beat[1]) != 0)
@@ -1110,13 +1115,16 @@ static int bench_kvev(int argc, char **argv)
                "  \"ratio\": %.3f,\n  \"off_range\": [%.0f, %.0f],\n  \"on_range\": [%.0f, %.0f],\n"
                "  \"events\": %llu,\n  \"events_per_s\": %.0f,\n  \"batches\": %llu,\n"
                "  \"received_batches\": %llu,\n  \"received_bytes\": %llu,\n  \"gaps\": %llu,\n"
-               "  \"lookup_hashes_1024_p50_us\": %.1f,\n  \"exist_1024_p50_us\": %.1f\n}\n",
+               "  \"lookup_hashes_1024_p50_us\": %.1f,\n  \"exist_1024_p50_us\": %.1f,\n"
+               "  \"subscriber\": %s\n}\n",
                (unsigned long long)nobj, (unsigned long long)rounds, med[0], med[1],
                med[1] / med[0], kps[0][0], kps[0][rounds - 1], kps[1][0], kps[1][rounds - 1],
                (unsigned long long)events, eps, (unsigned long long)batches,
                (unsigned long long)sub.batches, (unsigned long long)sub.bytes,
-               (unsigned long long)sub.gaps, lk, ex);
+               (unsigned long long)sub.gaps, lk, ex, nosub ? "false" : "true");
     ret = lk < 0 || ex < 0 || sub.gaps ? 1 : 0;
+    if (nosub)
+        fprintf(out, "  (no subscriber: the batches went nowhere)\n");
 out:
     if (sub.started) {
         atomic_store(&sub.stop, 1);
