@@ -669,11 +669,11 @@ static PyObject *do_put(Client *self, PyObject *args_, PyObject *kw, enum src_ki
                          pk.blocks.len, a.n, sizeof(kvp_block));
             goto done;
         }
-        pk.o.blocks = pk.blocks.buf; /* memcpy'd by the library: no alignment needed */
-        if (((uintptr_t)pk.blocks.buf & 7) != 0) {
+        if (((uintptr_t)pk.blocks.buf & 7) != 0) { /* read as kvp_block structs */
             PyErr_SetString(PyExc_ValueError, "blocks: buffer not 8-byte aligned");
             goto done;
         }
+        pk.o.blocks = pk.blocks.buf;
     }
     int rc = enter(self);
     if (rc) {

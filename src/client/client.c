@@ -695,14 +695,7 @@ static void *hb_main(void *arg)
     while (!c->hb_stop) {
         uint32_t ttl = __atomic_load_n(&c->client_ttl_ms, __ATOMIC_RELAXED);
         uint32_t period = ttl / 3 > HB_MIN_MS ? ttl / 3 : HB_MIN_MS;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += period / 1000;
-        ts.tv_nsec += (long)(period % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = kvp_deadline_ms(period);
         while (!c->hb_stop && pthread_cond_timedwait(&c->hb_cv, &c->hb_mu, &ts) != ETIMEDOUT)
             ;
         if (c->hb_stop)

@@ -456,6 +456,12 @@ void kvp_kvblk_lookup(const kvp_kvblk *b, uint16_t t, const kvp_hchain *c, kvp_h
     }
 }
 
+/* The object of a slot value of either table (index.h: the low 48 bits). */
+static const kvp_obj *slot_obj(uint64_t s)
+{
+    return (const kvp_obj *)(uintptr_t)(s & 0xFFFFFFFFFFFFull);
+}
+
 /* o's bits as the snapshot reports them: announced (events), or now. */
 static unsigned snap_bits(const kvp_kvblk *b, const kvp_obj *o)
 {
@@ -488,7 +494,7 @@ static uint64_t snap_table(const kvp_kvblk *b, const uint64_t *slots, uint64_t m
     uint64_t n = 0;
     unsigned parts = 0;
     for (uint64_t i = 0; slots && i <= mask; i++) {
-        const kvp_obj *o = (const kvp_obj *)(uintptr_t)(slots[i] & 0xFFFFFFFFFFFFull);
+        const kvp_obj *o = slot_obj(slots[i]);
         if (!o || o->tenant != t || !(parts = parts_of(b, o)))
             continue;
         unsigned bits = snap_bits(b, o);
@@ -525,7 +531,7 @@ static uint64_t check_table(const kvp_kvblk *b, const uint64_t *slots, uint64_t 
 {
     uint64_t n = 0;
     for (uint64_t i = 0; slots && i <= mask; i++) {
-        const kvp_obj *o = (const kvp_obj *)(uintptr_t)(slots[i] & 0xFFFFFFFFFFFFull);
+        const kvp_obj *o = slot_obj(slots[i]);
         if (!o)
             continue;
         n++;

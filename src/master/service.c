@@ -1333,14 +1333,7 @@ int kvp_mserver_lookup(kvp_mserver *s, const char *tenant, size_t tlen, const kv
                        kvp_hprefix *out, uint32_t wait_ms)
 {
     lk_req q = {.tenant = tenant, .tlen = tlen, .chain = c, .rc = 1};
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += wait_ms / 1000;
-    dl.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = kvp_deadline_ms(wait_ms);
     pthread_mutex_lock(&s->lk_mu);
     if (s->lk_closed) {
         pthread_mutex_unlock(&s->lk_mu);

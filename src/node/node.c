@@ -134,14 +134,7 @@ static uint64_t rand64(void)
 /* Sleeps up to ms unless stopped. Returns 1 when stop was requested. */
 static int nap(kvp_node *n, uint64_t ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += (time_t)(ms / 1000);
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = kvp_deadline_ms(ms);
     pthread_mutex_lock(&n->mu);
     while (!n->stop && pthread_cond_timedwait(&n->cv, &n->mu, &ts) != ETIMEDOUT)
         ;

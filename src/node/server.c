@@ -870,14 +870,7 @@ int kvp_segserver_revoke(kvp_segserver *s, int all, uint32_t timeout_ms)
         ssize_t wr = write(s->w[i].evfd, &one, sizeof one);
         (void)wr;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += (time_t)(timeout_ms / 1000);
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = kvp_deadline_ms(timeout_ms);
     int rc = 0;
     pthread_mutex_lock(&s->rev_mu);
     for (int i = 0; i < s->nworkers && rc == 0; i++)

@@ -68,15 +68,15 @@ def put_chain(c: kvpool.Client, prefix: str, hashes: list[int], size: int = 4096
     keys = [f"{prefix}-{i}" for i in range(len(hashes))]
     blocks = [kvpool.Block(h, hashes[i - 1] if i else None, 16, parts) for i, h in enumerate(hashes)]
     values = [bytes([i % 251]) * size for i in range(len(hashes))]
-    todo = list(range(len(keys)))
+    left = list(range(len(keys)))
     deadline = time.monotonic() + 30
-    while todo:
-        res = c.put_batch([keys[i] for i in todo], [values[i] for i in todo],
-                          blocks=[blocks[i] for i in todo])
+    while left:
+        res = c.put_batch([keys[i] for i in left], [values[i] for i in left],
+                          blocks=[blocks[i] for i in left])
         assert all(r is None or isinstance(r, kvpool.NoSpaceError) for r in res), res
-        todo = [i for i, r in zip(todo, res) if r is not None]
+        left = [i for i, r in zip(left, res) if r is not None]
         assert time.monotonic() < deadline, "the pool never made room"
-        if todo:
+        if left:
             time.sleep(0.05)
     return keys
 
