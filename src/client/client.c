@@ -511,13 +511,14 @@ static void client_free(kvp_client *c)
 
 /*
  * Environment: KVPOOL_FORCE_TCP=1 makes the data plane use TCP even for
- * segments on this host (kvp_xfer_opts.force_tcp); for tests and
- * benchmarks of the remote path. Not a config key: it is a debugging aid,
- * not a deployment choice.
+ * segments on this host (kvp_xfer_opts.force_tcp); KVPOOL_FORCE_UCX=1 uses
+ * UCX for them wherever the node offers it (force_ucx). For tests and
+ * benchmarks of the remote paths. Not config keys: they are debugging
+ * aids, not deployment choices.
  */
-static int env_force_tcp(void)
+static int env_flag(const char *name)
 {
-    const char *v = getenv("KVPOOL_FORCE_TCP");
+    const char *v = getenv(name);
     return v && *v && strcmp(v, "0") != 0;
 }
 
@@ -628,12 +629,6 @@ static int client_open(const char *config, const kvp_config *cfg, kvp_client **o
         client_free(c);
         return rc;
     }
-    if (strcmp(c->cfg.protocol, "tcp") != 0) {
-        seterr(err, errlen, "protocol \"%s\" is not supported yet (use \"tcp\")%s",
-               c->cfg.protocol, "");
-        client_free(c);
-        return KVP_ENOT_SUPPORTED;
-    }
     kvp_proto_limits_default(&c->lim);
     snprintf(c->name, sizeof c->name, "client %s %ld", c->cfg.local_hostname, (long)getpid());
 
@@ -645,7 +640,9 @@ static int client_open(const char *config, const kvp_config *cfg, kvp_client **o
     kvp_xfer_opts xo = {0};
     xo.cluster_token = c->cfg.cluster_token[0] ? c->cfg.cluster_token : NULL;
     xo.client_id = kvp_rpc_client_id(c->rpc);
-    xo.force_tcp = env_force_tcp();
+    xo.force_tcp = env_flag("KVPOOL_FORCE_TCP");
+    xo.use_ucx = strcmp(c->cfg.protocol, "tcp") != 0; /* ucx, or rdma: its Mooncake name */
+    xo.force_ucx = env_flag("KVPOOL_FORCE_UCX");
     xo.timeout_ms = timeout_ms(c);
     rc = kvp_xfer_create(&xo, &c->xfer);
     if (rc) {

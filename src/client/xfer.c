@@ -61,6 +61,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "client/cucx.h"
 #include "client/gpu.h"
 #include "common/assert.h"
 #include "common/clock.h"
@@ -136,6 +137,9 @@ struct seg_ent {
                          transfers fault pages in as they touch them (atomic) */
     slot *slots;      /* conns_per_node */
     unsigned rot;     /* next slot to start at (atomic) */
+    int have_ucx;     /* the node offers the ucx transport (set up over tcp_addr) */
+    kvp_cucx_peer *ucx; /* its endpoint and rkey, NULL until attached (under
+                           attach_mu; kept, replaced in place, until ent_free) */
 };
 
 struct kvp_xfer {
@@ -143,15 +147,20 @@ struct kvp_xfer {
     uint64_t client_id;
     int nconns;
     int force_tcp;
+    int use_ucx;      /* segments offering ucx on other hosts go through it */
+    int force_ucx;    /* ... and those on this host too */
     int timeout_ms;
     int gpu_threads;
     pthread_rwlock_t lock;
     seg_ent **segs;
     size_t nsegs, cap;
     kvp_workers *workers; /* the batches' threads, started on first use */
+    pthread_mutex_t ucx_mu;
+    kvp_cucx *ucx;    /* UCX context and worker, made on first use (under ucx_mu) */
+    int ucx_broken;   /* UCX could not start: ucx segments use tcp (under ucx_mu) */
 };
 
-static const xops shm_ops, tcp_ops;
+static const xops shm_ops, tcp_ops, ucx_ops;
 static size_t shm_plan_dev(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops,
                            const size_t *idx, size_t n, uint64_t deadline_ms, job *out);
 static size_t tcp_plan_dev(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops,
@@ -787,6 +796,33 @@ static int pooled_stale(int fd)
     return poll(&p, 1, 0) != 0;
 }
 
+/* A locked slot's connection, connected and past HELLO (a pooled one the
+ * node closed is replaced). 0, RPC_TIMEOUT or TRANSFER_FAIL. */
+static int slot_connect(kvp_xfer *x, seg_ent *e, slot *s, uint64_t deadline_ms)
+{
+    if (s->fd >= 0 && pooled_stale(s->fd)) {
+        close(s->fd);
+        s->fd = -1;
+    }
+    if (s->fd >= 0)
+        return 0;
+    uint64_t now = kvp_now_ms();
+    int ms = deadline_ms > now ? (int)(deadline_ms - now) : 0;
+    char err[KVP_NET_ERRLEN];
+    int fd = ms > 0 ? kvp_net_connect(e->tcp_addr, ms, err, sizeof err) : KVP_ERPC_TIMEOUT;
+    if (fd < 0)
+        return fd == KVP_ERPC_TIMEOUT ? KVP_ERPC_TIMEOUT : KVP_ETRANSFER_FAIL;
+    kvp_net_set_nonblock(fd, 1);
+    int rc = say_hello(x, fd, deadline_ms);
+    if (rc) {
+        KVP_WARN(MOD, "HELLO to %s: %s", e->tcp_addr, kvp_strerror(rc));
+        close(fd);
+        return rc == KVP_ERPC_TIMEOUT ? rc : KVP_ETRANSFER_FAIL;
+    }
+    s->fd = fd;
+    return 0;
+}
+
 static void *tcp_exec(void *arg)
 {
     job *j = arg;
@@ -808,31 +844,7 @@ static void *tcp_exec(void *arg)
             return NULL;
         }
     }
-    int rc = 0;
-    if (s->fd >= 0 && pooled_stale(s->fd)) {
-        close(s->fd);
-        s->fd = -1;
-    }
-    if (s->fd < 0) {
-        uint64_t now = kvp_now_ms();
-        int ms = j->deadline_ms > now ? (int)(j->deadline_ms - now) : 0;
-        char err[KVP_NET_ERRLEN];
-        int fd = ms > 0 ? kvp_net_connect(e->tcp_addr, ms, err, sizeof err) : KVP_ERPC_TIMEOUT;
-        if (fd < 0) {
-            rc = fd == KVP_ERPC_TIMEOUT ? KVP_ERPC_TIMEOUT : KVP_ETRANSFER_FAIL;
-        } else {
-            kvp_net_set_nonblock(fd, 1);
-            rc = say_hello(x, fd, j->deadline_ms);
-            if (rc) {
-                KVP_WARN(MOD, "HELLO to %s: %s", e->tcp_addr, kvp_strerror(rc));
-                close(fd);
-                if (rc != KVP_ERPC_TIMEOUT)
-                    rc = KVP_ETRANSFER_FAIL;
-            } else {
-                s->fd = fd;
-            }
-        }
-    }
+    int rc = slot_connect(x, e, s, j->deadline_ms);
     if (!rc)
         rc = j->dev ? tcp_dev_pump(j, s->fd) : tcp_pump(j, s->fd);
     for (size_t k = 0; !rc && k < j->n; k++)
@@ -861,6 +873,116 @@ static size_t tcp_plan(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, 
 }
 
 static const xops tcp_ops = {"tcp", tcp_plan, tcp_plan_dev};
+
+/* ---------------------------------------------------------------- ucx */
+
+#define UCX_ATTACH_MAX (2 * KVP_UCX_BLOB_MAX + 64) /* the answer's largest body */
+
+/* The client's UCX context and worker, made on first use; NULL when UCX
+ * cannot start here (said once; ucx segments then use tcp). */
+static kvp_cucx *ucx_ctx(kvp_xfer *x)
+{
+    pthread_mutex_lock(&x->ucx_mu);
+    if (!x->ucx && !x->ucx_broken) {
+        char why[256];
+        if (kvp_cucx_create(&x->ucx, why, sizeof why) != 0) {
+            x->ucx = NULL;
+            x->ucx_broken = 1;
+            KVP_WARN(MOD, "protocol ucx: UCX does not start here (%s); using tcp", why);
+        }
+    }
+    kvp_cucx *u = x->ucx;
+    pthread_mutex_unlock(&x->ucx_mu);
+    return u;
+}
+
+/* UCX_ATTACH over one of e's pooled connections, then the endpoint and
+ * rkey (e->ucx, made or replaced). Caller holds attach_mu. 0,
+ * KVP_ENOT_SUPPORTED (UCX or the node has no ucx transport: use tcp), or
+ * why the attach failed (the node is down, ...). */
+static int ucx_attach(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
+{
+    kvp_cucx *u = ucx_ctx(x);
+    if (!u)
+        return KVP_ENOT_SUPPORTED;
+    uint8_t *resp = kvp_malloc(UCX_ATTACH_MAX);
+    if (!resp)
+        return KVP_ENOMEM;
+    slot *s = &e->slots[0];
+    uint32_t rl = 0;
+    int rc = slot_lock(s, deadline_ms);
+    if (!rc) {
+        rc = slot_connect(x, e, s, deadline_ms);
+        uint8_t body[8];
+        for (int i = 0; i < 8; i++)
+            body[i] = (uint8_t)(e->id >> (8 * i));
+        if (!rc)
+            rc = simple_call(x, s->fd, KVP_OP_UCX_ATTACH, body, 8, resp, UCX_ATTACH_MAX, &rl,
+                             deadline_ms, NULL);
+        /* a refusal leaves the connection in step; a failure does not */
+        if (rc && rc != KVP_ENOT_SUPPORTED && rc != KVP_ESEGMENT_NOT_FOUND && s->fd >= 0) {
+            close(s->fd);
+            s->fd = -1;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (!rc)
+        rc = kvp_cucx_connect(u, resp, rl, &e->ucx);
+    kvp_free(resp);
+    return rc;
+}
+
+/* The transport of a ucx segment for this batch: attached (again, after
+ * its endpoint failed: the node restarted, a deadline cut it), tcp for good
+ * when the node or this host has no UCX, NULL when the attach failed. */
+static const xops *ucx_ready(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
+{
+    const xops *r = &ucx_ops;
+    pthread_mutex_lock(&e->attach_mu);
+    if (!e->ucx || kvp_cucx_failed(e->ucx)) {
+        int rc = ucx_attach(x, e, deadline_ms);
+        if (rc == KVP_ENOT_SUPPORTED) {
+            KVP_WARN(MOD, "segment %016llx: no ucx transport at %s; using tcp",
+                     (unsigned long long)e->id, e->tcp_addr);
+            __atomic_store_n(&e->ops, &tcp_ops, __ATOMIC_RELEASE);
+            r = &tcp_ops;
+        } else if (rc) {
+            KVP_WARN_LIMITED(MOD, "segment %016llx: ucx attach via %s: %s",
+                             (unsigned long long)e->id, e->tcp_addr, kvp_strerror(rc));
+            r = NULL;
+        }
+    }
+    pthread_mutex_unlock(&e->attach_mu);
+    return r;
+}
+
+static void *ucx_exec(void *arg)
+{
+    job *j = arg;
+    kvp_xfer_op **v = kvp_malloc(j->n * sizeof *v);
+    if (!v) {
+        fail_from(j, 0, KVP_ENOMEM);
+        return NULL;
+    }
+    for (size_t k = 0; k < j->n; k++)
+        v[k] = JOB_OP(j, k);
+    /* e->ucx is set (ent_ops) and never freed while a batch runs */
+    kvp_cucx_run(j->x->ucx, j->e->ucx, j->is_write, v, j->n, j->deadline_ms);
+    kvp_free(v);
+    return NULL;
+}
+
+/* One job on the caller's thread: UCX moves the bytes (on RDMA hardware
+ * the NIC does), requests of every op in flight at once. */
+static size_t ucx_plan(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, const size_t *idx,
+                       size_t n, uint64_t deadline_ms, job *out)
+{
+    *out = (job){x, e, is_write, ops, idx, n, 1, deadline_ms, ucx_exec, 0, 0, 0, {0}};
+    return 1;
+}
+
+/* Device memory on a ucx segment goes through the tcp staging path. */
+static const xops ucx_ops = {"ucx", ucx_plan, tcp_plan_dev};
 
 /* ------------------------------------------------------ device memory */
 
@@ -1268,6 +1390,8 @@ int kvp_xfer_create(const kvp_xfer_opts *o, kvp_xfer **out)
             x->client_id = (uint64_t)kvp_now_ns() | 1;
     x->nconns = o && o->conns_per_node > 0 ? o->conns_per_node : 4;
     x->force_tcp = o ? o->force_tcp : 0;
+    x->use_ucx = o ? o->use_ucx || o->force_ucx : 0;
+    x->force_ucx = o ? o->force_ucx : 0;
     x->timeout_ms = o && o->timeout_ms > 0 ? o->timeout_ms : 10000;
     x->gpu_threads = o && o->gpu_threads > 0 ? o->gpu_threads : default_gpu_threads();
     /* enough for the tcp connections of eight nodes (or of concurrent
@@ -1281,6 +1405,7 @@ int kvp_xfer_create(const kvp_xfer_opts *o, kvp_xfer **out)
         return rc;
     }
     pthread_rwlock_init(&x->lock, NULL);
+    pthread_mutex_init(&x->ucx_mu, NULL);
     *out = x;
     return 0;
 }
@@ -1300,6 +1425,8 @@ static void ent_free(kvp_xfer *x, seg_ent *e)
         pthread_mutex_destroy(&e->slots[i].mu);
     }
     kvp_free(e->slots);
+    if (e->ucx)
+        kvp_cucx_close(x->ucx, e->ucx);
     pthread_mutex_destroy(&e->attach_mu);
     kvp_free(e);
 }
@@ -1312,6 +1439,8 @@ void kvp_xfer_destroy(kvp_xfer *x)
         ent_free(x, x->segs[i]);
     kvp_free(x->segs);
     kvp_workers_destroy(x->workers);
+    kvp_cucx_destroy(x->ucx);
+    pthread_mutex_destroy(&x->ucx_mu);
     pthread_rwlock_destroy(&x->lock);
     kvp_free(x);
 }
@@ -1375,9 +1504,16 @@ int kvp_xfer_add_segment(kvp_xfer *x, const kvp_seg_desc *d)
                    ep->addr.len - hl - 1 < sizeof e->unix_path && !have_shm) {
             memcpy(e->unix_path, ep->addr.p + hl + 1, ep->addr.len - hl - 1);
             have_shm = 1;
+        } else if (bytes_eq(ep->transport, "ucx")) {
+            e->have_ucx = 1; /* set up over the tcp endpoint */
         }
     }
-    e->ops = have_shm && !x->force_tcp ? &shm_ops : &tcp_ops;
+    if (x->force_tcp || !have_tcp)
+        e->ops = have_shm && !x->force_tcp ? &shm_ops : &tcp_ops;
+    else if (e->have_ucx && x->use_ucx && (!have_shm || x->force_ucx))
+        e->ops = &ucx_ops;
+    else
+        e->ops = have_shm ? &shm_ops : &tcp_ops;
     x->segs[x->nsegs++] = e;
     pthread_rwlock_unlock(&x->lock);
     return 0;
@@ -1428,6 +1564,8 @@ const char *kvp_xfer_transport(kvp_xfer *x, uint64_t segment_id)
 static const xops *ent_ops(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
 {
     const xops *o = __atomic_load_n(&e->ops, __ATOMIC_ACQUIRE);
+    if (o == &ucx_ops)
+        return ucx_ready(x, e, deadline_ms);
     if (o != &shm_ops)
         return o;
     if (__atomic_load_n(&e->map, __ATOMIC_ACQUIRE)) {

@@ -3,7 +3,7 @@
  * between caller memory (an iovec list) and a segment, choosing the
  * transport by where the segment is.
  *
- * Transports sit behind one private operation table (shm, tcp); the choice
+ * Transports sit behind one private operation table (shm, tcp, ucx); the choice
  * is made per segment when it is added, never with #ifdef in the request
  * path:
  *   shm  the segment's "shm" endpoint names this host (kvp_node_host_id()):
@@ -16,6 +16,11 @@
  *        spread over the pool's connections, one job per connection, run by
  *        the client's persistent transfer workers (common/workers.h) beside
  *        the caller.
+ *   ucx  protocol "ucx" (or "rdma") and a node offering it, on another host
+ *        (force_ucx: any host): one-sided UCX puts / gets into the segment
+ *        (client/cucx.h), set up by UCX_ATTACH over a pooled tcp connection;
+ *        a node or host without UCX falls back to tcp for good, device
+ *        memory goes through tcp's staging path.
  *
  * Thread-safe: any number of threads may call kvp_xfer_run at once.
  */
@@ -34,7 +39,11 @@ typedef struct kvp_xfer_opts {
     const char *cluster_token; /* NULL = none */
     uint64_t client_id;
     int conns_per_node;        /* tcp pool size per node (0 = 4) */
-    int force_tcp;             /* never use shm (tests, benchmarks) */
+    int force_tcp;             /* never use shm nor ucx (tests, benchmarks) */
+    int use_ucx;               /* protocol ucx: segments on other hosts whose node
+                                  offers "ucx" go through UCX (client/cucx.h) */
+    int force_ucx;             /* use_ucx for segments on this host too, instead of
+                                  shm (tests, benchmarks) */
     int timeout_ms;            /* connect/io deadline per call (0 = 10 s) */
     int gpu_threads;           /* shm jobs (each a thread and a stream) per segment
                                   for device ops (0 = $KVPOOL_GPU_THREADS, else
@@ -51,7 +60,7 @@ int kvp_xfer_add_segment(kvp_xfer *x, const kvp_seg_desc *d);
 int kvp_xfer_has_segment(kvp_xfer *x, uint64_t segment_id);
 /* Forgets a segment (unmounted / node dead): unmaps, closes connections. */
 void kvp_xfer_drop_segment(kvp_xfer *x, uint64_t segment_id);
-/* "shm" or "tcp" (what kvp_xfer_run would use), NULL if unknown. */
+/* "shm", "tcp" or "ucx" (what kvp_xfer_run would use), NULL if unknown. */
 const char *kvp_xfer_transport(kvp_xfer *x, uint64_t segment_id);
 
 /* One replica transfer. iov describes exactly rep.length bytes. */

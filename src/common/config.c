@@ -87,7 +87,7 @@ struct key_def {
 #define R_A KVP_KEY_ADMIN
 #define R_ALL_NET (R_M | R_N | R_C | R_A)
 
-static const char *const protocol_choices[] = {"tcp", "rdma", NULL};
+static const char *const protocol_choices[] = {"tcp", "rdma", "ucx", NULL};
 static const char *const mode_choices[] = {"embedded", "standalone-store", NULL};
 static const char *const prefault_choices[] = {"auto", "background", "sync", "off", NULL};
 static const char *const log_format_choices[] = {"text", "json", NULL};
@@ -250,8 +250,10 @@ static const struct key_def keys[] = {
              "kernel picks); both set or neither"},
     {.name = "segment_port_max", .roles = R_N, .type = KT_UINT, F_U64(segment_port_max), .min = 0,
      .max = 65535, .def = "0", .help = "the last port of segment_port_min's range"},
-    {.name = "protocol", .roles = R_C, .type = KT_ENUM, F_STR(protocol), .choices = protocol_choices,
-     .def = "tcp", .help = "transfer protocol (rdma is accepted but not supported yet)"},
+    {.name = "protocol", .roles = R_C | R_N, .type = KT_ENUM, F_STR(protocol), .choices = protocol_choices,
+     .def = "tcp", .help = "transfer protocol between hosts: tcp, or ucx (rdma: the same) for "
+     "one-sided transfers through UCX (RDMA NICs; UCX_TLS picks its transports); a node "
+     "registers its segment, a client uses it for segments on other hosts"},
     {.name = "mode", .roles = R_C, .type = KT_ENUM, F_STR(mode), .choices = mode_choices,
      .def = "standalone-store",
      .help = "client: standalone-store (uses the pool's storage nodes, contributes no memory) "

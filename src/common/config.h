@@ -76,7 +76,7 @@ typedef struct kvp_config {
     uint64_t segment_port_min;    /* "segment_port_min": 0 (the kernel picks the port) */
     uint64_t segment_port_max;    /* "segment_port_max": 0; with min: the segment server's
                                      port range when it has no listen address */
-    char protocol[32];            /* "protocol": tcp (rdma accepted, reported not supported) */
+    char protocol[32];            /* "protocol": tcp, ucx or rdma (= ucx) */
     char mode[32];                /* "mode": embedded | standalone-store (as given; the
                                      effective mode is kvp_config_mode's) */
     uint64_t global_segment_size; /* "global_segment_size": bytes (4 GiB) */

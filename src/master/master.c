@@ -953,8 +953,9 @@ static void seg_unmount(kvp_master *m, uint32_t si)
     seg_free(s);
 }
 
-/* An endpoint a client could use: "tcp" HOST:PORT (port 1..65535) or
- * "shm" HOSTID:/absolute/socket/path that fits a sockaddr_un. */
+/* An endpoint a client could use: "tcp" or "ucx" HOST:PORT (port
+ * 1..65535; ucx is set up over that tcp endpoint) or "shm"
+ * HOSTID:/absolute/socket/path that fits a sockaddr_un. */
 static int endpoint_ok(const kvp_endpoint *e)
 {
     char a[300];
@@ -962,7 +963,8 @@ static int endpoint_ok(const kvp_endpoint *e)
         return 0;
     memcpy(a, e->addr.p, e->addr.len);
     a[e->addr.len] = 0;
-    if (e->transport.len == 3 && !memcmp(e->transport.p, "tcp", 3)) {
+    if (e->transport.len == 3 &&
+        (!memcmp(e->transport.p, "tcp", 3) || !memcmp(e->transport.p, "ucx", 3))) {
         char host[256];
         uint16_t port;
         return kvp_net_split(a, host, sizeof host, &port) == 0 && host[0] && port != 0;

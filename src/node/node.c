@@ -57,6 +57,7 @@
 #include "net/net.h"
 #include "net/rpc.h"
 #include "node/grants.h"
+#include "node/nucx.h"
 #include "node/segment.h"
 #include "node/server.h"
 #include "node/tier.h"
@@ -75,6 +76,7 @@ struct kvp_node {
     kvp_config cfg;
     kvp_segment *seg;
     kvp_segserver *srv;
+    kvp_nucx *ucx;        /* the segment registered with UCX, NULL = no ucx transport */
     kvp_grants *grants;   /* descriptor checks; shared with srv */
     kvp_tier *tier;       /* the SSD tier, NULL = none */
     uint64_t seg_id, secret, client_id;
@@ -275,15 +277,17 @@ static int link_open(kvp_node *n, char *err, size_t errlen)
 /* MOUNT_SEGMENT. 0 or a negative code (message in err). */
 static int link_mount(kvp_node *n, char *err, size_t errlen)
 {
-    kvp_endpoint eps[2] = {
-        {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)n->name, (uint32_t)strlen(n->name)}},
-        {{(const uint8_t *)"shm", 3},
-         {(const uint8_t *)n->shm_addr, (uint32_t)strlen(n->shm_addr)}},
-    };
+    kvp_bytes name = {(const uint8_t *)n->name, (uint32_t)strlen(n->name)};
+    kvp_endpoint eps[3] = {{{(const uint8_t *)"tcp", 3}, name}};
+    uint32_t neps = 1;
+    if (n->unix_path[0])
+        eps[neps++] = (kvp_endpoint){{(const uint8_t *)"shm", 3},
+                                     {(const uint8_t *)n->shm_addr, (uint32_t)strlen(n->shm_addr)}};
+    if (n->ucx) /* set up over the tcp endpoint's connection (UCX_ATTACH) */
+        eps[neps++] = (kvp_endpoint){{(const uint8_t *)"ucx", 3}, name};
     /* a master that still holds the segment keeps its epoch; a fresh mount
      * takes this one, above every earlier, so its generations are too */
-    kvp_seg_desc d = {n->seg_id, {(const uint8_t *)n->name, (uint32_t)strlen(n->name)},
-                      kvp_segment_size(n->seg), n->unix_path[0] ? 2 : 1, eps, n->secret,
+    kvp_seg_desc d = {n->seg_id, name, kvp_segment_size(n->seg), neps, eps, n->secret,
                       ++n->epoch, n->tier ? kvp_tier_capacity(n->tier) : 0};
     kvp_msg_mount m = {1, &d};
     uint8_t body[2048];
@@ -611,6 +615,25 @@ static kvp_segment_prefault_mode prefault_mode(const char *v, int standalone)
     return standalone ? KVP_PREFAULT_BACKGROUND : KVP_PREFAULT_OFF;
 }
 
+/* protocol "ucx" or "rdma": registers the segment with UCX for one-sided
+ * transfers (node/nucx.h). Without UCX the node still serves shm and tcp,
+ * and says why once. */
+static void start_ucx(kvp_node *n, const kvp_config *cfg)
+{
+    if (strcmp(cfg->protocol, "ucx") != 0 && strcmp(cfg->protocol, "rdma") != 0)
+        return;
+    char why[256];
+    int rc = kvp_nucx_start(kvp_segment_base(n->seg), kvp_segment_size(n->seg), &n->ucx, why,
+                            sizeof why);
+    if (rc) {
+        n->ucx = NULL;
+        KVP_WARN(MOD, "protocol %s: no UCX transport (%s); clients use shm and tcp",
+                 cfg->protocol, why);
+    } else {
+        KVP_INFO(MOD, "protocol %s: segment registered with UCX", cfg->protocol);
+    }
+}
+
 int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t errlen)
 {
     if (!o || !o->cfg) {
@@ -694,8 +717,11 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
     }
     /* sync: faulted in before the server starts; background: behind it */
     kvp_segment_prefault(n->seg, prefault_mode(cfg->segment_prefault, o->standalone));
+    start_ucx(n, cfg);
     kvp_segserver_opts so = {listen, n->unix_path, o->io_threads > 0 ? o->io_threads : 2,
-                             cfg->cluster_token, n->seg_id, n->grants, ua};
+                             cfg->cluster_token, n->seg_id, n->grants, ua, NULL, 0};
+    if (n->ucx)
+        so.ucx_attach = kvp_nucx_attach_body(n->ucx, &so.ucx_attach_len);
     kvp_segserver_limits lim = {(int)cfg->node_max_connections,
                                 (int)(cfg->node_max_connections / 4),
                                 (uint32_t)cfg->hello_timeout_ms, (uint32_t)cfg->idle_timeout_ms,
@@ -754,6 +780,7 @@ void kvp_node_stop(kvp_node *n)
     link_drop(n);
     kvp_tier_close(n->tier); /* before the segment: loads write into it */
     kvp_segserver_stop(n->srv);
+    kvp_nucx_stop(n->ucx); /* after the server: it hands out the attach body */
     kvp_grants_destroy(n->grants);
     kvp_segment_destroy(n->seg);
     pthread_cond_destroy(&n->cv);

@@ -11,7 +11,7 @@
  *
  *   ST_HDR      reading the 24-byte frame header into c->hdr
  *   ST_SEGIO    SEG_WRITE / SEG_READ: reading the 56-byte kvp_seg_io
- *   ST_SMALL    HELLO / SHM_ATTACH: reading a small body (<= SMALL_MAX)
+ *   ST_SMALL    HELLO / SHM_ATTACH / UCX_ATTACH: reading a small body (<= SMALL_MAX)
  *   ST_WBODY    SEG_WRITE accepted: value bytes go straight from the socket
  *               into segment memory [wpos, wpos + left)
  *   ST_SKIP     discarding `left` bytes (refused SEG_WRITE, unknown op)
@@ -109,6 +109,8 @@ typedef struct oitem {
     int pass_fd;         /* fd to attach to the first byte, -1 = none */
     uint64_t gen;        /* data: the READ descriptor's generation */
     uint64_t deadline;   /* data: local ms after which no byte may go */
+    int fixed;           /* data is not segment bytes but a body that lives as
+                            long as the server (UCX_ATTACH): no transfer */
 } oitem;
 
 typedef struct conn {
@@ -166,6 +168,8 @@ struct kvp_segserver {
     uint64_t size;
     uint64_t segment_id;
     kvp_grants *grants;   /* the node's; outlives the server */
+    const uint8_t *ucx_attach; /* UCX_ATTACH answer body, NULL = none (outlives the server) */
+    uint32_t ucx_attach_len;
     uint32_t max_frame;
     char token[256];
     char unix_path[KVP_UNIXSOCK_PATH_MAX + 1];
@@ -239,6 +243,7 @@ static oitem *out_push(conn *c)
     it->pass_fd = -1;
     it->gen = 0;
     it->deadline = 0;
+    it->fixed = 0;
     return it;
 }
 
@@ -264,7 +269,7 @@ static int out_expired(const conn *c, uint64_t now)
 {
     for (uint32_t k = 0; k < c->on; k++) {
         const oitem *it = &c->outq[(c->oh + k) % OUTQ];
-        if (it->dlen && it->sent < it->hlen + it->dlen && now > it->deadline)
+        if (it->dlen && !it->fixed && it->sent < it->hlen + it->dlen && now > it->deadline)
             return 1;
     }
     return 0;
@@ -450,6 +455,35 @@ static void on_shm_attach(struct kvp_segserver *s, conn *c)
     }
 }
 
+static void on_ucx_attach(struct kvp_segserver *s, conn *c)
+{
+    kvp_rd r;
+    kvp_rd_init(&r, c->small, c->h.body_len);
+    uint64_t id = kvp_rd_u64(&r);
+    c->st = ST_HDR;
+    if (kvp_rd_finish(&r) != 0) {
+        answer(c, KVP_EPROTOCOL, NULL, 0, NULL, 0, -1);
+    } else if (id != s->segment_id) {
+        answer(c, KVP_ESEGMENT_NOT_FOUND, NULL, 0, NULL, 0, -1);
+    } else if (!s->ucx_attach) {
+        answer(c, KVP_ENOT_SUPPORTED, NULL, 0, NULL, 0, -1);
+    } else {
+        answer(c, 0, NULL, 0, s->ucx_attach, s->ucx_attach_len, -1);
+        c->outq[(c->oh + c->on - 1) % OUTQ].fixed = 1;
+    }
+}
+
+/* A small body is in c->small: its op's handler. */
+static void on_small(struct kvp_segserver *s, conn *c)
+{
+    if (c->h.op == KVP_OP_HELLO)
+        on_hello(s, c);
+    else if (c->h.op == KVP_OP_SHM_ATTACH)
+        on_shm_attach(s, c);
+    else
+        on_ucx_attach(s, c);
+}
+
 /* A whole header is in c->hdr: decide what comes next. */
 static void on_header(struct kvp_segserver *s, conn *c)
 {
@@ -490,6 +524,13 @@ static void on_header(struct kvp_segserver *s, conn *c)
         }
         c->st = ST_SMALL;
         break;
+    case KVP_OP_UCX_ATTACH:
+        if (c->h.body_len > SMALL_MAX) {
+            refuse_close(c, KVP_EPROTOCOL);
+            return;
+        }
+        c->st = ST_SMALL;
+        break;
     case KVP_OP_SEG_WRITE:
         if (c->h.body_len < KVP_SEG_IO_SIZE) {
             refuse_close(c, KVP_EINVALID_WRITE);
@@ -508,12 +549,8 @@ static void on_header(struct kvp_segserver *s, conn *c)
         skip(c, c->h.body_len, KVP_EUNKNOWN_OP);
         return;
     }
-    if (c->st == ST_SMALL && c->h.body_len == 0) {
-        if (c->h.op == KVP_OP_HELLO)
-            on_hello(s, c);
-        else
-            on_shm_attach(s, c);
-    }
+    if (c->st == ST_SMALL && c->h.body_len == 0)
+        on_small(s, c);
 }
 
 static void on_seg_io(struct kvp_segserver *s, conn *c)
@@ -569,8 +606,9 @@ static void fuzz_check(const kvp_segserver *s, const conn *c)
     for (uint32_t k = 0; k < c->on; k++) {
         const oitem *it = &c->outq[(c->oh + k) % OUTQ];
         if (it->hlen > sizeof it->head ||
-            (it->data && (it->data < s->base || it->data > end ||
-                          it->dlen > (uint64_t)(end - it->data))))
+            (it->data && !it->fixed && (it->data < s->base || it->data > end ||
+                                        it->dlen > (uint64_t)(end - it->data))) ||
+            (it->fixed && (it->data != s->ucx_attach || it->dlen != s->ucx_attach_len)))
             abort();
     }
 }
@@ -615,10 +653,7 @@ static int conn_input(worker *w, conn *c)
             c->got += (uint32_t)n;
             if (c->got == c->h.body_len) {
                 c->got = 0;
-                if (c->h.op == KVP_OP_HELLO)
-                    on_hello(s, c);
-                else
-                    on_shm_attach(s, c);
+                on_small(s, c);
             }
             break;
         case ST_WBODY: {
@@ -825,7 +860,7 @@ static int has_dead_transfer(const struct kvp_segserver *s, const conn *c, int a
         return 1;
     for (uint32_t k = 0; k < c->on; k++) {
         const oitem *it = &c->outq[(c->oh + k) % OUTQ];
-        if (it->dlen && it->sent < it->hlen + it->dlen &&
+        if (it->dlen && !it->fixed && it->sent < it->hlen + it->dlen &&
             (all || !kvp_grants_live(s->grants, (uint64_t)(it->data - s->base), it->dlen,
                                      it->gen, KVP_ACCESS_READ)))
             return 1;
@@ -1070,6 +1105,8 @@ static int server_new(kvp_segment *seg, const kvp_segserver_opts *o,
     s->size = kvp_segment_size(seg);
     s->segment_id = o->segment_id;
     s->grants = o->grants;
+    s->ucx_attach = o->ucx_attach;
+    s->ucx_attach_len = o->ucx_attach ? o->ucx_attach_len : 0;
     uint64_t mf = s->size + KVP_SEG_IO_SIZE;
     s->max_frame = mf > UINT32_MAX ? UINT32_MAX : (uint32_t)mf;
     if (o->cluster_token)

@@ -5,7 +5,8 @@
  *
  * Protocol: the frames of proto.h. A connection starts with HELLO (same
  * message as the master's; the cluster token is checked). Then SEG_WRITE /
- * SEG_READ (TCP and unix) and SHM_ATTACH (unix only), pipelined. Every
+ * SEG_READ (TCP and unix), SHM_ATTACH (unix only) and UCX_ATTACH (when the
+ * node registered its segment with UCX: node/nucx.h), pipelined. Every
  * SEG_WRITE/SEG_READ is checked before any byte moves by the node's grants
  * (grants.h): segment id, bounds, tag, operation, expiry and generation.
  * Anything else is
@@ -56,6 +57,10 @@ typedef struct kvp_segserver_opts {
     kvp_grants *grants;        /* checks descriptors; must outlive the server */
     kvp_unixsock_access unix_access; /* besides our uid, who may connect to the
                                         unix socket (zero = nobody) */
+    const uint8_t *ucx_attach; /* the UCX_ATTACH answer body (node/nucx.h), NULL = no
+                                  ucx transport (answered NOT_SUPPORTED); must
+                                  outlive the server */
+    uint32_t ucx_attach_len;
 } kvp_segserver_opts;
 
 /* Connection limits (a struct of their own so that kvp_segserver_opts'

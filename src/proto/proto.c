@@ -1075,3 +1075,26 @@ int kvp_dec_replica_bad(const uint8_t *p, uint32_t len, const kvp_proto_limits *
     }
     DEC_END;
 }
+
+/* ----------------------------------------------------------- ucx attach */
+
+void kvp_enc_ucx_attach(kvp_buf *b, const kvp_msg_ucx_attach *m)
+{
+    kvp_buf_u64(b, m->base);
+    kvp_buf_u64(b, m->size);
+    wr_bytes(b, m->addr);
+    wr_bytes(b, m->rkey);
+}
+
+int kvp_dec_ucx_attach(const uint8_t *p, uint32_t len, kvp_msg_ucx_attach *m)
+{
+    DEC_BEGIN;
+    m->base = kvp_rd_u64(&r);
+    m->size = kvp_rd_u64(&r);
+    m->addr = kvp_rd_bytes(&r, KVP_UCX_BLOB_MAX);
+    m->rkey = kvp_rd_bytes(&r, KVP_UCX_BLOB_MAX);
+    if (!r.err && (m->size == 0 || m->base + m->size < m->base || m->addr.len == 0 ||
+                   m->rkey.len == 0))
+        rd_fail(&r);
+    DEC_END;
+}

@@ -77,7 +77,8 @@
     XX(REPL_DATA, 28, "leader -> standby: index records (ha/repl.h)")                 \
     XX(REPL_ACK, 29, "standby -> leader: REPL_DATA applied up to a seq")             \
     XX(LOOKUP_HASHES, 30, "per chain of engine block hashes: leading blocks in DRAM, on disk, in either") \
-    XX(KV_SNAPSHOT, 31, "a tenant's announced blocks (KV events) as of its stream's last seq")
+    XX(KV_SNAPSHOT, 31, "a tenant's announced blocks (KV events) as of its stream's last seq") \
+    XX(UCX_ATTACH, 32, "storage node: its UCX worker address and the segment's rkey (one-sided transfers)")
 
 enum kvp_op {
 #define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
@@ -616,6 +617,27 @@ int kvp_dec_disk(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_
  * SHM_ATTACH (unix socket only): body u64 segment_id; answer body u64 size,
  * with the segment's memfd attached (SCM_RIGHTS) to the answer's bytes.
  */
+/*
+ * UCX_ATTACH (tcp and unix, after HELLO): body u64 segment_id. Answer: what
+ * a client needs for one-sided transfers into the segment through UCX:
+ * the node's UCP worker address and the packed remote key of the segment's
+ * registration, which covers [base, base + size) of the node's address
+ * space (client/cucx.h). A node without the transport answers
+ * KVP_ENOT_SUPPORTED. The blobs are opaque to us, bounded by
+ * KVP_UCX_BLOB_MAX each.
+ */
+#define KVP_UCX_BLOB_MAX 16384
+typedef struct kvp_msg_ucx_attach {
+    uint64_t base;  /* the segment's first byte in the node's address space */
+    uint64_t size;  /* bytes the rkey covers */
+    kvp_bytes addr; /* ucp_worker_get_address */
+    kvp_bytes rkey; /* ucp_rkey_pack */
+} kvp_msg_ucx_attach;
+void kvp_enc_ucx_attach(kvp_buf *b, const kvp_msg_ucx_attach *m);
+/* 0, or KVP_EPROTOCOL: truncated, trailing bytes, an empty or oversized
+ * blob, size 0 or base + size wrapping. */
+int kvp_dec_ucx_attach(const uint8_t *p, uint32_t len, kvp_msg_ucx_attach *m);
+
 #define KVP_SEG_IO_SIZE 56
 void kvp_enc_seg_io(kvp_buf *b, const kvp_replica *r);
 /* Decodes the first 56 bytes of a body (len >= 56). 0 or KVP_EPROTOCOL. */
