@@ -33,6 +33,10 @@ struct kvp_cucx {
     pthread_mutex_t mu; /* the worker is driven by one thread at a time */
     ucp_context_h ctx;
     ucp_worker_h worker;
+    void **orphans;     /* opctx arrays with requests still queued after a forced
+                           close (UCX's shared-memory endpoints purge them only
+                           when the worker goes): freed after the worker (under mu) */
+    size_t norphans;
 };
 
 struct kvp_cucx_peer {
@@ -73,8 +77,11 @@ void kvp_cucx_destroy(kvp_cucx *u)
 {
     if (!u)
         return;
-    kvp_ucx.worker_destroy(u->worker);
+    kvp_ucx.worker_destroy(u->worker); /* completes the orphans' last requests */
     kvp_ucx.cleanup(u->ctx);
+    for (size_t i = 0; i < u->norphans; i++)
+        kvp_free(u->orphans[i]);
+    kvp_free(u->orphans);
     pthread_mutex_destroy(&u->mu);
     kvp_free(u);
 }
@@ -156,7 +163,7 @@ static void ep_close_locked(kvp_cucx *u, kvp_cucx_peer *p)
         return;
     ucp_request_param_t prm = {0};
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    prm.flags = p->no_peer_errors ? 0 : UCP_EP_CLOSE_FLAG_FORCE; /* force needs peer errors */
+    prm.flags = UCP_EP_CLOSE_FLAG_FORCE; /* a graceful close waits for the peer */
     ucs_status_ptr_t r = kvp_ucx.ep_close_nbx(p->ep, &prm);
     if (r && !UCS_PTR_IS_ERR(r)) {
         while (kvp_ucx.request_check_status(r) == UCS_INPROGRESS)
@@ -275,16 +282,37 @@ static int wait_all(kvp_cucx *u, int is_write, kvp_xfer_op *const *ops, opctx *o
     }
 }
 
+/* Frees a job's opctx array, or keeps it until the worker goes when UCX
+ * still holds requests that name it. Caller holds mu. */
+static void oc_release(kvp_cucx *u, opctx *oc, size_t n)
+{
+    size_t left = 0;
+    for (size_t k = 0; k <= n; k++)
+        left += oc[k].pending;
+    if (!left) {
+        kvp_free(oc);
+        return;
+    }
+    void **no = kvp_realloc(u->orphans, (u->norphans + 1) * sizeof *no);
+    if (no) {
+        u->orphans = no;
+        u->orphans[u->norphans++] = oc;
+    } /* else: leaked, which is safe where freeing is not */
+    KVP_WARN_LIMITED(MOD, "%zu requests of a cut batch are still queued in UCX", left);
+}
+
 void kvp_cucx_run(kvp_cucx *u, kvp_cucx_peer *p, int is_write, kvp_xfer_op *const *ops,
                   size_t n, uint64_t deadline_ms)
 {
-    opctx *oc = kvp_calloc(n ? n : 1, sizeof *oc);
+    /* oc[n] is the flush: UCX may complete it (and anything) after a forced
+     * close, so it lives with the others, never on this stack */
+    opctx *oc = kvp_calloc(n + 1, sizeof *oc);
     if (!oc) {
         for (size_t k = 0; k < n; k++)
             ops[k]->status = KVP_ENOMEM;
         return;
     }
-    opctx flush = {0, UCS_OK, 0};
+    opctx *flush = &oc[n];
     pthread_mutex_lock(&u->mu);
     int dead = !p->ep || kvp_cucx_failed(p);
     for (size_t k = 0; k < n; k++) {
@@ -305,19 +333,18 @@ void kvp_cucx_run(kvp_cucx *u, kvp_cucx_peer *p, int is_write, kvp_xfer_op *cons
         ucp_request_param_t prm = {0};
         prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
         prm.cb.send = on_done;
-        prm.user_data = &flush;
+        prm.user_data = flush;
         ucs_status_ptr_t r = kvp_ucx.ep_flush_nbx(p->ep, &prm);
         if (UCS_PTR_IS_ERR(r))
-            flush.st = UCS_PTR_STATUS(r);
+            flush->st = UCS_PTR_STATUS(r);
         else if (r)
-            flush.pending = 1;
+            flush->pending = 1;
     }
-    int rc = dead ? 0 : wait_all(u, is_write, ops, oc, n, &flush, deadline_ms);
+    int rc = dead ? 0 : wait_all(u, is_write, ops, oc, n, flush, deadline_ms);
     if (rc) {
         KVP_WARN_LIMITED(MOD, "a batch outlived its deadline: endpoint closed");
-        ep_close_locked(u, p); /* completes whatever is in flight */
+        ep_close_locked(u, p); /* completes what it can of what is in flight */
     }
-    pthread_mutex_unlock(&u->mu);
     for (size_t k = 0; k < n; k++) {
         kvp_xfer_op *op = ops[k];
         if (op->status != 1)
@@ -325,9 +352,10 @@ void kvp_cucx_run(kvp_cucx *u, kvp_cucx_peer *p, int is_write, kvp_xfer_op *cons
         if (rc)
             op->status = KVP_ERPC_TIMEOUT;
         else if (is_write)
-            op->status = oc[k].st == UCS_OK && flush.st == UCS_OK ? 0 : KVP_ETRANSFER_FAIL;
+            op->status = oc[k].st == UCS_OK && flush->st == UCS_OK ? 0 : KVP_ETRANSFER_FAIL;
         else if (!oc[k].finished)
             finish_get(op, &oc[k]);
     }
-    kvp_free(oc);
+    oc_release(u, oc, n);
+    pthread_mutex_unlock(&u->mu);
 }

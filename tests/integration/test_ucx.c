@@ -26,6 +26,7 @@
 
 #include "client/xfer.h"
 #include "common/buf.h"
+#include "common/clock.h"
 #include "common/ucx.h"
 #include "harness.h"
 #include "kvpool.h"
@@ -194,3 +195,257 @@ static void round_trip_test(const char *tls)
 TEST(every_size_class_over_ucx_tcp) { round_trip_test("tcp"); }
 
 TEST(every_size_class_over_ucx_sm) { round_trip_test("sm"); }
+
+/* -------------------------------------------------- a node killed */
+
+#define KB_KEYS 8
+#define KB_SIZE (1 << 20)
+
+typedef struct killer_run {
+    kvp_client *c;
+    int rounds;       /* put batches made */
+    int ok_keys;      /* keys whose put succeeded */
+    int bad;          /* a result that is neither success nor an error code */
+    int stop;         /* atomic */
+    char ok_names[4096][32];
+} killer_run;
+
+static void *put_loop(void *arg)
+{
+    killer_run *k = arg;
+    uint8_t *buf = malloc(KB_KEYS * (size_t)KB_SIZE);
+    for (int r = 0; !__atomic_load_n(&k->stop, __ATOMIC_ACQUIRE) && r < 500; r++) {
+        char names[KB_KEYS][32];
+        const char *keys[KB_KEYS];
+        kvp_iov iov[KB_KEYS];
+        const kvp_iov *iovp[KB_KEYS];
+        size_t niov[KB_KEYS];
+        int64_t res[KB_KEYS];
+        for (int i = 0; i < KB_KEYS; i++) {
+            snprintf(names[i], sizeof names[i], "kill-%d-%d", r, i);
+            keys[i] = names[i];
+            iov[i] = (kvp_iov){buf + (size_t)i * KB_SIZE, KB_SIZE};
+            tp_fill(iov[i].base, KB_SIZE, (uint64_t)(r * KB_KEYS + i));
+            iovp[i] = &iov[i];
+            niov[i] = 1;
+        }
+        int rc = kvp_client_batch_put_from_multi_buffers(k->c, keys, iovp, niov, KB_KEYS, res);
+        for (int i = 0; i < KB_KEYS; i++) {
+            if (!rc && res[i] == KB_SIZE && k->ok_keys < 4096)
+                snprintf(k->ok_names[k->ok_keys++], 32, "%s", keys[i]);
+            else if (!rc && res[i] >= 0)
+                k->bad++;
+        }
+        k->rounds++;
+    }
+    free(buf);
+    return NULL;
+}
+
+/* Every key put OK: an error now (its node died) or its exact bytes. */
+static int no_wrong_bytes(kvp_client *c, killer_run *k)
+{
+    uint8_t *buf = malloc(KB_SIZE), *want = malloc(KB_SIZE);
+    int wrong = 0, gone = 0, read = 0;
+    for (int i = 0; i < k->ok_keys; i++) {
+        int r, n;
+        if (sscanf(k->ok_names[i], "kill-%d-%d", &r, &n) != 2)
+            continue;
+        int64_t got = kvp_client_get(c, k->ok_names[i], buf, KB_SIZE);
+        if (got < 0) {
+            gone++;
+            continue;
+        }
+        tp_fill(want, KB_SIZE, (uint64_t)(r * KB_KEYS + n));
+        read++;
+        if (got != KB_SIZE || memcmp(buf, want, KB_SIZE) != 0)
+            wrong++;
+    }
+    printf("  %d keys put before and after the kill: %d read back exact, %d gone, %d wrong\n",
+           k->ok_keys, read, gone, wrong);
+    free(buf);
+    free(want);
+    return wrong == 0;
+}
+
+static void node_kill_test(const char *tls)
+{
+    if (ucx_or_skip())
+        return;
+    env e;
+    if (env_up(&e, tls, "ucx") != 0) {
+        env_down(&e);
+        CHECK(!"env_up");
+    }
+    static killer_run k;
+    memset(&k, 0, sizeof k);
+    k.c = client_open(e.m.addr);
+    if (!k.c) {
+        env_down(&e);
+        CHECK(!"client");
+    }
+    pthread_t th;
+    pthread_create(&th, NULL, put_loop, &k);
+    while (__atomic_load_n(&k.rounds, __ATOMIC_ACQUIRE) < 3)
+        tp_sleep_ms(5);
+    tp_store_kill(&e.st[0]); /* in the middle of a batch, most likely */
+    tp_sleep_ms(300);
+    __atomic_store_n(&k.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
+    CHECK_EQ(k.bad, 0);
+    int exact = no_wrong_bytes(k.c, &k);
+
+    /* a new node: a new attach, and transfers work again */
+    int up = tp_store_start(&e.st[1], e.m.addr,
+                            (const char *const[]){"--segment-size", "256MiB", "--protocol", "ucx",
+                                                  NULL}) == 0;
+    int again = up && round_trips(k.c, "after-kill");
+    kvp_client_close(k.c);
+    env_down(&e);
+    CHECK(exact);
+    CHECK(up);
+    CHECK(again);
+}
+
+TEST(node_killed_mid_transfer_over_ucx_tcp) { node_kill_test("tcp"); }
+
+TEST(node_killed_mid_transfer_over_ucx_sm) { node_kill_test("sm"); }
+
+/* ---------------------------------------- a write through a stale grant */
+
+typedef struct rawc {
+    kvp_rpc *m;
+    kvp_buf body;
+    kvp_arena a;
+    kvp_proto_limits lim;
+    int32_t st;
+    const uint8_t *resp;
+    uint32_t rlen;
+} rawc;
+
+static int rawc_call(rawc *r, uint16_t op)
+{
+    int rc = kvp_rpc_call(r->m, op, r->body.data, r->body.len, &r->st, &r->resp, &r->rlen);
+    kvp_buf_reset(&r->body);
+    return rc || r->st ? -1 : 0;
+}
+
+/* The READ descriptor of tenant t1's key and its segment's description
+ * (arena memory of r). */
+static int victim_desc(rawc *r, const char *key, kvp_replica *rd, kvp_seg_desc *sd)
+{
+    kvp_bytes k = {(const uint8_t *)key, (uint32_t)strlen(key)};
+    kvp_msg_keys g = {{(const uint8_t *)"t1", 2}, 1, &k};
+    kvp_enc_keys(&r->body, &g);
+    kvp_msg_get_resp d;
+    if (rawc_call(r, KVP_OP_GET) || kvp_dec_get_resp(r->resp, r->rlen, &r->lim, &r->a, &d) ||
+        d.n != 1 || d.results[0].status != 0)
+        return -1;
+    *rd = d.results[0].replicas[0];
+    kvp_msg_ids ids = {1, &rd->segment_id};
+    kvp_enc_ids(&r->body, &ids);
+    kvp_msg_seg_info_resp si;
+    if (rawc_call(r, KVP_OP_SEGMENT_INFO) ||
+        kvp_dec_seg_info_resp(r->resp, r->rlen, &r->lim, &r->a, &si) || si.n != 1 ||
+        si.infos[0].status != 0)
+        return -1;
+    *sd = si.infos[0].desc;
+    return 0;
+}
+
+/* Writes `len` bytes of 0xA5 at the descriptor through a transfer client
+ * of its own (force_ucx or force_tcp): the op's status. */
+static int stale_write(const kvp_seg_desc *sd, const kvp_replica *rd, int ucx)
+{
+    kvp_xfer_opts o = {0};
+    o.use_ucx = o.force_ucx = ucx;
+    o.force_tcp = !ucx;
+    kvp_xfer *x;
+    REQUIRE(kvp_xfer_create(&o, &x) == 0);
+    REQUIRE(kvp_xfer_add_segment(x, sd) == 0);
+    if (strcmp(kvp_xfer_transport(x, sd->id), ucx ? "ucx" : "tcp") != 0) {
+        kvp_xfer_destroy(x);
+        return 1;
+    }
+    uint8_t *p = malloc(rd->length);
+    memset(p, 0xA5, rd->length);
+    struct iovec v = {p, rd->length};
+    kvp_xfer_op op = {0};
+    op.rep = *rd;
+    op.iov = &v;
+    op.iovcnt = 1;
+    int rc = kvp_xfer_run(x, 1, &op, 1, kvp_now_ms() + 5000);
+    kvp_xfer_destroy(x);
+    free(p);
+    return rc ? rc : op.status;
+}
+
+TEST(stale_descriptor_write_is_an_error_for_readers)
+{
+    if (ucx_or_skip())
+        return;
+    env e;
+    if (env_up(&e, "tcp", "ucx") != 0) {
+        env_down(&e);
+        CHECK(!"env_up");
+    }
+    kvp_client *c = client_open(e.m.addr);
+    rawc r = {0};
+    kvp_buf_init(&r.body, 1 << 20);
+    kvp_arena_init(&r.a, 1 << 20);
+    kvp_proto_limits_default(&r.lim);
+    char err[256];
+    kvp_rpc_opts ro = {.name = "stale", .timeout_ms = 5000};
+    int opened = c && kvp_rpc_open(e.m.addr, &ro, &r.m, err, sizeof err) == 0;
+    uint8_t *v = malloc(MiB), *got = malloc(MiB);
+    tp_fill(v, MiB, 7);
+    kvp_replica rd;
+    kvp_seg_desc sd;
+    int put = opened && kvp_client_put(c, "victim", v, MiB) == 0;
+    int found = put && victim_desc(&r, "victim", &rd, &sd) == 0;
+    /* over tcp the node checks the descriptor: a READ grant cannot write */
+    int tcp_st = found ? stale_write(&sd, &rd, 0) : 0;
+    /* one-sided: the rkey covers the segment, the write lands */
+    int ucx_st = found ? stale_write(&sd, &rd, 1) : -1;
+    /* ... and the reader's checksum refuses the bytes */
+    memset(got, 0, MiB);
+    int64_t n = found ? kvp_client_get(c, "victim", got, MiB) : 0;
+    int leaked = memchr(got, 0xA5, MiB) != NULL && n == (int64_t)MiB;
+    printf("  tcp write: %s; ucx write: %s; the reader's get: %lld (%s)\n", kvp_err_name(tcp_st),
+           ucx_st ? kvp_err_name(ucx_st) : "landed", (long long)n,
+           n < 0 ? kvp_err_name((int)n) : "bytes");
+    if (r.m)
+        kvp_rpc_close(r.m);
+    kvp_buf_free(&r.body);
+    kvp_arena_free(&r.a);
+    free(v);
+    free(got);
+    if (c)
+        kvp_client_close(c);
+    env_down(&e);
+    CHECK(opened);
+    CHECK(put);
+    CHECK(found);
+    CHECK_EQ(tcp_st, KVP_EINVALID_WRITE);
+    CHECK_EQ(ucx_st, 0);
+    CHECK_EQ(n, KVP_ECHECKSUM_MISMATCH);
+    CHECK(!leaked);
+}
+
+/* A client asking for ucx from a node that does not offer it: its other paths. */
+TEST(node_without_ucx_still_serves)
+{
+    if (ucx_or_skip())
+        return;
+    env e;
+    if (env_up(&e, "tcp", "tcp") != 0) {
+        env_down(&e);
+        CHECK(!"env_up");
+    }
+    kvp_client *c = client_open(e.m.addr);
+    int ok = c && round_trips(c, "no-ucx");
+    if (c)
+        kvp_client_close(c);
+    env_down(&e);
+    CHECK(ok);
+}
