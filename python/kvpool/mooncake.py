@@ -8,7 +8,8 @@ missing key's bytes, ``None`` for a missing buffer). ``install()`` (or
 module; the vLLM plugin does it when ``KVPOOL_AS_MOONCAKE=1``.
 
 Deliberate differences (docs/MOONCAKE_COMPAT.md §6 gives the reasons):
-  * ``protocol: "rdma"`` starts with a warning and uses shared memory / TCP.
+  * ``protocol: "rdma"`` means one-sided transfers through UCX (RDMA NICs where UCX
+    finds them) to nodes on other hosts; shared memory stays the path on this host.
   * No client staging buffer: ``local_buffer_size`` is accepted (any value)
     and values larger than it are stored (Mooncake: -600).
   * Reads hold their lease only while bytes move; ``is_exist`` / ``get_size``
@@ -412,10 +413,13 @@ def _store_config(opts: dict[str, Any]) -> dict[str, Any]:
         if env_dir:
             cfg["offload_dir"] = env_dir
     proto = str(cfg.get("protocol", "tcp")).lower()
-    if proto != "tcp":
-        log.warning("protocol %r: kvpool has no %s transport yet; using shared memory on this "
+    if proto not in ("tcp", "rdma", "ucx"):
+        log.warning("protocol %r: kvpool has no %s transport; using shared memory on this "
                     "host and TCP to other hosts", proto, proto)
-    cfg["protocol"] = "tcp"
+        proto = "tcp"
+    # rdma: one-sided transfers through UCX to nodes on other hosts that offer it
+    # (shared memory stays the path on this host); without UCX, TCP with a warning
+    cfg["protocol"] = proto
     seg = cfg.get("global_segment_size", 16 << 20)
     cfg["global_segment_size"] = seg
     if _size_is_zero(seg):

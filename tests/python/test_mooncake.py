@@ -317,16 +317,26 @@ def test_second_setup_replaces_client(mc_master: kvpool_procs.Proc) -> None:
         s.close()
 
 
-def test_rdma_protocol_starts_with_warning(mc_master: kvpool_procs.Proc,
-                                           caplog: pytest.LogCaptureFixture) -> None:
-    """kvpool differs: no RDMA transport; it warns and uses shm / TCP."""
+def test_rdma_protocol_and_an_unknown_one(mc_master: kvpool_procs.Proc,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    """rdma is kvpool's ucx transport (to other hosts; shared memory on this
+    one): no warning. A protocol kvpool does not have warns and uses shm / TCP."""
     s = MooncakeDistributedStore()
     with caplog.at_level(logging.WARNING, logger="kvpool.mooncake"):
         assert s.setup(dict_config(mc_master.addr, protocol="rdma", rdma_devices="mlx5_0")) == OK
     try:
-        assert any(r.levelno == logging.WARNING and "rdma" in r.getMessage()
-                   for r in caplog.records)
+        assert not any("protocol" in r.getMessage() for r in caplog.records)
         assert s.put("k", b"v") == OK and s.get("k") == b"v"
+    finally:
+        s.remove_all(force=True)
+        s.close()
+    s = MooncakeDistributedStore()
+    with caplog.at_level(logging.WARNING, logger="kvpool.mooncake"):
+        assert s.setup(dict_config(mc_master.addr, protocol="nvlink")) == OK
+    try:
+        assert any(r.levelno == logging.WARNING and "nvlink" in r.getMessage()
+                   for r in caplog.records)
+        assert s.put("k2", b"v") == OK and s.get("k2") == b"v"
     finally:
         s.remove_all(force=True)
         s.close()
