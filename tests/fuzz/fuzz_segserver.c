@@ -38,6 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static kvp_segment *seg;
 static int trace;
+static kvp_buf ucx_body; /* a UCX_ATTACH answer body, as a node registered with UCX has */
 
 typedef struct seen {
     int n;
@@ -102,6 +103,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     trace = getenv("KVP_FUZZ_TRACE") != NULL;
     if (kvp_segment_create(FZ_SEG_SIZE, "fuzz", &seg, err, sizeof err) != 0)
         abort();
+    kvp_buf_init(&ucx_body, 4096);
+    kvp_msg_ucx_attach u = {(uint64_t)(uintptr_t)kvp_segment_base(seg), kvp_segment_size(seg),
+                            {(const uint8_t *)"worker address", 14}, {(const uint8_t *)"rkey", 4}};
+    kvp_enc_ucx_attach(&ucx_body, &u);
     return 0;
 }
 
@@ -113,7 +118,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvp_segserver *s;
     if (kvp_grants_create(kvp_segment_size(seg), FZ_SECRET, &g) != 0)
         abort();
-    kvp_segserver_opts o = {"fuzz", NULL, 1, FZ_TOKEN, FZ_SEG_ID, g, {0, 0}};
+    kvp_segserver_opts o = {"fuzz", NULL, 1, FZ_TOKEN, FZ_SEG_ID, g, {0, 0}, ucx_body.data,
+                            (uint32_t)ucx_body.len};
     if (kvp_segserver_fuzz_new(seg, &o, &s) != 0)
         abort();
     struct conn *c = kvp_segserver_fuzz_conn(s, data[0] & 1);

@@ -2,7 +2,7 @@
  * gen_segserver_corpus.c -- writes the committed seeds of fuzz_segserver:
  * a mode byte (see fuzz_segserver.c) then what a client sends: HELLO, valid
  * and refused SEG_WRITE / SEG_READ (descriptors from segserver_frames.h,
- * expiring in 2^60 ms), SHM_ATTACH over unix and tcp, a pipeline longer than
+ * expiring in 2^60 ms), SHM_ATTACH over unix and tcp, UCX_ATTACH, a pipeline longer than
  * the answer ring, broken streams, and descriptors left for the target to
  * re-sign (mode bit 1) at the segment's end. Not built by the Makefile;
  * regenerate after a protocol change with
@@ -76,6 +76,14 @@ int main(int argc, char **argv)
     len += fz_attach(buf + len, 2, FZ_SEG_ID);
     len += fz_seg_io(buf + len, KVP_OP_SEG_READ, 3, 0, 4096, 1, 0);
     put("tcp-attach");
+
+    /* UCX_ATTACH: the node's answer body; another segment's id refused */
+    start(0);
+    hello();
+    len += fz_attach_op(buf + len, KVP_OP_UCX_ATTACH, 2, FZ_SEG_ID);
+    len += fz_attach_op(buf + len, KVP_OP_UCX_ATTACH, 3, FZ_SEG_ID + 1);
+    len += fz_seg_io(buf + len, KVP_OP_SEG_READ, 4, 0, 4096, 1, 0);
+    put("tcp-ucx-attach");
 
     /* a forged tag: the body is skipped, the next frame served */
     start(0);

@@ -2,7 +2,7 @@
  * segserver_frames.h -- the frames a segment server client sends, shared by
  * fuzz_segserver.c and gen_segserver_corpus.c: HELLO, SEG_WRITE / SEG_READ
  * with descriptors issued under FZ_SECRET that expire far in the future (so
- * committed seeds stay valid), SHM_ATTACH.
+ * committed seeds stay valid), SHM_ATTACH and UCX_ATTACH.
  */
 #ifndef KVP_SEGSERVER_FRAMES_H
 #define KVP_SEGSERVER_FRAMES_H
@@ -59,12 +59,18 @@ static inline size_t fz_seg_io(uint8_t *p, uint16_t op, uint64_t req_id, uint64_
     return n + (size_t)body;
 }
 
-static inline size_t fz_attach(uint8_t *p, uint64_t req_id, uint64_t seg_id)
+/* SHM_ATTACH (op 0) or another attach op of one segment id. */
+static inline size_t fz_attach_op(uint8_t *p, uint16_t op, uint64_t req_id, uint64_t seg_id)
 {
-    size_t n = fz_hdr(p, KVP_OP_SHM_ATTACH, req_id, 8);
+    size_t n = fz_hdr(p, op ? op : KVP_OP_SHM_ATTACH, req_id, 8);
     for (int i = 0; i < 8; i++)
         p[n + (size_t)i] = (uint8_t)(seg_id >> (8 * i));
     return n + 8;
+}
+
+static inline size_t fz_attach(uint8_t *p, uint64_t req_id, uint64_t seg_id)
+{
+    return fz_attach_op(p, 0, req_id, seg_id);
 }
 
 #endif

@@ -48,7 +48,8 @@
     XX(disk, LA)                                                               \
     XX(lookup_hashes, LA)                                                      \
     XX(lookup_hashes_resp, LA)                                                 \
-    XX(kv_snapshot_resp, LA)
+    XX(kv_snapshot_resp, LA)                                                   \
+    XX(ucx_attach, N)
 
 enum pc_kind {
 #define PC__ENUM(t, sig) PC_##t,
@@ -120,6 +121,7 @@ static PC_UNUSED const struct { int req, resp; } pc_op_kinds[KVP_OP__MAX] = {
     [KVP_OP_TIERS] = {PC_keys, PC_results},
     [KVP_OP_LOOKUP_HASHES] = {PC_lookup_hashes, PC_lookup_hashes_resp},
     [KVP_OP_KV_SNAPSHOT] = {PC_keys, PC_kv_snapshot_resp},
+    [KVP_OP_UCX_ATTACH] = {PC_NONE, PC_ucx_attach}, /* request: u64 segment id */
 };
 
 /* ------------------------------------------------------------- samples */
@@ -228,6 +230,9 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(lookup_hashes, 2) m->lookup_hashes = (kvp_msg_lookup_hashes){str_max, 1, chains}; return 0;
     S(lookup_hashes_resp, 0) return 0;
     S(lookup_hashes_resp, 1) m->lookup_hashes_resp = (kvp_msg_lookup_hashes_resp){2, hpre}; return 0;
+    S(ucx_attach, 0) m->ucx_attach = (kvp_msg_ucx_attach){4096, 1, PC_B("a"), PC_B("k")}; return 0;
+    S(ucx_attach, 1) m->ucx_attach = (kvp_msg_ucx_attach){0x7f0000000000ull, 64ull << 30, PC_B("\x01\x02ucp worker address"), PC_B("\x00\xffpacked rkey")}; return 0;
+    S(ucx_attach, 2) m->ucx_attach = (kvp_msg_ucx_attach){UINT64_MAX - 4096, 4096, str_max, str_max}; return 0;
     S(kv_snapshot_resp, 0) return 0;
     S(kv_snapshot_resp, 1) m->kv_snapshot_resp = (kvp_msg_kv_snapshot_resp){1733356800000000ull, 3, sblk}; return 0;
     S(kv_snapshot_resp, 2) m->kv_snapshot_resp = (kvp_msg_kv_snapshot_resp){UINT64_MAX, 1, sblk + 1}; return 0;
@@ -381,6 +386,11 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
                (x->lookup_hashes_resp.n == 0 ||
                 memcmp(x->lookup_hashes_resp.prefix, y->lookup_hashes_resp.prefix,
                        x->lookup_hashes_resp.n * sizeof(kvp_hprefix)) == 0);
+    case PC_ucx_attach:
+        return x->ucx_attach.base == y->ucx_attach.base &&
+               x->ucx_attach.size == y->ucx_attach.size &&
+               pc_beq(x->ucx_attach.addr, y->ucx_attach.addr) &&
+               pc_beq(x->ucx_attach.rkey, y->ucx_attach.rkey);
     case PC_kv_snapshot_resp:
         if (x->kv_snapshot_resp.seq != y->kv_snapshot_resp.seq ||
             x->kv_snapshot_resp.n != y->kv_snapshot_resp.n)

@@ -46,6 +46,34 @@ static int dec_copy(int kind, const uint8_t *p, size_t len, const kvp_proto_limi
     return rc;
 }
 
+/* UCX_ATTACH answers: blobs bounded, never empty; size 0 and a range past
+ * the address space refused. */
+TEST(ucx_attach_bounds)
+{
+    static uint8_t big[KVP_UCX_BLOB_MAX + 1];
+    kvp_msg_ucx_attach ok = {1 << 20, 4096, {big, KVP_UCX_BLOB_MAX}, {big, 1}};
+    kvp_msg_ucx_attach bad[] = {
+        {1 << 20, 4096, {big, KVP_UCX_BLOB_MAX + 1}, {big, 1}},
+        {1 << 20, 4096, {big, 1}, {big, KVP_UCX_BLOB_MAX + 1}},
+        {1 << 20, 4096, {big, 0}, {big, 1}},
+        {1 << 20, 4096, {big, 1}, {big, 0}},
+        {1 << 20, 0, {big, 1}, {big, 1}},
+        {UINT64_MAX - 10, 4096, {big, 1}, {big, 1}},
+    };
+    kvp_proto_limits l = lim();
+    kvp_buf b;
+    kvp_buf_init(&b, 1 << 20);
+    kvp_enc_ucx_attach(&b, &ok);
+    CHECK_EQ(dec_copy(PC_ucx_attach, b.data, b.len, &l, 0), 0);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kvp_buf_reset(&b);
+        kvp_enc_ucx_attach(&b, &bad[i]);
+        if (dec_copy(PC_ucx_attach, b.data, b.len, &l, 0) != KVP_EPROTOCOL)
+            th_fail(__FILE__, __LINE__, "bad UCX_ATTACH answer %zu accepted", i);
+    }
+    kvp_buf_free(&b);
+}
+
 /* ------------------------------------------------------------ opcodes */
 
 TEST(op_names)
@@ -324,7 +352,7 @@ TEST(roundtrip_every_message)
             n++;
         }
     }
-    CHECK_EQ(n, 60); /* every kind, SEG_FREED, REPLICA_BAD, the SSD tier's and blocks' included */
+    CHECK_EQ(n, 63); /* every kind, SEG_FREED, REPLICA_BAD, the SSD tier's, blocks' and UCX_ATTACH included */
 }
 
 TEST(decoded_bytes_borrow_from_body)
@@ -562,7 +590,8 @@ TEST(other_limits)
         kvp_proto_limits t = l;
         t.max_str = 1023; /* every v2 sample has a 1024-byte string */
         int rc = dec_copy(k, b.data, b.len, &t, ARENA_CAP);
-        if (k != PC_stats_resp && k != PC_kv_snapshot_resp) /* no strings */
+        /* no strings; UCX_ATTACH's blobs are bounded by KVP_UCX_BLOB_MAX */
+        if (k != PC_stats_resp && k != PC_kv_snapshot_resp && k != PC_ucx_attach)
             CHECK_EQ(rc, KVP_EPROTOCOL);
         kvp_buf_free(&b);
     }
@@ -687,7 +716,7 @@ TEST(arena_too_small)
             /* a sample with any array needs some arena */
             int arrays = v > 0 && k != PC_hello && k != PC_hello_resp && k != PC_heartbeat_resp &&
                          k != PC_prefix_resp && k != PC_remove_all && k != PC_remove_all_resp &&
-                         k != PC_remove_regex;
+                         k != PC_remove_regex && k != PC_ucx_attach;
             if (arrays != (cap > 0))
                 th_fail(__FILE__, __LINE__, "%s sample %d needs %zu arena bytes",
                         pc_codecs[k].name, v, cap);
