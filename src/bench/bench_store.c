@@ -31,8 +31,21 @@
  *                port; pipelined SET/GET over BENCH_CONNS connections,
  *                values spread like the kvpool batch; FLUSHALL between rounds
  *   memcached    memcached -t 2 likewise, text protocol set/get; flush_all
- * Targets: kvpool shm >= 0.8 x memcpy; kvpool tcp >= 0.8 x raw TCP and
- * ahead of redis and memcached, put and get, both shapes.
+ *   kvpool ucx-tcp, kvpool ucx-sm
+ *                the kvpool rows again through the ucx transport (the
+ *                spawned serve runs --protocol ucx; clients protocol "ucx",
+ *                KVPOOL_FORCE_UCX=1) over UCX's TCP transport, then over its
+ *                shared-memory transports (UCX_TLS=tcp / sm for the client)
+ *   perftest tcp, perftest sm
+ *                ucx_perftest (Debian ucx-utils), a server and a client
+ *                process with the same UCX_TLS: ucp_put_bw and ucp_get of
+ *                32 MiB messages (a batch's bytes; a value-sized message
+ *                would come from the cache, perftest reusing one buffer),
+ *                as many as the kvpool cells ran batches: UCX's own ceiling
+ *                for those transports
+ * Targets: kvpool shm >= 0.85 x memcpy; kvpool tcp >= 0.85 x raw TCP and
+ * ahead of redis and memcached; kvpool ucx >= 0.8 x ucx_perftest on the same
+ * transport; put and get, both shapes. ucx-tcp / tcp is shown, no target.
  *
  * --contend N starts N busy processes (a spinning loop each, ended with the
  * run) before the first cell: every row is then measured while they hold
@@ -45,6 +58,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -63,6 +77,7 @@
 #include "cli/cli.h"
 #include "common/clock.h"
 #include "common/mem.h"
+#include "common/ucx.h"
 #include "kvpool.h"
 
 /* Connections per storage node of the kvpool TCP path: kvp_xfer's default
@@ -88,9 +103,16 @@ static const shape shapes[] = {
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 
-enum { SYS_MEMCPY, SYS_RAW, SYS_SHM, SYS_TCP, SYS_REDIS, SYS_MEMCACHED, NSYS };
-static const char *const sys_id[NSYS] = {"memcpy", "raw_tcp", "kvpool_shm",
-                                         "kvpool_tcp", "redis", "memcached"};
+enum {
+    SYS_MEMCPY, SYS_RAW, SYS_SHM, SYS_TCP, SYS_REDIS, SYS_MEMCACHED,
+    SYS_UCX_TCP, SYS_UCX_SM, SYS_PERF_TCP, SYS_PERF_SM, NSYS
+};
+static const char *const sys_id[NSYS] = {"memcpy",         "raw_tcp",    "kvpool_shm",
+                                         "kvpool_tcp",     "redis",      "memcached",
+                                         "kvpool_ucx_tcp", "kvpool_ucx_sm", "ucx_perftest_tcp",
+                                         "ucx_perftest_sm"};
+/* the UCX_TLS of the ucx rows (SYS_UCX_TCP + i, SYS_PERF_TCP + i) */
+static const char *const ucx_tls[2] = {"tcp", "sm"};
 
 enum { CELL_NONE, CELL_OK, CELL_SKIP, CELL_FAIL };
 static const char *const state_name[] = {"not run", "ok", "skipped", "failed"};
@@ -161,6 +183,12 @@ static void make_keys(sb *b, uint32_t n)
 static void fail(cell *c, const char *fmt, const char *what)
 {
     c->state = CELL_FAIL;
+    snprintf(c->why, sizeof c->why, fmt, what);
+}
+
+static void skip(cell *c, const char *fmt, const char *what)
+{
+    c->state = CELL_SKIP;
     snprintf(c->why, sizeof c->why, fmt, what);
 }
 
@@ -935,8 +963,18 @@ static kvp_client *kv_open(sb *b, const char *master, const char *token, int for
 static pid_t spawn_serve(char *addr, size_t addrlen)
 {
     static const char *const args[] = {"serve", "--segment-size", SEGMENT_SIZE, "--log-level",
-                                       "warn", NULL};
-    return kvp_cli_spawn_self(args, 30000, addr, addrlen);
+                                       "warn", "--protocol", "ucx", NULL};
+    /* the node offers UCX over both transports the ucx rows use (a node
+     * without UCX serves shm and tcp: those rows then fail, said why) */
+    char *old = getenv("UCX_TLS") ? strdup(getenv("UCX_TLS")) : NULL;
+    setenv("UCX_TLS", "tcp,sm", 1);
+    pid_t pid = kvp_cli_spawn_self(args, 30000, addr, addrlen);
+    if (old)
+        setenv("UCX_TLS", old, 1);
+    else
+        unsetenv("UCX_TLS");
+    free(old);
+    return pid;
 }
 
 static void bench_kvpool(sb *b, const char *master, const char *token)
@@ -959,6 +997,152 @@ static void bench_kvpool(sb *b, const char *master, const char *token)
     }
 }
 
+/* The ucx rows: a client per UCX transport (UCX_TLS read when its UCX
+ * context is made, at its first ucx segment), forced onto UCX for this
+ * host's node. A client whose probe did not go through UCX fails its row. */
+static void bench_ucx(sb *b, const char *master, const char *token)
+{
+    char m[300], t[300], conf[800], why[192], via[16];
+    kvp_bench_json_escape(m, sizeof m, master);
+    kvp_bench_json_escape(t, sizeof t, token ? token : "");
+    snprintf(conf, sizeof conf,
+             "{\"master\": \"%s\", \"mode\": \"standalone-store\", \"protocol\": \"ucx\"%s%s%s}",
+             m, *t ? ", \"cluster_token\": \"" : "", t, *t ? "\"" : "");
+    for (int i = 0; i < 2; i++) {
+        int sys = SYS_UCX_TCP + i;
+        setenv("UCX_TLS", ucx_tls[i], 1);
+        setenv("KVPOOL_FORCE_UCX", "1", 1);
+        kvp_client *c = kvp_bench_client_open_conf(conf, 0, why, sizeof why);
+        char probe[KEYCAP];
+        snprintf(probe, sizeof probe, "kvpool-bench/store-%016llx@probe-ucx%d", b->nonce, i);
+        if (c && kvp_bench_client_probe(c, probe, b->src, via, why, sizeof why) != 0) {
+            kvp_client_close(c);
+            c = NULL;
+        }
+        if (c && strcmp(via, "ucx") != 0) {
+            snprintf(why, sizeof why, "the client used %s, not ucx (see the warnings above)", via);
+            kvp_client_close(c);
+            c = NULL;
+        }
+        for (int si = 0; si < NSHAPES; si++) {
+            if (!c) {
+                fail(&b->cells[sys][si], "%s", why);
+                continue;
+            }
+            run_cell(b, i ? "kvpool ucx-sm" : "kvpool ucx-tcp", kv_batch, kv_clean, c,
+                     &shapes[si], &b->cells[sys][si]);
+        }
+        if (c)
+            kvp_client_close(c);
+        unsetenv("KVPOOL_FORCE_UCX");
+        unsetenv("UCX_TLS");
+    }
+}
+
+/* One ucx_perftest run (server and client processes, UCX_TLS=tls) of
+ * `test` with n messages of `size` bytes: the client's overall bandwidth in
+ * GB/s (10^9 B/s; perftest prints MB/s of 2^20 B), or < 0 with why. */
+static double perftest(const char *exe, const char *tls, const char *test, size_t size,
+                       unsigned n, char *why, size_t wl)
+{
+    int port = free_port();
+    if (port < 0) {
+        snprintf(why, wl, "no free port");
+        return -1;
+    }
+    char ps[16], ss[32], ns[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    snprintf(ss, sizeof ss, "%zu", size);
+    snprintf(ns, sizeof ns, "%u", n);
+    pid_t srv = fork();
+    if (srv == 0) {
+        setenv("UCX_TLS", tls, 1);
+        int dn = open("/dev/null", O_WRONLY);
+        dup2(dn, 1);
+        dup2(dn, 2);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl(exe, exe, "-p", ps, (char *)NULL);
+        _exit(127);
+    }
+    if (srv < 0) {
+        snprintf(why, wl, "fork: %s", strerror(errno));
+        return -1;
+    }
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "UCX_TLS=%s timeout 120 %s 127.0.0.1 -p %s -t %s -s %s -n %s -w 8 2>&1", tls, exe, ps,
+             test, ss, ns);
+    double mbps = -1;
+    char line[512], last[512] = "";
+    for (int attempt = 0; attempt < 50 && mbps < 0; attempt++) { /* the server may not listen yet */
+        usleep(100000);
+        FILE *f = popen(cmd, "r");
+        if (!f)
+            break;
+        while (fgets(line, sizeof line, f)) {
+            double bw_avg, bw_all;
+            unsigned long long it;
+            double p50, lat, lat_all;
+            if (sscanf(line, "Final: %llu %lf %lf %lf %lf %lf", &it, &p50, &lat, &lat_all, &bw_avg,
+                       &bw_all) == 6)
+                mbps = bw_all;
+            else if (line[0] && line[0] != '+' && line[0] != '|')
+                snprintf(last, sizeof last, "%s", line);
+        }
+        pclose(f);
+        if (mbps < 0 && !strstr(last, "onnection refused") && !strstr(last, "onnect"))
+            break;
+    }
+    kill(srv, SIGKILL);
+    waitpid(srv, NULL, 0);
+    if (mbps < 0) {
+        last[strcspn(last, "\n")] = 0;
+        snprintf(why, wl, "ucx_perftest %s: %s", test, last[0] ? last : "no result");
+        return -1;
+    }
+    return mbps * 1048576.0 / 1e9;
+}
+
+/* The perftest rows: put and get bandwidth of messages of a whole batch's
+ * bytes (32 MiB: from memory, as the kvpool cells move them; a message of
+ * one value's size would be served from the CPU's cache, perftest reusing
+ * one buffer), as many batches as the kvpool ucx cell of that shape ran
+ * (at least 8). The same for both shapes: the transport's ceiling. */
+static void bench_perftest(sb *b)
+{
+    char exe[512], why[192];
+    if (find_exe("ucx_perftest", exe, sizeof exe) != 0) {
+        for (int i = 0; i < 2; i++)
+            for (int si = 0; si < NSHAPES; si++)
+                skip(&b->cells[SYS_PERF_TCP + i][si], "%s",
+                     "ucx_perftest is not installed (Debian: ucx-utils)");
+        return;
+    }
+    for (int i = 0; i < 2; i++)
+        for (int si = 0; si < NSHAPES; si++) {
+            const shape *sh = &shapes[si];
+            cell *c = &b->cells[SYS_PERF_TCP + i][si];
+            int batches = b->cells[SYS_UCX_TCP + i][si].rounds;
+            unsigned n = (unsigned)(batches > 8 ? batches : 8);
+            size_t bytes = (size_t)sh->n * sh->size;
+            kvp_bench_progress(i ? "perftest sm" : "perftest tcp", 12, sh->name, 10, 0, 1);
+            double put = perftest(exe, ucx_tls[i], "ucp_put_bw", bytes, n, why, sizeof why);
+            double get = put < 0 ? -1 : perftest(exe, ucx_tls[i], "ucp_get", bytes, n, why,
+                                                 sizeof why);
+            kvp_bench_progress_clear(60);
+            if (get < 0) {
+                fail(c, "%s", why);
+                continue;
+            }
+            c->state = CELL_OK;
+            c->rounds = (int)n;
+            c->put_gbps = put;
+            c->get_gbps = get;
+            c->put_p50_us = (double)bytes / put / 1e3; /* one batch's time at that rate */
+            c->get_p50_us = (double)bytes / get / 1e3;
+        }
+}
+
 /* ------------------------------------------------------------ report */
 
 static const struct target {
@@ -969,6 +1153,9 @@ static const struct target {
 } targets[] = {
     {"shm/memcpy", SYS_SHM, SYS_MEMCPY, 0.8, 0},
     {"tcp/raw_tcp", SYS_TCP, SYS_RAW, 0.8, 0},
+    {"ucx-tcp/perftest", SYS_UCX_TCP, SYS_PERF_TCP, 0.8, 0},
+    {"ucx-sm/perftest", SYS_UCX_SM, SYS_PERF_SM, 0.8, 0},
+    {"ucx-tcp/tcp", SYS_UCX_TCP, SYS_TCP, 0, 0},
     {"tcp/redis", SYS_TCP, SYS_REDIS, 1.0, 1},
     {"tcp/memcached", SYS_TCP, SYS_MEMCACHED, 1.0, 1},
 };
@@ -996,21 +1183,23 @@ static void print_table(const sb *b, const char *master, int spawned)
     FILE *o = b->out;
     char raw_name[32];
     snprintf(raw_name, sizeof raw_name, "raw TCP x%d", BENCH_CONNS);
-    const char *names[NSYS] = {"memcpy", raw_name, "kvpool shm", "kvpool tcp", "redis",
-                               "memcached"};
+    const char *names[NSYS] = {"memcpy",       raw_name,      "kvpool shm",
+                               "kvpool tcp",   "redis",       "memcached",
+                               "kvpool ucx-tcp", "kvpool ucx-sm", "perftest tcp",
+                               "perftest sm"};
     fprintf(o, "kvpool bench store: master %s%s, %d rounds, %d connections, kvpool transports %s/%s, "
                "%d busy processes\n",
             master, spawned ? " (kvpool serve, segment " SEGMENT_SIZE ")" : "", b->rounds,
             BENCH_CONNS, b->transport[0], b->transport[1], b->contend);
-    fprintf(o, "  %-12s", "");
+    fprintf(o, "  %-14s", "");
     for (int si = 0; si < NSHAPES; si++)
         fprintf(o, "  %-38s", shapes[si].title);
-    fprintf(o, "\n  %-12s", "system");
+    fprintf(o, "\n  %-14s", "system");
     for (int si = 0; si < NSHAPES; si++)
         fprintf(o, "  put GB/s  p50 ms  get GB/s  p50 ms    ");
     fprintf(o, "\n");
     for (int y = 0; y < NSYS; y++) {
-        fprintf(o, "  %-12s", names[y]);
+        fprintf(o, "  %-14s", names[y]);
         for (int si = 0; si < NSHAPES; si++) {
             const cell *c = &b->cells[y][si];
             if (c->state == CELL_OK)
@@ -1028,12 +1217,12 @@ static void print_table(const sb *b, const char *master, int spawned)
                 fprintf(o, "  %s %s %s: %s\n", names[y], shapes[si].name, state_name[c->state],
                         c->why);
         }
-    fprintf(o, "%-23s", "targets (ratio)");
+    fprintf(o, "%-26s", "targets (ratio)");
     for (int si = 0; si < NSHAPES; si++)
         fprintf(o, "    %-30s", shapes[si].title);
     fprintf(o, "\n");
     for (int t = 0; t < NTARGETS; t++) {
-        fprintf(o, "  %-14s %s %.1f", targets[t].name, targets[t].strict ? "> " : ">=",
+        fprintf(o, "  %-17s %s %.1f", targets[t].name, targets[t].strict ? "> " : ">=",
                 targets[t].min);
         for (int si = 0; si < NSHAPES; si++)
             for (int g = 0; g < 2; g++) {
@@ -1196,6 +1385,17 @@ int kvp_bench_store(int argc, char **argv)
             for (int si = 0; si < NSHAPES; si++)
                 fail(&b->cells[t][si], "%s", "could not start `kvpool serve`");
     }
+
+    if (v[1] || pid > 0) {
+        char uwhy[160] = "";
+        if (kvp_ucx_load(uwhy, sizeof uwhy) == 0)
+            bench_ucx(b, addr, cfg.cluster_token);
+        for (int i = 0; i < 2; i++)
+            for (int si = 0; si < NSHAPES; si++)
+                if (b->cells[SYS_UCX_TCP + i][si].state == CELL_NONE)
+                    skip(&b->cells[SYS_UCX_TCP + i][si], "%s", uwhy);
+    }
+    bench_perftest(b);
 
     bench_peer(b, PEER_REDIS, SYS_REDIS);
     bench_peer(b, PEER_MEMCACHED, SYS_MEMCACHED);
