@@ -236,7 +236,7 @@ static void *put_loop(void *arg)
             else if (!rc && res[i] >= 0)
                 k->bad++;
         }
-        k->rounds++;
+        __atomic_add_fetch(&k->rounds, 1, __ATOMIC_RELEASE);
     }
     free(buf);
     return NULL;
