@@ -175,6 +175,41 @@ KVP_API int kvp_client_tiers(kvp_client *c, const char *const *keys, size_t n, i
  * node's SSD tier when asked for (the node staged them back into DRAM):
  * Mooncake's get_offload_rpc_read_count. Monotonic; thread-safe. */
 KVP_API uint64_t kvp_client_disk_reads(const kvp_client *c);
+
+/*
+ * The data paths a transfer can take, so a user can see which one moved
+ * the bytes: KVP_PATH_SHM (a same-host node's segment mapped into this
+ * process: one memcpy, or a DMA for device memory), KVP_PATH_TCP (the
+ * node's TCP port), KVP_PATH_UCX (one-sided UCX transfers: protocol "ucx"
+ * or "rdma"). Paths are only ever appended: KVP_NPATHS may grow,
+ * and kvp_transfer_stats with it (struct_size says how many the caller has).
+ */
+enum kvp_path { KVP_PATH_SHM = 0, KVP_PATH_TCP = 1, KVP_PATH_UCX = 2, KVP_NPATHS = 3 };
+/* "shm", "tcp", "ucx"; NULL for a path this library does not know. */
+KVP_API const char *kvp_path_name(int path);
+typedef struct kvp_path_stats {
+    uint64_t put_bytes; /* bytes written to segments (each replica counts) */
+    uint64_t get_bytes; /* bytes read from segments */
+    uint64_t put_ops;   /* replica writes that succeeded */
+    uint64_t get_ops;   /* replica reads that succeeded */
+} kvp_path_stats;
+typedef struct kvp_transfer_stats {
+    size_t struct_size;                /* sizeof(kvp_transfer_stats), from _init */
+    kvp_path_stats path[KVP_NPATHS];   /* by enum kvp_path */
+} kvp_transfer_stats;
+KVP_API void kvp_transfer_stats_init(kvp_transfer_stats *s);
+/*
+ * What this client's data plane moved since kvp_client_open, per path:
+ * every replica transfer that succeeded counts, once, under the path it
+ * took (a put of 2 replicas counts twice; a put of an existing key moves
+ * nothing and counts nothing; a read whose bytes then failed their checksum
+ * counts, since the bytes moved). Monotonic; thread-safe; no request is
+ * made. The pool's totals over every client are the master's
+ * `client_<path>_<op>_<bytes|ops>` counters (kvp_client_stat), reported
+ * with each heartbeat. 0, or KVP_EINVALID_PARAMS (out NULL, or a
+ * struct_size no version of the library defined).
+ */
+KVP_API int kvp_client_stats(kvp_client *c, kvp_transfer_stats *out);
 /* Number of leading keys present (>= 0), or < 0. */
 KVP_API int64_t kvp_client_prefix(kvp_client *c, const char *const *keys, size_t n);
 

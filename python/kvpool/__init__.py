@@ -497,6 +497,20 @@ class Client:
             raise Error.from_code(r)
         return dict(json.loads(r))
 
+    def stats(self) -> dict[str, dict[str, int]]:
+        """What this client moved since it opened, per data path ("shm": a
+        same-host node's shared memory, "tcp", "ucx"): {"shm": {"put_bytes",
+        "get_bytes", "put_ops", "get_ops"}, "tcp": {...}, "ucx": {...}}. Every
+        replica transfer that succeeded counts once (kvp_client_stats). No
+        request is made; the pool's totals over all clients are the master's
+        ``client_<path>_*`` counters in stat()."""
+        r = self._c.transfer_stats()
+        if isinstance(r, int):
+            raise Error.from_code(r)
+        return {str(name): {"put_bytes": int(pb), "get_bytes": int(gb), "put_ops": int(po),
+                            "get_ops": int(go)}
+                for name, pb, gb, po, go in r}
+
     # registered memory
     def register_buffer(self, ptr: Union[int, Buffer], size: Optional[int] = None) -> None:
         """Registers [ptr, ptr+size) for the address forms (host memory mapped

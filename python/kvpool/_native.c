@@ -1185,6 +1185,35 @@ static PyObject *Client_describe(Client *self, PyObject *args_, PyObject *kw)
 
 static PyObject *Client_stat(Client *self, PyObject *unused) { return text_call(self, "", stat_fn); }
 
+/* kvp_client_stats: [(path name, put_bytes, get_bytes, put_ops, get_ops)]
+ * in enum kvp_path order, or the error code. No request: no GIL release. */
+static PyObject *Client_transfer_stats(Client *self, PyObject *unused)
+{
+    (void)unused;
+    kvp_transfer_stats ts;
+    kvp_transfer_stats_init(&ts);
+    int rc = enter(self);
+    if (rc == 0) {
+        rc = kvp_client_stats(self->c, &ts);
+        leave(self);
+    }
+    if (rc)
+        return PyLong_FromLong(rc);
+    PyObject *l = PyList_New(KVP_NPATHS);
+    for (int p = 0; l && p < KVP_NPATHS; p++) {
+        const kvp_path_stats *x = &ts.path[p];
+        PyObject *t = Py_BuildValue("(sKKKK)", kvp_path_name(p), (unsigned long long)x->put_bytes,
+                                    (unsigned long long)x->get_bytes,
+                                    (unsigned long long)x->put_ops, (unsigned long long)x->get_ops);
+        if (!t) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, p, t);
+    }
+    return l;
+}
+
 /*
  * 1 when [p, p+len) lies in mappings of this process that are readable and
  * writable (/proc/self/maps, sorted by address), else 0. A range a Python
@@ -1312,6 +1341,8 @@ static PyMethodDef Client_methods[] = {
     {"describe", (PyCFunction)(void (*)(void))Client_describe, METH_VARARGS | METH_KEYWORDS,
      "describe(key, json=False) -> str | int"},
     {"stat", (PyCFunction)Client_stat, METH_NOARGS, "stat() -> str (JSON) | int"},
+    {"transfer_stats", (PyCFunction)Client_transfer_stats, METH_NOARGS,
+     "transfer_stats() -> [(path, put_bytes, get_bytes, put_ops, get_ops)] | int"},
     {"register_buffer", (PyCFunction)Client_register, METH_VARARGS,
      "register_buffer(ptr, size) -> int"},
     {"unregister_buffer", (PyCFunction)Client_unregister, METH_O, "unregister_buffer(ptr) -> int"},

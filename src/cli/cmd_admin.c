@@ -176,6 +176,15 @@ static void print_table(const kvp_msg_stats_resp *s)
                    (unsigned long long)c[KVP_STAT_DISK_DROPPED_PAGES]);
         }
     }
+    /* what clients moved per data path, as of their last heartbeats */
+    for (int p = 0; p < KVP_STAT_NPATHS && s->n_counters > (uint32_t)KVP_STAT_PATH(p, 3); p++) {
+        char pb[32], gb[32];
+        printf("path %s: put %s (%llu transfers), get %s (%llu transfers)\n", kvp_path_name(p),
+               kvp_size_format(c[KVP_STAT_PATH(p, 0)], pb, sizeof pb),
+               (unsigned long long)c[KVP_STAT_PATH(p, 2)],
+               kvp_size_format(c[KVP_STAT_PATH(p, 1)], gb, sizeof gb),
+               (unsigned long long)c[KVP_STAT_PATH(p, 3)]);
+    }
     printf("\n%-16s  %-24s %12s %12s %6s %10s %12s\n", "SEGMENT", "NAME", "CAPACITY", "USED",
            "USE%", "REPLICAS", "LARGEST FREE");
     for (uint32_t i = 0; i < s->n_segs; i++) {
@@ -219,12 +228,13 @@ int kvp_cmd_stat(int argc, char **argv)
     int rc = kvp_cli_parse_for(argc, argv, KVP_KEY_ADMIN, &cfg, own, v, NULL);
     if (rc == 1) {
         printf("usage: kvpool stat [--master HOST:PORT] [--json] [--watch SECONDS] [--tenant NAME]\n"
-               "Shows the pool: objects, usage, hits, misses, evictions; per segment its\n"
-               "capacity, usage, replicas and largest free block; per tenant its objects,\n"
-               "bytes, pool bytes, quotas, share, evictions and refused puts (a session with\n"
-               "a tenant token sees its own tenant only; --tenant NAME, or a configuration\n"
-               "that names one, shows only that tenant's row). --watch repeats every SECONDS\n"
-               "(default 2) until interrupted.\n");
+               "Shows the pool: objects, usage, hits, misses, evictions; the bytes clients\n"
+               "put and got per data path (shm, tcp, ucx) as of their last heartbeats; per\n"
+               "segment its capacity, usage, replicas and largest free block; per tenant its\n"
+               "objects, bytes, pool bytes, quotas, share, evictions and refused puts (a\n"
+               "session with a tenant token sees its own tenant only; --tenant NAME, or a\n"
+               "configuration that names one, shows only that tenant's row). --watch repeats\n"
+               "every SECONDS (default 2) until interrupted.\n");
         print_admin_keys("stat");
         return 0;
     }
@@ -252,7 +262,8 @@ int kvp_cmd_stat(int argc, char **argv)
             rc = st;
         if (rc == 0)
             rc = kvp_dec_stats_resp(body, len, &lim, &a, &s);
-        if (rc == 0 && s.n_counters < KVP_STAT__COUNT)
+        /* a master before the per-path counters answers without them (not shown) */
+        if (rc == 0 && s.n_counters < KVP_STAT_SHM_PUT_BYTES)
             rc = KVP_EPROTOCOL;
         if (rc) {
             char hint[512];

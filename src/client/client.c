@@ -205,6 +205,16 @@ static int connect_locked(kvp_client *c, char *err, size_t errlen)
     if (c->master_id && h->master_id != c->master_id)
         KVP_INFO(MOD, "master %s restarted (id %016llx -> %016llx)", c->cfg.master_addr,
                  (unsigned long long)c->master_id, (unsigned long long)h->master_id);
+    /* a new client id: the same master keeps the old id's last report in
+     * its sums, so this id reports from there; another master (a restart,
+     * a new leader) has none of ours, so this id reports our whole life */
+    if (h->master_id == c->master_id) {
+        c->hb_base = c->hb_acked;
+    } else {
+        memset(&c->hb_base, 0, sizeof c->hb_base);
+        memset(&c->hb_acked, 0, sizeof c->hb_acked);
+        c->hb_plain = 0;
+    }
     c->master_id = h->master_id;
     uint32_t mf = h->max_frame < RESP_CAP ? h->max_frame : RESP_CAP;
     __atomic_store_n(&c->max_frame, mf, __ATOMIC_RELAXED);
@@ -485,6 +495,7 @@ static int discover(kvp_client *c, uint64_t *ids, size_t n)
 /* --------------------------------------------------------------- open */
 
 static void *hb_main(void *arg);
+static void heartbeat_last(kvp_client *c);
 
 static void client_free(kvp_client *c)
 {
@@ -494,6 +505,7 @@ static void client_free(kvp_client *c)
         pthread_cond_signal(&c->hb_cv);
         pthread_mutex_unlock(&c->hb_mu);
         pthread_join(c->hb_thread, NULL);
+        heartbeat_last(c);
     }
     if (c->node)
         kvp_node_stop(c->node);
@@ -679,15 +691,99 @@ void kvp_client_close(kvp_client *c)
 }
 
 /*
+ * The data-path report a HEARTBEAT carries (proto.h): the counters now
+ * (into *now) less hb_base, into b; nothing when the master takes plain
+ * heartbeats only. Caller holds c->mu.
+ *
+ * Exactness: the master sums each client id's last report. A report the
+ * master applied but whose answer was lost (a timeout, then a new id) is
+ * not in hb_acked, so the next id reports it again: at most one
+ * heartbeat's worth counted twice. What moved after an id's last report
+ * and before the id changed to another master is not counted there.
+ */
+static void hb_report_locked(kvp_client *c, kvp_buf *b, kvp_xfer_counters *now)
+{
+    if (c->hb_plain)
+        return;
+    kvp_xfer_counts(c->xfer, now);
+    kvp_msg_heartbeat h = {.version = KVP_HB_REPORT_V1, .npaths = KVP_XFER_NPATHS};
+    for (int p = 0; p < KVP_XFER_NPATHS; p++) {
+        const kvp_xfer_tally *v = &now->path[p], *o = &c->hb_base.path[p];
+        h.paths[p] = (kvp_path_tally){v->put_bytes - o->put_bytes, v->get_bytes - o->get_bytes,
+                                      v->put_ops - o->put_ops, v->get_ops - o->get_ops};
+    }
+    kvp_enc_heartbeat(b, &h);
+}
+
+/*
+ * One HEARTBEAT with this client's report. Like mcall (RETRY_SAFE), except
+ * that the body is made on the connection it goes out on: a report counts
+ * from its client id's base, which a reconnect changes. A master that
+ * refuses the report (PROTOCOL: an older release) gets the heartbeat again
+ * without it, and plain heartbeats from then on.
+ */
+static int heartbeat(kvp_client *c)
+{
+    uint8_t raw[2 + KVP_XFER_NPATHS * KVP_HB_PATH_SIZE];
+    int rc, fresh = 0;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        if (!c->rpc) {
+            if ((rc = connect_locked(c, NULL, 0)) != 0)
+                break;
+            fresh = 1;
+        }
+        kvp_buf b = {raw, 0, sizeof raw, sizeof raw, 0};
+        kvp_xfer_counters now;
+        hb_report_locked(c, &b, &now);
+        rc = b.err ? b.err : call_locked(c, KVP_OP_HEARTBEAT, &b, NULL);
+        if (rc == KVP_EPROTOCOL && b.len) {
+            KVP_INFO(MOD, "master %s takes no data-path reports (an older release): the "
+                          "pool's per-path figures will not count this client",
+                     c->cfg.master_addr);
+            c->hb_plain = 1;
+            b.len = 0;
+            rc = call_locked(c, KVP_OP_HEARTBEAT, &b, NULL);
+        }
+        if (rc == 0 && b.len)
+            c->hb_acked = now;
+        if (rc == KVP_ERPC_FAIL || rc == KVP_ERPC_TIMEOUT)
+            drop_locked(c);
+        if (rc != KVP_ERPC_FAIL || fresh)
+            break;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* At close: the last report, ONEWAY (no answer awaited, so a silent master
+ * cannot hold the close), when anything moved since the last one the
+ * master accepted. Best effort. */
+static void heartbeat_last(kvp_client *c)
+{
+    uint8_t raw[2 + KVP_XFER_NPATHS * KVP_HB_PATH_SIZE];
+    kvp_buf b = {raw, 0, sizeof raw, sizeof raw, 0};
+    kvp_xfer_counters now;
+    pthread_mutex_lock(&c->mu);
+    if (c->rpc && c->xfer) {
+        hb_report_locked(c, &b, &now);
+        if (b.len && !b.err && memcmp(&now, &c->hb_acked, sizeof now) != 0) {
+            kvp_rpc_queue(c->rpc, KVP_OP_HEARTBEAT, KVP_FLAG_ONEWAY, b.data, b.len);
+            if (kvp_rpc_flush(c->rpc) == 0)
+                c->hb_acked = now;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/*
  * Heartbeat thread: HEARTBEAT every client_ttl/3 (the master's value from
  * HELLO) on the master connection, so a client that only reads stays
- * alive. A failed heartbeat goes through mcall's reconnect like any call.
+ * alive; each carries the data-path report (heartbeat()).
  */
 static void *hb_main(void *arg)
 {
     kvp_client *c = arg;
-    static const uint8_t none[1];
-    kvp_buf empty = {(uint8_t *)none, 0, 0, 0, 0};
     pthread_mutex_lock(&c->hb_mu);
     while (!c->hb_stop) {
         uint32_t ttl = __atomic_load_n(&c->client_ttl_ms, __ATOMIC_RELAXED);
@@ -698,7 +794,7 @@ static void *hb_main(void *arg)
         if (c->hb_stop)
             break;
         pthread_mutex_unlock(&c->hb_mu);
-        int rc = mcall(c, KVP_OP_HEARTBEAT, &empty, RETRY_SAFE, NULL);
+        int rc = heartbeat(c);
         if (rc)
             KVP_DEBUG(MOD, "heartbeat: %s", kvp_strerror(rc));
         pthread_mutex_lock(&c->hb_mu);
@@ -1349,6 +1445,50 @@ uint64_t kvp_client_disk_reads(const kvp_client *c)
     return c ? __atomic_load_n(&c->disk_reads, __ATOMIC_RELAXED) : 0;
 }
 
+/* ------------------------------------------------------ transfer stats */
+
+/* The public path numbers are xfer's (and the wire's, and the master's
+ * counters' order). */
+_Static_assert((int)KVP_PATH_SHM == (int)KVP_XFER_PATH_SHM &&
+                   (int)KVP_PATH_TCP == (int)KVP_XFER_PATH_TCP &&
+                   (int)KVP_PATH_UCX == (int)KVP_XFER_PATH_UCX &&
+                   (int)KVP_NPATHS == (int)KVP_XFER_NPATHS && KVP_NPATHS == KVP_STAT_NPATHS &&
+                   KVP_NPATHS <= KVP_HB_MAX_PATHS,
+               "one numbering of the data paths");
+_Static_assert(sizeof(kvp_path_stats) == sizeof(kvp_xfer_tally), "kvp_path_stats = kvp_xfer_tally");
+
+const char *kvp_path_name(int path)
+{
+    static const char *const names[KVP_NPATHS] = {"shm", "tcp", "ucx"};
+    return path >= 0 && path < KVP_NPATHS ? names[path] : NULL;
+}
+
+void kvp_transfer_stats_init(kvp_transfer_stats *s)
+{
+    if (!s)
+        return;
+    memset(s, 0, sizeof *s);
+    s->struct_size = sizeof *s;
+}
+
+/* The first layout (3 paths) is the current one; a later library accepts
+ * every layout from it up to its own. */
+#define TRANSFER_STATS_V1 (offsetof(kvp_transfer_stats, path) + 3 * sizeof(kvp_path_stats))
+
+int kvp_client_stats(kvp_client *c, kvp_transfer_stats *out)
+{
+    if (!c || !out || out->struct_size < TRANSFER_STATS_V1 || out->struct_size > sizeof *out ||
+        (out->struct_size - offsetof(kvp_transfer_stats, path)) % sizeof(kvp_path_stats))
+        return KVP_EINVALID_PARAMS;
+    kvp_xfer_counters now;
+    kvp_xfer_counts(c->xfer, &now);
+    size_t n = (out->struct_size - offsetof(kvp_transfer_stats, path)) / sizeof(kvp_path_stats);
+    for (size_t p = 0; p < n; p++)
+        out->path[p] = (kvp_path_stats){now.path[p].put_bytes, now.path[p].get_bytes,
+                                        now.path[p].put_ops, now.path[p].get_ops};
+    return 0;
+}
+
 int kvp_client_batch_get_into_multi_buffers(kvp_client *c, const char *const *keys,
                                             const kvp_iov *const *iovs, const size_t *niov,
                                             size_t n, int64_t *results)
@@ -1638,12 +1778,13 @@ int kvp_client_stat(kvp_client *c, char *buf, size_t len)
     kvp_msg_stats_resp st;
     if (rc == 0)
         rc = kvp_dec_stats_resp(s.resp.data, (uint32_t)s.resp.len, &c->lim, &s.a, &st);
-    if (rc == 0 && st.n_counters < KVP_STAT__COUNT)
+    /* a master before the per-path counters answers without them */
+    if (rc == 0 && st.n_counters < KVP_STAT_SHM_PUT_BYTES)
         rc = KVP_EPROTOCOL;
     size_t w = 0;
     if (rc == 0) {
         appendf(buf, len, &w, "{\"counters\": {");
-        for (uint32_t i = 0; i < KVP_STAT__COUNT; i++)
+        for (uint32_t i = 0; i < KVP_STAT__COUNT && i < st.n_counters; i++)
             appendf(buf, len, &w, "%s\"%s\": %llu", i ? ", " : "", kvp_stat_name(i),
                     (unsigned long long)st.counters[i]);
         appendf(buf, len, &w, "}, \"segments\": [");

@@ -49,6 +49,14 @@ struct kvp_client {
     uint32_t max_frame;       /* master's max frame (HELLO), capped at 64 MiB */
     uint32_t lease_ttl_ms;    /* from the last HELLO (GET answers carry their own) */
     uint32_t client_ttl_ms;   /* from the last HELLO */
+    /* data-path reports (HEARTBEAT, client.c "heartbeat"), under mu: the
+     * master sums each client id's last report, so a report counts from
+     * hb_base, what earlier ids of this client already reported to this
+     * master (0 for a master it has not reported to) */
+    kvp_xfer_counters hb_base;
+    kvp_xfer_counters hb_acked; /* the counters of the last report it accepted */
+    int hb_plain;             /* it refused a report (an older release): send
+                                 empty heartbeats until another master answers */
 
     kvp_xfer *xfer;           /* data plane */
     kvp_node *node;           /* embedded segment, NULL in standalone-store mode */

@@ -15,6 +15,9 @@
  * segment): a transfer populates the page tables of the chunks (2 MiB) it
  * touches the first time it touches them (shm_populate), so a long-lived
  * client's later transfers still run without page faults.
+ * Each table names the data path (kvp_xfer_path) its ops are counted under:
+ * once a batch's jobs are done, kvp_xfer_run adds each op that ended with
+ * status 0 to the path it was planned on (count_ops; kvp_xfer_counts).
  *
  * Threading (decision): a batch is grouped per segment and each group
  * planned as jobs by its transport: shm makes one job (a memcpy loop), tcp
@@ -115,6 +118,7 @@ typedef struct xops {
      * max(conns_per_node, gpu_threads) jobs). */
     size_t (*plan_dev)(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops,
                        const size_t *idx, size_t n, uint64_t deadline_ms, job *out);
+    int path;          /* kvp_xfer_path: where its ops' bytes are counted */
 } xops;
 
 struct seg_ent {
@@ -158,6 +162,7 @@ struct kvp_xfer {
     pthread_mutex_t ucx_mu;
     kvp_cucx *ucx;    /* UCX context and worker, made on first use (under ucx_mu) */
     int ucx_broken;   /* UCX could not start: ucx segments use tcp (under ucx_mu) */
+    kvp_xfer_counters counts; /* kvp_xfer_counts: relaxed atomic adds only */
 };
 
 static const xops shm_ops, tcp_ops, ucx_ops;
@@ -574,7 +579,7 @@ static size_t shm_plan(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, 
     return 2;
 }
 
-static const xops shm_ops = {"shm", shm_plan, shm_plan_dev};
+static const xops shm_ops = {"shm", shm_plan, shm_plan_dev, KVP_XFER_PATH_SHM};
 
 /* ---------------------------------------------------------------- tcp */
 
@@ -872,7 +877,7 @@ static size_t tcp_plan(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, 
     return nj;
 }
 
-static const xops tcp_ops = {"tcp", tcp_plan, tcp_plan_dev};
+static const xops tcp_ops = {"tcp", tcp_plan, tcp_plan_dev, KVP_XFER_PATH_TCP};
 
 /* ---------------------------------------------------------------- ucx */
 
@@ -982,7 +987,7 @@ static size_t ucx_plan(kvp_xfer *x, seg_ent *e, int is_write, kvp_xfer_op *ops, 
 }
 
 /* Device memory on a ucx segment goes through the tcp staging path. */
-static const xops ucx_ops = {"ucx", ucx_plan, tcp_plan_dev};
+static const xops ucx_ops = {"ucx", ucx_plan, tcp_plan_dev, KVP_XFER_PATH_UCX};
 
 /* ------------------------------------------------------ device memory */
 
@@ -1621,6 +1626,54 @@ static void run_jobs(kvp_xfer *x, job *jobs, size_t nj)
     kvp_workers_wait(x->workers, &b);
 }
 
+/* kvp_xfer_run's done[i]: 0 while op i is not grouped; 1 once decided
+ * without a transport; DONE_PATH + its kvp_xfer_path once planned. */
+#define DONE_PATH 2
+
+/* Adds the ops planned on a transport that ended with status 0 to their
+ * path's counters: one atomic add per path and field per batch. */
+static void count_ops(kvp_xfer *x, int is_write, const kvp_xfer_op *ops, const uint8_t *done,
+                      size_t n)
+{
+    kvp_xfer_counters add = {0};
+    for (size_t i = 0; i < n; i++) {
+        if (ops[i].status != 0 || done[i] < DONE_PATH ||
+            KVP_NEVER(done[i] - DONE_PATH >= KVP_XFER_NPATHS))
+            continue;
+        kvp_xfer_tally *a = &add.path[done[i] - DONE_PATH];
+        if (is_write) {
+            a->put_bytes += ops[i].rep.length;
+            a->put_ops++;
+        } else {
+            a->get_bytes += ops[i].rep.length;
+            a->get_ops++;
+        }
+    }
+    for (int p = 0; p < KVP_XFER_NPATHS; p++) {
+        const kvp_xfer_tally *a = &add.path[p];
+        kvp_xfer_tally *c = &x->counts.path[p];
+        if (a->put_ops) {
+            __atomic_fetch_add(&c->put_bytes, a->put_bytes, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&c->put_ops, a->put_ops, __ATOMIC_RELAXED);
+        }
+        if (a->get_ops) {
+            __atomic_fetch_add(&c->get_bytes, a->get_bytes, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&c->get_ops, a->get_ops, __ATOMIC_RELAXED);
+        }
+    }
+}
+
+void kvp_xfer_counts(kvp_xfer *x, kvp_xfer_counters *out)
+{
+    for (int p = 0; p < KVP_XFER_NPATHS; p++) {
+        const kvp_xfer_tally *c = &x->counts.path[p];
+        out->path[p] = (kvp_xfer_tally){__atomic_load_n(&c->put_bytes, __ATOMIC_RELAXED),
+                                        __atomic_load_n(&c->get_bytes, __ATOMIC_RELAXED),
+                                        __atomic_load_n(&c->put_ops, __ATOMIC_RELAXED),
+                                        __atomic_load_n(&c->get_ops, __ATOMIC_RELAXED)};
+    }
+}
+
 int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t deadline_ms)
 {
     if (!x || (n && !ops))
@@ -1676,9 +1729,12 @@ int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t
         size_t made = gd ? o->plan_dev(x, e, is_write, ops, g, m, deadline_ms, jobs + nj)
                          : o->plan(x, e, is_write, ops, g, m, deadline_ms, jobs + nj);
         KVP_ASSERT(made <= m);
+        for (size_t k = 0; k < m; k++)
+            done[g[k]] = (uint8_t)(DONE_PATH + o->path);
         nj += made;
     }
     run_jobs(x, jobs, nj);
+    count_ops(x, is_write, ops, done, n);
     if (!jobs)
         for (size_t i = 0; i < n; i++)
             if (ops[i].status == 1)

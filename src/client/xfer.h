@@ -63,6 +63,32 @@ void kvp_xfer_drop_segment(kvp_xfer *x, uint64_t segment_id);
 /* "shm", "tcp" or "ucx" (what kvp_xfer_run would use), NULL if unknown. */
 const char *kvp_xfer_transport(kvp_xfer *x, uint64_t segment_id);
 
+/* The data paths bytes are counted under: each transport's op table names
+ * its own (a transport added later takes its slot; one never used reads 0).
+ * The order is the wire's (the HEARTBEAT report, proto.h) and the public
+ * API's (KVP_PATH_* in kvpool.h): only ever appended to. */
+typedef enum {
+    KVP_XFER_PATH_SHM,
+    KVP_XFER_PATH_TCP,
+    KVP_XFER_PATH_UCX,
+    KVP_XFER_NPATHS
+} kvp_xfer_path;
+
+/* What one path moved since kvp_xfer_create: ops that ended with status 0
+ * and their bytes (rep.length), writes (put) and reads (get) apart. Every
+ * replica transfer counts (a put of 2 replicas counts 2 ops); a read whose
+ * bytes then fail the caller's checksum still counts (the bytes moved). */
+typedef struct kvp_xfer_tally {
+    uint64_t put_bytes, get_bytes, put_ops, get_ops;
+} kvp_xfer_tally;
+typedef struct kvp_xfer_counters {
+    kvp_xfer_tally path[KVP_XFER_NPATHS]; /* by kvp_xfer_path */
+} kvp_xfer_counters;
+
+/* A copy of the counters (each field read atomically; the four of a path
+ * are not one snapshot while transfers run). Thread-safe, never blocks. */
+void kvp_xfer_counts(kvp_xfer *x, kvp_xfer_counters *out);
+
 /* One replica transfer. iov describes exactly rep.length bytes. */
 typedef struct kvp_xfer_op {
     kvp_replica rep;

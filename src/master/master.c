@@ -83,7 +83,14 @@ struct kvp_mclient {
     int dropped;       /* TTL expired; freed when nconns reaches 0 */
     uint64_t last_seen;
     char name[64];
+    /* its last data-path report (HEARTBEAT), by KVP_STAT_PATH(path, field) -
+     * KVP_STAT_SHM_PUT_BYTES; counted in m->stats, see client_report */
+    uint64_t report[KVP_STAT_NPATHS * KVP_STAT_PATH_FIELDS];
 };
+_Static_assert(KVP_STAT_PATH(KVP_STAT_NPATHS - 1, KVP_STAT_PATH_FIELDS - 1) ==
+                   KVP_STAT__COUNT - 1,
+               "the path counters are the last KVP_STAT_NPATHS x 4 of enum kvp_stat");
+_Static_assert(KVP_STAT_NPATHS <= KVP_HB_MAX_PATHS, "a report can carry every path");
 
 typedef struct kvp_mseg {
     uint64_t id;
@@ -1952,11 +1959,44 @@ static void op_seg_freed_ack(req *q)
         reply_status(q, 0);
 }
 
+/*
+ * Data-path reports. The pool's figures per path (KVP_STAT_PATH) are the
+ * sum of every client's last report, live or departed: a report replaces
+ * its client's previous one in the sum (stats += new - old, exact modulo
+ * 2^64 whatever the values), and a client that leaves (disconnect, TTL)
+ * takes nothing out, so its last report stays counted; what it moved after
+ * that report is lost to the pool's figures. They are what clients claim,
+ * checked for their encoding only. Not replicated to standbys: a new leader
+ * (or a restarted master) starts from 0 and learns its clients' figures
+ * from their next heartbeats (the client reports its whole life to a master
+ * it has not reported to).
+ */
+static void client_report(kvp_master *m, kvp_mclient *c, const kvp_msg_heartbeat *d)
+{
+    for (unsigned p = 0; p < KVP_STAT_NPATHS; p++) {
+        const kvp_path_tally *t = &d->paths[p]; /* zeros past d->npaths */
+        const uint64_t v[KVP_STAT_PATH_FIELDS] = {t->put_bytes, t->get_bytes, t->put_ops,
+                                                  t->get_ops};
+        for (unsigned f = 0; f < KVP_STAT_PATH_FIELDS; f++) {
+            uint64_t *was = &c->report[p * KVP_STAT_PATH_FIELDS + f];
+            m->stats[KVP_STAT_PATH(p, f)] += v[f] - *was;
+            *was = v[f];
+        }
+    }
+}
+
+/* HEARTBEAT: an empty body, or a data-path report (proto.h); ONEWAY: no
+ * answer (a closing client's last report). */
 static void op_heartbeat(req *q)
 {
+    int oneway = (q->h->flags & KVP_FLAG_ONEWAY) != 0;
     if (q->h->body_len != 0) {
-        reply_status(q, KVP_EPROTOCOL);
-        return;
+        kvp_msg_heartbeat d;
+        if (kvp_dec_heartbeat(q->body, q->h->body_len, &d)) {
+            reply_status(q, KVP_EPROTOCOL);
+            return;
+        }
+        client_report(q->m, q->s->client, &d);
     }
     /* the owner is alive and reaching us: its segments take puts again */
     for (uint32_t i = 0; q->m->nsuspect && i < q->m->nseg; i++) {
@@ -1967,6 +2007,8 @@ static void op_heartbeat(req *q)
             q->m->nsuspect--;
         }
     }
+    if (oneway)
+        return;
     kvp_msg_heartbeat_resp r = {q->m->id, q->s->client->nseg, q->now};
     size_t off = reply_begin(q);
     kvp_enc_heartbeat_resp(q->out, &r);

@@ -503,6 +503,33 @@ static void write_service(kvp_mstatus *st, kvp_buf *b, const picture *p)
         kvp_prom_u64(b, "kvpool_errors_total", "code=\"OTHER\"", other);
 }
 
+/* What clients moved per data path and op, as of their last heartbeats
+ * (each live client's last report plus every departed client's). */
+static void write_paths(kvp_buf *b, const picture *p)
+{
+    static const struct {
+        const char *name, *help;
+        int field[2]; /* put, get: offsets in KVP_STAT_PATH */
+    } fam[] = {
+        {"kvpool_client_bytes_total", "Bytes clients moved to and from segments, by data path "
+         "and op, as of their last heartbeats.", {0, 1}},
+        {"kvpool_client_transfers_total", "Replica transfers clients made, by data path and op, "
+         "as of their last heartbeats.", {2, 3}},
+    };
+    static const char *const ops[2] = {"put", "get"};
+    for (size_t f = 0; f < sizeof fam / sizeof fam[0]; f++) {
+        kvp_prom_family(b, fam[f].name, "counter", fam[f].help);
+        for (int path = 0; path < KVP_STAT_NPATHS; path++)
+            for (int o = 0; o < 2; o++) {
+                char l[64] = "";
+                const char *pn = kvp_path_name(path);
+                kvp_prom_label(l, sizeof l, "path", pn, strlen(pn));
+                kvp_prom_label(l, sizeof l, "op", ops[o], strlen(ops[o]));
+                kvp_prom_u64(b, fam[f].name, l, p->st[KVP_STAT_PATH(path, fam[f].field[o])]);
+            }
+    }
+}
+
 static void write_metrics(kvp_mstatus *st, kvp_buf *b, const picture *p)
 {
     char l[128] = "";
@@ -528,6 +555,7 @@ static void write_metrics(kvp_mstatus *st, kvp_buf *b, const picture *p)
             kvp_prom_label(tl, sizeof tl, "tier", c->tier, strlen(c->tier));
         kvp_prom_u64(b, c->name, tl, p->st[c->stat]);
     }
+    write_paths(b, p);
     write_segments(b, p);
     write_tenants(b, p);
     write_service(st, b, p);
@@ -639,6 +667,20 @@ static json_t *api_standbys(const picture *p)
     return a;
 }
 
+/* {"shm": {"put_bytes", "get_bytes", "put_ops", "get_ops"}, "tcp": ..., "ucx": ...} */
+static json_t *api_paths(const picture *p)
+{
+    json_t *o = json_object();
+    for (int path = 0; path < KVP_STAT_NPATHS; path++)
+        json_object_set_new(
+            o, kvp_path_name(path),
+            json_pack("{s:o,s:o,s:o,s:o}", "put_bytes", u64(p->st[KVP_STAT_PATH(path, 0)]),
+                      "get_bytes", u64(p->st[KVP_STAT_PATH(path, 1)]), "put_ops",
+                      u64(p->st[KVP_STAT_PATH(path, 2)]), "get_ops",
+                      u64(p->st[KVP_STAT_PATH(path, 3)])));
+    return o;
+}
+
 static json_t *api_ops(kvp_mstatus *st)
 {
     json_t *a = json_array();
@@ -672,7 +714,8 @@ int kvp_mstatus_api(void *ctx, kvp_buf *out, const char **ctype)
     const char *why;
     int ready = check(st, &p, 1, &why);
     json_t *j = json_pack(
-        "{s:s,s:s,s:s,s:s,s:b,s:s,s:o,s:o,s:o,s:o,s:{s:o,s:o,s:o,s:o},s:o,s:o,s:o,s:o,s:o,s:o}",
+        "{s:s,s:s,s:s,s:s,s:b,s:s,s:o,s:o,s:o,s:o,s:{s:o,s:o,s:o,s:o},s:o,s:o,s:o,s:o,s:o,s:o,"
+        "s:o}",
         "version", kvp_version(), "listen", st->listen, "role", role_name(p.role), "master_id", id,
         "ready", ready, "why", why, "start_ms", u64(st->start_ms), "now_ms", u64(real_ms()),
         "published_ms_ago", u64(p.at_ms ? kvp_now_ms() - p.at_ms : 0), "counters", counters,
@@ -682,7 +725,8 @@ int kvp_mstatus_api(void *ctx, kvp_buf *out, const char **ctype)
         api_warnings(), "ops", api_ops(st), "repl",
         json_pack("{s:o,s:o,s:o,s:o,s:o}", "followers", u64(p.st[KVP_STAT_REPL_FOLLOWERS]),
                   "in_sync", u64(p.st[KVP_STAT_REPL_IN_SYNC]), "seq", u64(p.st[KVP_STAT_REPL_SEQ]),
-                  "lag", u64(p.st[KVP_STAT_REPL_LAG]), "standbys", api_standbys(&p)));
+                  "lag", u64(p.st[KVP_STAT_REPL_LAG]), "standbys", api_standbys(&p)),
+        "paths", api_paths(&p));
     pic_free(&p);
     if (!j)
         return out->err = KVP_ENOMEM, 500;

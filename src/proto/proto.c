@@ -45,7 +45,11 @@ const char *kvp_stat_name(unsigned i)
         "disk_compacted_bytes", "disk_compacted_pages", "disk_dropped_pages", "soft_pinned",
         "repl_followers", "repl_in_sync", "repl_seq", "repl_lag", "repl_bytes", "adopted",
         "parked", "adopt_dropped", "puts", "put_bytes", "hit_bytes", "block_objects",
-        "block_conflicts", "kv_events", "kv_batches", "kv_lost"};
+        "block_conflicts", "kv_events", "kv_batches", "kv_lost", "client_shm_put_bytes",
+        "client_shm_get_bytes", "client_shm_put_ops", "client_shm_get_ops",
+        "client_tcp_put_bytes", "client_tcp_get_bytes", "client_tcp_put_ops",
+        "client_tcp_get_ops", "client_ucx_put_bytes", "client_ucx_get_bytes",
+        "client_ucx_put_ops", "client_ucx_get_ops"};
     return i < KVP_STAT__COUNT ? names[i] : "unknown";
 }
 
@@ -431,6 +435,42 @@ int kvp_dec_ids(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_a
 }
 
 /* ----------------------------------------------------------- heartbeat */
+
+void kvp_enc_heartbeat(kvp_buf *b, const kvp_msg_heartbeat *m)
+{
+    if (m->version != KVP_HB_REPORT_V1 || m->npaths < 1 || m->npaths > KVP_HB_MAX_PATHS) {
+        if (!b->err)
+            b->err = KVP_EINVALID_PARAMS;
+        return;
+    }
+    kvp_buf_u8(b, m->version);
+    kvp_buf_u8(b, m->npaths);
+    for (unsigned i = 0; i < m->npaths; i++) {
+        kvp_buf_u64(b, m->paths[i].put_bytes);
+        kvp_buf_u64(b, m->paths[i].get_bytes);
+        kvp_buf_u64(b, m->paths[i].put_ops);
+        kvp_buf_u64(b, m->paths[i].get_ops);
+    }
+}
+
+/* Paths the report does not carry read 0. */
+int kvp_dec_heartbeat(const uint8_t *p, uint32_t len, kvp_msg_heartbeat *m)
+{
+    DEC_BEGIN;
+    memset(m, 0, sizeof *m);
+    m->version = kvp_rd_u8(&r);
+    m->npaths = kvp_rd_u8(&r);
+    if (m->version != KVP_HB_REPORT_V1 || m->npaths < 1 || m->npaths > KVP_HB_MAX_PATHS ||
+        kvp_rd_left(&r) != (size_t)m->npaths * KVP_HB_PATH_SIZE)
+        return rd_fail(&r);
+    for (unsigned i = 0; i < m->npaths; i++) {
+        m->paths[i].put_bytes = kvp_rd_u64(&r);
+        m->paths[i].get_bytes = kvp_rd_u64(&r);
+        m->paths[i].put_ops = kvp_rd_u64(&r);
+        m->paths[i].get_ops = kvp_rd_u64(&r);
+    }
+    DEC_END;
+}
 
 void kvp_enc_heartbeat_resp(kvp_buf *b, const kvp_msg_heartbeat_resp *m)
 {

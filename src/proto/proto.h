@@ -215,7 +215,33 @@ typedef struct kvp_msg_ids {
     uint64_t *ids;
 } kvp_msg_ids;
 
-/* HEARTBEAT request has an empty body. Response: */
+/*
+ * HEARTBEAT request: an empty body (a storage node; a client of an older
+ * release), or a client's data-plane report (kvp_msg_heartbeat): u8
+ * version (KVP_HB_REPORT_V1), u8 npaths (1..KVP_HB_MAX_PATHS), then per
+ * path, in the order of client/xfer.h's kvp_xfer_path (shm, tcp, ucx, ...),
+ * u64 put_bytes, get_bytes, put_ops, get_ops: what the client moved since
+ * it took this client id, cumulative. The master keeps each client's last
+ * report and adds a departed client's to its totals (master.c, "Data-path
+ * reports"). A master that knows fewer paths ignores the others; one that
+ * knows more reads 0 for those not sent. The codec takes only a report: an
+ * empty body ("no report") is the handler's to accept. Another version
+ * is refused (PROTOCOL), and the client then sends empty heartbeats. Sent
+ * ONEWAY (a closing client's last report) it gets no answer.
+ */
+#define KVP_HB_REPORT_V1 1
+#define KVP_HB_MAX_PATHS 16
+#define KVP_HB_PATH_SIZE 32 /* bytes of one path's four u64 */
+typedef struct kvp_path_tally {
+    uint64_t put_bytes, get_bytes, put_ops, get_ops;
+} kvp_path_tally;
+typedef struct kvp_msg_heartbeat {
+    uint8_t version; /* KVP_HB_REPORT_V1 */
+    uint8_t npaths;  /* 1..KVP_HB_MAX_PATHS */
+    kvp_path_tally paths[KVP_HB_MAX_PATHS];
+} kvp_msg_heartbeat;
+
+/* HEARTBEAT response: */
 typedef struct kvp_msg_heartbeat_resp {
     uint64_t master_id;
     uint32_t n_segments; /* segments the master holds for this client; a node
@@ -448,8 +474,26 @@ enum kvp_stat {
     KVP_STAT_KV_EVENTS,      /* KV events recorded */
     KVP_STAT_KV_BATCHES,     /* KV event batches closed */
     KVP_STAT_KV_LOST,        /* KV events lost (no memory): gaps in their stream */
+    /* what clients moved per data path (shm, tcp, ucx: kvp_xfer_path's
+     * order), as their HEARTBEAT reports say: every client's last report,
+     * live or departed, summed; KVP_STAT_PATH(path, field) */
+    KVP_STAT_SHM_PUT_BYTES,  /* bytes clients wrote to segments over shared memory */
+    KVP_STAT_SHM_GET_BYTES,  /* ... read */
+    KVP_STAT_SHM_PUT_OPS,    /* replica writes */
+    KVP_STAT_SHM_GET_OPS,    /* replica reads */
+    KVP_STAT_TCP_PUT_BYTES,  /* the same over a node's TCP port */
+    KVP_STAT_TCP_GET_BYTES,
+    KVP_STAT_TCP_PUT_OPS,
+    KVP_STAT_TCP_GET_OPS,
+    KVP_STAT_UCX_PUT_BYTES,  /* the same over UCX */
+    KVP_STAT_UCX_GET_BYTES,
+    KVP_STAT_UCX_PUT_OPS,
+    KVP_STAT_UCX_GET_OPS,
     KVP_STAT__COUNT
 };
+#define KVP_STAT_NPATHS 3 /* data paths with counters */
+#define KVP_STAT_PATH_FIELDS 4 /* put_bytes, get_bytes, put_ops, get_ops */
+#define KVP_STAT_PATH(path, field) (KVP_STAT_SHM_PUT_BYTES + KVP_STAT_PATH_FIELDS * (path) + (field))
 /* Name of a counter ("objects", "hits", ...), as `kvpool stat --json` prints it. */
 const char *kvp_stat_name(unsigned i);
 
@@ -715,6 +759,9 @@ void kvp_enc_ids(kvp_buf *b, const kvp_msg_ids *m);
 int kvp_dec_ids(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
                 kvp_msg_ids *m);
 
+/* enc: a version or npaths out of range sets b->err = KVP_EINVALID_PARAMS. */
+void kvp_enc_heartbeat(kvp_buf *b, const kvp_msg_heartbeat *m);
+int kvp_dec_heartbeat(const uint8_t *p, uint32_t len, kvp_msg_heartbeat *m);
 void kvp_enc_heartbeat_resp(kvp_buf *b, const kvp_msg_heartbeat_resp *m);
 int kvp_dec_heartbeat_resp(const uint8_t *p, uint32_t len, kvp_msg_heartbeat_resp *m);
 

@@ -246,6 +246,19 @@ static void sizes_body(int tcp, int reg)
         free(want);
         off += (n + 4095) & ~(size_t)4095;
     }
+    /* device ops count on the path they took, as host ops do: per size two
+     * puts (from device, from host) and three gets */
+    uint64_t sum = 0;
+    for (size_t i = 0; i < NSIZES; i++)
+        sum += k_sizes[i];
+    kvp_transfer_stats ts;
+    kvp_transfer_stats_init(&ts);
+    CHECK_EQ(kvp_client_stats(c, &ts), 0);
+    const kvp_path_stats *on = &ts.path[tcp ? KVP_PATH_TCP : KVP_PATH_SHM];
+    const kvp_path_stats *off_path = &ts.path[tcp ? KVP_PATH_SHM : KVP_PATH_TCP];
+    CHECK(on->put_bytes == 2 * sum && on->put_ops == 2 * NSIZES);
+    CHECK(on->get_bytes == 3 * sum && on->get_ops == 3 * NSIZES);
+    CHECK(off_path->put_ops == 0 && off_path->get_ops == 0 && off_path->get_bytes == 0);
     if (g_fake && !tcp) {
         kvp_gpu_fake_stats st;
         kvp_gpu_fake_get_stats(&st);

@@ -114,6 +114,9 @@ typedef struct scraper {
     int n, bad;
 } scraper;
 
+static int get_json(uint16_t port, const char *target, const char *token, json_t **j);
+static long long jint(const json_t *j, const char *k);
+
 static void *scrape_main(void *arg)
 {
     scraper *sc = arg;
@@ -177,6 +180,69 @@ TEST(metrics_follow_puts_while_scraped)
     CHECK(http_get(port, "GET /readyz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", ans,
                    sizeof ans) > 0);
     CHECK_EQ(status_of(ans), 200);
+    env_down(&e);
+}
+
+/* What clients moved per data path, from their heartbeat reports: in
+ * /metrics (kvpool_client_bytes_total / _transfers_total by path and op)
+ * and /api/stats ("paths"). The client closes before its first timed
+ * heartbeat: its last report goes out at close. */
+TEST(metrics_count_client_paths)
+{
+    env e;
+    if (env_up(&e, NULL) != 0)
+        return;
+    uint16_t port = kvp_http_port(e.h);
+    char conf[256], err[256];
+    snprintf(conf, sizeof conf,
+             "{\"master\": \"%s\", \"mode\": \"embedded\", \"global_segment_size\": \"16MiB\"}",
+             e.addr);
+    kvp_client *c = NULL;
+    CHECK_EQ(kvp_client_open(conf, &c, err, sizeof err), 0);
+    char val[3000], back[3000];
+    memset(val, 'p', sizeof val);
+    for (int i = 0; i < 5; i++) {
+        char k[32];
+        snprintf(k, sizeof k, "path-%d", i);
+        CHECK_EQ(kvp_client_put(c, k, val, sizeof val), 0);
+        CHECK_EQ(kvp_client_get(c, k, back, sizeof back), (int64_t)sizeof back);
+    }
+    CHECK_EQ(kvp_client_get(c, "path-0", back, sizeof back), (int64_t)sizeof back);
+    kvp_transfer_stats ts;
+    kvp_transfer_stats_init(&ts);
+    CHECK_EQ(kvp_client_stats(c, &ts), 0);
+    CHECK(ts.path[KVP_PATH_SHM].put_bytes == 15000 && ts.path[KVP_PATH_SHM].get_ops == 6);
+    kvp_client_close(c);
+    static char ans[1 << 20];
+    const char *want = "kvpool_client_bytes_total{path=\"shm\",op=\"get\"} 18000\n";
+    int found = 0;
+    for (uint64_t end = kvp_now_ms() + 5000; kvp_now_ms() < end && !found; tp_sleep_ms(50)) {
+        CHECK(http_get(port, "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", ans,
+                       sizeof ans) > 0);
+        found = strstr(ans, want) != NULL;
+    }
+    CHECK(found);
+    static const char *const lines[] = {
+        "# TYPE kvpool_client_bytes_total counter\n",
+        "kvpool_client_bytes_total{path=\"shm\",op=\"put\"} 15000\n",
+        "kvpool_client_bytes_total{path=\"tcp\",op=\"put\"} 0\n",
+        "kvpool_client_bytes_total{path=\"ucx\",op=\"get\"} 0\n",
+        "kvpool_client_transfers_total{path=\"shm\",op=\"put\"} 5\n",
+        "kvpool_client_transfers_total{path=\"shm\",op=\"get\"} 6\n",
+        "kvpool_client_transfers_total{path=\"tcp\",op=\"get\"} 0\n",
+    };
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++)
+        if (!strstr(ans, lines[i]))
+            th_fail(__FILE__, __LINE__, "no %s", lines[i]);
+    json_t *j = NULL;
+    CHECK_EQ(get_json(port, "/api/stats", NULL, &j), 200);
+    json_t *shm = json_object_get(json_object_get(j, "paths"), "shm");
+    json_t *ucx = json_object_get(json_object_get(j, "paths"), "ucx");
+    CHECK(shm && ucx);
+    CHECK(jint(shm, "put_bytes") == 15000 && jint(shm, "get_bytes") == 18000 &&
+          jint(shm, "put_ops") == 5 && jint(shm, "get_ops") == 6 && jint(ucx, "put_bytes") == 0);
+    CHECK(jint(json_object_get(j, "counters"), "client_shm_get_bytes") == 18000);
+    json_decref(j);
     env_down(&e);
 }
 

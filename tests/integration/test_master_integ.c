@@ -305,7 +305,8 @@ TEST(every_operation_over_the_wire)
     CHECK_EQ(mount(&c, 3, "node-a:1", 64 * MiB), KVP_ESEGMENT_ALREADY_EXISTS);
     CHECK_EQ(heartbeat(&c, &hb), 0);
     CHECK_EQ(hb.n_segments, 2);
-    /* a heartbeat with a body is refused, the connection goes on */
+    /* a heartbeat whose body is no report (version 1, 0 paths) is refused,
+     * the connection goes on */
     kvp_buf_u32(&c.body, 1);
     CHECK(cl_call(&c, KVP_OP_HEARTBEAT) == 0);
     CHECK_EQ(c.status, KVP_EPROTOCOL);

@@ -174,6 +174,25 @@ static int round_trips(kvp_client *c, const char *tag)
     return ok;
 }
 
+/* Bytes this client moved over each path (puts + gets). */
+static void path_bytes(kvp_client *c, uint64_t out[KVP_NPATHS])
+{
+    kvp_transfer_stats st;
+    kvp_transfer_stats_init(&st);
+    int rc = kvp_client_stats(c, &st);
+    for (int p = 0; p < KVP_NPATHS; p++)
+        out[p] = rc ? UINT64_MAX : st.path[p].put_bytes + st.path[p].get_bytes;
+}
+
+/* What round_trips moves: every size class and NSCAT x 70000, twice. */
+static uint64_t round_trip_bytes(void)
+{
+    uint64_t b = 0;
+    for (size_t i = 0; i < NSIZES; i++)
+        b += sizes[i];
+    return 2 * (b + NSCAT * 70000ull);
+}
+
 static void round_trip_test(const char *tls)
 {
     if (ucx_or_skip())
@@ -184,12 +203,19 @@ static void round_trip_test(const char *tls)
         CHECK(!"env_up");
     }
     kvp_client *c = client_open(e.m.addr);
+    uint64_t moved[KVP_NPATHS] = {0};
+    int ok = 0;
     if (c) {
-        CHECK(round_trips(c, tls));
+        ok = round_trips(c, tls);
+        path_bytes(c, moved);
         kvp_client_close(c);
     }
     env_down(&e);
     CHECK(c != NULL);
+    CHECK(ok);
+    /* every byte went through UCX */
+    CHECK_EQ(moved[KVP_PATH_UCX], round_trip_bytes());
+    CHECK_EQ(moved[KVP_PATH_SHM] + moved[KVP_PATH_TCP], 0);
 }
 
 TEST(every_size_class_over_ucx_tcp) { round_trip_test("tcp"); }
@@ -444,8 +470,13 @@ TEST(node_without_ucx_still_serves)
     }
     kvp_client *c = client_open(e.m.addr);
     int ok = c && round_trips(c, "no-ucx");
-    if (c)
+    uint64_t moved[KVP_NPATHS] = {0};
+    if (c) {
+        path_bytes(c, moved);
         kvp_client_close(c);
+    }
     env_down(&e);
     CHECK(ok);
+    CHECK_EQ(moved[KVP_PATH_UCX], 0);
+    CHECK_EQ(moved[KVP_PATH_SHM], round_trip_bytes()); /* this host's node */
 }

@@ -300,6 +300,48 @@ def test_remove_regex_all_describe_stat(client: kvpool.Client) -> None:
     assert client.tenant == "default" and client.segment_name == ""
 
 
+def test_stats_count_bytes_per_path(server: kvpool_procs.Proc,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Client.stats(): this client's bytes per data path, exact; the pool's
+    figures (stat()'s client_<path>_* counters) take them once it closes."""
+    zero = {"put_bytes": 0, "get_bytes": 0, "put_ops": 0, "get_ops": 0}
+    values = [pattern(1, 1), pattern(4 * KiB, 2), pattern(MiB + 3, 3)]
+    total = sum(len(v) for v in values)
+    cfg = {"master": server.addr, "mode": "standalone-store"}
+    with kvpool.Client(cfg) as probe:
+        before = probe.stat()["counters"]
+    for path, force in (("shm", "0"), ("tcp", "1")):
+        monkeypatch.setenv("KVPOOL_FORCE_TCP", force)  # read when a client opens
+        with kvpool.Client(cfg) as c:
+            assert c.stats() == {"shm": zero, "tcp": zero, "ucx": zero}
+            keys = [f"path-{path}-{i}" for i in range(len(values))]
+            assert c.put_batch(keys, values) == [None] * len(values)
+            assert c.put_batch(keys, values) == [None] * len(values)  # exist: nothing moves
+            assert c.get_batch(keys) == values
+            assert c.get(keys[2]) == values[2]
+            st = c.stats()
+            assert st[path] == {"put_bytes": total, "get_bytes": total + len(values[2]),
+                                "put_ops": 3, "get_ops": 4}
+            assert all(st[p] == zero for p in ("shm", "tcp", "ucx") if p != path)
+            assert all(isinstance(v, int) for d in st.values() for v in d.values())
+            c.remove_all()
+    monkeypatch.delenv("KVPOOL_FORCE_TCP")
+    # closed clients' last reports are in the pool's figures
+    want = {f"client_{p}_{f}": before[f"client_{p}_{f}"] + n
+            for p in ("shm", "tcp")
+            for f, n in (("put_bytes", total), ("get_bytes", total + len(values[2])),
+                         ("put_ops", 3), ("get_ops", 4))}
+    with kvpool.Client(cfg) as probe:
+        deadline = time.monotonic() + 10
+        while True:
+            got = {k: probe.stat()["counters"][k] for k in want}
+            if got == want or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert got == want
+        assert probe.stat()["counters"]["client_ucx_put_bytes"] == before["client_ucx_put_bytes"]
+
+
 def test_put_options_pin_and_replicas(client: kvpool.Client) -> None:
     client.put("pin", b"p", pin=True)
     with pytest.raises(kvpool.Error) as ei:
@@ -341,7 +383,8 @@ def test_closed_client(server: kvpool_procs.Proc) -> None:
         c.put("cl", b"x")
     assert c.closed
     for call in (lambda: c.get("cl"), lambda: c.put("cl2", b"y"), lambda: c.exist("cl"),
-                 lambda: c.remove_all(), lambda: c.stat(), lambda: c.describe("cl")):
+                 lambda: c.remove_all(), lambda: c.stat(), lambda: c.describe("cl"),
+                 lambda: c.stats()):
         with pytest.raises(kvpool.ClosedError):
             call()
     assert isinstance(c.get_batch(["cl"])[0], kvpool.ClosedError)

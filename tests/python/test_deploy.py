@@ -293,6 +293,7 @@ METRICS = {
     "kvpool_request_duration_seconds_bucket", "kvpool_requests_total", "kvpool_errors_total",
     "kvpool_connections", "kvpool_connections_refused_total", "kvpool_repl_lag_records",
     "kvpool_repl_followers", "kvpool_node_transfer_bytes_total", "kvpool_node_connections",
+    "kvpool_client_bytes_total",
 }
 
 

@@ -49,7 +49,8 @@
     XX(lookup_hashes, LA)                                                      \
     XX(lookup_hashes_resp, LA)                                                 \
     XX(kv_snapshot_resp, LA)                                                   \
-    XX(ucx_attach, N)
+    XX(ucx_attach, N)                                                          \
+    XX(heartbeat, N)
 
 enum pc_kind {
 #define PC__ENUM(t, sig) PC_##t,
@@ -99,7 +100,7 @@ static PC_UNUSED const struct { int req, resp; } pc_op_kinds[KVP_OP__MAX] = {
     [KVP_OP_HELLO] = {PC_hello, PC_hello_resp},
     [KVP_OP_MOUNT_SEGMENT] = {PC_mount, PC_results},
     [KVP_OP_UNMOUNT_SEGMENT] = {PC_ids, PC_results},
-    [KVP_OP_HEARTBEAT] = {PC_NONE, PC_heartbeat_resp},
+    [KVP_OP_HEARTBEAT] = {PC_heartbeat, PC_heartbeat_resp}, /* or an empty body: no report */
     [KVP_OP_PUT_START] = {PC_put_start, PC_put_start_resp},
     [KVP_OP_PUT_END] = {PC_put_end, PC_results},
     [KVP_OP_PUT_REVOKE] = {PC_keys, PC_results},
@@ -160,6 +161,7 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     static kvp_freed freed[3] = {{0, 1, 1, 0}, {7, 512, 0x100000002ull, KVP_FREED_PUBLISHED}, {UINT32_MAX, UINT32_MAX, UINT64_MAX, UINT32_MAX}};
     static kvp_bad_replica bad[2];
     static kvp_disk_ent dents[4];
+    static kvp_msg_heartbeat hb_max;
     const uint8_t *big = pc_big();
     kvp_bytes str_max = {big, 1024}, key_max = {big, 4096};
     kvp_replica reps[3] = {{7, 0, 4096, 1, 5000, KVP_ACCESS_WRITE, 11}, {8, 1ull << 40, 123456789, 2, 0, KVP_ACCESS_READ, 0}, {UINT64_MAX, 4096, 1, UINT64_MAX, UINT64_MAX, KVP_ACCESS_READ, UINT64_MAX}};
@@ -201,6 +203,11 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
                               UINT64_MAX, UINT64_MAX, UINT32_MAX, UINT64_MAX, 0};
     dents[2] = (kvp_disk_ent){KVP_DISK_GONE, INT32_MIN, str_max, PC_B("x"), 1, 2, 3, 4, UINT32_MAX};
     dents[3] = (kvp_disk_ent){KVP_DISK_FORGET, 0, PC_B("t"), PC_B("k"), 4096, 0xC0DE, 0, 0, 0x5EC0};
+    hb_max.version = KVP_HB_REPORT_V1;
+    hb_max.npaths = KVP_HB_MAX_PATHS;
+    for (int i = 0; i < KVP_HB_MAX_PATHS; i++)
+        hb_max.paths[i] = (kvp_path_tally){UINT64_MAX, UINT64_MAX - (uint64_t)i, (uint64_t)i,
+                                           0x8000000000000000ull};
 
     memset(m, 0, sizeof *m);
     switch (kind * 4 + v) {
@@ -215,6 +222,9 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(mount, 2) m->mount = (kvp_msg_mount){1, &seg_max}; return 0;
     S(ids, 0) return 0;
     S(ids, 1) m->ids = (kvp_msg_ids){3, ids}; return 0;
+    S(heartbeat, 0) m->heartbeat = (kvp_msg_heartbeat){KVP_HB_REPORT_V1, 1, {{0, 0, 0, 0}}}; return 0;
+    S(heartbeat, 1) m->heartbeat = (kvp_msg_heartbeat){KVP_HB_REPORT_V1, 3, {{4096, 1u << 20, 1, 256}, {123456789, 987654321, 7, 9}, {0, 0, 0, 0}}}; return 0;
+    S(heartbeat, 2) m->heartbeat = hb_max; return 0;
     S(heartbeat_resp, 0) return 0;
     S(heartbeat_resp, 1) m->heartbeat_resp = (kvp_msg_heartbeat_resp){0xfeedfacecafebeefull, 3, UINT64_MAX}; return 0;
     S(results, 0) return 0;
@@ -351,6 +361,12 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
         return 1;
     case PC_ids:
         return x->ids.n == y->ids.n && pc_u64_eq(x->ids.n, x->ids.ids, y->ids.ids);
+    case PC_heartbeat:
+        return x->heartbeat.version == y->heartbeat.version &&
+               x->heartbeat.npaths == y->heartbeat.npaths && x->heartbeat.npaths <= KVP_HB_MAX_PATHS &&
+               (x->heartbeat.npaths == 0 ||
+                memcmp(x->heartbeat.paths, y->heartbeat.paths,
+                       x->heartbeat.npaths * sizeof(kvp_path_tally)) == 0);
     case PC_heartbeat_resp:
         return x->heartbeat_resp.master_id == y->heartbeat_resp.master_id &&
                x->heartbeat_resp.n_segments == y->heartbeat_resp.n_segments &&

@@ -2397,3 +2397,167 @@ TEST(blocks_survive_a_takeover)
     core_free(&a);
     core_free(&b);
 }
+
+/* ------------------------------------------------- data-path reports */
+
+/* A HEARTBEAT carrying a report of npaths paths (tallies t), flags as given. */
+static int hb_report(core *c, sess *s, uint8_t npaths, const kvp_path_tally *t, uint8_t flags)
+{
+    kvp_msg_heartbeat h = {KVP_HB_REPORT_V1, npaths, {{0}}};
+    for (unsigned i = 0; i < npaths && t; i++)
+        h.paths[i] = t[i];
+    kvp_enc_heartbeat(&c->body, &h);
+    REQUIRE(c->body.err == 0);
+    REQUIRE(call(c, s, KVP_OP_HEARTBEAT, flags) == 0);
+    return c->status;
+}
+
+/* The pool's counters of one path equal {put_bytes, get_bytes, put_ops, get_ops}. */
+static int path_is(core *c, int path, uint64_t pb, uint64_t gb, uint64_t po, uint64_t go)
+{
+    return stat_of(c, KVP_STAT_PATH(path, 0)) == pb && stat_of(c, KVP_STAT_PATH(path, 1)) == gb &&
+           stat_of(c, KVP_STAT_PATH(path, 2)) == po && stat_of(c, KVP_STAT_PATH(path, 3)) == go;
+}
+
+/* Each client's last report counts once; a departed client's stays counted. */
+TEST(heartbeat_reports_sum_and_outlive_their_client)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess a, b, b2;
+    CHECK_EQ(hello(&c, &a, 1), 0);
+    CHECK_EQ(hello(&c, &b, 2), 0);
+    /* an empty heartbeat (a node, an older client) is a heartbeat */
+    CHECK(call(&c, &a, KVP_OP_HEARTBEAT, 0) == 0);
+    CHECK_EQ(c.status, 0);
+    for (int p = 0; p < KVP_STAT_NPATHS; p++)
+        CHECK(path_is(&c, p, 0, 0, 0, 0));
+    /* a over shm, b over tcp: summed per path */
+    kvp_path_tally ra[1] = {{4096, 8192, 1, 2}};
+    kvp_path_tally rb[2] = {{0, 0, 0, 0}, {1000, 3000, 10, 30}};
+    CHECK_EQ(hb_report(&c, &a, 1, ra, 0), 0);
+    CHECK_EQ(hb_report(&c, &b, 2, rb, 0), 0);
+    CHECK(path_is(&c, 0, 4096, 8192, 1, 2));
+    CHECK(path_is(&c, 1, 1000, 3000, 10, 30));
+    CHECK(path_is(&c, 2, 0, 0, 0, 0));
+    /* reports are cumulative: the next one replaces the last */
+    ra[0] = (kvp_path_tally){4096 + 512, 8192, 2, 2};
+    CHECK_EQ(hb_report(&c, &a, 1, ra, 0), 0);
+    CHECK(path_is(&c, 0, 4608, 8192, 2, 2));
+    kvp_path_tally rb2[2] = {{100, 0, 1, 0}, {1000, 3000, 10, 30}};
+    CHECK_EQ(hb_report(&c, &b, 2, rb2, 0), 0);
+    CHECK(path_is(&c, 0, 4708, 8192, 3, 2));
+    /* b leaves: its last report stays in the pool's figures */
+    kvp_master_sess_close(c.m, &b.s, c.now);
+    CHECK(path_is(&c, 0, 4708, 8192, 3, 2));
+    CHECK(path_is(&c, 1, 1000, 3000, 10, 30));
+    /* it comes back as a new client id reporting from its new base */
+    CHECK_EQ(hello(&c, &b2, 3), 0);
+    kvp_path_tally rb3[2] = {{0, 0, 0, 0}, {50, 60, 1, 1}};
+    CHECK_EQ(hb_report(&c, &b2, 2, rb3, 0), 0);
+    CHECK(path_is(&c, 1, 1050, 3060, 11, 31));
+    /* a ONEWAY report (a closing client's last) is applied, unanswered */
+    rb3[1] = (kvp_path_tally){70, 60, 2, 1};
+    CHECK_EQ(hb_report(&c, &b2, 2, rb3, KVP_FLAG_ONEWAY), 0);
+    CHECK_EQ(c.out.len, 0);
+    CHECK(path_is(&c, 1, 1070, 3060, 12, 31));
+    /* more paths than the master knows: the rest ignored */
+    kvp_path_tally many[KVP_HB_MAX_PATHS];
+    for (int i = 0; i < KVP_HB_MAX_PATHS; i++)
+        many[i] = (kvp_path_tally){(uint64_t)i + 1, 0, 1, 0};
+    CHECK_EQ(hb_report(&c, &b2, KVP_HB_MAX_PATHS, many, 0), 0);
+    CHECK(path_is(&c, 0, 4608 + 100 + 1, 8192, 2 + 1 + 1, 2));
+    CHECK(path_is(&c, 1, 1000 + 2, 3000, 10 + 1, 30));
+    CHECK(path_is(&c, 2, 3, 0, 1, 0));
+    /* a client dropped by its TTL keeps its report counted too */
+    for (uint64_t t = 0; t <= c.cfg.client_ttl_ms + 1000; t += 500) {
+        c.now += 500;
+        CHECK(call(&c, &a, KVP_OP_HEARTBEAT, 0) == 0); /* a stays, b2 goes silent */
+        kvp_master_tick(c.m, c.now);
+    }
+    CHECK(kvp_master_sess_dead(&b2.s));
+    CHECK_EQ(stat_of(&c, KVP_STAT_CLIENTS), 1);
+    CHECK(path_is(&c, 2, 3, 0, 1, 0));
+    kvp_master_sess_close(c.m, &b2.s, c.now);
+    CHECK(path_is(&c, 1, 1002, 3000, 11, 30));
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &a.s, c.now);
+    core_free(&c);
+}
+
+/* Malformed reports are refused with PROTOCOL, change nothing, and the
+ * session goes on. */
+TEST(heartbeat_report_malformed_refused)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    kvp_path_tally r[1] = {{7, 8, 1, 1}};
+    CHECK_EQ(hb_report(&c, &s, 1, r, 0), 0);
+    uint8_t good[2 + KVP_HB_PATH_SIZE];
+    kvp_buf gb = {good, 0, sizeof good, sizeof good, 0};
+    kvp_enc_heartbeat(&gb, &(kvp_msg_heartbeat){KVP_HB_REPORT_V1, 1, {{99, 99, 9, 9}}});
+    CHECK_EQ(gb.len, sizeof good);
+    static const struct {
+        int at, val;   /* byte to change (-1: none) and its value */
+        int len_delta; /* bytes cut (< 0) or added (> 0) */
+    } cases[] = {
+        {0, 0, 0}, {0, 2, 0}, {0, 0xFF, 0}, {1, 0, 0}, {1, 2, 0}, {1, KVP_HB_MAX_PATHS + 1, 0},
+        {1, 0xFF, 0}, {-1, 0, -1}, {-1, 0, 1}, {-1, 0, -(int)sizeof good + 1},
+        {-1, 0, -(int)sizeof good + 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint8_t body[sizeof good + 1] = {0};
+        memcpy(body, good, sizeof good);
+        if (cases[i].at >= 0)
+            body[cases[i].at] = (uint8_t)cases[i].val;
+        kvp_buf_put(&c.body, body, (size_t)((int)sizeof good + cases[i].len_delta));
+        CHECK(call(&c, &s, KVP_OP_HEARTBEAT, 0) == 0);
+        CHECK_EQ(c.status, KVP_EPROTOCOL);
+        CHECK(!s.s.close_after);
+        CHECK(path_is(&c, 0, 7, 8, 1, 1));
+    }
+    /* the session still works, the good body is taken */
+    kvp_buf_put(&c.body, good, sizeof good);
+    CHECK(call(&c, &s, KVP_OP_HEARTBEAT, 0) == 0);
+    CHECK_EQ(c.status, 0);
+    CHECK(path_is(&c, 0, 99, 99, 9, 9));
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* The figures are not replicated: a standby that takes over starts from 0
+ * and learns each client's figures from its next report. */
+TEST(heartbeat_reports_not_replicated)
+{
+    core a, b;
+    CHECK(core_init(&a, NULL) == 0);
+    CHECK(core_init(&b, NULL) == 0);
+    sess s, t;
+    CHECK_EQ(hello(&a, &s, 1), 0);
+    kvp_path_tally r[1] = {{4096, 4096, 1, 1}};
+    CHECK_EQ(hb_report(&a, &s, 1, r, 0), 0);
+    kvp_buf snap;
+    kvp_buf_init(&snap, 64 * MiB);
+    kvp_master_snapshot(a.m, &snap);
+    size_t at = 0;
+    kvp_frame_hdr fh;
+    const uint8_t *body;
+    uint64_t seq;
+    while (at < snap.len && kvp_frame_next(snap.data + at, snap.len - at, 1u << 30, &fh, &body) == 1) {
+        CHECK_EQ(kvp_master_repl_apply(b.m, body, fh.body_len, &seq), 0);
+        at += KVP_FRAME_HDR + fh.body_len;
+    }
+    kvp_buf_free(&snap);
+    kvp_master_takeover(b.m, b.now);
+    CHECK(path_is(&b, 0, 0, 0, 0, 0));
+    CHECK_EQ(hello(&b, &t, 2), 0);
+    CHECK_EQ(hb_report(&b, &t, 1, r, 0), 0); /* the client's whole life, to a new master */
+    CHECK(path_is(&b, 0, 4096, 4096, 1, 1));
+    kvp_master_sess_close(a.m, &s.s, a.now);
+    kvp_master_sess_close(b.m, &t.s, b.now);
+    core_free(&a);
+    core_free(&b);
+}

@@ -352,7 +352,8 @@ TEST(roundtrip_every_message)
             n++;
         }
     }
-    CHECK_EQ(n, 63); /* every kind, SEG_FREED, REPLICA_BAD, the SSD tier's, blocks' and UCX_ATTACH included */
+    CHECK_EQ(n, 66); /* every kind, SEG_FREED, REPLICA_BAD, the SSD tier's, blocks', the
+                        heartbeat's report and UCX_ATTACH included */
 }
 
 TEST(decoded_bytes_borrow_from_body)
@@ -591,7 +592,8 @@ TEST(other_limits)
         t.max_str = 1023; /* every v2 sample has a 1024-byte string */
         int rc = dec_copy(k, b.data, b.len, &t, ARENA_CAP);
         /* no strings; UCX_ATTACH's blobs are bounded by KVP_UCX_BLOB_MAX */
-        if (k != PC_stats_resp && k != PC_kv_snapshot_resp && k != PC_ucx_attach)
+        if (k != PC_stats_resp && k != PC_kv_snapshot_resp && k != PC_heartbeat &&
+            k != PC_ucx_attach)
             CHECK_EQ(rc, KVP_EPROTOCOL);
         kvp_buf_free(&b);
     }
@@ -715,6 +717,7 @@ TEST(arena_too_small)
             CHECK_EQ(rc, 0);
             /* a sample with any array needs some arena */
             int arrays = v > 0 && k != PC_hello && k != PC_hello_resp && k != PC_heartbeat_resp &&
+                         k != PC_heartbeat && /* its paths are a fixed array */
                          k != PC_prefix_resp && k != PC_remove_all && k != PC_remove_all_resp &&
                          k != PC_remove_regex && k != PC_ucx_attach;
             if (arrays != (cap > 0))
@@ -902,6 +905,61 @@ TEST(stats_tenants_section)
     CHECK_EQ(kvp_dec_stats_resp(b.data, (uint32_t)b.len - 1, &l, &a, &s), KVP_EPROTOCOL);
     kvp_arena_free(&a);
     kvp_buf_free(&b);
+}
+
+/* The HEARTBEAT report: its layout byte by byte; what a master knows
+ * fewer paths of reads; every malformed shape refused. */
+TEST(heartbeat_report)
+{
+    kvp_msg_heartbeat in = {KVP_HB_REPORT_V1, 2, {{1, 2, 3, 4}, {5, 6, 7, UINT64_MAX}}}, out;
+    uint8_t raw[2 + 17 * KVP_HB_PATH_SIZE + 8];
+    kvp_buf b = {raw, 0, sizeof raw, sizeof raw, 0};
+    kvp_enc_heartbeat(&b, &in);
+    CHECK_EQ(b.err, 0);
+    CHECK_EQ(b.len, 2 + 2 * KVP_HB_PATH_SIZE);
+    static const uint8_t head[2 + 8] = {1, 2, 1, 0, 0, 0, 0, 0, 0, 0};
+    CHECK(memcmp(raw, head, sizeof head) == 0);
+    CHECK(raw[2 + 32 + 24] == 0xFF && raw[b.len - 1] == 0xFF); /* the last u64, little-endian */
+    memset(&out, 0xAB, sizeof out);
+    CHECK_EQ(kvp_dec_heartbeat(raw, (uint32_t)b.len, &out), 0);
+    CHECK(out.version == 1 && out.npaths == 2 && out.paths[0].get_bytes == 2 &&
+          out.paths[1].get_ops == UINT64_MAX);
+    for (int i = 2; i < KVP_HB_MAX_PATHS; i++) /* paths not sent read 0 */
+        CHECK(out.paths[i].put_bytes == 0 && out.paths[i].get_ops == 0);
+    /* refused: empty (no report: the handler's case), a version or a path
+     * count out of range, a length that is not the count's */
+    uint8_t bad[sizeof raw];
+    memcpy(bad, raw, b.len);
+    CHECK_EQ(kvp_dec_heartbeat(bad, 0, &out), KVP_EPROTOCOL);
+    CHECK_EQ(kvp_dec_heartbeat(bad, 1, &out), KVP_EPROTOCOL);
+    CHECK_EQ(kvp_dec_heartbeat(bad, 2, &out), KVP_EPROTOCOL);
+    static const uint8_t versions[] = {0, 2, 0xFF};
+    for (size_t i = 0; i < sizeof versions; i++) {
+        bad[0] = versions[i];
+        CHECK_EQ(kvp_dec_heartbeat(bad, (uint32_t)b.len, &out), KVP_EPROTOCOL);
+    }
+    bad[0] = KVP_HB_REPORT_V1;
+    static const uint8_t counts[] = {0, 1, 3, KVP_HB_MAX_PATHS + 1, 0xFF};
+    for (size_t i = 0; i < sizeof counts; i++) {
+        bad[1] = counts[i];
+        CHECK_EQ(kvp_dec_heartbeat(bad, (uint32_t)b.len, &out), KVP_EPROTOCOL);
+    }
+    bad[1] = 2;
+    CHECK_EQ(kvp_dec_heartbeat(bad, (uint32_t)b.len - 1, &out), KVP_EPROTOCOL);
+    bad[b.len] = 0;
+    CHECK_EQ(kvp_dec_heartbeat(bad, (uint32_t)b.len + 1, &out), KVP_EPROTOCOL);
+    CHECK_EQ(kvp_dec_heartbeat(bad, (uint32_t)b.len, &out), 0);
+    /* the encoder refuses what the decoder would */
+    static const struct { uint8_t version, npaths; } enc_bad[] = {
+        {0, 1}, {2, 1}, {KVP_HB_REPORT_V1, 0}, {KVP_HB_REPORT_V1, KVP_HB_MAX_PATHS + 1}};
+    for (size_t i = 0; i < sizeof enc_bad / sizeof enc_bad[0]; i++) {
+        kvp_msg_heartbeat h = {enc_bad[i].version, enc_bad[i].npaths, {{0}}};
+        b.len = 0;
+        b.err = 0;
+        kvp_enc_heartbeat(&b, &h);
+        CHECK_EQ(b.err, KVP_EINVALID_PARAMS);
+        CHECK_EQ(b.len, 0);
+    }
 }
 
 /* The HELLO answer's server release: round trip; longer than
