@@ -40,15 +40,15 @@ typedef struct kvp_xfer_opts {
     uint64_t client_id;
     int conns_per_node;        /* tcp pool size per node (0 = 4) */
     int force_tcp;             /* never use shm nor ucx (tests, benchmarks) */
-    int use_ucx;               /* protocol ucx: segments on other hosts whose node
-                                  offers "ucx" go through UCX (client/cucx.h) */
-    int force_ucx;             /* use_ucx for segments on this host too, instead of
-                                  shm (tests, benchmarks) */
     int timeout_ms;            /* connect/io deadline per call (0 = 10 s) */
     int gpu_threads;           /* shm jobs (each a thread and a stream) per segment
                                   for device ops (0 = $KVPOOL_GPU_THREADS, else
                                   half the cores, 2..8): checksums of PCIe-speed
                                   copies need several cores */
+    int use_ucx;               /* protocol ucx: segments on other hosts whose node
+                                  offers "ucx" go through UCX (client/cucx.h) */
+    int force_ucx;             /* use_ucx for segments on this host too, instead of
+                                  shm (tests, benchmarks) */
 } kvp_xfer_opts;
 
 int kvp_xfer_create(const kvp_xfer_opts *o, kvp_xfer **out);

@@ -437,40 +437,43 @@ static void on_hello(struct kvp_segserver *s, conn *c)
     c->st = ST_HDR;
 }
 
-static void on_shm_attach(struct kvp_segserver *s, conn *c)
+/* An attach request's body (u64 segment id) names this segment: 1; else
+ * the refusal is answered and 0. */
+static int attach_ours(struct kvp_segserver *s, conn *c)
 {
     kvp_rd r;
     kvp_rd_init(&r, c->small, c->h.body_len);
     uint64_t id = kvp_rd_u64(&r);
     c->st = ST_HDR;
-    if (kvp_rd_finish(&r) != 0) {
+    if (kvp_rd_finish(&r) != 0)
         answer(c, KVP_EPROTOCOL, NULL, 0, NULL, 0, -1);
-    } else if (id != s->segment_id) {
+    else if (id != s->segment_id)
         answer(c, KVP_ESEGMENT_NOT_FOUND, NULL, 0, NULL, 0, -1);
-    } else {
-        uint8_t sz[8];
-        for (int i = 0; i < 8; i++)
-            sz[i] = (uint8_t)(s->size >> (8 * i));
-        answer(c, 0, sz, 8, NULL, 0, kvp_segment_fd(s->seg));
-    }
+    else
+        return 1;
+    return 0;
+}
+
+static void on_shm_attach(struct kvp_segserver *s, conn *c)
+{
+    if (!attach_ours(s, c))
+        return;
+    uint8_t sz[8];
+    for (int i = 0; i < 8; i++)
+        sz[i] = (uint8_t)(s->size >> (8 * i));
+    answer(c, 0, sz, 8, NULL, 0, kvp_segment_fd(s->seg));
 }
 
 static void on_ucx_attach(struct kvp_segserver *s, conn *c)
 {
-    kvp_rd r;
-    kvp_rd_init(&r, c->small, c->h.body_len);
-    uint64_t id = kvp_rd_u64(&r);
-    c->st = ST_HDR;
-    if (kvp_rd_finish(&r) != 0) {
-        answer(c, KVP_EPROTOCOL, NULL, 0, NULL, 0, -1);
-    } else if (id != s->segment_id) {
-        answer(c, KVP_ESEGMENT_NOT_FOUND, NULL, 0, NULL, 0, -1);
-    } else if (!s->ucx_attach) {
+    if (!attach_ours(s, c))
+        return;
+    if (!s->ucx_attach) {
         answer(c, KVP_ENOT_SUPPORTED, NULL, 0, NULL, 0, -1);
-    } else {
-        answer(c, 0, NULL, 0, s->ucx_attach, s->ucx_attach_len, -1);
-        c->outq[(c->oh + c->on - 1) % OUTQ].fixed = 1;
+        return;
     }
+    answer(c, 0, NULL, 0, s->ucx_attach, s->ucx_attach_len, -1);
+    c->outq[(c->oh + c->on - 1) % OUTQ].fixed = 1;
 }
 
 /* A small body is in c->small: its op's handler. */

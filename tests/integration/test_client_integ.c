@@ -63,16 +63,7 @@ static void env_down(env *e)
 /* A client of e's master; extra_json is spliced into the object (", ..."). */
 static kvp_client *client_open(const char *addr, const char *extra_json)
 {
-    char cfg[1024], err[512];
-    snprintf(cfg, sizeof cfg, "{\"master\": \"%s\", \"mode\": \"standalone-store\"%s}", addr,
-             extra_json ? extra_json : "");
-    kvp_client *c = NULL;
-    int rc = kvp_client_open(cfg, &c, err, sizeof err);
-    if (rc) {
-        fprintf(stderr, "    kvp_client_open: %s (%s)\n", err, kvp_err_name(rc));
-        return NULL;
-    }
-    return c;
+    return tp_client_open(addr, extra_json);
 }
 
 /* ------------------------------------------------------------- values */

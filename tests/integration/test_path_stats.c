@@ -54,18 +54,12 @@ static void env_down(env *e)
  * (read once, there). extra_json is spliced into the object (", ..."). */
 static kvp_client *client_open(const char *addr, int force_tcp, const char *extra_json)
 {
-    char cfg[512], err[256];
-    snprintf(cfg, sizeof cfg, "{\"master\": \"%s\", \"mode\": \"standalone-store\"%s}", addr,
-             extra_json ? extra_json : "");
     if (force_tcp)
         setenv("KVPOOL_FORCE_TCP", "1", 1);
     else
         unsetenv("KVPOOL_FORCE_TCP");
-    kvp_client *c = NULL;
-    int rc = kvp_client_open(cfg, &c, err, sizeof err);
+    kvp_client *c = tp_client_open(addr, extra_json);
     unsetenv("KVPOOL_FORCE_TCP");
-    if (rc)
-        fprintf(stderr, "    kvp_client_open: %s (%s)\n", err, kvp_err_name(rc));
     return c;
 }
 

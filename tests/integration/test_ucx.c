@@ -78,16 +78,8 @@ static void env_down(env *e)
 
 static kvp_client *client_open(const char *addr)
 {
-    char cfg[512], err[512];
-    snprintf(cfg, sizeof cfg,
-             "{\"master\": \"%s\", \"mode\": \"standalone-store\", \"protocol\": \"ucx\", "
-             "\"tenant\": \"t1\", \"rpc_timeout\": 5000}",
-             addr);
-    kvp_client *c = NULL;
-    int rc = kvp_client_open(cfg, &c, err, sizeof err);
-    if (rc)
-        fprintf(stderr, "    kvp_client_open: %s (%s)\n", err, kvp_err_name(rc));
-    return rc ? NULL : c;
+    return tp_client_open(addr, ", \"protocol\": \"ucx\", \"tenant\": \"t1\", "
+                                "\"rpc_timeout\": 5000");
 }
 
 /* ------------------------------------------------------- round trips */

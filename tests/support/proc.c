@@ -1,6 +1,8 @@
 /* proc.c -- run kvpool processes (master, storage nodes) from tests; see proc.h. */
 #include "proc.h"
 
+#include "kvpool.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -603,4 +605,16 @@ void tp_etcd_stop(tp_etcd *e)
     if (e->dir[0])
         tp_rm_dir(e->dir);
     e->dir[0] = 0;
+}
+
+struct kvp_client *tp_client_open(const char *master_addr, const char *extra_json)
+{
+    char cfg[1024], err[512];
+    snprintf(cfg, sizeof cfg, "{\"master\": \"%s\", \"mode\": \"standalone-store\"%s}",
+             master_addr, extra_json ? extra_json : "");
+    kvp_client *c = NULL;
+    int rc = kvp_client_open(cfg, &c, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "    kvp_client_open: %s (%s)\n", err, kvp_err_name(rc));
+    return rc ? NULL : c;
 }

@@ -116,6 +116,11 @@ int tp_sim_run(const char *addr, const char *tp, const char *duration, const cha
 int tp_free_addr(char *out, size_t outlen);
 
 /* Monotonic milliseconds and a sleep, for tests. */
+/* A standalone-store client of master_addr (kvp_client_open); extra_json is
+ * spliced into the configuration object (", \"key\": value ..."; NULL =
+ * none). NULL on failure, with kvp_client_open's message on stderr. */
+struct kvp_client *tp_client_open(const char *master_addr, const char *extra_json);
+
 uint64_t tp_now_ms(void);
 void tp_sleep_ms(unsigned ms);
 /* Reads the whole file (at most cap - 1 bytes) into out, NUL-terminated:

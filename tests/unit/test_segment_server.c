@@ -59,7 +59,8 @@ static int fx_start_lim(fx *f, uint64_t size, const char *token, const kvp_segse
     REQUIRE(kvp_segment_create(size, "test", &f->seg, err, sizeof err) == 0);
     snprintf(f->unix_path, sizeof f->unix_path, "/tmp/kvp-test-%d.sock", (int)getpid());
     REQUIRE(kvp_grants_create(kvp_segment_size(f->seg), SECRET, &f->grants) == 0);
-    kvp_segserver_opts o = {"127.0.0.1:0", f->unix_path, 2, token, SEG_ID, f->grants, {0, 0}};
+    kvp_segserver_opts o = {"127.0.0.1:0", f->unix_path, 2, token, SEG_ID, f->grants, {0, 0},
+                            NULL, 0};
     REQUIRE(kvp_segserver_start_lim(f->seg, &o, lim, &f->srv, err, sizeof err) == 0);
     snprintf(f->addr, sizeof f->addr, "127.0.0.1:%u", kvp_segserver_port(f->srv));
     snprintf(f->shm_ep, sizeof f->shm_ep, "%s:%s", kvp_node_host_id(), f->unix_path);
@@ -280,7 +281,7 @@ TEST(two_segments_one_batch)
     memset(&b, 0, sizeof b);
     CHECK_EQ(kvp_segment_create(4 * MiB, "b", &b.seg, err, sizeof err), 0);
     CHECK_EQ(kvp_grants_create(4 * MiB, SECRET, &b.grants), 0);
-    kvp_segserver_opts o = {"127.0.0.1:0", NULL, 1, NULL, SEG_ID + 1, b.grants, {0, 0}};
+    kvp_segserver_opts o = {"127.0.0.1:0", NULL, 1, NULL, SEG_ID + 1, b.grants, {0, 0}, NULL, 0};
     CHECK_EQ(kvp_segserver_start(b.seg, &o, &b.srv, err, sizeof err), 0);
     snprintf(b.addr, sizeof b.addr, "127.0.0.1:%u", kvp_segserver_port(b.srv));
     b.eps[0] = (kvp_endpoint){{(const uint8_t *)"tcp", 3},
@@ -288,7 +289,7 @@ TEST(two_segments_one_batch)
     b.desc = (kvp_seg_desc){SEG_ID + 1, {(const uint8_t *)b.addr, (uint32_t)strlen(b.addr)},
                             4 * MiB, 1, b.eps, 0, 0, 0};
     kvp_xfer *x;
-    kvp_xfer_opts xo = {NULL, 7, 2, 0, 3000, 0};
+    kvp_xfer_opts xo = {NULL, 7, 2, 0, 3000, 0, 0, 0};
     CHECK_EQ(kvp_xfer_create(&xo, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &a.desc), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &b.desc), 0);
@@ -498,7 +499,7 @@ TEST(hostile_raw_socket)
     close(fd);
     /* a good client is served meanwhile */
     kvp_xfer *x;
-    kvp_xfer_opts o = {"tok", 7, 2, 1, 3000, 0};
+    kvp_xfer_opts o = {"tok", 7, 2, 1, 3000, 0, 0, 0};
     CHECK_EQ(kvp_xfer_create(&o, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     uint64_t sz[] = {4096, 100};
@@ -514,7 +515,7 @@ TEST(hostile_raw_socket)
         }
     }
     /* wrong token through xfer: transfer fails, nothing hangs */
-    kvp_xfer_opts bo = {"nope", 7, 1, 1, 2000, 0};
+    kvp_xfer_opts bo = {"nope", 7, 1, 1, 2000, 0, 0, 0};
     CHECK_EQ(kvp_xfer_create(&bo, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     uint8_t b[16];
@@ -545,7 +546,7 @@ TEST(shm_attach_unix)
     close(fd);
     /* the shm writes are visible in the server's segment */
     kvp_xfer *x;
-    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000, 0};
+    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000, 0, 0, 0};
     CHECK_EQ(kvp_xfer_create(&o, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     uint8_t v[100];
@@ -595,7 +596,7 @@ TEST(concurrent_threads)
         return;
     for (int mode = 0; mode < 2; mode++) {
         kvp_xfer *x;
-        kvp_xfer_opts o = {NULL, 7, 2, mode == 0, 5000, 0};
+        kvp_xfer_opts o = {NULL, 7, 2, mode == 0, 5000, 0, 0, 0};
         CHECK_EQ(kvp_xfer_create(&o, &x), 0);
         CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
         pthread_t th[4];
@@ -623,7 +624,7 @@ TEST(throughput_64x512k)
     static uint8_t buf[64][512 * 1024];
     for (int mode = 0; mode < 2; mode++) {
         kvp_xfer *x;
-        kvp_xfer_opts o = {NULL, 7, 4, mode == 0, 5000, 0};
+        kvp_xfer_opts o = {NULL, 7, 4, mode == 0, 5000, 0, 0, 0};
         CHECK_EQ(kvp_xfer_create(&o, &x), 0);
         CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
         kvp_xfer_op ops[64];
@@ -726,7 +727,7 @@ TEST(shm_fd_sealed)
     close(mfd);
     /* the segment still works for everyone */
     kvp_xfer *x;
-    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000, 0};
+    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000, 0, 0, 0};
     CHECK_EQ(kvp_xfer_create(&o, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     uint64_t sz[] = {4 * MiB - 4096};
@@ -859,7 +860,7 @@ TEST(shm_undersized_memfd_falls_back_to_tcp)
     snprintf(shm, sizeof shm, "%s:%s", kvp_node_host_id(), r.path);
     f.eps[1].addr = (kvp_bytes){(const uint8_t *)shm, (uint32_t)strlen(shm)};
     kvp_xfer *x;
-    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000, 0};
+    kvp_xfer_opts o = {NULL, 7, 1, 0, 3000, 0, 0, 0};
     CHECK_EQ(kvp_xfer_create(&o, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), "shm"));
@@ -887,7 +888,8 @@ TEST(unix_socket_mode_umask0)
     char err[256], path[108];
     snprintf(path, sizeof path, "/tmp/kvp-test-g-%d.sock", (int)getpid());
     kvp_segserver *s2;
-    kvp_segserver_opts o = {"127.0.0.1:0", path, 1, NULL, SEG_ID, f.grants, {1, getegid()}};
+    kvp_segserver_opts o = {"127.0.0.1:0", path, 1, NULL, SEG_ID, f.grants, {1, getegid()},
+                            NULL, 0};
     CHECK_EQ(kvp_segserver_start(f.seg, &o, &s2, err, sizeof err), 0);
     CHECK(lstat(path, &st) == 0 && S_ISSOCK(st.st_mode));
     CHECK_EQ(st.st_mode & 07777, 0660);
@@ -904,7 +906,7 @@ static int start_at(const char *path, kvp_segment *seg, kvp_segserver **out, cha
     static kvp_grants *g; /* one for the process: freed at exit by the OS */
     if (!g && kvp_grants_create(kvp_segment_size(seg), SECRET, &g) != 0)
         return -1;
-    kvp_segserver_opts o = {"127.0.0.1:0", path, 1, NULL, SEG_ID, g, {0, 0}};
+    kvp_segserver_opts o = {"127.0.0.1:0", path, 1, NULL, SEG_ID, g, {0, 0}, NULL, 0};
     return kvp_segserver_start(seg, &o, out, err, errlen);
 }
 
@@ -1017,7 +1019,7 @@ TEST(peer_cred_other_uid_refused)
     char err[256], path[108];
     snprintf(path, sizeof path, "/tmp/kvp-test-n-%d.sock", (int)getpid());
     kvp_segserver *s2;
-    kvp_segserver_opts o = {"127.0.0.1:0", path, 1, NULL, SEG_ID, f.grants, {1, 65534}};
+    kvp_segserver_opts o = {"127.0.0.1:0", path, 1, NULL, SEG_ID, f.grants, {1, 65534}, NULL, 0};
     CHECK_EQ(kvp_segserver_start(f.seg, &o, &s2, err, sizeof err), 0);
     CHECK(chmod(path, 0666) == 0);
     CHECK_EQ(connect_as_nobody(path), 1);
@@ -1252,7 +1254,7 @@ static long ms_until_closed(int fd, long max_ms)
 static kvp_xfer *tcp_client(fx *f, uint64_t client_id, int conns)
 {
     kvp_xfer *x = NULL;
-    kvp_xfer_opts o = {NULL, client_id, conns, 1, 5000, 0};
+    kvp_xfer_opts o = {NULL, client_id, conns, 1, 5000, 0, 0, 0};
     if (kvp_xfer_create(&o, &x) != 0)
         return NULL;
     if (kvp_xfer_add_segment(x, &f->desc) != 0) {
@@ -1440,7 +1442,7 @@ static void emfile_server(int out, int in, const char *logpath)
         kvp_segment_create(1 * MiB, "emfile", &seg, err, sizeof err) != 0 ||
         kvp_grants_create(kvp_segment_size(seg), SECRET, &g) != 0)
         _exit(3);
-    kvp_segserver_opts o = {"127.0.0.1:0", NULL, 1, NULL, SEG_ID, g, {0, 0}};
+    kvp_segserver_opts o = {"127.0.0.1:0", NULL, 1, NULL, SEG_ID, g, {0, 0}, NULL, 0};
     if (kvp_segserver_start(seg, &o, &srv, err, sizeof err) != 0)
         _exit(4);
     uint16_t port = kvp_segserver_port(srv);
