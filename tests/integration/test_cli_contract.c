@@ -161,7 +161,7 @@ TEST(keys_a_command_does_not_read_are_refused)
     CHECK_EQ(KVPOOL(2, "reset", "--yes", "--client-ttl", "20s", "--master", dead), 2);
     CHECK(HAS("kvpool reset: flag --client-ttl: a key read only by kvpool serve, master"));
     CHECK_EQ(KVPOOL(2, "stat", "--protocol", "tcp", "--master", dead), 2);
-    CHECK(HAS("flag --protocol: a key read only by kvpool put, get, exist, rm"));
+    CHECK(HAS("flag --protocol: a key read only by kvpool serve, store, put, get, exist, rm"));
     /* the servers: client keys */
     CHECK_EQ(KVPOOL(2, "master", "--tenant", "teamX"), 2);
     CHECK(HAS("kvpool master: flag --tenant: a key read only by kvpool stat, reset, put, get, "
@@ -230,11 +230,16 @@ TEST(client_keys_take_effect)
     NEED(tp_store_start(&st, m.addr, (const char *const[]){"--segment-size", "16MiB", NULL}) ==
             0);
     const char *M = m.addr;
-    /* protocol: rdma is refused by the client, not silently tcp */
-    CHECK_EQ(KVPOOL(2, "put", "k1", f, "--master", M, "--protocol", "rdma"), 1);
-    CHECK(HAS("protocol \"rdma\" is not supported"));
+    /* protocol: a transport kvpool lacks is refused, not silently tcp; rdma
+     * (UCX) is taken, and this host's node is reached over shared memory */
+    CHECK_EQ(KVPOOL(2, "put", "k1", f, "--master", M, "--protocol", "nvlink"), 2);
+    CHECK(HAS("--protocol"));
     CHECK_EQ(KVPOOL(1, "exist", "k1", "--master", M), 1);
     CHECK(strcmp(out, "k1: no\n") == 0);
+    CHECK_EQ(KVPOOL(2, "put", "k1", f, "--master", M, "--protocol", "rdma"), 0);
+    CHECK_EQ(KVPOOL(1, "exist", "k1", "--master", M), 0);
+    CHECK(strcmp(out, "k1: yes\n") == 0);
+    CHECK_EQ(KVPOOL(1, "rm", "k1", "--master", M), 0);
     /* replica_num: two copies, one on each segment */
     tp_store st2;
     NEED(tp_store_start(&st2, M, (const char *const[]){"--segment-size", "16MiB", NULL}) == 0);
@@ -248,11 +253,14 @@ TEST(client_keys_take_effect)
     CHECK_EQ(tp_store_stop(&st2), 0);
     /* the same keys from the file: the file's "mode": "embedded" is for the
      * processes that host a segment; the command stays standalone-store */
-    CHECK_EQ(write_file(dir, "c.json", "{\"mode\": \"embedded\", \"protocol\": \"rdma\"}", cf,
+    CHECK_EQ(write_file(dir, "bad.json", "{\"protocol\": \"nvlink\"}", cf, sizeof cf), 0);
+    CHECK_EQ(KVPOOL(2, "get", "k2", "--config", cf, "--master", M), 2);
+    CHECK(HAS("nvlink"));
+    CHECK_EQ(write_file(dir, "c.json", "{\"mode\": \"embedded\", \"protocol\": \"ucx\"}", cf,
                         sizeof cf),
              0);
-    CHECK_EQ(KVPOOL(2, "get", "k2", "--config", cf, "--master", M), 1);
-    CHECK(HAS("protocol \"rdma\" is not supported"));
+    CHECK_EQ(KVPOOL(1, "get", "k2", "--config", cf, "--master", M), 0);
+    CHECK(strcmp(out, "value") == 0);
     CHECK_EQ(KVPOOL(1, "get", "k2", "--config", cf, "--master", M, "--protocol", "tcp",
                     "--mode", "standalone-store"),
              0);
