@@ -44,7 +44,7 @@ TEST(roles_follow_the_readers)
         {"tenant_token_file", N | C | A},
         {"tenant", C | A},
         {"tenant_id", C | A},
-        {"protocol", C},
+        {"protocol", N | C},
         {"mode", C},
         {"replica_num", C},
         {"preferred_segment", C},
