@@ -27,7 +27,17 @@
 
 #define MOD "segment"
 #define HUGE_2M (2ull << 20)
-#define PREFAULT_CHUNK (32ull << 20) /* one madvise; also the stop latency */
+/* One madvise of the prefault. The process's mmap_lock is held (read) for
+ * that long, and every mmap, munmap and mprotect of the node's process
+ * (thread stacks, malloc) waits behind it: 32 MiB steps stalled `kvpool
+ * serve`'s start and its requests by 0.1-0.5 s each on a VM whose fresh
+ * memory came in at 0.2 GB/s; 2 MiB (one huge page) bounds that to about
+ * 10 ms at the same rate. The thread keeps its creator's priority: at nice
+ * 19 it was preempted inside its madvise and held the lock while waiting
+ * for a core (mmaps then waited 10-140 ms), and it starved on a busy
+ * machine. Also the stop latency and the granularity of
+ * kvp_segment_faulted. */
+#define PREFAULT_STEP HUGE_2M
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -233,7 +243,7 @@ static void prefault_run(kvp_segment *s, const char *how)
     uint64_t off = 0;
     int e = 0;
     while (off < s->size && !__atomic_load_n(&s->stop, __ATOMIC_RELAXED)) {
-        uint64_t len = s->size - off < PREFAULT_CHUNK ? s->size - off : PREFAULT_CHUNK;
+        uint64_t len = s->size - off < PREFAULT_STEP ? s->size - off : PREFAULT_STEP;
         if ((e = fault_range(s, off, len)) != 0)
             break;
         off += len;

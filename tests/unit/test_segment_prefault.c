@@ -1,8 +1,8 @@
 /*
  * test_segment_prefault.c -- kvp_segment_prefault and kvp_segment_check_size
  * (node/segment.h): creation touches no page; sync faults everything in
- * before it returns; background does it behind the caller, never changing a
- * byte the caller wrote meanwhile; destroy stops it mid-way; off does
+ * before it returns; background does it behind the caller, 2 MiB per step,
+ * never changing a byte the caller wrote meanwhile; destroy stops it mid-way; off does
  * nothing; sizes the machine cannot back are refused naming the limit.
  */
 #include <stdio.h>
@@ -87,6 +87,34 @@ TEST(background_keeps_concurrent_writes)
             bad |= q[i] != 0; /* never written: zero-filled */
     }
     CHECK(!bad);
+    kvp_segment_destroy(s);
+}
+
+/* The background prefault advances 2 MiB per madvise (segment.h: the
+ * process's mmap_lock is held no longer), lowest offsets first: every value
+ * kvp_segment_faulted shows is a multiple of 2 MiB and never goes back, and
+ * values between the old 32 MiB steps show up. */
+TEST(background_steps_of_2mib)
+{
+    char err[512];
+    kvp_segment *s = NULL;
+    const uint64_t size = 256 * MiB;
+    CHECK_EQ(kvp_segment_create(size, "t", &s, err, sizeof err), 0);
+    kvp_segment_prefault(s, KVP_PREFAULT_BACKGROUND);
+    uint64_t last = 0, seen = 0, fine = 0, t0 = kvp_now_ms();
+    while (last < size && kvp_now_ms() - t0 < 60000) {
+        uint64_t f = kvp_segment_faulted(s);
+        CHECK(f % (2 * MiB) == 0 && f >= last && f <= size);
+        if (f != last) {
+            seen++;
+            fine += f % (32 * MiB) != 0;
+        }
+        last = f;
+    }
+    CHECK_EQ(last, size);
+    CHECK(fine > 0);
+    printf("  %llu distinct values seen, %llu between 32 MiB steps\n", (unsigned long long)seen,
+           (unsigned long long)fine);
     kvp_segment_destroy(s);
 }
 
