@@ -6,9 +6,8 @@
  * F_SEAL_SEAL (its size can never change, so no mapping of it, ours or a
  * client's, can SIGBUS). Pages are zero-filled on first touch, by whoever
  * touches them first: the prefault (sync, or its thread) or a transfer.
- * The prefault never writes a byte (fallocate for hugetlb pages,
- * MADV_POPULATE_WRITE for regular ones; see fault_range), so it cannot race
- * with a transfer writing the same page.
+ * The prefault never writes a byte (MADV_POPULATE_WRITE, else fallocate),
+ * so it cannot race with a transfer writing the same page.
  */
 #include "node/segment.h"
 
@@ -28,13 +27,12 @@
 
 #define MOD "segment"
 #define HUGE_2M (2ull << 20)
-/* One step of the prefault (fault_range). A madvise holds the process's
- * mmap_lock (read) that long, and every mmap, munmap and mprotect of the
- * node's process (thread stacks, malloc) waits behind it: 32 MiB steps
- * stalled `kvpool serve`'s start and its requests by 0.1-0.5 s each on a VM
- * whose fresh memory came in at 0.2 GB/s; 2 MiB (one huge page) bounds
- * that to about 10 ms at the same rate (hugetlb segments take no such lock
- * at all: fallocate). The thread keeps its creator's priority: at nice
+/* One madvise of the prefault. The process's mmap_lock is held (read) for
+ * that long, and every mmap, munmap and mprotect of the node's process
+ * (thread stacks, malloc) waits behind it: 32 MiB steps stalled `kvpool
+ * serve`'s start and its requests by 0.1-0.5 s each on a VM whose fresh
+ * memory came in at 0.2 GB/s; 2 MiB (one huge page) bounds that to about
+ * 10 ms at the same rate. The thread keeps its creator's priority: at nice
  * 19 it was preempted inside its madvise and held the lock while waiting
  * for a core (mmaps then waited 10-140 ms), and it starved on a busy
  * machine. Also the stop latency and the granularity of
@@ -217,24 +215,11 @@ int kvp_segment_check_size(uint64_t size, char *err, size_t errlen)
 
 /* -------------------------------------------------------------- prefault */
 
-/*
- * Faults [off, off+len) in without writing a byte over data:
- *   hugetlb  fallocate on the memfd: allocates and zeroes each huge page
- *            not yet in the file (one already there, written by a
- *            transfer, is skipped) without the process's mmap_lock, so no
- *            mmap of the node waits for it; its page tables fill on first
- *            touch, one entry per 2 MiB;
- *   regular  MADV_POPULATE_WRITE (Linux 5.14): zeroes the pages and fills
- *            our page tables, under the mmap_lock (see PREFAULT_STEP);
- *            fallocate on a shmem memfd would only allocate, leaving the
- *            zeroing to the first touch, a transfer's. Before 5.14
- *            (EINVAL) fallocate is all there is.
- * 0 or an errno.
- */
+/* Faults [off, off+len) in without writing a byte: MADV_POPULATE_WRITE
+ * (Linux 5.14), else fallocate on the memfd (allocates the pages; the
+ * mapping's page tables then fill on first touch). 0 or an errno. */
 static int fault_range(kvp_segment *s, uint64_t off, uint64_t len)
 {
-    if (s->hugetlb && fallocate(s->fd, 0, (off_t)off, (off_t)len) == 0)
-        return 0;
     if (madvise(s->base + off, len, MADV_POPULATE_WRITE) == 0)
         return 0;
     int e = errno;

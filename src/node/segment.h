@@ -49,18 +49,16 @@ void kvp_segment_destroy(kvp_segment *s);
  * When the pages are faulted in (config key segment_prefault):
  *   OFF         never: each page on first touch by a transfer;
  *   BACKGROUND  a thread faults them in, lowest offsets first (where the
- *               master allocates first), 2 MiB per step, and returns at
- *               once; transfers meanwhile fault what they touch themselves.
- *               A step of regular pages holds the process's mmap_lock (its
- *               mmaps wait at most one step), one of hugetlb pages does
- *               not. It runs at the caller's priority (see segment.c: a
- *               lower one made mmaps wait longer);
+ *               master allocates first), 2 MiB per madvise (the process's
+ *               mmap_lock is held no longer: its mmaps wait at most that),
+ *               and returns at once; transfers meanwhile fault what they
+ *               touch themselves. It runs at the caller's priority (see
+ *               segment.c: a lower one made mmaps wait longer);
  *   SYNC        before returning (the node serves once all are in).
  * Faulting in early finds an overcommitted machine at start rather than at
- * the first full pool, and keeps later transfers from zeroing pages. It
- * never writes a byte (fallocate on a hugetlb memfd, MADV_POPULATE_WRITE
- * on a regular one, fallocate before Linux 5.14), so it cannot race with
- * transfers. Logged at INFO: start, progress every
+ * the first full pool, and keeps later transfers free of page faults. It
+ * never writes a byte (MADV_POPULATE_WRITE, else fallocate on the memfd),
+ * so it cannot race with transfers. Logged at INFO: start, progress every
  * 10 s (2 s on a terminal), end with GB/s; a failure (out of memory) is a
  * warning and stops it. Called once, after create.
  */
