@@ -217,7 +217,11 @@ int kvp_segment_check_size(uint64_t size, char *err, size_t errlen)
 
 /* Faults [off, off+len) in without writing a byte: MADV_POPULATE_WRITE
  * (Linux 5.14), else fallocate on the memfd (allocates the pages; the
- * mapping's page tables then fill on first touch). 0 or an errno. */
+ * mapping's page tables then fill on first touch). Not fallocate for
+ * hugetlb pages although it would zero them without our mmap_lock: it
+ * holds the memfd's inode lock, which every client's mmap of the segment
+ * takes, so fresh clients' attaches waited 20-70 ms behind it on slow
+ * memory. 0 or an errno. */
 static int fault_range(kvp_segment *s, uint64_t off, uint64_t len)
 {
     if (madvise(s->base + off, len, MADV_POPULATE_WRITE) == 0)
