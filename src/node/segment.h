@@ -49,10 +49,11 @@ void kvp_segment_destroy(kvp_segment *s);
  * When the pages are faulted in (config key segment_prefault):
  *   OFF         never: each page on first touch by a transfer;
  *   BACKGROUND  a thread faults them in, lowest offsets first (where the
- *               master allocates first), 2 MiB per madvise (the process's
- *               mmap_lock is held no longer: its mmaps wait at most that),
- *               and returns at once; transfers meanwhile fault what they
- *               touch themselves. It runs at the caller's priority (see
+ *               master allocates first), 2 MiB per madvise with a short
+ *               sleep after each (the process's mmap_lock is held no
+ *               longer, and a waiting mmap gets it in between), and returns
+ *               at once; transfers meanwhile fault what they touch
+ *               themselves. It runs at the caller's priority (see
  *               segment.c: a lower one made mmaps wait longer);
  *   SYNC        before returning (the node serves once all are in).
  * Faulting in early finds an overcommitted machine at start rather than at
