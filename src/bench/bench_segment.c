@@ -23,8 +23,8 @@
  *              first put pays extra (the attach, its chunk's populate, the
  *              segment's first SEGMENT_INFO), the black-box check of attach;
  * then 1 MiB puts of fresh keys, flat out, while the node's background
- * prefault runs (until /metrics shows it finished, or the puts have taken
- * half the segment), and --puts more fresh keys once it has finished (the
+ * prefault runs (until /metrics, read every 50 ms, shows it finished, or
+ * the puts have taken half the segment), and --puts more fresh keys once it has finished (the
  * earlier keys stay, so those land in memory the client has not touched
  * either: the only difference is whether the node's prefault is done).
  * Per phase: p50 / p99 of a put and the share of put time the client
@@ -73,7 +73,8 @@
 #define MAX_ROUNDS 20
 #define VAL (1u << 20)          /* the timed puts' value size */
 #define SMALL 4096              /* the attach puts' value size */
-#define POLL_NS 20000000ull     /* the child reads the prefault's progress this often */
+#define POLL_NS 50000000ull     /* the child reads the prefault's progress this often:
+                                   a /metrics request to the node, untimed */
 #define SLOW_RATIO 1.25         /* puts during the prefault "slowed": p50 above this x after */
 #define HUGE_2M (2ull << 20)
 
