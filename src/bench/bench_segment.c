@@ -43,6 +43,7 @@
  * node's size check is not bypassed). Table on stdout (stderr with --json),
  * JSON on stdout with --json. Exit status 1 when a round failed.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -579,9 +580,15 @@ static void srv_stop(srv *s)
         }
         s->pid = 0;
     }
-    unlink(s->log);
-    unlink(s->pfile);
-    rmdir(s->dir); /* the node removed its socket */
+    /* the log, the port file, and the node's socket if it was killed */
+    DIR *d = s->dir[0] ? opendir(s->dir) : NULL;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            unlinkat(dirfd(d), e->d_name, 0);
+    if (d)
+        closedir(d);
+    rmdir(s->dir);
 }
 
 /* The serve process exited: its message (the log's last "kvpool serve:"
