@@ -16,6 +16,13 @@ mv "$out/kvev.json.tmp" "$out/kvev.json"
 echo "== kvpool bench store (results: $out/store.json)"
 "$build/kvpool" bench store --json >"$out/store.json.tmp"
 mv "$out/store.json.tmp" "$out/store.json"
+# KVPOOL_BENCH_SEGMENT: the flags of bench segment (default --size 4GiB; the
+# README's table: --size 4GiB,16GiB --hugetlb, as root, which reserves 2 MiB
+# pages for those rounds and gives them back)
+echo "== kvpool bench segment: a fresh serve's ready time, shm attach, puts during the prefault (results: $out/segment.json)"
+# shellcheck disable=SC2086
+"$build/kvpool" bench segment ${KVPOOL_BENCH_SEGMENT:---size 4GiB} --json >"$out/segment.json.tmp"
+mv "$out/segment.json.tmp" "$out/segment.json"
 echo "== kvpool bench connector (results: $out/connector.json)"
 "$build/kvpool" bench connector --json >"$out/connector.json.tmp"
 mv "$out/connector.json.tmp" "$out/connector.json"

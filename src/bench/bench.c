@@ -6,7 +6,9 @@
  * bench sim` (the simulator against the raw store) in bench_sim.c, `kvpool
  * bench gpu` (device memory to the pool and back) in bench_gpu.c, `kvpool
  * bench disk` (the SSD tier's store) in bench_disk.c, `kvpool bench ha` (a
- * cluster of masters: its cost, failovers) in bench_ha.c. `kvpool bench
+ * cluster of masters: its cost, failovers) in bench_ha.c, `kvpool bench
+ * segment` (a fresh serve's ready time, shm attach, prefault) in
+ * bench_segment.c. `kvpool bench
  * scrape` (the cost of scraping /metrics) is at the end of this file.
  *
  * It starts `kvpool master` itself (same binary, free port) unless --master
@@ -1158,17 +1160,16 @@ int kvp_bench_main(int argc, char **argv)
                    {"disk", "bench disk", kvp_bench_disk},
                    {"ha", "bench ha", kvp_bench_ha},
                    {"scrape", "bench scrape", bench_scrape},
-                   {"kvev", "bench kvev", bench_kvev}};
+                   {"kvev", "bench kvev", bench_kvev},
+                   {"segment", "bench segment", kvp_bench_segment}};
     for (size_t i = 0; argc >= 2 && i < sizeof benches / sizeof benches[0]; i++)
         if (!strcmp(argv[1], benches[i].name)) {
             argv[1] = (char *)benches[i].label;
             return benches[i].fn(argc - 1, argv + 1);
         }
-    fprintf(stderr, "usage: kvpool bench master|store|connector|sim|gpu|disk|ha|scrape [--json]\n"
-                    "       (kvpool bench master --help, kvpool bench store --help,\n"
-                    "        kvpool bench connector --help, kvpool bench sim --help,\n"
-                    "        kvpool bench gpu --help, kvpool bench disk --help,\n"
-                    "        kvpool bench ha --help)\n"
+    fprintf(stderr, "usage: kvpool bench master|store|connector|sim|gpu|disk|ha|scrape|kvev|segment"
+                    " [--json]\n"
+                    "       (kvpool bench NAME --help for each)\n"
                     "  master  the master's throughput, latency and memory\n"
                     "  store   batch put/get GB/s: shm and tcp vs memcpy, raw TCP, redis, "
                     "memcached\n"
@@ -1184,6 +1185,9 @@ int kvp_bench_main(int argc, char **argv)
                     "          kill -9 failovers (time to put/get again, objects lost),\n"
                     "          replication bytes per put\n"
                     "  scrape  the master's key-ops/s while its /metrics is scraped (none, 1/s,\n"
-                    "          20/s, flat out)\n");
+                    "          20/s, flat out)\n"
+                    "  kvev    a master publishing KV events against one that does not\n"
+                    "  segment a fresh `kvpool serve`: time until ready, a fresh client's shm\n"
+                    "          attach, 1 MiB puts while its segment is faulted in and after\n");
     return argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? 0 : 2;
 }

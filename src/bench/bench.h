@@ -45,6 +45,10 @@ struct kvp_client *kvp_bench_client_open_conf(const char *conf, int force_tcp, c
                                               size_t wl);
 int kvp_bench_client_probe(struct kvp_client *c, const char *probe, const void *val,
                            char *transport, char *why, size_t wl);
+/* `kvpool bench segment` (bench_segment.c): a fresh `kvpool serve`'s ready
+ * time, a fresh client's shm attach, puts during and after the segment's
+ * prefault; argv[0] is "bench segment". */
+int kvp_bench_segment(int argc, char **argv);
 /* `kvpool bench disk`: bench_disk.c */
 int kvp_bench_disk(int argc, char **argv);
 /* `kvpool bench ha` (bench_ha.c): a leader + standby against one master,

@@ -24,7 +24,7 @@ static const struct {
     {"exist", kvp_cmd_kv, "tell whether keys exist"},
     {"rm", kvp_cmd_kv, "remove keys"},
     {"sim", kvp_sim_main, "engine simulator: instances x TP ranks driving the connector"},
-    {"bench", kvp_bench_main, "benchmarks: `kvpool bench master|store|connector|sim|gpu|disk|ha`"},
+    {"bench", kvp_bench_main, "benchmarks: `kvpool bench master|store|connector|sim|gpu|disk|ha|scrape|kvev|segment`"},
 };
 
 static void usage(FILE *f)

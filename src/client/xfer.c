@@ -163,6 +163,7 @@ struct kvp_xfer {
     kvp_cucx *ucx;    /* UCX context and worker, made on first use (under ucx_mu) */
     int ucx_broken;   /* UCX could not start: ucx segments use tcp (under ucx_mu) */
     kvp_xfer_counters counts; /* kvp_xfer_counts: relaxed atomic adds only */
+    kvp_xfer_shm_stats shm; /* __atomic, relaxed: kvp_xfer_shm_stats_get */
 };
 
 static const xops shm_ops, tcp_ops, ucx_ops;
@@ -346,6 +347,7 @@ int kvp_xfer_shm_check(int fd, uint64_t size, char *err, size_t errlen)
 /* Maps the segment's memfd (once). 0 or a negative code. */
 static int shm_attach(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
 {
+    uint64_t t0 = kvp_now_ns();
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     size_t pl = strlen(e->unix_path);
     if (pl >= sizeof sa.sun_path) /* kvp_xfer_add_segment keeps only paths that fit */
@@ -409,6 +411,12 @@ static int shm_attach(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
     e->map_size = size;
     e->shm_fd = fd;
     __atomic_store_n(&e->map, (uint8_t *)p, __ATOMIC_RELEASE); /* read unlocked in ent_ops */
+    uint64_t dt = kvp_now_ns() - t0;
+    __atomic_fetch_add(&x->shm.attaches, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&x->shm.attach_ns, dt, __ATOMIC_RELAXED);
+    KVP_DEBUG(MOD, "segment %016llx: attached %llu MiB over %s in %.3f ms",
+              (unsigned long long)e->id, (unsigned long long)(size >> 20), e->unix_path,
+              (double)dt / 1e6);
     return 0;
 }
 
@@ -502,11 +510,11 @@ static void hash_range(XXH3_state_t *st, const struct iovec *v, int n, uint64_t 
  * chunk at once is harmless. The range is within the mapping (checked by
  * the caller).
  */
-static void shm_populate(seg_ent *e, uint64_t off, uint64_t len)
+static void shm_populate(kvp_xfer *x, seg_ent *e, uint64_t off, uint64_t len)
 {
     if (!len || __atomic_load_n(&e->no_populate, __ATOMIC_RELAXED))
         return;
-    uint64_t csz = 1ull << e->pop_shift;
+    uint64_t csz = 1ull << e->pop_shift, t0 = 0, n = 0;
     for (uint64_t c = off >> e->pop_shift, last = (off + len - 1) >> e->pop_shift; c <= last;
          c++) {
         uint64_t bit = 1ull << (c & 63);
@@ -514,11 +522,18 @@ static void shm_populate(seg_ent *e, uint64_t off, uint64_t len)
             continue;
         uint64_t a = c << e->pop_shift;
         uint64_t l = e->map_size - a < csz ? e->map_size - a : csz;
+        if (!t0)
+            t0 = kvp_now_ns();
         if (madvise(e->map + a, (size_t)l, MADV_POPULATE_WRITE) != 0 && errno == EINVAL) {
             __atomic_store_n(&e->no_populate, 1, __ATOMIC_RELAXED);
-            return;
+            break;
         }
         __atomic_fetch_or(&e->populated[c >> 6], bit, __ATOMIC_RELAXED);
+        n++;
+    }
+    if (t0) { /* two clock reads per transfer that populates, none otherwise */
+        __atomic_fetch_add(&x->shm.populates, n, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&x->shm.populate_ns, kvp_now_ns() - t0, __ATOMIC_RELAXED);
     }
 }
 
@@ -537,7 +552,7 @@ static void *shm_exec(void *arg)
             op->status = is_write ? KVP_EINVALID_WRITE : KVP_EINVALID_READ;
             continue;
         }
-        shm_populate(e, r->offset, r->length);
+        shm_populate(j->x, e, r->offset, r->length);
         uint8_t *p = e->map + r->offset;
         if (op->want_csum)
             XXH3_64bits_reset(&st);
@@ -1108,7 +1123,7 @@ static void *shm_dev_exec(void *arg)
             op->status = w ? KVP_EINVALID_WRITE : KVP_EINVALID_READ;
             continue;
         }
-        shm_populate(e, r->offset, r->length);
+        shm_populate(j->x, e, r->offset, r->length);
         uint8_t *p = e->map + r->offset;
         if (!w) {
             op->csum = XXH3_64bits(p, r->length);
@@ -1543,6 +1558,14 @@ void kvp_xfer_drop_segment(kvp_xfer *x, uint64_t segment_id)
         }
     }
     pthread_rwlock_unlock(&x->lock);
+}
+
+void kvp_xfer_shm_stats_get(kvp_xfer *x, kvp_xfer_shm_stats *out)
+{
+    out->attaches = __atomic_load_n(&x->shm.attaches, __ATOMIC_RELAXED);
+    out->attach_ns = __atomic_load_n(&x->shm.attach_ns, __ATOMIC_RELAXED);
+    out->populates = __atomic_load_n(&x->shm.populates, __ATOMIC_RELAXED);
+    out->populate_ns = __atomic_load_n(&x->shm.populate_ns, __ATOMIC_RELAXED);
 }
 
 uint8_t *kvp_xfer_shm_map(kvp_xfer *x, uint64_t segment_id, uint64_t *size)

@@ -126,6 +126,23 @@ typedef struct kvp_xfer_op {
  */
 int kvp_xfer_run(kvp_xfer *x, int is_write, kvp_xfer_op *ops, size_t n, uint64_t deadline_ms);
 
+/*
+ * What the shared-memory path has cost this xfer so far (counters since
+ * create, summed over its segments; read without a lock, each field
+ * consistent on its own): attaches that succeeded and their time (unix
+ * connect, HELLO, SHM_ATTACH with the memfd over SCM_RIGHTS, the fd's
+ * checks and the mmap: what a fresh client pays once per segment before
+ * its first shm transfer), and the 2 MiB chunks transfers populated on
+ * first touch (shm_populate) with the time they spent doing it (on the
+ * transfers' own threads: page-table work for pages the node has faulted
+ * in, allocating and zeroing them for pages it has not).
+ */
+typedef struct kvp_xfer_shm_stats {
+    uint64_t attaches, attach_ns;
+    uint64_t populates, populate_ns;
+} kvp_xfer_shm_stats;
+void kvp_xfer_shm_stats_get(kvp_xfer *x, kvp_xfer_shm_stats *out);
+
 /* The shm mapping of a segment this client attached (its size in *size),
  * or NULL. For tests that must reach a node's bytes behind its back. */
 uint8_t *kvp_xfer_shm_map(kvp_xfer *x, uint64_t segment_id, uint64_t *size);

@@ -715,8 +715,11 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
         snprintf(err, errlen, "out of memory (descriptor table)");
         goto fail;
     }
-    /* sync: faulted in before the server starts; background: behind it */
-    kvp_segment_prefault(n->seg, prefault_mode(cfg->segment_prefault, o->standalone));
+    /* sync: faulted in before the server starts; background: behind it,
+     * started once the node's threads are (see below) */
+    kvp_segment_prefault_mode pmode = prefault_mode(cfg->segment_prefault, o->standalone);
+    if (pmode == KVP_PREFAULT_SYNC)
+        kvp_segment_prefault(n->seg, pmode);
     start_ucx(n, cfg);
     kvp_segserver_opts so = {listen, n->unix_path, o->io_threads > 0 ? o->io_threads : 2,
                              cfg->cluster_token, n->seg_id, n->grants, ua, NULL, 0};
@@ -758,6 +761,10 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
         }
         n->th_started = 1;
     }
+    /* last: thread stacks are mmaps, which wait for each of its madvise
+     * calls (segment.h), so the node's threads are made before it runs */
+    if (pmode == KVP_PREFAULT_BACKGROUND)
+        kvp_segment_prefault(n->seg, pmode);
     *out = n;
     return 0;
 fail:

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -27,7 +28,23 @@
 
 #define MOD "segment"
 #define HUGE_2M (2ull << 20)
-#define PREFAULT_CHUNK (32ull << 20) /* one madvise; also the stop latency */
+/* One madvise of the prefault. It holds the process's mmap_lock (read) that
+ * long, and every mmap, munmap and mprotect of the node's process (thread
+ * stacks, malloc) waits behind it: 32 MiB steps stalled `kvpool serve`'s
+ * start and its requests by 0.1-0.5 s each on a VM whose fresh memory came
+ * in at 0.2 GB/s; 2 MiB (one huge page) bounds a step to about 10 ms at
+ * that rate. Back to back, though, the next step's read lock is taken
+ * ahead of a waiting writer (rwsem readers may steal the lock until the
+ * writer has waited a scheduler tick), so in the background the thread
+ * sleeps a moment (1 us asked, ~50 us with the default timer slack: ~5 %
+ * of a step) after each step: the node's threads then waited at most 1-2
+ * ms on the lock, against 5-15 ms without the sleep (perf, mmap_lock
+ * tracepoints, bench segment 4 GiB). It keeps its creator's priority: at
+ * nice 19 it was preempted inside its madvise and held the lock while
+ * waiting for a core (mmaps then waited 10-140 ms), and it starved on a
+ * busy machine. Also the stop latency and the granularity of
+ * kvp_segment_faulted. */
+#define PREFAULT_STEP HUGE_2M
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -207,7 +224,11 @@ int kvp_segment_check_size(uint64_t size, char *err, size_t errlen)
 
 /* Faults [off, off+len) in without writing a byte: MADV_POPULATE_WRITE
  * (Linux 5.14), else fallocate on the memfd (allocates the pages; the
- * mapping's page tables then fill on first touch). 0 or an errno. */
+ * mapping's page tables then fill on first touch). Not fallocate for
+ * hugetlb pages although it would zero them without our mmap_lock: it
+ * holds the memfd's inode lock, which every client's mmap of the segment
+ * takes, so fresh clients' attaches waited 20-70 ms behind it on slow
+ * memory. 0 or an errno. */
 static int fault_range(kvp_segment *s, uint64_t off, uint64_t len)
 {
     if (madvise(s->base + off, len, MADV_POPULATE_WRITE) == 0)
@@ -221,9 +242,10 @@ static int fault_range(kvp_segment *s, uint64_t off, uint64_t len)
 }
 
 /* The prefault loop, lowest offsets first (where the master's allocator
- * places first). Stops early on s->stop or an error; logs its progress
+ * places first), a short sleep after each step when `pause` (in the
+ * background). Stops early on s->stop or an error; logs its progress
  * (every 10 s, every 2 s on a terminal) and its end. */
-static void prefault_run(kvp_segment *s, const char *how)
+static void prefault_run(kvp_segment *s, const char *how, int pause)
 {
     char a[32], b[32];
     uint64_t t0 = kvp_now_ns(), last = t0;
@@ -233,11 +255,15 @@ static void prefault_run(kvp_segment *s, const char *how)
     uint64_t off = 0;
     int e = 0;
     while (off < s->size && !__atomic_load_n(&s->stop, __ATOMIC_RELAXED)) {
-        uint64_t len = s->size - off < PREFAULT_CHUNK ? s->size - off : PREFAULT_CHUNK;
+        uint64_t len = s->size - off < PREFAULT_STEP ? s->size - off : PREFAULT_STEP;
         if ((e = fault_range(s, off, len)) != 0)
             break;
         off += len;
         __atomic_store_n(&s->faulted, off, __ATOMIC_RELEASE);
+        if (pause) { /* a waiting mmap takes the lock now: see PREFAULT_STEP */
+            struct timespec ts = {0, 1000};
+            nanosleep(&ts, NULL);
+        }
         uint64_t now = kvp_now_ns();
         if (now - last >= every && off < s->size) {
             last = now;
@@ -260,7 +286,7 @@ static void prefault_run(kvp_segment *s, const char *how)
 
 static void *prefault_main(void *arg)
 {
-    prefault_run(arg, "in the background");
+    prefault_run(arg, "in the background", 1);
     return NULL;
 }
 
@@ -269,7 +295,7 @@ void kvp_segment_prefault(kvp_segment *s, kvp_segment_prefault_mode mode)
     if (mode == KVP_PREFAULT_OFF || s->th_started)
         return;
     if (mode == KVP_PREFAULT_SYNC) {
-        prefault_run(s, "before serving");
+        prefault_run(s, "before serving", 0);
         return;
     }
     if (pthread_create(&s->th, NULL, prefault_main, s) != 0) {

@@ -49,8 +49,12 @@ void kvp_segment_destroy(kvp_segment *s);
  * When the pages are faulted in (config key segment_prefault):
  *   OFF         never: each page on first touch by a transfer;
  *   BACKGROUND  a thread faults them in, lowest offsets first (where the
- *               master allocates first), 32 MiB at a time, and returns at
- *               once; transfers meanwhile fault what they touch themselves;
+ *               master allocates first), 2 MiB per madvise with a short
+ *               sleep after each (the process's mmap_lock is held no
+ *               longer, and a waiting mmap gets it in between), and returns
+ *               at once; transfers meanwhile fault what they touch
+ *               themselves. It runs at the caller's priority (see
+ *               segment.c: a lower one made mmaps wait longer);
  *   SYNC        before returning (the node serves once all are in).
  * Faulting in early finds an overcommitted machine at start rather than at
  * the first full pool, and keeps later transfers free of page faults. It
@@ -65,7 +69,8 @@ typedef enum kvp_segment_prefault_mode {
     KVP_PREFAULT_SYNC,
 } kvp_segment_prefault_mode;
 void kvp_segment_prefault(kvp_segment *s, kvp_segment_prefault_mode mode);
-/* Bytes [0, n) the prefault has faulted in so far (tests, stat). */
+/* Bytes [0, n) the prefault has faulted in so far (tests, stat; 2 MiB
+ * steps). */
 uint64_t kvp_segment_faulted(const kvp_segment *s);
 uint8_t *kvp_segment_base(const kvp_segment *s);
 uint64_t kvp_segment_size(const kvp_segment *s);

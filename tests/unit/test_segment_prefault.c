@@ -1,8 +1,8 @@
 /*
  * test_segment_prefault.c -- kvp_segment_prefault and kvp_segment_check_size
  * (node/segment.h): creation touches no page; sync faults everything in
- * before it returns; background does it behind the caller, never changing a
- * byte the caller wrote meanwhile; destroy stops it mid-way; off does
+ * before it returns; background does it behind the caller, 2 MiB per step,
+ * never changing a byte the caller wrote meanwhile; destroy stops it mid-way; off does
  * nothing; sizes the machine cannot back are refused naming the limit.
  */
 #include <stdio.h>
@@ -87,6 +87,85 @@ TEST(background_keeps_concurrent_writes)
             bad |= q[i] != 0; /* never written: zero-filled */
     }
     CHECK(!bad);
+    kvp_segment_destroy(s);
+}
+
+/* The background prefault advances 2 MiB per madvise (segment.h: the
+ * process's mmap_lock is held no longer), lowest offsets first: every value
+ * kvp_segment_faulted shows is a multiple of 2 MiB and never goes back, and
+ * values between the old 32 MiB steps show up. */
+TEST(background_steps_of_2mib)
+{
+    char err[512];
+    kvp_segment *s = NULL;
+    const uint64_t size = 256 * MiB;
+    CHECK_EQ(kvp_segment_create(size, "t", &s, err, sizeof err), 0);
+    kvp_segment_prefault(s, KVP_PREFAULT_BACKGROUND);
+    uint64_t last = 0, seen = 0, fine = 0, t0 = kvp_now_ms();
+    while (last < size && kvp_now_ms() - t0 < 60000) {
+        uint64_t f = kvp_segment_faulted(s);
+        CHECK(f % (2 * MiB) == 0 && f >= last && f <= size);
+        if (f != last) {
+            seen++;
+            fine += f % (32 * MiB) != 0;
+        }
+        last = f;
+    }
+    CHECK_EQ(last, size);
+    CHECK(fine > 0);
+    printf("  %llu distinct values seen, %llu between 32 MiB steps\n", (unsigned long long)seen,
+           (unsigned long long)fine);
+    kvp_segment_destroy(s);
+}
+
+/* Free 2 MiB huge pages of the default pool (0 when none or unknown). */
+static long free_huge_2m(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    long fr = 0, sz = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        sscanf(line, "HugePages_Free: %ld", &fr);
+        sscanf(line, "Hugepagesize: %ld kB", &sz);
+    }
+    if (f)
+        fclose(f);
+    return sz == 2048 ? fr : 0;
+}
+
+/* A hugetlb segment's background prefault keeps what is written before
+ * and meanwhile, and zero-fills the rest. Runs only where 32 free 2 MiB
+ * pages exist already (the test never reserves any: that is the machine's
+ * setting; `kvpool bench segment --hugetlb` reserves them). */
+TEST(background_hugetlb_keeps_concurrent_writes)
+{
+    const uint64_t size = 64 * MiB;
+    if (free_huge_2m() < (long)(size / (2 * MiB)))
+        SKIP("fewer than 32 free 2 MiB huge pages (echo N > /proc/sys/vm/nr_hugepages)");
+    char err[512];
+    kvp_segment *s = NULL;
+    CHECK_EQ(kvp_segment_create(size, "t", &s, err, sizeof err), 0);
+    if (!kvp_segment_hugetlb(s)) {
+        kvp_segment_destroy(s);
+        SKIP("the kernel gave regular pages (hugetlb memfds cannot be sealed here)");
+    }
+    uint8_t *b = kvp_segment_base(s);
+    /* written before and while the prefault runs: the top half first */
+    memset(b + size - 4096, 0x5a, 4096);
+    kvp_segment_prefault(s, KVP_PREFAULT_BACKGROUND);
+    for (uint64_t off = size; off >= 2 * MiB; off -= 2 * MiB)
+        b[off - 2 * MiB + 17] = (uint8_t)(off >> 21);
+    uint64_t t0 = kvp_now_ms();
+    while (kvp_segment_faulted(s) < size && kvp_now_ms() - t0 < 60000)
+        usleep(1000);
+    CHECK_EQ(kvp_segment_faulted(s), size);
+    int bad = 0;
+    for (uint64_t off = size; off >= 2 * MiB; off -= 2 * MiB) {
+        const uint8_t *q = b + off - 2 * MiB;
+        bad |= q[17] != (uint8_t)(off >> 21) || q[16] != 0 || q[18] != 0 || q[2 * MiB - 8192] != 0;
+    }
+    CHECK(!bad);
+    CHECK(b[size - 1] == 0x5a && b[size - 4096] == 0x5a);
     kvp_segment_destroy(s);
 }
 

@@ -214,6 +214,10 @@ static void run_roundtrips(int force_tcp)
         many[i] = 1 + rnd() % 200000;
     CHECK_EQ(roundtrip(x, many, 64, 3, 32 * MiB), 0);
     CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), force_tcp ? "tcp" : "shm"));
+    kvp_xfer_shm_stats st; /* tcp never attaches */
+    kvp_xfer_shm_stats_get(x, &st);
+    CHECK_EQ(st.attaches, force_tcp ? 0 : 1);
+    CHECK(force_tcp ? st.populates == 0 && st.populate_ns == 0 : st.attach_ns > 0);
     /* unknown segment */
     uint8_t b[8];
     struct iovec iv = {b, 8};
@@ -548,6 +552,9 @@ TEST(shm_attach_unix)
     kvp_xfer *x;
     kvp_xfer_opts o = {NULL, 7, 1, 0, 3000, 0, 0, 0};
     CHECK_EQ(kvp_xfer_create(&o, &x), 0);
+    kvp_xfer_shm_stats st;
+    kvp_xfer_shm_stats_get(x, &st);
+    CHECK(st.attaches == 0 && st.attach_ns == 0 && st.populates == 0 && st.populate_ns == 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     uint8_t v[100];
     memset(v, 0x77, sizeof v);
@@ -557,6 +564,24 @@ TEST(shm_attach_unix)
     CHECK_EQ(op.status, 0);
     CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), "shm"));
     CHECK(kvp_segment_base(f.seg)[4096] == 0x77 && kvp_segment_base(f.seg)[4195] == 0x77);
+    /* one attach, timed; the first transfer populated its 2 MiB chunk (Linux
+     * 5.14 and later: MADV_POPULATE_WRITE), a second one in it does not */
+    kvp_xfer_shm_stats_get(x, &st);
+    CHECK_EQ(st.attaches, 1);
+    CHECK(st.attach_ns > 0);
+    CHECK(st.populates <= 1 && (st.populates == 0) == (st.populate_ns == 0));
+    uint64_t pops = st.populates;
+    op = (kvp_xfer_op){.rep = rep(8192, 100, 1), .iov = &iv, .iovcnt = 1};
+    CHECK_EQ(run_as(x, 1, &op, 1, kvp_now_ms() + 2000), 0);
+    CHECK_EQ(op.status, 0);
+    kvp_xfer_shm_stats_get(x, &st);
+    CHECK(st.attaches == 1 && st.populates == pops);
+    /* one spanning chunks 0 and 1 populates only chunk 1 */
+    op = (kvp_xfer_op){.rep = rep(2 * MiB - 50, 100, 1), .iov = &iv, .iovcnt = 1};
+    CHECK_EQ(run_as(x, 1, &op, 1, kvp_now_ms() + 2000), 0);
+    CHECK_EQ(op.status, 0);
+    kvp_xfer_shm_stats_get(x, &st);
+    CHECK(st.attaches == 1 && st.populates == 2 * pops);
     /* out of bounds through shm */
     op.rep = rep(4 * MiB - 50, 100, 1);
     CHECK_EQ(run_as(x, 1, &op, 1, kvp_now_ms() + 2000), 0);
