@@ -43,9 +43,6 @@
  */
 #include "client/xfer.h"
 
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
-#include <xxhash.h>
-
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -64,6 +61,7 @@
 #include "client/gpu.h"
 #include "common/assert.h"
 #include "common/clock.h"
+#include "common/csum.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/sys.h"
@@ -449,16 +447,16 @@ static int shm_alive(kvp_xfer *x, seg_ent *e, uint64_t deadline_ms)
 static uint64_t iov_csum(const struct iovec *v, int n)
 {
     if (n == 1)
-        return XXH3_64bits(v[0].iov_base, v[0].iov_len);
-    XXH3_state_t st;
-    XXH3_64bits_reset(&st);
+        return kvp_csum64(v[0].iov_base, v[0].iov_len);
+    kvp_csum st;
+    kvp_csum_reset(&st);
     for (int i = 0; i < n; i++)
-        XXH3_64bits_update(&st, v[i].iov_base, v[i].iov_len);
-    return XXH3_64bits_digest(&st);
+        kvp_csum_update(&st, v[i].iov_base, v[i].iov_len);
+    return kvp_csum_digest(&st);
 }
 
 /* Feeds bytes [off, off+len) of an iovec list to a checksum state. */
-static void hash_range(XXH3_state_t *st, const struct iovec *v, int n, uint64_t off, uint64_t len)
+static void hash_range(kvp_csum *st, const struct iovec *v, int n, uint64_t off, uint64_t len)
 {
     for (int i = 0; i < n && len; i++) {
         uint64_t l = v[i].iov_len;
@@ -467,7 +465,7 @@ static void hash_range(XXH3_state_t *st, const struct iovec *v, int n, uint64_t 
             continue;
         }
         uint64_t take = l - off < len ? l - off : len;
-        XXH3_64bits_update(st, (const uint8_t *)v[i].iov_base + off, (size_t)take);
+        kvp_csum_update(st, (const uint8_t *)v[i].iov_base + off, (size_t)take);
         len -= take;
         off = 0;
     }
@@ -515,7 +513,7 @@ static void *shm_exec(void *arg)
     job *j = arg;
     seg_ent *e = j->e;
     int is_write = j->is_write;
-    XXH3_state_t st;
+    kvp_csum st;
     for (size_t k = 0; k < j->n; k++) {
         kvp_xfer_op *op = JOB_OP(j, k);
         const kvp_replica *r = &op->rep;
@@ -526,7 +524,7 @@ static void *shm_exec(void *arg)
         shm_populate(e, r->offset, r->length);
         uint8_t *p = e->map + r->offset;
         if (op->want_csum)
-            XXH3_64bits_reset(&st);
+            kvp_csum_reset(&st);
         for (int i = 0; i < op->iovcnt; i++) {
             uint8_t *u = op->iov[i].iov_base;
             for (size_t off = 0, len = op->iov[i].iov_len; off < len; off += SHM_CHUNK) {
@@ -536,12 +534,12 @@ static void *shm_exec(void *arg)
                 else
                     memcpy(u + off, p, c);
                 if (op->want_csum) /* the caller's copy of the chunk is hot */
-                    XXH3_64bits_update(&st, u + off, c);
+                    kvp_csum_update(&st, u + off, c);
                 p += c;
             }
         }
         if (op->want_csum)
-            op->csum = XXH3_64bits_digest(&st);
+            op->csum = kvp_csum_digest(&st);
         op->status = 0;
     }
     return NULL;
@@ -609,7 +607,7 @@ static int tcp_pump(job *j, int fd)
 {
     size_t si = 0, ri = 0;   /* next op to send / to receive */
     size_t hashed = 0;       /* ops [0, hashed) have their write checksum */
-    XXH3_state_t rst;        /* checksum of the answer being received */
+    kvp_csum rst;        /* checksum of the answer being received */
     uint64_t soff = 0;       /* bytes of op si's frame already sent */
     uint8_t pre[MAX_IOV][PREFIX]; /* frame prefixes of one sendmsg */
     uint8_t rh[KVP_FRAME_HDR];
@@ -721,7 +719,7 @@ static int tcp_pump(job *j, int fd)
                 rdone = 0;
                 in_body = 1;
                 if (op->status == 1 && op->want_csum)
-                    XXH3_64bits_reset(&rst);
+                    kvp_csum_reset(&rst);
                 if (rbody == 0) {
                     in_body = 0;
                     if (op->status == 1)
@@ -768,7 +766,7 @@ static int tcp_pump(job *j, int fd)
                 in_body = 0;
                 if (op->status == 1) {
                     if (op->want_csum)
-                        op->csum = XXH3_64bits_digest(&rst);
+                        op->csum = kvp_csum_digest(&rst);
                     op->status = 0;
                 }
                 ri++;
@@ -963,7 +961,7 @@ static void *shm_dev_exec(void *arg)
                 op->status = err = rc;
             } else {
                 if (w && op->want_csum)
-                    op->csum = XXH3_64bits(e->map + op->rep.offset, op->rep.length);
+                    op->csum = kvp_csum64(e->map + op->rep.offset, op->rep.length);
                 op->status = 0;
             }
             head = (head + 1) % DEV_WINDOW;
@@ -984,7 +982,7 @@ static void *shm_dev_exec(void *arg)
         shm_populate(e, r->offset, r->length);
         uint8_t *p = e->map + r->offset;
         if (!w) {
-            op->csum = XXH3_64bits(p, r->length);
+            op->csum = kvp_csum64(p, r->length);
             if (op->verify && op->csum != op->expect_csum) {
                 op->status = KVP_ECHECKSUM_MISMATCH; /* nothing copied */
                 continue;
@@ -1093,7 +1091,7 @@ static int tcp_dev_write(job *j, int fd, kvp_gpu_stream *s, kvp_gpu_stage *st, k
     size_t qh = 0, qn = 0, pk = 0, ri = 0;
     uint64_t poff = 0;
     ans_rd ar = {{0}, 0, 0};
-    XXH3_state_t hs;
+    kvp_csum hs;
     KVP_ASSERT(ns <= 64);
     for (size_t ck = 0; ck < j->n; ck++) {
         kvp_xfer_op *op = JOB_OP(j, ck);
@@ -1103,7 +1101,7 @@ static int tcp_dev_write(job *j, int fd, kvp_gpu_stream *s, kvp_gpu_stage *st, k
         if (rc)
             return rc;
         if (op->want_csum)
-            XXH3_64bits_reset(&hs);
+            kvp_csum_reset(&hs);
         for (uint64_t left = op->rep.length; left;) {
             for (; qn < ns && pk < j->n; qn++) { /* fill every free sl */
                 kvp_xfer_op *po = JOB_OP(j, pk);
@@ -1123,7 +1121,7 @@ static int tcp_dev_write(job *j, int fd, kvp_gpu_stream *s, kvp_gpu_stage *st, k
                 return rc;
             uint8_t *b = kvp_gpu_stage_slot(st, qh);
             if (op->want_csum)
-                XXH3_64bits_update(&hs, b, (size_t)ql[qh]);
+                kvp_csum_update(&hs, b, (size_t)ql[qh]);
             if ((rc = send_all(fd, b, (size_t)ql[qh], j->deadline_ms)) != 0)
                 return rc;
             left -= ql[qh];
@@ -1131,7 +1129,7 @@ static int tcp_dev_write(job *j, int fd, kvp_gpu_stream *s, kvp_gpu_stage *st, k
             qn--;
         }
         if (op->want_csum)
-            op->csum = XXH3_64bits_digest(&hs);
+            op->csum = kvp_csum_digest(&hs);
         if ((rc = write_answers(j, fd, &ri, ck + 1, &ar, 0)) != 0)
             return rc;
     }
@@ -1149,7 +1147,7 @@ static int tcp_dev_read(job *j, int fd, kvp_gpu_stream *s, kvp_gpu_stage *st, kv
     size_t ns = kvp_gpu_stage_slots(st), sb = kvp_gpu_stage_slot_bytes(st), cyc = 0, sent = 0;
     uint64_t slot_t[64] = {0};
     uint8_t sink[4096];
-    XXH3_state_t hs;
+    kvp_csum hs;
     KVP_ASSERT(ns <= 64);
     for (size_t ri = 0; ri < j->n; ri++) {
         uint8_t pre[REQ_WINDOW][PREFIX];
@@ -1181,7 +1179,7 @@ static int tcp_dev_read(job *j, int fd, kvp_gpu_stream *s, kvp_gpu_stage *st, kv
         if (fh.body_len != len)
             return KVP_ETRANSFER_FAIL;
         int whole = len <= sb, bad = 0;
-        XXH3_64bits_reset(&hs);
+        kvp_csum_reset(&hs);
         for (uint64_t pos = 0; pos < len && !bad;) {
             size_t sl = cyc++ % ns;
             if (slot_t[sl] && (rc = kvp_gpu_wait(s, slot_t[sl], j->deadline_ms)) != 0)
@@ -1190,8 +1188,8 @@ static int tcp_dev_read(job *j, int fd, kvp_gpu_stream *s, kvp_gpu_stage *st, kv
             uint8_t *b = kvp_gpu_stage_slot(st, sl);
             if ((rc = recv_all(fd, b, (size_t)c, j->deadline_ms, NULL)) != 0)
                 return rc;
-            XXH3_64bits_update(&hs, b, (size_t)c);
-            if (whole && op->verify && XXH3_64bits_digest(&hs) != op->expect_csum) {
+            kvp_csum_update(&hs, b, (size_t)c);
+            if (whole && op->verify && kvp_csum_digest(&hs) != op->expect_csum) {
                 bad = 1; /* nothing of it reaches the device */
                 break;
             }
@@ -1201,7 +1199,7 @@ static int tcp_dev_read(job *j, int fd, kvp_gpu_stream *s, kvp_gpu_stage *st, kv
                 return KVP_EDEVICE;
             pos += c;
         }
-        op->csum = XXH3_64bits_digest(&hs);
+        op->csum = kvp_csum_digest(&hs);
         op->status = op->verify && op->csum != op->expect_csum ? KVP_ECHECKSUM_MISMATCH : LANDING;
     }
     uint64_t last = 0;
