@@ -34,7 +34,8 @@
  * straight from the caller's iovecs (header + seg_io from a 64-byte stack
  * buffer), answers come in as they arrive, SEG_READ bodies read with readv
  * straight into the caller's iovecs; checksums are computed a window at a
- * time next to the sendmsg / recvmsg that moves it (see tcp_pump). Answers come back in request order
+ * time next to the sendmsg / recvmsg that moves it (see tcp_pump). Answers
+ * come back in request order
  * (the server serves a connection in order); anything else breaks the
  * connection: the ops still open fail with TRANSFER_FAIL (RPC_TIMEOUT at the
  * deadline) and the fd is closed, to be reconnected by the next job. A

@@ -265,7 +265,8 @@ static void run_odd_iovecs(int force_tcp)
     if (fx_start(&f, 64 * MiB, NULL))
         return;
     kvp_xfer *x;
-    kvp_xfer_opts o = {.client_id = 7, .conns_per_node = 2, .force_tcp = force_tcp, .timeout_ms = 5000};
+    kvp_xfer_opts o = {.client_id = 7, .conns_per_node = 2, .force_tcp = force_tcp,
+                       .timeout_ms = 5000};
     CHECK_EQ(kvp_xfer_create(&o, &x), 0);
     CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
     CHECK(!strcmp(kvp_xfer_transport(x, SEG_ID), force_tcp ? "tcp" : "shm"));
