@@ -616,11 +616,12 @@ static int tcp_dev_pump(job *j, int fd);
  *          frontier >= sent frontier), so each checksum covers exactly the
  *          bytes that went out. The window is 1 MiB, not the 32-256 KiB
  *          that would fit L1 as well: on loopback a small sendmsg costs far
- *          more than its copy (each call wakes the receiver anew); with
- *          128 KiB windows the sender spent ~7 us more CPU per call (0.30
- *          instead of 0.25 s per GB on the 2-vCPU VM measured) and puts ran
- *          7-12 % slower than hashing whole values, with 1 MiB ones 4-7 %
- *          faster.
+ *          more than its copy; with 128 KiB windows the sender spent ~7 us
+ *          more CPU per call (0.30 instead of 0.25 s per GB on the 2-vCPU
+ *          VM measured) and puts ran 7-12 % slower than hashing whole
+ *          values; 1 MiB ones ran as fast (that VM's L3 holds a whole batch,
+ *          so whole values were still in cache too; the window bounds the
+ *          hashed-ahead bytes to L2 where the L3 is smaller).
  *   read:  one recvmsg lands at most XFER_RCHUNK bytes in the caller's
  *          iovecs and those bytes are hashed right after it, before the
  *          next; recvmsg is repeated while it fills its chunk (the data is
