@@ -959,11 +959,18 @@ static kvp_client *kv_open(sb *b, const char *master, const char *token, int for
 }
 
 /* Starts `kvpool serve` (master + storage node, same binary) on a free
- * loopback port; up to 30 s: the node maps its segment first. */
+ * loopback port; up to 30 s: the node maps its segment first. Its pages are
+ * faulted in before it serves (--segment-prefault sync), as this benchmark's
+ * own buffers are written before any timing: with the default (background)
+ * the node's prefault thread would fault the 1 GiB in -- ~3 s of a core at
+ * first-touch speed -- while the kvpool rows are measured. */
 static pid_t spawn_serve(char *addr, size_t addrlen)
 {
-    static const char *const args[] = {"serve", "--segment-size", SEGMENT_SIZE, "--log-level",
-                                       "warn", "--protocol", "ucx", NULL};
+    static const char *const args[] = {"serve",      "--segment-size",
+                                       SEGMENT_SIZE, "--segment-prefault",
+                                       "sync",       "--log-level",
+                                       "warn",       "--protocol",
+                                       "ucx",        NULL};
     /* the node offers UCX over both transports the ucx rows use (a node
      * without UCX serves shm and tcp: those rows then fail, said why) */
     char *old = getenv("UCX_TLS") ? strdup(getenv("UCX_TLS")) : NULL;
@@ -1151,8 +1158,8 @@ static const struct target {
     double min;
     int strict; /* > min instead of >= min */
 } targets[] = {
-    {"shm/memcpy", SYS_SHM, SYS_MEMCPY, 0.8, 0},
-    {"tcp/raw_tcp", SYS_TCP, SYS_RAW, 0.8, 0},
+    {"shm/memcpy", SYS_SHM, SYS_MEMCPY, 0.85, 0},
+    {"tcp/raw_tcp", SYS_TCP, SYS_RAW, 0.85, 0},
     {"ucx-tcp/perftest", SYS_UCX_TCP, SYS_PERF_TCP, 0.8, 0},
     {"ucx-sm/perftest", SYS_UCX_SM, SYS_PERF_SM, 0.8, 0},
     {"ucx-tcp/tcp", SYS_UCX_TCP, SYS_TCP, 0, 0},
@@ -1217,12 +1224,12 @@ static void print_table(const sb *b, const char *master, int spawned)
                 fprintf(o, "  %s %s %s: %s\n", names[y], shapes[si].name, state_name[c->state],
                         c->why);
         }
-    fprintf(o, "%-26s", "targets (ratio)");
+    fprintf(o, "%-28s", "targets (ratio)");
     for (int si = 0; si < NSHAPES; si++)
         fprintf(o, "    %-30s", shapes[si].title);
     fprintf(o, "\n");
     for (int t = 0; t < NTARGETS; t++) {
-        fprintf(o, "  %-17s %s %.1f", targets[t].name, targets[t].strict ? "> " : ">=",
+        fprintf(o, "  %-17s %s %-4g", targets[t].name, targets[t].strict ? "> " : ">=",
                 targets[t].min);
         for (int si = 0; si < NSHAPES; si++)
             for (int g = 0; g < 2; g++) {
@@ -1283,7 +1290,7 @@ static void print_json(const sb *b, const char *master, int spawned)
                     printf("\"value\": null, ");
                 else
                     printf("\"value\": %.3f, ", r);
-                printf("\"target\": \"%s %.1f\", \"met\": %s}", targets[t].strict ? ">" : ">=",
+                printf("\"target\": \"%s %g\", \"met\": %s}", targets[t].strict ? ">" : ">=",
                        targets[t].min, r < 0 ? "null" : strcmp(mt, "met") ? "false" : "true");
             }
     printf("\n  ]\n}\n");

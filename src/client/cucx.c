@@ -16,10 +16,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
-
 #include "common/clock.h"
+#include "common/csum.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/ucx.h"
@@ -220,9 +218,9 @@ static void issue(kvp_cucx_peer *p, int is_write, opctx *o, void *buf, size_t le
 /* Issues op's requests; a put hashes each chunk just before it goes. */
 static void issue_op(kvp_cucx_peer *p, int is_write, kvp_xfer_op *op, opctx *o)
 {
-    XXH3_state_t hs;
+    kvp_csum hs;
     if (is_write && op->want_csum)
-        XXH3_64bits_reset(&hs);
+        kvp_csum_reset(&hs);
     uint64_t off = op->rep.offset;
     for (int i = 0; i < op->iovcnt && o->st == UCS_OK; i++) {
         uint8_t *b = op->iov[i].iov_base;
@@ -230,25 +228,25 @@ static void issue_op(kvp_cucx_peer *p, int is_write, kvp_xfer_op *op, opctx *o)
         for (size_t at = 0; at < len && o->st == UCS_OK;) {
             size_t c = is_write && len - at > CHUNK ? CHUNK : len - at;
             if (is_write && op->want_csum)
-                XXH3_64bits_update(&hs, b + at, c);
+                kvp_csum_update(&hs, b + at, c);
             issue(p, is_write, o, b + at, c, off);
             at += c;
             off += c;
         }
     }
     if (is_write && op->want_csum)
-        op->csum = XXH3_64bits_digest(&hs);
+        op->csum = kvp_csum_digest(&hs);
 }
 
 /* A get whose requests all completed: its checksum, its status. */
 static void finish_get(kvp_xfer_op *op, opctx *o)
 {
     if (o->st == UCS_OK && op->want_csum) {
-        XXH3_state_t hs;
-        XXH3_64bits_reset(&hs);
+        kvp_csum hs;
+        kvp_csum_reset(&hs);
         for (int i = 0; i < op->iovcnt; i++)
-            XXH3_64bits_update(&hs, op->iov[i].iov_base, op->iov[i].iov_len);
-        op->csum = XXH3_64bits_digest(&hs);
+            kvp_csum_update(&hs, op->iov[i].iov_base, op->iov[i].iov_len);
+        op->csum = kvp_csum_digest(&hs);
     }
     op->status = o->st == UCS_OK ? 0 : KVP_ETRANSFER_FAIL;
     o->finished = 1;

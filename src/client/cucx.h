@@ -11,7 +11,7 @@
  * node that dies fails the requests in flight (TRANSFER_FAIL) and marks the
  * peer failed, so the next batch attaches again.
  *
- * Checksums (XXH3-64, as on the other paths): a put hashes each chunk of
+ * Checksums (XXH3-64 through kvp_csum, as on the other paths): a put hashes each chunk of
  * the caller's bytes just before handing it to UCX (still in cache for the
  * copies UCX's software transports make); a get hashes each op's bytes once
  * its requests completed, while later ops are still in flight. A put is

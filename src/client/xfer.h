@@ -98,9 +98,10 @@ typedef struct kvp_xfer_op {
                    the node's refusal (INVALID_WRITE / INVALID_READ), and for
                    device ops KVP_EDEVICE or KVP_ECHECKSUM_MISMATCH (verify) */
     int want_csum;     /* compute csum while the bytes move: XXH3-64 of the
-                          value, hashed chunk by chunk while each chunk is in
-                          cache (shm), just before sending (tcp write) or just
-                          after receiving (tcp read): no separate pass */
+                          value, hashed a chunk at a time while the chunk is in
+                          cache: right after copying it (shm), just before the
+                          sendmsg that sends it (tcp write), right after the
+                          recvmsg that lands it (tcp read); no separate pass */
     uint64_t csum;     /* out, when want_csum and status is 0 */
     /* Device memory (gpu.h): dev NULL = every piece is host memory; else
      * dev[i] != 0 marks iov[i] as device memory of gdev (one device per
