@@ -119,11 +119,11 @@ int kvp_ucx_context(int mt, ucp_context_h *out, char *err, size_t errlen)
 void kvp_ucx_idle(unsigned *idle)
 {
     unsigned n = (*idle)++;
-    if (n < 64) {
+    if (n < 1024) {
         sched_yield();
         return;
     }
-    unsigned shift = (n - 64) / 16; /* 16 naps at each length */
+    unsigned shift = (n - 1024) / 16; /* 16 naps at each length */
     long ns = 20000L << (shift < 6 ? shift : 6);
     struct timespec ts = {0, ns < 1000000 ? ns : 1000000};
     nanosleep(&ts, NULL);
