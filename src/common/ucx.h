@@ -67,8 +67,10 @@ int kvp_ucx_context(int mt, ucp_context_h *out, char *err, size_t errlen);
 int kvp_ucx_worker(ucp_context_h ctx, ucs_thread_mode_t mode, ucp_worker_h *out, char *err,
                    size_t errlen);
 /* One idle turn of a worker's polling loop (*idle: turns since the worker
- * last made progress; reset it to 0 on progress): yields for the first 64,
- * then naps from 20 us doubling to 1 ms, so an idle worker costs about a
- * thousand wake-ups a second and an active one stays responsive. */
+ * last made progress; reset it to 0 on progress): yields for the first 1024
+ * (about a millisecond when nothing else wants the core; UCX's shared-memory
+ * transports need the peer's worker polled promptly: waiting by naps at once
+ * cost gets 40 %), then naps from 20 us doubling to 1 ms, so an idle worker
+ * costs about a thousand wake-ups a second and an active one stays responsive. */
 void kvp_ucx_idle(unsigned *idle);
 #endif
