@@ -67,6 +67,23 @@ static int env_up(env *e, const char *tls, const char *store_protocol)
                                                 store_protocol, NULL});
 }
 
+static void env_down(env *e);
+
+/* ucx_or_skip, then env_up: 0, or -1 with the test skipped or failed (and
+ * whatever started stopped). */
+static int ucx_env(env *e, const char *tls, const char *store_protocol)
+{
+    if (ucx_or_skip())
+        return -1;
+    if (env_up(e, tls, store_protocol) != 0) {
+        env_down(e);
+        th_fail(__FILE__, __LINE__, "env_up (UCX_TLS=%s, store --protocol %s)", tls,
+                store_protocol);
+        return -1;
+    }
+    return 0;
+}
+
 static void env_down(env *e)
 {
     for (int i = 0; i < 2; i++)
@@ -187,13 +204,9 @@ static uint64_t round_trip_bytes(void)
 
 static void round_trip_test(const char *tls)
 {
-    if (ucx_or_skip())
-        return;
     env e;
-    if (env_up(&e, tls, "ucx") != 0) {
-        env_down(&e);
-        CHECK(!"env_up");
-    }
+    if (ucx_env(&e, tls, "ucx") != 0)
+        return;
     kvp_client *c = client_open(e.m.addr);
     uint64_t moved[KVP_NPATHS] = {0};
     int ok = 0;
@@ -288,13 +301,9 @@ static int no_wrong_bytes(kvp_client *c, killer_run *k)
 
 static void node_kill_test(const char *tls)
 {
-    if (ucx_or_skip())
-        return;
     env e;
-    if (env_up(&e, tls, "ucx") != 0) {
-        env_down(&e);
-        CHECK(!"env_up");
-    }
+    if (ucx_env(&e, tls, "ucx") != 0)
+        return;
     static killer_run k;
     memset(&k, 0, sizeof k);
     k.c = client_open(e.m.addr);
@@ -400,13 +409,9 @@ static int stale_write(const kvp_seg_desc *sd, const kvp_replica *rd, int ucx)
 
 TEST(stale_descriptor_write_is_an_error_for_readers)
 {
-    if (ucx_or_skip())
-        return;
     env e;
-    if (env_up(&e, "tcp", "ucx") != 0) {
-        env_down(&e);
-        CHECK(!"env_up");
-    }
+    if (ucx_env(&e, "tcp", "ucx") != 0)
+        return;
     kvp_client *c = client_open(e.m.addr);
     rawc r = {0};
     kvp_buf_init(&r.body, 1 << 20);
@@ -453,13 +458,9 @@ TEST(stale_descriptor_write_is_an_error_for_readers)
 /* A client asking for ucx from a node that does not offer it: its other paths. */
 TEST(node_without_ucx_still_serves)
 {
-    if (ucx_or_skip())
-        return;
     env e;
-    if (env_up(&e, "tcp", "tcp") != 0) {
-        env_down(&e);
-        CHECK(!"env_up");
-    }
+    if (ucx_env(&e, "tcp", "tcp") != 0)
+        return;
     kvp_client *c = client_open(e.m.addr);
     int ok = c && round_trips(c, "no-ucx");
     uint64_t moved[KVP_NPATHS] = {0};
