@@ -15,8 +15,10 @@ lookup hits, what a step stores and loads, when a request's blocks may be
 freed, what failed -- is taken in C.
 
 Contracts
-  * Tested with vLLM 0.33.0 (SUPPORTED_VLLM); another version is refused at
-    start-up unless KVPOOL_VLLM_UNTESTED=1 is set.
+  * Runs on any vLLM that has the APIs it calls (REQUIRED_API: 0.32 and
+    0.33; tested on 0.32.0's CPU build in its real engine and on 0.33.0 in
+    its scheduler); one lacking any is refused at start-up naming what is
+    missing (KVPOOL_VLLM_UNTESTED=1 skips the check).
   * The step bytes (KVPoolConnectorMetadata.step) are incremental: every worker
     must receive every step's metadata, in order, once -- what vLLM's executors
     do, with async scheduling and pipeline parallelism too (steps are built and
@@ -99,9 +101,8 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 __all__ = ["KVPoolConnector", "KVPoolConnectorMetadata", "KVPoolConnectorStats",
-           "KVPoolPromMetrics", "KVPoolKVEvents", "SUPPORTED_VLLM"]
+           "KVPoolPromMetrics", "KVPoolKVEvents", "TESTED_VLLM", "check_vllm_api"]
 
-SUPPORTED_VLLM = ("0.33.0",)
 log = logging.getLogger("kvpool.vllm")
 
 # kv_connector_extra_config keys: the seeds' (vllm-connector-spec.md §3.3) and ours
@@ -152,15 +153,67 @@ def _lookup_gid(group: Any) -> int:
         raise ValueError(f"lookup_group: no group named {group!r}") from None
 
 
-def check_vllm_version(version: str = vllm.__version__) -> None:
-    """Refuses a vLLM this connector was not tested with (KVPOOL_VLLM_UNTESTED=1 overrides)."""
-    base = version.split("+")[0]
-    if base in SUPPORTED_VLLM or os.environ.get("KVPOOL_VLLM_UNTESTED") == "1":
+# What the connector uses of vLLM beyond its imports above: (module, attribute
+# path). A vLLM that lacks one cannot run it; anything that has all of them
+# can (0.32 and 0.33 do: tests/engine runs on the CPU build of 0.32.0,
+# tests/vllm on 0.33.0).
+REQUIRED_API: tuple[tuple[str, str], ...] = (
+    ("vllm.distributed.kv_transfer.kv_connector.v1.base", "KVConnectorBase_V1.build_connector_worker_meta"),
+    ("vllm.distributed.kv_transfer.kv_connector.v1.base", "KVConnectorBase_V1.get_block_ids_with_load_errors"),
+    ("vllm.distributed.kv_transfer.kv_connector.v1.base", "KVConnectorBase_V1.get_kv_connector_kv_cache_events"),
+    ("vllm.distributed.kv_transfer.kv_connector.v1.base", "KVConnectorBase_V1.register_finished_partial_tail"),
+    ("vllm.distributed.kv_transfer.kv_connector.v1.base", "KVConnectorBase_V1.handle_preemptions"),
+    ("vllm.distributed.kv_transfer.kv_connector.v1.base", "SupportsHMA.request_finished_all_groups"),
+    ("vllm.v1.core.kv_cache_utils", "resolve_kv_cache_block_sizes"),
+    ("vllm.v1.core.sched.output", "SchedulerOutput.kv_connector_block_state"),
+    ("vllm.v1.kv_cache_interface", "KVCacheConfig.prefix_cacheable_group_ids"),
+)
+# The versions the tests run on (documentation; the check is REQUIRED_API).
+TESTED_VLLM = ("0.32.0", "0.33.0")
+
+
+def _has(mod: str, path: str) -> bool:
+    import importlib
+
+    try:
+        obj: Any = importlib.import_module(mod)
+    except ImportError:
+        return False
+    for part in path.split("."):
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            continue
+        fields = getattr(obj, "__dataclass_fields__", None) or {}
+        if part not in fields and part not in getattr(obj, "__annotations__", {}):
+            return False
+        return True  # a dataclass field without a class default
+    return True
+
+
+def check_vllm_api(version: str = vllm.__version__) -> None:
+    """Refuses, naming what is missing, a vLLM that lacks an API the connector
+    calls (REQUIRED_API); any vLLM that has them all is accepted, whatever its
+    version string (KVPOOL_VLLM_UNTESTED=1 skips the check)."""
+    if os.environ.get("KVPOOL_VLLM_UNTESTED") == "1":
         return
-    raise RuntimeError(
-        f"kvpool.vllm.KVPoolConnector supports vLLM {', '.join(SUPPORTED_VLLM)}; this is vLLM "
-        f"{version}. Install vllm=={SUPPORTED_VLLM[-1]}, or set KVPOOL_VLLM_UNTESTED=1 to try "
-        "it anyway (the connector contract changes between vLLM releases).")
+    missing = [f"{m}.{a}" for m, a in REQUIRED_API if not _has(m, a)]
+    if missing:
+        raise RuntimeError(
+            f"kvpool.vllm.KVPoolConnector cannot run on vLLM {version}: it lacks "
+            f"{', '.join(missing)}. Tested: vLLM {', '.join(TESTED_VLLM)}; set "
+            "KVPOOL_VLLM_UNTESTED=1 to try anyway.")
+    if version.split("+")[0] not in TESTED_VLLM and not _untested_warned:
+        _warn_untested(version)
+
+
+_untested_warned = False
+
+
+def _warn_untested(version: str) -> None:
+    global _untested_warned
+    _untested_warned = True
+    log.warning("kvpool.vllm: vLLM %s has every API the connector uses but is not one of the "
+                "versions it is tested with (%s)", version, ", ".join(TESTED_VLLM))
 
 
 # ------------------------------------------------------------------ configuration
@@ -687,7 +740,7 @@ class KVPoolConnector(KVConnectorBase_V1, SupportsHMA):
 
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig) -> None:
-        check_vllm_version()
+        check_vllm_api()
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self._setup = _setup(vllm_config, kv_cache_config, role)
         self._sched: Optional[_Scheduler] = None
