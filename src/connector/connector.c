@@ -502,8 +502,15 @@ int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *
                                      .gid = c->lookup_gid >= 0 ? (gid_t)c->lookup_gid : 0};
         rc = kvp_lookup_server_start_opts(c->lookup_socket, &h, &lo, &x->srv);
         if (rc != 0) {
-            if (err && errlen)
-                snprintf(err, errlen, "cannot serve the lookup channel on %s", c->lookup_socket);
+            if (err && errlen && strlen(c->lookup_socket) >= KVP_LOOKUP_PATH_MAX)
+                snprintf(err, errlen,
+                         "cannot serve the lookup channel on %s: the path is %zu bytes, a unix "
+                         "socket's can have at most %d; set VLLM_RPC_BASE_PATH to a shorter "
+                         "directory",
+                         c->lookup_socket, strlen(c->lookup_socket), KVP_LOOKUP_PATH_MAX - 1);
+            else if (err && errlen)
+                snprintf(err, errlen, "cannot serve the lookup channel on %s: %s",
+                         c->lookup_socket, kvp_err_name(rc));
             goto bad;
         }
     }

@@ -105,7 +105,8 @@ class Engines:
         e = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         e["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT / "python"),
                                            e.get("PYTHONPATH", "")])
-        e["VLLM_RPC_BASE_PATH"] = str(d)
+        # the lookup socket's path must fit a unix address (108 bytes)
+        e["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="kvp-rpc-")
         e.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         e.update(env or {})
         with open(d / "log", "wb") as log:

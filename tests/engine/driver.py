@@ -19,11 +19,12 @@ SPEC (JSON):
   kv_space_gib      VLLM_CPU_KVCACHE_SPACE (default 1)
   phases            list of {name, prompts: [[token ids]...], max_tokens,
                     corrupt_kv_before: bool, reset_prefix_cache: bool,
-                    wait_for: path (block until it exists), timed: bool}
+                    wait_for: path (block until it exists, then sleep_s)}
 
 RESULT: {"startup_s", "phases": [{"name", "elapsed_s", "outputs": [{"tokens",
 "cached"}]}], "error"?}. After each phase the file PHASE.done appears beside
-RESULT.json (the tests kill or start the pool between phases)."""
+RESULT.json, and PHASE.start when it begins (the tests kill or start the pool
+between phases and during them)."""
 from __future__ import annotations
 
 import json
@@ -53,8 +54,10 @@ def _corrupt_kv(llm: Any) -> int:
 
 
 def _metrics(llm: Any) -> dict[str, float]:
-    """vLLM's own counters and gauges (LLM.get_metrics), summed over labels:
-    vllm:num_preemptions, the prefix-cache and connector counters."""
+    """vLLM's own counters and gauges (LLM.get_metrics), summed over labels,
+    and per operation as NAME:OPERATION for the connector's counters
+    (vllm:kvpool_failed_keys:load): vllm:num_preemptions, the prefix-cache
+    and connector counters."""
     out: dict[str, float] = {}
     try:
         ms = llm.get_metrics()
@@ -62,8 +65,11 @@ def _metrics(llm: Any) -> dict[str, float]:
         return out
     for m in ms:
         v = getattr(m, "value", None)
-        if isinstance(v, (int, float)):
-            out[m.name] = out.get(m.name, 0.0) + float(v)
+        if not isinstance(v, (int, float)):
+            continue
+        op = (getattr(m, "labels", None) or {}).get("operation")
+        for name in (m.name, f"{m.name}:{op}") if op else (m.name,):
+            out[name] = out.get(name, 0.0) + float(v)
     return out
 
 
@@ -137,6 +143,8 @@ def main(spec_path: str, out_path: str) -> int:
             deadline = time.monotonic() + 120
             while not os.path.exists(w) and time.monotonic() < deadline:
                 time.sleep(0.05)
+        time.sleep(float(ph.get("sleep_s", 0)))
+        open(os.path.join(os.path.dirname(out_path), ph["name"] + ".start"), "w").close()
         rec: dict[str, Any] = {"name": ph["name"]}
         if ph.get("reset_prefix_cache"):
             llm.reset_prefix_cache()
