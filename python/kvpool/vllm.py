@@ -396,13 +396,20 @@ class KVPoolConnectorMetadata(KVConnectorMetadata):
 _OPS = ("store", "load", "lookup")
 _FIELDS = ("count", "total_ns", "max_ns", "keys", "bytes", "failed_keys", "existing_keys",
            "partial", "errors")
+# data["pool"]: the pool's availability (ConnWorker.pool_status): "unavailable"
+# 0 / 1 now (aggregated: max, i.e. some rank is without the pool), and what was
+# done without it since the last report (summed)
+_POOL_COUNTERS = ("outages", "skipped_stores", "skipped_lookups", "failed_loads")
 
 
 @dataclass
 class KVPoolConnectorStats(KVConnectorStats):
     """Counters per operation (store, load, lookup) as the C worker keeps them:
     data = {op: {count, total_ns, max_ns, keys, bytes, failed_keys,
-    existing_keys, partial, errors}}. Summed over ranks and steps."""
+    existing_keys, partial, errors}}. Summed over ranks and steps. With the
+    pool's availability when it changed or anything else is reported:
+    data["pool"] = {unavailable (0/1, max over ranks), outages, skipped_stores,
+    skipped_lookups, failed_loads (summed)}."""
 
     def __post_init__(self) -> None:
         if not self.data:
@@ -412,10 +419,18 @@ class KVPoolConnectorStats(KVConnectorStats):
         self.data = {}
 
     def is_empty(self) -> bool:
-        return not any(v.get("count", 0) or v.get("errors", 0) for v in self.data.values())
+        return not any(v.get("count", 0) or v.get("errors", 0) for k, v in self.data.items()
+                       if k != "pool") and not any(self.data.get("pool", {}).values())
 
     def aggregate(self, other: KVConnectorStats) -> "KVPoolConnectorStats":
         for op, rec in (other.data or {}).items():
+            if op == "pool":
+                p = self.data.setdefault("pool",
+                                         dict.fromkeys(("unavailable",) + _POOL_COUNTERS, 0))
+                p["unavailable"] = max(p["unavailable"], int(rec.get("unavailable", 0)))
+                for f in _POOL_COUNTERS:
+                    p[f] += int(rec.get(f, 0))
+                continue
             mine = self.data.setdefault(op, {f: 0 for f in _FIELDS})
             for f in _FIELDS:
                 v = int(rec.get(f, 0))
@@ -439,12 +454,20 @@ class KVPoolConnectorStats(KVConnectorStats):
                 out["store_existing_keys"] = int(r["existing_keys"])
             if op == "lookup":
                 out["lookup_hit_keys"] = int(r["keys"]) - int(r["failed_keys"])
+        pool = self.data.get("pool")
+        if pool:
+            out["pool_unavailable"] = int(pool.get("unavailable", 0))
+            for f in _POOL_COUNTERS:
+                out[f"pool_{f}"] = int(pool.get(f, 0))
         return out
 
 
 class KVPoolPromMetrics(KVConnectorPromMetrics):
     """Prometheus counters vllm:kvpool_{operations,keys,bytes,failed_keys,
-    errors}_total and vllm:kvpool_seconds_total, labelled by operation."""
+    errors}_total and vllm:kvpool_seconds_total, labelled by operation; the
+    gauge vllm:kvpool_pool_unavailable (1 while a rank is without the pool) and
+    the counters vllm:kvpool_pool_{outages,skipped_stores,skipped_lookups,
+    failed_loads}_total."""
 
     def __init__(self, vllm_config: "VllmConfig",
                  metric_types: dict[type[PromMetric], type[PromMetricT]],
@@ -457,9 +480,27 @@ class KVPoolPromMetrics(KVConnectorPromMetrics):
         self._counters = {k: self._counter_cls(name=f"vllm:kvpool_{k}_total",
                                                documentation=f"kvpool: {d}", labelnames=names)
                           for k, d in doc.items()}
+        pdoc = {"outages": "times the pool became unavailable (unreachable at start counts)",
+                "skipped_stores": "store jobs skipped while the pool was unavailable",
+                "skipped_lookups": "lookups answered 0 while the pool was unavailable",
+                "failed_loads": "loads failed at once (recomputed) while the pool was unavailable"}
+        self._pool = {k: self._counter_cls(name=f"vllm:kvpool_pool_{k}_total",
+                                           documentation=f"kvpool: {d}", labelnames=labelnames)
+                      for k, d in pdoc.items()}
+        self._unavailable = self._gauge_cls(
+            name="vllm:kvpool_pool_unavailable", multiprocess_mode="mostrecent",
+            documentation="kvpool: 1 while the engine runs without the pool (unreachable), else 0",
+            labelnames=labelnames)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for op, r in (transfer_stats_data or {}).items():
+            if op == "pool":
+                lv = self.per_engine_labelvalues[engine_idx]
+                self._unavailable.labels(*lv).set(int(r.get("unavailable", 0)))
+                for f in _POOL_COUNTERS:
+                    if r.get(f):
+                        self._pool[f].labels(*lv).inc(int(r[f]))
+                continue
             lv = self.per_engine_labelvalues[engine_idx] + [op]
             for k, f in (("operations", "count"), ("keys", "keys"), ("bytes", "bytes"),
                          ("failed_keys", "failed_keys"), ("errors", "errors")):
@@ -661,6 +702,8 @@ class _Worker:
         self._w: Optional[_native.ConnWorker] = None
         self._events: deque[Any] = deque(maxlen=128)  # CUDA events the fence may wait on
         self._cuda = False
+        self._pool_seen = dict.fromkeys(_POOL_COUNTERS, 0)  # counters already reported
+        self._pool_unavailable = 0                         # the state last reported
 
     def register(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
         if self._w is not None:
@@ -709,7 +752,18 @@ class _Worker:
         return set(self._w.load_errors()), set(self._w.load_failed())
 
     def stats(self) -> Optional[KVPoolConnectorStats]:
-        d = self._w.take_stats() if self._w is not None else None
+        if self._w is None:
+            return None
+        d = self._w.take_stats()
+        # the pool's availability: reported when it changed, when something was done
+        # without the pool, or alongside the other counters (refreshing the gauge)
+        st = self._w.pool_status()
+        pool = {f: int(st[f]) - self._pool_seen[f] for f in _POOL_COUNTERS}
+        unavailable = 0 if st["available"] else 1
+        if d or any(pool.values()) or unavailable != self._pool_unavailable:
+            self._pool_seen = {f: int(st[f]) for f in _POOL_COUNTERS}
+            self._pool_unavailable = unavailable
+            d = dict(d or {}, pool=dict(pool, unavailable=unavailable))
         return KVPoolConnectorStats(data=d) if d else None
 
     def kv_events(self) -> Optional[KVPoolKVEvents]:

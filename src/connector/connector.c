@@ -604,6 +604,28 @@ int kvp_conn_take_stats(kvp_conn_worker *w, kvp_conn_stats *out)
     return r;
 }
 
+void kvp_conn_pool_status_init(kvp_conn_pool_status *s)
+{
+    memset(s, 0, sizeof *s);
+    s->struct_size = sizeof *s;
+}
+
+int kvp_conn_pool_status_get(kvp_conn_worker *w, kvp_conn_pool_status *out)
+{
+    if (!w || !out || out->struct_size != sizeof *out)
+        return KVP_EINVALID_PARAMS;
+    kvp_plink_status ps;
+    kvp_worker_pool_status(w->w, &ps);
+    out->available = ps.available != 0;
+    out->attached = ps.attached != 0;
+    out->unavailable_ms = ps.unavailable_ms;
+    out->outages = ps.outages;
+    out->skipped_stores = ps.skipped_stores;
+    out->skipped_lookups = ps.skipped_lookups;
+    out->failed_loads = ps.failed_loads;
+    return 0;
+}
+
 int kvp_conn_take_events(kvp_conn_worker *w, kvp_conn_event **ev, size_t *n)
 {
     kvp_worker_event *we = NULL;
