@@ -100,12 +100,16 @@ def test_tp2_workers_in_their_own_processes(
     process. The second phase hits what the first stored (vLLM's own prefix
     cache is off, so the pool is the only source)."""
     kv = kv_config(pool.addr)
+    # TP 2 sums its attention and MLP outputs in another order than TP 1: its
+    # own tokens are the reference
+    ref = engines.run(llama, [{"name": "p", "prompts": [P1, P3], "max_tokens": MAX_TOKENS}],
+                      tp=2, multiproc=True)
     r = engines.run(llama, [{"name": "store", "prompts": [P1], "max_tokens": MAX_TOKENS},
                             {"name": "hit", "prompts": [P1, P3], "max_tokens": MAX_TOKENS}],
                     kv=kv, tp=2, multiproc=True)
-    assert r.tokens("store") == [baseline["P1"]]
-    assert r.tokens("hit") == [baseline["P1"], baseline["P3"]]
-    assert r.cached("hit")[0] == FULL
+    assert r.tokens("store") == ref.tokens("p")[:1]
+    assert r.tokens("hit") == ref.tokens("p")
+    assert r.cached("hit") == [FULL, 0]
 
 
 def test_preemption_with_the_scheduler_and_worker_apart(
@@ -120,11 +124,11 @@ def test_preemption_with_the_scheduler_and_worker_apart(
     # 4 requests need 10 + 8 + 7 + 9 blocks with their 48 new tokens: 24 blocks
     # do not hold them, one request does fit
     r = engines.run(llama, [{"name": "batch", "prompts": prompts, "max_tokens": 48}],
-                    kv=kv, executor="mp", multiproc=True, num_blocks=24)
+                    kv=kv, executor="mp", multiproc=True, num_blocks=24, max_model_len=512)
     ref = engines.run(llama, [{"name": "batch", "prompts": prompts, "max_tokens": 48}])
     assert r.tokens("batch") == ref.tokens("batch")
-    assert r.tokens("batch")[0][:MAX_TOKENS] == baseline["P1"]
-    assert "preempt" in r.log.lower() or sum(r.cached("batch")) > 0
+    assert r.phase("batch")["metrics"].get("vllm:num_preemptions", 0) > 0, "nothing was preempted"
+    assert r.cached("batch")[0] == FULL
 
 
 @pytest.mark.parametrize("arch", ["mistral", "gemma3"])
