@@ -15,7 +15,8 @@ SPEC (JSON):
   as_mooncake       true: kvpool.install_as_mooncake() first (vLLM's in-tree
                     MooncakeStoreConnector then runs on kvpool)
   num_blocks        num_gpu_blocks_override (small: forces preemption)
-  max_num_seqs, max_num_batched_tokens, block_size (default 32)
+  max_num_seqs, max_num_batched_tokens, block_size (default 32),
+  mamba_cache_mode ("align": what KVPoolConnector needs for Mamba state)
   kv_space_gib      VLLM_CPU_KVCACHE_SPACE (default 1)
   phases            list of {name, prompts: [[token ids]...], max_tokens,
                     corrupt_kv_before: bool, reset_prefix_cache: bool,
@@ -122,6 +123,8 @@ def main(spec_path: str, out_path: str) -> int:
         max_num_seqs=spec.get("max_num_seqs", 16),
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 4096),
         disable_log_stats=False)
+    if spec.get("mamba_cache_mode"):
+        args["mamba_cache_mode"] = spec["mamba_cache_mode"]
     if spec.get("executor"):
         args["distributed_executor_backend"] = spec["executor"]
     if spec.get("num_blocks"):
