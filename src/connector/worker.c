@@ -2019,8 +2019,10 @@ int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes,
         }
         erc = kvp_client_exist_lease(w->client, skeys, ns, sres, sz);
         if (erc == KVP_ENOT_SUPPORTED) {
-            KVP_WARN_LIMITED(MOD, "the master does not know EXIST_LEASE (an older release): "
-                                  "lookup hits are not leased, nor their sizes checked");
+            static int warned; /* once per process: every lookup would say it */
+            if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+                KVP_WARN(MOD, "the master does not know EXIST_LEASE (an older release): "
+                              "lookup hits are not leased, nor their sizes checked");
         } else if (erc < 0) {
             KVP_WARN(MOD, "lookup lease of %zu keys failed: %s (a miss)", ns, kvp_err_name(erc));
             lerr = 1;
