@@ -58,6 +58,15 @@ if "$venv/bin/python" -c 'import numpy' 2>/dev/null; then
 else
   echo "== bench/bench_python.py skipped: no Python with numpy at $venv/bin/python (set KVPOOL_VENV)"
 fi
+# time to first token in vLLM's real CPU engine (its venv: scripts/vllm-cpu-env)
+if vc=$("$(dirname "$0")/../scripts/vllm-cpu-env" 2>/dev/null); then
+  echo "== bench/ttft.py: vLLM's CPU engine, TTFT without a connector, pool miss, pool hit, vLLM's prefix cache (results: $out/ttft.json)"
+  # kvpool._native: built in python/kvpool by bench_python.py's step above (same interpreter)
+  "$vc" "$(dirname "$0")/ttft.py" --kvpool "$build/kvpool" --json "$out/ttft.json.tmp"
+  mv "$out/ttft.json.tmp" "$out/ttft.json"
+else
+  echo "== bench/ttft.py skipped: scripts/vllm-cpu-env could not make vLLM's CPU venv"
+fi
 vv=${KVPOOL_VLLM_VENV:-$HOME/.cache/kvpool/venv-vllm}; if [ -x "$vv/bin/python" ] && "$vv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("vllm") is None)' 2>/dev/null; then echo "== bench/bench_vllm.py: vLLM 0.33 scheduler, no connector / kvpool / in-tree Mooncake connector on Mooncake and on kvpool (results: $out/vllm.json)"; "$vv/bin/python" "$(dirname "$0")/bench_vllm.py" --kvpool "$build/kvpool" --out "$out/vllm.json"; else echo "== bench/bench_vllm.py skipped: no vLLM venv at $vv (set KVPOOL_VLLM_VENV)"; fi
 # The hostile run (bench/hostile.py, about 4 minutes) only when asked for:
 # KVPOOL_BENCH_HOSTILE=1 (KVPOOL_HOSTILE_SECONDS per target, default 60).

@@ -56,6 +56,8 @@
  * later than the step its request is reported finished receiving; a failed
  * store is retried by a later step or simply absent from the pool (a later
  * lookup misses it); a lookup that cannot be answered in time is a hit of 0.
+ * The pool being down, at open or later, is one of these failures, never an
+ * engine's error (kvp_conn_pool_status_get).
  */
 #ifndef KVPOOL_CONNECTOR_H
 #define KVPOOL_CONNECTOR_H
@@ -359,8 +361,11 @@ KVP_API void kvp_conn_ids_free(kvp_conn_ids *s);
 /*
  * Opens the worker half of one rank: connects to the store (store_config),
  * and on rank 0 of every dimension serves the lookup channel on
- * lookup_socket. Errors with a message in err: KVP_EINVALID_PARAMS,
- * KVP_ECONFIG, the store's open error, KVP_EIO, KVP_ENOMEM.
+ * lookup_socket. A store that cannot be reached (KVP_ERPC_FAIL /
+ * KVP_ERPC_TIMEOUT) is no error: the worker opens detached (one warning; see
+ * kvp_conn_pool_status_get). Errors with a message in err: KVP_EINVALID_PARAMS,
+ * KVP_ECONFIG, the store's other open errors (a refused credential,
+ * KVP_EAUTH; a host name that does not resolve), KVP_EIO, KVP_ENOMEM.
  */
 KVP_API int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *err,
                          size_t errlen);
@@ -416,6 +421,32 @@ typedef struct kvp_conn_stats {
 } kvp_conn_stats;
 /* 1 if anything was recorded since the last take, else 0. */
 KVP_API int kvp_conn_take_stats(kvp_conn_worker *w, kvp_conn_stats *out);
+
+/*
+ * The pool's availability as this worker sees it. The engine outlives the
+ * pool: a worker whose pool cannot be reached when it opens (nothing
+ * listens, no answer within rpc_timeout) opens anyway, "detached", and
+ * attaches in the background once the master answers; one that loses the
+ * pool later carries on without it and reconnects the same way (retried
+ * every 0.5 s, backing off to 10 s). While the pool is unavailable a lookup
+ * is a hit of 0, a store is skipped, a load fails at once (its blocks are
+ * reported by kvp_conn_load_errors: the engine recomputes them); nothing
+ * waits for the pool. The log says it once per outage, and once when it
+ * ends. Counters count since open (they are not reset by a call).
+ */
+typedef struct kvp_conn_pool_status {
+    size_t struct_size;       /* sizeof(kvp_conn_pool_status), from _init */
+    bool available;           /* the pool answers: lookups, stores and loads use it */
+    bool attached;            /* the store client is open (false: detached since open) */
+    uint64_t unavailable_ms;  /* how long it has been unavailable (0 when available) */
+    uint64_t outages;         /* times it became unavailable (a detached open counts) */
+    uint64_t skipped_stores;  /* store jobs skipped while unavailable */
+    uint64_t skipped_lookups; /* lookups answered 0 without asking the pool */
+    uint64_t failed_loads;    /* load jobs failed at once while unavailable */
+} kvp_conn_pool_status;
+KVP_API void kvp_conn_pool_status_init(kvp_conn_pool_status *s);
+/* 0, or KVP_EINVALID_PARAMS (NULL, or a struct_size this library does not know). */
+KVP_API int kvp_conn_pool_status_get(kvp_conn_worker *w, kvp_conn_pool_status *out);
 
 /* KV event BlockStored: one stored block of one group. */
 typedef struct kvp_conn_event {

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs every test binary under $1, then the Python tests (pytest over
-# tests/python in the venv of scripts/python-env, then tests/vllm in the
-# vLLM venv of scripts/vllm-env), and prints the total of all as the last line:
+# tests/python in the venv of scripts/python-env, tests/vllm in the vLLM
+# venv of scripts/vllm-env, then tests/engine in vLLM's CPU build of
+# scripts/vllm-cpu-env), and prints the total of all as the last line:
 #   N passed, N failed, N skipped
 # A binary that dies without its RESULT line counts as one failure. When the
 # venv cannot be made, the Python tests count as one skip, with the reason.
@@ -78,7 +79,10 @@ else
     "$root/scripts/vllm-env" >"$log" 2>&1 || echo "note: the vLLM venv could not be made: $(tail -3 "$log" | tr '\n' ' ')"
     pytest_dir python python-env
     # vLLM's tests exercise the Python connector, not our threads: make tsan leaves them out
-    [ -n "${KVP_TSAN:-}" ] || pytest_dir vllm vllm-env
+    if [ -z "${KVP_TSAN:-}" ]; then
+        pytest_dir vllm vllm-env        # vLLM 0.33.0's scheduler, a forward that writes known bytes
+        pytest_dir engine vllm-cpu-env  # vLLM 0.32.0's CPU build: its real engine, real forwards
+    fi
 fi
 rm -f "$log"
 if [ -s "$failed" ]; then

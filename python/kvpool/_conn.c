@@ -1606,6 +1606,27 @@ static PyObject *Worker_take_stats(ConnWorker *self, PyObject *unused)
     return d;
 }
 
+/* pool_status() -> {available, attached, unavailable_ms, outages, skipped_stores,
+ * skipped_lookups, failed_loads}: the pool's availability; counters since open */
+static PyObject *Worker_pool_status(ConnWorker *self, PyObject *unused)
+{
+    if (wenter(self) < 0)
+        return NULL;
+    kvp_conn_pool_status st;
+    kvp_conn_pool_status_init(&st);
+    int rc = kvp_conn_pool_status_get(self->w, &st);
+    wleave(self);
+    if (rc < 0)
+        return conn_error(rc);
+    return Py_BuildValue("{sOsOsKsKsKsKsK}", "available", st.available ? Py_True : Py_False,
+                         "attached", st.attached ? Py_True : Py_False, "unavailable_ms",
+                         (unsigned long long)st.unavailable_ms, "outages",
+                         (unsigned long long)st.outages, "skipped_stores",
+                         (unsigned long long)st.skipped_stores, "skipped_lookups",
+                         (unsigned long long)st.skipped_lookups, "failed_loads",
+                         (unsigned long long)st.failed_loads);
+}
+
 /* take_events() -> [(group, block_size, hash, parent | None, start, end, token_ids | None)] */
 static PyObject *Worker_take_events(ConnWorker *self, PyObject *unused)
 {
@@ -1675,6 +1696,9 @@ static PyMethodDef Worker_methods[] = {
      "load_failed() -> ids of requests with a failed load since the last call"},
     {"take_stats", (PyCFunction)Worker_take_stats, METH_NOARGS,
      "take_stats() -> {store|load|lookup: counters} or None when nothing happened"},
+    {"pool_status", (PyCFunction)Worker_pool_status, METH_NOARGS,
+     "pool_status() -> {available, attached, unavailable_ms, outages, skipped_stores, "
+     "skipped_lookups, failed_loads}: the pool's availability (counters since open)"},
     {"take_events", (PyCFunction)Worker_take_events, METH_NOARGS,
      "take_events() -> BlockStored tuples (group, block_size, hash, parent, start, end, tokens)"},
     {"drain", (PyCFunction)Worker_drain, METH_NOARGS, "drain(): waits for queued transfers"},

@@ -15,8 +15,10 @@ lookup hits, what a step stores and loads, when a request's blocks may be
 freed, what failed -- is taken in C.
 
 Contracts
-  * Tested with vLLM 0.33.0 (SUPPORTED_VLLM); another version is refused at
-    start-up unless KVPOOL_VLLM_UNTESTED=1 is set.
+  * Runs on any vLLM that has the APIs it calls (REQUIRED_API: 0.32 and
+    0.33; tested on 0.32.0's CPU build in its real engine and on 0.33.0 in
+    its scheduler); one lacking any is refused at start-up naming what is
+    missing (KVPOOL_VLLM_UNTESTED=1 skips the check).
   * The step bytes (KVPoolConnectorMetadata.step) are incremental: every worker
     must receive every step's metadata, in order, once -- what vLLM's executors
     do, with async scheduling and pipeline parallelism too (steps are built and
@@ -99,9 +101,8 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 __all__ = ["KVPoolConnector", "KVPoolConnectorMetadata", "KVPoolConnectorStats",
-           "KVPoolPromMetrics", "KVPoolKVEvents", "SUPPORTED_VLLM"]
+           "KVPoolPromMetrics", "KVPoolKVEvents", "TESTED_VLLM", "check_vllm_api"]
 
-SUPPORTED_VLLM = ("0.33.0",)
 log = logging.getLogger("kvpool.vllm")
 
 # kv_connector_extra_config keys: the seeds' (vllm-connector-spec.md §3.3) and ours
@@ -152,15 +153,67 @@ def _lookup_gid(group: Any) -> int:
         raise ValueError(f"lookup_group: no group named {group!r}") from None
 
 
-def check_vllm_version(version: str = vllm.__version__) -> None:
-    """Refuses a vLLM this connector was not tested with (KVPOOL_VLLM_UNTESTED=1 overrides)."""
-    base = version.split("+")[0]
-    if base in SUPPORTED_VLLM or os.environ.get("KVPOOL_VLLM_UNTESTED") == "1":
+# What the connector uses of vLLM beyond its imports above: (module, attribute
+# path). A vLLM that lacks one cannot run it; anything that has all of them
+# can (0.32 and 0.33 do: tests/engine runs on the CPU build of 0.32.0,
+# tests/vllm on 0.33.0).
+REQUIRED_API: tuple[tuple[str, str], ...] = (
+    ("vllm.distributed.kv_transfer.kv_connector.v1.base", "KVConnectorBase_V1.build_connector_worker_meta"),
+    ("vllm.distributed.kv_transfer.kv_connector.v1.base", "KVConnectorBase_V1.get_block_ids_with_load_errors"),
+    ("vllm.distributed.kv_transfer.kv_connector.v1.base", "KVConnectorBase_V1.get_kv_connector_kv_cache_events"),
+    ("vllm.distributed.kv_transfer.kv_connector.v1.base", "KVConnectorBase_V1.register_finished_partial_tail"),
+    ("vllm.distributed.kv_transfer.kv_connector.v1.base", "KVConnectorBase_V1.handle_preemptions"),
+    ("vllm.distributed.kv_transfer.kv_connector.v1.base", "SupportsHMA.request_finished_all_groups"),
+    ("vllm.v1.core.kv_cache_utils", "resolve_kv_cache_block_sizes"),
+    ("vllm.v1.core.sched.output", "SchedulerOutput.kv_connector_block_state"),
+    ("vllm.v1.kv_cache_interface", "KVCacheConfig.prefix_cacheable_group_ids"),
+)
+# The versions the tests run on (documentation; the check is REQUIRED_API).
+TESTED_VLLM = ("0.32.0", "0.33.0")
+
+
+def _has(mod: str, path: str) -> bool:
+    import importlib
+
+    try:
+        obj: Any = importlib.import_module(mod)
+    except ImportError:
+        return False
+    for part in path.split("."):
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            continue
+        fields = getattr(obj, "__dataclass_fields__", None) or {}
+        if part not in fields and part not in getattr(obj, "__annotations__", {}):
+            return False
+        return True  # a dataclass field without a class default
+    return True
+
+
+def check_vllm_api(version: str = vllm.__version__) -> None:
+    """Refuses, naming what is missing, a vLLM that lacks an API the connector
+    calls (REQUIRED_API); any vLLM that has them all is accepted, whatever its
+    version string (KVPOOL_VLLM_UNTESTED=1 skips the check)."""
+    if os.environ.get("KVPOOL_VLLM_UNTESTED") == "1":
         return
-    raise RuntimeError(
-        f"kvpool.vllm.KVPoolConnector supports vLLM {', '.join(SUPPORTED_VLLM)}; this is vLLM "
-        f"{version}. Install vllm=={SUPPORTED_VLLM[-1]}, or set KVPOOL_VLLM_UNTESTED=1 to try "
-        "it anyway (the connector contract changes between vLLM releases).")
+    missing = [f"{m}.{a}" for m, a in REQUIRED_API if not _has(m, a)]
+    if missing:
+        raise RuntimeError(
+            f"kvpool.vllm.KVPoolConnector cannot run on vLLM {version}: it lacks "
+            f"{', '.join(missing)}. Tested: vLLM {', '.join(TESTED_VLLM)}; set "
+            "KVPOOL_VLLM_UNTESTED=1 to try anyway.")
+    if version.split("+")[0] not in TESTED_VLLM and not _untested_warned:
+        _warn_untested(version)
+
+
+_untested_warned = False
+
+
+def _warn_untested(version: str) -> None:
+    global _untested_warned
+    _untested_warned = True
+    log.warning("kvpool.vllm: vLLM %s has every API the connector uses but is not one of the "
+                "versions it is tested with (%s)", version, ", ".join(TESTED_VLLM))
 
 
 # ------------------------------------------------------------------ configuration
@@ -343,13 +396,20 @@ class KVPoolConnectorMetadata(KVConnectorMetadata):
 _OPS = ("store", "load", "lookup")
 _FIELDS = ("count", "total_ns", "max_ns", "keys", "bytes", "failed_keys", "existing_keys",
            "partial", "errors")
+# data["pool"]: the pool's availability (ConnWorker.pool_status): "unavailable"
+# 0 / 1 now (aggregated: max, i.e. some rank is without the pool), and what was
+# done without it since the last report (summed)
+_POOL_COUNTERS = ("outages", "skipped_stores", "skipped_lookups", "failed_loads")
 
 
 @dataclass
 class KVPoolConnectorStats(KVConnectorStats):
     """Counters per operation (store, load, lookup) as the C worker keeps them:
     data = {op: {count, total_ns, max_ns, keys, bytes, failed_keys,
-    existing_keys, partial, errors}}. Summed over ranks and steps."""
+    existing_keys, partial, errors}}. Summed over ranks and steps. With the
+    pool's availability when it changed or anything else is reported:
+    data["pool"] = {unavailable (0/1, max over ranks), outages, skipped_stores,
+    skipped_lookups, failed_loads (summed)}."""
 
     def __post_init__(self) -> None:
         if not self.data:
@@ -359,10 +419,18 @@ class KVPoolConnectorStats(KVConnectorStats):
         self.data = {}
 
     def is_empty(self) -> bool:
-        return not any(v.get("count", 0) or v.get("errors", 0) for v in self.data.values())
+        return not any(v.get("count", 0) or v.get("errors", 0) for k, v in self.data.items()
+                       if k != "pool") and not any(self.data.get("pool", {}).values())
 
     def aggregate(self, other: KVConnectorStats) -> "KVPoolConnectorStats":
         for op, rec in (other.data or {}).items():
+            if op == "pool":
+                p = self.data.setdefault("pool",
+                                         dict.fromkeys(("unavailable",) + _POOL_COUNTERS, 0))
+                p["unavailable"] = max(p["unavailable"], int(rec.get("unavailable", 0)))
+                for f in _POOL_COUNTERS:
+                    p[f] += int(rec.get(f, 0))
+                continue
             mine = self.data.setdefault(op, {f: 0 for f in _FIELDS})
             for f in _FIELDS:
                 v = int(rec.get(f, 0))
@@ -386,12 +454,20 @@ class KVPoolConnectorStats(KVConnectorStats):
                 out["store_existing_keys"] = int(r["existing_keys"])
             if op == "lookup":
                 out["lookup_hit_keys"] = int(r["keys"]) - int(r["failed_keys"])
+        pool = self.data.get("pool")
+        if pool:
+            out["pool_unavailable"] = int(pool.get("unavailable", 0))
+            for f in _POOL_COUNTERS:
+                out[f"pool_{f}"] = int(pool.get(f, 0))
         return out
 
 
 class KVPoolPromMetrics(KVConnectorPromMetrics):
     """Prometheus counters vllm:kvpool_{operations,keys,bytes,failed_keys,
-    errors}_total and vllm:kvpool_seconds_total, labelled by operation."""
+    errors}_total and vllm:kvpool_seconds_total, labelled by operation; the
+    gauge vllm:kvpool_pool_unavailable (1 while a rank is without the pool) and
+    the counters vllm:kvpool_pool_{outages,skipped_stores,skipped_lookups,
+    failed_loads}_total."""
 
     def __init__(self, vllm_config: "VllmConfig",
                  metric_types: dict[type[PromMetric], type[PromMetricT]],
@@ -404,9 +480,27 @@ class KVPoolPromMetrics(KVConnectorPromMetrics):
         self._counters = {k: self._counter_cls(name=f"vllm:kvpool_{k}_total",
                                                documentation=f"kvpool: {d}", labelnames=names)
                           for k, d in doc.items()}
+        pdoc = {"outages": "times the pool became unavailable (unreachable at start counts)",
+                "skipped_stores": "store jobs skipped while the pool was unavailable",
+                "skipped_lookups": "lookups answered 0 while the pool was unavailable",
+                "failed_loads": "loads failed at once (recomputed) while the pool was unavailable"}
+        self._pool = {k: self._counter_cls(name=f"vllm:kvpool_pool_{k}_total",
+                                           documentation=f"kvpool: {d}", labelnames=labelnames)
+                      for k, d in pdoc.items()}
+        self._unavailable = self._gauge_cls(
+            name="vllm:kvpool_pool_unavailable", multiprocess_mode="mostrecent",
+            documentation="kvpool: 1 while the engine runs without the pool (unreachable), else 0",
+            labelnames=labelnames)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for op, r in (transfer_stats_data or {}).items():
+            if op == "pool":
+                lv = self.per_engine_labelvalues[engine_idx]
+                self._unavailable.labels(*lv).set(int(r.get("unavailable", 0)))
+                for f in _POOL_COUNTERS:
+                    if r.get(f):
+                        self._pool[f].labels(*lv).inc(int(r[f]))
+                continue
             lv = self.per_engine_labelvalues[engine_idx] + [op]
             for k, f in (("operations", "count"), ("keys", "keys"), ("bytes", "bytes"),
                          ("failed_keys", "failed_keys"), ("errors", "errors")):
@@ -608,6 +702,8 @@ class _Worker:
         self._w: Optional[_native.ConnWorker] = None
         self._events: deque[Any] = deque(maxlen=128)  # CUDA events the fence may wait on
         self._cuda = False
+        self._pool_seen = dict.fromkeys(_POOL_COUNTERS, 0)  # counters already reported
+        self._pool_unavailable = 0                         # the state last reported
 
     def register(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
         if self._w is not None:
@@ -656,7 +752,18 @@ class _Worker:
         return set(self._w.load_errors()), set(self._w.load_failed())
 
     def stats(self) -> Optional[KVPoolConnectorStats]:
-        d = self._w.take_stats() if self._w is not None else None
+        if self._w is None:
+            return None
+        d = self._w.take_stats()
+        # the pool's availability: reported when it changed, when something was done
+        # without the pool, or alongside the other counters (refreshing the gauge)
+        st = self._w.pool_status()
+        pool = {f: int(st[f]) - self._pool_seen[f] for f in _POOL_COUNTERS}
+        unavailable = 0 if st["available"] else 1
+        if d or any(pool.values()) or unavailable != self._pool_unavailable:
+            self._pool_seen = {f: int(st[f]) for f in _POOL_COUNTERS}
+            self._pool_unavailable = unavailable
+            d = dict(d or {}, pool=dict(pool, unavailable=unavailable))
         return KVPoolConnectorStats(data=d) if d else None
 
     def kv_events(self) -> Optional[KVPoolKVEvents]:
@@ -687,7 +794,7 @@ class KVPoolConnector(KVConnectorBase_V1, SupportsHMA):
 
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig) -> None:
-        check_vllm_version()
+        check_vllm_api()
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self._setup = _setup(vllm_config, kv_cache_config, role)
         self._sched: Optional[_Scheduler] = None

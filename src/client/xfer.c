@@ -1567,6 +1567,34 @@ static int bytes_eq(kvp_bytes b, const char *s)
     return b.len == strlen(s) && memcmp(b.p, s, b.len) == 0;
 }
 
+/*
+ * Caller holds x->lock exclusively (no transfer runs): frees the entries
+ * whose shared memory's node is gone (shm_alive). A node that restarts
+ * comes back with a new segment id, so nothing would ever touch its old
+ * entry again, and its mapping -- up to the whole segment of orphaned
+ * memory -- would stay in this process until the client closed. An entry
+ * freed while its node lives (it only dropped our idle connection and a
+ * fresh one failed) costs a SEGMENT_INFO and a new attach, nothing else.
+ */
+static void sweep_gone_locked(kvp_xfer *x)
+{
+    uint64_t dl = kvp_now_ms() + 1000;
+    for (size_t i = 0; i < x->nsegs;) {
+        seg_ent *e = x->segs[i];
+        pthread_mutex_lock(&e->attach_mu);
+        int gone = __atomic_load_n(&e->map, __ATOMIC_ACQUIRE) && !shm_alive(x, e, dl);
+        pthread_mutex_unlock(&e->attach_mu);
+        if (!gone) {
+            i++;
+            continue;
+        }
+        KVP_INFO(MOD, "segment %016llx: its node is gone; unmapping its %llu MiB",
+                 (unsigned long long)e->id, (unsigned long long)(e->map_size >> 20));
+        ent_free(x, e);
+        x->segs[i] = x->segs[--x->nsegs];
+    }
+}
+
 int kvp_xfer_add_segment(kvp_xfer *x, const kvp_seg_desc *d)
 {
     if (!d || d->id == 0)
@@ -1576,6 +1604,7 @@ int kvp_xfer_add_segment(kvp_xfer *x, const kvp_seg_desc *d)
         pthread_rwlock_unlock(&x->lock);
         return 0;
     }
+    sweep_gone_locked(x); /* a new segment: perhaps a restarted node's */
     seg_ent *e = kvp_calloc(1, sizeof *e);
     slot *sl = kvp_calloc((size_t)x->nconns, sizeof *sl);
     if (x->nsegs == x->cap) {

@@ -54,7 +54,9 @@ typedef struct kvp_xfer_opts {
 int kvp_xfer_create(const kvp_xfer_opts *o, kvp_xfer **out);
 void kvp_xfer_destroy(kvp_xfer *x);
 
-/* Makes a segment known (from SEGMENT_INFO); idempotent. Does not connect. */
+/* Makes a segment known (from SEGMENT_INFO); idempotent. Does not connect.
+ * A new one first frees the known segments whose shared memory's node is
+ * gone (a restarted node's old segment: its mapping is orphaned memory). */
 int kvp_xfer_add_segment(kvp_xfer *x, const kvp_seg_desc *d);
 /* 1 if known. */
 int kvp_xfer_has_segment(kvp_xfer *x, uint64_t segment_id);

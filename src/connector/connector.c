@@ -502,8 +502,15 @@ int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *
                                      .gid = c->lookup_gid >= 0 ? (gid_t)c->lookup_gid : 0};
         rc = kvp_lookup_server_start_opts(c->lookup_socket, &h, &lo, &x->srv);
         if (rc != 0) {
-            if (err && errlen)
-                snprintf(err, errlen, "cannot serve the lookup channel on %s", c->lookup_socket);
+            if (err && errlen && strlen(c->lookup_socket) >= KVP_LOOKUP_PATH_MAX)
+                snprintf(err, errlen,
+                         "cannot serve the lookup channel on %s: the path is %zu bytes, a unix "
+                         "socket's can have at most %d; set VLLM_RPC_BASE_PATH to a shorter "
+                         "directory",
+                         c->lookup_socket, strlen(c->lookup_socket), KVP_LOOKUP_PATH_MAX - 1);
+            else if (err && errlen)
+                snprintf(err, errlen, "cannot serve the lookup channel on %s: %s",
+                         c->lookup_socket, kvp_err_name(rc));
             goto bad;
         }
     }
@@ -595,6 +602,28 @@ int kvp_conn_take_stats(kvp_conn_worker *w, kvp_conn_stats *out)
     int r = kvp_worker_take_stats(w->w, &ws);
     memcpy(out->op, ws.op, sizeof out->op);
     return r;
+}
+
+void kvp_conn_pool_status_init(kvp_conn_pool_status *s)
+{
+    memset(s, 0, sizeof *s);
+    s->struct_size = sizeof *s;
+}
+
+int kvp_conn_pool_status_get(kvp_conn_worker *w, kvp_conn_pool_status *out)
+{
+    if (!w || !out || out->struct_size != sizeof *out)
+        return KVP_EINVALID_PARAMS;
+    kvp_plink_status ps;
+    kvp_worker_pool_status(w->w, &ps);
+    out->available = ps.available != 0;
+    out->attached = ps.attached != 0;
+    out->unavailable_ms = ps.unavailable_ms;
+    out->outages = ps.outages;
+    out->skipped_stores = ps.skipped_stores;
+    out->skipped_lookups = ps.skipped_lookups;
+    out->failed_loads = ps.failed_loads;
+    return 0;
 }
 
 int kvp_conn_take_events(kvp_conn_worker *w, kvp_conn_event **ev, size_t *n)

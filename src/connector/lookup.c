@@ -42,6 +42,9 @@ static uint32_t get_be32(const uint8_t *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
+_Static_assert(sizeof(((struct sockaddr_un *)0)->sun_path) == KVP_LOOKUP_PATH_MAX,
+               "KVP_LOOKUP_PATH_MAX must be sizeof sun_path");
+
 /* The one place a path becomes an address: every path (server and client)
  * goes through here, so none that does not fit sun_path is ever used. */
 static int fill_addr(const char *path, struct sockaddr_un *sa)

@@ -76,6 +76,9 @@
 
 #include "kvpool.h"
 
+/* A lookup socket's path, with its NUL, must fit this (sun_path). */
+#define KVP_LOOKUP_PATH_MAX 108
+
 #define KVP_LOOKUP_MAX_FRAME (16u << 20) /* bytes of one frame body */
 #define KVP_LOOKUP_MAX_HASH_LEN 256u
 #define KVP_LOOKUP_MAX_ID 4096u          /* bytes of a request id */

@@ -14,6 +14,11 @@
  *     its load pending until the get_finished that reports it in
  *     done_sending; the store rule skips such ids (reported exactly once).
  *   - jobs own deep copies of everything they read from the step metadata.
+ *   - the store client comes from w->link (poollink.h) for each operation;
+ *     when it hands out none the pool is unavailable and the operation is
+ *     done without it (skipped store, failed load, lookup miss), counted
+ *     there. A failure that looks like the master's outage is reported to
+ *     the link (kvp_plink_check), which logs it once, not per request.
  */
 #include "connector/worker.h"
 
@@ -28,6 +33,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "connector/poollink.h"
 
 #define MOD "worker"
 #define STAGING_ALIGN 4096u
@@ -150,7 +156,9 @@ struct kvp_worker {
     kvp_worker_fence_fn fence;
     void *fence_arg;
 
-    kvp_client *client;
+    kvp_plink *link; /* the store client and the pool's availability (poollink.h):
+                        every store call takes the client from it, and does
+                        without the pool when it hands out none */
     struct kvp_coord *coord;
     uint32_t L, H;
     size_t ng;
@@ -355,6 +363,11 @@ int kvp_worker_take_stats(kvp_worker *w, kvp_worker_stats *out)
     w->stats_dirty = 0;
     pthread_mutex_unlock(&w->lock);
     return dirty;
+}
+
+void kvp_worker_pool_status(kvp_worker *w, kvp_plink_status *out)
+{
+    kvp_plink_status_get(w->link, out);
 }
 
 void kvp_worker_events_free(kvp_worker_event *ev, size_t n)
@@ -572,7 +585,8 @@ static void fill_block(const kvp_worker *w, const job *j, const xb *b, size_t k,
 static int put_batch(kvp_worker *w, const job *j, xb *b)
 {
     uint64_t t0 = kvp_now_ns();
-    int rc = fence(w, j);
+    kvp_client *cl = kvp_plink_client(w->link);
+    int rc = cl ? fence(w, j) : KVP_ERPC_FAIL; /* none: the pool went down meanwhile */
     kvp_put_opts po;
     kvp_put_opts_init(&po);
     if (b->blk) {
@@ -581,13 +595,14 @@ static int put_batch(kvp_worker *w, const job *j, xb *b)
         po.blocks = b->blk;
     }
     if (rc == 0)
-        rc = kvp_client_batch_put_opts(w->client, (const char *const *)b->keys,
+        rc = kvp_client_batch_put_opts(cl, (const char *const *)b->keys,
                                        (const kvp_iov *const *)b->iovp, b->niov, b->n,
                                        b->blk ? &po : NULL, b->res);
     if (rc < 0) {
         stat_rec(w, KVP_WORKER_OP_SAVE_PUT, t0, b->n, 0, b->n, 0, 1);
-        KVP_WARN(MOD, "put of %zu keys for %s not issued: %s", b->n, j->req_id,
-                 kvp_err_name(rc));
+        if (cl && !kvp_plink_check(w->link, rc, NULL, NULL, 0)) /* an outage: logged once */
+            KVP_WARN(MOD, "put of %zu keys for %s not issued: %s", b->n, j->req_id,
+                     kvp_err_name(rc));
         return rc;
     }
     uint64_t bytes = 0;
@@ -643,7 +658,8 @@ static int put_batch(kvp_worker *w, const job *j, xb *b)
         pthread_mutex_unlock(&w->lock);
     }
     if (failed) {
-        KVP_WARN(MOD, "put for %s: %zu of %zu keys failed", j->req_id, failed, b->n);
+        if (!kvp_plink_check(w->link, 0, b->res, NULL, b->n)) /* an outage: logged once */
+            KVP_WARN(MOD, "put for %s: %zu of %zu keys failed", j->req_id, failed, b->n);
         if (pressure)
             mark_pressure(w, j);
         return 1;
@@ -775,6 +791,10 @@ static void send_job(kvp_worker *w, job *j)
     pthread_mutex_unlock(&w->lock);
     if (!run)
         return;
+    if (!kvp_plink_client(w->link)) { /* the pool is unavailable: a later job, */
+        kvp_plink_skipped(w->link, KVP_PLINK_SKIP_STORE); /* from e->saved, stores it */
+        return;
+    }
     if (j->tails && !boundary_puts(w, j))
         return;
     if (T == 0)
@@ -914,7 +934,9 @@ static int recv_job(kvp_worker *w, job *j)
     size_t *bstart = NULL;
     uint32_t *obid = NULL;
     xb b = {0};
-    int rc = masks_alloc(w, T, m, &bits);
+    /* no client: the pool is unavailable, the load fails at once (below) */
+    kvp_client *cl = kvp_plink_client(w->link);
+    int rc = cl ? masks_alloc(w, T, m, &bits) : KVP_ERPC_FAIL;
     if (rc == 0) {
         struct kvp_coord_hashes h = {j->hashes, j->nhashes, j->hash_len, 0};
         rc = kvp_coord_load_mask(w->coord, &h, T, m, NULL);
@@ -946,7 +968,10 @@ static int recv_job(kvp_worker *w, job *j)
     if (rc != 0) {
         /* Nothing was transferred: every block the load would have written
          * from the local prefix on is unusable. */
-        KVP_ERROR(MOD, "load of %s not built: %s", j->req_id, kvp_err_name(rc));
+        if (cl)
+            KVP_ERROR(MOD, "load of %s not built: %s", j->req_id, kvp_err_name(rc));
+        else
+            kvp_plink_skipped(w->link, KVP_PLINK_FAIL_LOAD);
         for (uint32_t g = 0; g < j->ngroups && g < w->ng; g++) {
             uint64_t c0 = (mask_num + w->B[g] - 1) / w->B[g], c1 = (T + w->B[g] - 1) / w->B[g];
             for (uint64_t c = c0; c < c1 && c < j->nbids[g]; c++)
@@ -980,7 +1005,10 @@ static int recv_job(kvp_worker *w, job *j)
     }
     size_t nb = 0;
     bstart[0] = 0;
-    uint64_t raw = w->staging_budget, total = 0;
+    /* the seeds' rule: with an SSD tier and no budget given, 1280 MiB */
+    uint64_t raw = w->staging_budget ? w->staging_budget
+                   : kvp_client_offload(cl) ? KVP_WORKER_DISK_STAGING_DEFAULT : 0;
+    uint64_t total = 0;
     for (size_t i = 0; raw && i < b.n; i++)
         total += staging(oiov[i], oniov[i]);
     uint64_t usable = (uint64_t)((double)raw * w->staging_ratio);
@@ -1020,19 +1048,24 @@ static int recv_job(kvp_worker *w, job *j)
         size_t s = bstart[bi], n = bstart[bi + 1] - s;
         if (bi > 0 && load_aborted(w, j->req_id)) /* the engine finished it: its */
             break;                                 /* blocks are not needed any more */
+        if (bi > 0 && !(cl = kvp_plink_client(w->link))) { /* the pool went down */
+            mark_invalid(w, j->req_id, obid + s, b.n - s); /* this and every later one */
+            break;
+        }
         int *tiers = w->tier_log ? kvp_calloc(n, sizeof *tiers) : NULL;
-        if (tiers && kvp_client_tiers(w->client, (const char *const *)okeys + s, n, tiers) != 0) {
+        if (tiers && kvp_client_tiers(cl, (const char *const *)okeys + s, n, tiers) != 0) {
             kvp_free(tiers); /* looked up before the get: its time is not the get's */
             tiers = NULL;
         }
         uint64_t t0 = kvp_now_ns();
-        rc = kvp_client_batch_get_into_multi_buffers(w->client, (const char *const *)okeys + s,
+        rc = kvp_client_batch_get_into_multi_buffers(cl, (const char *const *)okeys + s,
                                                      (const kvp_iov *const *)oiov + s,
                                                      oniov + s, n, ores + s);
         if (rc < 0) {
             stat_rec(w, KVP_WORKER_OP_LOAD_GET, t0, n, 0, n, 0, 1);
-            KVP_WARN(MOD, "load of %s: get of %zu keys failed: %s", j->req_id, n,
-                     kvp_err_name(rc));
+            if (!kvp_plink_check(w->link, rc, NULL, NULL, 0)) /* an outage: logged once */
+                KVP_WARN(MOD, "load of %s: get of %zu keys failed: %s", j->req_id, n,
+                         kvp_err_name(rc));
             mark_invalid(w, j->req_id, obid + s, b.n - s); /* this and every later sub-batch */
             break;
         }
@@ -1052,7 +1085,8 @@ static int recv_job(kvp_worker *w, job *j)
             kvp_free(tiers);
         }
         if (failed) {
-            KVP_WARN(MOD, "load of %s: %zu of %zu keys failed", j->req_id, failed, n);
+            if (!kvp_plink_check(w->link, 0, ores + s, NULL, n)) /* an outage: logged once */
+                KVP_WARN(MOD, "load of %s: %zu of %zu keys failed", j->req_id, failed, n);
             mark_invalid(w, j->req_id, obid + s + n, b.n - s - n); /* defect fix: never attempted */
             break;
         }
@@ -1225,12 +1259,11 @@ int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, si
     w->nrecv = cfg->num_recv_threads ? cfg->num_recv_threads : 1;
     w->fence = cfg->fence;
     w->fence_arg = cfg->fence_arg;
-    int rc = kvp_client_open(cfg->store_config, &w->client, err, errlen);
+    /* a pool that cannot be reached is no error: the worker starts without
+     * it (poollink.h); a configuration error is */
+    int rc = kvp_plink_open(cfg->store_config, &w->link, err, errlen);
     if (rc != 0)
         goto fail;
-    /* the seeds' rule: with an SSD tier and no budget given, 1280 MiB */
-    if (!w->staging_budget && kvp_client_offload(w->client))
-        w->staging_budget = KVP_WORKER_DISK_STAGING_DEFAULT;
     rc = staging_env(w, err, errlen);
     if (rc != 0)
         goto fail;
@@ -1327,7 +1360,7 @@ int kvp_worker_register_kv_caches(kvp_worker *w, const kvp_tdb_tensor *tensors, 
             return rc;
         if (kind != KVP_TDB_DUPLICATE && w->layout.nsegs > before) {
             const kvp_tdb_segment *s = &w->layout.segs[before];
-            rc = kvp_client_register_buffer(w->client, s->region, s->region_len);
+            rc = kvp_plink_register_buffer(w->link, s->region, s->region_len);
             if (rc != 0)
                 KVP_ERROR(MOD, "register_buffer(%p, %zu): %s", (void *)s->region, s->region_len,
                           kvp_err_name(rc));
@@ -1381,8 +1414,7 @@ void kvp_worker_destroy(kvp_worker *w)
         n = j->next;
         job_free(j);
     }
-    if (w->client)
-        kvp_client_close(w->client);
+    kvp_plink_close(w->link);
     kvp_coord_destroy(w->coord);
     for (size_t g = 0; g < w->ng; g++) {
         if (w->prefix)
@@ -1870,6 +1902,11 @@ int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes,
     size_t T = kvp_coord_align_lookup_length(w->coord, num_tokens);
     if (!nhashes || T == 0)
         return 0;
+    kvp_client *cl = kvp_plink_client(w->link);
+    if (!cl) { /* the pool is unavailable: a miss, at once */
+        kvp_plink_skipped(w->link, KVP_PLINK_SKIP_LOOKUP);
+        return 0;
+    }
     int fine = kvp_coord_partial_hits(w->coord);
     struct kvp_coord_mask m[KVP_COORD_MAX_GROUPS];
     struct kvp_coord_hashes all = {hashes, nhashes, hash_len, 0}, gh[KVP_COORD_MAX_GROUPS];
@@ -1969,10 +2006,11 @@ int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes,
     if (nk == 0)
         goto out;
     uint64_t t0 = kvp_now_ns();
-    int erc = kvp_client_exist(w->client, keys, nk, res);
+    int erc = kvp_client_exist(cl, keys, nk, res);
     if (erc < 0) {
         stat_rec(w, KVP_WORKER_OP_LOOKUP_EXISTS, t0, nk, 0, nk, 0, 1);
-        KVP_WARN(MOD, "lookup exist of %zu keys failed: %s", nk, kvp_err_name(erc));
+        if (!kvp_plink_check(w->link, erc, NULL, NULL, 0)) /* an outage: logged once */
+            KVP_WARN(MOD, "lookup exist of %zu keys failed: %s", nk, kvp_err_name(erc));
         goto out; /* hit 0 */
     }
     size_t failed = 0;
@@ -1982,7 +2020,7 @@ int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes,
      * into a negative code per key, and "absent" is 0, never < 0: every
      * key failed is a store error (§12: a lookup_exists error), not a
      * partial result. */
-    if (failed == nk)
+    if (failed == nk && !kvp_plink_check(w->link, 0, NULL, res, nk))
         KVP_WARN(MOD, "lookup exist of %zu keys failed: %s", nk, kvp_err_name(res[0]));
     size_t h = 0;
     if ((rc = lk_hit(w, &all, T, num_tokens, apply_eagle, m, mg, mh, nm, res, &h)) != 0)
@@ -2017,14 +2055,16 @@ int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes,
                     skeys[ns++] = keys[r];
                 }
         }
-        erc = kvp_client_exist_lease(w->client, skeys, ns, sres, sz);
+        erc = kvp_client_exist_lease(cl, skeys, ns, sres, sz);
         if (erc == KVP_ENOT_SUPPORTED) {
             static int warned; /* once per process: every lookup would say it */
             if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
                 KVP_WARN(MOD, "the master does not know EXIST_LEASE (an older release): "
                               "lookup hits are not leased, nor their sizes checked");
         } else if (erc < 0) {
-            KVP_WARN(MOD, "lookup lease of %zu keys failed: %s (a miss)", ns, kvp_err_name(erc));
+            if (!kvp_plink_check(w->link, erc, NULL, NULL, 0)) /* an outage: logged once */
+                KVP_WARN(MOD, "lookup lease of %zu keys failed: %s (a miss)", ns,
+                         kvp_err_name(erc));
             lerr = 1;
             h = 0;
         } else {
@@ -2075,5 +2115,8 @@ int64_t kvp_worker_reset(kvp_worker *w)
     while (w->send_busy)
         pthread_cond_wait(&w->idle_cv, &w->lock);
     pthread_mutex_unlock(&w->lock);
-    return kvp_client_remove_all(w->client, 1 /* force: §9.2 */);
+    /* one attempt even while the pool looks down (it may be back); none
+     * while the worker never reached it */
+    kvp_client *cl = kvp_plink_any_client(w->link);
+    return cl ? kvp_client_remove_all(cl, 1 /* force: §9.2 */) : KVP_ERPC_FAIL;
 }

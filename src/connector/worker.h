@@ -81,6 +81,15 @@
  *     reported invalid as well (they were never loaded).
  *   - KV events are emitted for chunks whose put actually moved bytes.
  *
+ * The pool may be unavailable (poollink.h: unreachable when the worker was
+ * created, or gone since): create still succeeds unless the configuration
+ * itself is wrong, and until the pool answers again a lookup is a hit of 0,
+ * a store job is skipped (a later one stores from the request's saved
+ * offset), a load job fails at once with every block reported in
+ * load_errors (the engine recomputes them), and reset fails when the pool
+ * was never reached. None of them waits for the pool; an operation already
+ * running when the pool goes away is bounded by the client's rpc_timeout.
+ *
  * Thread-safety: get_finished, handle_preemptions, load_errors, lookup,
  * reset, take_stats and take_events may be called from any thread,
  * concurrently. create, register
@@ -96,6 +105,7 @@
 #include "connector/coord.h"
 #include "connector/keys.h"
 #include "connector/meta.h"
+#include "connector/poollink.h"
 #include "connector/tokendb.h"
 #include "kvpool.h"
 
@@ -271,6 +281,9 @@ typedef struct kvp_worker_stats {
 /* Copies and resets the counters (the spec's swap-in of a fresh object).
  * Returns 1 if anything was recorded since the last take, else 0. */
 int kvp_worker_take_stats(kvp_worker *w, kvp_worker_stats *out);
+/* The pool's availability and what was done without it (since create;
+ * poollink.h). Any thread. */
+void kvp_worker_pool_status(kvp_worker *w, kvp_plink_status *out);
 
 /* ---------------------------------------------------------- KV events */
 /* BlockStored (medium "cpu"): one stored chunk of one group. parent is the

@@ -60,14 +60,15 @@ def server_env() -> dict[str, str]:
 class Proc:
     """A kvpool subcommand listening on 127.0.0.1; .addr is host:port."""
 
-    def __init__(self, sub: str, *args: str, timeout_s: float = 20.0) -> None:
+    def __init__(self, sub: str, *args: str, timeout_s: float = 20.0,
+                 listen: str = "127.0.0.1:0") -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="kvpool-py-")
         pf = Path(self._dir.name) / "port"
         self.log_path = Path(self._dir.name) / "log"
         self._log = open(self.log_path, "wb")
         env = server_env()
         self.proc = subprocess.Popen(
-            [kvpool_bin(), sub, "--listen", "127.0.0.1:0", "--port-file", str(pf), *args],
+            [kvpool_bin(), sub, "--listen", listen, "--port-file", str(pf), *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -122,8 +123,10 @@ class Store(Proc):
         self.addr = ""
 
 
-def serve(segment_size: str = "256MiB", *extra: str) -> Proc:
-    return Proc("serve", "--segment-size", segment_size, *extra)
+def serve(segment_size: str = "256MiB", *extra: str, listen: str = "127.0.0.1:0") -> Proc:
+    """`kvpool serve` (a master and a storage node); listen: a fixed address
+    (a pool restarted where its clients know it), else a free port."""
+    return Proc("serve", "--segment-size", segment_size, *extra, listen=listen)
 
 
 def master(*extra: str) -> Proc:

@@ -230,9 +230,19 @@ def test_bad_configuration_is_refused_at_start(pool: kvpool_procs.Proc) -> None:
         E.make_engine(kvt(pool.addr, no_such_key=1))
     with pytest.raises(ValueError, match="load_async"):
         E.make_engine(kvt(pool.addr, load_async=False))
-    with pytest.raises(RuntimeError, match="supports vLLM 0.33.0"):
-        kvv.check_vllm_version("0.32.1")
-    kvv.check_vllm_version("0.33.0+cpu")
+    kvv.check_vllm_api("0.32.1")          # the API is what counts, not the version string
+    kvv.check_vllm_api("0.33.0+cpu")
+
+
+def test_a_vllm_without_an_api_the_connector_calls_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kvv, "REQUIRED_API", kvv.REQUIRED_API + (
+        ("vllm.v1.core.sched.output", "SchedulerOutput.no_such_field"),))
+    monkeypatch.delenv("KVPOOL_VLLM_UNTESTED", raising=False)
+    with pytest.raises(RuntimeError, match="lacks vllm.v1.core.sched.output.SchedulerOutput"
+                                           ".no_such_field"):
+        kvv.check_vllm_api("0.99.0")
+    monkeypatch.setenv("KVPOOL_VLLM_UNTESTED", "1")
+    kvv.check_vllm_api("0.99.0")
 
 
 def test_stats_reach_vllms_logger_and_prometheus(pool: kvpool_procs.Proc) -> None:
