@@ -2068,6 +2068,10 @@ int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes,
             lerr = 1;
             h = 0;
         } else {
+            size_t sfailed = 0; /* every key failed: a store error, as for the EXIST */
+            for (size_t j = 0; j < ns; j++)
+                sfailed += sres[j] < 0;
+            lerr = ns > 0 && sfailed == ns;
             for (size_t i = 0; i < nk; i++)
                 res[i] = 0; /* past the hit: absent now */
             for (size_t j = 0; j < ns; j++) {
