@@ -2072,6 +2072,8 @@ int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes,
             for (size_t j = 0; j < ns; j++)
                 sfailed += sres[j] < 0;
             lerr = ns > 0 && sfailed == ns;
+            if (lerr)
+                kvp_plink_check(w->link, 0, NULL, sres, ns); /* an outage: the link logs it */
             for (size_t i = 0; i < nk; i++)
                 res[i] = 0; /* past the hit: absent now */
             for (size_t j = 0; j < ns; j++) {
