@@ -171,6 +171,33 @@ KVP_API int kvp_client_offload(const kvp_client *c);
 #define KVP_TIER_DRAM 1
 #define KVP_TIER_DISK 2
 KVP_API int kvp_client_tiers(kvp_client *c, const char *const *keys, size_t n, int *results);
+/*
+ * A lookup that holds what it answered ("a hit stays a hit until it is
+ * loaded"): per key, present_out[i] is
+ *   KVP_TIER_DRAM (1)  present in DRAM, and now held: the master will not
+ *                      evict it, nor remove it without force, until a get
+ *                      of it takes the hold over as its read lease (and
+ *                      ends it when done), or the master's lease_ttl
+ *                      (default 5 s) after the latest lease on it -- so a
+ *                      get within that time finds it (unless a put with
+ *                      KVP_PUT_REPLACE replaced it). A key named k times
+ *                      gets k holds: name it once per get that will follow
+ *   KVP_TIER_DISK (2)  present only on the SSD tier: no lease (a get stages
+ *                      it back)
+ *   0                  absent (or still being written)
+ *   < 0                an error for this key (a failed request: each of its keys)
+ * and sizes_out[i] the value's size in bytes when present (else 0), so a
+ * caller that knows what it will read can tell a stale or foreign value
+ * from a hit. A hold no get takes over keeps the value from eviction for
+ * lease_ttl: ask only for what will be read. A get without a lookup before
+ * it may take over another caller's hold.
+ * Returns 0 when it ran (check each key), KVP_ENOT_SUPPORTED when the master
+ * is of a release without the operation (the results are not to be used:
+ * ask kvp_client_exist instead), or another negative code when nothing was
+ * attempted.
+ */
+KVP_API int kvp_client_exist_lease(kvp_client *c, const char *const *keys, size_t n,
+                                   int *present_out, uint64_t *sizes_out);
 /* How many values this client has read (successfully) that were only on a
  * node's SSD tier when asked for (the node staged them back into DRAM):
  * Mooncake's get_offload_rpc_read_count. Monotonic; thread-safe. */

@@ -408,7 +408,9 @@ KVP_API void kvp_conn_free(void *p);
 /* Waits until every queued load and store has run (shutdown, tests). */
 KVP_API void kvp_conn_worker_drain(kvp_conn_worker *w);
 
-/* Per-operation counters since the last take (then reset). */
+/* Per-operation counters since the last take (then reset). existing_keys:
+ * STORE, keys already in the pool (nothing moved); LOOKUP, keys of a hit
+ * whose value has another size than a load of this rank reads (misses). */
 enum kvp_conn_op { KVP_CONN_OP_STORE = 0, KVP_CONN_OP_LOAD = 1, KVP_CONN_OP_LOOKUP = 2,
                    KVP_CONN_OP_COUNT };
 typedef struct kvp_conn_op_stats {

@@ -432,6 +432,26 @@ class Client:
                                                 ("disk", _native.TIER_DISK)) if r & b))
         return out
 
+    def exist_lease_batch(self, keys: Sequence[str]
+                          ) -> list[Union[tuple[str, int], None, Error]]:
+        """A lookup that holds what it answered: ("dram", size) for a value
+        in DRAM, now held by the master until a get of it takes the hold
+        over (and ends it) or for its lease_ttl; ("disk", size) for one only
+        on a node's SSD tier (not held: a get stages it); None when absent.
+        Name a key once per get that will follow (each is a hold). Raises
+        Error (NOT_SUPPORTED) against a master without the operation."""
+        out: list[Union[tuple[str, int], None, Error]] = []
+        for code, size in self._c.exist_lease(keys):
+            if code == codes["NOT_SUPPORTED"]:
+                raise Error.from_code(code)
+            if code < 0:
+                out.append(Error.from_code(code))
+            elif code == 0:
+                out.append(None)
+            else:
+                out.append(("dram" if code == _native.TIER_DRAM else "disk", size))
+        return out
+
     def size(self, key: str) -> int:
         return _check(self._c.sizes([key])[0])
 

@@ -927,6 +927,45 @@ static PyObject *Client_exist(Client *self, PyObject *keys) { return keyed_call(
 static PyObject *Client_tiers(Client *self, PyObject *keys) { return keyed_call(self, keys, K_TIERS); }
 static PyObject *Client_sizes(Client *self, PyObject *keys) { return keyed_call(self, keys, K_SIZE); }
 
+/* exist_lease(keys) -> list[(int, int)]: per key (TIER_DRAM held / TIER_DISK
+ * / 0 absent / < 0, the value's size or 0); a master without EXIST_LEASE:
+ * (NOT_SUPPORTED, 0) for every key. */
+static PyObject *Client_exist_lease(Client *self, PyObject *keys)
+{
+    args a = {0};
+    PyObject *out = NULL;
+    uint64_t *sizes = NULL;
+    if (args_keys(&a, keys))
+        goto done;
+    sizes = PyMem_Calloc(a.n > 0 ? (size_t)a.n : 1, sizeof *sizes);
+    if (!sizes) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int rc = enter(self);
+    if (rc == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = kvp_client_exist_lease(self->c, a.keys, (size_t)a.n, a.codes, sizes);
+        Py_END_ALLOW_THREADS
+        leave(self);
+    }
+    if (!(out = PyList_New(a.n)))
+        goto done;
+    for (Py_ssize_t i = 0; i < a.n; i++) {
+        PyObject *t = Py_BuildValue("(iK)", rc ? rc : a.codes[i],
+                                    (unsigned long long)(rc ? 0 : sizes[i]));
+        if (!t) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+done:
+    PyMem_Free(sizes);
+    args_free(&a);
+    return out;
+}
+
 static PyObject *Client_remove(Client *self, PyObject *args_, PyObject *kw)
 {
     static char *names[] = {"keys", "force", NULL};
@@ -1326,6 +1365,8 @@ static PyMethodDef Client_methods[] = {
     {"exist", (PyCFunction)Client_exist, METH_O, "exist(keys) -> list[int]: 1, 0 or < 0"},
     {"tiers", (PyCFunction)Client_tiers, METH_O,
      "tiers(keys) -> list[int]: TIER_DRAM | TIER_DISK bits, 0 absent, or < 0"},
+    {"exist_lease", (PyCFunction)Client_exist_lease, METH_O,
+     "exist_lease(keys) -> list[(int, int)]: (TIER_DRAM held | TIER_DISK | 0 | < 0, size)"},
     {"sizes", (PyCFunction)Client_sizes, METH_O, "sizes(keys) -> list[int]"},
     {"prefix", (PyCFunction)Client_prefix, METH_O, "prefix(keys) -> int"},
     {"lookup_hashes", (PyCFunction)Client_lookup_hashes, METH_VARARGS,

@@ -75,6 +75,9 @@ typedef struct simres {
     char why[192];
     double seconds, gbps, hit_rate;
     unsigned long long stored, loaded, mismatches, verified, requests;
+    unsigned long long hit_requests, hit_blocks, load_error_reqs, blocks_recomputed;
+    unsigned long long store_keys, store_failed_keys;
+    double fail_k, fail_kb;
     char timeline[8192]; /* the simulator's "timeline" object, "null" without one */
 } simres;
 
@@ -246,8 +249,10 @@ static const char *const WORKLOAD[] = {"--instances", "2", "--tp", "2", "--layer
                                        "--system-prompt-tokens", "512", "--turn-tokens", "128",
                                        "--reply-tokens", "64", NULL};
 
+/* Runs `kvpool sim --json` (this binary) with the workload; env: one
+ * NAME=VALUE set in the simulator's environment, or NULL. */
 static void bench_sim(const char *master, const char *duration, const char *verify,
-                      const char *seed, const char *const *workload, simres *r)
+                      const char *seed, const char *const *workload, const char *env, simres *r)
 {
     const char *argv[64] = {"kvpool", "sim", "--master", master, "--json", "--duration",
                             duration, "--verify", verify, "--seed", seed};
@@ -273,6 +278,8 @@ static void bench_sim(const char *master, const char *duration, const char *veri
         dup2(p[1], 1);
         close(p[0]);
         close(p[1]);
+        if (env)
+            putenv((char *)env);
         execv("/proc/self/exe", (char *const *)argv);
         _exit(127);
     }
@@ -302,6 +309,14 @@ static void bench_sim(const char *master, const char *duration, const char *veri
     r->mismatches = (v = jnum(out, "mismatches")) >= 0 ? (unsigned long long)v : 0;
     r->verified = (v = jnum(out, "blocks_verified")) >= 0 ? (unsigned long long)v : 0;
     r->requests = (v = jnum(out, "requests")) >= 0 ? (unsigned long long)v : 0;
+    r->hit_requests = (v = jnum(out, "hit_requests")) >= 0 ? (unsigned long long)v : 0;
+    r->hit_blocks = (v = jnum(out, "hit_blocks")) >= 0 ? (unsigned long long)v : 0;
+    r->load_error_reqs = (v = jnum(out, "load_error_requests")) >= 0 ? (unsigned long long)v : 0;
+    r->blocks_recomputed = (v = jnum(out, "blocks_recomputed")) >= 0 ? (unsigned long long)v : 0;
+    r->store_keys = (v = jnum(out, "store_keys")) >= 0 ? (unsigned long long)v : 0;
+    r->store_failed_keys = (v = jnum(out, "store_failed_keys")) >= 0 ? (unsigned long long)v : 0;
+    r->fail_k = jnum(out, "load_failures_per_1k_hits");
+    r->fail_kb = jnum(out, "blocks_recomputed_per_1k_hit_blocks");
     jobject(out, "timeline", r->timeline, sizeof r->timeline);
     r->ok = r->exit_status == 0 && strstr(out, "\"ok\": true") && r->gbps > 0;
     if (!r->ok)
@@ -354,7 +369,7 @@ static void tier_run(int ssd, tierres *t)
     if (pid <= 0) {
         snprintf(t->sim.why, sizeof t->sim.why, "could not start `kvpool serve`");
     } else {
-        bench_sim(addr, "0", "full", "3", TIER_WORKLOAD, &t->sim);
+        bench_sim(addr, "0", "full", "3", TIER_WORKLOAD, NULL, &t->sim);
         char cfg[400], err[256], stats[16384];
         snprintf(cfg, sizeof cfg, "{\"master\": \"%s\", \"mode\": \"standalone-store\"}", addr);
         kvp_client *c = NULL;
@@ -417,10 +432,104 @@ static int bench_tier(int json)
     return a.sim.ok && b.sim.ok ? 0 : 1;
 }
 
+/*
+ * --churn: "a hit stays a hit until it is loaded". A pool at capacity and
+ * evicting all the time -- `kvpool serve --segment-size CHURN_DRAM` under
+ * 4 instances x TP 2 with 64 users starting conversations for --duration
+ * (default 15 s): many distinct prefixes, a working set hundreds of times
+ * the segment -- where a block the scheduler's lookup counted can be
+ * evicted by other instances' puts before the load's GET. Run twice, each
+ * on a fresh pool with the same seed: the lookup asking plain EXIST
+ * ($KVPOOL_LOOKUP_LEASE=0, what releases before EXIST_LEASE did), then
+ * EXIST_LEASE (the default). Per run: loads started after a lookup hit,
+ * loads that failed (cut short by an error: vLLM's policy "fail" fails such
+ * a request), load failures per 1,000 hits, blocks recomputed per 1,000
+ * hit blocks, put keys refused, the master's evictions. Goal: 0 load
+ * failures per 1,000 hits with EXIST_LEASE.
+ */
+#define CHURN_DRAM "8MiB"
+static const char *const CHURN_WORKLOAD[] = {"--instances", "4", "--tp", "2", "--users", "64",
+                                             "--turns", "4", NULL};
+
+typedef struct churnres {
+    simres sim;
+    long long evictions;
+} churnres;
+
+static void churn_run(int lease, const char *duration, churnres *t)
+{
+    char addr[300];
+    const char *args[] = {"serve", "--segment-size", CHURN_DRAM, "--log-level", "error", NULL};
+    pid_t pid = kvp_cli_spawn_self(args, 30000, addr, sizeof addr);
+    t->evictions = -1;
+    if (pid <= 0) {
+        snprintf(t->sim.why, sizeof t->sim.why, "could not start `kvpool serve`");
+        return;
+    }
+    bench_sim(addr, duration, "sample", "5", CHURN_WORKLOAD,
+              lease ? NULL : "KVPOOL_LOOKUP_LEASE=0", &t->sim);
+    char cfg[400], err[256], stats[16384];
+    snprintf(cfg, sizeof cfg, "{\"master\": \"%s\", \"mode\": \"standalone-store\"}", addr);
+    kvp_client *c = NULL;
+    if (kvp_client_open(cfg, &c, err, sizeof err) == 0 &&
+        kvp_client_stat(c, stats, sizeof stats) > 0)
+        t->evictions = stat_counter(stats, "evictions");
+    kvp_client_close(c);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
+static int bench_churn(const char *duration, int json)
+{
+    churnres a = {0}, b = {0};
+    churn_run(0, duration, &a);
+    churn_run(1, duration, &b);
+    FILE *o = json ? stderr : stdout;
+    fprintf(o, "kvpool bench sim --churn: a %s pool evicting all the time (4 instances x TP 2, "
+               "64 users, %s s per run, fresh pool, seed 5): the lookup's EXIST, then "
+               "EXIST_LEASE\n", CHURN_DRAM, duration);
+    for (int i = 0; i < 2; i++) {
+        const churnres *t = i ? &b : &a;
+        if (t->sim.ok)
+            fprintf(o, "  %-11s %llu requests, %llu loads after a lookup hit, %llu failed: "
+                       "%.2f load failures per 1,000 hits; %.2f blocks recomputed per 1,000 "
+                       "hit blocks; hit rate %.1f%%; %llu of %llu put keys refused; %lld "
+                       "evictions\n",
+                    i ? "EXIST_LEASE" : "EXIST", t->sim.requests, t->sim.hit_requests,
+                    t->sim.load_error_reqs, t->sim.fail_k, t->sim.fail_kb,
+                    t->sim.hit_rate * 100, t->sim.store_failed_keys, t->sim.store_keys,
+                    t->evictions);
+        else
+            fprintf(o, "  %-11s FAILED: %s\n", i ? "EXIST_LEASE" : "EXIST", t->sim.why);
+    }
+    if (json) {
+        printf("{\n  \"bench\": \"sim_churn\",\n  \"dram\": \"%s\",\n  \"seconds\": %s,\n",
+               CHURN_DRAM, duration);
+        for (int i = 0; i < 2; i++) {
+            const churnres *t = i ? &b : &a;
+            printf("  \"%s\": {\"ok\": %s, \"requests\": %llu, \"hit_requests\": %llu, "
+                   "\"load_failures\": %llu, \"load_failures_per_1k_hits\": %.3f, "
+                   "\"hit_blocks\": %llu, \"blocks_recomputed\": %llu, "
+                   "\"blocks_recomputed_per_1k_hit_blocks\": %.3f, \"hit_rate\": %.4f, "
+                   "\"store_keys\": %llu, \"store_failed_keys\": %llu, \"evictions\": %lld, "
+                   "\"bytes_stored\": %llu, \"bytes_loaded\": %llu, \"mismatches\": %llu}%s\n",
+                   i ? "exist_lease" : "exist", t->sim.ok ? "true" : "false", t->sim.requests,
+                   t->sim.hit_requests, t->sim.load_error_reqs, t->sim.fail_k,
+                   t->sim.hit_blocks, t->sim.blocks_recomputed, t->sim.fail_kb,
+                   t->sim.hit_rate, t->sim.store_keys, t->sim.store_failed_keys, t->evictions,
+                   t->sim.stored, t->sim.loaded, t->sim.mismatches, i ? "" : ",");
+        }
+        printf("}\n");
+    }
+    fflush(stdout);
+    return a.sim.ok && b.sim.ok ? 0 : 1;
+}
+
 static void usage(void)
 {
     printf("usage: kvpool bench sim [--master HOST:PORT] [--duration SECONDS] [--json]\n"
-           "       kvpool bench sim --tier [--json]\n\n"
+           "       kvpool bench sim --tier [--json]\n"
+           "       kvpool bench sim --churn [--duration SECONDS] [--json]\n\n"
            "The engine simulator's end-to-end GB/s (stored + loaded over wall time, every\n"
            "loaded block verified) as a fraction of the store's raw batch put + get\n"
            "bandwidth for the same block shape (%d keys x %d pieces of %u bytes),\n"
@@ -429,7 +538,10 @@ static void usage(void)
            "  --duration SECONDS  each of the two simulator runs (default 8)\n"
            "  --json              results as JSON on stdout (the table goes to stderr)\n"
            "  --tier              instead: hit rate and GB/s of one workload on a " TIER_DRAM "\n"
-           "                      DRAM pool without and with a " TIER_DISK " SSD tier\n",
+           "                      DRAM pool without and with a " TIER_DISK " SSD tier\n"
+           "  --churn             instead: load failures per 1,000 lookup hits on a " CHURN_DRAM "\n"
+           "                      pool that evicts all the time, the lookup asking EXIST\n"
+           "                      and then EXIST_LEASE (each run --duration, default 15)\n",
            RAW_KEYS, PIECES, BLOCK_BYTES, TARGET, SEGMENT);
 }
 
@@ -437,8 +549,8 @@ int kvp_bench_sim(int argc, char **argv)
 {
     static const kvp_cli_flag own[] = {{"json", KVP_CLI_BOOL}, {"master", KVP_CLI_CONNECT},
                                        {"duration", KVP_CLI_TEXT}, {"tier", KVP_CLI_BOOL},
-                                       {NULL, KVP_CLI_TEXT}};
-    const char *v[4] = {NULL};
+                                       {"churn", KVP_CLI_BOOL}, {NULL, KVP_CLI_TEXT}};
+    const char *v[5] = {NULL};
     int rc = kvp_cli_scan(argc, argv, own, v, NULL);
     if (rc == 1) {
         usage();
@@ -452,6 +564,8 @@ int kvp_bench_sim(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     if (v[3])
         return bench_tier(json);
+    if (v[4])
+        return bench_churn(v[2] ? v[2] : "15", json);
     char addr[300];
     pid_t pid = 0;
     if (master) {
@@ -469,8 +583,8 @@ int kvp_bench_sim(int argc, char **argv)
     bench_raw(addr, &raw);
     if (raw.ok) {
         /* another seed: the second run must not find the first one's blocks */
-        bench_sim(addr, duration, "full", "1", WORKLOAD, &sim);
-        bench_sim(addr, duration, "sample", "2", WORKLOAD, &sam);
+        bench_sim(addr, duration, "full", "1", WORKLOAD, NULL, &sim);
+        bench_sim(addr, duration, "sample", "2", WORKLOAD, NULL, &sam);
         bench_raw(addr, &raw2);
         if (!raw2.ok)
             raw = raw2; /* a failure is reported */

@@ -62,6 +62,7 @@
 #define RESP_PER_GET (40u + 5 * 8 * KVP_MAX_REPLICAS)
 #define RESP_PER_PUT_START (8u + 5 * 8 * KVP_MAX_REPLICAS)
 #define RESP_PER_CODE 4u
+#define RESP_PER_XL KVP_XL_ENT_SIZE
 #define RESP_PER_SEG_INFO (300u + 64 * 1024 / 64)
 /* Heartbeat period floor, whatever client_ttl says. */
 #define HB_MIN_MS 50u
@@ -1889,6 +1890,68 @@ int kvp_client_offload(const kvp_client *c) { return c && c->cfg.enable_offload;
 int kvp_client_tiers(kvp_client *c, const char *const *keys, size_t n, int *results)
 {
     return codes_batch(c, keys, n, -2, results);
+}
+
+/*
+ * EXIST_LEASE over a batch, in frame-sized chunks (each its own request: a
+ * chunk's leases are granted when the master answers it). A chunk that
+ * failed as a whole gives its keys its code; a master that does not know
+ * the operation (an older release: UNKNOWN_OP) stops the call with
+ * KVP_ENOT_SUPPORTED, so the caller can fall back to kvp_client_exist.
+ */
+int kvp_client_exist_lease(kvp_client *c, const char *const *keys, size_t n, int *present_out,
+                           uint64_t *sizes_out)
+{
+    if (!c || (n && (!keys || !present_out || !sizes_out)))
+        return KVP_EINVALID_PARAMS;
+    if (n == 0)
+        return 0;
+    kvp_bytes *k = kvp_calloc(n, sizeof *k);
+    size_t *idx = kvp_calloc(n, sizeof *idx);
+    if (!k || !idx) {
+        kvp_free(k);
+        kvp_free(idx);
+        return KVP_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++)
+        sizes_out[i] = 0;
+    size_t m = valid_keys(c, keys, n, k, idx, NULL, present_out);
+    scratch s;
+    scratch_init(&s);
+    int ret = 0;
+    for (size_t off = 0; off < m;) {
+        size_t l = chunk_len(c, k + off, m - off, 0, RESP_PER_XL);
+        scratch_reset(&s);
+        kvp_msg_keys q = {tenant_of(c), (uint32_t)l, k + off};
+        kvp_enc_keys(&s.req, &q);
+        int rc = mcall(c, KVP_OP_EXIST_LEASE, &s.req, RETRY_SAFE, &s.resp);
+        if (rc == KVP_EUNKNOWN_OP) {
+            ret = KVP_ENOT_SUPPORTED;
+            break;
+        }
+        kvp_msg_exist_lease_resp r = {0};
+        if (rc == 0)
+            rc = kvp_dec_exist_lease_resp(s.resp.data, (uint32_t)s.resp.len, &c->lim, &s.a, &r);
+        if (rc == 0 && r.n != l)
+            rc = KVP_EPROTOCOL;
+        for (size_t i = 0; i < l; i++) {
+            size_t j = idx[off + i];
+            if (rc) {
+                present_out[j] = rc;
+                continue;
+            }
+            const kvp_xl_ent *e = &r.ents[i];
+            present_out[j] = e->state == KVP_XL_LEASED ? KVP_TIER_DRAM
+                             : e->state == KVP_XL_DISK ? KVP_TIER_DISK
+                                                       : 0;
+            sizes_out[j] = e->size;
+        }
+        off += l;
+    }
+    scratch_free(&s);
+    kvp_free(k);
+    kvp_free(idx);
+    return ret;
 }
 
 int64_t kvp_client_prefix(kvp_client *c, const char *const *keys, size_t n)

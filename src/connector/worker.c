@@ -1818,6 +1818,79 @@ int kvp_worker_load_failed(kvp_worker *w, kvp_worker_ids *out)
 
 /* ------------------------------------------------------------ lookup §10.5 */
 
+/*
+ * The lookup asks EXIST_LEASE (kvp_client_exist_lease): every key it finds
+ * in DRAM is leased by the master for lease_ttl, so what it counted is
+ * still there when the load's GET comes (the GET takes its own lease; the
+ * lookup's expires). $KVPOOL_LOOKUP_LEASE=0 makes it ask plain EXIST, as
+ * releases before it did (no lease, no size check): a diagnosis switch, and
+ * the "before" of `kvpool bench sim --churn`. Read once per process.
+ */
+static int lk_lease_off;
+static pthread_once_t lk_lease_once = PTHREAD_ONCE_INIT;
+static void lk_lease_env(void)
+{
+    const char *e = getenv("KVPOOL_LOOKUP_LEASE");
+    lk_lease_off = e && strcmp(e, "0") == 0;
+}
+
+/* Bytes a load of this rank moves for one block of group g: the pieces
+ * kvp_tdb_prepare_value gives a chunk (one block_len per segment; a partial
+ * chunk moves its whole block), i.e. the size its get needs the value to
+ * have. 0 = unknown (no KV cache registered yet): no size check. */
+static uint64_t lk_block_bytes(const kvp_worker *w, size_t g)
+{
+    if (!w->registered)
+        return 0;
+    const kvp_tdb_layout *l = w->tdb[g].layout;
+    uint64_t sum = 0;
+    for (size_t i = 0; i < l->nsegs; i++)
+        sum += l->segs[i].block_len;
+    return sum;
+}
+
+/* The "@pp_rank:R@group:G" tail of a key prefix (keys.h): its last
+ * "@pp_rank:" (the model name before it may hold anything). */
+static const char *lk_stage_tail(const char *prefix)
+{
+    const char *t = prefix;
+    for (const char *p = prefix; (p = strstr(p, "@pp_rank:")) != NULL; p++)
+        t = p;
+    return t;
+}
+
+/* The hit of a lookup whose keys answered res (> 0 present), unit i of
+ * group mg[i] (hash mh[i]) having the lk_n[mg[i]] keys from r on: the
+ * longest cache hit over the units all of whose keys are present, below
+ * num_tokens (the last token must be recomputed). 0 or < 0. */
+static int lk_hit(kvp_worker *w, const struct kvp_coord_hashes *all, size_t T,
+                  uint32_t num_tokens, int apply_eagle, struct kvp_coord_mask *m,
+                  const uint32_t *mg, const uint8_t *const *mh, size_t nm, const int *res,
+                  size_t *h)
+{
+    struct kvp_coord_pool *pool = NULL;
+    *h = 0;
+    int rc = kvp_coord_pool_create(&pool, all->hash_len, nm);
+    size_t r = 0;
+    for (size_t i = 0; rc == 0 && i < nm; i++) {
+        int present = 1;
+        for (size_t p = 0; p < w->lk_n[mg[i]]; p++)
+            present &= res[r++] > 0;
+        if (present)
+            rc = kvp_coord_pool_add(pool, mg[i], mh[i]);
+    }
+    if (rc == 0)
+        rc = kvp_coord_find_longest_cache_hit(w->coord, all, T, pool, apply_eagle, m, h);
+    if (rc == 0 && *h >= num_tokens) { /* the last token must be recomputed */
+        size_t usable = kvp_coord_align_lookup_length(w->coord, num_tokens - 1);
+        *h = 0;
+        if (usable > 0)
+            rc = kvp_coord_find_longest_cache_hit(w->coord, all, usable, pool, apply_eagle, m, h);
+    }
+    kvp_coord_pool_destroy(pool);
+    return rc;
+}
+
 int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes, size_t nhashes,
                       size_t hash_len, int apply_eagle, uint32_t *hit)
 {
@@ -1874,12 +1947,42 @@ int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes,
     char *kb = kvp_malloc(ncand * stride);
     const char **keys = kvp_calloc(ncand, sizeof *keys);
     int *res = kvp_calloc(ncand, sizeof *res);
+    uint64_t *sz = NULL;
     uint32_t *mg = kvp_calloc(nmeta ? nmeta : 1, sizeof *mg);
+    uint32_t *mc = kvp_calloc(nmeta ? nmeta : 1, sizeof *mc);
     const uint8_t **mh = kvp_calloc(nmeta ? nmeta : 1, sizeof *mh);
-    struct kvp_coord_pool *pool = NULL;
+    /* the lease request: each key of the hit once per rank that will get
+     * it (factor: the TP ranks sharing its namespace), one hold each */
+    size_t maxf = 1;
+    for (size_t g = 0; g < w->ng; g++)
+        if ((size_t)w->factor[g] > maxf)
+            maxf = (size_t)w->factor[g];
+    size_t *sel = kvp_calloc(ncand * maxf, sizeof *sel);
+    sz = kvp_calloc(ncand * maxf, sizeof *sz);
+    const char **skeys = kvp_calloc(ncand * maxf, sizeof *skeys);
+    int *sres = kvp_calloc(ncand * maxf, sizeof *sres);
+    uint64_t *sneed = kvp_calloc(ncand * maxf, sizeof *sneed);
+    /* per group and lookup prefix: the size its keys must have (0 = any):
+     * this rank's block bytes for the prefixes of its own pipeline stage
+     * (every TP / PCP / DCP rank of a stage holds blocks of one size); a
+     * stage's layers are its own, so another stage's size is not known */
+    size_t nwant = 0, want_off[KVP_COORD_MAX_GROUPS];
+    for (size_t g = 0; g < w->ng; g++) {
+        want_off[g] = nwant;
+        nwant += w->lk_n[g];
+    }
+    uint64_t *want = kvp_calloc(nwant ? nwant : 1, sizeof *want);
     rc = KVP_ENOMEM;
-    if (!kb || !keys || !res || !mg || !mh)
+    if (!kb || !keys || !res || !sz || !mg || !mc || !mh || !sel || !skeys || !sres || !sneed ||
+        !want)
         goto out;
+    for (size_t g = 0; g < w->ng; g++) {
+        uint64_t bb = lk_block_bytes(w, g);
+        const char *own = lk_stage_tail(w->prefix[g]);
+        for (size_t p = 0; bb && p < w->lk_n[g]; p++)
+            if (strcmp(lk_stage_tail(w->lk_buf[g] + w->lk_off[g][p]), own) == 0)
+                want[want_off[g] + p] = bb;
+    }
     size_t nk = 0, nm = 0;
     for (size_t g = 0; g < w->ng; g++)
         for (size_t c = 0; c < units[g]; c++) {
@@ -1887,6 +1990,7 @@ int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes,
                 continue;
             const uint8_t *h = gh[g].data + c * (gh[g].stride ? gh[g].stride : hash_len);
             mg[nm] = (uint32_t)g;
+            mc[nm] = (uint32_t)c;
             mh[nm++] = h;
             for (size_t p = 0; p < w->lk_n[g]; p++) {
                 const char *pre = w->lk_buf[g] + w->lk_off[g][p];
@@ -1916,38 +2020,96 @@ int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes,
      * into a negative code per key, and "absent" is 0, never < 0: every
      * key failed is a store error (§12: a lookup_exists error), not a
      * partial result. */
-    stat_rec(w, KVP_WORKER_OP_LOOKUP_EXISTS, t0, nk, 0, failed, 0, failed == nk);
     if (failed == nk && !kvp_plink_check(w->link, 0, NULL, res, nk))
         KVP_WARN(MOD, "lookup exist of %zu keys failed: %s", nk, kvp_err_name(res[0]));
-    if ((rc = kvp_coord_pool_create(&pool, hash_len, nm)) != 0)
-        goto out;
-    size_t r = 0;
-    for (size_t i = 0; i < nm; i++) {
-        int present = 1;
-        for (size_t p = 0; p < w->lk_n[mg[i]]; p++)
-            present &= res[r++] == 1;
-        if (present && (rc = kvp_coord_pool_add(pool, mg[i], mh[i])) != 0)
-            goto out;
-    }
     size_t h = 0;
-    if ((rc = kvp_coord_find_longest_cache_hit(w->coord, &all, T, pool, apply_eagle, m, &h)) != 0)
+    if ((rc = lk_hit(w, &all, T, num_tokens, apply_eagle, m, mg, mh, nm, res, &h)) != 0)
         goto out;
-    if (h >= num_tokens) { /* the last token must be recomputed */
-        size_t usable = kvp_coord_align_lookup_length(w->coord, num_tokens - 1);
-        h = 0;
-        if (usable > 0 &&
-            (rc = kvp_coord_find_longest_cache_hit(w->coord, &all, usable, pool, apply_eagle, m,
-                                                   &h)) != 0)
-            goto out;
+    /*
+     * "A hit stays a hit until it is loaded": the keys of the units the
+     * hit covers (every unit of a group that starts below it: what the
+     * loads of the ranks will get, and a little more) are asked again with
+     * EXIST_LEASE, which leases each present one for the master's
+     * lease_ttl, its holds taken over by the loads' GETs (master.c
+     * "leases"). Only those: a present key past a gap is no use and would
+     * stay pinned for lease_ttl. A key counts as present only with the size
+     * this rank's load will read into (its get of a value of another size
+     * would fail): a key of another size (a stale or foreign value under
+     * the name) is a miss, counted in the lookup's existing_keys, with one
+     * warning per batch at most (rate-limited too). The hit is then that of
+     * the second answer (never more than the first).
+     */
+    pthread_once(&lk_lease_once, lk_lease_env);
+    size_t ns = 0, mism = 0, first = 0;
+    uint64_t first_need = 0;
+    int lerr = 0;
+    if (h > 0 && !lk_lease_off) {
+        size_t r = 0;
+        for (size_t i = 0; i < nm; i++) {
+            uint64_t u = fine ? w->H : w->B[mg[i]]; /* tokens of a unit */
+            int in = (uint64_t)mc[i] * u < h;
+            for (size_t p = 0; p < w->lk_n[mg[i]]; p++, r++)
+                for (int f = 0; in && res[r] > 0 && f < w->factor[mg[i]]; f++) {
+                    sel[ns] = r;
+                    sneed[ns] = want[want_off[mg[i]] + p];
+                    skeys[ns++] = keys[r];
+                }
+        }
+        erc = kvp_client_exist_lease(cl, skeys, ns, sres, sz);
+        if (erc == KVP_ENOT_SUPPORTED) {
+            static int warned; /* once per process: every lookup would say it */
+            if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+                KVP_WARN(MOD, "the master does not know EXIST_LEASE (an older release): "
+                              "lookup hits are not leased, nor their sizes checked");
+        } else if (erc < 0) {
+            if (!kvp_plink_check(w->link, erc, NULL, NULL, 0)) /* an outage: logged once */
+                KVP_WARN(MOD, "lookup lease of %zu keys failed: %s (a miss)", ns,
+                         kvp_err_name(erc));
+            lerr = 1;
+            h = 0;
+        } else {
+            size_t sfailed = 0; /* every key failed: a store error, as for the EXIST */
+            for (size_t j = 0; j < ns; j++)
+                sfailed += sres[j] < 0;
+            lerr = ns > 0 && sfailed == ns;
+            if (lerr)
+                kvp_plink_check(w->link, 0, NULL, sres, ns); /* an outage: the link logs it */
+            for (size_t i = 0; i < nk; i++)
+                res[i] = 0; /* past the hit: absent now */
+            for (size_t j = 0; j < ns; j++) {
+                int dup = j > 0 && sel[j - 1] == sel[j];
+                int ok = sres[j] > 0 && (!sneed[j] || sz[j] == sneed[j]);
+                if (sres[j] > 0 && !ok && !dup && mism++ == 0)
+                    first = j, first_need = sneed[j];
+                res[sel[j]] = dup ? res[sel[j]] && ok : ok;
+            }
+            size_t h2 = 0;
+            if ((rc = lk_hit(w, &all, T, num_tokens, apply_eagle, m, mg, mh, nm, res, &h2)) != 0)
+                goto out;
+            if (h2 < h)
+                h = h2;
+        }
     }
+    stat_rec(w, KVP_WORKER_OP_LOOKUP_EXISTS, t0, nk, 0, failed, mism, failed == nk || lerr);
+    if (mism)
+        KVP_WARN_LIMITED(MOD, "lookup: %zu keys of a hit hold a value of another size than "
+                              "a load of this rank reads (e.g. %s: %llu bytes, not %llu): "
+                              "counted as misses", mism, skeys[first],
+                         (unsigned long long)sz[first], (unsigned long long)first_need);
     *hit = (uint32_t)h;
 out:
-    kvp_coord_pool_destroy(pool);
     kvp_free(kb);
     kvp_free(keys);
     kvp_free(res);
+    kvp_free(sz);
+    kvp_free(want);
     kvp_free(mg);
+    kvp_free(mc);
     kvp_free(mh);
+    kvp_free(sel);
+    kvp_free(skeys);
+    kvp_free(sres);
+    kvp_free(sneed);
 out_bits:
     kvp_free(bits);
     return rc;

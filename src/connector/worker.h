@@ -231,9 +231,16 @@ int kvp_worker_load_errors(kvp_worker *w, uint32_t **ids, size_t *n);
  * §10.5: hit tokens for a prompt of num_tokens tokens with block hashes
  * hashes[0..nhashes) (hash_len bytes each, packed, at the H granularity),
  * probing every rank namespace and group with ONE exist batch; a hit
- * covering the whole prompt is re-derived one boundary lower. A store error
- * (the exist call failed, or every key answered < 0) is a 0 hit, recorded as
- * a lookup_exists error. Returns 0 with *hit set,
+ * covering the whole prompt is re-derived one boundary lower. A hit's keys
+ * are then asked again with EXIST_LEASE (kvp_client_exist_lease), once per
+ * rank that will read each, so the master holds them until the loads' GETs
+ * (or lease_ttl); there a key of another size than this rank's load reads
+ * (its own pipeline stage's keys; with a KV cache registered) is a miss,
+ * counted in the lookup's existing_keys, and the hit is that of this second
+ * answer (never more). A master without EXIST_LEASE, or
+ * $KVPOOL_LOOKUP_LEASE=0: the first answer alone. A store error (the exist
+ * call failed, or every key answered < 0, or the lease call failed) is a 0
+ * hit, recorded as a lookup_exists error. Returns 0 with *hit set,
  * or KVP_EINVALID_PARAMS / KVP_ENOMEM.
  */
 int kvp_worker_lookup(kvp_worker *w, uint32_t num_tokens, const uint8_t *hashes, size_t nhashes,
@@ -262,7 +269,9 @@ typedef struct kvp_worker_op_stats {
     uint64_t keys;          /* keys in the operations */
     uint64_t bytes;         /* bytes moved (put: > 0 results; get: sizes of loaded keys) */
     uint64_t failed_keys;   /* per-key negative results (all keys of an errored call) */
-    uint64_t existing_keys; /* save_put: keys answered "already there" (0 bytes) */
+    uint64_t existing_keys; /* save_put: keys answered "already there" (0 bytes);
+                               lookup: keys of a hit holding a value of another
+                               size than a load reads (counted as misses) */
     uint64_t partial;       /* operations with some failed keys */
     uint64_t errors;        /* operations that failed as a whole */
 } kvp_worker_op_stats;

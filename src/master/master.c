@@ -412,6 +412,37 @@ static void list_push_head(kvp_master *m, int which, kvp_obj *o)
         evt_join(m, o->tenant);
 }
 
+/*
+ * A COMPLETE object's read leases live in o->aux (pending: the writer's
+ * slot): the low LEASE_BITS count them (KVP_STAT_LEASES is their sum), the
+ * high bits count how many of them are lookup holds -- leases EXIST_LEASE
+ * granted that no GET has taken over yet (holds <= count, so aux == 0
+ * still means "no lease"). Every lease of an object ends at o->deadline,
+ * lease_ttl after the latest one granted (lease_expire_all: the whole
+ * epoch), or one by one by RELEASE.
+ *
+ * A GET of an object with a hold takes it over: its lease is that count
+ * instead of one more. So a lookup followed by its load's GET and RELEASE
+ * leaves nothing pinning the object (without the take-over it would stay
+ * unevictable for lease_ttl after the load: in a pool at capacity that
+ * turns LRU eviction into "evict what was just stored"). Each lookup adds
+ * its own hold, so while every GET follows its own requester's lookup (the
+ * vLLM connector), there are at least as many holds as lookups still
+ * waiting for their GET: none loses its protection to another's GET. A
+ * GET without a lookup before it (a plain client) may take over someone
+ * else's hold; a hold no GET takes over ends with the epoch.
+ */
+#define LEASE_BITS 24
+#define LEASE_MAX ((1u << LEASE_BITS) - 1)
+#define HOLD_MAX (UINT32_MAX >> LEASE_BITS)
+static uint32_t lease_count(const kvp_obj *o) { return o->aux & LEASE_MAX; }
+static uint32_t lease_holds(const kvp_obj *o) { return o->aux >> LEASE_BITS; }
+static void lease_set(kvp_obj *o, uint32_t count, uint32_t holds)
+{
+    KVP_ASSERT(count <= LEASE_MAX && holds <= HOLD_MAX && holds <= count);
+    o->aux = holds << LEASE_BITS | count;
+}
+
 /* The list an unleased COMPLETE object belongs on (master.h). */
 static int unleased_list(const kvp_obj *o)
 {
@@ -681,10 +712,10 @@ static void obj_destroy(kvp_master *m, kvp_obj *o, int why)
     tenant_release_if_empty(m, o->tenant);
     if (o->state == KVP_OBJ_COMPLETE) {
         KVP_ASSERT(m->stats[KVP_STAT_OBJECTS] > 0 && m->stats[KVP_STAT_BYTES] >= o->size &&
-                   m->stats[KVP_STAT_LEASES] >= o->aux);
+                   m->stats[KVP_STAT_LEASES] >= lease_count(o));
         m->stats[KVP_STAT_OBJECTS]--;
         m->stats[KVP_STAT_BYTES] -= o->size;
-        m->stats[KVP_STAT_LEASES] -= o->aux;
+        m->stats[KVP_STAT_LEASES] -= lease_count(o);
     } else {
         KVP_ASSERT(m->stats[KVP_STAT_PENDING] > 0);
         m->stats[KVP_STAT_PENDING]--;
@@ -1619,23 +1650,36 @@ static unsigned pin_sweep(kvp_master *m, unsigned budget)
 
 /* ============================================================= leases */
 
-static void lease_grant(kvp_master *m, kvp_obj *o, uint64_t now)
+enum { LEASE_GET, LEASE_LOOKUP };
+
+/* A lease on o for `who`: GET (taking over a hold when there is one) or a
+ * lookup's hold. The deadline becomes now + lease_ttl for every lease of o.
+ * A count at LEASE_MAX (16 M leases within one lease_ttl) only renews the
+ * deadline; a lookup finding HOLD_MAX holds adds a plain lease. */
+static void lease_grant(kvp_master *m, kvp_obj *o, uint64_t now, int who)
 {
     KVP_ASSERT(o->state == KVP_OBJ_COMPLETE);
+    uint32_t n = lease_count(o), h = lease_holds(o);
+    if (who == LEASE_GET && h > 0) {
+        h--; /* take the hold over */
+    } else if (n < LEASE_MAX) {
+        n++;
+        h += who == LEASE_LOOKUP && h < HOLD_MAX;
+        m->stats[KVP_STAT_LEASES]++;
+    }
     list_unlink(m, o);
-    o->aux++;
+    lease_set(o, n, h);
     o->deadline = ms32(now + m->cfg.lease_ttl_ms);
     list_push_tail(m, KVP_LIST_LEASED, o); /* all leases have one TTL: FIFO */
-    m->stats[KVP_STAT_LEASES]++;
 }
 
 /* Ends every lease of o (expiry): a new lease epoch, so late RELEASEs of
  * the old leases are ignored. */
 static void lease_expire_all(kvp_master *m, kvp_obj *o)
 {
-    KVP_ASSERT(m->stats[KVP_STAT_LEASES] >= o->aux);
+    KVP_ASSERT(m->stats[KVP_STAT_LEASES] >= lease_count(o));
     list_unlink(m, o);
-    m->stats[KVP_STAT_LEASES] -= o->aux;
+    m->stats[KVP_STAT_LEASES] -= lease_count(o);
     o->aux = 0;
     o->lease_seq = ++m->lease_seq;
     settle_unleased(m, o);
@@ -2480,7 +2524,10 @@ static int32_t do_release(req *q, kvp_obj *o, uint64_t lease_id, int force)
         return KVP_ELEASE_EXPIRED; /* expired, or not this object's */
     /* a lease of the current epoch keeps the object on the leased list */
     KVP_ASSERT(o->list == KVP_LIST_LEASED && m->stats[KVP_STAT_LEASES] > 0);
-    o->aux--;
+    /* a lease id names the epoch, not the holder: what ends is a GET's
+     * lease unless only holds are left (a lookup's client released one) */
+    uint32_t n = lease_count(o) - 1, h = lease_holds(o);
+    lease_set(o, n, h < n ? h : n);
     m->stats[KVP_STAT_LEASES]--;
     if (o->aux == 0) {
         list_unlink(m, o);
@@ -3046,7 +3093,7 @@ static void op_get(req *q)
             r.size = o->size;
             r.checksum = o->checksum;
         } else if (r.status == 0) {
-            lease_grant(m, o, q->now);
+            lease_grant(m, o, q->now, LEASE_GET);
             m->stats[KVP_STAT_HITS]++;
             m->stats[KVP_STAT_HIT_BYTES] += o->size;
             r.size = o->size;
@@ -3109,6 +3156,62 @@ static void op_exist(req *q, int prefix)
             p[4 * i + 1] = p[4 * i + 2] = p[4 * i + 3] = 0;
         }
         q->out->len += (size_t)d.n * 4;
+    }
+    reply_end(q, off);
+}
+
+/*
+ * EXIST_LEASE (proto.h): EXIST that holds what it answered. A key whose
+ * object is complete with a readable DRAM replica (what GET would lease
+ * without staging) gets a lookup hold: a lease like GET's -- counted in
+ * o->aux, the deadline now + lease_ttl for every lease of the object, the
+ * same lease id -- marked as a hold, which the next GET of the object takes
+ * over (see "leases"). So eviction, background eviction and a REMOVE
+ * without force skip the object until that GET's RELEASE, or until its
+ * leases expire (lease_expire_all at the deadline, whatever the count). A
+ * put with F_REPLACE is not held back (as with GET leases). Disk-only
+ * objects are reported with their size and no lease. An answer of 17 bytes
+ * per key must fit max_frame (TOO_LARGE, nothing leased).
+ */
+static void op_exist_lease(req *q)
+{
+    kvp_master *m = q->m;
+    kvp_msg_keys d;
+    if (kvp_dec_keys(q->body, q->h->body_len, &m->lim, q->a, &d)) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    if (!fits(q, d.n, KVP_XL_ENT_SIZE)) {
+        reply_status(q, KVP_ETOO_LARGE);
+        return;
+    }
+    int rc = tenant_allowed(m, q->s->client, d.tenant);
+    if (rc) {
+        reply_status(q, rc);
+        return;
+    }
+    int tenant = tenant_find(m, d.tenant);
+    lk l;
+    lk_init(&l, m, tenant, d.keys, d.n);
+    size_t off = reply_begin(q);
+    kvp_buf_u32(q->out, (uint32_t)m->cfg.lease_ttl_ms);
+    kvp_buf_u32(q->out, d.n);
+    for (uint32_t i = 0; i < d.n; i++) {
+        kvp_obj *o = lk_next(&l);
+        kvp_xl_ent e = {KVP_XL_ABSENT, 0, 0};
+        if (o && o->state == KVP_OBJ_COMPLETE) {
+            e.size = o->size;
+            if (o->nrep > 0 && !(o->flags & KVP_OBJ_LOADING)) {
+                lease_grant(m, o, q->now, LEASE_LOOKUP);
+                e.state = KVP_XL_LEASED;
+                e.lease_id = o->lease_seq;
+            } else {
+                e.state = KVP_XL_DISK;
+            }
+        }
+        kvp_buf_u8(q->out, e.state);
+        kvp_buf_u64(q->out, e.size);
+        kvp_buf_u64(q->out, e.lease_id);
     }
     reply_end(q, off);
 }
@@ -4155,6 +4258,7 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
         case KVP_OP_REPL_ACK: op_repl_ack(&q); break;
         case KVP_OP_LOOKUP_HASHES: op_lookup_hashes(&q); break;
         case KVP_OP_KV_SNAPSHOT: op_kv_snapshot(&q); break;
+        case KVP_OP_EXIST_LEASE: op_exist_lease(&q); break;
         default: reply_status(&q, KVP_EUNKNOWN_OP); break;
         }
     }
@@ -4674,7 +4778,7 @@ static const kvp_obj *slot_obj(const kvp_index *ix, uint64_t t)
 
 int kvp_master_check(const kvp_master *m)
 {
-    uint64_t listed = 0, n = 0, none = 0, used = 0;
+    uint64_t listed = 0, n = 0, none = 0, used = 0, leases = 0;
     if (kvp_kvblk_check(m->kb))
         return -1;
     if (check_list(&m->pending, KVP_LIST_PENDING, &listed) ||
@@ -4726,6 +4830,11 @@ int kvp_master_check(const kvp_master *m)
                                                : unleased_list(o);
         if (o->list != want)
             return -2;
+        if (o->state == KVP_OBJ_COMPLETE) { /* holds are some of the leases */
+            if (lease_holds(o) > lease_count(o))
+                return -19;
+            leases += lease_count(o);
+        }
         none += want == KVP_LIST_NONE;
         if ((o->nrep == 0 && !(o->flags & KVP_OBJ_ONDISK)) || o->nrep > o->rep_cap)
             return -3;
@@ -4768,6 +4877,8 @@ int kvp_master_check(const kvp_master *m)
         return -5;
     if (disk_objs != m->stats[KVP_STAT_DISK_OBJECTS] || spill != m->spill_total)
         return -13;
+    if (leases != m->stats[KVP_STAT_LEASES])
+        return -19;
     uint64_t *tsum = kvp_calloc(2 * (size_t)m->ntenants, sizeof *tsum);
     if (tsum) { /* each tenant's pages and bytes are its objects' */
         for (uint64_t t = 0; t < total; t++) {

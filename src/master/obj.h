@@ -80,7 +80,9 @@ typedef struct kvp_obj {
     uint32_t deadline;           /* ms, wrapping: put deadline (pending) or
                                     lease expiry (leased) */
     uint32_t aux;                /* pending: writer client slot;
-                                    complete: number of read leases */
+                                    complete: read leases, and how many of
+                                    them are lookup holds (master.c
+                                    lease_count / lease_holds) */
     uint32_t lease_seq;          /* lease id of the current lease epoch */
     uint16_t tenant;
     uint16_t keylen;

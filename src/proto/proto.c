@@ -678,6 +678,41 @@ int kvp_dec_kv_snapshot_resp(const uint8_t *p, uint32_t len, const kvp_proto_lim
     DEC_END;
 }
 
+/* --------------------------------------------------------- exist_lease */
+
+void kvp_enc_exist_lease_resp(kvp_buf *b, const kvp_msg_exist_lease_resp *m)
+{
+    kvp_buf_u32(b, m->lease_ttl_ms);
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++) {
+        kvp_buf_u8(b, m->ents[i].state);
+        kvp_buf_u64(b, m->ents[i].size);
+        kvp_buf_u64(b, m->ents[i].lease_id);
+    }
+}
+
+int kvp_dec_exist_lease_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                             kvp_arena *a, kvp_msg_exist_lease_resp *m)
+{
+    DEC_BEGIN;
+    m->lease_ttl_ms = kvp_rd_u32(&r);
+    m->n = kvp_rd_count(&r, l->max_batch, KVP_XL_ENT_SIZE);
+    if (!ALLOC_ARRAY(a, m->ents, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n && !r.err; i++) {
+        kvp_xl_ent *e = &m->ents[i];
+        e->state = kvp_rd_u8(&r);
+        e->size = kvp_rd_u64(&r);
+        e->lease_id = kvp_rd_u64(&r);
+        if (r.err)
+            break;
+        if (e->state > KVP_XL_DISK || (e->state == KVP_XL_ABSENT) != (e->size == 0) ||
+            (e->state != KVP_XL_LEASED && e->lease_id != 0))
+            return rd_fail(&r);
+    }
+    DEC_END;
+}
+
 /* status; when 0, the replicas. */
 void kvp_enc_put_result(kvp_buf *b, const kvp_put_result *res)
 {

@@ -78,7 +78,8 @@
     XX(REPL_ACK, 29, "standby -> leader: REPL_DATA applied up to a seq")             \
     XX(LOOKUP_HASHES, 30, "per chain of engine block hashes: leading blocks in DRAM, on disk, in either") \
     XX(KV_SNAPSHOT, 31, "a tenant's announced blocks (KV events) as of its stream's last seq") \
-    XX(UCX_ATTACH, 32, "storage node: its UCX worker address and the segment's rkey (one-sided transfers)")
+    XX(UCX_ATTACH, 32, "storage node: its UCX worker address and the segment's rkey (one-sided transfers)") \
+    XX(EXIST_LEASE, 33, "per key: present (and then leased, as GET leases) and its size; a lookup that holds what it answered")
 
 enum kvp_op {
 #define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
@@ -256,7 +257,8 @@ typedef struct kvp_msg_results {
     int32_t *codes;
 } kvp_msg_results;
 
-/* Requests that carry just a tenant and keys: PUT_REVOKE, GET, EXIST, PREFIX. */
+/* Requests that carry just a tenant and keys: PUT_REVOKE, GET, EXIST, PREFIX,
+ * TIERS, EXIST_LEASE. */
 typedef struct kvp_msg_keys {
     kvp_bytes tenant; /* empty = "default" */
     uint32_t n;
@@ -737,6 +739,47 @@ typedef struct kvp_msg_kv_snapshot_resp {
 void kvp_enc_kv_snapshot_resp(kvp_buf *b, const kvp_msg_kv_snapshot_resp *m);
 int kvp_dec_kv_snapshot_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
                              kvp_arena *a, kvp_msg_kv_snapshot_resp *m);
+
+/*
+ * EXIST_LEASE: "a hit stays a hit until it is loaded". Request: kvp_msg_keys
+ * (as EXIST). Answer: u32 lease_ttl_ms, u32 n, then n x (u8 state, u64 size,
+ * u64 lease_id), one per key, in order:
+ *   KVP_XL_ABSENT  no complete object (being written, or none): size and
+ *                  lease_id 0
+ *   KVP_XL_LEASED  complete with a readable DRAM replica: a read lease was
+ *                  granted on it, a "hold" (master.c "leases"), so eviction
+ *                  and a REMOVE without force skip the object until the next
+ *                  GET of it takes the hold over as its own lease (it then
+ *                  ends with that GET's RELEASE), or until the object's
+ *                  leases expire, lease_ttl_ms after the latest one granted.
+ *                  A key named k times in the request gets k holds (one per
+ *                  reader that will GET it). lease_id: the object's lease
+ *                  epoch, as GET answers it (a RELEASE of it ends one lease
+ *                  of the object, a GET's while any is left). size > 0.
+ *   KVP_XL_DISK    complete, only on a node's SSD tier (or being staged back):
+ *                  no lease (a GET stages it; the tier may still drop the
+ *                  record); size > 0, lease_id 0
+ * A key answered absent or on disk gets no lease; nothing else changes (no
+ * LRU touch, no hit counted, no descriptor handed out). An F_REPLACE put
+ * still replaces a leased object (as it does one GET leased). The decoder
+ * refuses another state, a present key of size 0 and an absent key with a
+ * size or lease id.
+ */
+enum { KVP_XL_ABSENT = 0, KVP_XL_LEASED = 1, KVP_XL_DISK = 2 };
+#define KVP_XL_ENT_SIZE 17 /* bytes of one answer entry */
+typedef struct kvp_xl_ent {
+    uint8_t state;     /* KVP_XL_* */
+    uint64_t size;     /* the object's value bytes */
+    uint64_t lease_id; /* LEASED: give back with RELEASE (optional: it expires) */
+} kvp_xl_ent;
+typedef struct kvp_msg_exist_lease_resp {
+    uint32_t lease_ttl_ms;
+    uint32_t n;
+    kvp_xl_ent *ents;
+} kvp_msg_exist_lease_resp;
+void kvp_enc_exist_lease_resp(kvp_buf *b, const kvp_msg_exist_lease_resp *m);
+int kvp_dec_exist_lease_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,
+                             kvp_arena *a, kvp_msg_exist_lease_resp *m);
 
 /* ----------------------------------------------------------------- codecs */
 /*

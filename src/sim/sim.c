@@ -168,6 +168,10 @@ typedef struct simstats {
     uint64_t replayed_tokens;                    /* recomputed after a preemption */
     uint64_t replay_loaded_tokens;               /* loaded again after a preemption */
     uint64_t workers, workers_verified;          /* workers; those that verified a block */
+    uint64_t hit_requests, hit_blocks;           /* loads started after a lookup hit; their
+                                                    blocks (group 0) */
+    uint64_t store_keys, store_failed_keys;      /* keys the workers put; refused (-200, ...) */
+    uint64_t lookup_size_misses;                 /* keys a lookup found with another size */
     int32_t done, failed, role;
 } simstats;
 
@@ -636,6 +640,9 @@ static void collect_stats(engine *e)
         e->st.bytes_loaded += ws.op[KVP_CONN_OP_LOAD].bytes;
         e->st.load_ns += ws.op[KVP_CONN_OP_LOAD].total_ns;
         e->st.gets += ws.op[KVP_CONN_OP_LOAD].count;
+        e->st.store_keys += ws.op[KVP_CONN_OP_STORE].keys;
+        e->st.store_failed_keys += ws.op[KVP_CONN_OP_STORE].failed_keys;
+        e->st.lookup_size_misses += ws.op[KVP_CONN_OP_LOOKUP].existing_keys;
     }
     uint64_t mm = 0, ver = 0, swa = 0, wv = 0;
     for (int i = 0; i < sim_workers(e->c); i++) {
@@ -814,6 +821,8 @@ static int engine_run(engine *e, int fd)
                 }
                 r->hit = num_new;
                 if (num_new > 0 && async) {
+                    e->st.hit_requests++;
+                    e->st.hit_blocks += num_new / B;
                     /* the load fills these blocks; poison them first */
                     for (int g = 0; g < ng; g++)
                         acts[nacts++] = (action){.kind = A_POISON, .group = g,
@@ -1510,6 +1519,11 @@ static void sum(simstats *t, const simstats *s)
     t->replay_loaded_tokens += s->replay_loaded_tokens;
     t->workers += s->workers;
     t->workers_verified += s->workers_verified;
+    t->hit_requests += s->hit_requests;
+    t->hit_blocks += s->hit_blocks;
+    t->store_keys += s->store_keys;
+    t->store_failed_keys += s->store_failed_keys;
+    t->lookup_size_misses += s->lookup_size_misses;
 }
 
 static void progress(const simstats *last, int n, uint64_t t0)
@@ -1739,6 +1753,13 @@ int kvp_sim_main(int argc, char **argv)
     double chit = tc.prompt_tokens ? (double)tc.loaded_tokens / (double)tc.prompt_tokens : 0.0;
     double gbs = el > 0 ? (double)(t.bytes_stored + t.bytes_loaded) / el / 1e9 : 0.0;
     double load_gbs = t.load_ns ? (double)t.bytes_loaded / (double)t.load_ns : 0.0;
+    /* load failures per 1,000 hits: requests whose load failed (cut short
+     * by an error) per 1,000 loads started after a lookup hit, and the
+     * blocks recomputed for it per 1,000 blocks those lookups counted */
+    double fail_k = t.hit_requests ? 1000.0 * (double)t.load_error_reqs / (double)t.hit_requests
+                                   : 0.0;
+    double fail_kb = t.hit_blocks ? 1000.0 * (double)t.blocks_recomputed / (double)t.hit_blocks
+                                  : 0.0;
     double store_gbs = t.store_ns ? (double)t.bytes_stored / (double)t.store_ns : 0.0;
     int bad = exit_bad || fail || t.mismatches;
     char roles[64 * 9 + 1] = "";
@@ -1764,7 +1785,11 @@ int kvp_sim_main(int argc, char **argv)
                ", \"workers\": %" PRIu64
                ", \"workers_verified\": %" PRIu64
                ", \"load_errors\": %" PRIu64 ", \"load_error_requests\": %" PRIu64
-               ", \"blocks_recomputed\": %" PRIu64 ", \"mismatches\": %" PRIu64
+               ", \"blocks_recomputed\": %" PRIu64 ", \"hit_requests\": %" PRIu64
+               ", \"hit_blocks\": %" PRIu64 ", \"load_failures_per_1k_hits\": %.3f"
+               ", \"blocks_recomputed_per_1k_hit_blocks\": %.3f, \"store_keys\": %" PRIu64
+               ", \"store_failed_keys\": %" PRIu64 ", \"lookup_size_misses\": %" PRIu64
+               ", \"mismatches\": %" PRIu64
                ", \"consumer\": {\"requests\": %" PRIu64 ", \"prompt_tokens\": %" PRIu64
                ", \"tokens_loaded\": %" PRIu64 ", \"hit_rate\": %.4f, \"bytes_stored\": %" PRIu64
                ", \"bytes_loaded\": %" PRIu64 "}, \"ok\": %s",
@@ -1778,7 +1803,8 @@ int kvp_sim_main(int argc, char **argv)
                t.blocks_verified, c.mamba ? 0 : t.swa_verified, c.mamba ? "true" : "false",
                c.mamba ? t.swa_verified : 0, t.mamba_puts, t.workers, t.workers_verified,
                t.load_errors,
-               t.load_error_reqs, t.blocks_recomputed,
+               t.load_error_reqs, t.blocks_recomputed, t.hit_requests, t.hit_blocks, fail_k,
+               fail_kb, t.store_keys, t.store_failed_keys, t.lookup_size_misses,
                t.mismatches, tc.requests, tc.prompt_tokens, tc.loaded_tokens, chit,
                tc.bytes_stored, tc.bytes_loaded, bad ? "false" : "true");
         tl_print(tl); /* last: readers that scan for the first "key": find the summary's */
@@ -1816,6 +1842,14 @@ int kvp_sim_main(int argc, char **argv)
                " requests\n", t.load_errors, t.load_error_reqs);
         printf("  blocks recomputed     %" PRIu64 " (loads cut short by an error)\n",
                t.blocks_recomputed);
+        printf("  load failures         %.2f per 1,000 hits (%" PRIu64 " of %" PRIu64
+               " loads after a lookup hit); %.2f blocks recomputed per 1,000 hit blocks (of %"
+               PRIu64 ")\n", fail_k, t.load_error_reqs, t.hit_requests, fail_kb, t.hit_blocks);
+        printf("  store refusals        %" PRIu64 " of %" PRIu64 " keys put%s\n",
+               t.store_failed_keys, t.store_keys, t.store_failed_keys ? " (a full pool)" : "");
+        if (t.lookup_size_misses)
+            printf("  lookup size misses    %" PRIu64 " keys held a value of another size\n",
+                   t.lookup_size_misses);
         if (tc.requests)
             printf("  consumers             %" PRIu64 " requests, hit rate %.1f%%, stored %"
                    PRIu64 " B, loaded %.1f MiB\n", tc.requests, chit * 100, tc.bytes_stored,

@@ -14,7 +14,8 @@
  *   segments  a fixed table of segment ids (each with its name, capacity,
  *             secret and SSD tier), mounted by whichever session asks
  *   keys      KEYS fixed keys x TENANTS tenants (and fuzzed ones)
- *   learned   replica descriptors (PUT_START, GET), lease ids (GET), and
+ *   learned   replica descriptors (PUT_START, GET), lease ids (GET,
+ *             EXIST_LEASE's holds), and
  *             the DISK_CMDs the master pushes to node sessions, which
  *             DISK_REPORT steps answer (SPILLED, LOADED, HAVE, GONE)
  *   clock     every step advances it a little, ADVANCE steps a lot
@@ -328,6 +329,16 @@ static void check_body(world *w, sess *s, const call *c, const uint8_t *b, uint3
             if (i < 8)
                 w->leases[w->nleases++ % NLEASE] = (lease_seen){c->tenant, c->keys[i], x->lease_id};
         }
+        break;
+    }
+    case KVP_OP_EXIST_LEASE: {
+        kvp_msg_exist_lease_resp r;
+        FAILIF(kvp_dec_exist_lease_resp(b, len, &lim, &ra, &r) != 0);
+        FAILIF(r.n != c->n || r.lease_ttl_ms != w->cfg.lease_ttl_ms);
+        for (uint32_t i = 0; i < r.n; i++)
+            if (r.ents[i].state == KVP_XL_LEASED && i < 8) /* its holds: RELEASE steps */
+                w->leases[w->nleases++ % NLEASE] =
+                    (lease_seen){c->tenant, c->keys[i], r.ents[i].lease_id};
         break;
     }
     case KVP_OP_PREFIX: {
@@ -816,8 +827,9 @@ static void st_keys(world *w, sess *s, prog *g, uint16_t op)
 
 static void st_exist(world *w, sess *s, prog *g)
 {
-    static const uint16_t ops[3] = {KVP_OP_EXIST, KVP_OP_PREFIX, KVP_OP_TIERS};
-    st_keys(w, s, g, ops[u8(g) % 3]);
+    static const uint16_t ops[4] = {KVP_OP_EXIST, KVP_OP_PREFIX, KVP_OP_TIERS,
+                                    KVP_OP_EXIST_LEASE};
+    st_keys(w, s, g, ops[u8(g) % 4]);
 }
 
 static void st_release(world *w, sess *s, prog *g)

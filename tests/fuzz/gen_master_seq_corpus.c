@@ -139,6 +139,18 @@ int main(int argc, char **argv)
     b(S_SEG_INFO), b(1), b(0), b(1), b(2), b(4);
     save("lifecycle");
 
+    /* lookup holds (EXIST_LEASE): held keys through eviction pressure, a
+     * GET taking a hold over, RELEASEs of GET and hold leases, expiry */
+    start(0);
+    hello(0, 0), mount(0, 2, 0), hello(1, 0), hello(2, 0);
+    put(S_PUT, 1, T_DEF, 1, 0, 0, 4, Z_8P);
+    exist(1, 3, T_DEF, 0, 2), exist(2, 3, T_DEF, 1, 2);
+    put(S_PUT, 1, T_DEF, 1, 0, 4, 6, Z_20P);
+    keys(S_GET, 2, T_DEF, 1, 1), release(2, 0), release(1, 1);
+    exist(1, 3, T_DEF, 0, 4), remove_(1, 0, T_DEF, 0, 1), advance(5);
+    put(S_PUT, 1, T_DEF, 1, 0, 8, 4, Z_20P), exist(2, 3, T_DEF, 4, 8), stats(1);
+    save("lookup_lease");
+
     /* puts until eviction, spills to the SSD tier answered, loads back */
     start(0);
     hello(0, 0), mount(0, 1, 0), hello(1, 0);

@@ -139,6 +139,58 @@ TEST(sim_mla_tp2_hits_and_no_mismatch) { run_ok3("2", "3", "256MiB", "--mla"); }
  * load turn into load errors, which must be recomputed, never mismatch. */
 TEST(sim_under_eviction_pressure_no_mismatch) { run_ok2("2", "3", "8MiB"); }
 
+/* "A hit stays a hit until it is loaded": on a pool that evicts all the
+ * time (8 MiB of 64 KiB blocks under 2 instances x TP 2), the lookup's
+ * holds (EXIST_LEASE) leave no load failing: 0 load failures per 1,000
+ * hits. The same run with the lookup asking EXIST only ($KVPOOL_LOOKUP_LEASE
+ * =0, as before) is printed for comparison (about 240 per 1,000 on the
+ * development machine), not checked: how many races it loses is timing. */
+static json_t *churn_run(int lease)
+{
+    pool p;
+    if (pool_up2(&p, "8MiB") != 0) {
+        th_fail(__FILE__, __LINE__, "pool up");
+        return NULL;
+    }
+    static char out[16384];
+    const char *ex[] = {"--layers", "4", "--block-bytes", "16384", NULL};
+    if (!lease)
+        setenv("KVPOOL_LOOKUP_LEASE", "0", 1);
+    int rc = tp_sim_run(p.m.addr, "2", "3", ex, out, sizeof out);
+    unsetenv("KVPOOL_LOOKUP_LEASE");
+    pool_down(&p);
+    json_error_t e;
+    json_t *j = json_loads(out, 0, &e);
+    if (rc != 0 || !j || jnum(j, "mismatches") != 0) {
+        th_fail(__FILE__, __LINE__, "sim exit %d, output: %s", rc, out);
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+TEST(sim_churn_lookup_holds_leave_no_load_failure)
+{
+    json_t *b = churn_run(0), *a = churn_run(1);
+    if (b)
+        fprintf(stderr, "    EXIST only:  %llu of %llu loads after a hit failed (%.1f per 1,000)\n",
+                (unsigned long long)jnum(b, "load_error_requests"),
+                (unsigned long long)jnum(b, "hit_requests"), jreal(b, "load_failures_per_1k_hits"));
+    CHECK(a != NULL);
+    if (a) {
+        fprintf(stderr, "    EXIST_LEASE: %llu of %llu loads after a hit failed (%.1f per 1,000)\n",
+                (unsigned long long)jnum(a, "load_error_requests"),
+                (unsigned long long)jnum(a, "hit_requests"), jreal(a, "load_failures_per_1k_hits"));
+        CHECK(jnum(a, "hit_requests") > 0 && jnum(a, "hit_requests") != (uint64_t)-1);
+        CHECK_EQ(jnum(a, "load_error_requests"), 0);
+        CHECK_EQ(jnum(a, "blocks_recomputed"), 0);
+        CHECK_EQ(jnum(a, "load_errors"), 0);
+        CHECK(json_is_true(json_object_get(a, "ok")));
+    }
+    json_decref(a);
+    json_decref(b);
+}
+
 /* Hybrid model: group 0 full attention, group 1 a 40-token sliding window
  * (3 blocks of 16). Loads of both groups are verified; a hit loads only the
  * window of group 1 (the chunks before it are the null block), so fewer

@@ -366,6 +366,22 @@ def test_tenants_are_isolated(server: kvpool_procs.Proc) -> None:
         a.remove_all()
 
 
+def test_exist_lease_batch_holds_and_sizes(client: kvpool.Client) -> None:
+    client.put_batch(["xl/a", "xl/b"], [b"x" * 10, b"y" * 4097])
+    got = client.exist_lease_batch(["xl/a", "xl/b", "xl/none", ""])
+    assert got[:3] == [("dram", 10), ("dram", 4097), None]
+    assert isinstance(got[3], kvpool.Error)  # an invalid key: its own error
+    # held: a remove without force is refused until a get takes the hold over
+    with pytest.raises(kvpool.Error) as e:
+        client.remove("xl/a")
+    assert e.value.name == "OBJECT_HAS_LEASE"
+    assert client.get("xl/a") == b"x" * 10
+    client.remove("xl/a")
+    assert client.exist_lease_batch([]) == []
+    with pytest.raises(TypeError):
+        client.exist_lease_batch("xl/a")  # one string is not a list of keys
+
+
 def test_embedded_mode_hosts_a_segment(master: kvpool_procs.Proc) -> None:
     with kvpool.Client({"master": master.addr, "global_segment_size": "32MiB",
                         "local_hostname": "127.0.0.1"}) as c:

@@ -50,7 +50,8 @@
     XX(lookup_hashes_resp, LA)                                                 \
     XX(kv_snapshot_resp, LA)                                                   \
     XX(ucx_attach, N)                                                          \
-    XX(heartbeat, N)
+    XX(heartbeat, N)                                                           \
+    XX(exist_lease_resp, LA)
 
 enum pc_kind {
 #define PC__ENUM(t, sig) PC_##t,
@@ -123,6 +124,7 @@ static PC_UNUSED const struct { int req, resp; } pc_op_kinds[KVP_OP__MAX] = {
     [KVP_OP_LOOKUP_HASHES] = {PC_lookup_hashes, PC_lookup_hashes_resp},
     [KVP_OP_KV_SNAPSHOT] = {PC_keys, PC_kv_snapshot_resp},
     [KVP_OP_UCX_ATTACH] = {PC_NONE, PC_ucx_attach}, /* request: u64 segment id */
+    [KVP_OP_EXIST_LEASE] = {PC_keys, PC_exist_lease_resp},
 };
 
 /* ------------------------------------------------------------- samples */
@@ -152,6 +154,8 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     static kvp_hchain chains[3] = {{0, 3, hs}, {31, 0, NULL}, {255, 1, hs + 2}};
     static kvp_hprefix hpre[2] = {{3, 0, 3}, {UINT32_MAX, UINT32_MAX, UINT32_MAX}};
     static kvp_snap_blk sblk[3] = {{0, 0, 1}, {UINT64_MAX, 31, 2}, {42, 255, 255}};
+    static kvp_xl_ent xl[4] = {{KVP_XL_LEASED, 4096, 77}, {KVP_XL_ABSENT, 0, 0},
+                               {KVP_XL_DISK, 2u << 20, 0}, {KVP_XL_LEASED, UINT64_MAX, UINT64_MAX}};
     static kvp_put_result pres[3];
     static kvp_get_result gres[4];
     static uint64_t counters[1024];
@@ -243,6 +247,9 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(ucx_attach, 0) m->ucx_attach = (kvp_msg_ucx_attach){4096, 1, PC_B("a"), PC_B("k")}; return 0;
     S(ucx_attach, 1) m->ucx_attach = (kvp_msg_ucx_attach){0x7f0000000000ull, 64ull << 30, PC_B("\x01\x02ucp worker address"), PC_B("\x00\xffpacked rkey")}; return 0;
     S(ucx_attach, 2) m->ucx_attach = (kvp_msg_ucx_attach){UINT64_MAX - 4096, 4096, str_max, str_max}; return 0;
+    S(exist_lease_resp, 0) m->exist_lease_resp.lease_ttl_ms = 5000; return 0;
+    S(exist_lease_resp, 1) m->exist_lease_resp = (kvp_msg_exist_lease_resp){5000, 4, xl}; return 0;
+    S(exist_lease_resp, 2) m->exist_lease_resp = (kvp_msg_exist_lease_resp){UINT32_MAX, 1, xl + 3}; return 0;
     S(kv_snapshot_resp, 0) return 0;
     S(kv_snapshot_resp, 1) m->kv_snapshot_resp = (kvp_msg_kv_snapshot_resp){1733356800000000ull, 3, sblk}; return 0;
     S(kv_snapshot_resp, 2) m->kv_snapshot_resp = (kvp_msg_kv_snapshot_resp){UINT64_MAX, 1, sblk + 1}; return 0;
@@ -449,6 +456,16 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
         return 1;
     case PC_prefix_resp:
         return x->prefix_resp.count == y->prefix_resp.count;
+    case PC_exist_lease_resp:
+        if (x->exist_lease_resp.lease_ttl_ms != y->exist_lease_resp.lease_ttl_ms ||
+            x->exist_lease_resp.n != y->exist_lease_resp.n)
+            return 0;
+        for (uint32_t i = 0; i < x->exist_lease_resp.n; i++) {
+            const kvp_xl_ent *a = &x->exist_lease_resp.ents[i], *b = &y->exist_lease_resp.ents[i];
+            if (a->state != b->state || a->size != b->size || a->lease_id != b->lease_id)
+                return 0;
+        }
+        return 1;
     case PC_remove:
         return pc_beq(x->remove.tenant, y->remove.tenant) && x->remove.force == y->remove.force &&
                x->remove.n == y->remove.n && pc_keys_eq(x->remove.n, x->remove.keys, y->remove.keys);

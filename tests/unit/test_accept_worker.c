@@ -894,8 +894,11 @@ TEST(accept_lookup_needs_every_mamba_shard)
     kvp_worker *w[2];
     kvp_client *cl = NULL;
     CHECK_EQ(kvp_client_open(e.cfg, &cl, NULL, 0), 0);
-    uint8_t state[64];
+    /* first states of another size than a load reads (KEY_BYTES a block in
+     * every group): the lookup counts them as misses (its existing_keys) */
+    uint8_t state[KEY_BYTES], small[64];
     memset(state, 0x5c, sizeof state);
+    memset(small, 0x5c, sizeof small);
     char key[256];
     size_t klen;
     struct kvp_key_meta md[2];
@@ -916,11 +919,25 @@ TEST(accept_lookup_needs_every_mamba_shard)
         CHECK_EQ(kvp_key_meta_init(&md[r], MODEL, NULL, r, 0, 0, 0, 1), 0);
         for (int k = 0; k < 2; k++) {
             CHECK_EQ(kvp_key_build(&md[r], h + (size_t)k * HL, HL, key, sizeof key, &klen), 0);
-            CHECK_EQ(kvp_client_put(cl, key, state, sizeof state), 0);
+            CHECK_EQ(kvp_client_put(cl, key, small, sizeof small), 0);
         }
     }
     CHECK_EQ(fa_keys, 2); /* FA striding: one chunk per rank */
     uint32_t hit = 0;
+    kvp_worker_stats st;
+    kvp_worker_take_stats(w[0], &st);
+    CHECK_EQ(kvp_worker_lookup(w[0], 33, h, 2, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 0);
+    CHECK_EQ(kvp_worker_take_stats(w[0], &st), 1);
+    CHECK(st.op[KVP_WORKER_OP_LOOKUP_EXISTS].existing_keys > 0);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOOKUP_EXISTS].failed_keys, 0);
+    CHECK_EQ(st.op[KVP_WORKER_OP_LOOKUP_EXISTS].errors, 0);
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < 2; k++) {
+            CHECK_EQ(kvp_key_build(&md[r], h + (size_t)k * HL, HL, key, sizeof key, &klen), 0);
+            CHECK_EQ(kvp_client_remove(cl, key, 1), 0);
+            CHECK_EQ(kvp_client_put(cl, key, state, sizeof state), 0);
+        }
     for (int r = 0; r < 2; r++) {
         CHECK_EQ(kvp_worker_lookup(w[r], 33, h, 2, HL, 1, &hit), 0);
         CHECK_EQ(hit, 32);

@@ -2561,3 +2561,312 @@ TEST(heartbeat_reports_not_replicated)
     core_free(&a);
     core_free(&b);
 }
+
+/* ------------------------------------------------------------ EXIST_LEASE */
+
+/* EXIST_LEASE of the keys idx[0..n) (key_of): the whole-request status;
+ * the answer in *r. */
+static int xlease(core *c, sess *s, const int *idx, int n, kvp_msg_exist_lease_resp *r)
+{
+    char kb[16][32];
+    kvp_bytes keys[16];
+    REQUIRE(n <= 16);
+    for (int i = 0; i < n; i++)
+        keys[i] = key_of(kb[i], 32, idx[i]);
+    kvp_msg_keys m = {{NULL, 0}, (uint32_t)n, keys};
+    kvp_enc_keys(&c->body, &m);
+    REQUIRE(call(c, s, KVP_OP_EXIST_LEASE, 0) == 0);
+    if (c->status)
+        return c->status;
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    REQUIRE(kvp_dec_exist_lease_resp(c->resp, c->resp_len, &l, &c->ra, r) == 0);
+    REQUIRE(r->n == (uint32_t)n);
+    return 0;
+}
+
+/* GET of key i: its lease id (the answer must be a hit). */
+static uint64_t get_lease(core *c, sess *s, int i)
+{
+    int32_t code;
+    REQUIRE(keys_op(c, s, KVP_OP_GET, i, 1, NULL, &code) == 0);
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    kvp_msg_get_resp g;
+    REQUIRE(kvp_dec_get_resp(c->resp, c->resp_len, &l, &c->ra, &g) == 0 && g.n == 1);
+    REQUIRE(g.results[0].status == 0);
+    return g.results[0].lease_id;
+}
+
+static int32_t release(core *c, sess *s, int i, uint64_t lid)
+{
+    int32_t code;
+    REQUIRE(keys_op(c, s, KVP_OP_RELEASE, i, 1, &lid, &code) == 0);
+    return code;
+}
+
+static int32_t remove_one(core *c, sess *s, int i)
+{
+    int32_t code;
+    REQUIRE(keys_op(c, s, KVP_OP_REMOVE, i, 1, NULL, &code) == 0);
+    return code;
+}
+
+/* What a lookup answered present stays through eviction pressure until a
+ * GET takes its hold over and releases it, or until lease_ttl. */
+TEST(exist_lease_holds_against_eviction)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    /* 100 pages: exactly 10 objects of 10 pages, keys 0..9 */
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    CHECK_EQ(put(&c, &s, 0, 10, 10 * 4096), 0);
+    kvp_msg_exist_lease_resp r;
+    CHECK_EQ(xlease(&c, &s, (const int[]){0, 1, 2, 50}, 4, &r), 0);
+    CHECK_EQ(r.lease_ttl_ms, (uint32_t)c.cfg.lease_ttl_ms);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(r.ents[i].state, KVP_XL_LEASED);
+        CHECK_EQ(r.ents[i].size, 10 * 4096);
+    }
+    CHECK_EQ(r.ents[3].state, KVP_XL_ABSENT);
+    CHECK_EQ(r.ents[3].size, 0);
+    CHECK_EQ(r.ents[3].lease_id, 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), 3);
+    CHECK_EQ(stat_of(&c, KVP_STAT_HITS), 0); /* a lookup is not a hit */
+    /* eviction pressure: 0..2 are the least recently used, yet stay */
+    CHECK_EQ(put(&c, &s, 100, 7, 10 * 4096), 0);
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(exists(&c, &s, i), 1);
+    for (int i = 3; i < 10; i++)
+        CHECK_EQ(exists(&c, &s, i), 0);
+    kvp_msg_put_start_resp pr;
+    CHECK_EQ(put_start(&c, &s, 200, 8, 10 * 4096, 1, 0, NULL, &pr), 0);
+    for (int i = 0; i < 7; i++) /* the 7 evictable ones make room for 7 ... */
+        CHECK_EQ(pr.results[i].status, 0);
+    /* ... and nothing more is evictable: the held ones are not */
+    CHECK_EQ(pr.results[7].status, KVP_ENO_AVAILABLE_HANDLE);
+    uint64_t cs[7] = {1, 2, 3, 4, 5, 6, 7};
+    int32_t codes[7];
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_PUT_END, 200, 7, cs, codes), 0);
+    CHECK_EQ(remove_one(&c, &s, 0), KVP_EOBJECT_HAS_LEASE);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* the load's GET takes key 1's hold over (no lease more), and its
+     * RELEASE leaves nothing: evictable, removable at once */
+    uint64_t lid = get_lease(&c, &s, 1);
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), 3);
+    CHECK_EQ(stat_of(&c, KVP_STAT_HITS), 1);
+    CHECK_EQ(release(&c, &s, 1, lid), 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), 2);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    CHECK_EQ(remove_one(&c, &s, 1), 0);
+    /* lease_ttl after the last lease granted, the holds nobody took end */
+    c.now += c.cfg.lease_ttl_ms - 1;
+    kvp_master_tick(c.m, c.now);
+    CHECK_EQ(remove_one(&c, &s, 2), KVP_EOBJECT_HAS_LEASE);
+    c.now += 2;
+    kvp_master_tick(c.m, c.now);
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* evictable again: a put of a pool's worth takes them too */
+    CHECK_EQ(put(&c, &s, 300, 10, 10 * 4096), 0);
+    CHECK_EQ(exists(&c, &s, 0), 0);
+    CHECK_EQ(exists(&c, &s, 2), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* Holds count per lookup and per time a key is named; GETs take them over
+ * one each, further GETs add leases of their own; expiry ends them all. */
+TEST(exist_lease_holds_are_counted_and_taken_over)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s, t;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(hello(&c, &t, 2), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    CHECK_EQ(put(&c, &s, 0, 2, 4096), 0);
+    kvp_msg_exist_lease_resp r;
+    /* two readers of key 0 (named twice), one lookup more from another client */
+    CHECK_EQ(xlease(&c, &s, (const int[]){0, 0}, 2, &r), 0);
+    CHECK_EQ(r.ents[0].state, KVP_XL_LEASED);
+    CHECK_EQ(r.ents[1].lease_id, r.ents[0].lease_id); /* one epoch */
+    uint64_t ep0 = r.ents[0].lease_id;
+    CHECK_EQ(xlease(&c, &t, (const int[]){0}, 1, &r), 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), 3);
+    /* three GETs take the three holds over; a fourth adds a lease */
+    uint64_t lid[4];
+    for (int i = 0; i < 4; i++)
+        lid[i] = get_lease(&c, i % 2 ? &t : &s, 0);
+    CHECK_EQ(lid[3], ep0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), 4);
+    for (int i = 0; i < 4; i++) {
+        CHECK_EQ(remove_one(&c, &s, 0), KVP_EOBJECT_HAS_LEASE);
+        CHECK_EQ(release(&c, i % 2 ? &t : &s, 0, lid[i]), 0);
+        CHECK_EQ(kvp_master_check(c.m), 0);
+    }
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), 0);
+    CHECK_EQ(release(&c, &s, 0, lid[0]), KVP_ELEASE_EXPIRED); /* one too many */
+    /* a lookup's client may release its hold by the lease id it was given */
+    CHECK_EQ(xlease(&c, &s, (const int[]){1}, 1, &r), 0);
+    uint64_t ep1 = r.ents[0].lease_id;
+    CHECK_EQ(remove_one(&c, &s, 1), KVP_EOBJECT_HAS_LEASE);
+    CHECK_EQ(release(&c, &s, 1, ep1), 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* a hold and a GET's lease on key 0; a RELEASE ends the GET's (the
+     * hold is still there for its reader's GET to take over) */
+    CHECK_EQ(xlease(&c, &s, (const int[]){0}, 1, &r), 0);
+    uint64_t g = get_lease(&c, &t, 0); /* took it over */
+    CHECK_EQ(xlease(&c, &s, (const int[]){0}, 1, &r), 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), 2);
+    CHECK_EQ(release(&c, &t, 0, g), 0);
+    CHECK_EQ(remove_one(&c, &s, 0), KVP_EOBJECT_HAS_LEASE);
+    CHECK_EQ(release(&c, &s, 0, get_lease(&c, &s, 0)), 0);
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), 0);
+    /* holds renew the deadline like any lease, and end with the epoch */
+    CHECK_EQ(xlease(&c, &s, (const int[]){0, 1}, 2, &r), 0);
+    uint64_t epoch = r.ents[0].lease_id;
+    c.now += c.cfg.lease_ttl_ms / 2;
+    kvp_master_tick(c.m, c.now);
+    CHECK_EQ(xlease(&c, &s, (const int[]){0}, 1, &r), 0);
+    c.now += c.cfg.lease_ttl_ms / 2 + 1;
+    kvp_master_tick(c.m, c.now);
+    CHECK_EQ(remove_one(&c, &s, 1), 0);                     /* its lease ended */
+    CHECK_EQ(remove_one(&c, &s, 0), KVP_EOBJECT_HAS_LEASE); /* renewed */
+    c.now += c.cfg.lease_ttl_ms;
+    kvp_master_tick(c.m, c.now);
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), 0);
+    CHECK_EQ(release(&c, &s, 0, epoch), KVP_ELEASE_EXPIRED);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &t.s, c.now);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* Not held back: a REPLACE put, a forced REMOVE. Disk-only objects are
+ * answered with their size and no lease. Bad requests are refused whole. */
+TEST(exist_lease_replace_remove_and_bad_requests)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    kvp_master_sess_open(c.m, &s.s);
+    kvp_msg_keys none = {{NULL, 0}, 0, NULL};
+    kvp_enc_keys(&c.body, &none);
+    CHECK(call(&c, &s, KVP_OP_EXIST_LEASE, 0) == 0);
+    CHECK_EQ(c.status, KVP_ENO_HELLO);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    CHECK_EQ(put_one(&c, &s, 0, 4096, 0, 11), 0);
+    CHECK_EQ(put(&c, &s, 1, 1, 4096), 0);
+    kvp_msg_exist_lease_resp r;
+    CHECK_EQ(xlease(&c, &s, (const int[]){0, 1}, 2, &r), 0);
+    CHECK_EQ(put_one(&c, &s, 0, 8192, KVP_PUT_F_REPLACE, 22), 0);
+    CHECK_EQ(get_csum(&c, &s, 0), 22);
+    CHECK_EQ(xlease(&c, &s, (const int[]){0}, 1, &r), 0);
+    CHECK_EQ(r.ents[0].size, 8192); /* the new value's size */
+    uint64_t force = 1;
+    int32_t code;
+    CHECK_EQ(keys_op(&c, &s, KVP_OP_REMOVE, 1, 1, &force, &code), 0);
+    CHECK_EQ(code, 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    /* a pending key is absent */
+    kvp_msg_put_start_resp pr;
+    CHECK_EQ(put_start(&c, &s, 5, 1, 4096, 1, 0, NULL, &pr), 0);
+    CHECK_EQ(xlease(&c, &s, (const int[]){5}, 1, &r), 0);
+    CHECK_EQ(r.ents[0].state, KVP_XL_ABSENT);
+    /* truncated body, an absurd count, trailing bytes: PROTOCOL, nothing leased */
+    uint64_t before = stat_of(&c, KVP_STAT_LEASES);
+    kvp_bytes k = {(const uint8_t *)"key-000000", 10};
+    kvp_msg_keys one = {{NULL, 0}, 1, &k};
+    kvp_enc_keys(&c.body, &one);
+    c.body.len -= 3;
+    CHECK(call(&c, &s, KVP_OP_EXIST_LEASE, 0) == 0);
+    CHECK_EQ(c.status, KVP_EPROTOCOL);
+    kvp_buf_u32(&c.body, 0);
+    kvp_buf_u32(&c.body, 0xFFFFFFFFu);
+    kvp_buf_u32(&c.body, 10);
+    kvp_buf_put(&c.body, "key-000000", 10);
+    CHECK(call(&c, &s, KVP_OP_EXIST_LEASE, 0) == 0);
+    CHECK_EQ(c.status, KVP_EPROTOCOL);
+    kvp_enc_keys(&c.body, &one);
+    kvp_buf_u8(&c.body, 0);
+    CHECK(call(&c, &s, KVP_OP_EXIST_LEASE, 0) == 0);
+    CHECK_EQ(c.status, KVP_EPROTOCOL);
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), before);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+static void small_frame(kvp_config *cfg) { cfg->max_frame = 64 * 1024; }
+
+/* An answer that would not fit max_frame: TOO_LARGE, nothing leased. */
+TEST(exist_lease_answer_too_large)
+{
+    core c;
+    CHECK(core_init(&c, small_frame) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "n:1", 100 * 4096), 0);
+    CHECK_EQ(put(&c, &s, 0, 1, 4096), 0);
+    enum { N = 5000 }; /* 5000 x 17 > 64 KiB, a request of 5000 x 5 bytes fits */
+    kvp_bytes *keys = calloc(N, sizeof *keys);
+    char kb[16];
+    int len = snprintf(kb, sizeof kb, "key-000000");
+    for (int i = 0; i < N; i++)
+        keys[i] = (kvp_bytes){(const uint8_t *)kb, (uint32_t)(i ? 1 : len)};
+    kvp_msg_keys m = {{NULL, 0}, N, keys};
+    kvp_enc_keys(&c.body, &m);
+    CHECK(c.body.len < c.cfg.max_frame);
+    CHECK(call(&c, &s, KVP_OP_EXIST_LEASE, 0) == 0);
+    CHECK_EQ(c.status, KVP_ETOO_LARGE);
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), 0);
+    free(keys);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* An object only on the SSD tier (and one being staged back) is present
+ * with its size, and not leased: a GET stages it. */
+TEST(exist_lease_disk_only_is_present_unleased)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount_disk(&c, &s, 7, "n:1", 100 * 4096, 1ull << 30), 0);
+    CHECK_EQ(put(&c, &s, 0, 10, 10 * 4096), 0);
+    kvp_msg_put_start_resp pr;
+    CHECK_EQ(put_start(&c, &s, 100, 1, 10 * 4096, 1, 0, NULL, &pr), 0); /* spills key 0 */
+    pushed *p = calloc(1, sizeof *p);
+    take_push(&c, p);
+    CHECK_EQ(p->n, 1);
+    CHECK_EQ(p->e[0].what, KVP_DISK_SPILL);
+    /* while the spill is in flight the DRAM copy is readable: leased */
+    kvp_msg_exist_lease_resp r;
+    CHECK_EQ(xlease(&c, &s, (const int[]){0}, 1, &r), 0);
+    CHECK_EQ(r.ents[0].state, KVP_XL_LEASED);
+    CHECK_EQ(release(&c, &s, 0, r.ents[0].lease_id), 0);
+    report(&c, &s, 7, KVP_DISK_SPILLED, 0, "key-000000", 10 * 4096, 0xC0DE0000u, p->e[0].page,
+           p->e[0].gen);
+    CHECK_EQ(xlease(&c, &s, (const int[]){0, 1}, 2, &r), 0);
+    CHECK_EQ(r.ents[0].state, KVP_XL_DISK);
+    CHECK_EQ(r.ents[0].size, 10 * 4096);
+    CHECK_EQ(r.ents[0].lease_id, 0);
+    CHECK_EQ(r.ents[1].state, KVP_XL_LEASED);
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), 1);
+    CHECK_EQ(get_status(&c, &s, 0, NULL), KVP_EOBJECT_LOADING);
+    CHECK_EQ(xlease(&c, &s, (const int[]){0}, 1, &r), 0);
+    CHECK_EQ(r.ents[0].state, KVP_XL_DISK); /* being staged: not readable yet */
+    CHECK_EQ(stat_of(&c, KVP_STAT_LEASES), 1);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    free(p);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}

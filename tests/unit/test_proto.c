@@ -352,8 +352,8 @@ TEST(roundtrip_every_message)
             n++;
         }
     }
-    CHECK_EQ(n, 66); /* every kind, SEG_FREED, REPLICA_BAD, the SSD tier's, blocks', the
-                        heartbeat's report and UCX_ATTACH included */
+    CHECK_EQ(n, 69); /* every kind, SEG_FREED, REPLICA_BAD, the SSD tier's, blocks', the
+                        heartbeat's report, UCX_ATTACH and EXIST_LEASE included */
 }
 
 TEST(decoded_bytes_borrow_from_body)
@@ -424,6 +424,41 @@ TEST(body_layouts)
     CHECK(memcmp(b.data, want, n) == 0);
 #undef U32
 #undef U64
+    kvp_buf_free(&b);
+}
+
+/* EXIST_LEASE's answer: 17 bytes a key, and only consistent entries. */
+TEST(exist_lease_resp_layout_and_checks)
+{
+    kvp_proto_limits l = lim();
+    kvp_buf b;
+    kvp_buf_init(&b, 4096);
+    kvp_xl_ent e[2] = {{KVP_XL_LEASED, 0x0102, 0x0304}, {KVP_XL_ABSENT, 0, 0}};
+    kvp_enc_exist_lease_resp(&b, &(kvp_msg_exist_lease_resp){5000, 2, e});
+    static const uint8_t want[] = {0x88, 0x13, 0, 0, 2, 0, 0, 0,
+                                   1, 2, 1, 0, 0, 0, 0, 0, 0, 4, 3, 0, 0, 0, 0, 0, 0,
+                                   0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    CHECK_EQ(b.len, sizeof want);
+    CHECK_EQ(b.len, 8 + 2 * KVP_XL_ENT_SIZE);
+    CHECK(memcmp(b.data, want, sizeof want) == 0);
+    CHECK_EQ(dec_copy(PC_exist_lease_resp, b.data, b.len, &l, ARENA_CAP), 0);
+    /* a state past DISK, a present key of size 0, an absent one with a size
+     * or a lease id, a key on disk with a lease id */
+    static const kvp_xl_ent bad[] = {{3, 1, 0}, {KVP_XL_LEASED, 0, 1}, {KVP_XL_DISK, 0, 0},
+                                     {KVP_XL_ABSENT, 1, 0}, {KVP_XL_ABSENT, 0, 1},
+                                     {KVP_XL_DISK, 1, 1}, {0xFF, 0, 0}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kvp_buf_reset(&b);
+        kvp_xl_ent two[2] = {e[0], bad[i]};
+        kvp_enc_exist_lease_resp(&b, &(kvp_msg_exist_lease_resp){5000, 2, two});
+        CHECK_EQ(dec_copy(PC_exist_lease_resp, b.data, b.len, &l, ARENA_CAP), KVP_EPROTOCOL);
+    }
+    /* a count the body cannot hold */
+    kvp_buf_reset(&b);
+    kvp_buf_u32(&b, 5000);
+    kvp_buf_u32(&b, 0xFFFFFFFFu);
+    kvp_buf_u8(&b, KVP_XL_LEASED);
+    CHECK_EQ(dec_copy(PC_exist_lease_resp, b.data, b.len, &l, ARENA_CAP), KVP_EPROTOCOL);
     kvp_buf_free(&b);
 }
 
@@ -593,7 +628,7 @@ TEST(other_limits)
         int rc = dec_copy(k, b.data, b.len, &t, ARENA_CAP);
         /* no strings; UCX_ATTACH's blobs are bounded by KVP_UCX_BLOB_MAX */
         if (k != PC_stats_resp && k != PC_kv_snapshot_resp && k != PC_heartbeat &&
-            k != PC_ucx_attach)
+            k != PC_ucx_attach && k != PC_exist_lease_resp)
             CHECK_EQ(rc, KVP_EPROTOCOL);
         kvp_buf_free(&b);
     }
