@@ -141,6 +141,22 @@ int kvp_key_build_prefix(const struct kvp_key_meta *md, int tp_rank, int pcp_ran
     return sb_end(&b, len);
 }
 
+int kvp_key_build_config_key(const struct kvp_key_meta *md, char *out, size_t cap, size_t *len)
+{
+    if (!md || !md->fingerprint[0] || (cap && !out))
+        return KVP_EINVALID_PARAMS;
+    struct sb b = {out, cap, 0};
+    if (md->cache_prefix[0]) {
+        sb_str(&b, md->cache_prefix);
+        sb_put(&b, "@", 1);
+    }
+    sb_str(&b, md->model_name);
+    sb_str(&b, "@cfg:");
+    sb_str(&b, md->fingerprint);
+    sb_str(&b, KVP_KEY_CONFIG_SUFFIX);
+    return sb_end(&b, len);
+}
+
 static void sb_hex(struct sb *b, const uint8_t *p, size_t n)
 {
     static const char digits[] = "0123456789abcdef";

@@ -84,6 +84,16 @@ int kvp_key_meta_set_fingerprint(struct kvp_key_meta *md, const char *fp);
 int kvp_key_build_prefix(const struct kvp_key_meta *md, int tp_rank, int pcp_rank, int dcp_rank,
                          int pp_rank, char *out, size_t cap, size_t *len);
 
+/*
+ * The key of the configuration's descriptor object (kvp_worker_cfg's
+ * config_description): "[prefix@]model@cfg:FP@kvpool-config". No block key
+ * equals it (they go on with "@tp_rank:" after the fingerprint), and it
+ * shares the blocks' "[prefix@]model@cfg:FP" namespace (a regex removing
+ * them matches it too). KVP_EINVALID_PARAMS when md has no fingerprint.
+ */
+#define KVP_KEY_CONFIG_SUFFIX "@kvpool-config"
+int kvp_key_build_config_key(const struct kvp_key_meta *md, char *out, size_t cap, size_t *len);
+
 /* build_key_string: prefix[0..prefix_len) + "@" + hex(hash[0..hash_len)). */
 int kvp_key_build_key_string(const char *prefix, size_t prefix_len, const uint8_t *hash,
                              size_t hash_len, char *out, size_t cap, size_t *len);

@@ -1156,6 +1156,8 @@ static int build_prefixes(kvp_worker *w, const kvp_worker_cfg *cfg, size_t g)
     int rc = kvp_key_meta_init(&md, cfg->model_path ? cfg->model_path : "", cfg->cache_prefix,
                                kvp_key_tp_rank_for_group(cfg->tp_rank, w->factor[g]),
                                cfg->pcp_rank, cfg->dcp_rank, cfg->pp_rank, (int)g);
+    if (rc == 0)
+        rc = kvp_key_meta_set_fingerprint(&md, cfg->config_fingerprint);
     if (rc != 0)
         return rc;
     size_t len = 0;
@@ -1194,6 +1196,36 @@ static int build_prefixes(kvp_worker *w, const kvp_worker_cfg *cfg, size_t g)
     return rc;
 }
 
+/* The configuration's descriptor object (kvp_worker_cfg.config_description):
+ * put once, soft-pinned for the master's soft_pin_ttl; one that exists (an
+ * engine of the same configuration put it) is kept. Failures are logged. */
+static void put_config_object(kvp_worker *w, const kvp_worker_cfg *cfg)
+{
+    struct kvp_key_meta md;
+    char key[2 * KVP_KEY_NAME_MAX + KVP_KEY_FP_MAX + 32];
+    size_t len = 0;
+    if (kvp_key_meta_init(&md, cfg->model_path ? cfg->model_path : "", cfg->cache_prefix, 0, 0,
+                          0, 0, 0) != 0 ||
+        kvp_key_meta_set_fingerprint(&md, cfg->config_fingerprint) != 0 ||
+        kvp_key_build_config_key(&md, key, sizeof key, &len) != 0)
+        return; /* validated by create: not reached */
+    kvp_iov iov = {(void *)cfg->config_description, strlen(cfg->config_description)};
+    const kvp_iov *iovp = &iov;
+    size_t niov = 1;
+    const char *keys[1] = {key};
+    int64_t res = 0;
+    kvp_put_opts po;
+    kvp_put_opts_init(&po);
+    po.flags = KVP_PUT_SOFT_PIN;
+    int rc = kvp_client_batch_put_opts(w->client, keys, &iovp, &niov, 1, &po, &res);
+    if (rc == 0 && res < 0 && res != KVP_EOBJECT_ALREADY_EXISTS)
+        rc = (int)res;
+    if (rc < 0)
+        KVP_WARN(MOD, "configuration descriptor %s not stored: %s", key, kvp_err_name(rc));
+    else
+        KVP_DEBUG(MOD, "configuration descriptor %s stored", key);
+}
+
 int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -1202,6 +1234,12 @@ int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, si
         !valid_rank(cfg->pp_rank, cfg->pp_size) || cfg->role < KVP_WORKER_PRODUCER ||
         cfg->role > KVP_WORKER_BOTH) {
         set_err(err, errlen, "invalid ranks or role");
+        return KVP_EINVALID_PARAMS;
+    }
+    const char *fp = cfg->config_fingerprint, *desc = cfg->config_description;
+    if ((fp && *fp && !kvp_key_fingerprint_valid(fp)) || (desc && *desc && !(fp && *fp))) {
+        set_err(err, errlen, "config_fingerprint must be 12..32 lower-case hex digits (and is "
+                             "needed by config_description)");
         return KVP_EINVALID_PARAMS;
     }
     kvp_worker *w = kvp_calloc(1, sizeof *w);
@@ -1306,6 +1344,9 @@ int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, si
             w->block_group[g] = eg >= 0 && eg <= 31 && w->lk_n[g] <= UINT16_MAX ? eg : -1;
         }
     }
+    if (desc && *desc && cfg->role != KVP_WORKER_CONSUMER && cfg->tp_rank == 0 &&
+        cfg->pcp_rank == 0 && cfg->dcp_rank == 0 && cfg->pp_rank == 0)
+        put_config_object(w, cfg);
     *out = w;
     return 0;
 fail:
