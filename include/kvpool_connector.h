@@ -166,7 +166,23 @@ typedef struct kvp_conn_config {
     const int *engine_group_ids; /* per group: the engine's index of it, as its own KV
                                  events name it (group_idx); NULL = the position in
                                  groups; a group over 31 is stored without its block */
+    /* ---- both halves (appended after the first layout: a struct_size that
+     *      ends before them reads as NULL) */
+    const char *config_fingerprint; /* NULL/"" = none; else 12..32 lower-case hex digits
+                                 naming everything that shapes the KV bytes (model
+                                 weights, dtypes, block sizes, parallel layout): every
+                                 key gets "@cfg:<fp>" after the model name, so engines
+                                 of different configurations never load each other's
+                                 blocks. kvpool.vllm computes it (README, "Use with
+                                 vLLM"); another engine chooses its own */
+    const char *config_description; /* worker half, with config_fingerprint: text (JSON)
+                                 worker rank 0 of a storing role puts once, soft-pinned,
+                                 under "[cache_prefix@]<model>@cfg:<fp>@kvpool-config"
+                                 for people reading the pool; NULL/"" = none; at most
+                                 KVP_CONN_DESCRIPTION_MAX bytes */
 } kvp_conn_config;
+
+#define KVP_CONN_DESCRIPTION_MAX 65536
 
 /* Fills the defaults above (role BOTH, lookup on, async loads, every size 1). */
 KVP_API void kvp_conn_config_default(kvp_conn_config *c);

@@ -585,6 +585,8 @@ static const struct cfg_key {
     K(kv_events, CK_BOOL, 1),
     K(pool_blocks, CK_BOOL, 1),
     K(lookup_gid, CK_I64, UINT32_MAX - 1), /* absent: -1, no group */
+    K(config_fingerprint, CK_STR, 0),      /* checked by kvp_conn_*_open */
+    K(config_description, CK_STR, 0),
 #undef K
 };
 

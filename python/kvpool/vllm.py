@@ -59,11 +59,13 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from . import _native
+from .fingerprint import config_fingerprint
 
 import vllm
 from vllm.distributed.kv_events import BlockStored, KVCacheEvent
@@ -368,7 +370,13 @@ def _setup(vllm_config: "VllmConfig", kv_cache_config: KVCacheConfig,
         conn["lookup_timeout_ms"] = int(extra["lookup_timeout_ms"])
     if "lookup_group" in extra:
         conn["lookup_gid"] = _lookup_gid(extra["lookup_group"])
+    # every key carries the configuration's fingerprint (kvpool.fingerprint)
+    fp, desc = config_fingerprint(vllm_config, kv_cache_config, groups, block_size=block_size,
+                                  hash_block_size=hash_block_size, group_ids=ids)
+    conn["config_fingerprint"] = fp
     if role == KVConnectorRole.WORKER:
+        desc.update(fingerprint=fp, vllm=vllm.__version__, created=int(time.time()))
+        conn["config_description"] = json.dumps(desc, sort_keys=True)
         conn["store_config"] = _store_config(extra)
         threads = extra.get("recv_threads", os.environ.get("VLLM_MOONCAKE_LOAD_RECV_THREADS"))
         if threads is not None:

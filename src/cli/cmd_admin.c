@@ -44,7 +44,41 @@ static void print_json_str(kvp_bytes b)
     }
 }
 
-static void print_json(const kvp_msg_stats_resp *s, const char *version)
+/* The configurations the pool holds (CONFIGS): *have = 1 with *cf set, 0
+ * when the master predates CONFIGS (nothing to show); else an error. */
+static int get_configs(kvp_rpc *r, const kvp_proto_limits *lim, kvp_arena *a,
+                       kvp_msg_configs_resp *cf, int *have)
+{
+    int32_t st;
+    const uint8_t *body;
+    uint32_t len;
+    *have = 0;
+    memset(cf, 0, sizeof *cf);
+    int rc = kvp_rpc_call(r, KVP_OP_CONFIGS, NULL, 0, &st, &body, &len);
+    if (rc == 0 && st == KVP_EUNKNOWN_OP)
+        return 0;
+    if (rc == 0)
+        rc = st;
+    if (rc == 0)
+        rc = kvp_dec_configs_resp(body, len, lim, a, cf);
+    *have = rc == 0;
+    return rc;
+}
+
+/* Keeps the configuration rows of tenant `only` (NULL: all). */
+static void keep_tenant_configs(kvp_msg_configs_resp *cf, const char *only)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; only && i < cf->n; i++)
+        if (cf->rows[i].tenant.len == strlen(only) &&
+            !memcmp(cf->rows[i].tenant.p, only, cf->rows[i].tenant.len))
+            cf->rows[n++] = cf->rows[i];
+    if (only)
+        cf->n = n;
+}
+
+static void print_json(const kvp_msg_stats_resp *s, const kvp_msg_configs_resp *cf,
+                       const char *version)
 {
     printf("{\"version\": \"%s\", \"counters\": {", version);
     for (uint32_t i = 0; i < s->n_counters && i < KVP_STAT__COUNT; i++)
@@ -71,7 +105,23 @@ static void print_json(const kvp_msg_stats_resp *s, const char *version)
                (unsigned long long)t->max_objects, t->share, (unsigned long long)t->evictions,
                (unsigned long long)t->refused);
     }
-    printf("]}\n");
+    printf("]");
+    if (cf) { /* "fingerprint": "" = the tenant's objects of configurations without a row */
+        printf(", \"configs\": [");
+        for (uint32_t i = 0; i < cf->n; i++) {
+            const kvp_config_stat *c = &cf->rows[i];
+            printf("%s{\"tenant\": \"", i ? ", " : "");
+            print_json_str(c->tenant);
+            printf("\", \"name\": \"");
+            print_json_str(c->name);
+            printf("\", \"fingerprint\": \"");
+            print_json_str(c->fp);
+            printf("\", \"objects\": %llu, \"bytes\": %llu}", (unsigned long long)c->objects,
+                   (unsigned long long)c->bytes);
+        }
+        printf("]");
+    }
+    printf("}\n");
     fflush(stdout);
 }
 
@@ -134,6 +184,43 @@ static void print_cluster(const char *url, const uint64_t *c)
         printf("cluster takeover: %llu objects kept, %llu waiting for their node, %llu dropped\n",
                (unsigned long long)c[KVP_STAT_ADOPTED], (unsigned long long)c[KVP_STAT_PARKED],
                (unsigned long long)c[KVP_STAT_ADOPT_DROPPED]);
+}
+
+/* Bytes as shown in a table: printable ASCII, else '?'; at most w. */
+static void print_cell(kvp_bytes b, int w)
+{
+    int n = 0;
+    for (uint32_t k = 0; k < b.len && n < w; k++, n++)
+        putchar(b.p[k] >= 32 && b.p[k] < 127 ? b.p[k] : '?');
+    for (; n < w; n++)
+        putchar(' ');
+}
+
+/* The configurations block of `kvpool stat` (rows from CONFIGS). */
+static void print_configs(const kvp_msg_configs_resp *cf)
+{
+    if (cf->n == 0) {
+        printf("\n(no configuration fingerprints in keys: no kvpool.vllm engine stored here)\n");
+        return;
+    }
+    printf("\n%-40s %-16s %-32s %10s %12s\n", "CONFIGURATION", "TENANT", "FINGERPRINT", "OBJECTS",
+           "BYTES");
+    for (uint32_t i = 0; i < cf->n; i++) {
+        const kvp_config_stat *c = &cf->rows[i];
+        char by[32];
+        if (c->fp.len)
+            print_cell(c->name, 40);
+        else
+            printf("%-40s", "(other configurations)");
+        putchar(' ');
+        print_cell(c->tenant, 16);
+        putchar(' ');
+        print_cell(c->fp.len ? c->fp : (kvp_bytes){(const uint8_t *)"-", 1}, 32);
+        printf(" %10llu %12s\n", (unsigned long long)c->objects,
+               kvp_size_format(c->bytes, by, sizeof by));
+    }
+    printf("(a configuration's description: kvpool get '<CONFIGURATION>@cfg:<FINGERPRINT>"
+           "@kvpool-config')\n");
 }
 
 static void print_table(const kvp_msg_stats_resp *s)
@@ -233,7 +320,9 @@ int kvp_cmd_stat(int argc, char **argv)
                "segment its capacity, usage, replicas and largest free block; per tenant its\n"
                "objects, bytes, pool bytes, quotas, share, evictions and refused puts (a\n"
                "session with a tenant token sees its own tenant only; --tenant NAME, or a\n"
-               "configuration that names one, shows only that tenant's row). --watch repeats\n"
+               "configuration that names one, shows only that tenant's row); per engine\n"
+               "configuration (the @cfg:<fingerprint> kvpool.vllm puts in its keys) its\n"
+               "objects and bytes (a master older than this shows none). --watch repeats\n"
                "every SECONDS (default 2) until interrupted.\n");
         print_admin_keys("stat");
         return 0;
@@ -272,7 +361,13 @@ int kvp_cmd_stat(int argc, char **argv)
             ret = 1;
             break;
         }
-        keep_tenant(&s, kvp_config_was_set(&cfg, "tenant") ? cfg.tenant : NULL);
+        const char *only = kvp_config_was_set(&cfg, "tenant") ? cfg.tenant : NULL;
+        keep_tenant(&s, only);
+        kvp_msg_configs_resp cf;
+        int have_cf = 0;
+        int crc = get_configs(r, &lim, &a, &cf, &have_cf);
+        if (have_cf)
+            keep_tenant_configs(&cf, only);
         if (every > 0 && !v[0] && isatty(1))
             printf("\033[H\033[2J");
         /* the server's release, from the HELLO of the connection in use (proto.c
@@ -284,12 +379,17 @@ int kvp_cmd_stat(int argc, char **argv)
                 ver[vn++] = *p;
         ver[vn] = '\0';
         if (v[0]) {
-            print_json(&s, ver);
+            print_json(&s, have_cf ? &cf : NULL, ver);
         } else {
             printf("master version %s\n", vn ? ver : "unknown");
             if (kvp_etcd_is_url(cfg.master_addr))
                 print_cluster(cfg.master_addr, s.counters);
             print_table(&s);
+            if (have_cf)
+                print_configs(&cf);
+            else if (crc)
+                printf("\nconfigurations: %s\n", kvp_strerror(crc));
+            fflush(stdout);
         }
         if (every <= 0)
             break;

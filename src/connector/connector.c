@@ -72,16 +72,38 @@ static int fail(char *err, size_t errlen, const char *msg)
     return KVP_EINVALID_PARAMS;
 }
 
-/* Only one layout of kvp_conn_config exists so far; a later one accepts
- * this size too and defaults the fields it lacks. */
+/* The layouts of kvp_conn_config: the first ends after engine_group_ids;
+ * the second adds config_fingerprint and config_description. A caller's
+ * struct_size must be one of them; fields past it read as their defaults. */
+#define CONFIG_V1_SIZE (offsetof(kvp_conn_config, engine_group_ids) + sizeof(const int *))
+#define CONFIG_HAS(c, f) ((c)->struct_size >= offsetof(kvp_conn_config, f) + sizeof((c)->f))
+
+/* c's fingerprint and description, NULL when its layout has none. */
+static const char *config_fp(const kvp_conn_config *c)
+{
+    return CONFIG_HAS(c, config_fingerprint) ? c->config_fingerprint : NULL;
+}
+
+static const char *config_desc(const kvp_conn_config *c)
+{
+    return CONFIG_HAS(c, config_description) ? c->config_description : NULL;
+}
+
 static int config_size_ok(const kvp_conn_config *c, char *err, size_t errlen)
 {
-    if (c->struct_size != sizeof *c)
+    if (c->struct_size != sizeof *c && c->struct_size != CONFIG_V1_SIZE)
         return fail(err, errlen,
                     "config struct_size must be sizeof(kvp_conn_config) "
                     "(fill it with kvp_conn_config_default)");
     if (c->lookup_gid < -1 || c->lookup_gid >= (int64_t)UINT32_MAX)
         return fail(err, errlen, "lookup_gid must be -1 (none) or a group id");
+    const char *fp = config_fp(c), *desc = config_desc(c);
+    if (fp && *fp && !kvp_key_fingerprint_valid(fp))
+        return fail(err, errlen, "config_fingerprint must be 12..32 lower-case hex digits");
+    if (desc && *desc && (!fp || !*fp))
+        return fail(err, errlen, "config_description needs config_fingerprint");
+    if (desc && strnlen(desc, KVP_CONN_DESCRIPTION_MAX + 1) > KVP_CONN_DESCRIPTION_MAX)
+        return fail(err, errlen, "config_description is longer than KVP_CONN_DESCRIPTION_MAX");
     return 0;
 }
 
@@ -487,6 +509,7 @@ int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *
         .staging_budget = c->staging_budget, .enable_kv_events = c->kv_events,
         .pool_blocks = c->pool_blocks, .engine_group_ids = c->engine_group_ids,
         .fence = c->fence, .fence_arg = c->fence_arg,
+        .config_fingerprint = config_fp(c), .config_description = config_desc(c),
     };
     rc = kvp_worker_create(&wc, &x->w, err, errlen);
     if (rc != 0)

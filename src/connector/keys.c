@@ -87,6 +87,31 @@ int kvp_key_meta_init(struct kvp_key_meta *md, const char *model_path, const cha
     return 0;
 }
 
+int kvp_key_fingerprint_valid(const char *fp)
+{
+    if (!fp)
+        return 0;
+    size_t n = 0;
+    for (; fp[n] && n <= KVP_KEY_FP_MAX; n++)
+        if (!((fp[n] >= '0' && fp[n] <= '9') || (fp[n] >= 'a' && fp[n] <= 'f')))
+            return 0;
+    return n >= KVP_KEY_FP_MIN && n <= KVP_KEY_FP_MAX;
+}
+
+int kvp_key_meta_set_fingerprint(struct kvp_key_meta *md, const char *fp)
+{
+    if (!md)
+        return KVP_EINVALID_PARAMS;
+    if (!fp || !*fp) {
+        md->fingerprint[0] = '\0';
+        return 0;
+    }
+    if (!kvp_key_fingerprint_valid(fp))
+        return KVP_EINVALID_PARAMS;
+    strcpy(md->fingerprint, fp); /* fits: at most KVP_KEY_FP_MAX characters */
+    return 0;
+}
+
 int kvp_key_build_prefix(const struct kvp_key_meta *md, int tp_rank, int pcp_rank, int dcp_rank,
                          int pp_rank, char *out, size_t cap, size_t *len)
 {
@@ -99,6 +124,10 @@ int kvp_key_build_prefix(const struct kvp_key_meta *md, int tp_rank, int pcp_ran
         sb_put(&b, "@", 1);
     }
     sb_str(&b, md->model_name);
+    if (md->fingerprint[0]) {
+        sb_str(&b, "@cfg:");
+        sb_str(&b, md->fingerprint);
+    }
     sb_str(&b, "@tp_rank:");
     sb_int(&b, tp_rank == KVP_KEY_RANK_SELF ? md->tp_rank : tp_rank);
     sb_str(&b, "@pcp");
@@ -109,6 +138,22 @@ int kvp_key_build_prefix(const struct kvp_key_meta *md, int tp_rank, int pcp_ran
     sb_int(&b, pp_rank == KVP_KEY_RANK_SELF ? md->pp_rank : pp_rank);
     sb_str(&b, "@group:");
     sb_int(&b, md->group_id);
+    return sb_end(&b, len);
+}
+
+int kvp_key_build_config_key(const struct kvp_key_meta *md, char *out, size_t cap, size_t *len)
+{
+    if (!md || !md->fingerprint[0] || (cap && !out))
+        return KVP_EINVALID_PARAMS;
+    struct sb b = {out, cap, 0};
+    if (md->cache_prefix[0]) {
+        sb_str(&b, md->cache_prefix);
+        sb_put(&b, "@", 1);
+    }
+    sb_str(&b, md->model_name);
+    sb_str(&b, "@cfg:");
+    sb_str(&b, md->fingerprint);
+    sb_str(&b, KVP_KEY_CONFIG_SUFFIX);
     return sb_end(&b, len);
 }
 

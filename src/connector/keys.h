@@ -3,8 +3,14 @@
  * B1): key metadata, PoolKey strings, per-group TP replication factors,
  * lookup prefixes and put striding.
  *
- *   key = [<cache_prefix>@]<model_name>@tp_rank:<t>@pcp<p>@dcp<d>@pp_rank:<r>
- *         @group:<g>@<lower-case hex of the block hash>
+ *   key = [<cache_prefix>@]<model_name>[@cfg:<fp>]@tp_rank:<t>@pcp<p>@dcp<d>
+ *         @pp_rank:<r>@group:<g>@<lower-case hex of the block hash>
+ *
+ * <fp> is the engine's configuration fingerprint (lower-case hex, see
+ * kvp_key_meta_set_fingerprint): engines whose KV bytes differ (model
+ * weights, dtypes, layout) never share keys. It sits where vLLM's in-tree
+ * connector puts its store namespace (after the model name); no fingerprint
+ * = no "@cfg:" segment, the keys of vLLM's in-tree connector.
  *
  * Strings are built into caller buffers: every builder takes (out, cap) and
  * reports the length through *len (excluding the NUL). When cap is too small
@@ -21,11 +27,14 @@
 #include <stdint.h>
 
 #define KVP_KEY_NAME_MAX 256 /* model name / cache prefix, bytes incl. NUL */
+#define KVP_KEY_FP_MIN 12    /* configuration fingerprint: hex digits, at least */
+#define KVP_KEY_FP_MAX 32    /* ... and at most */
 
 /* KeyMetadata (§4.1). Ranks and group ids are >= 0. */
 struct kvp_key_meta {
     char model_name[KVP_KEY_NAME_MAX];
     char cache_prefix[KVP_KEY_NAME_MAX]; /* "" = none */
+    char fingerprint[KVP_KEY_FP_MAX + 1]; /* "" = none (no "@cfg:" segment) */
     int tp_rank;                         /* the KEY tp rank: tp_rank // factor(g) */
     int pcp_rank;
     int dcp_rank;
@@ -51,15 +60,39 @@ int kvp_key_model_name(const char *model_path, char *out, size_t cap, size_t *le
 int kvp_key_meta_init(struct kvp_key_meta *md, const char *model_path, const char *cache_prefix,
                       int tp_rank, int pcp_rank, int dcp_rank, int pp_rank, int group_id);
 
+/*
+ * 1 if fp is a valid configuration fingerprint: KVP_KEY_FP_MIN..KVP_KEY_FP_MAX
+ * characters, each of [0-9a-f]; 0 otherwise (NULL, "", upper case, ...).
+ */
+int kvp_key_fingerprint_valid(const char *fp);
+
+/*
+ * Sets md's configuration fingerprint (kvp_key_meta_init leaves none):
+ * fp NULL or "" = none, else it must pass kvp_key_fingerprint_valid.
+ * 0, or KVP_EINVALID_PARAMS (md NULL, fp invalid; md unchanged then).
+ */
+int kvp_key_meta_set_fingerprint(struct kvp_key_meta *md, const char *fp);
+
 /* Passed for a rank to build_prefix: use md's own value (Python's None). */
 #define KVP_KEY_RANK_SELF (-1)
 
 /*
- * build_prefix (§4.2): "[prefix@]model@tp_rank:T@pcpP@dcpD@pp_rank:R@group:G".
+ * build_prefix (§4.2): "[prefix@]model[@cfg:FP]@tp_rank:T@pcpP@dcpD@pp_rank:R@group:G"
+ * ("@cfg:FP" only when md has a fingerprint).
  * Each rank argument overrides md's unless KVP_KEY_RANK_SELF.
  */
 int kvp_key_build_prefix(const struct kvp_key_meta *md, int tp_rank, int pcp_rank, int dcp_rank,
                          int pp_rank, char *out, size_t cap, size_t *len);
+
+/*
+ * The key of the configuration's descriptor object (kvp_worker_cfg's
+ * config_description): "[prefix@]model@cfg:FP@kvpool-config". No block key
+ * equals it (they go on with "@tp_rank:" after the fingerprint), and it
+ * shares the blocks' "[prefix@]model@cfg:FP" namespace (a regex removing
+ * them matches it too). KVP_EINVALID_PARAMS when md has no fingerprint.
+ */
+#define KVP_KEY_CONFIG_SUFFIX "@kvpool-config"
+int kvp_key_build_config_key(const struct kvp_key_meta *md, char *out, size_t cap, size_t *len);
 
 /* build_key_string: prefix[0..prefix_len) + "@" + hex(hash[0..hash_len)). */
 int kvp_key_build_key_string(const char *prefix, size_t prefix_len, const uint8_t *hash,

@@ -53,6 +53,7 @@ struct kvp_plink {
     pbuf *bufs;
     size_t nbufs, capbufs;
 
+    uint64_t epoch;     /* atomic: times the pool became available (kvp_plink_epoch) */
     uint64_t outages;   /* atomic counters */
     uint64_t cnt[3];    /* by enum kvp_plink_skip */
 };
@@ -97,6 +98,8 @@ static void back_up_locked(kvp_plink *p)
     p->state = ST_UP;
     p->probe_now = 0;
     __atomic_store_n(&p->up, 1, __ATOMIC_RELEASE);
+    if (was != ST_SUSPECT)
+        __atomic_add_fetch(&p->epoch, 1, __ATOMIC_RELEASE);
     if (was == ST_SUSPECT) {
         KVP_DEBUG(MOD, "the pool answers (master %s): the failure (%s) was not an outage",
                   p->master, kvp_err_name(p->last_rc));
@@ -230,6 +233,7 @@ int kvp_plink_open(const char *store_config, kvp_plink **out, char *err, size_t 
     if (rc == 0) {
         p->client = c;
         p->up = 1;
+        p->epoch = 1;
     } else {
         leave_up_locked(p, ST_DETACHED, rc); /* no other thread yet */
         p->outages = 1;
@@ -275,6 +279,8 @@ kvp_client *kvp_plink_client(kvp_plink *p)
         return NULL;
     return __atomic_load_n(&p->client, __ATOMIC_ACQUIRE);
 }
+
+uint64_t kvp_plink_epoch(kvp_plink *p) { return __atomic_load_n(&p->epoch, __ATOMIC_ACQUIRE); }
 
 kvp_client *kvp_plink_any_client(kvp_plink *p)
 {

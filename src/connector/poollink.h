@@ -69,6 +69,14 @@ void kvp_plink_close(kvp_plink *p);
 
 /* The client when the pool is available (UP), else NULL. Lock-free. */
 kvp_client *kvp_plink_client(kvp_plink *p);
+/*
+ * How many times the pool became available: 1 after an open that reached
+ * it, +1 at each attach after a DETACHED start and at the end of each
+ * confirmed outage (a SUSPECT that the master answered is not one). What the
+ * worker keeps in the pool besides blocks (the configuration descriptor) is
+ * written again when the epoch changes: a restarted pool has lost it.
+ */
+uint64_t kvp_plink_epoch(kvp_plink *p);
 /* The client whatever the state (NULL only while DETACHED): for requests
  * worth one attempt even while the pool looks down (a reset). */
 kvp_client *kvp_plink_any_client(kvp_plink *p);

@@ -159,6 +159,10 @@ struct kvp_worker {
     kvp_plink *link; /* the store client and the pool's availability (poollink.h):
                         every store call takes the client from it, and does
                         without the pool when it hands out none */
+    char *cfg_key;   /* the configuration descriptor's key and JSON (NULL: this
+                        worker puts none: not rank 0 of a storing role) */
+    char *cfg_desc;
+    uint64_t cfg_epoch; /* atomic: the link epoch it was last put in */
     struct kvp_coord *coord;
     uint32_t L, H;
     size_t ng;
@@ -780,6 +784,39 @@ static int boundary_puts(kvp_worker *w, const job *j)
     return ok;
 }
 
+/* The configuration descriptor (kvpool stat's description of the
+ * configurations a pool holds), put by the worker of rank 0 of a storing
+ * role, soft-pinned, once per link epoch (kvp_plink_epoch: at the first
+ * store job after the pool became available -- at open, at an attach after a
+ * DETACHED start, after an outage, when a restarted pool has lost it), with
+ * the client c of the caller. A copy already there (this engine's, or one of
+ * the same configuration) is kept. Failures are logged; the next epoch tries
+ * again. */
+static void put_config_object(kvp_worker *w, kvp_client *c)
+{
+    uint64_t ep = kvp_plink_epoch(w->link);
+    uint64_t seen = __atomic_load_n(&w->cfg_epoch, __ATOMIC_ACQUIRE);
+    if (!w->cfg_key || ep == seen ||
+        !__atomic_compare_exchange_n(&w->cfg_epoch, &seen, ep, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return;
+    kvp_iov iov = {w->cfg_desc, strlen(w->cfg_desc)};
+    const kvp_iov *iovp = &iov;
+    size_t niov = 1;
+    const char *keys[1] = {w->cfg_key};
+    int64_t res = 0;
+    kvp_put_opts po;
+    kvp_put_opts_init(&po);
+    po.flags = KVP_PUT_SOFT_PIN;
+    int rc = kvp_client_batch_put_opts(c, keys, &iovp, &niov, 1, &po, &res);
+    if (rc == 0 && res < 0 && res != KVP_EOBJECT_ALREADY_EXISTS)
+        rc = (int)res;
+    if (rc < 0)
+        KVP_WARN(MOD, "configuration descriptor %s not stored: %s", w->cfg_key, kvp_err_name(rc));
+    else
+        KVP_DEBUG(MOD, "configuration descriptor %s stored", w->cfg_key);
+}
+
 /* §10.3: one save job (001 version, dedup through the put's answer). */
 static void send_job(kvp_worker *w, job *j)
 {
@@ -791,10 +828,12 @@ static void send_job(kvp_worker *w, job *j)
     pthread_mutex_unlock(&w->lock);
     if (!run)
         return;
-    if (!kvp_plink_client(w->link)) { /* the pool is unavailable: a later job, */
-        kvp_plink_skipped(w->link, KVP_PLINK_SKIP_STORE); /* from e->saved, stores it */
+    kvp_client *cl = kvp_plink_client(w->link);
+    if (!cl) { /* the pool is unavailable: a later job, from e->saved, stores it */
+        kvp_plink_skipped(w->link, KVP_PLINK_SKIP_STORE);
         return;
     }
+    put_config_object(w, cl); /* once per link epoch */
     if (j->tails && !boundary_puts(w, j))
         return;
     if (T == 0)
@@ -1190,6 +1229,8 @@ static int build_prefixes(kvp_worker *w, const kvp_worker_cfg *cfg, size_t g)
     int rc = kvp_key_meta_init(&md, cfg->model_path ? cfg->model_path : "", cfg->cache_prefix,
                                kvp_key_tp_rank_for_group(cfg->tp_rank, w->factor[g]),
                                cfg->pcp_rank, cfg->dcp_rank, cfg->pp_rank, (int)g);
+    if (rc == 0)
+        rc = kvp_key_meta_set_fingerprint(&md, cfg->config_fingerprint);
     if (rc != 0)
         return rc;
     size_t len = 0;
@@ -1228,6 +1269,24 @@ static int build_prefixes(kvp_worker *w, const kvp_worker_cfg *cfg, size_t g)
     return rc;
 }
 
+/* The configuration's descriptor object (kvp_worker_cfg.config_description):
+ * put once, soft-pinned for the master's soft_pin_ttl; one that exists (an
+ * engine of the same configuration put it) is kept. Failures are logged. */
+static int config_object_init(kvp_worker *w, const kvp_worker_cfg *cfg)
+{
+    struct kvp_key_meta md;
+    char key[2 * KVP_KEY_NAME_MAX + KVP_KEY_FP_MAX + 32];
+    size_t len = 0;
+    if (kvp_key_meta_init(&md, cfg->model_path ? cfg->model_path : "", cfg->cache_prefix, 0, 0,
+                          0, 0, 0) != 0 ||
+        kvp_key_meta_set_fingerprint(&md, cfg->config_fingerprint) != 0 ||
+        kvp_key_build_config_key(&md, key, sizeof key, &len) != 0)
+        return KVP_EINVALID_PARAMS; /* validated by create: not reached */
+    w->cfg_key = kvp_strdup(key);
+    w->cfg_desc = kvp_strdup(cfg->config_description);
+    return w->cfg_key && w->cfg_desc ? 0 : KVP_ENOMEM;
+}
+
 int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -1236,6 +1295,12 @@ int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, si
         !valid_rank(cfg->pp_rank, cfg->pp_size) || cfg->role < KVP_WORKER_PRODUCER ||
         cfg->role > KVP_WORKER_BOTH) {
         set_err(err, errlen, "invalid ranks or role");
+        return KVP_EINVALID_PARAMS;
+    }
+    const char *fp = cfg->config_fingerprint, *desc = cfg->config_description;
+    if ((fp && *fp && !kvp_key_fingerprint_valid(fp)) || (desc && *desc && !(fp && *fp))) {
+        set_err(err, errlen, "config_fingerprint must be 12..32 lower-case hex digits (and is "
+                             "needed by config_description)");
         return KVP_EINVALID_PARAMS;
     }
     kvp_worker *w = kvp_calloc(1, sizeof *w);
@@ -1339,6 +1404,14 @@ int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, si
             w->block_group[g] = eg >= 0 && eg <= 31 && w->lk_n[g] <= UINT16_MAX ? eg : -1;
         }
     }
+    if (desc && *desc && cfg->role != KVP_WORKER_CONSUMER && cfg->tp_rank == 0 &&
+        cfg->pcp_rank == 0 && cfg->dcp_rank == 0 && cfg->pp_rank == 0) {
+        if ((rc = config_object_init(w, cfg)) != 0)
+            goto fail;
+        kvp_client *c = kvp_plink_client(w->link);
+        if (c)
+            put_config_object(w, c);
+    }
     *out = w;
     return 0;
 fail:
@@ -1415,6 +1488,8 @@ void kvp_worker_destroy(kvp_worker *w)
         job_free(j);
     }
     kvp_plink_close(w->link);
+    kvp_free(w->cfg_key);
+    kvp_free(w->cfg_desc);
     kvp_coord_destroy(w->coord);
     for (size_t g = 0; g < w->ng; g++) {
         if (w->prefix)

@@ -153,6 +153,13 @@ typedef struct kvp_worker_cfg {
     const int *engine_group_ids; /* per group: its engine index; NULL = position */
     kvp_worker_fence_fn fence; /* may be NULL: engine memory is always coherent */
     void *fence_arg;
+    const char *config_fingerprint; /* NULL / "" = none; else kvp_key_fingerprint_valid:
+                                       every key gets "@cfg:<fp>" (keys.h) */
+    const char *config_description; /* NULL / "" = none; with a fingerprint, rank 0 (all
+                                       four ranks 0) of a PRODUCER / BOTH worker puts it
+                                       once at create, soft-pinned, under
+                                       kvp_key_build_config_key's key; a failed put is
+                                       logged, never fatal */
 } kvp_worker_cfg;
 
 typedef struct kvp_worker kvp_worker;

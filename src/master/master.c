@@ -17,6 +17,7 @@
 #include "common/secret.h"
 #include "kvpool.h"
 #include "master/ere.h"
+#include "master/cfgtab.h"
 #include "master/index.h"
 #include "master/kvblk.h"
 #include "master/obj.h"
@@ -69,6 +70,7 @@ typedef struct mtenant {
     uint32_t share;       /* fair-share weight, >= 1 */
     int32_t evpos;        /* index in m->evt while lru is not empty, else -1 */
     uint8_t configured;   /* listed in tenant_tokens_file: the slot is never released */
+    uint64_t cfg_other[2]; /* objects, bytes of its configurations without a row (cfgtab.h) */
 } mtenant;
 
 struct kvp_mclient {
@@ -236,6 +238,8 @@ struct kvp_master {
     /* engine KV blocks: the block index and the KV events (master/kvblk.h) */
     kvp_kvblk *kb;
     const kvp_obj *dying;   /* being destroyed: in no tier any more */
+    /* published objects per configuration fingerprint in their keys (cfgtab.h) */
+    kvp_cfgtab cfgs;
 };
 
 /* notices held per segment until acknowledged (32 B each); past it they are
@@ -502,6 +506,14 @@ static int may_mount(const kvp_master *m, const kvp_mclient *c);
 
 /* ============================================================ records */
 
+/* A published object enters (+1) or leaves (-1) the count of its key's
+ * configuration (cfgtab.h); called wherever KVP_STAT_OBJECTS moves. */
+static void cfg_count(kvp_master *m, const kvp_obj *o, int delta)
+{
+    kvp_cfgtab_count(&m->cfgs, o->tenant, kvp_obj_key(o), o->keylen, o->size, delta,
+                     m->tq[o->tenant].cfg_other);
+}
+
 static inline uint64_t wire_gen(const kvp_mseg *s, uint32_t gen)
 {
     return (uint64_t)s->epoch << 32 | gen;
@@ -716,6 +728,7 @@ static void obj_destroy(kvp_master *m, kvp_obj *o, int why)
         m->stats[KVP_STAT_OBJECTS]--;
         m->stats[KVP_STAT_BYTES] -= o->size;
         m->stats[KVP_STAT_LEASES] -= lease_count(o);
+        cfg_count(m, o, -1);
     } else {
         KVP_ASSERT(m->stats[KVP_STAT_PENDING] > 0);
         m->stats[KVP_STAT_PENDING]--;
@@ -793,6 +806,7 @@ static void tenant_release_if_empty(kvp_master *m, int id)
     if (id <= 0 || m->tenant_nobj[id] > 0 || !m->tenants[id] || m->tq[id].configured)
         return;
     KVP_ASSERT(m->tq[id].pages == 0 && m->tq[id].bytes == 0 && m->tq[id].lru.n == 0);
+    KVP_ASSERT(m->tq[id].cfg_other[0] == 0 && m->tq[id].cfg_other[1] == 0);
     KVP_ASSERT(m->ntenants_live > 0);
     if (m->kb)
         kvp_kvblk_tenant_gone(m->kb, (uint16_t)id);
@@ -2493,6 +2507,7 @@ static int32_t do_put_end(req *q, kvp_obj *o, uint64_t checksum, int force)
     m->stats[KVP_STAT_PENDING]--;
     m->stats[KVP_STAT_OBJECTS]++;
     m->stats[KVP_STAT_BYTES] += o->size;
+    cfg_count(m, o, 1);
     m->stats[KVP_STAT_PUTS]++;
     m->stats[KVP_STAT_PUT_BYTES] += o->size;
     if (o->blk)
@@ -2981,6 +2996,7 @@ static void rep_have(kvp_master *m, uint32_t si, kvp_obj *o, const kvp_disk_ent 
     m->tq[tenant].bytes += n->size;
     m->stats[KVP_STAT_OBJECTS]++;
     m->stats[KVP_STAT_BYTES] += n->size;
+    cfg_count(m, n, 1);
     m->stats[KVP_STAT_DISK_REGISTERED]++;
     disk_adopt(m, n, si, e->rec);
     settle_unleased(m, n);
@@ -3618,6 +3634,48 @@ static void op_stats(req *q)
     reply_end(q, off);
 }
 
+/* CONFIGS: the rows with objects, then each tenant's "other"; a
+ * tenant-bound session sees its tenant's only (as STATS' tenants). */
+static void op_configs(req *q)
+{
+    kvp_master *m = q->m;
+    if (q->h->body_len != 0) {
+        reply_status(q, KVP_EPROTOCOL);
+        return;
+    }
+    size_t cap = KVP_CFGTAB_MAX + (size_t)m->ntenants;
+    kvp_config_stat *rows = kvp_arena_alloc(q->a, cap * sizeof *rows);
+    if (!rows) {
+        reply_status(q, KVP_ENOMEM);
+        return;
+    }
+    const kvp_mclient *cl = q->s->client;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < KVP_CFGTAB_MAX; i++) {
+        const kvp_cfgtab_row *r = kvp_cfgtab_slot(&m->cfgs, i);
+        if (!r || !r->objects)
+            continue;
+        kvp_bytes t = {(const uint8_t *)m->tenants[r->tenant], m->tenant_len[r->tenant]};
+        if (cl->tcred >= 0 && tenant_allowed(m, cl, t) != 0)
+            continue;
+        rows[n++] = (kvp_config_stat){t, {(const uint8_t *)r->name, r->namelen},
+                                      {(const uint8_t *)r->fp, r->fplen}, r->objects, r->bytes};
+    }
+    for (uint32_t i = 0; i < m->ntenants; i++) {
+        if (!m->tenants[i] || !m->tq[i].cfg_other[0])
+            continue;
+        kvp_bytes t = {(const uint8_t *)m->tenants[i], m->tenant_len[i]};
+        if (cl->tcred >= 0 && tenant_allowed(m, cl, t) != 0)
+            continue;
+        rows[n++] = (kvp_config_stat){t, {NULL, 0}, {NULL, 0}, m->tq[i].cfg_other[0],
+                                      m->tq[i].cfg_other[1]};
+    }
+    kvp_msg_configs_resp r = {n, rows};
+    size_t off = reply_begin(q);
+    kvp_enc_configs_resp(q->out, &r);
+    reply_end(q, off);
+}
+
 static void op_seg_info(req *q)
 {
     kvp_master *m = q->m;
@@ -4137,6 +4195,7 @@ static int adopt_one(kvp_master *m, uint32_t si, const claim *c)
     m->tq[o->tenant].bytes += o->size;
     m->stats[KVP_STAT_OBJECTS]++;
     m->stats[KVP_STAT_BYTES] += o->size;
+    cfg_count(m, o, 1);
     m->stats[KVP_STAT_ADOPTED]++;
     o->exposed = m->stamp;
     settle_unleased(m, o);
@@ -4248,6 +4307,7 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
         case KVP_OP_REMOVE_ALL: op_remove_all(&q); break;
         case KVP_OP_REMOVE_REGEX: op_remove_regex(&q); break;
         case KVP_OP_STATS: op_stats(&q); break;
+        case KVP_OP_CONFIGS: op_configs(&q); break;
         case KVP_OP_SEGMENT_INFO: op_seg_info(&q); break;
         case KVP_OP_REPLICA_BAD: op_replica_bad(&q); break;
         case KVP_OP_SEG_FAILING: op_seg_failing(&q); break;
@@ -4410,7 +4470,10 @@ int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
         !m->tenant_nobj || !m->tq || !m->evt ||
         kvp_index_init(&m->ix, 0) != 0 || kvp_index_init(&m->repl, 0) != 0 ||
         kvp_kvblk_create((uint32_t)cfg->max_tenants, cfg->kv_events[0] != 0, obj_tiers,
-                         tenant_name, m, &m->kb) != 0) {
+                         tenant_name, m, &m->kb) != 0 ||
+        kvp_cfgtab_init(&m->cfgs) != 0) {
+        kvp_kvblk_destroy(m->kb);
+        kvp_cfgtab_free(&m->cfgs);
         kvp_index_free(&m->ix);
         kvp_index_free(&m->repl);
         kvp_free(m->segs);
@@ -4485,6 +4548,7 @@ void kvp_master_destroy(kvp_master *m)
         kvp_index_free(ixs[k]);
     }
     kvp_kvblk_destroy(m->kb);
+    kvp_cfgtab_free(&m->cfgs);
     for (uint32_t i = 0; m->segs && i < m->cfg.max_segments; i++)
         if (m->segs[i])
             seg_free(m->segs[i]);
@@ -4710,6 +4774,32 @@ void kvp_master_view(const kvp_master *m, kvp_mview_seg *segs, uint32_t max_segs
     *ntenants = n;
 }
 
+uint32_t kvp_master_view_configs(const kvp_master *m, kvp_mview_config *out, uint32_t max)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < KVP_CFGTAB_MAX && n < max; i++) {
+        const kvp_cfgtab_row *r = kvp_cfgtab_slot(&m->cfgs, i);
+        if (!r || !r->objects)
+            continue;
+        kvp_mview_config *v = &out[n++];
+        snprintf(v->tenant, sizeof v->tenant, "%s", m->tenants[r->tenant] ? m->tenants[r->tenant] : "");
+        snprintf(v->name, sizeof v->name, "%s", r->name);
+        snprintf(v->fp, sizeof v->fp, "%s", r->fp);
+        v->objects = r->objects;
+        v->bytes = r->bytes;
+    }
+    for (uint32_t i = 0; i < m->ntenants && n < max; i++) {
+        if (!m->tenants[i] || !m->tq[i].cfg_other[0])
+            continue;
+        kvp_mview_config *v = &out[n++];
+        snprintf(v->tenant, sizeof v->tenant, "%s", m->tenants[i]);
+        v->name[0] = v->fp[0] = '\0';
+        v->objects = m->tq[i].cfg_other[0];
+        v->bytes = m->tq[i].cfg_other[1];
+    }
+    return n;
+}
+
 uint32_t kvp_master_view_standbys(const kvp_master *m, kvp_mview_standby *out, uint32_t max)
 {
     uint32_t n = 0;
@@ -4902,6 +4992,37 @@ int kvp_master_check(const kvp_master *m)
         kvp_free(tsum);
         if (bad)
             return -17;
+    }
+    /* per configuration: its row, else its tenant's other pair, counts
+     * exactly its published objects (cfgtab.h) */
+    if (kvp_cfgtab_check(&m->cfgs))
+        return -19;
+    uint64_t *cc = kvp_calloc(2 * (KVP_CFGTAB_MAX + (size_t)m->ntenants), sizeof *cc);
+    if (cc) {
+        for (uint64_t t = 0; t < total; t++) {
+            const kvp_obj *o = slot_obj(&m->ix, t);
+            kvp_cfgkey k;
+            if (!o || o->state != KVP_OBJ_COMPLETE ||
+                !kvp_cfgtab_parse(kvp_obj_key(o), o->keylen, &k))
+                continue;
+            const kvp_cfgtab_row *r = kvp_cfgtab_find(&m->cfgs, o->tenant, &k);
+            size_t at = r ? (size_t)(r - m->cfgs.rows) : (size_t)KVP_CFGTAB_MAX + o->tenant;
+            uint64_t *c = cc + 2 * at;
+            c[0]++;
+            c[1] += o->size;
+        }
+        int bad = 0;
+        for (uint32_t i = 0; i < KVP_CFGTAB_MAX; i++) {
+            const kvp_cfgtab_row *r = kvp_cfgtab_slot(&m->cfgs, i);
+            bad |= r ? (r->objects != cc[2 * i] || r->bytes != cc[2 * i + 1])
+                     : (cc[2 * i] != 0);
+        }
+        for (uint32_t t = 0; t < m->ntenants; t++)
+            bad |= m->tq[t].cfg_other[0] != cc[2 * (KVP_CFGTAB_MAX + t)] ||
+                   m->tq[t].cfg_other[1] != cc[2 * (KVP_CFGTAB_MAX + t) + 1];
+        kvp_free(cc);
+        if (bad)
+            return -19;
     }
     uint64_t seg_used = 0;
     for (uint32_t i = 0; i < m->cfg.max_segments; i++) {

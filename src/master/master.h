@@ -202,6 +202,16 @@ typedef struct kvp_mview_standby {
     int in_sync;        /* a PUT_END waits for it */
 } kvp_mview_standby;
 uint32_t kvp_master_view_standbys(const kvp_master *m, kvp_mview_standby *out, uint32_t max);
+/* The configurations with objects (master/cfgtab.h), then each tenant's
+ * "other" (name and fp empty); at most max; the count written. Names are
+ * the master's bytes, cut to fit (the caller cleans them for display). */
+typedef struct kvp_mview_config {
+    char tenant[128];
+    char name[256];
+    char fp[33];
+    uint64_t objects, bytes;
+} kvp_mview_config;
+uint32_t kvp_master_view_configs(const kvp_master *m, kvp_mview_config *out, uint32_t max);
 /* Self-check for tests: index, lists and allocators agree. 0 if so. */
 int kvp_master_check(const kvp_master *m);
 

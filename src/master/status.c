@@ -24,6 +24,7 @@
 #define HISTORY 600         /* samples kept: 10 minutes at one a second */
 #define API_HISTORY 300     /* ... of which /api/stats returns the last 5 minutes */
 #define MAX_STANDBYS 16     /* standbys listed */
+#define MAX_CONFIGS 512     /* configuration rows shown (cfgtab's 256 + tenants' other) */
 
 /* the error table's codes, for errors by code */
 static const int err_codes[] = {
@@ -50,6 +51,8 @@ typedef struct picture {
     kvp_mview_tenant *tenants;       /* MAX_TENANTS */
     kvp_mview_standby standbys[MAX_STANDBYS];
     uint32_t nstandbys;
+    kvp_mview_config *configs;       /* MAX_CONFIGS */
+    uint32_t nconfigs;
 } picture;
 
 struct kvp_mstatus {
@@ -80,7 +83,8 @@ kvp_mstatus *kvp_mstatus_new(const char *listen)
         return NULL;
     st->pic.segs = kvp_calloc(MAX_SEGS, sizeof *st->pic.segs);
     st->pic.tenants = kvp_calloc(MAX_TENANTS, sizeof *st->pic.tenants);
-    if (!st->pic.segs || !st->pic.tenants) {
+    st->pic.configs = kvp_calloc(MAX_CONFIGS, sizeof *st->pic.configs);
+    if (!st->pic.segs || !st->pic.tenants || !st->pic.configs) {
         kvp_mstatus_free(st);
         return NULL;
     }
@@ -94,10 +98,11 @@ void kvp_mstatus_free(kvp_mstatus *st)
 {
     if (!st)
         return;
-    if (st->pic.segs && st->pic.tenants)
+    if (st->pic.segs && st->pic.tenants && st->pic.configs)
         pthread_mutex_destroy(&st->mu);
     kvp_free(st->pic.segs);
     kvp_free(st->pic.tenants);
+    kvp_free(st->pic.configs);
     kvp_free(st);
 }
 
@@ -147,6 +152,11 @@ void kvp_mstatus_publish(kvp_mstatus *st, const kvp_master *m, const kvp_msvc *s
     for (uint32_t i = 0; i < p->ntenants; i++)
         clean(p->tenants[i].name);
     p->nstandbys = kvp_master_view_standbys(m, p->standbys, MAX_STANDBYS);
+    p->nconfigs = kvp_master_view_configs(m, p->configs, MAX_CONFIGS);
+    for (uint32_t i = 0; i < p->nconfigs; i++) {
+        clean(p->configs[i].tenant);
+        clean(p->configs[i].name);
+    }
     for (uint32_t i = 0; i < p->nstandbys; i++) {
         clean(p->standbys[i].peer);
         clean(p->standbys[i].name);
@@ -177,14 +187,17 @@ static int pic_copy(kvp_mstatus *st, picture *out)
     *out = st->pic;
     out->segs = kvp_malloc((size_t)st->pic.nsegs * sizeof *out->segs + 1);
     out->tenants = kvp_malloc((size_t)st->pic.ntenants * sizeof *out->tenants + 1);
-    if (out->segs && out->tenants) {
+    out->configs = kvp_malloc((size_t)st->pic.nconfigs * sizeof *out->configs + 1);
+    if (out->segs && out->tenants && out->configs) {
         memcpy(out->segs, st->pic.segs, (size_t)st->pic.nsegs * sizeof *out->segs);
         memcpy(out->tenants, st->pic.tenants, (size_t)st->pic.ntenants * sizeof *out->tenants);
+        memcpy(out->configs, st->pic.configs, (size_t)st->pic.nconfigs * sizeof *out->configs);
     }
     pthread_mutex_unlock(&st->mu);
-    if (!out->segs || !out->tenants) {
+    if (!out->segs || !out->tenants || !out->configs) {
         kvp_free(out->segs);
         kvp_free(out->tenants);
+        kvp_free(out->configs);
         return -1;
     }
     out->role = atomic_load(&st->role); /* a role change shows at once */
@@ -195,6 +208,7 @@ static void pic_free(picture *p)
 {
     kvp_free(p->segs);
     kvp_free(p->tenants);
+    kvp_free(p->configs);
 }
 
 static const char *role_name(int r)
@@ -432,6 +446,29 @@ static void write_tenants(kvp_buf *b, const picture *p)
     }
 }
 
+/* Per configuration (fingerprint in the keys): objects and bytes; a
+ * tenant's "other" row has fingerprint="other" and name="". */
+static void write_configs(kvp_buf *b, const picture *p)
+{
+    static const char *const fam[][2] = {
+        {"kvpool_config_objects", "Published objects of a configuration (the @cfg:<fp> of "
+                                  "connector keys)."},
+        {"kvpool_config_bytes", "Value bytes of a configuration's objects."},
+    };
+    for (size_t f = 0; f < 2; f++) {
+        kvp_prom_family(b, fam[f][0], "gauge", fam[f][1]);
+        for (uint32_t i = 0; i < p->nconfigs; i++) {
+            const kvp_mview_config *c = &p->configs[i];
+            const char *fp = c->fp[0] ? c->fp : "other";
+            char l[512] = "";
+            kvp_prom_label(l, sizeof l, "tenant", c->tenant, strlen(c->tenant));
+            kvp_prom_label(l, sizeof l, "name", c->name, strlen(c->name));
+            kvp_prom_label(l, sizeof l, "fingerprint", fp, strlen(fp));
+            kvp_prom_u64(b, fam[f][0], l, f ? c->bytes : c->objects);
+        }
+    }
+}
+
 static void write_service(kvp_mstatus *st, kvp_buf *b, const picture *p)
 {
     kvp_prom_family(b, "kvpool_connections", "gauge", "Open client and node connections.");
@@ -558,6 +595,7 @@ static void write_metrics(kvp_mstatus *st, kvp_buf *b, const picture *p)
     write_paths(b, p);
     write_segments(b, p);
     write_tenants(b, p);
+    write_configs(b, p);
     write_service(st, b, p);
 }
 
@@ -610,6 +648,19 @@ static json_t *api_tenants(const picture *p)
                          u64(t->objects), "bytes", u64(t->bytes), "pool_bytes", u64(t->pool_bytes),
                          "max_bytes", u64(t->max_bytes), "max_objects", u64(t->max_objects),
                          "evictions", u64(t->evictions), "refused", u64(t->refused)));
+    }
+    return a;
+}
+
+/* [{tenant, name, fingerprint ("" = the tenant's other), objects, bytes}] */
+static json_t *api_configs(const picture *p)
+{
+    json_t *a = json_array();
+    for (uint32_t i = 0; i < p->nconfigs; i++) {
+        const kvp_mview_config *c = &p->configs[i];
+        json_array_append_new(a, json_pack("{s:s,s:s,s:s,s:o,s:o}", "tenant", c->tenant, "name",
+                                           c->name, "fingerprint", c->fp, "objects",
+                                           u64(c->objects), "bytes", u64(c->bytes)));
     }
     return a;
 }
@@ -715,13 +766,14 @@ int kvp_mstatus_api(void *ctx, kvp_buf *out, const char **ctype)
     int ready = check(st, &p, 1, &why);
     json_t *j = json_pack(
         "{s:s,s:s,s:s,s:s,s:b,s:s,s:o,s:o,s:o,s:o,s:{s:o,s:o,s:o,s:o},s:o,s:o,s:o,s:o,s:o,s:o,"
-        "s:o}",
+        "s:o,s:o}",
         "version", kvp_version(), "listen", st->listen, "role", role_name(p.role), "master_id", id,
         "ready", ready, "why", why, "start_ms", u64(st->start_ms), "now_ms", u64(real_ms()),
         "published_ms_ago", u64(p.at_ms ? kvp_now_ms() - p.at_ms : 0), "counters", counters,
         "service", "connections", u64(p.svc.conns), "refused", refused, "input_waits",
         u64(p.svc.input_waits), "longest_turn_ms", u64(p.svc.longest_turn_ms), "segments",
-        api_segments(&p), "tenants", api_tenants(&p), "history", api_history(st), "warnings",
+        api_segments(&p), "tenants", api_tenants(&p), "configs", api_configs(&p), "history",
+        api_history(st), "warnings",
         api_warnings(), "ops", api_ops(st), "repl",
         json_pack("{s:o,s:o,s:o,s:o,s:o}", "followers", u64(p.st[KVP_STAT_REPL_FOLLOWERS]),
                   "in_sync", u64(p.st[KVP_STAT_REPL_IN_SYNC]), "seq", u64(p.st[KVP_STAT_REPL_SEQ]),

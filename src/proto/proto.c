@@ -27,6 +27,7 @@
 #define MIN_MOUNT_SEG (MIN_SEG + 20)            /* + secret, epoch, disk capacity */
 #define MIN_SEG_STAT (8 + MIN_BYTES + 4 * 8)    /* id, name, capacity, used, objects, free */
 #define MIN_TENANT_STAT (MIN_BYTES + 7 * 8 + 4) /* name, 7 counters, share */
+#define MIN_CONFIG_STAT (3 * MIN_BYTES + 2 * 8)  /* tenant, name, fp, objects, bytes */
 #define MIN_STATUS 4u                           /* a result that is only an error code */
 #define MAX_ENDPOINTS 16
 #define MAX_COUNTERS 1024
@@ -980,6 +981,54 @@ int kvp_dec_stats_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l
         t->evictions = kvp_rd_u64(&r);
         t->refused = kvp_rd_u64(&r);
         t->share = kvp_rd_u32(&r);
+    }
+    DEC_END;
+}
+
+/* ------------------------------------------------------------ configs */
+
+void kvp_enc_configs_resp(kvp_buf *b, const kvp_msg_configs_resp *m)
+{
+    kvp_buf_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n; i++) {
+        const kvp_config_stat *c = &m->rows[i];
+        wr_bytes(b, c->tenant);
+        wr_bytes(b, c->name);
+        wr_bytes(b, c->fp);
+        kvp_buf_u64(b, c->objects);
+        kvp_buf_u64(b, c->bytes);
+    }
+}
+
+/* empty, or 12..32 lower-case hex digits (src/connector/keys.h) */
+static int fp_ok(kvp_bytes fp)
+{
+    if (fp.len == 0)
+        return 1;
+    if (fp.len < 12 || fp.len > 32)
+        return 0;
+    for (uint32_t i = 0; i < fp.len; i++)
+        if (!((fp.p[i] >= '0' && fp.p[i] <= '9') || (fp.p[i] >= 'a' && fp.p[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
+int kvp_dec_configs_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                         kvp_msg_configs_resp *m)
+{
+    DEC_BEGIN;
+    m->n = kvp_rd_count(&r, l->max_batch, MIN_CONFIG_STAT);
+    if (!ALLOC_ARRAY(a, m->rows, m->n))
+        return KVP_ENOMEM;
+    for (uint32_t i = 0; i < m->n && !r.err; i++) {
+        kvp_config_stat *c = &m->rows[i];
+        c->tenant = kvp_rd_bytes(&r, l->max_str);
+        c->name = kvp_rd_bytes(&r, l->max_str);
+        c->fp = kvp_rd_bytes(&r, 32);
+        c->objects = kvp_rd_u64(&r);
+        c->bytes = kvp_rd_u64(&r);
+        if (!r.err && (!fp_ok(c->fp) || (c->fp.len == 0 && c->name.len != 0)))
+            r.err = KVP_EPROTOCOL;
     }
     DEC_END;
 }

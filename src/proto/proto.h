@@ -79,7 +79,8 @@
     XX(LOOKUP_HASHES, 30, "per chain of engine block hashes: leading blocks in DRAM, on disk, in either") \
     XX(KV_SNAPSHOT, 31, "a tenant's announced blocks (KV events) as of its stream's last seq") \
     XX(UCX_ATTACH, 32, "storage node: its UCX worker address and the segment's rkey (one-sided transfers)") \
-    XX(EXIST_LEASE, 33, "per key: present (and then leased, as GET leases) and its size; a lookup that holds what it answered")
+    XX(EXIST_LEASE, 33, "per key: present (and then leased, as GET leases) and its size; a lookup that holds what it answered") \
+    XX(CONFIGS, 34, "objects and bytes per configuration (the @cfg:<fp> of connector keys), per tenant")
 
 enum kvp_op {
 #define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
@@ -532,6 +533,29 @@ typedef struct kvp_msg_stats_resp {
     kvp_tenant_stat *tenants;
 } kvp_msg_stats_resp;
 
+/*
+ * CONFIGS response (the request body is empty): the configurations the
+ * pool holds objects of, from the master's count (master/cfgtab.h). A row
+ * with an fp is one configuration: tenant, name (the key text before
+ * "@cfg:", "[cache_prefix@]<model>"), fp (12..32 lower-case hex digits),
+ * its published objects and their value bytes. A row with an empty fp and
+ * name is a tenant's "other": objects of configurations the master tracks
+ * no row for (past its row limit). A tenant-bound session gets its
+ * tenant's rows only. Rows with 0 objects are not sent.
+ */
+typedef struct kvp_config_stat {
+    kvp_bytes tenant;
+    kvp_bytes name;
+    kvp_bytes fp;
+    uint64_t objects;
+    uint64_t bytes;
+} kvp_config_stat;
+
+typedef struct kvp_msg_configs_resp {
+    uint32_t n;
+    kvp_config_stat *rows;
+} kvp_msg_configs_resp;
+
 /* SEGMENT_INFO response. */
 typedef struct kvp_seg_info {
     int32_t status;      /* 0 or SEGMENT_NOT_FOUND */
@@ -853,6 +877,12 @@ int kvp_dec_remove_all_resp(const uint8_t *p, uint32_t len, kvp_msg_remove_all_r
 void kvp_enc_stats_resp(kvp_buf *b, const kvp_msg_stats_resp *m);
 int kvp_dec_stats_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
                        kvp_msg_stats_resp *m);
+
+/* dec: an fp that is neither empty nor 12..32 of [0-9a-f], or a name with an
+ * empty fp, is KVP_EPROTOCOL. */
+void kvp_enc_configs_resp(kvp_buf *b, const kvp_msg_configs_resp *m);
+int kvp_dec_configs_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_arena *a,
+                         kvp_msg_configs_resp *m);
 
 void kvp_enc_seg_info_resp(kvp_buf *b, const kvp_msg_seg_info_resp *m);
 int kvp_dec_seg_info_resp(const uint8_t *p, uint32_t len, const kvp_proto_limits *l,

@@ -90,6 +90,8 @@ static int same_block(env *e, int rank, uint32_t a, uint32_t b)
     return 1;
 }
 
+static int env_open_conn(env *e);
+
 static int env_up_kv(env *e, int num_kv_heads, int dev)
 {
     memset(e, 0, sizeof *e);
@@ -115,6 +117,27 @@ static int env_up_kv(env *e, int num_kv_heads, int dev)
     e->c.num_blocks = NB;
     e->c.kv_events = true;
     e->c.fence = fence;
+    return env_open_conn(e);
+}
+
+static int env_up(env *e, int num_kv_heads) { return env_up_kv(e, num_kv_heads, 0); }
+
+/* The halves closed (the pool and the KV caches stay): ready for
+ * env_open_conn with another configuration. */
+static void env_close_conn(env *e)
+{
+    kvp_conn_sched_close(e->s);
+    e->s = NULL;
+    for (int r = 0; r < TP; r++) {
+        kvp_conn_worker_close(e->w[r]);
+        e->w[r] = NULL;
+    }
+}
+
+/* Opens the scheduler and the TP workers of e->c (KV caches allocated once). */
+static int env_open_conn(env *e)
+{
+    int dev = e->dev;
     char err[256] = "";
     for (int r = 0; r < TP; r++) {
         kvp_conn_config wc = e->c;
@@ -125,7 +148,8 @@ static int env_up_kv(env *e, int num_kv_heads, int dev)
         }
         kvp_conn_tensor t[LAYERS];
         for (int l = 0; l < LAYERS; l++) {
-            e->kv[r][l] = dev ? kvp_gpu_dev_alloc(0, 2 * PLANE) : calloc(1, 2 * PLANE);
+            if (!e->kv[r][l])
+                e->kv[r][l] = dev ? kvp_gpu_dev_alloc(0, 2 * PLANE) : calloc(1, 2 * PLANE);
             if (!e->kv[r][l])
                 return -1;
             t[l] = (kvp_conn_tensor){.base = e->kv[r][l], .storage_len = 2 * PLANE,
@@ -142,8 +166,6 @@ static int env_up_kv(env *e, int num_kv_heads, int dev)
     }
     return 0;
 }
-
-static int env_up(env *e, int num_kv_heads) { return env_up_kv(e, num_kv_heads, 0); }
 
 static void env_down(env *e)
 {
@@ -340,6 +362,132 @@ TEST(store_then_load_shared_prefix_tp2) { shared_prefix_body(0); }
  * and loads go by DMA, and the loaded blocks equal the stored ones. */
 TEST(store_then_load_device_kv_tp2) { shared_prefix_body(1); }
 
+/* Stores a request of ntok tokens in blocks 1.. (the ranks' bytes seeded by
+ * seed) and waits until every rank stored it; its hashes into hashes. */
+static int store_request(env *e, const char *id, const uint32_t *tok, uint32_t ntok,
+                         uint8_t *hashes, uint32_t seed)
+{
+    kvp_conn_hasher *h;
+    size_t nh = 0;
+    if (kvp_conn_hasher_new("sha256_cbor", "0", BS, &h) != 0)
+        return -1;
+    int rc = kvp_conn_hasher_append(h, tok, ntok, hashes, 8, &nh);
+    kvp_conn_hasher_free(h);
+    if (rc != 0 || nh != ntok / BS || nh > 8)
+        return -1;
+    uint32_t ba[8];
+    for (uint32_t b = 0; b < nh; b++) {
+        ba[b] = 1 + b;
+        for (int r = 0; r < TP; r++)
+            fill_block(e, r, ba[b], seed + b);
+    }
+    kvp_conn_str rid = {id, (uint32_t)strlen(id)};
+    kvp_conn_request a = {.id = rid, .tokens = tok, .num_tokens = ntok, .prompt_tokens = tok,
+                          .num_prompt_tokens = ntok, .block_hashes = hashes,
+                          .nhashes = (uint32_t)nh, .hash_len = HL};
+    uint64_t nn = 0;
+    bool async = true, delay = false;
+    kvp_conn_blocks bl = {ba, (uint32_t)nh};
+    if (kvp_conn_get_num_new_matched_tokens(e->s, &a, 0, &nn, &async) != 0 ||
+        kvp_conn_update_state_after_alloc(e->s, &a, &bl, 1, 0) != 0)
+        return -1;
+    kvp_conn_new_req nr = {.req = &a, .num_scheduled_tokens = ntok, .blocks = &bl, .ngroups = 1};
+    kvp_conn_step st = {.new_reqs = &nr, .n_new = 1};
+    int s = 0, rv = 0;
+    if (step(e, &st, NULL, &s, &rv) != 0 ||
+        kvp_conn_request_finished(e->s, a.id, &bl, 1, &delay) != 0 || !delay)
+        return -1;
+    return until_reported(e, id, a.id, 1, 0);
+}
+
+/* Tokens the scheduler's lookup finds for tok (a fresh request id). */
+static uint64_t lookup_tokens(env *e, const char *id, const uint32_t *tok, uint32_t ntok,
+                              const uint8_t *hashes)
+{
+    kvp_conn_request q = {.id = {id, (uint32_t)strlen(id)}, .tokens = tok, .num_tokens = ntok,
+                          .prompt_tokens = tok, .num_prompt_tokens = ntok,
+                          .block_hashes = hashes, .nhashes = ntok / BS, .hash_len = HL};
+    uint64_t nn = 0;
+    bool async = false;
+    if (kvp_conn_get_num_new_matched_tokens(e->s, &q, 0, &nn, &async) != 0)
+        return UINT64_MAX;
+    return nn;
+}
+
+/* config_fingerprint puts "@cfg:<fp>" in every key: a configuration never
+ * finds another's blocks in one pool, each finds its own; worker rank 0
+ * stores config_description once under the configuration's descriptor key. */
+TEST(config_fingerprint_separates_configurations)
+{
+    static const char fa[] = "0123456789abcdef", fb[] = "fedcba9876543210";
+    static const char desc[] = "{\"model\": \"Test-Model\", \"dtype\": \"bfloat16\"}";
+    env e;
+    memset(&e, 0, sizeof e);
+    CHECK(env_up(&e, 2) == 0);
+    env_close_conn(&e);
+    e.c.config_fingerprint = fa;
+    e.c.config_description = desc;
+    CHECK(env_open_conn(&e) == 0);
+
+    enum { N = 64 };
+    uint32_t tok[N];
+    for (uint32_t i = 0; i < N; i++)
+        tok[i] = 5000 + i * 3;
+    uint8_t hashes[8 * HL];
+    CHECK(store_request(&e, "fp-a", tok, N, hashes, 7) == 0);
+    CHECK_EQ(lookup_tokens(&e, "fp-a2", tok, N, hashes), (uint64_t)(N - BS));
+
+    /* the pool holds fingerprinted keys (each rank its own: two KV heads)
+     * and the descriptor, stored by rank 0 only */
+    kvp_client *cl = NULL;
+    char err[256];
+    CHECK(kvp_client_open(e.cfg, &cl, err, sizeof err) == 0);
+    if (!cl) {
+        env_down(&e);
+        return;
+    }
+    char k0[256], k1[256], hex[2 * HL + 1];
+    for (int j = 0; j < HL; j++)
+        snprintf(hex + 2 * j, 3, "%02x", hashes[j]);
+    const char *keys[3] = {k0, k1, "Test-Model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@"};
+    snprintf(k0, sizeof k0, "Test-Model@cfg:%s@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@%s", fa,
+             hex);
+    snprintf(k1, sizeof k1, "Test-Model@cfg:%s@tp_rank:1@pcp0@dcp0@pp_rank:0@group:0@%s", fa,
+             hex);
+    int ex[3] = {0, 0, 1};
+    CHECK_EQ(kvp_client_exist(cl, keys, 3, ex), 0);
+    CHECK(ex[0] == 1 && ex[1] == 1 && ex[2] == 0);
+    char got[256];
+    int64_t n = kvp_client_get(cl, "Test-Model@cfg:0123456789abcdef@kvpool-config", got,
+                               sizeof got);
+    CHECK_EQ(n, (int64_t)strlen(desc));
+    CHECK(n > 0 && memcmp(got, desc, (size_t)n) == 0);
+
+    /* another configuration on the same pool: no hit, and its own store
+     * is found by it alone */
+    env_close_conn(&e);
+    e.c.config_fingerprint = fb;
+    e.c.config_description = NULL; /* no descriptor: none is stored */
+    CHECK(env_open_conn(&e) == 0);
+    CHECK_EQ(lookup_tokens(&e, "fp-b", tok, N, hashes), (uint64_t)0);
+    CHECK(store_request(&e, "fp-b2", tok, N, hashes, 99) == 0);
+    CHECK_EQ(lookup_tokens(&e, "fp-b3", tok, N, hashes), (uint64_t)(N - BS));
+    CHECK(kvp_client_get(cl, "Test-Model@cfg:fedcba9876543210@kvpool-config", got, sizeof got) ==
+          KVP_EOBJECT_NOT_FOUND);
+    /* without a fingerprint: the in-tree connector's keys, none stored yet */
+    env_close_conn(&e);
+    e.c.config_fingerprint = NULL;
+    CHECK(env_open_conn(&e) == 0);
+    CHECK_EQ(lookup_tokens(&e, "fp-c", tok, N, hashes), (uint64_t)0);
+    /* the first configuration again: its blocks are all there */
+    env_close_conn(&e);
+    e.c.config_fingerprint = fa;
+    CHECK(env_open_conn(&e) == 0);
+    CHECK_EQ(lookup_tokens(&e, "fp-a3", tok, N, hashes), (uint64_t)(N - BS));
+    kvp_client_close(cl);
+    env_down(&e);
+}
+
 TEST(undecodable_step_bytes_are_an_error)
 {
     env e;
@@ -400,6 +548,35 @@ TEST(config_errors_are_named)
     c.lookup_gid = -1;
     CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), 0);
     kvp_conn_sched_close(s);
+    /* the fingerprint: 12..32 lower-case hex digits; a description needs one */
+    static const char *const bad_fp[] = {"0123456789a", "0123456789ABCDEF", "0123456789abcdeg",
+                                         "0123456789abcdef0123456789abcdef0"};
+    for (size_t i = 0; i < sizeof bad_fp / sizeof bad_fp[0]; i++) {
+        c.config_fingerprint = bad_fp[i];
+        err[0] = 0;
+        CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), KVP_EINVALID_PARAMS);
+        CHECK(strstr(err, "config_fingerprint") != NULL);
+        CHECK_EQ(kvp_conn_worker_open(&c, &w, err, sizeof err), KVP_EINVALID_PARAMS);
+    }
+    c.config_fingerprint = NULL;
+    c.config_description = "{}";
+    CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), KVP_EINVALID_PARAMS);
+    CHECK(strstr(err, "config_description") != NULL);
+    c.config_fingerprint = "0123456789abcdef";
+    CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), 0);
+    kvp_conn_sched_close(s);
+    /* the first layout (before config_fingerprint) is still accepted, its
+     * missing fields read as none; other sizes are refused */
+    c.config_description = "not read";
+    c.config_fingerprint = "not read either";
+    c.struct_size = offsetof(kvp_conn_config, config_fingerprint);
+    CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), 0);
+    kvp_conn_sched_close(s);
+    c.struct_size = offsetof(kvp_conn_config, config_description);
+    CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), KVP_EINVALID_PARAMS);
+    CHECK(strstr(err, "struct_size") != NULL);
+    c.struct_size = sizeof c;
+    c.config_fingerprint = c.config_description = NULL;
 
     c.tp_size = 2;
     c.tp_rank = 2;

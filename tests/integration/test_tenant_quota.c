@@ -149,6 +149,68 @@ TEST(flood_by_one_tenant_leaves_the_others)
     env_down(&e);
 }
 
+/* CONFIGS of a session: every tenant's configurations for an unbound one,
+ * its own tenant's only for a tenant-bound one (as STATS' tenant rows). */
+static int configs_of(kvp_rpc *r, kvp_arena *a, kvp_msg_configs_resp *out)
+{
+    int32_t st;
+    const uint8_t *resp;
+    uint32_t rl;
+    int rc = kvp_rpc_call(r, KVP_OP_CONFIGS, NULL, 0, &st, &resp, &rl);
+    if (rc || st)
+        return rc ? rc : st;
+    kvp_proto_limits lim;
+    kvp_proto_limits_default(&lim);
+    return kvp_dec_configs_resp(resp, rl, &lim, a, out);
+}
+
+static int has_config(const kvp_msg_configs_resp *c, const char *tenant, const char *fp,
+                      uint64_t objects)
+{
+    for (uint32_t i = 0; i < c->n; i++)
+        if (c->rows[i].tenant.len == strlen(tenant) &&
+            !memcmp(c->rows[i].tenant.p, tenant, c->rows[i].tenant.len) &&
+            c->rows[i].fp.len == strlen(fp) && !memcmp(c->rows[i].fp.p, fp, c->rows[i].fp.len))
+            return c->rows[i].objects == objects;
+    return 0;
+}
+
+TEST(configurations_are_shown_to_their_tenant_only)
+{
+    env e;
+    int up = env_up(&e, "alice tok-alice-0123456789\nbob tok-bob-0123456789\n", "64MiB");
+    CHECK_EQ(up, 0);
+    if (up) {
+        env_down(&e);
+        return;
+    }
+    int rc;
+    kvp_rpc *alice = tq_hello(e.m.addr, NULL, "tok-alice-0123456789", &rc);
+    kvp_rpc *bob = tq_hello(e.m.addr, NULL, "tok-bob-0123456789", &rc);
+    kvp_rpc *admin = tq_hello(e.m.addr, NULL, NULL, &rc);
+    CHECK(alice && bob && admin);
+    if (alice && bob && admin) {
+        CHECK_EQ(tq_publish(alice, "alice", "m@cfg:0123456789abcdef@tp_rank:0@a", 4096), 0);
+        CHECK_EQ(tq_publish(alice, "alice", "m@cfg:0123456789abcdef@tp_rank:0@b", 4096), 0);
+        CHECK_EQ(tq_publish(bob, "bob", "m@cfg:fedcba9876543210@tp_rank:0@a", 4096), 0);
+        kvp_arena a;
+        kvp_arena_init(&a, 1 << 20);
+        kvp_msg_configs_resp c;
+        CHECK_EQ(configs_of(admin, &a, &c), 0);
+        CHECK(c.n == 2 && has_config(&c, "alice", "0123456789abcdef", 2) &&
+              has_config(&c, "bob", "fedcba9876543210", 1));
+        CHECK_EQ(configs_of(alice, &a, &c), 0);
+        CHECK(c.n == 1 && has_config(&c, "alice", "0123456789abcdef", 2));
+        CHECK_EQ(configs_of(bob, &a, &c), 0);
+        CHECK(c.n == 1 && has_config(&c, "bob", "fedcba9876543210", 1));
+        kvp_arena_free(&a);
+    }
+    kvp_rpc_close(admin);
+    kvp_rpc_close(alice);
+    kvp_rpc_close(bob);
+    env_down(&e);
+}
+
 /* max_bytes: a tenant over it evicts its own least recently used objects
  * first; with nothing of its own evictable (pending puts) the put is
  * refused with -200 (the connector backs off) and counted; a value larger

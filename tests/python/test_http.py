@@ -517,3 +517,63 @@ def test_kv_lookup_answers_while_the_master_is_busy(served: tuple[kvpool_procs.P
         assert not errors, errors
         assert ops[0] > 0 and n > 0
         assert worst < 2.0, worst
+
+
+# ------------------------------------------------------------ configurations
+
+FP_A, FP_B = "0123456789abcdef", "fedcba9876543210"
+TAIL = "@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@"
+
+
+def test_configurations_in_stat_api_metrics_and_page(served: tuple[kvpool_procs.Proc, str]) -> None:
+    """Objects whose keys carry @cfg:<fingerprint> (kvpool.vllm's) are counted
+    per configuration: `kvpool stat` (table and --json), /api/stats, /metrics."""
+    proc, base = served
+    c = kvpool.Client({"master": proc.addr, "mode": "standalone-store"})
+    try:
+        for i in range(3):
+            c.put(f"cfgtest@Model@cfg:{FP_A}{TAIL}{i:04x}", b"a" * 1000)
+        c.put(f"cfgtest@Model@cfg:{FP_B}{TAIL}0000", b"b" * 500)
+        c.put(f"cfgtest@Model@cfg:{FP_A}@kvpool-config", b'{"dtype": "bfloat16"}')
+    finally:
+        c.close()
+    env = kvpool_procs.server_env()
+    r = subprocess.run([kvpool_procs.kvpool_bin(), "stat", "--master", proc.addr],
+                       capture_output=True, timeout=30, env=env, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head = next(i for i, l in enumerate(lines) if l.startswith("CONFIGURATION"))
+    rows = {tuple(l.split()[:3]): l.split()[3] for l in lines[head + 1:] if l.startswith("cfgtest@")}
+    assert rows == {("cfgtest@Model", "default", FP_A): "4", ("cfgtest@Model", "default", FP_B): "1"}
+    assert "@kvpool-config" in r.stdout  # how to read a configuration's description
+    r = subprocess.run([kvpool_procs.kvpool_bin(), "stat", "--master", proc.addr, "--json"],
+                       capture_output=True, timeout=30, env=env, text=True)
+    cf = {(x["name"], x["fingerprint"]): x for x in json.loads(r.stdout)["configs"]}
+    assert cf[("cfgtest@Model", FP_A)]["objects"] == 4
+    assert cf[("cfgtest@Model", FP_A)]["bytes"] == 3000 + len(b'{"dtype": "bfloat16"}')
+    assert cf[("cfgtest@Model", FP_B)] == {"tenant": "default", "name": "cfgtest@Model",
+                                           "fingerprint": FP_B, "objects": 1, "bytes": 500}
+    # the HTTP picture is republished every second
+    j = until(lambda: (lambda s: s if any(x["name"] == "cfgtest@Model" for x in s["configs"])
+                       else None)(json.loads(fetch(base + "/api/stats")[1])), "configs in /api/stats")
+    api = {(x["name"], x["fingerprint"]): x["objects"] for x in j["configs"]}
+    assert api[("cfgtest@Model", FP_A)] == 4 and api[("cfgtest@Model", FP_B)] == 1
+    text = fetch(base + "/metrics")[1]
+    m = samples(text, "kvpool_config_objects")
+    assert m[f'{{tenant="default",name="cfgtest@Model",fingerprint="{FP_A}"}}'] == 4
+    assert samples(text, "kvpool_config_bytes")[
+        f'{{tenant="default",name="cfgtest@Model",fingerprint="{FP_B}"}}'] == 500
+    r = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
+    # the status page draws one row per configuration
+    with tempfile.TemporaryDirectory() as prof:
+        dom = subprocess.run([shutil.which("chromium") or "chromium", "--headless", "--no-sandbox",
+                              "--disable-gpu", "--no-first-run", f"--user-data-dir={prof}",
+                              "--virtual-time-budget=5000", "--dump-dom", base + "/"],
+                             capture_output=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr.decode()[-2000:]
+    d = _Dom()
+    d.feed(dom.stdout.decode())
+    assert d.rows.get("config") == len(j["configs"]) >= 2
+    assert FP_A in d.text["configs"] and "cfgtest@Model" in d.text["configs"]

@@ -51,7 +51,8 @@
     XX(kv_snapshot_resp, LA)                                                   \
     XX(ucx_attach, N)                                                          \
     XX(heartbeat, N)                                                           \
-    XX(exist_lease_resp, LA)
+    XX(exist_lease_resp, LA)                                                   \
+    XX(configs_resp, LA)
 
 enum pc_kind {
 #define PC__ENUM(t, sig) PC_##t,
@@ -125,6 +126,7 @@ static PC_UNUSED const struct { int req, resp; } pc_op_kinds[KVP_OP__MAX] = {
     [KVP_OP_KV_SNAPSHOT] = {PC_keys, PC_kv_snapshot_resp},
     [KVP_OP_UCX_ATTACH] = {PC_NONE, PC_ucx_attach}, /* request: u64 segment id */
     [KVP_OP_EXIST_LEASE] = {PC_keys, PC_exist_lease_resp},
+    [KVP_OP_CONFIGS] = {PC_NONE, PC_configs_resp},
 };
 
 /* ------------------------------------------------------------- samples */
@@ -161,6 +163,7 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     static uint64_t counters[1024];
     static kvp_seg_stat sstats[2];
     static kvp_tenant_stat tstats[2];
+    static kvp_config_stat cstats[3], cstat_max;
     static kvp_seg_info infos[3], info_max;
     static kvp_freed freed[3] = {{0, 1, 1, 0}, {7, 512, 0x100000002ull, KVP_FREED_PUBLISHED}, {UINT32_MAX, UINT32_MAX, UINT64_MAX, UINT32_MAX}};
     static kvp_bad_replica bad[2];
@@ -195,6 +198,12 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     sstats[1] = (kvp_seg_stat){UINT64_MAX, PC_B(""), 0, 0, 0, 0};
     tstats[0] = (kvp_tenant_stat){PC_B("alice"), 8, 8u << 20, 8u << 20, 4ull << 30, 100, 3, 1, 2};
     tstats[1] = (kvp_tenant_stat){str_max, UINT64_MAX, UINT64_MAX, 0, 0, 0, 0, UINT64_MAX, UINT32_MAX};
+    cstats[0] = (kvp_config_stat){PC_B("default"), PC_B("Qwen3-0.6B"), PC_B("0123456789abcdef"), 1000,
+                                  64u << 20};
+    cstats[1] = (kvp_config_stat){PC_B("alice"), PC_B("p@m"), PC_B("0123456789abcdef0123456789abcdef"),
+                                  UINT64_MAX, UINT64_MAX};
+    cstats[2] = (kvp_config_stat){PC_B("alice"), PC_B(""), PC_B(""), 3, 3}; /* alice's other */
+    cstat_max = (kvp_config_stat){str_max, str_max, PC_B("ffffffffffff"), 1, 0};
     infos[0] = (kvp_seg_info){0, segs[1]};
     infos[1] = (kvp_seg_info){KVP_ESEGMENT_NOT_FOUND, {0, {NULL, 0}, 0, 0, NULL, 0, 0, 0}};
     infos[2] = (kvp_seg_info){0, segs[0]};
@@ -276,6 +285,9 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     S(stats_resp, 0) return 0;
     S(stats_resp, 1) m->stats_resp = (kvp_msg_stats_resp){KVP_STAT__COUNT, counters, 2, sstats, 2, tstats}; return 0;
     S(stats_resp, 2) m->stats_resp = (kvp_msg_stats_resp){1024, counters, 0, NULL, 0, NULL}; return 0;
+    S(configs_resp, 0) return 0;
+    S(configs_resp, 1) m->configs_resp = (kvp_msg_configs_resp){3, cstats}; return 0;
+    S(configs_resp, 2) m->configs_resp = (kvp_msg_configs_resp){1, &cstat_max}; return 0;
     S(seg_info_resp, 0) return 0;
     S(seg_info_resp, 1) m->seg_info_resp = (kvp_msg_seg_info_resp){3, infos}; return 0;
     S(seg_info_resp, 2) m->seg_info_resp = (kvp_msg_seg_info_resp){1, &info_max}; return 0;
@@ -536,6 +548,16 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
         }
         return 1;
     }
+    case PC_configs_resp:
+        if (x->configs_resp.n != y->configs_resp.n)
+            return 0;
+        for (uint32_t i = 0; i < x->configs_resp.n; i++) {
+            const kvp_config_stat *a = &x->configs_resp.rows[i], *b = &y->configs_resp.rows[i];
+            if (!pc_beq(a->tenant, b->tenant) || !pc_beq(a->name, b->name) || !pc_beq(a->fp, b->fp) ||
+                a->objects != b->objects || a->bytes != b->bytes)
+                return 0;
+        }
+        return 1;
     case PC_seg_info_resp:
         if (x->seg_info_resp.n != y->seg_info_resp.n)
             return 0;

@@ -128,6 +128,70 @@ TEST(meta_invalid_params)
     CHECK(strcmp(out, "m@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0") == 0);
 }
 
+TEST(fingerprint_segment)
+{
+    struct kvp_key_meta md;
+    char out[256];
+    size_t len;
+    /* after the model name, before the ranks; none = no segment at all */
+    CHECK_EQ(kvp_key_meta_init(&md, "org/Model-X", "c", 1, 0, 0, 0, 2), 0);
+    CHECK_EQ(md.fingerprint[0], '\0');
+    CHECK_EQ(kvp_key_meta_set_fingerprint(&md, "0123456789abcdef"), 0);
+    CHECK(key_is(&md, "a0", "c@Model-X@cfg:0123456789abcdef@tp_rank:1@pcp0@dcp0@pp_rank:0@group:2@6130") == 0);
+    CHECK_EQ(kvp_key_build_prefix(&md, 3, KVP_KEY_RANK_SELF, KVP_KEY_RANK_SELF, 1, out, sizeof out,
+                                  &len),
+             0);
+    CHECK(strcmp(out, "c@Model-X@cfg:0123456789abcdef@tp_rank:3@pcp0@dcp0@pp_rank:1@group:2") == 0);
+    CHECK_EQ(len, strlen(out));
+    /* measuring call counts the segment */
+    CHECK_EQ(kvp_key_build_prefix(&md, -1, -1, -1, -1, NULL, 0, &len), KVP_EBUFFER_OVERFLOW);
+    CHECK_EQ(len, strlen("c@Model-X@cfg:0123456789abcdef@tp_rank:1@pcp0@dcp0@pp_rank:0@group:2"));
+    /* bounds: 12 and 32 digits pass, 11 and 33 do not */
+    CHECK_EQ(kvp_key_meta_set_fingerprint(&md, "abcdef012345"), 0);
+    CHECK_EQ(kvp_key_meta_set_fingerprint(&md, "0123456789abcdef0123456789abcdef"), 0);
+    CHECK(key_is(&md, "", "c@Model-X@cfg:0123456789abcdef0123456789abcdef@tp_rank:1@pcp0@dcp0@pp_rank:0@group:2@") == 0);
+    static const char *const bad[] = {
+        "abcdef01234",                       /* 11 digits */
+        "0123456789abcdef0123456789abcdef0", /* 33 */
+        "0123456789ABCDEF",                  /* upper case */
+        "0123456789abcdeg",                  /* not hex */
+        "0123456789abcd@f",                  /* a separator */
+        "0123456789abc def",
+        "0123456789abcde\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_EQ(kvp_key_fingerprint_valid(bad[i]), 0);
+        CHECK_EQ(kvp_key_meta_set_fingerprint(&md, bad[i]), KVP_EINVALID_PARAMS);
+        /* refused: md keeps its fingerprint */
+        CHECK(strcmp(md.fingerprint, "0123456789abcdef0123456789abcdef") == 0);
+    }
+    CHECK_EQ(kvp_key_fingerprint_valid(NULL), 0);
+    CHECK_EQ(kvp_key_fingerprint_valid(""), 0);
+    CHECK_EQ(kvp_key_meta_set_fingerprint(NULL, "0123456789abcdef"), KVP_EINVALID_PARAMS);
+    /* NULL or "" clears: the keys of vLLM's in-tree connector again */
+    CHECK_EQ(kvp_key_meta_set_fingerprint(&md, ""), 0);
+    CHECK(key_is(&md, "a0", "c@Model-X@tp_rank:1@pcp0@dcp0@pp_rank:0@group:2@6130") == 0);
+    CHECK_EQ(kvp_key_meta_set_fingerprint(&md, "0123456789abcdef"), 0);
+    CHECK_EQ(kvp_key_meta_set_fingerprint(&md, NULL), 0);
+    CHECK(key_is(&md, "a0", "c@Model-X@tp_rank:1@pcp0@dcp0@pp_rank:0@group:2@6130") == 0);
+}
+
+TEST(fingerprint_lookup_prefixes)
+{
+    /* every lookup prefix carries the fingerprint */
+    struct kvp_key_meta md;
+    struct kvp_key_ns ns[4];
+    char buf[512];
+    size_t off[4], n, used;
+    CHECK_EQ(kvp_key_meta_init(&md, "m", NULL, 0, 0, 0, 0, 0), 0);
+    CHECK_EQ(kvp_key_meta_set_fingerprint(&md, "00112233445566ff"), 0);
+    CHECK_EQ(kvp_key_lookup_prefixes(&md, 2, 1, 1, 1, 1, ns, 4, buf, sizeof buf, off, 4, &n, &used),
+             0);
+    CHECK_EQ(n, 2);
+    CHECK(strcmp(buf + off[0], "m@cfg:00112233445566ff@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0") == 0);
+    CHECK(strcmp(buf + off[1], "m@cfg:00112233445566ff@tp_rank:1@pcp0@dcp0@pp_rank:0@group:0") == 0);
+}
+
 TEST(tp_factor_rules)
 {
     enum kvp_key_spec mla = KVP_KEY_SPEC_MLA, gqa = KVP_KEY_SPEC_ATTENTION,

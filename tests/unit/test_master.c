@@ -2870,3 +2870,163 @@ TEST(exist_lease_disk_only_is_present_unleased)
     kvp_master_sess_close(c.m, &s.s, c.now);
     core_free(&c);
 }
+
+/* ------------------------------------------------- configurations (CONFIGS) */
+
+static int tremove(core *c, sess *s, const char *tenant, const char *key)
+{
+    kvp_bytes k = {(const uint8_t *)key, (uint32_t)strlen(key)};
+    kvp_msg_remove m = {{(const uint8_t *)tenant, (uint32_t)strlen(tenant)}, 1, 1, &k};
+    kvp_enc_remove(&c->body, &m);
+    REQUIRE(call(c, s, KVP_OP_REMOVE, 0) == 0);
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    kvp_msg_results res;
+    REQUIRE(kvp_dec_results(c->resp, c->resp_len, &l, &c->ra, &res) == 0 && res.n == 1);
+    return res.codes[0];
+}
+
+static int configs(core *c, sess *s, kvp_msg_configs_resp *r)
+{
+    REQUIRE(call(c, s, KVP_OP_CONFIGS, 0) == 0);
+    if (c->status)
+        return c->status;
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    REQUIRE(kvp_dec_configs_resp(c->resp, c->resp_len, &l, &c->ra, r) == 0);
+    return 0;
+}
+
+/* The row of (tenant, name, fp) in r ("" fp: the tenant's other), or NULL. */
+static const kvp_config_stat *config_row(const kvp_msg_configs_resp *r, const char *tenant,
+                                         const char *name, const char *fp)
+{
+    for (uint32_t i = 0; i < r->n; i++) {
+        const kvp_config_stat *x = &r->rows[i];
+        if (x->tenant.len == strlen(tenant) && !memcmp(x->tenant.p, tenant, x->tenant.len) &&
+            x->name.len == strlen(name) && !memcmp(x->name.p, name, x->name.len) &&
+            x->fp.len == strlen(fp) && !memcmp(x->fp.p, fp, x->fp.len))
+            return x;
+    }
+    return NULL;
+}
+
+#define FPA "0123456789abcdef"
+#define FPB "fedcba9876543210"
+#define TAIL "@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@"
+
+/* Published objects are counted per (tenant, "[prefix@]model", fingerprint)
+ * of their keys; keys without a well-formed @cfg: are not; removal and
+ * replacement keep the counts exact (kvp_master_check recounts them). */
+TEST(configs_count_objects_per_fingerprint)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "a:1", 64 * MiB), 0);
+    kvp_msg_configs_resp r;
+    CHECK_EQ(configs(&c, &s, &r), 0);
+    CHECK_EQ(r.n, 0);
+    CHECK_EQ(tput(&c, &s, "", "Model@cfg:" FPA TAIL "aa", 4096), 0);
+    CHECK_EQ(tput(&c, &s, "", "Model@cfg:" FPA TAIL "bb", 1000), 0);
+    CHECK_EQ(tput(&c, &s, "", "Model@cfg:" FPA "@kvpool-config", 10), 0); /* its descriptor */
+    CHECK_EQ(tput(&c, &s, "", "pre@Model@cfg:" FPA TAIL "aa", 100), 0);  /* another prefix */
+    CHECK_EQ(tput(&c, &s, "", "Model@cfg:" FPB TAIL "aa", 4096), 0);
+    CHECK_EQ(tput(&c, &s, "t2", "Model@cfg:" FPA TAIL "aa", 7), 0);      /* another tenant */
+    /* none of these name a configuration */
+    static const char *const plain[] = {
+        "Model" TAIL "aa", "Model@cfg:0123456789a" TAIL "aa", "Model@cfg:0123456789ABCDEF" TAIL,
+        "Model@cfg:" FPA "x@tp_rank:0", "Model@cfg:" FPA FPA "0", "@cfg:", "x@cfg:" FPA "@cfg:zz",
+    };
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++)
+        CHECK_EQ(tput(&c, &s, "", plain[i], 64), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    CHECK_EQ(configs(&c, &s, &r), 0);
+    CHECK_EQ(r.n, 4);
+    const kvp_config_stat *a = config_row(&r, "default", "Model", FPA);
+    CHECK(a && a->objects == 3 && a->bytes == 4096 + 1000 + 10);
+    a = config_row(&r, "default", "pre@Model", FPA);
+    CHECK(a && a->objects == 1 && a->bytes == 100);
+    a = config_row(&r, "default", "Model", FPB);
+    CHECK(a && a->objects == 1 && a->bytes == 4096);
+    a = config_row(&r, "t2", "Model", FPA);
+    CHECK(a && a->objects == 1 && a->bytes == 7);
+    /* a replacement is counted once, with its new size */
+    uint64_t sz = 2000;
+    kvp_bytes k = {(const uint8_t *)"Model@cfg:" FPA TAIL "bb", (uint32_t)strlen("Model@cfg:" FPA TAIL "bb")};
+    kvp_msg_put_start ps = {{NULL, 0}, 1, KVP_PUT_F_REPLACE, 0, {NULL, 0}, 1, &k, &sz, NULL};
+    kvp_enc_put_start(&c.body, &ps);
+    CHECK(call(&c, &s, KVP_OP_PUT_START, 0) == 0 && c.status == 0);
+    uint64_t cs = 5;
+    kvp_msg_put_end pe = {{NULL, 0}, 1, &k, &cs};
+    kvp_enc_put_end(&c.body, &pe);
+    CHECK(call(&c, &s, KVP_OP_PUT_END, 0) == 0 && c.status == 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    CHECK_EQ(configs(&c, &s, &r), 0);
+    a = config_row(&r, "default", "Model", FPA);
+    CHECK(a && a->objects == 3 && a->bytes == 4096 + 2000 + 10);
+    /* removed: gone from the count; a configuration at 0 objects is not listed */
+    CHECK_EQ(tremove(&c, &s, "", "Model@cfg:" FPB TAIL "aa"), 0);
+    CHECK_EQ(tremove(&c, &s, "t2", "Model@cfg:" FPA TAIL "aa"), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    CHECK_EQ(configs(&c, &s, &r), 0);
+    CHECK_EQ(r.n, 2);
+    CHECK(config_row(&r, "default", "Model", FPB) == NULL);
+    CHECK(config_row(&r, "t2", "Model", FPA) == NULL);
+    /* CONFIGS takes no body */
+    kvp_buf_u32(&c.body, 0);
+    CHECK(call(&c, &s, KVP_OP_CONFIGS, 0) == 0);
+    CHECK_EQ(c.status, KVP_EPROTOCOL);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* Past KVP_CFGTAB_MAX (256) configurations, the rest is counted in the
+ * tenant's "other" row; a configuration gets a row again only once its
+ * tenant's other is empty, reusing a row at 0 objects. */
+TEST(configs_past_the_row_limit_are_other)
+{
+    core c;
+    CHECK(core_init(&c, NULL) == 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 1), 0);
+    CHECK_EQ(mount(&c, &s, 1, "a:1", 64 * MiB), 0);
+    char key[128];
+    enum { ROWS = 256, MORE = 5 };
+    for (int i = 0; i < ROWS + MORE; i++) {
+        snprintf(key, sizeof key, "m@cfg:%016x" TAIL "aa", i);
+        CHECK_EQ(tput(&c, &s, "", key, 100), 0);
+    }
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    kvp_msg_configs_resp r;
+    CHECK_EQ(configs(&c, &s, &r), 0);
+    CHECK_EQ(r.n, ROWS + 1);
+    const kvp_config_stat *o = config_row(&r, "default", "", "");
+    CHECK(o && o->objects == MORE && o->bytes == MORE * 100);
+    /* a row emptied: a new configuration still goes to other while it is not empty */
+    CHECK_EQ(tremove(&c, &s, "", "m@cfg:0000000000000000" TAIL "aa"), 0);
+    CHECK_EQ(tput(&c, &s, "", "m@cfg:" FPB TAIL "aa", 100), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    CHECK_EQ(configs(&c, &s, &r), 0);
+    o = config_row(&r, "default", "", "");
+    CHECK(o && o->objects == MORE + 1);
+    CHECK(config_row(&r, "default", "m", FPB) == NULL);
+    /* other emptied: the next new configuration takes the idle row */
+    for (int i = ROWS; i < ROWS + MORE; i++) {
+        snprintf(key, sizeof key, "m@cfg:%016x" TAIL "aa", i);
+        CHECK_EQ(tremove(&c, &s, "", key), 0);
+    }
+    CHECK_EQ(tremove(&c, &s, "", "m@cfg:" FPB TAIL "aa"), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    CHECK_EQ(tput(&c, &s, "", "m@cfg:" FPA TAIL "aa", 100), 0);
+    CHECK_EQ(tput(&c, &s, "", "m@cfg:" FPA TAIL "bb", 100), 0);
+    CHECK_EQ(kvp_master_check(c.m), 0);
+    CHECK_EQ(configs(&c, &s, &r), 0);
+    CHECK_EQ(r.n, ROWS);
+    CHECK(config_row(&r, "default", "", "") == NULL);
+    const kvp_config_stat *a = config_row(&r, "default", "m", FPA);
+    CHECK(a && a->objects == 2 && a->bytes == 200);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}

@@ -352,8 +352,8 @@ TEST(roundtrip_every_message)
             n++;
         }
     }
-    CHECK_EQ(n, 69); /* every kind, SEG_FREED, REPLICA_BAD, the SSD tier's, blocks', the
-                        heartbeat's report, UCX_ATTACH and EXIST_LEASE included */
+    CHECK_EQ(n, 72); /* every kind, SEG_FREED, REPLICA_BAD, the SSD tier's, blocks', the
+                        heartbeat's report, UCX_ATTACH, EXIST_LEASE and CONFIGS included */
 }
 
 TEST(decoded_bytes_borrow_from_body)
@@ -517,7 +517,7 @@ TEST(hostile_counts)
     static const struct { int kind; size_t off; } at[] = {
         {PC_mount, 0}, {PC_ids, 0}, {PC_results, 0}, {PC_keys, 12}, {PC_put_start, 36},
         {PC_put_start_resp, 0}, {PC_put_end, 5}, {PC_get_resp, 4}, {PC_remove, 13},
-        {PC_stats_resp, 0}, {PC_seg_info_resp, 0},
+        {PC_stats_resp, 0}, {PC_seg_info_resp, 0}, {PC_configs_resp, 0},
     };
     kvp_proto_limits l = lim();
     l.max_batch = UINT32_MAX;
@@ -552,6 +552,36 @@ TEST(hostile_counts)
     put_u32_at(b.data + 4 + 8 + 4 + 11 + 8, 17);
     CHECK_EQ(dec_copy(PC_mount, b.data, b.len, &l, ARENA_CAP), KVP_EPROTOCOL);
     kvp_buf_free(&b);
+}
+
+/* CONFIGS rows: a fingerprint is empty (a tenant's "other", then with no
+ * name) or 12..32 lower-case hex digits; anything else is refused. */
+TEST(configs_resp_fingerprints)
+{
+    kvp_proto_limits l = lim();
+    static const struct {
+        const char *name, *fp;
+        int ok;
+    } cases[] = {
+        {"m", "0123456789ab", 1},
+        {"m", "0123456789abcdef0123456789abcdef", 1},
+        {"", "", 1},
+        {"m", "0123456789a", 0},
+        {"m", "0123456789abcdef0123456789abcdef0", 0},
+        {"m", "0123456789ABCDEF", 0},
+        {"m", "0123456789abcdeg", 0},
+        {"m", "", 0}, /* a name needs a fingerprint */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvp_config_stat c = {PC_B("t"), {(const uint8_t *)cases[i].name, (uint32_t)strlen(cases[i].name)},
+                             {(const uint8_t *)cases[i].fp, (uint32_t)strlen(cases[i].fp)}, 1, 2};
+        kvp_buf b;
+        kvp_buf_init(&b, 1 << 20);
+        kvp_enc_configs_resp(&b, &(kvp_msg_configs_resp){1, &c});
+        CHECK_EQ(dec_copy(PC_configs_resp, b.data, b.len, &l, ARENA_CAP),
+                 cases[i].ok ? 0 : KVP_EPROTOCOL);
+        kvp_buf_free(&b);
+    }
 }
 
 /* Encodes a keys body with one key of `klen` bytes into b. */

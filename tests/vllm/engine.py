@@ -833,16 +833,19 @@ class _Plan:
 
 def _plan(kv_transfer_config: dict | None, *, mode: str, num_blocks: int, block_size: int, max_num_seqs: int,
           max_num_batched_tokens: int, max_model_len: int, async_scheduling: bool, tp_size: int,
-          tp_rank: int, kv_events: bool = False, pp_size: int = 1) -> _Plan:
+          tp_rank: int, kv_events: bool = False, pp_size: int = 1, dtype: str = "float32",
+          model_path: str | None = None) -> _Plan:
     """VllmConfig + KV cache configs, computed as EngineCore._initialize_kv_caches does."""
     vc = tiny_models.build_vllm_config(
         kv_transfer_config, mode=mode, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-        async_scheduling=async_scheduling, tp_size=tp_size, tp_rank=tp_rank, kv_events=kv_events, pp_size=pp_size)
+        async_scheduling=async_scheduling, tp_size=tp_size, tp_rank=tp_rank, kv_events=kv_events, pp_size=pp_size,
+        dtype=dtype, model_path=model_path)
     vc.cache_config.num_gpu_blocks_override = num_blocks
     register_all_kvcache_specs(vc)
     world = tp_size * pp_size
-    all_specs = [tiny_models.kv_cache_specs(mode, block_size, tp_size, pp_rank=r // tp_size, pp_size=pp_size)
+    all_specs = [tiny_models.kv_cache_specs(mode, block_size, tp_size, pp_rank=r // tp_size, pp_size=pp_size,
+                                            dtype=dtype)
                  for r in range(world)]
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
     supported = [[lay.name for lay in CPUAttentionBackend.supported_kv_cache_layouts()]] * world
@@ -942,7 +945,8 @@ def make_worker(kv_transfer_config: dict | None, *, mode: str = "full", num_bloc
                 block_size: int = 16, max_num_seqs: int = 8, max_num_batched_tokens: int = 256,
                 max_model_len: int = -1, async_scheduling: bool = False, tp_size: int = 1, tp_rank: int = 0,
                 dist_init_method: str | None = None, engine_id: str | None = None,
-                verify: str = "all", kv_events: bool = False, pp_size: int = 1) -> Worker:
+                verify: str = "all", kv_events: bool = False, pp_size: int = 1, dtype: str = "float32",
+                model_path: str | None = None) -> Worker:
     """A worker-only half (one TP rank), for a process fed pickled SchedulerOutputs.
 
     Pass the same configuration as the scheduler's ``make_engine`` call; the KV
@@ -956,7 +960,7 @@ def make_worker(kv_transfer_config: dict | None, *, mode: str = "full", num_bloc
     plan = _plan(kv_transfer_config, mode=mode, num_blocks=num_blocks, block_size=block_size,
                  max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                  max_model_len=max_model_len, async_scheduling=async_scheduling, tp_size=tp_size, tp_rank=tp_rank,
-                 kv_events=kv_events, pp_size=pp_size)
+                 kv_events=kv_events, pp_size=pp_size, dtype=dtype, model_path=model_path)
     return _build_worker(plan, mode=mode, tp_size=tp_size, tp_rank=tp_rank, init_method=dist_init_method,
                          engine_id=engine_id, verify=verify, pp_size=pp_size)
 
@@ -1555,7 +1559,8 @@ def make_engine(kv_transfer_config: dict | None, *, mode: str = "full", num_bloc
                 block_size: int = 16, max_num_seqs: int = 8, max_num_batched_tokens: int = 256,
                 async_scheduling: bool = False, tp_size: int = 1, tp_rank: int = 0,
                 worker: bool = True, max_model_len: int = -1, pickle_io: bool = True,
-                verify: str = "all", kv_events: bool = False, pp_size: int = 1) -> Engine:
+                verify: str = "all", kv_events: bool = False, pp_size: int = 1, dtype: str = "float32",
+                model_path: str | None = None) -> Engine:
     """Build vLLM's scheduler + the workers of every TP rank for the tiny model.
 
     ``kv_transfer_config``: kwargs of vLLM's ``KVTransferConfig`` or None (no connector).
@@ -1569,16 +1574,18 @@ def make_engine(kv_transfer_config: dict | None, *, mode: str = "full", num_bloc
     every running request after each step), "loads" (only the loaded ranges:
     after an async load finishes / after the step that consumed a sync load),
     "none" (a benchmark).
+    ``dtype``: the model's (and the attention KV's) dtype; ``model_path``: a
+    directory of its own holding the tiny ``config.json`` (tiny_models).
     """
     if verify not in ("all", "loads", "none"):
         raise ValueError(f"verify must be all|loads|none, not {verify!r}")
     kwargs = dict(kv_transfer_config=copy.deepcopy(kv_transfer_config), mode=mode, num_blocks=num_blocks,
                   block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                   max_model_len=max_model_len, async_scheduling=async_scheduling, tp_size=tp_size,
-                  kv_events=kv_events, pp_size=pp_size)
+                  kv_events=kv_events, pp_size=pp_size, dtype=dtype, model_path=model_path)
     plan = _plan(kv_transfer_config, mode=mode, num_blocks=num_blocks, block_size=block_size,
                  max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                  max_model_len=max_model_len, async_scheduling=async_scheduling, tp_size=tp_size, tp_rank=tp_rank,
-                 kv_events=kv_events, pp_size=pp_size)
+                 kv_events=kv_events, pp_size=pp_size, dtype=dtype, model_path=model_path)
     return Engine(plan, mode=mode, tp_size=tp_size, tp_rank=tp_rank, worker=worker, pickle_io=pickle_io,
                   verify=verify, make_kwargs=kwargs, pp_size=pp_size)

@@ -145,6 +145,50 @@ def test_two_engine_processes_share_one_pool(pool: kvpool_procs.Proc) -> None:
         b.shutdown()
 
 
+def _own_prefixes_only(master: str, a_kw: dict[str, Any], b_kw: dict[str, Any]) -> None:
+    """Engines A and B (configurations a_kw, b_kw) on one pool: B finds none of
+    A's blocks; each, run again, finds its own."""
+    engines = []
+    try:
+        a = run(E.make_engine(kvt(master), **a_kw), [("a0", PROMPT, 3)])
+        engines.append(a)
+        b = run(E.make_engine(kvt(master), **b_kw), [("b0", PROMPT + [7, 8], 3)])
+        engines.append(b)
+        assert a.loaded_tokens == 0 and b.loaded_tokens == 0  # no cross load
+        assert agg_stats(b)["store_keys"] >= 6  # B stored its own blocks beside A's
+        a2 = run(E.make_engine(kvt(master), **a_kw), [("a1", PROMPT + [9], 3)])
+        engines.append(a2)
+        b2 = run(E.make_engine(kvt(master), **b_kw), [("b1", PROMPT + [9], 3)])
+        engines.append(b2)
+        assert a2.external_tokens["a1"] == [HIT] and b2.external_tokens["b1"] == [HIT]
+        assert a2.verified_bytes > 0 and b2.verified_bytes > 0
+    finally:
+        for e in engines:
+            e.shutdown()
+
+
+@pytest.mark.parametrize("dtypes", [("bfloat16", "float16"), ("float32", "bfloat16")])
+def test_engines_of_other_dtypes_never_load_each_others_blocks(pool: kvpool_procs.Proc,
+                                                                 dtypes: tuple[str, str]) -> None:
+    """The model (and KV) dtype is in the configuration fingerprint of every
+    key: bfloat16 and float16 blocks have the same size, and would otherwise
+    load into each other."""
+    _own_prefixes_only(pool.addr, {"dtype": dtypes[0]}, {"dtype": dtypes[1]})
+
+
+def test_two_weight_sets_under_one_directory_name(pool: kvpool_procs.Proc, tmp_path: Path) -> None:
+    """Two models in directories named alike (keys name the basename) with
+    other weight files: the weights' fingerprint keeps them apart."""
+    dirs = []
+    for name in ("a", "b"):
+        d = tmp_path / name / "tiny-llama"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps(E.tiny_models.TINY_LLAMA))
+        (d / "model.safetensors").write_bytes(os.urandom(1 << 16))
+        dirs.append(str(d))
+    _own_prefixes_only(pool.addr, {"model_path": dirs[0]}, {"model_path": dirs[1]})
+
+
 def test_preemption_and_resume(pool: kvpool_procs.Proc) -> None:
     """Few blocks: vLLM preempts under pressure, the preempted request resumes
     (re-prefilling from the pool or recomputing) and every byte stays right."""

@@ -105,16 +105,18 @@ def pp_layers(num_layers: int, pp_rank: int, pp_size: int) -> range:
     return range(start, end)
 
 
-def kv_cache_specs(mode: str, block_size: int, tp_size: int, pp_rank: int = 0, pp_size: int = 1) -> dict[str, Any]:
+def kv_cache_specs(mode: str, block_size: int, tp_size: int, pp_rank: int = 0, pp_size: int = 1,
+                   dtype: str = "float32") -> dict[str, Any]:
     """The per-layer KV cache specs one worker reports (layer name -> spec): a TP
-    shard of the layers of pipeline stage ``pp_rank``."""
-    specs = _all_specs(mode, block_size, tp_size)
+    shard of the layers of pipeline stage ``pp_rank``; attention KV of ``dtype``
+    (the model's, as with ``cache_dtype="auto"``)."""
+    specs = _all_specs(mode, block_size, tp_size, dtype)
     names = model_shape(mode).layer_names
     keep = {names[i] for i in pp_layers(len(names), pp_rank, pp_size)}
     return {n: s for n, s in specs.items() if n in keep}
 
 
-def _all_specs(mode: str, block_size: int, tp_size: int) -> dict[str, Any]:
+def _all_specs(mode: str, block_size: int, tp_size: int, dtype: str = "float32") -> dict[str, Any]:
     import torch
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
@@ -129,24 +131,24 @@ def _all_specs(mode: str, block_size: int, tp_size: int) -> dict[str, Any]:
         raise ValueError(f"tp_size {tp_size} does not divide {heads} KV heads")
     kvh = heads // tp_size
     hs = TINY_LLAMA["head_dim"]
-    f32 = torch.float32
+    kvd = getattr(torch, dtype)  # attention KV: the model dtype (cache_dtype "auto")
     l0, l1 = shape.layer_names
     if mode == "full":
-        return {n: FullAttentionSpec(block_size=block_size, num_kv_heads=kvh, head_size=hs, dtype=f32)
+        return {n: FullAttentionSpec(block_size=block_size, num_kv_heads=kvh, head_size=hs, dtype=kvd)
                 for n in shape.layer_names}
     if mode == "swa":
         return {
-            l0: FullAttentionSpec(block_size=block_size, num_kv_heads=kvh, head_size=hs, dtype=f32),
-            l1: SlidingWindowSpec(block_size=block_size, num_kv_heads=kvh, head_size=hs, dtype=f32,
+            l0: FullAttentionSpec(block_size=block_size, num_kv_heads=kvh, head_size=hs, dtype=kvd),
+            l1: SlidingWindowSpec(block_size=block_size, num_kv_heads=kvh, head_size=hs, dtype=kvd,
                                   sliding_window=SLIDING_WINDOW),
         }
     if mode == "mla":
-        return {n: MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=64, dtype=f32)
+        return {n: MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=64, dtype=kvd)
                 for n in shape.layer_names}
     # mamba
     return {
-        l0: FullAttentionSpec(block_size=block_size, num_kv_heads=kvh, head_size=hs, dtype=f32),
-        l1: MambaSpec(block_size=block_size * (2 if mode == "mamba2x" else 1), shapes=((64,), (256,)), dtypes=(f32, f32),
+        l0: FullAttentionSpec(block_size=block_size, num_kv_heads=kvh, head_size=hs, dtype=kvd),
+        l1: MambaSpec(block_size=block_size * (2 if mode == "mamba2x" else 1), shapes=((64,), (256,)), dtypes=(torch.float32, torch.float32),
                       mamba_cache_mode="align"),
     }
 
@@ -165,6 +167,8 @@ def build_vllm_config(
     enable_prefix_caching: bool = True,
     kv_events: bool = False,
     pp_size: int = 1,
+    dtype: str = "float32",
+    model_path: str | None = None,
 ) -> Any:
     """A ``VllmConfig`` for the tiny model on the CPU device.
 
@@ -173,6 +177,8 @@ def build_vllm_config(
     ``parallel_config.rank`` is set to ``tp_rank``, the rank in the world of
     ``tp_size * pp_size`` (what a worker process has).
     ``kv_events``: KV cache events on (``KVEventsConfig``, the null publisher).
+    ``dtype``: the model's dtype; ``model_path``: another directory holding the
+    tiny ``config.json`` (default ``model_dir()``).
     """
     from vllm.config import (
         CacheConfig,
@@ -186,7 +192,7 @@ def build_vllm_config(
     )
 
     model_shape(mode)  # validates mode
-    mc = ModelConfig(model=model_dir(), skip_tokenizer_init=True, dtype="float32", seed=0,
+    mc = ModelConfig(model=model_path or model_dir(), skip_tokenizer_init=True, dtype=dtype, seed=0,
                      max_model_len=max_model_len)
     sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                          max_model_len=mc.max_model_len, enable_chunked_prefill=True,
