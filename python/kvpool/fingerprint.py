@@ -115,10 +115,15 @@ def _edge_digest(path: str, size: int) -> str:
 
 
 def _weight_files(path: str) -> list[str]:
+    """The weight files under path (in subdirectories too, as some checkpoints
+    lay them out), sorted by their path relative to it."""
     if os.path.isfile(path):
         return [path]
-    names = sorted(n for n in os.listdir(path) if n.endswith(_WEIGHT_SUFFIXES))
-    return [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]
+    out = []
+    for d, dirs, names in os.walk(path, followlinks=True):
+        dirs[:] = sorted(x for x in dirs if not x.startswith("."))
+        out += [os.path.join(d, n) for n in names if n.endswith(_WEIGHT_SUFFIXES)]
+    return sorted((f for f in out if os.path.isfile(f)), key=lambda f: os.path.relpath(f, path))
 
 
 def _hub_snapshot(model: str, revision: str | None) -> str | None:
@@ -157,7 +162,8 @@ def weights_fingerprint(model: str, revision: str | None = None) -> dict[str, An
     for f in files:
         st = os.stat(f)  # a symlink (the HF cache's blobs) is followed
         total += st.st_size
-        h.update(_canon([os.path.basename(f), st.st_size, _edge_digest(f, st.st_size)]).encode())
+        name = os.path.relpath(f, path) if os.path.isdir(path) else os.path.basename(f)
+        h.update(_canon([name, st.st_size, _edge_digest(f, st.st_size)]).encode())
     out = {"source": source, "files": len(files), "bytes": total, "digest": h.hexdigest()}
     with _weights_lock:
         _weights_cache[key] = out

@@ -175,20 +175,23 @@ TESTED_VLLM = ("0.32.0", "0.33.0")
 
 
 def _has(mod: str, path: str) -> bool:
+    """Whether module mod has the attribute path (dots between names); a
+    dataclass field without a class default counts (inherited ones too)."""
+    import dataclasses
     import importlib
 
     try:
         obj: Any = importlib.import_module(mod)
     except ImportError:
         return False
-    for part in path.split("."):
+    parts = path.split(".")
+    for i, part in enumerate(parts):
         if hasattr(obj, part):
             obj = getattr(obj, part)
             continue
-        fields = getattr(obj, "__dataclass_fields__", None) or {}
-        if part not in fields and part not in getattr(obj, "__annotations__", {}):
-            return False
-        return True  # a dataclass field without a class default
+        fields = {f.name for f in dataclasses.fields(obj)} \
+            if isinstance(obj, type) and dataclasses.is_dataclass(obj) else set()
+        return part in fields and i == len(parts) - 1
     return True
 
 
@@ -209,6 +212,11 @@ def check_vllm_api(version: str = vllm.__version__) -> None:
 
 
 _untested_warned = False
+
+
+def check_vllm_version(version: str = vllm.__version__) -> None:
+    """The former name of check_vllm_api (kept for callers of earlier releases)."""
+    check_vllm_api(version)
 
 
 def _warn_untested(version: str) -> None:
@@ -763,12 +771,13 @@ class _Worker:
         if self._w is None:
             return None
         d = self._w.take_stats()
-        # the pool's availability: reported when it changed, when something was done
-        # without the pool, or alongside the other counters (refreshing the gauge)
+        # the pool's availability: reported on every call while this rank is without
+        # the pool (so the max over ranks never reads 0 while one is down), when it
+        # changed, when something was done without it, or alongside the other counters
         st = self._w.pool_status()
         pool = {f: int(st[f]) - self._pool_seen[f] for f in _POOL_COUNTERS}
         unavailable = 0 if st["available"] else 1
-        if d or any(pool.values()) or unavailable != self._pool_unavailable:
+        if d or any(pool.values()) or unavailable or unavailable != self._pool_unavailable:
             self._pool_seen = {f: int(st[f]) for f in _POOL_COUNTERS}
             self._pool_unavailable = unavailable
             d = dict(d or {}, pool=dict(pool, unavailable=unavailable))

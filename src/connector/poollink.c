@@ -37,7 +37,7 @@ struct kvp_plink {
     char *config;       /* kvp_client_open's argument (NULL: the environment's file) */
     char master[256];   /* the configured master, for the log */
     kvp_client *client; /* NULL while DETACHED (see invariants) */
-    int up;             /* atomic: state == ST_UP */
+    int up;             /* atomic: the client is handed out (UP, SUSPECT) */
 
     pthread_mutex_t mu;
     pthread_cond_t cv; /* CLOCK_MONOTONIC: the link thread's waits */
@@ -78,11 +78,15 @@ static void master_name(kvp_plink *p)
     kvp_free(c);
 }
 
-/* Caller holds mu: the link leaves UP (st: DETACHED, SUSPECT). */
+/* Caller holds mu: the link leaves UP (st: DETACHED, SUSPECT). A SUSPECT
+ * link keeps handing out its client until the probe confirms the outage: one
+ * failed call (a timeout, a dead storage node failing every key) must not
+ * fail the loads that start meanwhile while the pool is fine. */
 static void leave_up_locked(kvp_plink *p, enum state st, int rc)
 {
     p->state = st;
-    __atomic_store_n(&p->up, 0, __ATOMIC_RELEASE);
+    if (st != ST_SUSPECT)
+        __atomic_store_n(&p->up, 0, __ATOMIC_RELEASE);
     p->since_ms = kvp_now_ms();
     p->last_rc = rc;
     p->logged_rc = 0;
@@ -119,6 +123,7 @@ static void retry_failed_locked(kvp_plink *p, int rc, const char *err)
 {
     if (p->state == ST_SUSPECT) {
         p->state = ST_DOWN;
+        __atomic_store_n(&p->up, 0, __ATOMIC_RELEASE);
         __atomic_add_fetch(&p->outages, 1, __ATOMIC_RELAXED);
         p->logged_rc = rc;
         KVP_WARN(MOD, "pool unreachable (master %s: %s): the engine carries on without it -- "
@@ -267,6 +272,8 @@ void kvp_plink_close(kvp_plink *p)
     if (p->client)
         kvp_client_close(p->client);
     kvp_free(p->bufs);
+    if (p->config)
+        explicit_bzero(p->config, strlen(p->config)); /* it may hold tokens */
     kvp_free(p->config);
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);

@@ -15,7 +15,9 @@
  *             to UP without a word (a dead storage node fails the same way
  *             while the master is fine); one that is not confirms the outage.
  *   DOWN      the outage is confirmed.
- * kvp_plink_client() hands out the client in UP only; in every other state
+ * kvp_plink_client() hands out the client in UP and SUSPECT (one failed
+ * call must not fail the loads that start while the probe runs); in
+ * DETACHED and DOWN
  * the worker does without the pool: a lookup answers 0, a store job is
  * skipped, a load job fails at once (its blocks are reported, the engine
  * recomputes them), each counted (kvp_plink_skipped). None of them waits.
@@ -25,8 +27,8 @@
  * kvp_plink_close: DETACHED reopens the client (kvp_client_open, bounded by
  * the configuration's rpc_timeout), registers the buffers recorded so far
  * and publishes it; SUSPECT / DOWN send one EXIST of one key through the
- * client (which reconnects, to a restarted master too: a new HELLO). Any
- * answer means UP again, and the back-off starts over.
+ * client (which reconnects, to a restarted master too: a new HELLO). An
+ * answer that is not an error means UP again, and the back-off starts over.
  *
  * Log (never one line per request): DETACHED at open is one warning naming
  * the master and that the engine runs without the pool; a confirmed outage
@@ -67,7 +69,8 @@ int kvp_plink_open(const char *store_config, kvp_plink **out, char *err, size_t 
  * configuration's rpc_timeout), closes the client. NULL ok. */
 void kvp_plink_close(kvp_plink *p);
 
-/* The client when the pool is available (UP), else NULL. Lock-free. */
+/* The client unless the pool is known unavailable (UP, SUSPECT), else NULL.
+ * Lock-free. */
 kvp_client *kvp_plink_client(kvp_plink *p);
 /*
  * How many times the pool became available: 1 after an open that reached

@@ -163,6 +163,7 @@ struct kvp_worker {
                         worker puts none: not rank 0 of a storing role) */
     char *cfg_desc;
     uint64_t cfg_epoch; /* atomic: the link epoch it was last put in */
+    uint64_t cfg_next_ms; /* atomic: when it is put again (put_config_object) */
     struct kvp_coord *coord;
     uint32_t L, H;
     size_t ng;
@@ -784,22 +785,29 @@ static int boundary_puts(kvp_worker *w, const job *j)
     return ok;
 }
 
+/* Every CFG_REPUT_MS the descriptor is put again (a copy there is kept): its
+ * soft pin ends after the master's soft_pin_ttl (30 min by default) and a
+ * master restarted between two calls (the client reconnects within one call,
+ * so the link never left UP) has lost it. */
+#define CFG_REPUT_MS (10u * 60 * 1000)
+
 /* The configuration descriptor (kvpool stat's description of the
  * configurations a pool holds), put by the worker of rank 0 of a storing
- * role, soft-pinned, once per link epoch (kvp_plink_epoch: at the first
- * store job after the pool became available -- at open, at an attach after a
- * DETACHED start, after an outage, when a restarted pool has lost it), with
- * the client c of the caller. A copy already there (this engine's, or one of
- * the same configuration) is kept. Failures are logged; the next epoch tries
- * again. */
+ * role, soft-pinned, with the client c of the caller, at the first store job
+ * of each link epoch (kvp_plink_epoch: at open, at an attach after a
+ * DETACHED start, after an outage) and then every CFG_REPUT_MS. A copy
+ * already there (this engine's, or one of the same configuration) is kept.
+ * Failures are logged; the next epoch or period tries again. */
 static void put_config_object(kvp_worker *w, kvp_client *c)
 {
-    uint64_t ep = kvp_plink_epoch(w->link);
-    uint64_t seen = __atomic_load_n(&w->cfg_epoch, __ATOMIC_ACQUIRE);
-    if (!w->cfg_key || ep == seen ||
-        !__atomic_compare_exchange_n(&w->cfg_epoch, &seen, ep, 0, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_ACQUIRE))
-        return;
+    uint64_t ep = kvp_plink_epoch(w->link), now = kvp_now_ms();
+    uint64_t next = __atomic_load_n(&w->cfg_next_ms, __ATOMIC_ACQUIRE);
+    if (!w->cfg_key ||
+        (ep == __atomic_load_n(&w->cfg_epoch, __ATOMIC_ACQUIRE) && now < next) ||
+        !__atomic_compare_exchange_n(&w->cfg_next_ms, &next, now + CFG_REPUT_MS, 0,
+                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return; /* current, or another thread is putting it */
+    __atomic_store_n(&w->cfg_epoch, ep, __ATOMIC_RELEASE);
     kvp_iov iov = {w->cfg_desc, strlen(w->cfg_desc)};
     const kvp_iov *iovp = &iov;
     size_t niov = 1;
