@@ -34,8 +34,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "tests" / "engine"
-sys.path.insert(0, str(ENGINE))
 sys.path.insert(0, str(ROOT / "tests" / "python"))
+sys.path.insert(0, str(ENGINE))  # first: its conftest, not tests/python's
 import tiny_weights  # noqa: E402
 from conftest import Engines, kv_config, prompt  # noqa: E402
 

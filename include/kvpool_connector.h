@@ -176,7 +176,8 @@ typedef struct kvp_conn_config {
                                  blocks. kvpool.vllm computes it (README, "Use with
                                  vLLM"); another engine chooses its own */
     const char *config_description; /* worker half, with config_fingerprint: text (JSON)
-                                 worker rank 0 of a storing role puts once, soft-pinned,
+                                 worker rank 0 of a storing role puts (at its first store
+                                 once the pool is reachable, then every 10 min), soft-pinned,
                                  under "[cache_prefix@]<model>@cfg:<fp>@kvpool-config"
                                  for people reading the pool; NULL/"" = none; at most
                                  KVP_CONN_DESCRIPTION_MAX bytes */

@@ -1903,9 +1903,10 @@ int kvp_worker_load_failed(kvp_worker *w, kvp_worker_ids *out)
 
 /*
  * The lookup asks EXIST_LEASE (kvp_client_exist_lease): every key it finds
- * in DRAM is leased by the master for lease_ttl, so what it counted is
- * still there when the load's GET comes (the GET takes its own lease; the
- * lookup's expires). $KVPOOL_LOOKUP_LEASE=0 makes it ask plain EXIST, as
+ * in DRAM is held by the master (a read lease), so what it counted is still
+ * there when the load's GET comes: the GET takes the hold over and its
+ * RELEASE ends it; a hold no GET claims ends lease_ttl after the object's
+ * latest lease. $KVPOOL_LOOKUP_LEASE=0 makes it ask plain EXIST, as
  * releases before it did (no lease, no size check): a diagnosis switch, and
  * the "before" of `kvpool bench sim --churn`. Read once per process.
  */

@@ -157,7 +157,9 @@ typedef struct kvp_worker_cfg {
                                        every key gets "@cfg:<fp>" (keys.h) */
     const char *config_description; /* NULL / "" = none; with a fingerprint, rank 0 (all
                                        four ranks 0) of a PRODUCER / BOTH worker puts it
-                                       once at create, soft-pinned, under
+                                       at its first store once the pool is reachable
+                                       (again after each outage, and every 10 min),
+                                       soft-pinned, under
                                        kvp_key_build_config_key's key; a failed put is
                                        logged, never fatal */
 } kvp_worker_cfg;

@@ -3087,6 +3087,12 @@ static void op_get(req *q)
         return;
     }
     int tenant = tenant_find(m, d.tenant);
+    /* room for the whole answer before any hold is granted: a hold must never
+     * be granted for an answer that cannot be sent */
+    if (kvp_buf_reserve(q->out, 64 + (size_t)d.n * KVP_XL_ENT_SIZE) != 0) {
+        reply_status(q, KVP_ENOMEM);
+        return;
+    }
     lk l;
     lk_init(&l, m, tenant, d.keys, d.n);
     size_t off = reply_begin(q);
@@ -3207,6 +3213,12 @@ static void op_exist_lease(req *q)
         return;
     }
     int tenant = tenant_find(m, d.tenant);
+    /* room for the whole answer before any hold is granted: a hold must never
+     * be granted for an answer that cannot be sent */
+    if (kvp_buf_reserve(q->out, 64 + (size_t)d.n * KVP_XL_ENT_SIZE) != 0) {
+        reply_status(q, KVP_ENOMEM);
+        return;
+    }
     lk l;
     lk_init(&l, m, tenant, d.keys, d.n);
     size_t off = reply_begin(q);
