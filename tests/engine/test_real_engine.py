@@ -119,11 +119,11 @@ def test_preemption_with_the_scheduler_and_worker_apart(
     requests), the worker in a process of its own (executor "mp"), hits and
     misses mixed."""
     kv = kv_config(pool.addr)
-    engines.run(llama, [{"name": "store", "prompts": [P1, P2], "max_tokens": MAX_TOKENS}], kv=kv)
     prompts = [P1, P2, P3, P2_PARTIAL]
     # 4 requests need 10 + 8 + 7 + 9 blocks with their 48 new tokens: 24 blocks
     # do not hold them, one request does fit
-    r = engines.run(llama, [{"name": "batch", "prompts": prompts, "max_tokens": 48}],
+    r = engines.run(llama, [{"name": "store", "prompts": [P1, P2], "max_tokens": MAX_TOKENS},
+                            {"name": "batch", "prompts": prompts, "max_tokens": 48}],
                     kv=kv, executor="mp", multiproc=True, num_blocks=24, max_model_len=512)
     ref = engines.run(llama, [{"name": "batch", "prompts": prompts, "max_tokens": 48}])
     assert r.tokens("batch") == ref.tokens("batch")
