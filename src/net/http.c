@@ -184,8 +184,10 @@ static void on_conn(void *cls, struct MHD_Connection *c, void **socket_context,
     kvp_http *h = cls;
     pthread_mutex_lock(&h->mu);
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-        const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-        const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        const union MHD_ConnectionInfo *fi =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ai =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
         conn_slot *s = NULL;
         for (size_t i = 0; i < MHD_CONNS && !s; i++)
             if (!h->slots[i].used)
@@ -215,7 +217,8 @@ static void on_conn(void *cls, struct MHD_Connection *c, void **socket_context,
 
 static conn_slot *slot_of(struct MHD_Connection *c)
 {
-    const union MHD_ConnectionInfo *i = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    const union MHD_ConnectionInfo *i =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return i ? i->socket_context : NULL;
 }
 
@@ -264,7 +267,11 @@ static void *watch_main(void *arg)
  * request target before libmicrohttpd splits the query; a query of more
  * than MAX_ARGS arguments is cut there (emptied, in libmicrohttpd's own
  * read buffer, which the URI points into) and the request is marked, so
- * that on_request answers 400. The mark becomes the request's *req_cls. */
+ * that on_request answers 400. The mark becomes the request's *req_cls.
+ * This leans on libmicrohttpd (0.9.75) calling the URI callback with its
+ * own buffer before splitting the query there; a version that did not
+ * would leave the query alone and hang again, which
+ * too_many_query_arguments_are_answered_at_once (test_http.c) catches. */
 static char too_many_args;
 
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)

@@ -933,7 +933,8 @@ TEST(too_many_query_arguments_are_answered_at_once)
     CHECK(req != NULL);
     int o = snprintf(req, cap, "GET /healthz?");
     memset(req + o, '&', n - 1);
-    snprintf(req + o + n - 1, cap - (size_t)o - n + 1, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    snprintf(req + o + n - 1, cap - (size_t)o - n + 1,
+             " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
     uint64_t t0 = kvp_now_ms();
     CHECK_EQ(ask_from(1, port, req), 400);
     CHECK(kvp_now_ms() - t0 < 1500);
