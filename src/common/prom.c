@@ -1,6 +1,8 @@
 /* prom.c -- Prometheus text exposition writer and lock-free histograms. */
 #include "common/prom.h"
 
+#include "common/csum.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -39,43 +41,74 @@ void kvp_prom_f64(kvp_buf *b, const char *name, const char *labels, double v)
         kvp_buf_printf(b, "%s %s\n", name, num);
 }
 
-void kvp_prom_label(char *out, size_t cap, const char *k, const void *v, size_t len)
+/* One byte of a label value as the exposition writes it: 1 or 2 bytes in
+ * e[]; *lossy when the byte was replaced (not printable ASCII) or is the
+ * hash separator, so that the written form alone no longer names it. */
+static size_t esc_byte(uint8_t b, char e[2], int *lossy)
+{
+    if (b == '\\' || b == '"' || b == '\n') {
+        e[0] = '\\';
+        e[1] = b == '\n' ? 'n' : (char)b;
+        return 2;
+    }
+    if (b < 0x20 || b > 0x7e) {
+        *lossy = 1;
+        e[0] = '?';
+        return 1;
+    }
+    if (b == '~')
+        *lossy = 1;
+    e[0] = (char)b;
+    return 1;
+}
+
+int kvp_prom_label(char *out, size_t cap, const char *k, const void *v, size_t len)
 {
     if (cap == 0)
-        return;
+        return -1;
     size_t o = strnlen(out, cap - 1);
+    out[o] = '\0';
     const uint8_t *p = v;
-    /* the pair's fixed part: [,]k=" and the closing quote, all or nothing */
-    size_t klen = strlen(k), fixed = (o ? 1 : 0) + klen + 3;
-    if (o + fixed >= cap) {
-        out[o] = '\0';
-        return;
+    /* the value as written, bounded: verbatim when it is short and
+     * lossless, else a prefix, '~' and the hash of every byte */
+    char val[KVP_PROM_VALUE_MAX + 1], e[2];
+    size_t n = 0, i = 0;
+    int lossy = 0;
+    for (; i < len; i++) {
+        size_t w = esc_byte(p[i], e, &lossy);
+        if (n + w > KVP_PROM_VALUE_MAX)
+            break;
+        memcpy(val + n, e, w);
+        n += w;
     }
+    if (i < len || lossy) {
+        /* the prefix: whole escapes only, room for "~" + 16 hex digits */
+        n = 0;
+        for (size_t j = 0; j < len; j++) {
+            size_t w = esc_byte(p[j], e, &lossy);
+            if (n + w > KVP_PROM_VALUE_MAX - 17)
+                break;
+            memcpy(val + n, e, w);
+            n += w;
+        }
+        n += (size_t)snprintf(val + n, sizeof val - n, "~%016llx",
+                              (unsigned long long)kvp_csum64(v, len));
+    }
+    /* the pair, [,]k="val", all or nothing */
+    size_t klen = strlen(k), need = (o ? 1 : 0) + klen + 3 + n;
+    if (o + need >= cap)
+        return -1;
     if (o)
         out[o++] = ',';
     memcpy(out + o, k, klen);
     o += klen;
     out[o++] = '=';
     out[o++] = '"';
-    for (size_t i = 0; i < len; i++) {
-        char c = (char)p[i], esc = 0;
-        if (c == '\\' || c == '"')
-            esc = c;
-        else if (c == '\n')
-            esc = 'n';
-        else if (p[i] < 0x20 || p[i] > 0x7e)
-            c = '?';
-        size_t need = esc ? 2 : 1;
-        if (o + need + 1 >= cap) /* + the closing quote */
-            break;
-        if (esc) {
-            out[o++] = '\\';
-            c = esc;
-        }
-        out[o++] = c;
-    }
+    memcpy(out + o, val, n);
+    o += n;
     out[o++] = '"';
     out[o] = '\0';
+    return 0;
 }
 
 void kvp_prom_hist_add(kvp_prom_hist *h, uint64_t ns)

@@ -8,7 +8,10 @@
  * constants (base units: _bytes, _seconds, counters end in _total); label
  * values are untrusted text (a segment or tenant name) and are escaped
  * here: backslash, double quote and newline, and any byte that is not
- * printable ASCII becomes '?' so that a hostile name cannot break a line.
+ * printable ASCII becomes '?' so that a hostile name cannot break a line;
+ * a value is bounded (KVP_PROM_VALUE_MAX) without two values ever sharing
+ * a series: one shortened or altered keeps a prefix and gets a hash of
+ * the whole value (kvp_prom_label).
  * Callers keep label cardinality bounded (segments, tenants, ops, codes).
  */
 #ifndef KVP_PROM_H
@@ -20,6 +23,11 @@
 
 #include "common/buf.h"
 
+/* A label value's longest written form, and a pair's with a key of up to
+ * 31 bytes: [,]k="value". */
+#define KVP_PROM_VALUE_MAX 96
+#define KVP_PROM_PAIR_MAX (1 + 31 + 3 + KVP_PROM_VALUE_MAX)
+
 /* The Content-Type of an exposition. */
 #define KVP_PROM_CTYPE "text/plain; version=0.0.4; charset=utf-8"
 
@@ -30,10 +38,20 @@ void kvp_prom_family(kvp_buf *b, const char *name, const char *type, const char 
  * from kvp_prom_label ("k=\"v\",k2=\"v2\""). */
 void kvp_prom_u64(kvp_buf *b, const char *name, const char *labels, uint64_t v);
 void kvp_prom_f64(kvp_buf *b, const char *name, const char *labels, double v);
-/* Appends k="escaped v" (with a leading comma when out is not empty) to
- * the NUL-terminated out of capacity cap; a value that does not fit is cut
- * (the result stays valid). v: len bytes, not NUL-terminated. */
-void kvp_prom_label(char *out, size_t cap, const char *k, const void *v, size_t len);
+/* Appends k="value" (with a leading comma when out is not empty) to the
+ * NUL-terminated out of capacity cap. v: len bytes, not NUL-terminated.
+ * The value is written verbatim (escaped) when that form has at most
+ * KVP_PROM_VALUE_MAX bytes and tells v exactly: every byte printable ASCII
+ * and none a '~'. Otherwise -- a value too long, a byte replaced by '?',
+ * a '~' -- it is written as the longest prefix of that form (whole escapes)
+ * that leaves room for '~' and 16 hex digits of XXH3-64 over all of v, at
+ * most KVP_PROM_VALUE_MAX bytes in all: two values that differ anywhere
+ * give two label values (unless their 64-bit hashes collide; the hash is
+ * not keyed, so that a series keeps its name across restarts), and a
+ * verbatim value never looks like a hashed one. A pair is written whole or
+ * not at all: 0, or -1 with out unchanged when it does not fit (size out
+ * with KVP_PROM_PAIR_MAX per pair and no pair is ever dropped). */
+int kvp_prom_label(char *out, size_t cap, const char *k, const void *v, size_t len);
 
 /*
  * Latency histogram with fixed buckets (10 us .. 10 s, then +Inf), in

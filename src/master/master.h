@@ -179,15 +179,16 @@ void kvp_master_stats(const kvp_master *m, uint64_t out[KVP_STAT__COUNT]);
 /*
  * The pool's picture for the HTTP endpoint (master/status.h): every
  * mounted segment, then every tenant that exists, at most max_* of each
- * (names cut to fit their fields). The service calls it on its loop.
+ * (names whole: both are at most 255 bytes, and two that differ must not
+ * share a metric series). The service calls it on its loop.
  */
 typedef struct kvp_mview_seg {
-    char name[128];
+    char name[256];
     uint64_t id, capacity, used, replicas, largest_free;
     uint64_t disk_capacity, disk_used, disk_objects, disk_bytes;
 } kvp_mview_seg;
 typedef struct kvp_mview_tenant {
-    char name[128];
+    char name[256];
     uint64_t objects, bytes, pool_bytes, max_bytes, max_objects, evictions, refused;
     uint32_t share;
 } kvp_mview_tenant;
@@ -206,7 +207,7 @@ uint32_t kvp_master_view_standbys(const kvp_master *m, kvp_mview_standby *out, u
  * "other" (name and fp empty); at most max; the count written. Names are
  * the master's bytes, cut to fit (the caller cleans them for display). */
 typedef struct kvp_mview_config {
-    char tenant[128];
+    char tenant[256];
     char name[256];
     char fp[33];
     uint64_t objects, bytes;

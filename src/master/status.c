@@ -391,7 +391,7 @@ static void write_segments(kvp_buf *b, const picture *p)
         kvp_prom_family(b, fam[f].name, fam[f].type, fam[f].help);
         for (uint32_t i = 0; i < p->nsegs; i++) {
             const kvp_mview_seg *s = &p->segs[i];
-            char l[256] = "", ld[256];
+            char l[2 * KVP_PROM_PAIR_MAX + 1] = "", ld[sizeof l];
             kvp_prom_label(l, sizeof l, "segment", s->name, strlen(s->name));
             memcpy(ld, l, sizeof l);
             kvp_prom_label(l, sizeof l, "tier", "dram", 4);

@@ -2,12 +2,16 @@
 #include "net/http.h"
 
 #include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/secret.h"
@@ -15,9 +19,18 @@
 #include "net/net.h"
 
 #define MOD "http"
-#define MAX_CONNS 64
-#define PER_ADDR 8
+#define MAX_CONNS 64   /* connections kept; one more evicts a waiting one */
+#define PER_ADDR 8     /* the same, per client address */
+/* libmicrohttpd's own limits sit above ours, so that an evicted connection
+ * it has not closed yet never makes it refuse the newcomer that evicted it;
+ * the connection table has a slot for every connection it may hold */
+#define SLACK 16
+#define MHD_CONNS (MAX_CONNS + SLACK)
+#define MHD_PER_ADDR (PER_ADDR + SLACK)
 #define IDLE_S 10
+#define HDR_MS 5000    /* a request's headers complete within this, or it is closed */
+#define WATCH_MS 200   /* how often the watchdog looks */
+#define MAX_ARGS 64    /* query arguments; more is answered 400 */
 #define CONN_MEM KVP_HTTP_CONN_MEM /* request line + headers; bigger is refused */
 #define BODY_CAP (64u << 20) /* largest answer a handler may write */
 #define CTYPE_TEXT "text/plain; charset=utf-8"
@@ -25,8 +38,26 @@
 #define CSP "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; " \
             "connect-src 'self'; img-src data:; frame-ancestors 'none'"
 
+/* A connection libmicrohttpd holds. Waiting (!in_req): its request line
+ * and headers are not complete yet -- a new connection, or a kept-alive one
+ * between requests -- since t0_ns. Evicted: shut down by us, not yet
+ * closed by libmicrohttpd (fd stays valid until the CLOSED notification,
+ * which frees the slot under the lock before the socket is closed). */
+typedef struct conn_slot {
+    int used, evicted, in_req;
+    int fd;
+    uint64_t t0_ns;
+    struct sockaddr_storage addr;
+} conn_slot;
+
 struct kvp_http {
     struct MHD_Daemon *d;
+    pthread_mutex_t mu; /* guards slots, stop */
+    pthread_cond_t cv;
+    pthread_t watch;
+    int watching, stop;
+    conn_slot slots[MHD_CONNS];
+    _Atomic uint64_t evicted_n, late_n;
     uint16_t port;
     char what[32];
     char token[256];
@@ -71,6 +102,192 @@ static enum MHD_Result answer_text(struct MHD_Connection *c, unsigned status, co
                                    const char *allow, int auth)
 {
     return answer(c, status, text, strlen(text), CTYPE_TEXT, allow, auth);
+}
+
+/* The same client address (port ignored). */
+static int same_addr(const struct sockaddr_storage *a, const struct sockaddr *b)
+{
+    if (a->ss_family != b->sa_family)
+        return 0;
+    if (b->sa_family == AF_INET)
+        return !memcmp(&((const struct sockaddr_in *)(const void *)a)->sin_addr,
+                       &((const struct sockaddr_in *)(const void *)b)->sin_addr,
+                       sizeof(struct in_addr));
+    if (b->sa_family == AF_INET6)
+        return !memcmp(&((const struct sockaddr_in6 *)(const void *)a)->sin6_addr,
+                       &((const struct sockaddr_in6 *)(const void *)b)->sin6_addr,
+                       sizeof(struct in6_addr));
+    return 0;
+}
+
+/* Shuts a connection down; libmicrohttpd sees the end of its stream on its
+ * next poll and closes it. Under h->mu. */
+static void evict(conn_slot *s)
+{
+    shutdown(s->fd, SHUT_RDWR);
+    s->evicted = 1;
+}
+
+/* The accept policy (libmicrohttpd's thread, before the connection is
+ * set up): past MAX_CONNS live connections, or PER_ADDR from this address,
+ * the oldest waiting one (all of them, or this address's) is evicted to
+ * make room; refused only when none is waiting (all are being answered).
+ * A slow sender thus cannot hold a slot against a newcomer whose request
+ * is quick, a probe's: that one is the newest, evicted last. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    kvp_http *h = cls;
+    (void)addrlen;
+    enum MHD_Result ok = MHD_YES;
+    pthread_mutex_lock(&h->mu);
+    size_t live = 0, mine = 0, used = 0;
+    conn_slot *old = NULL, *old_mine = NULL;
+    for (size_t i = 0; i < MHD_CONNS; i++) {
+        conn_slot *s = &h->slots[i];
+        if (!s->used)
+            continue;
+        used++;
+        if (s->evicted)
+            continue;
+        live++;
+        int m = same_addr(&s->addr, addr);
+        mine += (size_t)m;
+        if (s->in_req)
+            continue;
+        if (!old || s->t0_ns < old->t0_ns)
+            old = s;
+        if (m && (!old_mine || s->t0_ns < old_mine->t0_ns))
+            old_mine = s;
+    }
+    if (used >= MHD_CONNS) {
+        ok = MHD_NO; /* evicted ones not closed yet fill the table */
+    } else if (mine >= PER_ADDR) {
+        if (old_mine)
+            evict(old_mine);
+        else
+            ok = MHD_NO;
+    } else if (live >= MAX_CONNS) {
+        if (old)
+            evict(old);
+        else
+            ok = MHD_NO;
+    }
+    if (ok == MHD_YES && (mine >= PER_ADDR || live >= MAX_CONNS))
+        atomic_fetch_add_explicit(&h->evicted_n, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&h->mu);
+    return ok;
+}
+
+static void on_conn(void *cls, struct MHD_Connection *c, void **socket_context,
+                    enum MHD_ConnectionNotificationCode code)
+{
+    kvp_http *h = cls;
+    pthread_mutex_lock(&h->mu);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *fi =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ai =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        conn_slot *s = NULL;
+        for (size_t i = 0; i < MHD_CONNS && !s; i++)
+            if (!h->slots[i].used)
+                s = &h->slots[i];
+        if (s && fi) {
+            memset(s, 0, sizeof *s);
+            s->used = 1;
+            s->fd = fi->connect_fd;
+            s->t0_ns = kvp_now_ns();
+            if (ai && ai->client_addr) {
+                socklen_t al = ai->client_addr->sa_family == AF_INET6
+                                   ? (socklen_t)sizeof(struct sockaddr_in6)
+                                   : (socklen_t)sizeof(struct sockaddr_in);
+                memcpy(&s->addr, ai->client_addr, al);
+            }
+            *socket_context = s;
+        } else if (fi) { /* cannot happen: as many slots as MHD's limit */
+            shutdown(fi->connect_fd, SHUT_RDWR);
+            *socket_context = NULL;
+        }
+    } else if (*socket_context) { /* CLOSED: before libmicrohttpd closes the socket */
+        ((conn_slot *)*socket_context)->used = 0;
+        *socket_context = NULL;
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+static conn_slot *slot_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *i =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return i ? i->socket_context : NULL;
+}
+
+/* A request answered: the connection waits for its next one from now. */
+static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    kvp_http *h = cls;
+    (void)req_cls;
+    (void)toe;
+    conn_slot *s = slot_of(c);
+    if (!s)
+        return;
+    pthread_mutex_lock(&h->mu);
+    s->in_req = 0;
+    s->t0_ns = kvp_now_ns();
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Closes every connection that has waited HDR_MS for its headers, however
+ * it paces its bytes (libmicrohttpd's timeout counts silence only). */
+static void *watch_main(void *arg)
+{
+    kvp_http *h = arg;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stop) {
+        struct timespec ts = kvp_deadline_ms(WATCH_MS);
+        pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+        uint64_t now = kvp_now_ns();
+        for (size_t i = 0; i < MHD_CONNS && !h->stop; i++) {
+            conn_slot *s = &h->slots[i];
+            if (s->used && !s->evicted && !s->in_req &&
+                now - s->t0_ns > (uint64_t)HDR_MS * 1000000u) {
+                evict(s);
+                atomic_fetch_add_explicit(&h->late_n, 1, memory_order_relaxed);
+            }
+        }
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* Too many query arguments: each one costs libmicrohttpd a record in the
+ * connection's memory, and once that is spent it can no longer answer
+ * (the client would wait for the idle timeout). Called with the whole
+ * request target before libmicrohttpd splits the query; a query of more
+ * than MAX_ARGS arguments is cut there (emptied, in libmicrohttpd's own
+ * read buffer, which the URI points into) and the request is marked, so
+ * that on_request answers 400. The mark becomes the request's *req_cls.
+ * This leans on libmicrohttpd (0.9.75) calling the URI callback with its
+ * own buffer before splitting the query there; a version that did not
+ * would leave the query alone and hang again, which
+ * too_many_query_arguments_are_answered_at_once (test_http.c) catches. */
+static char too_many_args;
+
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    (void)cls;
+    (void)c;
+    char *q = strchr(uri, '?');
+    if (!q)
+        return NULL;
+    size_t n = 1;
+    for (const char *p = q + 1; *p && *p != ' '; p++)
+        n += *p == '&';
+    if (n <= MAX_ARGS)
+        return NULL;
+    q[1] = '\0';
+    return &too_many_args;
 }
 
 struct kvp_http_req {
@@ -123,8 +340,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     kvp_http *h = cls;
     (void)version;
     (void)upload;
-    (void)req_cls;
     atomic_fetch_add_explicit(&h->requests, 1, memory_order_relaxed);
+    conn_slot *slot = slot_of(c);
+    if (slot) { /* the headers are in: no longer waiting, not evictable */
+        pthread_mutex_lock(&h->mu);
+        slot->in_req = 1;
+        pthread_mutex_unlock(&h->mu);
+    }
+    if (*req_cls == &too_many_args)
+        return answer_text(c, MHD_HTTP_BAD_REQUEST, "too many query arguments\n", NULL, 0);
     if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
         return answer_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n", "GET, HEAD", 0);
     if (*upload_len) /* a GET with a body: not ours to read */
@@ -203,15 +427,31 @@ int kvp_http_start(const kvp_http_opts *o, kvp_http **out, char *err, size_t err
         kvp_free(h);
         return KVP_EIO;
     }
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&h->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    /* one polling thread: the callbacks below run on it, one at a time */
     h->d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG, 0, on_accept, h,
         on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, /* first: it covers the rest */
         MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)MAX_CONNS, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PER_ADDR,
+        (unsigned)MHD_CONNS, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)MHD_PER_ADDR,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)CONN_MEM, MHD_OPTION_END);
-    if (!h->d) {
-        close(fd);
+        (size_t)CONN_MEM, MHD_OPTION_NOTIFY_CONNECTION, on_conn, h,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_URI_LOG_CALLBACK, on_uri, h,
+        MHD_OPTION_END);
+    if (h->d && pthread_create(&h->watch, NULL, watch_main, h) == 0)
+        h->watching = 1;
+    if (!h->watching) {
+        if (h->d)
+            MHD_stop_daemon(h->d);
+        else
+            close(fd);
+        pthread_cond_destroy(&h->cv);
+        pthread_mutex_destroy(&h->mu);
         snprintf(err, errlen, "http: cannot start the HTTP server on %s", o->listen);
         kvp_free(h);
         return KVP_EIO;
@@ -229,10 +469,27 @@ uint64_t kvp_http_requests(const kvp_http *h)
     return atomic_load_explicit(&h->requests, memory_order_relaxed);
 }
 
+uint64_t kvp_http_evicted(const kvp_http *h)
+{
+    return atomic_load_explicit(&h->evicted_n, memory_order_relaxed);
+}
+
+uint64_t kvp_http_late(const kvp_http *h)
+{
+    return atomic_load_explicit(&h->late_n, memory_order_relaxed);
+}
+
 void kvp_http_stop(kvp_http *h)
 {
     if (!h)
         return;
+    pthread_mutex_lock(&h->mu);
+    h->stop = 1; /* first: no shutdown() of a socket MHD_stop_daemon closes */
+    pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->watch, NULL);
     MHD_stop_daemon(h->d); /* joins the thread, closes the listener */
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
     kvp_free(h);
 }

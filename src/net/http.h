@@ -2,7 +2,8 @@
  * http.h -- the servers' HTTP endpoint (/metrics, /healthz, /readyz, the
  * master's status page), over libmicrohttpd.
  *
- * One thread of its own polls every connection; handlers run on it, one
+ * One thread of its own polls every connection (a second one, a watchdog,
+ * closes connections whose headers are late); handlers run on it, one
  * request at a time, so a handler must be quick and must not block on the
  * server it describes (they read snapshots that the server publishes, see
  * master/status.h; the one exception, /api/kv/lookup, waits at most 2 s
@@ -12,8 +13,20 @@
  * or header past libmicrohttpd's memory per connection (KVP_HTTP_CONN_MEM:
  * with ordinary headers a URL of up to about 130 KB fits; a longer one is
  * answered 414, a long header 431, and within a few hundred bytes of the
- * bound the connection is closed unanswered). Limits: 64 connections, 8
- * per address, 10 s of silence closes a connection.
+ * bound the connection is closed unanswered); a query of more than 64
+ * arguments is answered 400 at once (each costs libmicrohttpd memory of
+ * the connection's; past it, it could not even answer).
+ *
+ * Slots, slow clients (a probe must stay answerable, and the token is only
+ * checked once the headers are in): 64 connections, 8 per address. A
+ * connection that is "waiting" -- its request line and headers not
+ * complete, since it opened or since its previous answer -- is closed 5 s
+ * on, however it paces its bytes, and 10 s of silence closes any. A new
+ * connection past either limit evicts the oldest waiting one (of its
+ * address, or of all), and is refused only when none waits: slow senders
+ * cannot hold every slot against a probe, whose quick request is the
+ * newest and evicted last (only a flood of new connections within the
+ * probe's own round trip could take its place).
  *
  * Credentials follow the other listeners' rules (docs/SECURITY.md): an
  * address beyond loopback needs a token (or `insecure`); once a token is
@@ -79,7 +92,11 @@ int kvp_http_start(const kvp_http_opts *o, kvp_http **out, char *err, size_t err
 uint16_t kvp_http_port(const kvp_http *h);
 /* Requests answered so far (any status). */
 uint64_t kvp_http_requests(const kvp_http *h);
-/* Stops the thread, closes every connection. NULL is a no-op. */
+/* Connections evicted to make room for a newer one, and closed for
+ * headers not complete in time (see above). */
+uint64_t kvp_http_evicted(const kvp_http *h);
+uint64_t kvp_http_late(const kvp_http *h);
+/* Stops the threads, closes every connection. NULL is a no-op. */
 void kvp_http_stop(kvp_http *h);
 
 #endif

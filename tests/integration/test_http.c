@@ -5,13 +5,17 @@
  * /api/kv/lookup, which the HTTP thread hands to the loop and waits for
  * (answers as LOOKUP_HASHES does, bad arguments, a loop that is busy, not
  * running, stopping or a standby's). */
+#include <arpa/inet.h>
+#include <errno.h>
 #include <jansson.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -776,4 +780,171 @@ TEST(a_route_has_one_handler)
     r[0] = (kvp_http_route){.path = "/x", .fn = kvp_mstatus_page, .fn_req = kvp_kvapi_lookup};
     CHECK_EQ(kvp_http_start(&o, &h, err, sizeof err), KVP_EINVALID_PARAMS);
     CHECK(h == NULL && strstr(err, "/x") != NULL);
+}
+
+/* --- slots, slow headers, arguments (a bare endpoint: /healthz, open) --- */
+
+static int ok_fn(void *ctx, kvp_buf *out, const char **ctype)
+{
+    (void)ctx;
+    (void)ctype;
+    kvp_buf_printf(out, "ok\n");
+    return 200;
+}
+
+static kvp_http *bare_up(const char *token)
+{
+    static const kvp_http_route r[] = {{.path = "/healthz", .fn = ok_fn, .open = 1},
+                                       {.path = "/metrics", .fn = ok_fn}};
+    kvp_http_opts o = {.listen = "127.0.0.1:0", .token = token, .what = "master",
+                       .routes = r, .nroutes = 2};
+    kvp_http *h = NULL;
+    char err[512];
+    return kvp_http_start(&o, &h, err, sizeof err) == 0 ? h : NULL;
+}
+
+/* A connection from 127.0.0.<src> to the endpoint; reads time out after
+ * rcv_ms. */
+static int connect_from(int src, uint16_t port, int rcv_ms)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(0x7f000000u | (uint32_t)src);
+    struct timeval tv = {.tv_sec = rcv_ms / 1000, .tv_usec = (rcv_ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in d = {.sin_family = AF_INET, .sin_port = htons(port)};
+    d.sin_addr.s_addr = htonl(0x7f000001u);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) || connect(fd, (struct sockaddr *)&d, sizeof d)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* One request on its own connection from 127.0.0.<src>: the status, or -1
+ * (refused, closed unanswered, or no answer within 2 s). */
+static int ask_from(int src, uint16_t port, const char *req)
+{
+    int fd = connect_from(src, port, 2000);
+    if (fd < 0)
+        return -1;
+    char ans[512];
+    size_t got = 0;
+    ssize_t r;
+    if (send(fd, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req)) {
+        close(fd);
+        return -1;
+    }
+    while (got + 1 < sizeof ans && (r = read(fd, ans + got, sizeof ans - 1 - got)) > 0) {
+        got += (size_t)r;
+        ans[got] = '\0';
+        if (strstr(ans, "\r\n\r\n"))
+            break;
+    }
+    ans[got] = '\0';
+    close(fd);
+    return status_of(ans);
+}
+
+/* 1 when the server closed fd (end of stream or reset), 0 when still open. */
+static int closed_by_server(int fd)
+{
+    char c;
+    ssize_t r = recv(fd, &c, 1, MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+#define PROBE "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+/* 64 connections from 8 addresses, each with an unfinished request: the
+ * probes are answered at once, from a 9th address and from one of theirs,
+ * with a token set (checked only after the headers). */
+TEST(slow_headers_do_not_take_the_probes_slots)
+{
+    kvp_http *h = bare_up("sekrit");
+    CHECK(h != NULL);
+    uint16_t port = kvp_http_port(h);
+    int fds[64];
+    for (int i = 0; i < 64; i++) {
+        fds[i] = connect_from(2 + i % 8, port, 100);
+        CHECK(fds[i] >= 0);
+        const char *part = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+        CHECK_EQ(send(fds[i], part, strlen(part), MSG_NOSIGNAL), (ssize_t)strlen(part));
+    }
+    usleep(200 * 1000); /* the server has taken them all in */
+    uint64_t t0 = kvp_now_ms();
+    CHECK_EQ(ask_from(1, port, PROBE), 200);
+    CHECK_EQ(ask_from(3, port, PROBE), 200);
+    CHECK_EQ(ask_from(10, port,
+                      "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit\r\n"
+                      "Connection: close\r\n\r\n"), 200);
+    CHECK(kvp_now_ms() - t0 < 1500);
+    CHECK(kvp_http_evicted(h) >= 2);
+    int closed = 0;
+    for (int i = 0; i < 64; i++) {
+        closed += closed_by_server(fds[i]);
+        close(fds[i]);
+    }
+    CHECK(closed >= 2); /* the oldest waiting ones made room */
+    kvp_http_stop(h);
+}
+
+/* A request whose headers trickle in, a line every 400 ms (never 10 s of
+ * silence): closed about 5 s after it opened, not served forever. A kept
+ * alive connection is not closed while it is answered. */
+TEST(headers_have_a_deadline_however_paced)
+{
+    kvp_http *h = bare_up(NULL);
+    CHECK(h != NULL);
+    uint16_t port = kvp_http_port(h);
+    int fd = connect_from(1, port, 100);
+    CHECK(fd >= 0);
+    uint64_t t0 = kvp_now_ms(), closed_at = 0;
+    const char *line0 = "GET /healthz HTTP/1.1\r\n";
+    CHECK(send(fd, line0, strlen(line0), MSG_NOSIGNAL) > 0);
+    for (int i = 0; kvp_now_ms() - t0 < 8000; i++) {
+        usleep(400 * 1000);
+        char hl[64];
+        snprintf(hl, sizeof hl, "X-Slow-%d: 1\r\n", i);
+        if (closed_by_server(fd) || send(fd, hl, strlen(hl), MSG_NOSIGNAL) < 0) {
+            closed_at = kvp_now_ms() - t0;
+            break;
+        }
+    }
+    close(fd);
+    CHECK(closed_at >= 4500 && closed_at < 7000);
+    CHECK(kvp_http_late(h) >= 1);
+    CHECK_EQ(ask_from(1, port, PROBE), 200);
+    kvp_http_stop(h);
+}
+
+/* A query of 20,000 empty arguments is answered 400 at once (it used to
+ * spend the connection's memory and wait for the idle timeout); 64 are
+ * served. */
+TEST(too_many_query_arguments_are_answered_at_once)
+{
+    kvp_http *h = bare_up(NULL);
+    CHECK(h != NULL);
+    uint16_t port = kvp_http_port(h);
+    size_t n = 20000, cap = n + 128;
+    char *req = malloc(cap);
+    CHECK(req != NULL);
+    int o = snprintf(req, cap, "GET /healthz?");
+    memset(req + o, '&', n - 1);
+    snprintf(req + o + n - 1, cap - (size_t)o - n + 1,
+             " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    uint64_t t0 = kvp_now_ms();
+    CHECK_EQ(ask_from(1, port, req), 400);
+    CHECK(kvp_now_ms() - t0 < 1500);
+    o = snprintf(req, cap, "GET /healthz?");
+    for (int i = 0; i < 64; i++)
+        o += snprintf(req + o, cap - (size_t)o, "%sa=%d", i ? "&" : "", i);
+    snprintf(req + o, cap - (size_t)o, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    CHECK_EQ(ask_from(1, port, req), 200);
+    snprintf(req + o, cap - (size_t)o, "&b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    CHECK_EQ(ask_from(1, port, req), 400);
+    free(req);
+    kvp_http_stop(h);
 }

@@ -577,3 +577,86 @@ def test_configurations_in_stat_api_metrics_and_page(served: tuple[kvpool_procs.
     d.feed(dom.stdout.decode())
     assert d.rows.get("config") == len(j["configs"]) >= 2
     assert FP_A in d.text["configs"] and "cfgtest@Model" in d.text["configs"]
+
+
+def _raw(port: int, src: str, data: bytes, timeout: float = 2.0) -> socket.socket:
+    s = socket.socket()
+    s.settimeout(timeout)
+    s.bind((src, 0))
+    s.connect(("127.0.0.1", port))
+    if data:
+        s.sendall(data)
+    return s
+
+
+def _status(port: int, src: str, req: bytes) -> int:
+    """The status of one request from address src, or -1 (refused, closed
+    unanswered, or no answer within 2 s)."""
+    try:
+        s = _raw(port, src, req)
+        try:
+            head = s.recv(64)
+        finally:
+            s.close()
+    except OSError:
+        return -1
+    return int(head.split()[1]) if head.startswith(b"HTTP/1.1 ") else -1
+
+
+def test_slow_headers_leave_the_probes_answerable() -> None:
+    """64 connections from 8 loopback addresses, each sending a header line
+    every 0.5 s: /healthz and /metrics stay answered (a token is set, checked
+    only after the headers), and every slow connection is closed by its
+    header deadline. Bounded: the slow senders stop after 7 s."""
+    (port,) = kvpool_procs.free_ports(1)
+    with tempfile.TemporaryDirectory() as d:
+        tok = Path(d) / "tok"
+        tok.write_text("sekrit\n")
+        tok.chmod(0o600)
+        p = kvpool_procs.serve("64MiB", "--http", f"127.0.0.1:{port}",
+                               "--http-token-file", str(tok))
+        try:
+            wait_http(f"http://127.0.0.1:{port}/healthz")
+            assert _status(port, "127.0.0.4", b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n") == 401
+            slow = [_raw(port, f"127.0.0.{2 + i % 8}", b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                    for i in range(64)]
+            closed = [False] * 64
+            t0 = time.monotonic()
+            probes: list[tuple[int, int]] = []
+            n = 0
+            while time.monotonic() - t0 < 7.0 and not all(closed):
+                for i, s in enumerate(slow):
+                    if closed[i]:
+                        continue
+                    try:
+                        s.setblocking(False)
+                        try:
+                            if s.recv(1) == b"":
+                                closed[i] = True
+                                continue
+                        except BlockingIOError:
+                            pass
+                        s.setblocking(True)
+                        s.sendall(f"X-Slow-{n}: 1\r\n".encode())
+                    except OSError:
+                        closed[i] = True
+                n += 1
+                probes.append((_status(port, "127.0.0.1", b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"),
+                               _status(port, "127.0.0.3", b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+                                       b"Authorization: Bearer sekrit\r\n\r\n")))
+                time.sleep(0.5)
+            elapsed = time.monotonic() - t0
+            for s in slow:
+                s.close()
+            assert all(a == 200 and b == 200 for a, b in probes), probes
+            assert all(closed) and elapsed < 6.5, (sum(closed), elapsed)
+        finally:
+            p.stop()
+
+
+def test_too_many_query_arguments_are_answered_at_once(served: tuple[kvpool_procs.Proc, str]) -> None:
+    _, base = served
+    port = int(base.rsplit(":", 1)[1])
+    t0 = time.monotonic()
+    st = _status(port, "127.0.0.1", b"GET /api/stats?" + b"&" * 19999 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert st == 400 and time.monotonic() - t0 < 2.0

@@ -13,6 +13,8 @@
 #include "kvpool.h"
 #include "master/master.h"
 #include "master/obj.h"
+#include "master/status.h"
+#include "common/prom.h"
 
 #define MiB (1024ull * 1024)
 
@@ -3028,5 +3030,59 @@ TEST(configs_past_the_row_limit_are_other)
     const kvp_config_stat *a = config_row(&r, "default", "m", FPA);
     CHECK(a && a->objects == 2 && a->bytes == 200);
     kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+/* Two segments whose 255-byte names differ in the last byte: /metrics
+ * gives each its own series, every one with its tier label, values
+ * bounded (a prefix and a hash). */
+TEST(long_segment_names_keep_distinct_metric_series)
+{
+    core c;
+    CHECK_EQ(core_init(&c, NULL), 0);
+    sess s;
+    CHECK_EQ(hello(&c, &s, 7), 0);
+    char a[256], b[256];
+    memset(a, 'n', 252); /* HOST:PORT, the node's tcp endpoint too */
+    memcpy(a + 252, ":11", 4);
+    memcpy(b, a, sizeof a);
+    b[254] = '2';
+    CHECK_EQ(mount(&c, &s, 1, a, 8 * MiB), 0);
+    CHECK_EQ(mount(&c, &s, 2, b, 16 * MiB), 0);
+    kvp_mstatus *st = kvp_mstatus_new("127.0.0.1:1");
+    CHECK(st != NULL);
+    kvp_msvc svc;
+    memset(&svc, 0, sizeof svc);
+    kvp_mstatus_publish(st, c.m, &svc, c.now);
+    kvp_buf out;
+    kvp_buf_init(&out, 16 * MiB);
+    const char *ctype = NULL;
+    CHECK_EQ(kvp_mstatus_metrics(st, &out, &ctype), 200);
+    kvp_buf_u8(&out, 0);
+    const char *t = (const char *)out.data;
+    /* kvpool_segment_capacity_bytes: 4 samples, 4 distinct label sets, each
+     * with tier, the values 8 MiB and 16 MiB in DRAM */
+    const char *fam = "\nkvpool_segment_capacity_bytes{";
+    char seen[4][256];
+    int n = 0, dram8 = 0, dram16 = 0;
+    for (const char *p = strstr(t, fam); p && n < 4; p = strstr(p + 1, fam)) {
+        const char *lb = p + strlen(fam), *end = strchr(lb, '}');
+        CHECK(end && (size_t)(end - lb) < sizeof seen[0]);
+        memcpy(seen[n], lb, (size_t)(end - lb));
+        seen[n][end - lb] = '\0';
+        CHECK(strstr(seen[n], ",tier=\"dram\"") || strstr(seen[n], ",tier=\"disk\""));
+        CHECK(strlen(seen[n]) <= strlen("segment=\"\",tier=\"dram\"") + KVP_PROM_VALUE_MAX);
+        for (int j = 0; j < n; j++)
+            CHECK(strcmp(seen[j], seen[n]) != 0);
+        if (strstr(seen[n], "dram")) {
+            dram8 += atoll(end + 2) == (long long)(8 * MiB);
+            dram16 += atoll(end + 2) == (long long)(16 * MiB);
+        }
+        n++;
+    }
+    CHECK_EQ(n, 4);
+    CHECK(dram8 == 1 && dram16 == 1);
+    kvp_buf_free(&out);
+    kvp_mstatus_free(st);
     core_free(&c);
 }

@@ -19,19 +19,59 @@ static const char *text(kvp_buf *b)
 TEST(labels_escape_hostile_names)
 {
     char l[64] = "";
-    kvp_prom_label(l, sizeof l, "segment", "a\"b\\c\nd\x01\xff", 9);
-    CHECK(!strcmp(l, "segment=\"a\\\"b\\\\c\\nd??\""));
-    kvp_prom_label(l, sizeof l, "tier", "dram", 4);
-    CHECK(!strcmp(l, "segment=\"a\\\"b\\\\c\\nd??\",tier=\"dram\""));
-    /* a value too long is cut, the quotes stay balanced */
+    /* a replaced byte makes the value lossy: prefix, '~', hash */
+    kvp_prom_label(l, sizeof l, "segment", "a\"b\\c\nd", 7);
+    CHECK(!strcmp(l, "segment=\"a\\\"b\\\\c\\nd\""));
+    CHECK_EQ(kvp_prom_label(l, sizeof l, "tier", "dram", 4), 0);
+    CHECK(!strcmp(l, "segment=\"a\\\"b\\\\c\\nd\",tier=\"dram\""));
+    char x1[256] = "", x2[256] = "";
+    kvp_prom_label(x1, sizeof x1, "s", "d\x01\xff", 3);
+    kvp_prom_label(x2, sizeof x2, "s", "d\x02\xfe", 3);
+    CHECK(!strncmp(x1, "s=\"d??~", 7) && strlen(x1) == 7 + 16 + 1);
+    CHECK(strcmp(x1, x2) != 0);
+    /* a '~' is hashed too, so that no verbatim value looks hashed */
+    x1[0] = '\0';
+    kvp_prom_label(x1, sizeof x1, "s", "a~b", 3);
+    CHECK(!strncmp(x1, "s=\"a~b~", 7) && strlen(x1) == 7 + 16 + 1);
+    /* no room for the whole pair: out unchanged, -1 */
     char small[16] = "";
-    kvp_prom_label(small, sizeof small, "k", "0123456789abcdef", 16);
-    CHECK_EQ(strlen(small), 15);
-    CHECK(small[14] == '"' && !strncmp(small, "k=\"0123456789", 13));
-    /* no room for even the pair's frame: left alone */
+    CHECK_EQ(kvp_prom_label(small, sizeof small, "k", "0123456789abcdef", 16), -1);
+    CHECK(!strcmp(small, ""));
     char tiny[6] = "x=\"\"";
-    kvp_prom_label(tiny, sizeof tiny, "k", "v", 1);
+    CHECK_EQ(kvp_prom_label(tiny, sizeof tiny, "k", "v", 1), -1);
     CHECK(!strcmp(tiny, "x=\"\""));
+}
+
+/* Two 255-byte names that differ in the last byte: two bounded label
+ * values, and the label after them is kept. */
+TEST(labels_long_values_bounded_distinct)
+{
+    char a[255], b2[255];
+    memset(a, 's', sizeof a);
+    memcpy(b2, a, sizeof a);
+    b2[254] = 't';
+    char la[2 * KVP_PROM_PAIR_MAX + 1] = "", lb[sizeof la] = "";
+    CHECK_EQ(kvp_prom_label(la, sizeof la, "segment", a, sizeof a), 0);
+    CHECK_EQ(kvp_prom_label(la, sizeof la, "tier", "dram", 4), 0);
+    CHECK_EQ(kvp_prom_label(lb, sizeof lb, "segment", b2, sizeof b2), 0);
+    CHECK_EQ(kvp_prom_label(lb, sizeof lb, "tier", "dram", 4), 0);
+    CHECK(strcmp(la, lb) != 0);
+    const char *end = strstr(la, "\",tier=\"dram\"");
+    CHECK(end && !end[strlen("\",tier=\"dram\"")]);
+    size_t vlen = (size_t)(end - (la + strlen("segment=\"")));
+    CHECK(vlen <= KVP_PROM_VALUE_MAX);
+    CHECK(la[9] == 's' && end[-17] == '~');
+    /* the hashed form is stable, and escapes are never split */
+    char lc[2 * KVP_PROM_PAIR_MAX + 1] = "";
+    kvp_prom_label(lc, sizeof lc, "segment", a, sizeof a);
+    CHECK(!strncmp(la, lc, strlen(lc)));
+    char q[200];
+    memset(q, '"', sizeof q);
+    char lq[KVP_PROM_PAIR_MAX + 1] = "";
+    CHECK_EQ(kvp_prom_label(lq, sizeof lq, "k", q, sizeof q), 0);
+    const char *tl = strchr(lq, '~');
+    CHECK(tl && (tl - (lq + 3)) % 2 == 0 && tl[-1] == '"' && tl[-2] == '\\');
+    CHECK(strlen(lq) - 4 <= KVP_PROM_VALUE_MAX);
 }
 
 TEST(samples_and_families)
