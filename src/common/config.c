@@ -103,7 +103,8 @@ static const struct key_def keys[] = {
      .help = "file holding cluster_token (one line, not readable by other users)"},
     {.name = "node_token", .roles = R_M | R_N, .type = KT_STRING, F_STR(node_token), .def = "",
      .help = "credential storage nodes present to mount segments; set on the master, only "
-             "its holders may mount (also node_token_file, $KVPOOL_NODE_TOKEN)"},
+             "its holders may mount, and with etcd only they may follow the index (every "
+             "master of a cluster needs it) (also node_token_file, $KVPOOL_NODE_TOKEN)"},
     {.name = "node_token_file", .roles = R_M | R_N, .type = KT_STRING, F_STR(node_token_file), .def = "",
      .help = "file holding node_token"},
     {.name = "tenant_tokens_file", .roles = R_M, .type = KT_STRING, F_STR(tenant_tokens_file), .def = "",

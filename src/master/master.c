@@ -3875,12 +3875,22 @@ static void fol_remove(kvp_master *m, kvp_msess *s)
     KVP_INFO(MOD, "standby %s stopped following (%u left)", s->peer_addr, m->nfol);
 }
 
+/* May this client follow the index (REPL_FOLLOW)? The stream names every
+ * key of every tenant: only a master of a cluster (key "etcd" set) streams
+ * it, and only to a holder of the node credential (key "node_token"), the
+ * credential its standbys present. A standalone master, or a cluster's
+ * master without node_token, streams it to nobody. */
+static int may_follow(const kvp_master *m, const kvp_mclient *c)
+{
+    return m->cfg.etcd[0] && m->cfg.node_token[0] && c->node;
+}
+
 /*
- * REPL_FOLLOW (a standby of the cluster; the node credential, as for
- * mounting): answered, then the snapshot -- RESET, every readable object,
- * SYNCED -- as REPL_DATA frames in the same output; the changes follow
- * (kvp_master_push_repl). The follower is waited for once it acknowledged
- * the snapshot.
+ * REPL_FOLLOW (a standby of the cluster, see may_follow; else
+ * KVP_EILLEGAL_CLIENT): answered, then the snapshot -- RESET, every
+ * readable object, SYNCED -- as REPL_DATA frames in the same output; the
+ * changes follow (kvp_master_push_repl). The follower is waited for once
+ * it acknowledged the snapshot.
  */
 static void op_repl_follow(req *q)
 {
@@ -3889,9 +3899,12 @@ static void op_repl_follow(req *q)
         reply_status(q, KVP_EPROTOCOL);
         return;
     }
-    if (!may_mount(m, q->s->client)) {
-        KVP_WARN_LIMITED(MOD, "REPL_FOLLOW refused: client %s lacks the node credential",
-                         q->s->client->name);
+    if (!may_follow(m, q->s->client)) {
+        KVP_WARN_LIMITED(MOD, "REPL_FOLLOW refused to client %s: %s", q->s->client->name,
+                         !m->cfg.etcd[0] ? "this master is in no cluster (no key \"etcd\")"
+                         : !m->cfg.node_token[0]
+                             ? "no node_token: no standby may follow the index"
+                             : "the client lacks the node credential");
         reply_status(q, KVP_EILLEGAL_CLIENT);
         return;
     }
@@ -4504,6 +4517,11 @@ int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
         tenant_reset(&m->tq[i]);
     kvp_buf_init(&m->jr, SIZE_MAX / 2);
     m->jw.out = &m->jr;
+    if (cfg->etcd[0] && !cfg->node_token[0])
+        KVP_WARN(MOD, "a cluster's master without node_token: no standby may follow its index "
+                      "(REPL_FOLLOW needs the node credential), so a takeover starts with an "
+                      "empty index; set node_token (node_token_file or $KVPOOL_NODE_TOKEN) on "
+                      "every master and storage node");
     m->tenants[0] = NULL; /* "default": matched by name below */
     m->ntenants = 1;
     m->ntenants_live = 1;
