@@ -98,6 +98,12 @@ static int follow(core *c, kvp_msess *s)
     return c->status;
 }
 
+static void ack(core *c, kvp_msess *s, uint64_t seq)
+{
+    kvp_buf_u64(&c->body, seq);
+    call(c, s, KVP_OP_REPL_ACK, KVP_FLAG_ONEWAY);
+}
+
 static void mount(core *c, kvp_msess *s)
 {
     static const char name[] = "127.0.0.1:7000";
@@ -199,6 +205,134 @@ TEST(repl_follow_needs_the_node_credential_in_a_cluster)
     turn(&c, &st);
     CHECK_EQ(st.followers, 1u);
     kvp_master_sess_close(c.m, &plain, c.now);
+    kvp_master_sess_close(c.m, &node, c.now);
+    core_free(&c);
+}
+
+#define TIMEOUT_MS 1000u
+#define STEP_MS 10u
+#define PUT_EVERY 5 /* steps */
+
+/* Runs `ms` of puts (one every PUT_EVERY steps) against a cluster's
+ * master with one follower that acknowledges every `ack_every` ms, each
+ * time the seq that was current at its previous ack (lagging one period
+ * behind, as a follower pacing its acks would). *max_hold: the longest a
+ * put's answer was held (from its journaling until the in-sync followers
+ * had it, or none was waited for); *synced_after: whether the follower
+ * counted as in sync at the end. */
+static void paced(uint64_t ack_every, uint64_t ms, uint64_t *max_hold, int *synced_end,
+                  int *ever_out)
+{
+    core c;
+    CHECK(core_init(&c, 1, NODE_TOKEN, TIMEOUT_MS) == 0);
+    kvp_msess node, fol;
+    CHECK(hello(&c, &node, 31, NODE_TOKEN) == 0);
+    mount(&c, &node);
+    put(&c, &node, 0);
+    CHECK(hello(&c, &fol, 32, NODE_TOKEN) == 0);
+    CHECK(follow(&c, &fol) == 0);
+    kvp_repl_state st;
+    turn(&c, &st);
+    ack(&c, &fol, st.seq); /* the snapshot, at once */
+    c.now += STEP_MS;
+    turn(&c, &st);
+    CHECK_EQ(st.in_sync, 1u);
+    enum { MAXP = 4096 };
+    static uint64_t pseq[MAXP], pms[MAXP];
+    int np = 0, released = 0, key = 1;
+    uint64_t last_ack_ms = c.now, prev_seen = st.seq;
+    *max_hold = 0;
+    *ever_out = 0;
+    for (uint64_t t = 0, step = 0; t < ms; t += STEP_MS, step++) {
+        c.now += STEP_MS;
+        if (step % PUT_EVERY == 0 && np < MAXP) {
+            put(&c, &node, key++);
+            uint64_t g = kvp_master_repl_gate(c.m);
+            if (g) { /* its answer waits for seq g */
+                pseq[np] = g;
+                pms[np++] = c.now;
+            }
+        }
+        int acked_now = c.now - last_ack_ms >= ack_every;
+        if (acked_now) {
+            ack(&c, &fol, prev_seen);
+            last_ack_ms = c.now;
+        }
+        turn(&c, &st);
+        if (acked_now)
+            prev_seen = st.seq; /* what it acknowledges next time */
+        if (!st.in_sync)
+            *ever_out = 1;
+        /* answers released now: gate <= acked (acked = seq with none in sync) */
+        while (released < np && pseq[released] <= st.acked) {
+            uint64_t held = c.now - pms[released];
+            if (held > *max_hold)
+                *max_hold = held;
+            released++;
+        }
+    }
+    for (; released < np; released++) /* still held at the end */
+        if (c.now - pms[released] > *max_hold)
+            *max_hold = c.now - pms[released];
+    *synced_end = st.in_sync == 1;
+    kvp_master_sess_close(c.m, &fol, c.now);
+    kvp_master_sess_close(c.m, &node, c.now);
+    core_free(&c);
+}
+
+/* A follower acking every 0.9 s what was current at its previous ack: the
+ * old rule (the timeout restarted at each ack that reached the last mark)
+ * kept it in sync forever and held puts ~1.8 s. Now a put is held at most
+ * ha_sync_timeout (plus the step and the journal clock's grain), the
+ * follower stops counting as in sync and does not come back while it
+ * keeps that pace. */
+TEST(repl_paced_follower_holds_no_put_past_the_timeout)
+{
+    uint64_t hold;
+    int synced, out;
+    paced(900, 6000, &hold, &synced, &out);
+    fprintf(stderr, "    follower acking every 900 ms, one period behind: longest hold %llu ms, "
+                    "in sync at the end: %d\n",
+            (unsigned long long)hold, synced);
+    CHECK(hold <= TIMEOUT_MS + STEP_MS + TIMEOUT_MS / 64 + 1);
+    CHECK(out);
+    CHECK(!synced);
+}
+
+/* A follower that acks promptly (every step, one step behind) stays in
+ * sync and holds puts only that long. */
+TEST(repl_prompt_follower_stays_in_sync)
+{
+    uint64_t hold;
+    int synced, out;
+    paced(STEP_MS, 3000, &hold, &synced, &out);
+    CHECK(!out);
+    CHECK(synced);
+    CHECK(hold <= 3 * STEP_MS);
+}
+
+/* ha_sync outside a cluster does nothing, and in a cluster with ha_sync
+ * off the gate is open too. */
+TEST(repl_gate_only_with_ha_sync_in_a_cluster)
+{
+    core c;
+    CHECK(core_init(&c, 1, NODE_TOKEN, TIMEOUT_MS) == 0);
+    c.cfg.ha_sync = 0;
+    kvp_master_destroy(c.m);
+    CHECK(kvp_master_create(&c.cfg, c.now, &c.m) == 0);
+    kvp_msess node, fol;
+    CHECK(hello(&c, &node, 41, NODE_TOKEN) == 0);
+    mount(&c, &node);
+    CHECK(hello(&c, &fol, 42, NODE_TOKEN) == 0);
+    CHECK(follow(&c, &fol) == 0);
+    kvp_repl_state st;
+    turn(&c, &st);
+    ack(&c, &fol, st.seq);
+    turn(&c, &st);
+    CHECK_EQ(st.in_sync, 1u);
+    put(&c, &node, 1);
+    CHECK_EQ(kvp_master_repl_gate(c.m), 0u);
+    kvp_master_sess_close(c.m, &fol, c.now);
     kvp_master_sess_close(c.m, &node, c.now);
     core_free(&c);
 }
