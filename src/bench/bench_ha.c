@@ -67,6 +67,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1336,9 +1337,30 @@ static int scan_logs(const hb *b, int *bad)
 
 /* ------------------------------------------------------------ command */
 
+/* The masters and nodes it starts inherit $KVPOOL_NODE_TOKEN: a standby
+ * follows its leader's index only with the node credential. One is made
+ * up when it is not set; both setups get it alike. 0, or -1 (no entropy). */
+static int node_token_env(void)
+{
+    const char *t = getenv("KVPOOL_NODE_TOKEN");
+    if (t && *t)
+        return 0;
+    uint8_t r[16];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
+        return -1;
+    char hex[2 * sizeof r + 1];
+    for (size_t i = 0; i < sizeof r; i++)
+        snprintf(hex + 2 * i, 3, "%02x", r[i]);
+    return setenv("KVPOOL_NODE_TOKEN", hex, 1);
+}
+
 static int setup(hb *b)
 {
     char why[192];
+    if (node_token_env() != 0) {
+        snprintf(b->setup_why, sizeof b->setup_why, "could not make up a node token");
+        return -1;
+    }
     /* single: a master alone and its node */
     const char *sargs[] = {"master", NULL};
     if (start_master(b, &b->single, "single-master", sargs) != 0) {

@@ -103,7 +103,8 @@ static const struct key_def keys[] = {
      .help = "file holding cluster_token (one line, not readable by other users)"},
     {.name = "node_token", .roles = R_M | R_N, .type = KT_STRING, F_STR(node_token), .def = "",
      .help = "credential storage nodes present to mount segments; set on the master, only "
-             "its holders may mount (also node_token_file, $KVPOOL_NODE_TOKEN)"},
+             "its holders may mount, and with etcd only they may follow the index (every "
+             "master of a cluster needs it) (also node_token_file, $KVPOOL_NODE_TOKEN)"},
     {.name = "node_token_file", .roles = R_M | R_N, .type = KT_STRING, F_STR(node_token_file), .def = "",
      .help = "file holding node_token"},
     {.name = "tenant_tokens_file", .roles = R_M, .type = KT_STRING, F_STR(tenant_tokens_file), .def = "",
@@ -197,12 +198,14 @@ static const struct key_def keys[] = {
              "3/4 of it stops serving, and a standby takes over once it expires"},
     {.name = "ha_sync", .roles = R_M, .type = KT_BOOL, F_INT(ha_sync), .def = "true",
      .help = "master with etcd: a leader answers a PUT_END only once every standby in sync "
-             "has the object (a standby that falls behind by ha_sync_timeout stops counting "
-             "until it catches up); false: answer at once, a failover may lose the last puts"},
+             "has the object (a standby that leaves any update unacknowledged for "
+             "ha_sync_timeout stops counting until it catches up); false: answer at once, a "
+             "failover may lose the last puts; without etcd it does nothing"},
     {.name = "ha_sync_timeout", .roles = R_M, .type = KT_DURATION, F_U64(ha_sync_timeout_ms),
      .unit_ms = 1000, .min = 10, .max = 60000, .def = "1s",
      .help = "master with etcd and ha_sync: how long a standby may leave an update "
-             "unacknowledged before the leader stops waiting for it"},
+             "unacknowledged (from when it was journaled) before the leader stops waiting "
+             "for it: the longest a put waits for a standby"},
     {.name = "snapshot_file", .roles = R_M, .type = KT_STRING, F_STR(snapshot_file), .def = "",
      .help = "master: keep the index in this file (a snapshot, then every change) and load "
              "it at start, so a restarted master keeps the objects its nodes still hold "

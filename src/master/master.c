@@ -164,6 +164,9 @@ typedef struct xquar {
     uint64_t seq;           /* UINT64_MAX: the notice was lost; a re-key frees it */
 } xquar;
 
+/* entries of the ring of journal times (kvp_master.jt) */
+#define JT_SLOTS 128
+
 struct kvp_master {
     kvp_config cfg;
     kvp_proto_limits lim;
@@ -219,11 +222,21 @@ struct kvp_master {
     kvp_buf jr;             /* REPL_DATA frames not yet pushed */
     kvp_repl_wr jw;         /* writes into jr */
     uint64_t jseq;          /* seq of the last record journaled */
+    /* when records were journaled: jt[(jt_head + i) % JT_SLOTS], i < jt_n,
+     * oldest first, names the first seq journaled at or after its ms; the
+     * records up to the next entry's seq were journaled in [ms, ms +
+     * jt_step_ms). An entry opens once jt_step_ms passed since the last, so
+     * the ring spans at least (JT_SLOTS - 1) * jt_step_ms >= ha_sync_timeout:
+     * a record older than its oldest entry is older than that. */
+    struct jtime { uint64_t seq, ms; } jt[JT_SLOTS];
+    uint32_t jt_head, jt_n;
+    uint64_t jt_step_ms;
     struct follower {
         kvp_msess *s;
         uint64_t acked;     /* highest seq it acknowledged */
-        uint64_t mark_seq;  /* it must acknowledge this seq ... */
-        uint64_t mark_ms;   /* ... by this + ha_sync_timeout_ms, else it lags */
+        uint64_t mark_seq;  /* out of sync: in sync again once it acknowledged
+                               this seq (the snapshot's, or the last one
+                               journaled when it fell behind) */
         int in_sync;        /* a PUT_END waits for it */
     } *fol;
     uint32_t nfol, fol_cap, fol_in_sync;
@@ -3828,6 +3841,46 @@ uint64_t kvp_master_snapshot(kvp_master *m, kvp_buf *out)
     return n;
 }
 
+/* The seq of a record journaled now (m->now): noted in the ring of journal
+ * times, which kvp_master_repl_state reads to age what a follower leaves
+ * unacknowledged. */
+static uint64_t journal_next(kvp_master *m)
+{
+    uint64_t seq = ++m->jseq;
+    if (m->jt_n) {
+        const struct jtime *last = &m->jt[(m->jt_head + m->jt_n - 1) % JT_SLOTS];
+        if (m->now < last->ms + m->jt_step_ms)
+            return seq; /* within the last entry's step */
+    }
+    if (m->jt_n == JT_SLOTS) { /* the oldest goes: its records are older than ha_sync_timeout */
+        m->jt_head = (m->jt_head + 1) % JT_SLOTS;
+        m->jt_n--;
+    }
+    m->jt[(m->jt_head + m->jt_n++) % JT_SLOTS] = (struct jtime){seq, m->now};
+    return seq;
+}
+
+/* How long the oldest record a follower that acknowledged `acked` lacks
+ * has been journaled, at now: 0 when it lacks none. Never less than the
+ * truth (it may be up to jt_step_ms more); UINT64_MAX when older than the
+ * ring. */
+static uint64_t unacked_age(const kvp_master *m, uint64_t acked, uint64_t now)
+{
+    if (acked >= m->jseq)
+        return 0;
+    uint64_t first = acked + 1, ms = UINT64_MAX;
+    for (uint32_t i = m->jt_n; i-- > 0;) { /* the newest entry at or before first */
+        const struct jtime *e = &m->jt[(m->jt_head + i) % JT_SLOTS];
+        if (e->seq <= first) {
+            ms = e->ms;
+            break;
+        }
+    }
+    if (ms == UINT64_MAX)
+        return UINT64_MAX;
+    return now > ms ? now - ms : 0;
+}
+
 /* o is readable (published, loaded back, a replica fewer): journal it. */
 static void journal_pub(kvp_master *m, kvp_obj *o)
 {
@@ -3840,7 +3893,7 @@ static void journal_pub(kvp_master *m, kvp_obj *o)
     }
     kvp_repl_rec r;
     repl_rec_fill(m, o, 0, &r);
-    kvp_repl_wr_add(&m->jw, &r, ++m->jseq);
+    kvp_repl_wr_add(&m->jw, &r, journal_next(m));
 }
 
 /* o's key has no DRAM copy any more (removed, evicted, only on disk). */
@@ -3852,7 +3905,7 @@ static void journal_del(kvp_master *m, kvp_obj *o)
     kvp_repl_rec r = {.type = KVP_REPL_DEL,
                       .tenant = {(const uint8_t *)m->tenants[o->tenant], m->tenant_len[o->tenant]},
                       .key = {kvp_obj_key(o), o->keylen}};
-    kvp_repl_wr_add(&m->jw, &r, ++m->jseq);
+    kvp_repl_wr_add(&m->jw, &r, journal_next(m));
 }
 
 static struct follower *fol_of(kvp_master *m, const kvp_msess *s)
@@ -3875,12 +3928,22 @@ static void fol_remove(kvp_master *m, kvp_msess *s)
     KVP_INFO(MOD, "standby %s stopped following (%u left)", s->peer_addr, m->nfol);
 }
 
+/* May this client follow the index (REPL_FOLLOW)? The stream names every
+ * key of every tenant: only a master of a cluster (key "etcd" set) streams
+ * it, and only to a holder of the node credential (key "node_token"), the
+ * credential its standbys present. A standalone master, or a cluster's
+ * master without node_token, streams it to nobody. */
+static int may_follow(const kvp_master *m, const kvp_mclient *c)
+{
+    return m->cfg.etcd[0] && m->cfg.node_token[0] && c->node;
+}
+
 /*
- * REPL_FOLLOW (a standby of the cluster; the node credential, as for
- * mounting): answered, then the snapshot -- RESET, every readable object,
- * SYNCED -- as REPL_DATA frames in the same output; the changes follow
- * (kvp_master_push_repl). The follower is waited for once it acknowledged
- * the snapshot.
+ * REPL_FOLLOW (a standby of the cluster, see may_follow; else
+ * KVP_EILLEGAL_CLIENT): answered, then the snapshot -- RESET, every
+ * readable object, SYNCED -- as REPL_DATA frames in the same output; the
+ * changes follow (kvp_master_push_repl). The follower is waited for once
+ * it acknowledged the snapshot.
  */
 static void op_repl_follow(req *q)
 {
@@ -3889,9 +3952,12 @@ static void op_repl_follow(req *q)
         reply_status(q, KVP_EPROTOCOL);
         return;
     }
-    if (!may_mount(m, q->s->client)) {
-        KVP_WARN_LIMITED(MOD, "REPL_FOLLOW refused: client %s lacks the node credential",
-                         q->s->client->name);
+    if (!may_follow(m, q->s->client)) {
+        KVP_WARN_LIMITED(MOD, "REPL_FOLLOW refused to client %s: %s", q->s->client->name,
+                         !m->cfg.etcd[0] ? "this master is in no cluster (no key \"etcd\")"
+                         : !m->cfg.node_token[0]
+                             ? "no node_token: no standby may follow the index"
+                             : "the client lacks the node credential");
         reply_status(q, KVP_EILLEGAL_CLIENT);
         return;
     }
@@ -3917,7 +3983,7 @@ static void op_repl_follow(req *q)
         out->cap = REPL_OUT_MAX;
     size_t mark = out->len;
     uint64_t n = kvp_master_snapshot(m, out);
-    *f = (struct follower){q->s, 0, m->jseq, m->now, 0};
+    *f = (struct follower){q->s, 0, m->jseq, 0};
     q->s->follower = 1;
     m->stats[KVP_STAT_REPL_BYTES] += out->len - mark;
     KVP_INFO(MOD, "standby %s follows the index: snapshot of %llu objects (%llu KiB) at seq %llu",
@@ -3963,30 +4029,35 @@ void kvp_master_push_repl(kvp_master *m,
     kvp_buf_shrink(&m->jr, 1u << 20);
 }
 
-uint64_t kvp_master_repl_gate(const kvp_master *m) { return m->fol_in_sync ? m->jseq : 0; }
+uint64_t kvp_master_repl_gate(const kvp_master *m)
+{
+    if (!m->cfg.etcd[0] || !m->cfg.ha_sync) /* ha_sync: a cluster's only */
+        return 0;
+    return m->fol_in_sync ? m->jseq : 0;
+}
 
 void kvp_master_repl_state(kvp_master *m, uint64_t now, kvp_repl_state *st)
 {
-    uint64_t acked = m->jseq, lag = 0;
+    uint64_t acked = m->jseq, lag = 0, limit = m->cfg.ha_sync_timeout_ms;
     for (uint32_t i = 0; i < m->nfol; i++) {
         struct follower *f = &m->fol[i];
-        if (f->acked >= f->mark_seq) { /* kept up: judge it on what came since */
-            if (!f->in_sync) {
-                f->in_sync = 1;
-                m->fol_in_sync++;
-                KVP_INFO(MOD, "standby %s in sync at seq %llu", f->s->peer_addr,
-                         (unsigned long long)f->acked);
-            }
-            f->mark_seq = m->jseq;
-            f->mark_ms = now;
-        } else if (f->in_sync && now - f->mark_ms > m->cfg.ha_sync_timeout_ms) {
+        /* judged by the oldest record it lacks, however it paces its acks */
+        uint64_t age = unacked_age(m, f->acked, now);
+        if (!f->in_sync && f->acked >= f->mark_seq && age <= limit / 2) {
+            /* caught up, and keeps up well within the limit (a follower
+             * that keeps just under it stays out: no flapping) */
+            f->in_sync = 1;
+            m->fol_in_sync++;
+            KVP_INFO(MOD, "standby %s in sync at seq %llu", f->s->peer_addr,
+                     (unsigned long long)f->acked);
+        } else if (f->in_sync && age > limit) {
             f->in_sync = 0;
             m->fol_in_sync--;
             f->mark_seq = m->jseq; /* in sync again once it has all of today */
-            KVP_WARN(MOD, "standby %s left seq %llu unacknowledged for %llu ms: no longer "
+            KVP_WARN(MOD, "standby %s left seq %llu unacknowledged for over %llu ms: no longer "
                           "waited for until it catches up",
-                     f->s->peer_addr, (unsigned long long)f->mark_seq,
-                     (unsigned long long)(now - f->mark_ms));
+                     f->s->peer_addr, (unsigned long long)f->acked + 1,
+                     (unsigned long long)limit);
         }
         if (f->in_sync && f->acked < acked)
             acked = f->acked;
@@ -4414,6 +4485,13 @@ void kvp_master_stalled(kvp_master *m, uint64_t ms, uint64_t now_ms)
     /* the same shift for every pending put keeps the list in deadline order */
     for (kvp_obj *o = m->pending.head; o; o = o->next)
         o->deadline += (uint32_t)ms;
+    /* records journaled before the stall age from its end, as client
+     * silence does: meanwhile they could not be pushed nor their acks read
+     * (one monotone shift for all keeps the ring in order) */
+    for (uint32_t i = 0; i < m->jt_n; i++) {
+        struct jtime *e = &m->jt[(m->jt_head + i) % JT_SLOTS];
+        e->ms = e->ms + ms < now_ms ? e->ms + ms : now_ms;
+    }
 }
 
 /* ======================================================= life, stats */
@@ -4504,6 +4582,15 @@ int kvp_master_create(const kvp_config *cfg, uint64_t now_ms, kvp_master **out)
         tenant_reset(&m->tq[i]);
     kvp_buf_init(&m->jr, SIZE_MAX / 2);
     m->jw.out = &m->jr;
+    /* (JT_SLOTS - 1) steps span ha_sync_timeout at least */
+    m->jt_step_ms = (cfg->ha_sync_timeout_ms + JT_SLOTS / 2 - 1) / (JT_SLOTS / 2);
+    if (!m->jt_step_ms)
+        m->jt_step_ms = 1;
+    if (cfg->etcd[0] && !cfg->node_token[0])
+        KVP_WARN(MOD, "a cluster's master without node_token: no standby may follow its index "
+                      "(REPL_FOLLOW needs the node credential), so a takeover starts with an "
+                      "empty index; set node_token (node_token_file or $KVPOOL_NODE_TOKEN) on "
+                      "every master and storage node");
     m->tenants[0] = NULL; /* "default": matched by name below */
     m->ntenants = 1;
     m->ntenants_live = 1;

@@ -78,10 +78,15 @@ void kvp_master_push_repl(kvp_master *m,
                           void (*send)(kvp_msess *s, const void *p, size_t n, void *ctx),
                           void *ctx);
 /* The seq a PUT_END answered now waits for: the last journaled, or 0 when
- * no standby is in sync (nothing to wait for). */
+ * no standby is in sync (nothing to wait for) or ha_sync does not apply
+ * (cfg->ha_sync off, or no cfg->etcd: only a cluster's leader waits). */
 uint64_t kvp_master_repl_gate(const kvp_master *m);
-/* Also marks followers silent for cfg->ha_sync_timeout_ms as lagging (no
- * longer waited for) and those caught up as in sync again. */
+/* Also marks as lagging (no longer waited for) a follower that leaves any
+ * journaled record unacknowledged for more than cfg->ha_sync_timeout_ms
+ * (judged by when that record was journaled, not by its last ack: a
+ * follower cannot hold a put longer by pacing its acks), and as in sync
+ * again one that acknowledged all that was journaled when it fell behind
+ * and lacks nothing older than half the timeout. */
 void kvp_master_repl_state(kvp_master *m, uint64_t now_ms, kvp_repl_state *st);
 /* Standby, before its loop runs: one REPL_DATA body. 0 and *seq, or
  * KVP_EPROTOCOL (nothing applied) / KVP_ENOMEM. */

@@ -10,6 +10,7 @@
  * catches anything it loses).
  */
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.lease_ttl_ms = 50;
     cfg.put_timeout_ms = 100;
     cfg.client_ttl_ms = 1000;
+    /* a cluster's master (the core never dials etcd) with a node token, so
+     * that the session below, which presents it, may also follow the index */
+    snprintf(cfg.etcd, sizeof cfg.etcd, "http://127.0.0.1:1");
+    snprintf(cfg.node_token, sizeof cfg.node_token, "fuzz-node-token");
     kvp_log_set_level(KVP_LOG_OFF);
     kvp_master *m;
     uint64_t now = 1000;
@@ -69,7 +74,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* an established session with one small segment that has an SSD tier:
      * DISK_REPORTs (segment 7) from the input drive spills, loads and
      * re-registration; the commands the master pushes are drained */
-    kvp_msg_hello he = {KVP_PROTO_VERSION, 42, {NULL, 0}, {NULL, 0}};
+    kvp_msg_hello he = {KVP_PROTO_VERSION, 42, {NULL, 0}, {NULL, 0},
+                        {(const uint8_t *)"fuzz-node-token", 15}, {NULL, 0}, {NULL, 0}};
     kvp_enc_hello(&b, &he);
     serve(m, &s, &a, &out, KVP_OP_HELLO, b.data, (uint32_t)b.len, now);
     kvp_buf_reset(&b);

@@ -30,12 +30,17 @@ typedef struct env {
     tp_store st;
 } env;
 
+/* Every master and store of these tests (children inherit it) holds the
+ * node credential: a standby follows the leader's index only with it. */
+#define NODE_TOKEN "ha-node-secret-0123456789"
+
 static void env_down(env *e)
 {
     tp_store_kill(&e->st);
     for (int i = 0; i < 3; i++)
         tp_master_kill(&e->m[i]);
     tp_etcd_stop(&e->etcd);
+    unsetenv("KVPOOL_NODE_TOKEN");
 }
 
 /* etcd up (1: skipped, -1: failed) */
@@ -54,6 +59,7 @@ static int env_up(env *e)
     }
     snprintf(e->url, sizeof e->url, "etcd://%s/t", e->etcd.addr);
     snprintf(e->flag, sizeof e->flag, "http://%s", e->etcd.addr);
+    setenv("KVPOOL_NODE_TOKEN", NODE_TOKEN, 1);
     return 0;
 }
 
@@ -604,6 +610,44 @@ TEST(ha_term_deadline_stops_the_service)
     CHECK_EQ(renewed, 0);
     CHECK(after < 0 || after_key < 0); /* no answer: the call failed, per key or whole */
     CHECK(over);
+}
+
+/* REPL_FOLLOW on a master that is in no cluster (no --etcd): refused, to a
+ * plain client of a master with no node token (the default; it used to
+ * stream every tenant's key names to it) and to a holder of the node
+ * credential alike. Needs no etcd. */
+TEST(ha_standalone_master_streams_its_index_to_nobody)
+{
+    tp_master m[2];
+    memset(m, 0, sizeof m);
+    int started = tp_master_start(&m[0], NULL) == 0;
+    setenv("KVPOOL_NODE_TOKEN", NODE_TOKEN, 1);
+    started = started && tp_master_start(&m[1], NULL) == 0;
+    unsetenv("KVPOOL_NODE_TOKEN");
+    for (int i = 0; started && i < 3; i++) {
+        kvp_rpc_opts o = {.name = "follower", .timeout_ms = 2000,
+                          .node_token = i == 2 ? NODE_TOKEN : NULL};
+        kvp_rpc *r = NULL;
+        char err[512];
+        const char *addr = m[i == 0 ? 0 : 1].addr;
+        if (kvp_rpc_open(addr, &o, &r, err, sizeof err) != 0) {
+            th_fail(__FILE__, __LINE__, "case %d: %s", i, err);
+            break;
+        }
+        int32_t st = 0;
+        const uint8_t *rb;
+        uint32_t rl;
+        int rc = kvp_rpc_call(r, KVP_OP_REPL_FOLLOW, NULL, 0, &st, &rb, &rl);
+        kvp_rpc_close(r);
+        if (rc != 0 || st != KVP_EILLEGAL_CLIENT) {
+            th_fail(__FILE__, __LINE__, "case %d: REPL_FOLLOW answered rc %d status %d", i, rc,
+                    (int)st);
+            break;
+        }
+    }
+    CHECK(started);
+    tp_master_kill(&m[0]);
+    tp_master_kill(&m[1]);
 }
 
 /* Configuration mistakes are said, not waited on. */

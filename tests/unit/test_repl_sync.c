@@ -1,0 +1,338 @@
+/* test_repl_sync.c -- who may follow a master's index (REPL_FOLLOW: only a
+ * cluster's master, only to the node credential) and how long a follower
+ * may hold a put (ha_sync: never longer than ha_sync_timeout after the put
+ * was journaled, however the follower paces its acks). The master core is
+ * driven in-process with an injected clock; the follower is simulated by
+ * REPL_ACK frames. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "harness.h"
+#include "kvpool.h"
+#include "master/master.h"
+
+#define MiB (1024ull * 1024)
+#define NODE_TOKEN "node-secret-0123456789"
+
+typedef struct core {
+    kvp_config cfg;
+    kvp_master *m;
+    uint64_t now, next_id;
+    kvp_arena a, ra;
+    kvp_buf out, body;
+    int32_t status;
+    const uint8_t *resp;
+    uint32_t resp_len;
+} core;
+
+static int core_init(core *c, int cluster, const char *node_token, uint64_t timeout_ms)
+{
+    memset(c, 0, sizeof *c);
+    kvp_config_defaults(&c->cfg);
+    c->cfg.log_level = KVP_LOG_ERROR;
+    if (cluster) /* the core never dials it: only "in a cluster" matters here */
+        snprintf(c->cfg.etcd, sizeof c->cfg.etcd, "http://127.0.0.1:1");
+    snprintf(c->cfg.node_token, sizeof c->cfg.node_token, "%s", node_token);
+    c->cfg.ha_sync = 1;
+    c->cfg.ha_sync_timeout_ms = timeout_ms;
+    c->now = 1000000;
+    kvp_arena_init(&c->a, 64 * MiB);
+    kvp_arena_init(&c->ra, 64 * MiB);
+    kvp_buf_init(&c->out, 256 * MiB);
+    kvp_buf_init(&c->body, 64 * MiB);
+    kvp_log_set_level(KVP_LOG_ERROR);
+    return kvp_master_create(&c->cfg, c->now, &c->m);
+}
+
+static void core_free(core *c)
+{
+    kvp_master_destroy(c->m);
+    kvp_arena_free(&c->a);
+    kvp_arena_free(&c->ra);
+    kvp_buf_free(&c->out);
+    kvp_buf_free(&c->body);
+}
+
+/* c->body as a request of op on s; the first frame of the answer (a
+ * REPL_FOLLOW's snapshot frames follow it) decoded into status / resp. */
+static void call(core *c, kvp_msess *s, uint16_t op, uint8_t flags)
+{
+    kvp_frame_hdr h = {KVP_PROTO_VERSION, flags, op, ++c->next_id, (uint32_t)c->body.len, 0};
+    kvp_buf_reset(&c->out);
+    kvp_arena_reset(&c->a);
+    kvp_arena_reset(&c->ra);
+    CHECK(kvp_master_handle(c->m, s, &h, c->body.data, &c->a, &c->out, c->now) == 0);
+    kvp_buf_reset(&c->body);
+    c->status = 0;
+    c->resp = NULL;
+    c->resp_len = 0;
+    if (!c->out.len)
+        return;
+    kvp_frame_hdr rh;
+    const uint8_t *b;
+    CHECK(kvp_frame_next(c->out.data, c->out.len, 1u << 30, &rh, &b) == 1);
+    CHECK(rh.req_id == h.req_id && rh.op == op);
+    c->status = rh.status;
+    c->resp = b;
+    c->resp_len = rh.body_len;
+}
+
+static int hello(core *c, kvp_msess *s, uint64_t id, const char *node_cred)
+{
+    memset(s, 0, sizeof *s);
+    kvp_master_sess_open(c->m, s);
+    kvp_msg_hello h = {KVP_PROTO_VERSION, id, {NULL, 0}, {(const uint8_t *)"t", 1},
+                       {(const uint8_t *)node_cred, node_cred ? (uint32_t)strlen(node_cred) : 0},
+                       {NULL, 0}, {NULL, 0}};
+    kvp_enc_hello(&c->body, &h);
+    call(c, s, KVP_OP_HELLO, 0);
+    return c->status;
+}
+
+static int follow(core *c, kvp_msess *s)
+{
+    call(c, s, KVP_OP_REPL_FOLLOW, 0);
+    return c->status;
+}
+
+static void ack(core *c, kvp_msess *s, uint64_t seq)
+{
+    kvp_buf_u64(&c->body, seq);
+    call(c, s, KVP_OP_REPL_ACK, KVP_FLAG_ONEWAY);
+}
+
+static void mount(core *c, kvp_msess *s)
+{
+    static const char name[] = "127.0.0.1:7000";
+    kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)name, sizeof name - 1}};
+    kvp_seg_desc d = {77, {(const uint8_t *)name, sizeof name - 1}, 256 * MiB, 1, &ep, 0, 1, 0};
+    kvp_msg_mount mm = {1, &d};
+    kvp_enc_mount(&c->body, &mm);
+    call(c, s, KVP_OP_MOUNT_SEGMENT, 0);
+    CHECK(c->status == 0);
+    kvp_msg_results r;
+    kvp_proto_limits l;
+    kvp_proto_limits_default(&l);
+    CHECK(kvp_dec_results(c->resp, c->resp_len, &l, &c->ra, &r) == 0 && r.n == 1);
+    CHECK(r.codes[0] == 0);
+}
+
+/* PUT_START + PUT_END of key-<i>: the object published (one journal record). */
+static void put(core *c, kvp_msess *s, int i)
+{
+    char kb[32];
+    kvp_bytes key = {(const uint8_t *)kb, (uint32_t)snprintf(kb, sizeof kb, "key-%06d", i)};
+    uint64_t size = 4096, cs = 0xC0DE0000u + (uint64_t)i;
+    kvp_msg_put_start ps = {{NULL, 0}, 1, 0, 0, {NULL, 0}, 1, &key, &size, NULL};
+    kvp_enc_put_start(&c->body, &ps);
+    call(c, s, KVP_OP_PUT_START, 0);
+    CHECK(c->status == 0);
+    kvp_msg_put_end pe = {{NULL, 0}, 1, &key, &cs};
+    kvp_enc_put_end(&c->body, &pe);
+    call(c, s, KVP_OP_PUT_END, 0);
+    CHECK(c->status == 0);
+}
+
+static void drop_send(kvp_msess *s, const void *p, size_t n, void *ctx)
+{
+    (void)s, (void)p, (void)n, (void)ctx;
+}
+
+/* What the service does each loop turn: push the journal, judge the
+ * followers. */
+static void turn(core *c, kvp_repl_state *st)
+{
+    kvp_master_push_repl(c->m, drop_send, NULL);
+    kvp_master_repl_state(c->m, c->now, st);
+}
+
+/* ------------------------------------------------------------------ tests */
+
+/* A standalone master (no etcd) streams its index to nobody: not to a
+ * plain client (the default: no node_token), not to a node-credential
+ * holder; so ha_sync never holds its puts. */
+TEST(repl_follow_refused_on_a_standalone_master)
+{
+    core c;
+    CHECK(core_init(&c, 0, "", 1000) == 0);
+    kvp_msess s;
+    CHECK_EQ(hello(&c, &s, 11, NULL), 0);
+    CHECK_EQ(follow(&c, &s), KVP_EILLEGAL_CLIENT);
+    CHECK(!s.follower);
+    CHECK_EQ(c.out.len, (size_t)KVP_FRAME_HDR); /* the refusal, no snapshot */
+    kvp_master_sess_close(c.m, &s, c.now);
+    core_free(&c);
+
+    CHECK(core_init(&c, 0, NODE_TOKEN, 1000) == 0);
+    kvp_msess n;
+    CHECK_EQ(hello(&c, &n, 12, NODE_TOKEN), 0);
+    mount(&c, &n);
+    CHECK_EQ(follow(&c, &n), KVP_EILLEGAL_CLIENT);
+    kvp_repl_state st;
+    turn(&c, &st);
+    CHECK_EQ(st.followers, 0u);
+    put(&c, &n, 1);
+    CHECK_EQ(kvp_master_repl_gate(c.m), 0u);
+    kvp_master_sess_close(c.m, &n, c.now);
+    core_free(&c);
+}
+
+/* A cluster's master streams it only to the node credential; without a
+ * node_token, to nobody. */
+TEST(repl_follow_needs_the_node_credential_in_a_cluster)
+{
+    core c;
+    CHECK(core_init(&c, 1, "", 1000) == 0); /* a cluster without node_token */
+    kvp_msess s;
+    CHECK_EQ(hello(&c, &s, 21, NULL), 0);
+    CHECK_EQ(follow(&c, &s), KVP_EILLEGAL_CLIENT);
+    kvp_master_sess_close(c.m, &s, c.now);
+    core_free(&c);
+
+    CHECK(core_init(&c, 1, NODE_TOKEN, 1000) == 0);
+    kvp_msess plain, node;
+    CHECK_EQ(hello(&c, &plain, 22, NULL), 0);
+    CHECK_EQ(follow(&c, &plain), KVP_EILLEGAL_CLIENT);
+    CHECK(!plain.follower);
+    CHECK_EQ(hello(&c, &node, 23, NODE_TOKEN), 0);
+    CHECK_EQ(follow(&c, &node), 0);
+    CHECK(node.follower);
+    CHECK(c.out.len > (size_t)KVP_FRAME_HDR); /* the answer, then the snapshot */
+    kvp_repl_state st;
+    turn(&c, &st);
+    CHECK_EQ(st.followers, 1u);
+    kvp_master_sess_close(c.m, &plain, c.now);
+    kvp_master_sess_close(c.m, &node, c.now);
+    core_free(&c);
+}
+
+#define TIMEOUT_MS 1000u
+#define STEP_MS 10u
+#define PUT_EVERY 5 /* steps */
+
+/* Runs `ms` of puts (one every PUT_EVERY steps) against a cluster's
+ * master with one follower that acknowledges every `ack_every` ms, each
+ * time the seq that was current at its previous ack (lagging one period
+ * behind, as a follower pacing its acks would). *max_hold: the longest a
+ * put's answer was held (from its journaling until the in-sync followers
+ * had it, or none was waited for); *synced_after: whether the follower
+ * counted as in sync at the end. */
+static void paced(uint64_t ack_every, uint64_t ms, uint64_t *max_hold, int *synced_end,
+                  int *ever_out)
+{
+    core c;
+    CHECK(core_init(&c, 1, NODE_TOKEN, TIMEOUT_MS) == 0);
+    kvp_msess node, fol;
+    CHECK(hello(&c, &node, 31, NODE_TOKEN) == 0);
+    mount(&c, &node);
+    put(&c, &node, 0);
+    CHECK(hello(&c, &fol, 32, NODE_TOKEN) == 0);
+    CHECK(follow(&c, &fol) == 0);
+    kvp_repl_state st;
+    turn(&c, &st);
+    ack(&c, &fol, st.seq); /* the snapshot, at once */
+    c.now += STEP_MS;
+    turn(&c, &st);
+    CHECK_EQ(st.in_sync, 1u);
+    enum { MAXP = 4096 };
+    static uint64_t pseq[MAXP], pms[MAXP];
+    int np = 0, released = 0, key = 1;
+    uint64_t last_ack_ms = c.now, prev_seen = st.seq;
+    *max_hold = 0;
+    *ever_out = 0;
+    for (uint64_t t = 0, step = 0; t < ms; t += STEP_MS, step++) {
+        c.now += STEP_MS;
+        if (step % PUT_EVERY == 0 && np < MAXP) {
+            put(&c, &node, key++);
+            uint64_t g = kvp_master_repl_gate(c.m);
+            if (g) { /* its answer waits for seq g */
+                pseq[np] = g;
+                pms[np++] = c.now;
+            }
+        }
+        int acked_now = c.now - last_ack_ms >= ack_every;
+        if (acked_now) {
+            ack(&c, &fol, prev_seen);
+            last_ack_ms = c.now;
+        }
+        turn(&c, &st);
+        if (acked_now)
+            prev_seen = st.seq; /* what it acknowledges next time */
+        if (!st.in_sync)
+            *ever_out = 1;
+        /* answers released now: gate <= acked (acked = seq with none in sync) */
+        while (released < np && pseq[released] <= st.acked) {
+            uint64_t held = c.now - pms[released];
+            if (held > *max_hold)
+                *max_hold = held;
+            released++;
+        }
+    }
+    for (; released < np; released++) /* still held at the end */
+        if (c.now - pms[released] > *max_hold)
+            *max_hold = c.now - pms[released];
+    *synced_end = st.in_sync == 1;
+    kvp_master_sess_close(c.m, &fol, c.now);
+    kvp_master_sess_close(c.m, &node, c.now);
+    core_free(&c);
+}
+
+/* A follower acking every 0.9 s what was current at its previous ack: the
+ * old rule (the timeout restarted at each ack that reached the last mark)
+ * kept it in sync forever and held puts ~1.8 s. Now a put is held at most
+ * ha_sync_timeout (plus the step and the journal clock's grain), the
+ * follower stops counting as in sync and does not come back while it
+ * keeps that pace. */
+TEST(repl_paced_follower_holds_no_put_past_the_timeout)
+{
+    uint64_t hold;
+    int synced, out;
+    paced(900, 6000, &hold, &synced, &out);
+    fprintf(stderr, "    follower acking every 900 ms, one period behind: longest hold %llu ms, "
+                    "in sync at the end: %d\n",
+            (unsigned long long)hold, synced);
+    CHECK(hold <= TIMEOUT_MS + STEP_MS + TIMEOUT_MS / 64 + 1);
+    CHECK(out);
+    CHECK(!synced);
+}
+
+/* A follower that acks promptly (every step, one step behind) stays in
+ * sync and holds puts only that long. */
+TEST(repl_prompt_follower_stays_in_sync)
+{
+    uint64_t hold;
+    int synced, out;
+    paced(STEP_MS, 3000, &hold, &synced, &out);
+    CHECK(!out);
+    CHECK(synced);
+    CHECK(hold <= 3 * STEP_MS);
+}
+
+/* ha_sync outside a cluster does nothing, and in a cluster with ha_sync
+ * off the gate is open too. */
+TEST(repl_gate_only_with_ha_sync_in_a_cluster)
+{
+    core c;
+    CHECK(core_init(&c, 1, NODE_TOKEN, TIMEOUT_MS) == 0);
+    c.cfg.ha_sync = 0;
+    kvp_master_destroy(c.m);
+    CHECK(kvp_master_create(&c.cfg, c.now, &c.m) == 0);
+    kvp_msess node, fol;
+    CHECK(hello(&c, &node, 41, NODE_TOKEN) == 0);
+    mount(&c, &node);
+    CHECK(hello(&c, &fol, 42, NODE_TOKEN) == 0);
+    CHECK(follow(&c, &fol) == 0);
+    kvp_repl_state st;
+    turn(&c, &st);
+    ack(&c, &fol, st.seq);
+    turn(&c, &st);
+    CHECK_EQ(st.in_sync, 1u);
+    put(&c, &node, 1);
+    CHECK_EQ(kvp_master_repl_gate(c.m), 0u);
+    kvp_master_sess_close(c.m, &fol, c.now);
+    kvp_master_sess_close(c.m, &node, c.now);
+    core_free(&c);
+}
