@@ -8,6 +8,7 @@ from __future__ import annotations
 import html.parser
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -308,12 +309,14 @@ def test_a_cluster_of_masters_shows_its_roles(tmp_path: Path) -> None:
     e, curl = kvpool_procs.etcd(tmp_path / "etcd")
     masters: list[subprocess.Popen[bytes]] = []
     bases = [f"http://127.0.0.1:{h0}", f"http://127.0.0.1:{h1}"]
+    # a standby follows its leader's index with the cluster's node credential
+    env = dict(kvpool_procs.server_env(), KVPOOL_NODE_TOKEN=secrets.token_hex(16))
     try:
         for port in (h0, h1):
             masters.append(subprocess.Popen(
                 [kvpool_procs.kvpool_bin(), "master", "--listen", "127.0.0.1:0", "--etcd", curl,
                  "--cluster", "http", "--http", f"127.0.0.1:{port}"],
-                env=kvpool_procs.server_env(), start_new_session=True,
+                env=env, start_new_session=True,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             wait_http(f"http://127.0.0.1:{port}/healthz")
 
