@@ -262,6 +262,84 @@ int tp_master_alive(tp_master *m, int *status)
     return 1;
 }
 
+/* State letter of pid (field 3 of /proc/PID/stat), or 0. */
+static char proc_state(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')'); /* the command may hold spaces and ')' */
+    return rp && rp[1] == ' ' ? rp[2] : 0;
+}
+
+int tp_proc_wait_stopped(pid_t pid, unsigned ms)
+{
+    for (unsigned waited = 0;; waited += 2) {
+        char st = proc_state(pid);
+        if (st == 'T' || st == 't')
+            return 0;
+        if (waited >= ms)
+            return -1;
+        usleep(2000);
+    }
+}
+
+/* Adds the rx_queue of the lines of a /proc/net/tcp file whose inode is in
+ * ino[0..n). */
+static void rx_of(const char *path, const unsigned long *ino, size_t n, long *sum)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    char line[512];
+    if (!fgets(line, sizeof line, f)) { /* header */
+        fclose(f);
+        return;
+    }
+    while (fgets(line, sizeof line, f)) {
+        unsigned long txq, rxq, inode;
+        /* sl local rem st tx:rx tr:when retrnsmt uid timeout inode */
+        if (sscanf(line, "%*s %*s %*s %*s %lx:%lx %*s %*s %*s %*s %lu", &txq, &rxq, &inode) != 3)
+            continue;
+        for (size_t i = 0; i < n; i++)
+            if (ino[i] == inode)
+                *sum += (long)rxq;
+    }
+    fclose(f);
+}
+
+long tp_proc_rx_queued(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return -1;
+    unsigned long ino[256];
+    size_t n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < sizeof ino / sizeof ino[0]) {
+        char fp[320], target[64];
+        snprintf(fp, sizeof fp, "%s/%s", path, de->d_name);
+        ssize_t k = readlink(fp, target, sizeof target - 1);
+        if (k <= 0)
+            continue;
+        target[k] = 0;
+        if (sscanf(target, "socket:[%lu]", &ino[n]) == 1)
+            n++;
+    }
+    closedir(d);
+    long sum = 0;
+    rx_of("/proc/net/tcp", ino, n, &sum);
+    rx_of("/proc/net/tcp6", ino, n, &sum);
+    return sum;
+}
+
 int tp_master_stop(tp_master *m)
 {
     if (m->pid <= 0) {

@@ -60,6 +60,14 @@ int tp_store_spawn(tp_master *p, const char *const *args);
 /* Still running? (reaps it when it exited; *status gets what stop returns) */
 int tp_master_alive(tp_master *m, int *status);
 
+/* Waits up to ms for process pid to be stopped (SIGSTOP delivered: state
+ * 'T' in /proc/PID/stat; kill() returns before that). 0, or -1 on timeout. */
+int tp_proc_wait_stopped(pid_t pid, unsigned ms);
+/* Bytes waiting unread in the receive queues of pid's TCP sockets
+ * (/proc/PID/fd against /proc/net/tcp{,6}): what a frozen process has been
+ * sent and not read. -1 when /proc cannot be read. */
+long tp_proc_rx_queued(pid_t pid);
+
 /*
  * Storage nodes: `kvpool store --master ADDR --segment-size 64MiB
  * --listen 127.0.0.1:0 <extra...>` (extra: NULL-terminated, may be NULL;

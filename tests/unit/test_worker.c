@@ -1235,17 +1235,28 @@ TEST(worker_aborted_load_reported_sending)
     kvp_worker_ids_free(&ds);
     kvp_worker_ids_free(&dr);
 
-    /* running (held in its GET by a frozen node) and queued */
+    /* running (held in its GET by a frozen node) and queued. kill()
+     * returns before the node stops, and al-r must be inside its GET (its
+     * request unread in the frozen node's socket) before al-q is queued
+     * and both are finished: waited for, not slept for. */
     CHECK_EQ(kill(e.st.pid, SIGSTOP), 0);
+    CHECK_EQ(tp_proc_wait_stopped(e.st.pid, 5000), 0);
+    long rx0 = tp_proc_rx_queued(e.st.pid);
+    CHECK(rx0 >= 0);
     uint32_t rb[NCH] = {30, 31, 32, 33, 34, 35}, qb[NCH] = {40, 41, 42, 43, 44, 45};
     rq qr, qq;
     rq_load(&qr, "al-r", rb, NCH, h, 0, NCH * BS);
     rq_load(&qq, "al-q", qb, NCH, h, 0, NCH * BS);
-    rq *two[2] = {&qr, &qq};
-    CHECK_EQ(step_n(w2, two, 2, NULL, 0, &ds, &dr), 0);
+    rq *first[1] = {&qr}, *second[1] = {&qq};
+    CHECK_EQ(step_n(w2, first, 1, NULL, 0, &ds, &dr), 0);
     kvp_worker_ids_free(&ds);
     kvp_worker_ids_free(&dr);
-    tp_sleep_ms(100); /* the single receive thread is inside al-r's GET */
+    for (int i = 0; i < 5000 && tp_proc_rx_queued(e.st.pid) <= rx0; i++)
+        tp_sleep_ms(2);
+    CHECK(tp_proc_rx_queued(e.st.pid) > rx0); /* the single receive thread is in al-r's GET */
+    CHECK_EQ(step_n(w2, second, 1, NULL, 0, &ds, &dr), 0);
+    kvp_worker_ids_free(&ds);
+    kvp_worker_ids_free(&dr);
     const char *fin[2] = {"al-r", "al-q"};
     CHECK_EQ(step_n(w2, NULL, 0, fin, 2, &ds, &dr), 0);
     CHECK(kvp_worker_ids_has(&ds, "al-q")); /* dropped unexecuted: ended */
@@ -2099,6 +2110,9 @@ TEST(worker_aborted_load_stops_after_sub_batch)
     rq_save(&q, "as-s", sb, NCH, h);
     CHECK_EQ(store_wait(w1, &q), 0);
     CHECK_EQ(kill(e.st.pid, SIGSTOP), 0);
+    CHECK_EQ(tp_proc_wait_stopped(e.st.pid, 5000), 0);
+    long rx0 = tp_proc_rx_queued(e.st.pid);
+    CHECK(rx0 >= 0);
     uint32_t lb[NCH] = {30, 31, 32, 33, 34, 35};
     rq_load(&q, "as-l", lb, NCH, h, 0, NCH * BS);
     kvp_worker_ids ds, dr;
@@ -2106,7 +2120,8 @@ TEST(worker_aborted_load_stops_after_sub_batch)
     CHECK_EQ(step_n(w2, one, 1, NULL, 0, &ds, &dr), 0);
     kvp_worker_ids_free(&ds);
     kvp_worker_ids_free(&dr);
-    tp_sleep_ms(100);
+    for (int i = 0; i < 5000 && tp_proc_rx_queued(e.st.pid) <= rx0; i++)
+        tp_sleep_ms(2); /* until the GET waits in the frozen node */
     const char *fin[1] = {"as-l"};
     CHECK_EQ(step_n(w2, NULL, 0, fin, 1, &ds, &dr), 0);
     CHECK_EQ(ds.n + dr.n, 0); /* still in its first GET */
