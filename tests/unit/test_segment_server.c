@@ -529,6 +529,43 @@ static void seg_io_frame(uint8_t *p, uint16_t op, uint64_t id, uint32_t blen, co
     kvp_enc_seg_io(&b, &c);
 }
 
+/* A node that cannot prove the cluster token the client holds (here: it
+ * has none) gets no value from it: the write fails at the handshake; the
+ * node that holds it is served. */
+TEST(node_without_the_token_is_refused_by_the_client)
+{
+    fx f;
+    if (fx_start(&f, 4 * MiB, NULL))
+        return;
+    uint8_t *base = kvp_segment_base(f.seg);
+    memset(base, 0, 4096);
+    kvp_xfer *x;
+    kvp_xfer_opts o = {.client_id = 7, .conns_per_node = 1, .force_tcp = 1, .timeout_ms = 2000,
+                       .cluster_token = "tok"};
+    CHECK_EQ(kvp_xfer_create(&o, &x), 0);
+    CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
+    uint8_t b[64];
+    memset(b, 0xAB, sizeof b);
+    struct iovec iv = {b, sizeof b};
+    kvp_xfer_op op = {.rep = rep(0, sizeof b, 1), .iov = &iv, .iovcnt = 1};
+    CHECK_EQ(run_as(x, 1, &op, 1, kvp_now_ms() + 2000), 0);
+    CHECK(op.status != 0);
+    CHECK(base[0] == 0); /* nothing written */
+    kvp_xfer_destroy(x);
+    fx_stop(&f);
+    /* with the token on both sides: written */
+    if (fx_start(&f, 4 * MiB, "tok"))
+        return;
+    CHECK_EQ(kvp_xfer_create(&o, &x), 0);
+    CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
+    op = (kvp_xfer_op){.rep = rep(0, sizeof b, 1), .iov = &iv, .iovcnt = 1};
+    CHECK_EQ(run_as(x, 1, &op, 1, kvp_now_ms() + 2000), 0);
+    CHECK_EQ(op.status, 0);
+    CHECK(kvp_segment_base(f.seg)[0] == 0xAB);
+    kvp_xfer_destroy(x);
+    fx_stop(&f);
+}
+
 TEST(hostile_raw_socket)
 {
     fx f;
