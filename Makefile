@@ -29,7 +29,7 @@ WARN    := -Wall -Wextra -Werror -Wstrict-prototypes -Wshadow -Wno-unused-parame
 CSTD    := -std=gnu11
 INC     := -Iinclude -Isrc -Itests/support
 CFLAGS_BASE := -D_GNU_SOURCE $(CSTD) $(WARN) $(INC) -g -fPIC -pthread
-LDLIBS  := -ljansson -lxxhash -luring -lmicrohttpd -lzmq -lmsgpackc -lpthread -lm
+LDLIBS  := -ljansson -lxxhash -lcrypto -luring -lmicrohttpd -lzmq -lmsgpackc -lpthread -lm
 
 LIB_SRCS := $(wildcard src/common/*.c src/proto/*.c src/net/*.c src/master/*.c src/node/*.c src/client/*.c src/connector/*.c src/ha/*.c)
 CLI_SRCS := $(wildcard src/cli/*.c src/bench/*.c src/sim/*.c)

@@ -7,7 +7,7 @@
   command (kvpool._cli) execs it, as Mooncake's wheel ships mooncake_master.
 
 Both need nothing at run time but the Debian libraries the C build links
-(libjansson, libxxhash, liburing, libmicrohttpd, libzmq, libmsgpackc). Metadata:
+(libjansson, libxxhash, libcrypto, liburing, libmicrohttpd, libzmq, libmsgpackc). Metadata:
 pyproject.toml."""
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORE = ["common", "proto", "net", "master", "node", "client", "connector", "ha"]
-LIBS = ["jansson", "xxhash", "uring", "microhttpd", "zmq", "msgpackc", "pthread", "m"]  # the Makefile's LDLIBS
+LIBS = ["jansson", "xxhash", "crypto", "uring", "microhttpd", "zmq", "msgpackc", "pthread", "m"]  # the Makefile's LDLIBS
 
 # The program: the Makefile's R_CFLAGS (release) and LDLIBS, without the
 # test-support include directory it does not use.

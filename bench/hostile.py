@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import hmac
 import json
 import multiprocessing as mp
 import os
@@ -56,12 +57,13 @@ sys.path.insert(0, str(ROOT / "python"))
 
 # ------------------------------------------------------------------ protocol
 
-MAGIC, VERSION, HDR = 0x4B56, 1, 24
+MAGIC, VERSION, HDR = 0x4B56, 4, 24
 F_RESPONSE, F_ONEWAY = 0x01, 0x02
 OP = {n: i for i, n in enumerate(
     "_ HELLO MOUNT_SEGMENT UNMOUNT_SEGMENT HEARTBEAT PUT_START PUT_END PUT_REVOKE GET RELEASE "
     "EXIST PREFIX REMOVE REMOVE_ALL STATS SEGMENT_INFO SEG_WRITE SEG_READ SHM_ATTACH "
     "REMOVE_REGEX SEG_FREED REPLICA_BAD SEG_FAILING".split())}
+OP["AUTH_CHALLENGE"] = 35
 ACCESS_READ, ACCESS_WRITE = 1, 2
 SEG_IO = 56
 _rid = [random.getrandbits(32) << 16]
@@ -87,14 +89,79 @@ def b_(x: bytes) -> bytes:
     return struct.pack("<I", len(x)) + x
 
 
+# The HELLO handshake (the repository's proto/auth.h): AUTH_CHALLENGE with a
+# client nonce, the credentials held (bits: cluster, node, tenant, session)
+# and the tenant token's key id; the answer's server nonce and id make the
+# transcript every proof is an HMAC-SHA256 over.
+AUTH_NONCE, AUTH_PROOF = 32, 32
+
+
+class AuthTx:
+    """One connection's handshake transcript."""
+
+    def __init__(self, creds: list[bytes]) -> None:
+        self.cn = os.urandom(AUTH_NONCE)
+        self.sn = b"\0" * AUTH_NONCE
+        self.sid = 0
+        self.has = sum(1 << i for i, k in enumerate(creds) if k)
+        self.kid = hashlib.sha256(b"kvpool-kid" + creds[2]).digest()[:8] if creds[2] else b""
+
+    def msg(self, label: bytes, cred: int) -> bytes:
+        return (label + bytes([cred]) + b"kvpool-auth-v1" + self.cn + self.sn
+                + struct.pack("<QB", self.sid, self.has) + (self.kid or b"\0" * 8))
+
+    def client_proof(self, cred: int, cid: int, key: bytes) -> bytes:
+        return hmac.new(key, self.msg(b"kvpool-client", cred) + struct.pack("<Q", cid),
+                        hashlib.sha256).digest()
+
+
+def challenge_body(t: AuthTx) -> bytes:
+    """kvp_enc_challenge: u32 version, nonce, u8 has, kid (bytes)."""
+    return struct.pack("<I", VERSION) + b_(t.cn) + bytes([t.has]) + b_(t.kid)
+
+
+def take_challenge(t: AuthTx, body: bytes) -> None:
+    """The answer (nonce, u64 server id, 3 proofs): into the transcript."""
+    (n,) = struct.unpack_from("<I", body, 0)
+    t.sn = body[4:4 + n]
+    (t.sid,) = struct.unpack_from("<Q", body, 4 + n)
+
+
 def hello_body(token: bytes, client_id: Optional[int] = None, name: bytes = b"hostile",
                node_cred: bytes = b"", tenant_cred: bytes = b"", session: bytes = b"",
-               version: int = VERSION) -> bytes:
-    """kvp_enc_hello: u32 version, u64 client_id, token, name, node_cred,
-    tenant_cred, session (bytes each)."""
+               version: int = VERSION, tx: Optional[AuthTx] = None) -> bytes:
+    """kvp_enc_hello: u32 version, u64 client_id, name, then one proof
+    (bytes: 32 or empty) per credential held: cluster token, node
+    credential, tenant credential, session secret. With tx (the challenge
+    answered on this connection) the proofs are real; without, made up (a
+    HELLO that proves nothing). A session of another length than 16 is sent
+    as it is (a malformed proof)."""
     cid = random.getrandbits(63) | 1 if client_id is None else client_id
-    return (struct.pack("<IQ", version, cid) + b_(token) + b_(name) + b_(node_cred)
-            + b_(tenant_cred) + b_(session))
+    out = struct.pack("<IQ", version, cid) + b_(name)
+    for i, k in enumerate((token, node_cred, tenant_cred, session)):
+        if not k:
+            out += b_(b"")
+        elif i == 3 and len(k) != 16:
+            out += b_(k)
+        else:
+            out += b_(tx.client_proof(i, cid, k) if tx else hashlib.sha256(k).digest())
+    return out
+
+
+def sock_hello(s: socket.socket, token: bytes, **kw: Any) -> bytes:
+    """AUTH_CHALLENGE on a raw socket (blocking): the HELLO frame proving
+    token (and kw's credentials) on this connection, to send when the
+    caller likes. ConnectionError when the challenge is refused."""
+    creds = [token, kw.get("node_cred", b""), kw.get("tenant_cred", b""), kw.get("session", b"")]
+    t = AuthTx(creds)
+    s.sendall(frame(OP["AUTH_CHALLENGE"], challenge_body(t)))
+    h = recv_exact(s, HDR)
+    _m, _v, _f, _op, _r, _rid, blen, st = struct.unpack("<HBBHHQIi", h)
+    body = recv_exact(s, blen) if blen else b""
+    if st != 0:
+        raise ConnectionError(f"AUTH_CHALLENGE refused: {st}")
+    take_challenge(t, body)
+    return frame(OP["HELLO"], hello_body(token, tx=t, **kw))
 
 
 def keys_body(keys: list[bytes], tenant: bytes = b"") -> bytes:
@@ -250,8 +317,23 @@ class Raw:
                 return st, b
             # unsolicited frames (none expected on a client connection): skip
 
+    def challenge(self, token: bytes, **kw: Any) -> tuple[int, Optional[AuthTx]]:
+        """AUTH_CHALLENGE announcing token and kw's credentials: (status,
+        the transcript to prove over)."""
+        t = AuthTx([token, kw.get("node_cred", b""), kw.get("tenant_cred", b""),
+                    kw.get("session", b"")])
+        st, b = self.call(OP["AUTH_CHALLENGE"], challenge_body(t))
+        if st != 0:
+            return st, None
+        take_challenge(t, b)
+        return 0, t
+
     def hello(self, token: bytes, **kw: Any) -> int:
-        st, _ = self.call(OP["HELLO"], hello_body(token, **kw))
+        """The whole handshake, proving token (and kw's credentials)."""
+        st, t = self.challenge(token, **kw)
+        if st != 0:
+            return st
+        st, _ = self.call(OP["HELLO"], hello_body(token, tx=t, **kw))
         return st
 
     def close(self) -> None:
@@ -456,13 +538,14 @@ def atk_lying(ctx: Ctx, target: str, deadline: float, st: dict[str, int]) -> Non
                         data = hdr(OP["HELLO"], 10) + hb  # smaller: the rest is garbage
                     elif k == 3:  # authenticated, then a 60 MiB frame begun, 256 KiB sent
                         big = OP["GET"] if target == "master" else OP["SEG_WRITE"]
-                        data = frame(OP["HELLO"], hb) + hdr(big, 60 << 20) + rnd.randbytes(256 << 10)
+                        data = sock_hello(s, ctx.token) + hdr(big, 60 << 20) + \
+                            rnd.randbytes(256 << 10)
                     elif k == 4 and target == "node":  # SEG_WRITE body_len != 56 + length
                         d = Desc(ctx.seg_id, 0, 4096, 1, 2**40, ACCESS_WRITE, rnd.getrandbits(64))
-                        data = frame(OP["HELLO"], hb) + hdr(OP["SEG_WRITE"], SEG_IO + 100) + \
+                        data = sock_hello(s, ctx.token) + hdr(OP["SEG_WRITE"], SEG_IO + 100) + \
                             d.enc() + rnd.randbytes(100)
                     else:  # authenticated, a request with body_len 1 GiB + header only
-                        data = frame(OP["HELLO"], hb) + hdr(OP["EXIST"], 1 << 30)
+                        data = sock_hello(s, ctx.token) + hdr(OP["EXIST"], 1 << 30)
                 st["conns"] += 1
                 s.sendall(data)
                 st["bytes_sent"] += len(data)
@@ -484,14 +567,14 @@ def atk_slowloris(ctx: Ctx, target: str, deadline: float, st: dict[str, int]) ->
     pool = Pool(st)
     n_slow, n_auth = 50, 10
 
-    def payload(auth: bool) -> tuple[bytes, bytes]:
+    def payload(auth: bool, s: socket.socket) -> tuple[bytes, bytes]:
         if target == "lookup":
             body = b"L" + struct.pack(">IH", 64, 32) + rnd.randbytes(64) + b"\x00"
             return b"", struct.pack(">I", len(body)) + body
         hb = hello_body(ctx.token)
         if auth:
             req = frame(OP["EXIST"], keys_body([b"slow-%d" % i for i in range(64)]))
-            return frame(OP["HELLO"], hb), req
+            return sock_hello(s, ctx.token), req
         f = frame(OP["HELLO"], hb)
         return f[:HDR], f[HDR:]
 
@@ -505,7 +588,7 @@ def atk_slowloris(ctx: Ctx, target: str, deadline: float, st: dict[str, int]) ->
             try:
                 s = unix_connect(ctx.lookup_sock, 1.0) if target == "lookup" else \
                     tcp_connect(ctx.addr[target], rnd.choice(ctx.srcs), 1.0)
-                first, rest = payload(auth)
+                first, rest = payload(auth, s)
                 if first:
                     s.sendall(first)
                     st["bytes_sent"] += len(first)
@@ -549,7 +632,7 @@ def atk_flood(ctx: Ctx, target: str, deadline: float, st: dict[str, int]) -> Non
                 else:
                     s = tcp_connect(ctx.addr[target], ctx.srcs[st["conns"] % len(ctx.srcs)], 1.0)
                     if st["conns"] % 2 == 0:
-                        f = frame(OP["HELLO"], hello_body(ctx.token))
+                        f = sock_hello(s, ctx.token)
                         s.sendall(f)
                         st["bytes_sent"] += len(f)
                 st["conns"] += 1
@@ -621,7 +704,7 @@ def atk_neverread(ctx: Ctx, target: str, deadline: float, st: dict[str, int]) ->
                     s = unix_connect(ctx.lookup_sock, 1.0)
                 else:
                     s = tcp_connect(ctx.addr[target], rnd.choice(ctx.srcs), 1.0)
-                    f = frame(OP["HELLO"], hello_body(ctx.token))
+                    f = sock_hello(s, ctx.token)
                     s.sendall(f)
                     st["bytes_sent"] += len(f)
                 st["conns"] += 1
@@ -654,22 +737,30 @@ def atk_tokens(ctx: Ctx, target: str, deadline: float, st: dict[str, int]) -> No
     while time.monotonic() < deadline:
         i += 1
         k = i % 5
+        kw: dict[str, Any] = {}
         if k == 0:
-            hb, what = hello_body(rnd.randbytes(16).hex().encode()), "wrong_token"
+            tok, what = rnd.randbytes(16).hex().encode(), "wrong_token"
         elif k == 1:
-            hb, what = hello_body(b""), "no_token"
+            tok, what = b"", "no_token"
         elif k == 2:
-            hb, what = hello_body(ctx.token, client_id=0), "client_id_0"
+            tok, what, kw = ctx.token, "client_id_0", {"client_id": 0}
         elif k == 3:
-            hb, what = hello_body(ctx.token, session=b"short"), "bad_session_len"
+            tok, what, kw = ctx.token, "bad_session_len", {"session": b"short"}
         else:
-            hb, what = hello_body(ctx.token, session=rnd.randbytes(16)), "unknown_client_session"
+            tok, what, kw = ctx.token, "unknown_client_session", {"session": rnd.randbytes(16)}
         try:
             r = Raw(ctx.addr[target], 1.0, rnd.choice(ctx.srcs))
             st["conns"] += 1
-            outcome(st, what, r, frame(OP["HELLO"], hb), 1.0)
+            # the challenge first (the proofs cover its nonces), then the
+            # HELLO whatever the server proved
+            cst, t = r.challenge(tok, **{a: v for a, v in kw.items() if a == "session"})
+            if cst != 0:
+                bump(st, f"{what}_challenge_status_{cst}")
+                r.close()
+                continue
+            outcome(st, what, r, frame(OP["HELLO"], hello_body(tok, tx=t, **kw)), 1.0)
             r.close()
-        except OSError:
+        except (OSError, struct.error):
             bump(st, "connect_failed")
         time.sleep(0.01)
     # the accepted ones that must not be: wrong/no token, client id 0, bad session

@@ -282,23 +282,55 @@ static int simple_call(kvp_xfer *x, int fd, uint16_t op, const uint8_t *body, ui
     return fh.status;
 }
 
+/*
+ * AUTH_CHALLENGE and HELLO (proto/auth.h) on a fresh connection to a
+ * storage node: with a cluster token, the node must prove it first (one
+ * that cannot gets nothing: KVP_EAUTH); the token itself never crosses.
+ */
 static int say_hello(kvp_xfer *x, int fd, uint64_t deadline_ms)
 {
     uint8_t body[1024], resp[256];
+    kvp_auth_creds cr = {{NULL}, {0}};
+    if (x->token[0]) {
+        cr.key[KVP_AUTH_CLUSTER] = x->token;
+        cr.len[KVP_AUTH_CLUSTER] = strlen(x->token);
+    }
+    kvp_auth_tx t;
+    if (kvp_auth_client_begin(&t, &cr) != 0)
+        return KVP_EINTERNAL_ERROR;
     kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
-    kvp_msg_hello m = {KVP_PROTO_VERSION, x->client_id,
-                       {(const uint8_t *)x->token, (uint32_t)strlen(x->token)},
-                       {(const uint8_t *)"client", 6}, {NULL, 0}, {NULL, 0}, {NULL, 0}};
+    kvp_msg_challenge ch = {KVP_PROTO_VERSION, {t.client_nonce, KVP_AUTH_NONCE}, t.has, {NULL, 0}};
+    kvp_enc_challenge(&b, &ch);
+    uint32_t rl = 0;
+    int rc = b.err ? KVP_EINVALID_PARAMS
+                   : simple_call(x, fd, KVP_OP_AUTH_CHALLENGE, body, (uint32_t)b.len, resp,
+                                 sizeof resp, &rl, deadline_ms, NULL);
+    if (rc)
+        return rc;
+    kvp_msg_challenge_resp cresp;
+    if (kvp_dec_challenge_resp(resp, rl, &cresp) != 0)
+        return KVP_ETRANSFER_FAIL;
+    int bad = kvp_auth_client_verify(&t, &cr, cresp.nonce.p, cresp.server_id, cresp.proof);
+    if (bad) {
+        KVP_WARN_LIMITED(MOD, "storage node (segment %016llx) could not prove the %s: refused",
+                         (unsigned long long)cresp.server_id, kvp_auth_cred_name(bad - 1));
+        return KVP_EAUTH;
+    }
+    uint8_t pr[KVP_AUTH__N][KVP_AUTH_PROOF];
+    kvp_msg_hello m = {KVP_PROTO_VERSION, x->client_id, {(const uint8_t *)"client", 6},
+                       {{NULL, 0}}};
+    kvp_auth_client_proofs(&t, &cr, x->client_id, pr, m.proof);
+    b = (kvp_buf){body, 0, sizeof body, sizeof body, 0};
     kvp_enc_hello(&b, &m);
     if (b.err)
         return KVP_EINVALID_PARAMS;
-    uint32_t rl = 0;
-    int rc = simple_call(x, fd, KVP_OP_HELLO, body, (uint32_t)b.len, resp, sizeof resp, &rl,
-                         deadline_ms, NULL);
+    rc = simple_call(x, fd, KVP_OP_HELLO, body, (uint32_t)b.len, resp, sizeof resp, &rl,
+                     deadline_ms, NULL);
     if (rc)
         return rc;
     kvp_msg_hello_resp r;
-    if (kvp_dec_hello_resp(resp, rl, &r) != 0 || r.version != KVP_PROTO_VERSION)
+    if (kvp_dec_hello_resp(resp, rl, &r) != 0 || r.version != KVP_PROTO_VERSION ||
+        r.master_id != t.server_id)
         return KVP_ETRANSFER_FAIL;
     return 0;
 }

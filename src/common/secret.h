@@ -43,6 +43,8 @@ typedef struct kvp_tenant_cred {
     uint64_t max_bytes;   /* pool (DRAM) bytes its objects may hold, replicas counted */
     uint64_t max_objects; /* objects it may hold (pending ones count) */
     uint32_t share;       /* weight of its fair share of the pool, 1 .. KVP_TENANT_SHARE_MAX */
+    uint8_t kid[8];       /* the token's key id (proto/auth.h kvp_auth_kid), set by the
+                             master: the HELLO handshake names the token by it */
 } kvp_tenant_cred;
 
 #define KVP_TENANT_SHARE_MAX 1000000u

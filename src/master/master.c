@@ -1803,32 +1803,123 @@ static uint64_t auth_failed(kvp_master *m, uint64_t peer, uint64_t now)
     return f->until - now;
 }
 
+static void hello_refuse(req *q, int err);
+
+/*
+ * AUTH_CHALLENGE: a fresh server nonce and, for each credential the client
+ * announced that this master holds, its server proof (proto/auth.h). The
+ * tenant credential is found by its key id, which is not secret. Answered
+ * once per HELLO: a second challenge before the HELLO is refused (and, on a
+ * connection not past HELLO, closed; before HELLO a connection is also under the service's
+ * small-frame and deadline limits). Nothing here is counted against the
+ * peer: a challenge reveals no secret either way.
+ */
+static void op_challenge(req *q)
+{
+    kvp_msg_challenge ch;
+    kvp_master *m = q->m;
+    kvp_msess *s = q->s;
+    int rc = kvp_dec_challenge(q->body, q->h->body_len, &ch) != 0 ? KVP_EPROTOCOL
+             : ch.version != KVP_PROTO_VERSION                     ? KVP_EINVALID_VERSION
+             : s->challenged                                       ? KVP_EPROTOCOL
+                                                                   : 0;
+    if (rc) {
+        reply_status(q, rc);
+        if (!s->client) /* before HELLO the connection goes; after, only the request fails */
+            s->close_after = 1;
+        return;
+    }
+    /* phase 1: the transcript */
+    kvp_auth_tx *t = &s->auth;
+    memset(t, 0, sizeof *t);
+    memcpy(t->client_nonce, ch.nonce.p, KVP_AUTH_NONCE);
+    if (kvp_auth_nonce(t->server_nonce) != 0) {
+        hello_refuse(q, KVP_EINTERNAL_ERROR);
+        return;
+    }
+    t->server_id = m->id;
+    t->has = ch.has;
+    if (ch.kid.len)
+        memcpy(t->kid, ch.kid.p, KVP_AUTH_KID);
+    s->auth_tcred = -1;
+    for (size_t i = 0; ch.kid.len && i < m->ntcreds && s->auth_tcred < 0; i++)
+        if (!memcmp(m->tcreds[i].kid, t->kid, KVP_AUTH_KID))
+            s->auth_tcred = (int)i;
+    s->challenged = 1;
+    /* phase 2: the proofs this master can give */
+    const char *key[3] = {m->cfg.cluster_token, m->cfg.node_token,
+                          s->auth_tcred >= 0 ? m->tcreds[s->auth_tcred].token : ""};
+    uint8_t pr[3][KVP_AUTH_PROOF];
+    kvp_msg_challenge_resp r = {{t->server_nonce, KVP_AUTH_NONCE}, m->id, {{NULL, 0}}};
+    for (int c = 0; c < 3; c++) {
+        if (!(t->has & KVP_AUTH_HAS(c)) || !key[c][0])
+            continue;
+        kvp_auth_server_proof(t, c, key[c], strlen(key[c]), pr[c]);
+        r.proof[c] = (kvp_bytes){pr[c], KVP_AUTH_PROOF};
+    }
+    size_t off = reply_begin(q);
+    kvp_enc_challenge_resp(q->out, &r);
+    reply_end(q, off);
+}
+
+/* Does `proof` show the token `key` for credential `cred` on this
+ * connection? Constant time for a proof of the right length. */
+static int proof_ok(const kvp_msess *s, int cred, uint64_t client_id, const char *key,
+                    size_t klen, kvp_bytes proof)
+{
+    uint8_t want[KVP_AUTH_PROOF];
+    kvp_auth_client_proof(&s->auth, cred, client_id, key, klen, want);
+    return kvp_auth_proof_ok(proof.p, proof.len, want);
+}
+
 /* Which credentials the HELLO proves: *node, *tcred (-1 none). 0 or
- * KVP_EAUTH. Every comparison runs in constant time. */
-static int hello_creds(const kvp_master *m, const kvp_msg_hello *h, int *node, int *tcred)
+ * KVP_EAUTH. A proof needs the challenge answered on this connection (the
+ * caller consumes it) and a credential announced there; a master with a
+ * cluster token needs its proof. A HELLO without a challenge proves
+ * nothing: accepted only by a master without a cluster token, claiming no
+ * credential. */
+static int hello_creds(const kvp_master *m, const kvp_msess *s, const kvp_msg_hello *h, int *node,
+                       int *tcred)
 {
     const char *ct = m->cfg.cluster_token;
-    if (ct[0] && !kvp_secret_equal(h->token.p, h->token.len, ct, strlen(ct)))
-        return KVP_EAUTH;
     *node = 0;
     *tcred = -1;
-    if (h->node_cred.len) {
+    if (!s->challenged)
+        return ct[0] || h->proof[KVP_AUTH_CLUSTER].len || h->proof[KVP_AUTH_NODE].len ||
+                       h->proof[KVP_AUTH_TENANT].len ? KVP_EAUTH : 0;
+    uint8_t has = s->auth.has;
+    if (ct[0] && (!(has & KVP_AUTH_HAS(KVP_AUTH_CLUSTER)) ||
+                  !proof_ok(s, KVP_AUTH_CLUSTER, h->client_id, ct, strlen(ct),
+                            h->proof[KVP_AUTH_CLUSTER])))
+        return KVP_EAUTH;
+    if (h->proof[KVP_AUTH_NODE].len) {
         const char *nt = m->cfg.node_token;
-        if (!nt[0] || !kvp_secret_equal(h->node_cred.p, h->node_cred.len, nt, strlen(nt)))
+        if (!nt[0] || !(has & KVP_AUTH_HAS(KVP_AUTH_NODE)) ||
+            !proof_ok(s, KVP_AUTH_NODE, h->client_id, nt, strlen(nt), h->proof[KVP_AUTH_NODE]))
             return KVP_EAUTH;
         *node = 1;
     }
-    if (h->tenant_cred.len) {
-        int found = -1;
-        for (size_t i = 0; i < m->ntcreds; i++) /* no early exit: constant time */
-            if (kvp_secret_equal(h->tenant_cred.p, h->tenant_cred.len, m->tcreds[i].token,
-                                 strlen(m->tcreds[i].token)))
-                found = (int)i;
-        if (found < 0)
+    if (h->proof[KVP_AUTH_TENANT].len) {
+        int i = s->auth_tcred;
+        if (i < 0 || !(has & KVP_AUTH_HAS(KVP_AUTH_TENANT)) ||
+            !proof_ok(s, KVP_AUTH_TENANT, h->client_id, m->tcreds[i].token,
+                      strlen(m->tcreds[i].token), h->proof[KVP_AUTH_TENANT]))
             return KVP_EAUTH;
-        *tcred = found;
+        *tcred = i;
     }
     return 0;
+}
+
+/* May the HELLO join `c`, a live client with its id? Only with the proof of
+ * the session secret the master gave it, over this connection's challenge
+ * (the secret itself never crosses again), and the same credentials. */
+static int hello_joins(const kvp_msess *s, const kvp_msg_hello *h, const kvp_mclient *c, int node,
+                       int tcred)
+{
+    return s->challenged && (s->auth.has & KVP_AUTH_HAS(KVP_AUTH_SESSION)) &&
+           proof_ok(s, KVP_AUTH_SESSION, h->client_id, (const char *)c->session, KVP_SESSION_LEN,
+                    h->proof[KVP_AUTH_SESSION]) &&
+           c->node == node && c->tcred == tcred;
 }
 
 static void hello_refuse(req *q, int err)
@@ -1866,8 +1957,10 @@ static void hello_refuse_cred(req *q, int err)
 }
 
 /*
- * HELLO: version, credentials, identity. A client_id already live is
- * joined only with the session secret the master gave it (so knowing an
+ * HELLO: version, credentials (proofs over this connection's challenge,
+ * hello_creds), identity. A refused HELLO closes the connection; an
+ * accepted one consumes the challenge. A client_id already live is
+ * joined only with a proof of the session secret the master gave it (so knowing an
  * id, which the logs show, is not enough to act as that client); a new id
  * gets a fresh secret. The credentials of every connection of a client
  * must agree.
@@ -1890,7 +1983,9 @@ static void op_hello(req *q)
     /* phase 1: credentials, always checked; a peer that keeps failing is
      * answered late (hello_refuse_cred) */
     int node, tcred;
-    if (hello_creds(m, &h, &node, &tcred) != 0) {
+    rc = hello_creds(m, q->s, &h, &node, &tcred);
+    if (rc != 0) {
+        q->s->challenged = 0; /* a challenge serves one HELLO */
         KVP_WARN_LIMITED(MOD, "HELLO from %s refused: wrong credential", q->s->peer_addr);
         hello_refuse_cred(q, KVP_EAUTH);
         return;
@@ -1903,8 +1998,8 @@ static void op_hello(req *q)
     }
     if (!c) {
         c = client_find(m, h.client_id);
-        if (c && (!kvp_secret_equal(h.session.p, h.session.len, c->session, KVP_SESSION_LEN) ||
-                  c->node != node || c->tcred != tcred)) {
+        if (c && !hello_joins(q->s, &h, c, node, tcred)) {
+            q->s->challenged = 0;
             KVP_WARN_LIMITED(MOD, "HELLO refused: a client id already in use, without its "
                                   "session secret or with other credentials");
             hello_refuse_cred(q, KVP_EILLEGAL_CLIENT);
@@ -1928,6 +2023,7 @@ static void op_hello(req *q)
         c->nconns++;
         q->s->client = c;
     }
+    q->s->challenged = 0; /* a challenge serves one HELLO */
     c->last_seen = q->now;
     kvp_msg_hello_resp r = {KVP_PROTO_VERSION, m->id, (uint32_t)m->cfg.max_frame,
                             (uint32_t)m->cfg.lease_ttl_ms, (uint32_t)m->cfg.client_ttl_ms,
@@ -4369,6 +4465,8 @@ int kvp_master_handle(kvp_master *m, kvp_msess *s, const kvp_frame_hdr *h, const
         reply_status(&q, KVP_EPROTOCOL);
     } else if (h->op == KVP_OP_HELLO) {
         op_hello(&q);
+    } else if (h->op == KVP_OP_AUTH_CHALLENGE) {
+        op_challenge(&q);
     } else if (!kvp_op_name(h->op)) {
         reply_status(&q, KVP_EUNKNOWN_OP);
     } else if (!s->client) {
@@ -4525,6 +4623,7 @@ static int tenants_configure(kvp_master *m)
                       kvp_strerror(id));
             return id == KVP_ENOMEM ? KVP_ENOMEM : KVP_ECONFIG;
         }
+        kvp_auth_kid(c->token, strlen(c->token), m->tcreds[i].kid);
         mtenant *t = &m->tq[id];
         t->configured = 1;
         t->max_pages = c->max_bytes ? (c->max_bytes + 4095) >> 12 : 0;

@@ -53,6 +53,10 @@ typedef struct kvp_msess {
     int deferred;        /* set by the core: a request of this session is served
                             over several turns (kvp_master_jobs); serve none of
                             its later frames until the core clears it */
+    int challenged;      /* set by the core: AUTH_CHALLENGE answered, `auth` holds
+                            its transcript; the next HELLO consumes it */
+    int auth_tcred;      /* the tenant credential the challenge's kid named, or -1 */
+    kvp_auth_tx auth;    /* this connection's handshake (proto/auth.h) */
 } kvp_msess;
 
 /* Copies what it needs from cfg and loads cfg->tenant_tokens_file. 0,

@@ -196,27 +196,87 @@ int kvp_rpc_call(kvp_rpc *r, uint16_t op, const void *body, size_t len, int32_t 
     }
 }
 
-/* One HELLO on r's fresh connection, within r->timeout_ms. 0 or the error
- * (a status of the server, or the transport's), with a message in err. */
-static int say_hello(kvp_rpc *r, const char *addr, const kvp_rpc_opts *o, char *err, size_t errlen)
+/* The credentials the options hold (the session only when not all zero). */
+static void opts_creds(const kvp_rpc_opts *o, kvp_auth_creds *c)
 {
+    static const uint8_t zero[KVP_SESSION_LEN];
+    memset(c, 0, sizeof *c);
+    const char *t[3] = {o->token, o->node_token, o->tenant_token};
+    for (int i = 0; i < 3; i++)
+        if (t[i] && *t[i]) {
+            c->key[i] = t[i];
+            c->len[i] = strlen(t[i]);
+        }
+    if (o->session && memcmp(o->session, zero, KVP_SESSION_LEN) != 0) {
+        c->key[KVP_AUTH_SESSION] = o->session;
+        c->len[KVP_AUTH_SESSION] = KVP_SESSION_LEN;
+    }
+}
+
+/*
+ * AUTH_CHALLENGE on r's fresh connection (proto/auth.h): the server must
+ * prove every credential cr holds before any proof of ours is sent (a
+ * forged master learns our nonce and the tenant key id, nothing else). 0
+ * or the error, with a message in err.
+ */
+static int challenge(kvp_rpc *r, const char *addr, const kvp_auth_creds *cr, kvp_auth_tx *t,
+                     char *err, size_t errlen)
+{
+    uint8_t body[128];
+    kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
+    if (kvp_auth_client_begin(t, cr) != 0) {
+        snprintf(err, errlen, "HELLO to %s: no randomness for the challenge", addr);
+        return KVP_EINTERNAL_ERROR;
+    }
+    kvp_msg_challenge ch = {KVP_PROTO_VERSION, {t->client_nonce, KVP_AUTH_NONCE}, t->has,
+                            {t->kid, (t->has & KVP_AUTH_HAS(KVP_AUTH_TENANT)) ? KVP_AUTH_KID : 0}};
+    kvp_enc_challenge(&b, &ch);
+    int32_t st = 0;
+    const uint8_t *resp;
+    uint32_t rl;
+    int rc = b.err ? b.err : kvp_rpc_call(r, KVP_OP_AUTH_CHALLENGE, b.data, b.len, &st, &resp, &rl);
+    if (rc == 0)
+        rc = st;
+    kvp_msg_challenge_resp cr_resp;
+    if (rc == 0 && kvp_dec_challenge_resp(resp, rl, &cr_resp) != 0)
+        rc = KVP_EPROTOCOL;
+    if (rc == KVP_EAGAIN) {
+        snprintf(err, errlen, "%s is a standby master of a cluster, not its leader (name the "
+                 "master etcd://ETCD/CLUSTER to follow the leader)", addr);
+        return rc;
+    }
+    if (rc) {
+        snprintf(err, errlen, "HELLO to %s failed: challenge: %s", addr, kvp_strerror(rc));
+        return rc;
+    }
+    int bad = kvp_auth_client_verify(t, cr, cr_resp.nonce.p, cr_resp.server_id, cr_resp.proof);
+    if (bad) {
+        snprintf(err, errlen, "HELLO to %s refused by this client: the server did not prove it "
+                 "holds our %s (ours is wrong, or it is not a genuine server of this cluster); "
+                 "nothing secret was sent", addr, kvp_auth_cred_name(bad - 1));
+        return KVP_EAUTH;
+    }
+    return 0;
+}
+
+/* AUTH_CHALLENGE and HELLO on r's fresh connection, within r->timeout_ms.
+ * The answer's master id must be the one that answered the challenge
+ * (open_at then checks it against etcd's record). 0 or the error (a status of the
+ * server, or the transport's), with a message in err. */
+static int say_hello(kvp_rpc *r, const char *addr, const kvp_rpc_opts *o, char *err,
+                     size_t errlen)
+{
+    kvp_auth_creds cr;
+    kvp_auth_tx t;
+    opts_creds(o, &cr);
+    int rc = challenge(r, addr, &cr, &t, err, errlen);
+    if (rc)
+        return rc;
     kvp_buf b;
     kvp_buf_init(&b, 4096);
-    kvp_msg_hello h = {KVP_PROTO_VERSION, r->client_id, {NULL, 0}, {NULL, 0},
-                       {NULL, 0}, {NULL, 0}, {NULL, 0}};
-    static const uint8_t zero[KVP_SESSION_LEN];
-    if (o->session && memcmp(o->session, zero, KVP_SESSION_LEN) != 0)
-        h.session = (kvp_bytes){o->session, KVP_SESSION_LEN};
-    if (o->node_token && *o->node_token)
-        h.node_cred = (kvp_bytes){(const uint8_t *)o->node_token,
-                                  (uint32_t)strlen(o->node_token)};
-    if (o->tenant_token && *o->tenant_token)
-        h.tenant_cred = (kvp_bytes){(const uint8_t *)o->tenant_token,
-                                    (uint32_t)strlen(o->tenant_token)};
-    if (o->token) {
-        h.token.p = (const uint8_t *)o->token;
-        h.token.len = (uint32_t)strlen(o->token);
-    }
+    uint8_t pr[KVP_AUTH__N][KVP_AUTH_PROOF];
+    kvp_msg_hello h = {KVP_PROTO_VERSION, r->client_id, {NULL, 0}, {{NULL, 0}}};
+    kvp_auth_client_proofs(&t, &cr, r->client_id, pr, h.proof);
     if (o->name) {
         h.name.p = (const uint8_t *)o->name;
         h.name.len = (uint32_t)strlen(o->name);
@@ -225,7 +285,7 @@ static int say_hello(kvp_rpc *r, const char *addr, const kvp_rpc_opts *o, char *
     int32_t st = 0;
     const uint8_t *resp;
     uint32_t rl;
-    int rc = b.err ? b.err : kvp_rpc_call(r, KVP_OP_HELLO, b.data, b.len, &st, &resp, &rl);
+    rc = b.err ? b.err : kvp_rpc_call(r, KVP_OP_HELLO, b.data, b.len, &st, &resp, &rl);
     kvp_buf_free(&b);
     kvp_msg_hello_backoff bo;
     if (rc == 0 && st == KVP_EAUTH_BACKOFF && kvp_dec_hello_backoff(resp, rl, &bo) == 0) {
@@ -238,9 +298,11 @@ static int say_hello(kvp_rpc *r, const char *addr, const kvp_rpc_opts *o, char *
         rc = st;
     if (rc == 0)
         rc = kvp_dec_hello_resp(resp, rl, &r->hello);
+    if (rc == 0 && r->hello.master_id != t.server_id)
+        rc = KVP_EPROTOCOL; /* not the server that answered the challenge */
     if (rc == 0 && o->session)
         memcpy(o->session, r->hello.session, KVP_SESSION_LEN);
-    if (rc == KVP_EAUTH && !h.token.len)
+    if (rc == KVP_EAUTH && !cr.len[KVP_AUTH_CLUSTER])
         snprintf(err, errlen, "HELLO to %s failed: %s: the master requires a cluster token and "
                  "none was given (set cluster_token_file, or $KVPOOL_CLUSTER_TOKEN)", addr,
                  kvp_strerror(rc));

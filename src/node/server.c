@@ -11,7 +11,8 @@
  *
  *   ST_HDR      reading the 24-byte frame header into c->hdr
  *   ST_SEGIO    SEG_WRITE / SEG_READ: reading the 56-byte kvp_seg_io
- *   ST_SMALL    HELLO / SHM_ATTACH / UCX_ATTACH: reading a small body (<= SMALL_MAX)
+ *   ST_SMALL    AUTH_CHALLENGE / HELLO / SHM_ATTACH / UCX_ATTACH: reading a small
+ *               body (<= SMALL_MAX)
  *   ST_WBODY    SEG_WRITE accepted: value bytes go straight from the socket
  *               into segment memory [wpos, wpos + left)
  *   ST_SKIP     discarding `left` bytes (refused SEG_WRITE, unknown op)
@@ -83,7 +84,7 @@
 #define MOD "segserver"
 #define OUTQ 64                  /* queued answers per connection */
 #define SMALL_MAX 4096           /* largest HELLO / SHM_ATTACH body */
-#define SMALL_RESP 96            /* largest small answer body (HELLO: 83) */
+#define SMALL_RESP 96            /* largest small answer body (HELLO: 83, AUTH_CHALLENGE: 88) */
 #define READ_BUDGET (8u << 20)   /* bytes read per connection per event */
 #define FRAME_BUDGET 256         /* frames per connection per event */
 #define SCRATCH 65536            /* per-worker discard buffer */
@@ -117,6 +118,9 @@ typedef struct conn {
     int fd;
     int is_unix;
     int hello_ok;
+    int challenged;       /* AUTH_CHALLENGE answered: `auth` holds its transcript;
+                             the next HELLO consumes it */
+    kvp_auth_tx auth;
     enum cstate st;
     uint32_t interest;    /* current epoll events */
     kvp_frame_hdr h;      /* frame being read */
@@ -409,9 +413,56 @@ static int seg_check(const struct kvp_segserver *s, const kvp_replica *r, uint32
     return kvp_grants_check(s->grants, s->segment_id, r, access, kvp_now_ms(), deadline);
 }
 
+/*
+ * AUTH_CHALLENGE (proto/auth.h): a fresh nonce, this segment's id as the
+ * server id, and the proof of the cluster token when the client holds one
+ * and so does this server. Once per HELLO; before HELLO only.
+ */
+static void on_challenge(struct kvp_segserver *s, conn *c)
+{
+    kvp_msg_challenge ch;
+    if (kvp_dec_challenge(c->small, c->h.body_len, &ch) != 0 || c->challenged || c->hello_ok) {
+        refuse_close(c, KVP_EPROTOCOL);
+        return;
+    }
+    if (ch.version != KVP_PROTO_VERSION) {
+        refuse_close(c, KVP_EINVALID_VERSION);
+        return;
+    }
+    kvp_auth_tx *t = &c->auth;
+    memset(t, 0, sizeof *t);
+    memcpy(t->client_nonce, ch.nonce.p, KVP_AUTH_NONCE);
+    if (kvp_auth_nonce(t->server_nonce) != 0) {
+        refuse_close(c, KVP_EINTERNAL_ERROR);
+        return;
+    }
+    t->server_id = s->segment_id;
+    t->has = ch.has;
+    if (ch.kid.len)
+        memcpy(t->kid, ch.kid.p, KVP_AUTH_KID);
+    c->challenged = 1;
+    uint8_t pr[KVP_AUTH_PROOF];
+    kvp_msg_challenge_resp r = {{t->server_nonce, KVP_AUTH_NONCE}, s->segment_id, {{NULL, 0}}};
+    size_t tl = strlen(s->token);
+    if (tl && (t->has & KVP_AUTH_HAS(KVP_AUTH_CLUSTER))) {
+        kvp_auth_server_proof(t, KVP_AUTH_CLUSTER, s->token, tl, pr);
+        r.proof[KVP_AUTH_CLUSTER] = (kvp_bytes){pr, KVP_AUTH_PROOF};
+    }
+    uint8_t tmp[SMALL_RESP];
+    kvp_buf b = {tmp, 0, sizeof tmp, sizeof tmp, 0};
+    kvp_enc_challenge_resp(&b, &r);
+    answer(c, 0, tmp, (uint32_t)b.len, NULL, 0, -1);
+    c->st = ST_HDR;
+}
+
+/* HELLO: with a cluster token, the client's proof of it over this
+ * connection's challenge (consumed either way). Other credentials mean
+ * nothing here. */
 static void on_hello(struct kvp_segserver *s, conn *c)
 {
     kvp_msg_hello m;
+    int challenged = c->challenged;
+    c->challenged = 0;
     if (kvp_dec_hello(c->small, c->h.body_len, &s->lim, &m) != 0 || m.client_id == 0) {
         refuse_close(c, KVP_EPROTOCOL);
         return;
@@ -421,11 +472,17 @@ static void on_hello(struct kvp_segserver *s, conn *c)
         return;
     }
     size_t tl = strlen(s->token);
-    if (tl && !kvp_secret_equal(m.token.p, m.token.len, s->token, tl)) {
-        KVP_WARN_LIMITED(MOD, "HELLO from client %016llx refused: wrong cluster token",
-                         (unsigned long long)m.client_id);
-        refuse_close(c, KVP_EAUTH);
-        return;
+    if (tl) {
+        uint8_t want[KVP_AUTH_PROOF];
+        kvp_auth_client_proof(&c->auth, KVP_AUTH_CLUSTER, m.client_id, s->token, tl, want);
+        if (!challenged || !(c->auth.has & KVP_AUTH_HAS(KVP_AUTH_CLUSTER)) ||
+            !kvp_auth_proof_ok(m.proof[KVP_AUTH_CLUSTER].p, m.proof[KVP_AUTH_CLUSTER].len,
+                               want)) {
+            KVP_WARN_LIMITED(MOD, "HELLO from client %016llx refused: no proof of the cluster "
+                                  "token", (unsigned long long)m.client_id);
+            refuse_close(c, KVP_EAUTH);
+            return;
+        }
     }
     c->hello_ok = 1;
     kvp_msg_hello_resp r = {KVP_PROTO_VERSION, s->segment_id, s->max_frame, 0, 0, 0, {0},
@@ -481,6 +538,8 @@ static void on_small(struct kvp_segserver *s, conn *c)
 {
     if (c->h.op == KVP_OP_HELLO)
         on_hello(s, c);
+    else if (c->h.op == KVP_OP_AUTH_CHALLENGE)
+        on_challenge(s, c);
     else if (c->h.op == KVP_OP_SHM_ATTACH)
         on_shm_attach(s, c);
     else
@@ -504,11 +563,12 @@ static void on_header(struct kvp_segserver *s, conn *c)
         refuse_close(c, KVP_EPROTOCOL);
         return;
     }
-    if (!c->hello_ok && c->h.op != KVP_OP_HELLO) {
+    if (!c->hello_ok && c->h.op != KVP_OP_HELLO && c->h.op != KVP_OP_AUTH_CHALLENGE) {
         refuse_close(c, KVP_ENO_HELLO);
         return;
     }
     switch (c->h.op) {
+    case KVP_OP_AUTH_CHALLENGE:
     case KVP_OP_HELLO:
         if (c->h.body_len > SMALL_MAX) {
             refuse_close(c, KVP_EPROTOCOL);

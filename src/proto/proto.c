@@ -300,15 +300,64 @@ static void wr_seg(kvp_buf *b, const kvp_seg_desc *s)
 
 /* --------------------------------------------------------------- hello */
 
+/* A proof on the wire: empty or exactly KVP_AUTH_PROOF bytes. */
+static kvp_bytes rd_proof(kvp_rd *r)
+{
+    kvp_bytes b = kvp_rd_bytes(r, KVP_AUTH_PROOF);
+    if (b.len != 0 && b.len != KVP_AUTH_PROOF)
+        rd_fail(r);
+    return b;
+}
+
+void kvp_enc_challenge(kvp_buf *b, const kvp_msg_challenge *m)
+{
+    kvp_buf_u32(b, m->version);
+    wr_bytes(b, m->nonce);
+    kvp_buf_u8(b, m->has);
+    wr_bytes(b, m->kid);
+}
+
+int kvp_dec_challenge(const uint8_t *p, uint32_t len, kvp_msg_challenge *m)
+{
+    DEC_BEGIN;
+    m->version = kvp_rd_u32(&r);
+    m->nonce = kvp_rd_bytes(&r, KVP_AUTH_NONCE);
+    m->has = kvp_rd_u8(&r);
+    m->kid = kvp_rd_bytes(&r, KVP_AUTH_KID);
+    if (m->nonce.len != KVP_AUTH_NONCE || (m->has & ~KVP_AUTH_HAS_ALL) ||
+        (m->kid.len != 0 && m->kid.len != KVP_AUTH_KID) ||
+        !(m->kid.len == KVP_AUTH_KID) != !(m->has & KVP_AUTH_HAS(KVP_AUTH_TENANT)))
+        rd_fail(&r);
+    DEC_END;
+}
+
+void kvp_enc_challenge_resp(kvp_buf *b, const kvp_msg_challenge_resp *m)
+{
+    wr_bytes(b, m->nonce);
+    kvp_buf_u64(b, m->server_id);
+    for (int i = 0; i < 3; i++)
+        wr_bytes(b, m->proof[i]);
+}
+
+int kvp_dec_challenge_resp(const uint8_t *p, uint32_t len, kvp_msg_challenge_resp *m)
+{
+    DEC_BEGIN;
+    m->nonce = kvp_rd_bytes(&r, KVP_AUTH_NONCE);
+    if (m->nonce.len != KVP_AUTH_NONCE)
+        rd_fail(&r);
+    m->server_id = kvp_rd_u64(&r);
+    for (int i = 0; i < 3; i++)
+        m->proof[i] = rd_proof(&r);
+    DEC_END;
+}
+
 void kvp_enc_hello(kvp_buf *b, const kvp_msg_hello *m)
 {
     kvp_buf_u32(b, m->version);
     kvp_buf_u64(b, m->client_id);
-    wr_bytes(b, m->token);
     wr_bytes(b, m->name);
-    wr_bytes(b, m->node_cred);
-    wr_bytes(b, m->tenant_cred);
-    wr_bytes(b, m->session);
+    for (int i = 0; i < 4; i++)
+        wr_bytes(b, m->proof[i]);
 }
 
 int kvp_dec_hello(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_msg_hello *m)
@@ -316,13 +365,9 @@ int kvp_dec_hello(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp
     DEC_BEGIN;
     m->version = kvp_rd_u32(&r);
     m->client_id = kvp_rd_u64(&r);
-    m->token = kvp_rd_bytes(&r, l->max_str);
     m->name = kvp_rd_bytes(&r, l->max_str);
-    m->node_cred = kvp_rd_bytes(&r, l->max_str);
-    m->tenant_cred = kvp_rd_bytes(&r, l->max_str);
-    m->session = kvp_rd_bytes(&r, KVP_SESSION_LEN);
-    if (m->session.len != 0 && m->session.len != KVP_SESSION_LEN)
-        rd_fail(&r);
+    for (int i = 0; i < 4; i++)
+        m->proof[i] = rd_proof(&r);
     DEC_END;
 }
 

@@ -31,11 +31,13 @@
 #include <stdint.h>
 
 #include "common/buf.h"
+#include "proto/auth.h"
 
 #define KVP_PROTO_MAGIC 0x4B56u
-#define KVP_PROTO_VERSION 3 /* 2: DISK_CMD / DISK_REPORT entries carry a record id,
+#define KVP_PROTO_VERSION 4 /* 2: DISK_CMD / DISK_REPORT entries carry a record id,
                                PUT_START a soft pin's TTL; 3: the HELLO answer carries
-                               the server's release */
+                               the server's release; 4: AUTH_CHALLENGE, and HELLO
+                               carries proofs (proto/auth.h), never a token */
 #define KVP_FRAME_HDR 24
 
 #define KVP_FLAG_RESPONSE 0x01 /* this frame answers req_id */
@@ -47,7 +49,7 @@
  * The one opcode table. XX(NAME, code, summary).
  */
 #define KVP_OP_MAP(XX)                                                                 \
-    XX(HELLO, 1, "version, client id, cluster token; first frame on a connection")     \
+    XX(HELLO, 1, "version, client id, proofs of the credentials (after AUTH_CHALLENGE)") \
     XX(MOUNT_SEGMENT, 2, "mount segments (id, name host:port, capacity, endpoints)")   \
     XX(UNMOUNT_SEGMENT, 3, "unmount segments by id; objects on them are dropped")      \
     XX(HEARTBEAT, 4, "keep the client alive; answers the master's view")               \
@@ -80,7 +82,8 @@
     XX(KV_SNAPSHOT, 31, "a tenant's announced blocks (KV events) as of its stream's last seq") \
     XX(UCX_ATTACH, 32, "storage node: its UCX worker address and the segment's rkey (one-sided transfers)") \
     XX(EXIST_LEASE, 33, "per key: present (and then leased, as GET leases) and its size; a lookup that holds what it answered") \
-    XX(CONFIGS, 34, "objects and bytes per configuration (the @cfg:<fp> of connector keys), per tenant")
+    XX(CONFIGS, 34, "objects and bytes per configuration (the @cfg:<fp> of connector keys), per tenant") \
+    XX(AUTH_CHALLENGE, 35, "before HELLO: nonces; the server proves the credentials the client holds")
 
 enum kvp_op {
 #define KVP__OP_ENUM(name, code, doc) KVP_OP_##name = (code),
@@ -145,17 +148,39 @@ void kvp_proto_limits_default(kvp_proto_limits *l);
 
 #define KVP_SESSION_LEN 16 /* bytes of a session secret */
 
-/* HELLO request. client_id 0 is invalid. */
+/*
+ * AUTH_CHALLENGE request (proto/auth.h): the first frame on a connection
+ * whose client holds a credential. Answered once per connection before
+ * each HELLO; a second one before HELLO is refused (KVP_EPROTOCOL, close).
+ */
+typedef struct kvp_msg_challenge {
+    uint32_t version;  /* KVP_PROTO_VERSION */
+    kvp_bytes nonce;   /* KVP_AUTH_NONCE random bytes */
+    uint8_t has;       /* KVP_AUTH_HAS bits: the credentials the client holds */
+    kvp_bytes kid;     /* KVP_AUTH_KID bytes with a tenant credential, else empty */
+} kvp_msg_challenge;
+
+/* AUTH_CHALLENGE answer: a proof (KVP_AUTH_PROOF bytes) per credential the
+ * client announced and the server holds; empty where it does not (the
+ * client then refuses it, naming the credential). */
+typedef struct kvp_msg_challenge_resp {
+    kvp_bytes nonce;      /* KVP_AUTH_NONCE random bytes */
+    uint64_t server_id;   /* the master id / the segment id */
+    kvp_bytes proof[3];   /* KVP_AUTH_CLUSTER, KVP_AUTH_NODE, KVP_AUTH_TENANT */
+} kvp_msg_challenge_resp;
+
+/* HELLO request. client_id 0 is invalid. No token is ever sent: each
+ * credential is shown by a client proof over the connection's challenge
+ * (proto/auth.h); a HELLO without a challenge before it proves nothing. */
 typedef struct kvp_msg_hello {
     uint32_t version;   /* KVP_PROTO_VERSION */
     uint64_t client_id; /* random per client process, non-zero */
-    kvp_bytes token;    /* cluster token, empty if none */
     kvp_bytes name;     /* human-readable client name, e.g. "node host:port" */
-    kvp_bytes node_cred;   /* the node credential (may mount segments), or empty */
-    kvp_bytes tenant_cred; /* a tenant's credential (binds the session to it), or empty */
-    kvp_bytes session;     /* empty for a new client; to open another connection as
-                              an existing client_id, the KVP_SESSION_LEN-byte secret
-                              the master gave that client */
+    kvp_bytes proof[4]; /* client proofs (KVP_AUTH_PROOF bytes or empty), by
+                           enum kvp_auth_cred: cluster token, node credential,
+                           tenant credential, session secret (to open another
+                           connection as an existing client_id: the secret the
+                           master gave that client) */
 } kvp_msg_hello;
 
 /* HELLO response. */
@@ -810,6 +835,10 @@ int kvp_dec_exist_lease_resp(const uint8_t *p, uint32_t len, const kvp_proto_lim
  * enc: append the body (no frame header) to b; check b->err afterwards.
  * dec: parse a whole body; 0 or KVP_EPROTOCOL / KVP_ENOMEM (arena full).
  */
+void kvp_enc_challenge(kvp_buf *b, const kvp_msg_challenge *m);
+int kvp_dec_challenge(const uint8_t *p, uint32_t len, kvp_msg_challenge *m);
+void kvp_enc_challenge_resp(kvp_buf *b, const kvp_msg_challenge_resp *m);
+int kvp_dec_challenge_resp(const uint8_t *p, uint32_t len, kvp_msg_challenge_resp *m);
 void kvp_enc_hello(kvp_buf *b, const kvp_msg_hello *m);
 int kvp_dec_hello(const uint8_t *p, uint32_t len, const kvp_proto_limits *l, kvp_msg_hello *m);
 void kvp_enc_hello_resp(kvp_buf *b, const kvp_msg_hello_resp *m);

@@ -17,6 +17,7 @@
 
 #include "common/config.h"
 #include "common/log.h"
+#include "hello_raw.h"
 #include "master/master.h"
 #include "proto/proto.h"
 
@@ -74,9 +75,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* an established session with one small segment that has an SSD tier:
      * DISK_REPORTs (segment 7) from the input drive spills, loads and
      * re-registration; the commands the master pushes are drained */
-    kvp_msg_hello he = {KVP_PROTO_VERSION, 42, {NULL, 0}, {NULL, 0},
-                        {(const uint8_t *)"fuzz-node-token", 15}, {NULL, 0}, {NULL, 0}};
-    kvp_enc_hello(&b, &he);
+    kvp_auth_creds cr = hr_creds(NULL, "fuzz-node-token", NULL, NULL);
+    kvp_auth_tx t;
+    hr_challenge(&b, &t, &cr);
+    serve(m, &s, &a, &out, KVP_OP_AUTH_CHALLENGE, b.data, (uint32_t)b.len, now);
+    kvp_frame_hdr rh;
+    const uint8_t *rb;
+    if (kvp_frame_next(out.data, out.len, 1u << 30, &rh, &rb) != 1 || rh.status != 0 ||
+        hr_answer(&t, &cr, rb, rh.body_len) != 0)
+        abort();
+    kvp_buf_reset(&b);
+    hr_hello(&b, &t, &cr, 42, NULL);
     serve(m, &s, &a, &out, KVP_OP_HELLO, b.data, (uint32_t)b.len, now);
     kvp_buf_reset(&b);
     kvp_endpoint ep = {{(const uint8_t *)"tcp", 3}, {(const uint8_t *)"h:1", 3}};

@@ -253,11 +253,33 @@ static void learn_hello(world *w, sess *s, const kvp_msg_hello_resp *r)
     memcpy(x->s, r->session, KVP_SESSION_LEN);
 }
 
+/* The last AUTH_CHALLENGE answer (st_hello proves over it). */
+static struct {
+    uint8_t nonce[KVP_AUTH_NONCE];
+    uint64_t server_id;
+    uint8_t pbuf[3][KVP_AUTH_PROOF];
+    kvp_bytes proof[3];
+} chal;
+static int chal_ok;
+
 /* Decodes the answer with the decoder of that answer and checks it. */
 static void check_body(world *w, sess *s, const call *c, const uint8_t *b, uint32_t len)
 {
     kvp_arena_reset(&ra);
     switch (c->op) {
+    case KVP_OP_AUTH_CHALLENGE: {
+        kvp_msg_challenge_resp r;
+        FAILIF(kvp_dec_challenge_resp(b, len, &r) != 0);
+        FAILIF(r.server_id != kvp_master_id(w->m));
+        memcpy(chal.nonce, r.nonce.p, KVP_AUTH_NONCE);
+        chal.server_id = r.server_id;
+        for (int i = 0; i < 3; i++) {
+            memcpy(chal.pbuf[i], r.proof[i].p ? r.proof[i].p : chal.pbuf[i], r.proof[i].len);
+            chal.proof[i] = (kvp_bytes){chal.pbuf[i], r.proof[i].len};
+        }
+        chal_ok = 1;
+        break;
+    }
     case KVP_OP_HELLO: {
         kvp_msg_hello_resp r;
         FAILIF(kvp_dec_hello_resp(b, len, &r) != 0);
@@ -636,17 +658,45 @@ static void st_hello(world *w, sess *s, prog *g)
             if (w->sec[i].cid == cid)
                 session.p = w->sec[i].s;
     }
-    kvp_msg_hello h = {KVP_PROTO_VERSION, cid, {NULL, 0}, B("fuzz"), {NULL, 0}, {NULL, 0},
-                       session};
-    if (creds == 0xFF)
-        h.version = KVP_PROTO_VERSION + 1; /* a version it does not speak */
+    /* creds: bits 0-1 cluster token, 2-3 node credential (1 right, 2
+     * wrong), 4-5 tenant credential (1 A, 2 B, 3 unknown); bit 6: no
+     * AUTH_CHALLENGE first (the proofs are then over a zero transcript) */
+    kvp_auth_creds cr;
+    memset(&cr, 0, sizeof cr);
     if ((creds & 3) == 1 || (creds & 3) == 2)
-        h.token = B((creds & 3) == 1 ? CLUSTER_TOKEN : "wrong");
+        cr.key[KVP_AUTH_CLUSTER] = (creds & 3) == 1 ? CLUSTER_TOKEN : "wrong";
     if ((creds >> 2 & 3) == 1 || (creds >> 2 & 3) == 2)
-        h.node_cred = B((creds >> 2 & 3) == 1 ? NODE_TOKEN : "wrong");
+        cr.key[KVP_AUTH_NODE] = (creds >> 2 & 3) == 1 ? NODE_TOKEN : "wrong";
     int tc = (creds >> 4) & 3;
     if (tc)
-        h.tenant_cred = B(tc == 1 ? "tok-a" : tc == 2 ? "tok-b" : "tok-wrong");
+        cr.key[KVP_AUTH_TENANT] = tc == 1 ? "tok-a" : tc == 2 ? "tok-b" : "tok-wrong";
+    for (int i = 0; i < 3; i++)
+        cr.len[i] = cr.key[i] ? strlen(cr.key[i]) : 0;
+    if (session.len) {
+        cr.key[KVP_AUTH_SESSION] = session.p;
+        cr.len[KVP_AUTH_SESSION] = KVP_SESSION_LEN;
+    }
+    kvp_auth_tx t;
+    memset(&t, 0, sizeof t);
+    if (!(creds & 0x40) && creds != 0xFF) {
+        kvp_auth_client_begin(&t, &cr);
+        kvp_msg_challenge ch = {KVP_PROTO_VERSION, {t.client_nonce, KVP_AUTH_NONCE}, t.has,
+                                {t.kid, tc ? KVP_AUTH_KID : 0}};
+        kvp_buf_reset(&body);
+        kvp_enc_challenge(&body, &ch);
+        call cc = {.op = KVP_OP_AUTH_CHALLENGE};
+        chal_ok = 0;
+        send(w, s, &cc);
+        if (s->s.close_after)
+            return;
+        if (chal_ok)
+            kvp_auth_client_verify(&t, &cr, chal.nonce, chal.server_id, chal.proof);
+    }
+    uint8_t pr[KVP_AUTH__N][KVP_AUTH_PROOF];
+    kvp_msg_hello h = {KVP_PROTO_VERSION, cid, B("fuzz"), {{NULL, 0}}};
+    kvp_auth_client_proofs(&t, &cr, cid, pr, h.proof);
+    if (creds == 0xFF)
+        h.version = KVP_PROTO_VERSION + 1; /* a version it does not speak */
     kvp_buf_reset(&body);
     kvp_enc_hello(&body, &h);
     call c = {.op = KVP_OP_HELLO};

@@ -187,6 +187,7 @@ int main(int argc, char **argv)
     put(S_PUT, 3, T_C, 1, 0, 3, 1, Z_1), remove_(2, 1, T_A, 0, 2);
     b(S_REMOVE_ALL), b(2), b(1), b(T_A), b(S_REMOVE_ALL), b(1), b(1), b(T_A);
     mount(1, 5, 0), hello(4, H_CLUSTER | H_TB | H_NODE), hello(5, 0x02);
+    hello(5, 0x40 | H_CLUSTER); /* without AUTH_CHALLENGE: no proof holds */
     save("tenants");
 
     /* a second connection joins a client with its session secret; one

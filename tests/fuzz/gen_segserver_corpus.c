@@ -1,6 +1,6 @@
 /*
  * gen_segserver_corpus.c -- writes the committed seeds of fuzz_segserver:
- * a mode byte (see fuzz_segserver.c) then what a client sends: HELLO, valid
+ * a mode byte (see fuzz_segserver.c) then what a client sends: AUTH_CHALLENGE, HELLO, valid
  * and refused SEG_WRITE / SEG_READ (descriptors from segserver_frames.h,
  * expiring in 2^60 ms), SHM_ATTACH over unix and tcp, UCX_ATTACH, a pipeline longer than
  * the answer ring, broken streams, and descriptors left for the target to
@@ -134,6 +134,17 @@ int main(int argc, char **argv)
     start(0);
     len += fz_hello(buf + len, 1, "nope");
     put("wrong-token");
+
+    start(0);
+    len += fz_challenge(buf + len, 1);
+    len += fz_challenge(buf + len, 2); /* a second one: refused, closed */
+    put("challenge-twice");
+
+    start(0);
+    len += fz_challenge(buf + len, 1);
+    hello();
+    len += fz_seg_io(buf + len, KVP_OP_SEG_READ, 3, 0, 4096, 1, 0);
+    put("challenge-hello");
 
     start(0xfc);
     uint32_t x = 2463534242u;

@@ -1,6 +1,6 @@
 /*
  * segserver_frames.h -- the frames a segment server client sends, shared by
- * fuzz_segserver.c and gen_segserver_corpus.c: HELLO, SEG_WRITE / SEG_READ
+ * fuzz_segserver.c and gen_segserver_corpus.c: AUTH_CHALLENGE, HELLO, SEG_WRITE / SEG_READ
  * with descriptors issued under FZ_SECRET that expire far in the future (so
  * committed seeds stay valid), SHM_ATTACH and UCX_ATTACH.
  */
@@ -26,12 +26,27 @@ static inline size_t fz_hdr(uint8_t *p, uint16_t op, uint64_t req_id, uint32_t b
     return KVP_FRAME_HDR;
 }
 
-/* HELLO; p has room for 512 bytes. */
+/* AUTH_CHALLENGE announcing a cluster token; p has room for 512 bytes. */
+static inline size_t fz_challenge(uint8_t *p, uint64_t req_id)
+{
+    static const uint8_t nonce[KVP_AUTH_NONCE] = {0x4e};
+    kvp_buf b = {p + KVP_FRAME_HDR, 0, 512 - KVP_FRAME_HDR, 512 - KVP_FRAME_HDR, 0};
+    kvp_msg_challenge m = {KVP_PROTO_VERSION, {nonce, KVP_AUTH_NONCE},
+                           KVP_AUTH_HAS(KVP_AUTH_CLUSTER), {NULL, 0}};
+    kvp_enc_challenge(&b, &m);
+    return fz_hdr(p, KVP_OP_AUTH_CHALLENGE, req_id, (uint32_t)b.len) + b.len;
+}
+
+/* HELLO; p has room for 512 bytes. A fixed stream cannot prove a token
+ * (the proof covers the server's random nonce), so the fuzzed server has
+ * none (fuzz_segserver.c); a non-empty `token` sends a made-up proof. */
 static inline size_t fz_hello(uint8_t *p, uint64_t req_id, const char *token)
 {
+    static const uint8_t junk[KVP_AUTH_PROOF] = {0x70};
     kvp_buf b = {p + KVP_FRAME_HDR, 0, 512 - KVP_FRAME_HDR, 512 - KVP_FRAME_HDR, 0};
-    kvp_msg_hello m = {KVP_PROTO_VERSION, 42, {(const uint8_t *)token, (uint32_t)strlen(token)},
-                       {(const uint8_t *)"fuzz", 4}};
+    kvp_msg_hello m = {KVP_PROTO_VERSION, 42, {(const uint8_t *)"fuzz", 4}, {{NULL, 0}}};
+    if (*token)
+        m.proof[KVP_AUTH_CLUSTER] = (kvp_bytes){junk, KVP_AUTH_PROOF};
     kvp_enc_hello(&b, &m);
     return fz_hdr(p, KVP_OP_HELLO, req_id, (uint32_t)b.len) + b.len;
 }

@@ -177,8 +177,7 @@ static int attach(const env *e, int *memfd, uint64_t *size)
     }
     uint8_t body[256];
     kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
-    kvp_msg_hello h = {KVP_PROTO_VERSION, 0x5eed, {NULL, 0}, {(const uint8_t *)"memfd", 5},
-                       {NULL, 0}, {NULL, 0}, {NULL, 0}};
+    kvp_msg_hello h = {KVP_PROTO_VERSION, 0x5eed, {(const uint8_t *)"memfd", 5}, {{NULL, 0}}};
     kvp_enc_hello(&b, &h);
     uint8_t resp[64], id[8];
     uint32_t rl = 0;

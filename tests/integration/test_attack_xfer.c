@@ -273,8 +273,7 @@ static int node_conn(const char *addr, int rcvbuf)
     kvp_buf b;
     kvp_buf_init(&b, 1 * MiB);
     size_t off = kvp_frame_begin(&b, KVP_OP_HELLO, 0, 1, 0);
-    kvp_msg_hello h = {KVP_PROTO_VERSION, 0x5107, {NULL, 0}, bs("slow"), {NULL, 0}, {NULL, 0},
-                       {NULL, 0}};
+    kvp_msg_hello h = {KVP_PROTO_VERSION, 0x5107, bs("slow"), {{NULL, 0}}};
     kvp_enc_hello(&b, &h);
     kvp_frame_end(&b, off);
     REQUIRE(send_all(fd, b.data, b.len) == 0);

@@ -18,6 +18,7 @@
 
 #include "common/buf.h"
 #include "harness.h"
+#include "hello_raw.h"
 #include "kvpool.h"
 #include "net/rpc.h"
 #include "net/net.h"
@@ -390,16 +391,35 @@ TEST(corrupt_replica_is_dropped_and_key_recovers)
 
 /* ------------------------------------------- credentials and identity */
 
-/* A HELLO with these credentials (NULL = none); the rpc or NULL, *rc. */
+/* A HELLO with these credentials (NULL = none), as a hostile client says
+ * it (AUTH_CHALLENGE, then HELLO whatever the master proved); the rpc or
+ * NULL, *rc. session (may be NULL): presented when not all zero, and the
+ * master's answer copied back. */
 static kvp_rpc *hello_as(const char *addr, const char *token, const char *node,
                          const char *tenant, uint64_t id, uint8_t *session, int *rc)
 {
     char err[256];
-    kvp_rpc_opts o = {.token = token, .name = "hostile", .client_id = id, .timeout_ms = 3000,
-                      .node_token = node, .tenant_token = tenant, .session = session};
+    static const uint8_t zero[KVP_SESSION_LEN];
+    kvp_rpc_opts o = {.name = "hostile", .client_id = id, .timeout_ms = 3000, .no_hello = 1};
     kvp_rpc *r = NULL;
     *rc = kvp_rpc_open(addr, &o, &r, err, sizeof err);
-    return *rc ? NULL : r;
+    if (*rc)
+        return NULL;
+    kvp_auth_creds c = hr_creds(token, node, tenant,
+                                session && memcmp(session, zero, KVP_SESSION_LEN) ? session : NULL);
+    const uint8_t *resp;
+    uint32_t rl;
+    *rc = hr_rpc_hello(r, &c, "hostile", NULL, &resp, &rl);
+    kvp_msg_hello_resp h;
+    if (*rc == 0 && kvp_dec_hello_resp(resp, rl, &h) != 0)
+        *rc = KVP_EPROTOCOL;
+    if (*rc) {
+        kvp_rpc_close(r);
+        return NULL;
+    }
+    if (session)
+        memcpy(session, h.session, KVP_SESSION_LEN);
+    return r;
 }
 
 static int run_kvpool(const char *const *args, char *out, size_t outlen)

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "hello_raw.h"
 #include "kvpool.h"
 #include "net/net.h"
 #include "net/rpc.h"
@@ -1054,7 +1055,9 @@ TEST(hostile_frames_do_not_disturb_others)
         kvp_buf b;
         kvp_buf_init(&b, 4096);
         size_t off = kvp_frame_begin(&b, KVP_OP_HELLO, 0, 21, 0);
-        kvp_msg_hello hm = {KVP_PROTO_VERSION, 99, bstr("s3cre"), bstr("x"), bstr(""), bstr(""), bstr("")};
+        /* a HELLO with a proof but no challenge before it proves nothing */
+        kvp_msg_hello hm = {KVP_PROTO_VERSION, 99, bstr("x"),
+                            {bstr("0123456789abcdef0123456789abcdef"), bstr(""), bstr(""), bstr("")}};
         kvp_enc_hello(&b, &hm);
         kvp_frame_end(&b, off);
         CHECK_EQ(raw_send(fd, b.data, b.len), 0);
@@ -1064,7 +1067,7 @@ TEST(hostile_frames_do_not_disturb_others)
         fd = raw_connect(m.addr);
         kvp_buf_reset(&b);
         off = kvp_frame_begin(&b, KVP_OP_HELLO, 0, 22, 0);
-        kvp_msg_hello hv = {KVP_PROTO_VERSION + 7, 99, bstr(TOKEN), bstr("x"), bstr(""), bstr(""), bstr("")};
+        kvp_msg_hello hv = {KVP_PROTO_VERSION + 7, 99, bstr("x"), {bstr(""), bstr(""), bstr(""), bstr("")}};
         kvp_enc_hello(&b, &hv);
         kvp_frame_end(&b, off);
         CHECK_EQ(raw_send(fd, b.data, b.len), 0);
@@ -1074,7 +1077,7 @@ TEST(hostile_frames_do_not_disturb_others)
         fd = raw_connect(m.addr);
         kvp_buf_reset(&b);
         off = kvp_frame_begin(&b, KVP_OP_HELLO, 0, 23, 0);
-        kvp_msg_hello hz = {KVP_PROTO_VERSION, 0, bstr(TOKEN), bstr("x"), bstr(""), bstr(""), bstr("")};
+        kvp_msg_hello hz = {KVP_PROTO_VERSION, 0, bstr("x"), {bstr(""), bstr(""), bstr(""), bstr("")}};
         kvp_enc_hello(&b, &hz);
         kvp_frame_end(&b, off);
         CHECK_EQ(raw_send(fd, b.data, b.len), 0);
@@ -1082,8 +1085,13 @@ TEST(hostile_frames_do_not_disturb_others)
         close(fd);
         CHECK(cl_open_opts(&h, m.addr, &o) == 0);
         kvp_buf_reset(&b);
-        kvp_msg_hello h2 = {KVP_PROTO_VERSION, kvp_rpc_client_id(h.r) + 1, bstr(TOKEN), bstr("x"), bstr(""), bstr(""), bstr("")};
-        kvp_enc_hello(&h.body, &h2);
+        kvp_auth_creds cr = hr_creds(TOKEN, NULL, NULL, NULL);
+        kvp_auth_tx t;
+        hr_challenge(&h.body, &t, &cr);
+        CHECK(cl_call(&h, KVP_OP_AUTH_CHALLENGE) == 0);
+        CHECK_EQ(h.status, 0);
+        CHECK_EQ(hr_answer(&t, &cr, h.resp, h.resp_len), 0);
+        hr_hello(&h.body, &t, &cr, kvp_rpc_client_id(h.r) + 1, "x");
         CHECK(cl_call(&h, KVP_OP_HELLO) == 0);
         CHECK_EQ(h.status, KVP_EPROTOCOL);
         CHECK(wait_closed(kvp_rpc_fd(h.r), 5000));

@@ -52,7 +52,9 @@
     XX(ucx_attach, N)                                                          \
     XX(heartbeat, N)                                                           \
     XX(exist_lease_resp, LA)                                                   \
-    XX(configs_resp, LA)
+    XX(configs_resp, LA)                                                       \
+    XX(challenge, N)                                                           \
+    XX(challenge_resp, N)
 
 enum pc_kind {
 #define PC__ENUM(t, sig) PC_##t,
@@ -127,11 +129,14 @@ static PC_UNUSED const struct { int req, resp; } pc_op_kinds[KVP_OP__MAX] = {
     [KVP_OP_UCX_ATTACH] = {PC_NONE, PC_ucx_attach}, /* request: u64 segment id */
     [KVP_OP_EXIST_LEASE] = {PC_keys, PC_exist_lease_resp},
     [KVP_OP_CONFIGS] = {PC_NONE, PC_configs_resp},
+    [KVP_OP_AUTH_CHALLENGE] = {PC_challenge, PC_challenge_resp},
 };
 
 /* ------------------------------------------------------------- samples */
 
 #define PC_B(s) ((kvp_bytes){(const uint8_t *)(s), (uint32_t)(sizeof(s) - 1)})
+/* 32 bytes (a nonce or a proof) starting with the one-character c */
+#define PC_P32(c) ((kvp_bytes){(const uint8_t *)(c "0123456789abcdef0123456789abcde"), 32})
 
 /* 4096 bytes of a non-trivial pattern: max keys and max strings. */
 static PC_UNUSED const uint8_t *pc_big(void)
@@ -225,9 +230,13 @@ static PC_UNUSED int pc_sample(int kind, int v, pc_msg *m)
     memset(m, 0, sizeof *m);
     switch (kind * 4 + v) {
 #define S(k, var) case PC_##k * 4 + (var):
-    S(hello, 0) m->hello = (kvp_msg_hello){KVP_PROTO_VERSION, 1, PC_B(""), PC_B(""), PC_B(""), PC_B(""), PC_B("")}; return 0;
-    S(hello, 1) m->hello = (kvp_msg_hello){KVP_PROTO_VERSION, 0x0123456789abcdefull, PC_B("secret"), PC_B("node 10.0.0.1:7000"), PC_B("node-cred"), PC_B("tenant-cred"), PC_B("0123456789abcdef")}; return 0;
-    S(hello, 2) m->hello = (kvp_msg_hello){UINT32_MAX, UINT64_MAX, str_max, str_max, str_max, str_max, PC_B("")}; return 0;
+    S(hello, 0) m->hello = (kvp_msg_hello){KVP_PROTO_VERSION, 1, PC_B(""), {PC_B(""), PC_B(""), PC_B(""), PC_B("")}}; return 0;
+    S(hello, 1) m->hello = (kvp_msg_hello){KVP_PROTO_VERSION, 0x0123456789abcdefull, PC_B("node 10.0.0.1:7000"), {PC_P32("c"), PC_B(""), PC_P32("t"), PC_P32("s")}}; return 0;
+    S(hello, 2) m->hello = (kvp_msg_hello){UINT32_MAX, UINT64_MAX, str_max, {PC_P32("1"), PC_P32("2"), PC_P32("3"), PC_P32("4")}}; return 0;
+    S(challenge, 0) m->challenge = (kvp_msg_challenge){KVP_PROTO_VERSION, PC_P32("n"), 0, PC_B("")}; return 0;
+    S(challenge, 1) m->challenge = (kvp_msg_challenge){UINT32_MAX, PC_P32("m"), KVP_AUTH_HAS_ALL, PC_B("kid-8byt")}; return 0;
+    S(challenge_resp, 0) m->challenge_resp = (kvp_msg_challenge_resp){PC_P32("s"), 0, {PC_B(""), PC_B(""), PC_B("")}}; return 0;
+    S(challenge_resp, 1) m->challenge_resp = (kvp_msg_challenge_resp){PC_P32("r"), UINT64_MAX, {PC_P32("a"), PC_P32("b"), PC_P32("c")}}; return 0;
     S(hello_resp, 0) return 0;
     S(hello_resp, 1) m->hello_resp = (kvp_msg_hello_resp){1, UINT64_MAX - 1, 64u << 20, 5000, UINT32_MAX, 123456789, "0123456789abcde", "9.12.0-rc1 (test build)"}; return 0;
     S(mount, 0) return 0;
@@ -356,10 +365,21 @@ static PC_UNUSED int pc_equal(int kind, const pc_msg *x, const pc_msg *y)
     switch (kind) {
     case PC_hello:
         return x->hello.version == y->hello.version && x->hello.client_id == y->hello.client_id &&
-               pc_beq(x->hello.token, y->hello.token) && pc_beq(x->hello.name, y->hello.name) &&
-               pc_beq(x->hello.node_cred, y->hello.node_cred) &&
-               pc_beq(x->hello.tenant_cred, y->hello.tenant_cred) &&
-               pc_beq(x->hello.session, y->hello.session);
+               pc_beq(x->hello.name, y->hello.name) &&
+               pc_beq(x->hello.proof[0], y->hello.proof[0]) &&
+               pc_beq(x->hello.proof[1], y->hello.proof[1]) &&
+               pc_beq(x->hello.proof[2], y->hello.proof[2]) &&
+               pc_beq(x->hello.proof[3], y->hello.proof[3]);
+    case PC_challenge:
+        return x->challenge.version == y->challenge.version &&
+               pc_beq(x->challenge.nonce, y->challenge.nonce) &&
+               x->challenge.has == y->challenge.has && pc_beq(x->challenge.kid, y->challenge.kid);
+    case PC_challenge_resp:
+        return pc_beq(x->challenge_resp.nonce, y->challenge_resp.nonce) &&
+               x->challenge_resp.server_id == y->challenge_resp.server_id &&
+               pc_beq(x->challenge_resp.proof[0], y->challenge_resp.proof[0]) &&
+               pc_beq(x->challenge_resp.proof[1], y->challenge_resp.proof[1]) &&
+               pc_beq(x->challenge_resp.proof[2], y->challenge_resp.proof[2]);
     case PC_hello_resp:
         return x->hello_resp.version == y->hello_resp.version &&
                x->hello_resp.master_id == y->hello_resp.master_id &&

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "harness.h"
+#include "hello_raw.h"
 #include "kvpool.h"
 #include "master/master.h"
 #include "master/obj.h"
@@ -177,8 +178,7 @@ static int hello(core *c, sess *s, uint64_t id)
 {
     kvp_master_sess_open(c->m, &s->s);
     s->client_id = id;
-    kvp_msg_hello h = {KVP_PROTO_VERSION, id, {NULL, 0}, {(const uint8_t *)"t", 1}, {NULL, 0},
-                       {NULL, 0}, {NULL, 0}};
+    kvp_msg_hello h = {KVP_PROTO_VERSION, id, {(const uint8_t *)"t", 1}, {{NULL, 0}}};
     kvp_enc_hello(&c->body, &h);
     REQUIRE(call(c, s, KVP_OP_HELLO, 0) == 0);
     return c->status;
@@ -324,8 +324,7 @@ TEST(hello_required_and_refusals)
     CHECK(call(&c, &s, KVP_OP_EXIST, 0) == 0);
     CHECK_EQ(c.status, KVP_ENO_HELLO);
     /* wrong version */
-    kvp_msg_hello h = {KVP_PROTO_VERSION + 1, 7, {NULL, 0}, {NULL, 0}, {NULL, 0}, {NULL, 0},
-                       {NULL, 0}};
+    kvp_msg_hello h = {KVP_PROTO_VERSION + 1, 7, {NULL, 0}, {{NULL, 0}}};
     kvp_enc_hello(&c.body, &h);
     CHECK(call(&c, &s, KVP_OP_HELLO, 0) == 0);
     CHECK_EQ(c.status, KVP_EINVALID_VERSION);
@@ -340,21 +339,135 @@ TEST(hello_required_and_refusals)
 
 static void with_token(kvp_config *cfg) { strcpy(cfg->cluster_token, "s3cret"); }
 
+/* AUTH_CHALLENGE proving c on s's session: 0 or the answer's status;
+ * *t holds the transcript; *proved: the master's proofs checked out. */
+static int challenge(core *c, sess *s, kvp_auth_tx *t, const kvp_auth_creds *cr, int *proved)
+{
+    hr_challenge(&c->body, t, cr);
+    REQUIRE(call(c, s, KVP_OP_AUTH_CHALLENGE, 0) == 0);
+    if (c->status)
+        return c->status;
+    *proved = hr_answer(t, cr, c->resp, c->resp_len);
+    return 0;
+}
+
+/* AUTH_CHALLENGE then HELLO proving cr: the HELLO's status. */
+static int hello_proving(core *c, sess *s, uint64_t id, const kvp_auth_creds *cr)
+{
+    kvp_auth_tx t;
+    int proved = -1;
+    REQUIRE(challenge(c, s, &t, cr, &proved) == 0 && proved == 0);
+    hr_hello(&c->body, &t, cr, id, "x");
+    REQUIRE(call(c, s, KVP_OP_HELLO, 0) == 0);
+    return c->status;
+}
+
 TEST(cluster_token)
 {
     core c;
     CHECK(core_init(&c, with_token) == 0);
     sess s;
+    /* no challenge, no proof */
     CHECK_EQ(hello(&c, &s, 1), KVP_EAUTH);
     CHECK(s.s.close_after);
     kvp_master_sess_close(c.m, &s.s, c.now);
+    /* the right token, proved */
     kvp_master_sess_open(c.m, &s.s);
-    kvp_msg_hello h = {KVP_PROTO_VERSION, 1, {(const uint8_t *)"s3cret", 6}, {NULL, 0},
-                       {NULL, 0}, {NULL, 0}, {NULL, 0}};
-    kvp_enc_hello(&c.body, &h);
-    CHECK(call(&c, &s, KVP_OP_HELLO, 0) == 0);
-    CHECK_EQ(c.status, 0);
+    kvp_auth_creds good = hr_creds("s3cret", NULL, NULL, NULL);
+    CHECK_EQ(hello_proving(&c, &s, 1, &good), 0);
     kvp_master_sess_close(c.m, &s.s, c.now);
+    /* a wrong token: the master's proof does not check out (the client
+     * would stop there), and its HELLO is refused */
+    kvp_master_sess_open(c.m, &s.s);
+    kvp_auth_creds bad = hr_creds("s3creX", NULL, NULL, NULL);
+    kvp_auth_tx t;
+    int proved = -1;
+    CHECK_EQ(challenge(&c, &s, &t, &bad, &proved), 0);
+    CHECK_EQ(proved, 1 + KVP_AUTH_CLUSTER);
+    hr_hello(&c.body, &t, &bad, 2, "x");
+    CHECK(call(&c, &s, KVP_OP_HELLO, 0) == 0);
+    CHECK_EQ(c.status, KVP_EAUTH);
+    CHECK(s.s.close_after);
+    kvp_master_sess_close(c.m, &s.s, c.now);
+    core_free(&c);
+}
+
+TEST(hello_proofs_bound_to_the_connection)
+{
+    core c;
+    CHECK(core_init(&c, with_token) == 0);
+    kvp_auth_creds good = hr_creds("s3cret", NULL, NULL, NULL);
+    /* a proof made for one connection's challenge ... */
+    sess a, b;
+    kvp_master_sess_open(c.m, &a.s);
+    kvp_auth_tx ta;
+    int proved = -1;
+    CHECK_EQ(challenge(&c, &a, &ta, &good, &proved), 0);
+    CHECK_EQ(proved, 0);
+    kvp_buf saved;
+    kvp_buf_init(&saved, 256);
+    hr_hello(&saved, &ta, &good, 5, "x");
+    /* ... is refused on another connection, challenged or not */
+    kvp_master_sess_open(c.m, &b.s);
+    kvp_auth_tx tb;
+    CHECK_EQ(challenge(&c, &b, &tb, &good, &proved), 0);
+    kvp_buf_put(&c.body, saved.data, saved.len);
+    CHECK(call(&c, &b, KVP_OP_HELLO, 0) == 0);
+    CHECK_EQ(c.status, KVP_EAUTH);
+    kvp_master_sess_close(c.m, &b.s, c.now);
+    kvp_master_sess_open(c.m, &b.s);
+    kvp_buf_put(&c.body, saved.data, saved.len);
+    CHECK(call(&c, &b, KVP_OP_HELLO, 0) == 0);
+    CHECK_EQ(c.status, KVP_EAUTH);
+    kvp_master_sess_close(c.m, &b.s, c.now);
+    /* on its own connection it works once; a second challenge before the
+     * HELLO is refused, and a challenge serves one HELLO */
+    kvp_buf_put(&c.body, saved.data, saved.len);
+    CHECK(call(&c, &a, KVP_OP_HELLO, 0) == 0);
+    CHECK_EQ(c.status, 0);
+    kvp_buf_put(&c.body, saved.data, saved.len);
+    CHECK(call(&c, &a, KVP_OP_HELLO, 0) == 0);
+    CHECK_EQ(c.status, KVP_EAUTH);
+    kvp_master_sess_close(c.m, &a.s, c.now);
+    kvp_master_sess_open(c.m, &a.s);
+    CHECK_EQ(challenge(&c, &a, &ta, &good, &proved), 0);
+    CHECK_EQ(challenge(&c, &a, &ta, &good, &proved), KVP_EPROTOCOL);
+    CHECK(a.s.close_after);
+    kvp_master_sess_close(c.m, &a.s, c.now);
+    kvp_buf_free(&saved);
+    core_free(&c);
+}
+
+TEST(hello_session_join_by_proof)
+{
+    core c;
+    CHECK(core_init(&c, with_token) == 0);
+    kvp_auth_creds good = hr_creds("s3cret", NULL, NULL, NULL);
+    sess a, b;
+    kvp_master_sess_open(c.m, &a.s);
+    CHECK_EQ(hello_proving(&c, &a, 9, &good), 0);
+    kvp_msg_hello_resp r;
+    CHECK_EQ(kvp_dec_hello_resp(c.resp, c.resp_len, &r), 0);
+    uint8_t session[KVP_SESSION_LEN];
+    memcpy(session, r.session, sizeof session);
+    /* the same id without the session: refused */
+    kvp_master_sess_open(c.m, &b.s);
+    CHECK_EQ(hello_proving(&c, &b, 9, &good), KVP_EILLEGAL_CLIENT);
+    kvp_master_sess_close(c.m, &b.s, c.now);
+    /* with a wrong session secret: refused */
+    uint8_t wrong[KVP_SESSION_LEN];
+    memcpy(wrong, session, sizeof wrong);
+    wrong[0] ^= 1;
+    kvp_auth_creds bad = hr_creds("s3cret", NULL, NULL, wrong);
+    kvp_master_sess_open(c.m, &b.s);
+    CHECK_EQ(hello_proving(&c, &b, 9, &bad), KVP_EILLEGAL_CLIENT);
+    kvp_master_sess_close(c.m, &b.s, c.now);
+    /* with a proof of it: joined */
+    kvp_auth_creds join = hr_creds("s3cret", NULL, NULL, session);
+    kvp_master_sess_open(c.m, &b.s);
+    CHECK_EQ(hello_proving(&c, &b, 9, &join), 0);
+    kvp_master_sess_close(c.m, &b.s, c.now);
+    kvp_master_sess_close(c.m, &a.s, c.now);
     core_free(&c);
 }
 

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "harness.h"
+#include "hello_raw.h"
 #include "kvpool.h"
 #include "master/master.h"
 #include "proto/proto.h"
@@ -64,11 +65,27 @@ static answer hello(core *c, uint64_t peer, const char *addr, const char *token)
     kvp_master_sess_open(c->m, &s);
     s.peer = peer;
     snprintf(s.peer_addr, sizeof s.peer_addr, "%s", addr);
-    kvp_msg_hello h = {KVP_PROTO_VERSION, ++c->next_id + 0x1000, {(const uint8_t *)token,
-                       (uint32_t)strlen(token)}, {(const uint8_t *)"t", 1}, {NULL, 0},
-                       {NULL, 0}, {NULL, 0}};
+    /* the challenge, then the HELLO proving `token` (the client goes on
+     * whatever the master proved: it is the guesser) */
+    kvp_auth_creds cr = hr_creds(token, NULL, NULL, NULL);
+    kvp_auth_tx t;
     kvp_buf_reset(&c->body);
-    kvp_enc_hello(&c->body, &h);
+    hr_challenge(&c->body, &t, &cr);
+    kvp_frame_hdr ch = {KVP_PROTO_VERSION, 0, KVP_OP_AUTH_CHALLENGE, ++c->next_id,
+                        (uint32_t)c->body.len, 0};
+    kvp_buf_reset(&c->out);
+    kvp_arena_reset(&c->a);
+    kvp_frame_hdr rh;
+    const uint8_t *body;
+    if (kvp_master_handle(c->m, &s, &ch, c->body.data, &c->a, &c->out, c->now) != 0 ||
+        kvp_frame_next(c->out.data, c->out.len, 1u << 20, &rh, &body) <= 0 || rh.status != 0 ||
+        hr_answer(&t, &cr, body, rh.body_len) < 0) {
+        an.status = 3;
+        kvp_master_sess_close(c->m, &s, c->now);
+        return an;
+    }
+    kvp_buf_reset(&c->body);
+    hr_hello(&c->body, &t, &cr, ++c->next_id + 0x1000, "t");
     kvp_frame_hdr fh = {KVP_PROTO_VERSION, 0, KVP_OP_HELLO, c->next_id, (uint32_t)c->body.len, 0};
     kvp_buf_reset(&c->out);
     kvp_arena_reset(&c->a);
@@ -76,8 +93,6 @@ static answer hello(core *c, uint64_t peer, const char *addr, const char *token)
         an.status = 1;
         return an;
     }
-    kvp_frame_hdr rh;
-    const uint8_t *body;
     if (kvp_frame_next(c->out.data, c->out.len, 1u << 20, &rh, &body) <= 0) {
         an.status = 2;
     } else {

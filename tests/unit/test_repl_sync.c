@@ -11,6 +11,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "harness.h"
+#include "hello_raw.h"
 #include "kvpool.h"
 #include "master/master.h"
 
@@ -84,10 +85,13 @@ static int hello(core *c, kvp_msess *s, uint64_t id, const char *node_cred)
 {
     memset(s, 0, sizeof *s);
     kvp_master_sess_open(c->m, s);
-    kvp_msg_hello h = {KVP_PROTO_VERSION, id, {NULL, 0}, {(const uint8_t *)"t", 1},
-                       {(const uint8_t *)node_cred, node_cred ? (uint32_t)strlen(node_cred) : 0},
-                       {NULL, 0}, {NULL, 0}};
-    kvp_enc_hello(&c->body, &h);
+    kvp_auth_creds cr = hr_creds(NULL, node_cred, NULL, NULL);
+    kvp_auth_tx t;
+    hr_challenge(&c->body, &t, &cr);
+    call(c, s, KVP_OP_AUTH_CHALLENGE, 0);
+    if (c->status || hr_answer(&t, &cr, c->resp, c->resp_len) < 0)
+        return c->status ? c->status : KVP_EPROTOCOL;
+    hr_hello(&c->body, &t, &cr, id, "t");
     call(c, s, KVP_OP_HELLO, 0);
     return c->status;
 }

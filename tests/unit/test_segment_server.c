@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "harness.h"
+#include "hello_raw.h"
 #include <xxhash.h>
 #include "kvpool.h"
 #include "net/net.h"
@@ -465,25 +466,44 @@ static int raw_answer(int fd, uint64_t *req_id, uint32_t *blen)
     return fh.status;
 }
 
-static int raw_hello(int fd, const char *token)
+/* One raw request and its answer (body up to sizeof resp). The status,
+ * or 1 when the transport fails. */
+static int raw_req(int fd, uint16_t op, uint64_t req_id, const uint8_t *body, size_t len,
+                   uint8_t resp[256], uint32_t *rl)
 {
-    uint8_t body[512];
-    kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
-    kvp_msg_hello m = {KVP_PROTO_VERSION, 42, {(const uint8_t *)token, (uint32_t)strlen(token)},
-                       {(const uint8_t *)"raw", 3}, {NULL, 0}, {NULL, 0}, {NULL, 0}};
-    kvp_enc_hello(&b, &m);
     uint8_t h[KVP_FRAME_HDR];
-    put_hdr(h, KVP_OP_HELLO, 1, (uint32_t)b.len);
-    if (raw_send(fd, h, sizeof h) || raw_send(fd, body, b.len))
+    put_hdr(h, op, req_id, (uint32_t)len);
+    if (raw_send(fd, h, sizeof h) || (len && raw_send(fd, body, len)))
         return 1;
     uint32_t bl = 0;
     int st = raw_answer(fd, NULL, &bl);
-    if (st == 0 && bl) {
-        uint8_t sink[256];
-        if (bl > sizeof sink || recv(fd, sink, bl, MSG_WAITALL) != (ssize_t)bl)
-            return 1;
-    }
+    if (bl && (bl > 256 || recv(fd, resp, bl, MSG_WAITALL) != (ssize_t)bl))
+        return 1;
+    *rl = bl;
     return st;
+}
+
+/* HELLO on a raw connection; with a token, after AUTH_CHALLENGE and
+ * proving it (whatever the node proved: a guesser goes on). */
+static int raw_hello(int fd, const char *token)
+{
+    uint8_t body[512], resp[256];
+    uint32_t rl = 0;
+    kvp_buf b = {body, 0, sizeof body, sizeof body, 0};
+    kvp_auth_creds cr = hr_creds(token, NULL, NULL, NULL);
+    kvp_auth_tx t;
+    memset(&t, 0, sizeof t);
+    if (*token) {
+        hr_challenge(&b, &t, &cr);
+        int st = raw_req(fd, KVP_OP_AUTH_CHALLENGE, 1, body, b.len, resp, &rl);
+        if (st)
+            return st;
+        if (hr_answer(&t, &cr, resp, rl) < 0)
+            return 1;
+        b = (kvp_buf){body, 0, sizeof body, sizeof body, 0};
+    }
+    hr_hello(&b, &t, &cr, 42, "raw");
+    return raw_req(fd, KVP_OP_HELLO, 2, body, b.len, resp, &rl);
 }
 
 static int closed(int fd)
@@ -507,6 +527,43 @@ static void seg_io_frame(uint8_t *p, uint16_t op, uint64_t id, uint32_t blen, co
     put_hdr(p, op, id, blen);
     kvp_buf b = {p + KVP_FRAME_HDR, 0, KVP_SEG_IO_SIZE, KVP_SEG_IO_SIZE, 0};
     kvp_enc_seg_io(&b, &c);
+}
+
+/* A node that cannot prove the cluster token the client holds (here: it
+ * has none) gets no value from it: the write fails at the handshake; the
+ * node that holds it is served. */
+TEST(node_without_the_token_is_refused_by_the_client)
+{
+    fx f;
+    if (fx_start(&f, 4 * MiB, NULL))
+        return;
+    uint8_t *base = kvp_segment_base(f.seg);
+    memset(base, 0, 4096);
+    kvp_xfer *x;
+    kvp_xfer_opts o = {.client_id = 7, .conns_per_node = 1, .force_tcp = 1, .timeout_ms = 2000,
+                       .cluster_token = "tok"};
+    CHECK_EQ(kvp_xfer_create(&o, &x), 0);
+    CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
+    uint8_t b[64];
+    memset(b, 0xAB, sizeof b);
+    struct iovec iv = {b, sizeof b};
+    kvp_xfer_op op = {.rep = rep(0, sizeof b, 1), .iov = &iv, .iovcnt = 1};
+    CHECK_EQ(run_as(x, 1, &op, 1, kvp_now_ms() + 2000), 0);
+    CHECK(op.status != 0);
+    CHECK(base[0] == 0); /* nothing written */
+    kvp_xfer_destroy(x);
+    fx_stop(&f);
+    /* with the token on both sides: written */
+    if (fx_start(&f, 4 * MiB, "tok"))
+        return;
+    CHECK_EQ(kvp_xfer_create(&o, &x), 0);
+    CHECK_EQ(kvp_xfer_add_segment(x, &f.desc), 0);
+    op = (kvp_xfer_op){.rep = rep(0, sizeof b, 1), .iov = &iv, .iovcnt = 1};
+    CHECK_EQ(run_as(x, 1, &op, 1, kvp_now_ms() + 2000), 0);
+    CHECK_EQ(op.status, 0);
+    CHECK(kvp_segment_base(f.seg)[0] == 0xAB);
+    kvp_xfer_destroy(x);
+    fx_stop(&f);
 }
 
 TEST(hostile_raw_socket)
@@ -898,7 +955,7 @@ TEST(shm_check_refuses_bad_fds)
     close(pfd[1]);
 }
 
-/* A rogue "node": answers HELLO, then SHM_ATTACH with an announced size
+/* A rogue "node": answers AUTH_CHALLENGE and HELLO, then SHM_ATTACH with an announced size
  * of `announce` bytes and a memfd of only 4096. */
 typedef struct rogue {
     char path[108];
@@ -914,7 +971,7 @@ static void *rogue_main(void *p)
     if (fd < 0)
         return NULL;
     uint8_t h[KVP_FRAME_HDR], body[512];
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         kvp_frame_hdr fh;
         if (recv(fd, h, sizeof h, MSG_WAITALL) != (ssize_t)sizeof h ||
             kvp_frame_hdr_decode(h, UINT32_MAX, &fh) != 0 || fh.body_len > sizeof body ||
@@ -923,7 +980,11 @@ static void *rogue_main(void *p)
         uint8_t out[KVP_FRAME_HDR + 64];
         kvp_buf b = {out + KVP_FRAME_HDR, 0, 64, 64, 0};
         int mfd = -1;
-        if (fh.op == KVP_OP_HELLO) {
+        if (fh.op == KVP_OP_AUTH_CHALLENGE) {
+            static const uint8_t nonce[KVP_AUTH_NONCE];
+            kvp_msg_challenge_resp m = {{nonce, KVP_AUTH_NONCE}, 1, {{NULL, 0}}};
+            kvp_enc_challenge_resp(&b, &m);
+        } else if (fh.op == KVP_OP_HELLO) {
             kvp_msg_hello_resp m = {KVP_PROTO_VERSION, 1, 1 << 20, 1000, 1000, 0, {0}, "t"};
             kvp_enc_hello_resp(&b, &m);
         } else {
