@@ -70,6 +70,16 @@
 #define MAX_ID 255                 /* a ZMQ routing id's bytes */
 #define REQ_FRAMES 5               /* frames of a request kept: one more than the longest form */
 #define MAX_FRAME (KVP_KVPUB_MAX_TOPIC + MAX_ID) /* ZMQ_MAXMSGSIZE of the ROUTER */
+/* ZMQ_MAXMSGSIZE of the PUB: what a subscriber sends it is (un)subscriptions,
+ * a flag byte and a topic prefix (ZMTP 3.0), or a SUBSCRIBE / CANCEL
+ * command (3.1: its name's length byte and name, then the topic); a longer
+ * one closes the connection before libzmq reads it. Without this bound a
+ * peer -- no credential needed -- sent subscriptions of many megabytes,
+ * which libzmq keeps in its subscription trie (a node per byte: the
+ * master's memory grew by gigabytes, never given back, and tearing the
+ * trie down at close held the stop for seconds). */
+#define MAX_SUB (KVP_KVPUB_MAX_TOPIC + 16)
+#define HANDSHAKE_MS 5000 /* a connection's ZMTP handshake completes within this, or is closed */
 #define EP_LEN 256
 
 #if defined(__SANITIZE_THREAD__)
@@ -678,6 +688,12 @@ static int open_sockets(kvp_kvpub *p, const kvp_kvpub_cfg *cfg, int has_replay, 
     }
     sockopt_int(p->pub, ZMQ_SNDHWM, (int)(cfg->hwm ? cfg->hwm : DEF_HWM));
     sockopt_int(p->pub, ZMQ_LINGER, LINGER_MS);
+    sockopt_int(p->pub, ZMQ_HANDSHAKE_IVL, HANDSHAKE_MS);
+    int64_t maxsub = MAX_SUB;
+    if (zmq_setsockopt(p->pub, ZMQ_MAXMSGSIZE, &maxsub, sizeof maxsub) != 0) {
+        seterr(err, errlen, "zmq: ZMQ_MAXMSGSIZE: %s", zmq_strerror(zmq_errno()));
+        return KVP_EIO;
+    }
     int rc = bind_one(p->pub, "pub", cfg->pub, p->pub_ep, err, errlen);
     if (rc || !has_replay)
         return rc;
@@ -686,7 +702,11 @@ static int open_sockets(kvp_kvpub *p, const kvp_kvpub_cfg *cfg, int has_replay, 
         return KVP_EIO;
     }
     int64_t maxmsg = MAX_FRAME;
-    zmq_setsockopt(p->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (zmq_setsockopt(p->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0) {
+        seterr(err, errlen, "zmq: ZMQ_MAXMSGSIZE: %s", zmq_strerror(zmq_errno()));
+        return KVP_EIO;
+    }
+    sockopt_int(p->router, ZMQ_HANDSHAKE_IVL, HANDSHAKE_MS);
     sockopt_int(p->router, ZMQ_SNDHWM, (int)(2 * (p->ring_cap + 1)));
     sockopt_int(p->router, ZMQ_ROUTER_MANDATORY, 1);
     sockopt_int(p->router, ZMQ_LINGER, LINGER_MS);
