@@ -25,7 +25,9 @@
  * read before the queue is taken, so no batch is left without a wake-up.
  *
  * Replay answers respect the ROUTER's high-water mark (vLLM's: twice the
- * ring's batches plus one, so a whole replay fits): ZMQ_ROUTER_MANDATORY
+ * ring's batches plus one, so a whole replay fits; at most REPLAY_HWM, so a
+ * client that does not read pins a bounded number of answers, whose
+ * payloads are the ring's own, by reference): ZMQ_ROUTER_MANDATORY
  * makes a send to a full pipe fail with EAGAIN instead of dropping it; the
  * replay then pauses (the loop polls every PAUSE_POLL_MS) and is abandoned
  * when the client has taken nothing for REPLAY_STALL_MS, or at once when it
@@ -39,6 +41,7 @@
 #include <msgpack.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -79,6 +82,11 @@
  * master's memory grew by gigabytes, never given back, and tearing the
  * trie down at close held the stop for seconds). */
 #define MAX_SUB (KVP_KVPUB_MAX_TOPIC + 16)
+/* ZMQ_SNDHWM of the ROUTER, in answers: a client that does not read pins
+ * at most this many (their frames; the payloads are the ring's, shared).
+ * A reading client loses nothing to it: ZMQ_ROUTER_MANDATORY pauses the
+ * replay instead. */
+#define REPLAY_HWM 2048u
 #define HANDSHAKE_MS 5000 /* a connection's ZMTP handshake completes within this, or is closed */
 #define EP_LEN 256
 
@@ -246,9 +254,23 @@ typedef struct qitem {
 
 static const uint8_t *qitem_topic(const qitem *q) { return (const uint8_t *)(q->ev + q->n); }
 
-/* A batch kept for replay: mem holds the topic then the payload. */
+/* A batch kept for replay, shared by reference: the ring holds one
+ * reference, and every replay answer in a ROUTER pipe holds one on its
+ * payload frame (zmq_msg_init_data, released by libzmq on whatever thread
+ * drops the message). So clients that do not read share the ring's bytes
+ * instead of pinning a copy of it each; what they pin beyond the ring --
+ * batches evicted from it while still in their pipes -- is counted in
+ * pinned and bounded (at most the ring's own bound, buffer_bytes). data holds the topic then the payload. */
+typedef struct rbuf {
+    _Atomic uint32_t refs;
+    uint32_t topic_len;
+    uint64_t bytes;      /* counted in pinned once the ring let go */
+    struct kvp_kvpub *p;
+    uint8_t data[];
+} rbuf;
+
 typedef struct rent {
-    uint8_t *mem;
+    rbuf *rb;
     size_t len;     /* payload bytes */
     uint64_t seq;
     uint32_t topic_len;
@@ -274,6 +296,7 @@ struct kvp_kvpub {
     uint32_t ring_cap;
     uint64_t ring_max_bytes, queue_max;
     char pub_ep[EP_LEN], replay_ep[EP_LEN];
+    _Atomic uint64_t pinned; /* bytes of batches out of the ring still in pipes */
 
     pthread_mutex_t mu;    /* guards what follows down to the thread's part */
     qitem *head, *tail;
@@ -323,12 +346,31 @@ int kvp_kvpub_parse_replay(const kvp_bytes *frames, size_t nframes, kvp_bytes *t
 
 /* --- the ring (the thread's) */
 
+/* Drops a reference; the last frees (any thread). */
+static void rb_unref(rbuf *b)
+{
+    if (atomic_fetch_sub(&b->refs, 1) == 1) {
+        atomic_fetch_sub(&b->p->pinned, b->bytes);
+        kvp_free(b);
+    }
+}
+
+/* libzmq's free function of a replayed payload frame. */
+static void rb_release(void *data, void *hint)
+{
+    (void)data;
+    rb_unref(hint);
+}
+
 static void ring_pop(kvp_kvpub *p)
 {
     rent *e = &p->ring[p->first % p->ring_cap];
-    p->ring_bytes -= e->topic_len + e->len;
-    kvp_free(e->mem);
-    e->mem = NULL;
+    p->ring_bytes -= e->rb->bytes;
+    /* counted as pinned before the ring's reference goes: the last unref,
+     * here or in a pipe, takes it back */
+    atomic_fetch_add(&p->pinned, e->rb->bytes);
+    rb_unref(e->rb);
+    e->rb = NULL;
     p->first++;
 }
 
@@ -345,14 +387,18 @@ static void ring_put(kvp_kvpub *p, const uint8_t *topic, uint32_t topic_len, uin
     }
     while (p->next - p->first == p->ring_cap || p->ring_bytes + need > p->ring_max_bytes)
         ring_pop(p);
-    uint8_t *mem = kvp_malloc(need ? need : 1);
-    if (!mem) {
+    rbuf *rb = kvp_malloc(sizeof *rb + need);
+    if (!rb) {
         KVP_WARN_LIMITED(MOD, "out of memory: a batch is not kept for replay");
         return;
     }
-    memcpy(mem, topic, topic_len);
-    memcpy(mem + topic_len, payload, len);
-    p->ring[p->next % p->ring_cap] = (rent){mem, len, seq, topic_len};
+    atomic_init(&rb->refs, 1);
+    rb->topic_len = topic_len;
+    rb->bytes = need;
+    rb->p = p;
+    memcpy(rb->data, topic, topic_len);
+    memcpy(rb->data + topic_len, payload, len);
+    p->ring[p->next % p->ring_cap] = (rent){rb, len, seq, topic_len};
     p->next++;
     p->ring_bytes += need;
 }
@@ -424,19 +470,34 @@ static void publish_list(kvp_kvpub *p, qitem *q, uint64_t deadline_ms)
 /* --- replay (the thread's) */
 
 /* Sends one answer message to the replay's client: (id, "", topic, seq,
- * payload). 0, or the errno of the refused first frame (EAGAIN: its pipe is
- * at the HWM; EHOSTUNREACH: the client is gone). Once the first frame is
- * taken the rest of the message is too. */
-static int send_answer(kvp_kvpub *p, const uint8_t *topic, size_t topic_len, const uint8_t *seq,
-                       const uint8_t *payload, size_t len)
+ * payload), the payload x's by reference (NULL x: the end marker, topic
+ * and payload empty). 0, or the errno of the refused first frame (EAGAIN:
+ * its pipe is at the HWM; EHOSTUNREACH: the client is gone; ENOMEM). Once
+ * the first frame is taken the rest of the message is too. */
+static int send_answer(kvp_kvpub *p, const rent *x, const uint8_t *seq)
 {
     const replay *r = &p->rp;
-    if (zmq_send(p->router, r->id, r->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
-        return zmq_errno();
+    zmq_msg_t pl;
+    if (x) {
+        atomic_fetch_add(&x->rb->refs, 1);
+        if (zmq_msg_init_data(&pl, x->rb->data + x->topic_len, x->len, rb_release, x->rb) != 0) {
+            rb_unref(x->rb);
+            return ENOMEM;
+        }
+    }
+    if (zmq_send(p->router, r->id, r->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+        int e = zmq_errno();
+        if (x)
+            zmq_msg_close(&pl); /* drops the reference */
+        return e;
+    }
     zmq_send(p->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    zmq_send(p->router, topic, topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(p->router, x ? x->rb->data : NULL, x ? x->topic_len : 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
     zmq_send(p->router, seq, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    zmq_send(p->router, payload, len, ZMQ_DONTWAIT);
+    if (!x)
+        zmq_send(p->router, "", 0, ZMQ_DONTWAIT);
+    else if (zmq_msg_send(&pl, p->router, ZMQ_DONTWAIT) < 0)
+        zmq_msg_close(&pl);
     return 0;
 }
 
@@ -465,17 +526,23 @@ static void replay_step(kvp_kvpub *p)
     replay *r = &p->rp;
     size_t nsent = 0, bytes = 0;
     int e = 0;
+    /* clients that do not read hold batches the ring has let go: past
+     * buffer_bytes the replay waits (and is abandoned if nothing is freed) */
+    if (r->cursor < r->end && atomic_load(&p->pinned) > p->ring_max_bytes) {
+        replay_refused(p, EAGAIN);
+        return;
+    }
     while (r->cursor < r->end && nsent < REPLAY_CHUNK && bytes < REPLAY_CHUNK_BYTES) {
         if (r->cursor < p->first) { /* evicted since the request: a gap */
             r->cursor = p->first;
             continue;
         }
         const rent *x = &p->ring[r->cursor % p->ring_cap];
-        if (x->topic_len == r->topic_len && memcmp(x->mem, r->topic, r->topic_len) == 0 &&
+        if (x->topic_len == r->topic_len && memcmp(x->rb->data, r->topic, r->topic_len) == 0 &&
             x->seq >= r->start_seq) {
             uint8_t seq[8];
             put_be64(seq, x->seq);
-            if ((e = send_answer(p, x->mem, x->topic_len, seq, x->mem + x->topic_len, x->len)))
+            if ((e = send_answer(p, x, seq)))
                 break;
             nsent++;
             bytes += x->len;
@@ -490,7 +557,7 @@ static void replay_step(kvp_kvpub *p)
     }
     if (!e && r->cursor >= r->end) {
         static const uint8_t end_seq[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
-        if (!(e = send_answer(p, (const uint8_t *)"", 0, end_seq, (const uint8_t *)"", 0))) {
+        if (!(e = send_answer(p, NULL, end_seq))) {
             r->on = 0;
             return;
         }
@@ -707,7 +774,8 @@ static int open_sockets(kvp_kvpub *p, const kvp_kvpub_cfg *cfg, int has_replay, 
         return KVP_EIO;
     }
     sockopt_int(p->router, ZMQ_HANDSHAKE_IVL, HANDSHAKE_MS);
-    sockopt_int(p->router, ZMQ_SNDHWM, (int)(2 * (p->ring_cap + 1)));
+    sockopt_int(p->router, ZMQ_SNDHWM,
+                (int)(2 * (p->ring_cap + 1) < REPLAY_HWM ? 2 * (p->ring_cap + 1) : REPLAY_HWM));
     sockopt_int(p->router, ZMQ_ROUTER_MANDATORY, 1);
     sockopt_int(p->router, ZMQ_LINGER, LINGER_MS);
     return bind_one(p->router, "replay", cfg->replay, p->replay_ep, err, errlen);
@@ -818,6 +886,7 @@ void kvp_kvpub_stats_get(kvp_kvpub *p, kvp_kvpub_stats *st)
     pthread_mutex_lock(&p->mu);
     *st = p->st;
     pthread_mutex_unlock(&p->mu);
+    st->pinned_bytes = atomic_load(&p->pinned);
 }
 
 const char *kvp_kvpub_pub_endpoint(const kvp_kvpub *p) { return p->pub_ep; }

@@ -119,6 +119,9 @@ typedef struct kvp_kvpub_stats {
     uint64_t replays;          /* well-formed replay requests taken */
     uint64_t replayed_batches; /* batches sent in replay answers */
     uint64_t queued_bytes;     /* submitted, not yet sent (counted against queue_bytes) */
+    uint64_t pinned_bytes;     /* batches gone from the replay ring but still held in the
+                                  pipes of replay clients (bounded by buffer_bytes: past it
+                                  a replay waits for them) */
 } kvp_kvpub_stats;
 /* Thread-safe. */
 void kvp_kvpub_stats_get(kvp_kvpub *p, kvp_kvpub_stats *st);
