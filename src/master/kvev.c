@@ -87,6 +87,8 @@
  * A reading client loses nothing to it: ZMQ_ROUTER_MANDATORY pauses the
  * replay instead. */
 #define REPLAY_HWM 2048u
+#define DEF_MAX_SUBSCRIBERS 256u /* connections to the PUB at once (0 in the config) */
+#define DEF_MAX_REPLAY_CLIENTS 64u /* ... and to the ROUTER */
 #define HANDSHAKE_MS 5000 /* a connection's ZMTP handshake completes within this, or is closed */
 #define EP_LEN 256
 
@@ -297,6 +299,11 @@ struct kvp_kvpub {
     uint64_t ring_max_bytes, queue_max;
     char pub_ep[EP_LEN], replay_ep[EP_LEN];
     _Atomic uint64_t pinned; /* bytes of batches out of the ring still in pipes */
+    /* the gate (the thread's after create): the ZAP handler and a monitor
+     * of each socket; gate k: 0 the PUB, 1 the ROUTER */
+    void *zap, *mon[2];
+    uint32_t cap[2];
+    int64_t live[2];       /* connections accepted and not yet ended */
 
     pthread_mutex_t mu;    /* guards what follows down to the thread's part */
     qitem *head, *tail;
@@ -634,6 +641,96 @@ static void take_requests(kvp_kvpub *p)
     }
 }
 
+/* --- the gate (the thread's): connection caps
+ *
+ * ZeroMQ has no connection limit. Each socket has a ZAP domain, so libzmq
+ * asks the ZAP handler (p->zap, REP on inproc://zeromq.zap.01) before a
+ * connection's handshake completes (ZMTP 1.0/2.0 peers, which cannot be
+ * asked, are refused), and a monitor reports every accepted connection and
+ * every end of one. The I/O thread reports the accept before it starts the
+ * connection's handshake, so once monitors are drained, live[k] counts the
+ * connection being asked about: past cap[k] it is refused (status 400,
+ * closed by libzmq). A connection refused, failed or closed reports its
+ * end, so live[k] comes back down. */
+
+static void gate_drain_monitors(kvp_kvpub *p)
+{
+    for (int k = 0; k < 2; k++) {
+        if (!p->mon[k])
+            continue;
+        for (;;) {
+            zmq_msg_t ev, addr;
+            zmq_msg_init(&ev);
+            if (zmq_msg_recv(&ev, p->mon[k], ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&ev);
+                break;
+            }
+            uint16_t id = 0;
+            if (zmq_msg_size(&ev) >= 6)
+                memcpy(&id, zmq_msg_data(&ev), sizeof id);
+            int more = zmq_msg_more(&ev);
+            zmq_msg_close(&ev);
+            while (more) { /* the endpoint frame */
+                zmq_msg_init(&addr);
+                if (zmq_msg_recv(&addr, p->mon[k], 0) < 0) {
+                    zmq_msg_close(&addr);
+                    break;
+                }
+                more = zmq_msg_more(&addr);
+                zmq_msg_close(&addr);
+            }
+            if (id == ZMQ_EVENT_ACCEPTED)
+                p->live[k]++;
+            else if (id == ZMQ_EVENT_DISCONNECTED && p->live[k] > 0)
+                p->live[k]--;
+        }
+    }
+}
+
+/* Answers the ZAP requests waiting: 200 within the cap, 400 past it. */
+static void gate_answer(kvp_kvpub *p)
+{
+    for (;;) {
+        zmq_msg_t f[8];
+        size_t n = 0;
+        int more = 1;
+        while (more) {
+            zmq_msg_t *dst = &f[n < 8 ? n : 7];
+            if (n >= 8)
+                zmq_msg_close(dst);
+            zmq_msg_init(dst);
+            if (zmq_msg_recv(dst, p->zap, n ? 0 : ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(dst);
+                break;
+            }
+            more = zmq_msg_more(dst);
+            if (n < 8)
+                n++;
+        }
+        if (!n)
+            return;
+        gate_drain_monitors(p);
+        int k = n >= 3 && zmq_msg_size(&f[2]) == 13 &&
+                memcmp(zmq_msg_data(&f[2]), "kvpool-replay", 13) == 0;
+        int ok = n >= 2 && p->live[k] <= (int64_t)p->cap[k];
+        if (!ok)
+            KVP_WARN_LIMITED(MOD, "%s: %u connections at once: one more refused",
+                             k ? "replay" : "pub", p->cap[k]);
+        /* version, request id (echoed), status, text, user id, metadata */
+        zmq_send(p->zap, "1.0", 3, ZMQ_SNDMORE);
+        if (n >= 2)
+            zmq_msg_send(&f[1], p->zap, ZMQ_SNDMORE);
+        else
+            zmq_send(p->zap, "", 0, ZMQ_SNDMORE);
+        zmq_send(p->zap, ok ? "200" : "400", 3, ZMQ_SNDMORE);
+        zmq_send(p->zap, ok ? "OK" : "too many connections", ok ? 2 : 20, ZMQ_SNDMORE);
+        zmq_send(p->zap, "", 0, ZMQ_SNDMORE);
+        zmq_send(p->zap, "", 0, 0);
+        for (size_t i = 0; i < n; i++) /* f[1], once sent, is empty */
+            zmq_msg_close(&f[i]);
+    }
+}
+
 /* --- the thread */
 
 static void *pub_main(void *arg)
@@ -641,8 +738,9 @@ static void *pub_main(void *arg)
     kvp_kvpub *p = arg;
     pthread_setname_np(pthread_self(), "kvp-kvpub");
     for (;;) {
-        zmq_pollitem_t it[2] = {{.fd = p->efd, .events = ZMQ_POLLIN}};
-        int nit = 1;
+        zmq_pollitem_t it[3] = {{.fd = p->efd, .events = ZMQ_POLLIN},
+                                {.socket = p->zap, .events = ZMQ_POLLIN}};
+        int nit = 2;
         if (p->router && !p->rp.on)
             it[nit++] = (zmq_pollitem_t){.socket = p->router, .events = ZMQ_POLLIN};
         long timeout = !p->rp.on ? -1 : p->rp.paused_ms ? PAUSE_POLL_MS : 0;
@@ -651,6 +749,10 @@ static void *pub_main(void *arg)
             ssize_t rd = read(p->efd, &v, sizeof v);
             (void)rd;
         }
+        if (it[1].revents & ZMQ_POLLIN)
+            gate_answer(p);
+        else
+            gate_drain_monitors(p);
         pthread_mutex_lock(&p->mu);
         qitem *q = p->head;
         p->head = p->tail = NULL;
@@ -670,6 +772,10 @@ static void *pub_main(void *arg)
     zmq_close(p->pub);
     if (p->router)
         zmq_close(p->router);
+    for (int k = 0; k < 2; k++)
+        if (p->mon[k])
+            zmq_close(p->mon[k]);
+    zmq_close(p->zap);
     return NULL;
 }
 
@@ -724,6 +830,11 @@ static void release(kvp_kvpub *p)
         zmq_close(p->pub);
     if (p->router)
         zmq_close(p->router);
+    for (int k = 0; k < 2; k++)
+        if (p->mon[k])
+            zmq_close(p->mon[k]);
+    if (p->zap)
+        zmq_close(p->zap);
     if (p->zctx)
         while (zmq_ctx_term(p->zctx) != 0 && zmq_errno() == EINTR)
             ;
@@ -743,13 +854,28 @@ static void release(kvp_kvpub *p)
     kvp_free(p);
 }
 
+/* Puts sock behind the gate as gate k: its ZAP domain, its monitor. */
+static int gate_socket(kvp_kvpub *p, int k, void *sock, const char *domain)
+{
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://kvpool-kvpub-mon-%d", k);
+    if (zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, domain, strlen(domain)) != 0 ||
+        zmq_socket_monitor(sock, ep, ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
+        !(p->mon[k] = zmq_socket(p->zctx, ZMQ_PAIR)))
+        return -1;
+    return zmq_connect(p->mon[k], ep);
+}
+
 /* Makes the context and the sockets, and binds them (create's part; every
  * thread libzmq starts here inherits the caller's signal mask). */
 static int open_sockets(kvp_kvpub *p, const kvp_kvpub_cfg *cfg, int has_replay, char *err,
                         size_t errlen)
 {
     p->zctx = zmq_ctx_new();
-    if (!p->zctx || !(p->pub = zmq_socket(p->zctx, ZMQ_PUB))) {
+    if (!p->zctx || !(p->zap = zmq_socket(p->zctx, ZMQ_REP)) ||
+        zmq_bind(p->zap, "inproc://zeromq.zap.01") != 0 ||
+        !(p->pub = zmq_socket(p->zctx, ZMQ_PUB)) ||
+        gate_socket(p, 0, p->pub, "kvpool-pub") != 0) {
         seterr(err, errlen, "zmq: %s", zmq_strerror(zmq_errno()));
         return KVP_EIO;
     }
@@ -764,7 +890,8 @@ static int open_sockets(kvp_kvpub *p, const kvp_kvpub_cfg *cfg, int has_replay, 
     int rc = bind_one(p->pub, "pub", cfg->pub, p->pub_ep, err, errlen);
     if (rc || !has_replay)
         return rc;
-    if (!(p->router = zmq_socket(p->zctx, ZMQ_ROUTER))) {
+    if (!(p->router = zmq_socket(p->zctx, ZMQ_ROUTER)) ||
+        gate_socket(p, 1, p->router, "kvpool-replay") != 0) {
         seterr(err, errlen, "zmq: %s", zmq_strerror(zmq_errno()));
         return KVP_EIO;
     }
@@ -807,6 +934,8 @@ int kvp_kvpub_create(const kvp_kvpub_cfg *cfg, kvp_kvpub **out, char *err, size_
     p->ring_cap = cfg->buffer_batches ? cfg->buffer_batches : DEF_BUFFER_BATCHES;
     p->ring_max_bytes = cfg->buffer_bytes ? cfg->buffer_bytes : DEF_BUFFER_BYTES;
     p->queue_max = cfg->queue_bytes ? cfg->queue_bytes : DEF_QUEUE_BYTES;
+    p->cap[0] = cfg->max_subscribers ? cfg->max_subscribers : DEF_MAX_SUBSCRIBERS;
+    p->cap[1] = cfg->max_replay_clients ? cfg->max_replay_clients : DEF_MAX_REPLAY_CLIENTS;
     kvp_buf_init(&p->enc, ENC_CAP);
     p->ring = kvp_calloc(p->ring_cap, sizeof *p->ring);
     if (!p->ring) {
@@ -903,6 +1032,6 @@ void kvp_kvpub_destroy(kvp_kvpub *p)
     ssize_t wr = write(p->efd, &one, sizeof one);
     (void)wr;
     pthread_join(p->th, NULL);
-    p->pub = p->router = NULL; /* closed by the thread */
+    p->pub = p->router = p->zap = p->mon[0] = p->mon[1] = NULL; /* closed by the thread */
     release(p);
 }

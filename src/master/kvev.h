@@ -84,6 +84,9 @@ typedef struct kvp_kvpub_cfg {
     uint32_t hwm;            /* ZMQ_SNDHWM of PUB (0 = 100000; at most INT32_MAX) */
     uint64_t queue_bytes;    /* submitted but not yet sent: above this, kvp_kvpub_submit
                                 drops (0 = 256 MiB) */
+    uint32_t max_subscribers;    /* connections to PUB at once; one more is refused in its
+                                    handshake (0 = 256) */
+    uint32_t max_replay_clients; /* the same for the replay socket (0 = 64) */
 } kvp_kvpub_cfg;
 
 /* Binds both sockets (so a bad endpoint or a port in use is an error here,

@@ -15,6 +15,7 @@
  * ring's batches instead of pinning a copy each, and what they hold beyond
  * the ring is counted and bounded. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <msgpack.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -911,10 +912,9 @@ TEST(destroy_with_batches_queued)
 
 /* ------------------------------------------------ hostile replay clients */
 
-/* A raw ZMTP 3.0 DEALER (NULL mechanism) on ep that asks for a replay of
- * topic "t" from seq 0 and then reads nothing: its answers stay in the
- * publisher's pipe (and the kernel's buffers), as a hostile client's do. */
-static int raw_replay_client(const char *ep)
+/* A raw ZMTP 3.0 peer (NULL mechanism) of type `type` on ep, its greeting
+ * and READY sent; -1 when the connection failed. */
+static int raw_peer(const char *ep, const char *type)
 {
     const char *colon = strrchr(ep, ':');
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -934,11 +934,31 @@ static int raw_replay_client(const char *ep)
     }
     usleep(50 * 1000);
     size_t n = 0;
-    static const char ready[] = "\x05READY\x0bSocket-Type\0\0\0\x06" "DEALER";
+    size_t tl = strlen(type);
     m[n++] = 0x04;
-    m[n++] = sizeof ready - 1;
-    memcpy(m + n, ready, sizeof ready - 1);
-    n += sizeof ready - 1;
+    m[n++] = (uint8_t)(1 + 5 + 1 + 11 + 4 + tl);
+    memcpy(m + n, "\x05READY\x0bSocket-Type\0\0\0", 21);
+    n += 21;
+    m[n++] = (uint8_t)tl;
+    memcpy(m + n, type, tl);
+    n += tl;
+    if (send(fd, m, n, MSG_NOSIGNAL) != (ssize_t)n) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* A raw DEALER on ep that asks for a replay of topic "t" from seq 0 and
+ * then reads nothing: its answers stay in the publisher's pipe (and the
+ * kernel's buffers), as a hostile client's do. */
+static int raw_replay_client(const char *ep)
+{
+    int fd = raw_peer(ep, "DEALER");
+    if (fd < 0)
+        return -1;
+    size_t n = 0;
+    uint8_t m[32];
     static const uint8_t req[] = {1, 0, 1, 1, 't', 0, 8, 0, 0, 0, 0, 0, 0, 0, 0};
     memcpy(m + n, req, sizeof req);
     n += sizeof req;
@@ -1019,5 +1039,55 @@ TEST(replay_clients_that_do_not_read_share_the_ring)
     } while (st.pinned_bytes && kvp_now_ms() < until);
     CHECK_EQ(st.pinned_bytes, 0);
     free(ev);
+    kvp_kvpub_destroy(p);
+}
+
+/* 1 once the other end closed fd (end of stream or reset) within ms. */
+static int closed_within(int fd, int ms)
+{
+    uint64_t until = kvp_now_ms() + (uint64_t)ms;
+    char b[4096];
+    do {
+        ssize_t r = recv(fd, b, sizeof b, MSG_DONTWAIT);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+            return 1;
+        if (r < 0)
+            usleep(10 * 1000);
+    } while (kvp_now_ms() < until);
+    return 0;
+}
+
+/* Past max_subscribers (max_replay_clients) connections at once, one more
+ * is refused in its handshake; once one ends, a new one is taken again.
+ * Real subscribers are not affected (publish_to_a_subscriber passes the
+ * same gate). */
+TEST(connections_past_the_caps_are_refused)
+{
+    kvp_kvpub_cfg cfg = {.pub = "tcp://127.0.0.1:0", .replay = "tcp://127.0.0.1:0",
+                         .max_subscribers = 2, .max_replay_clients = 1};
+    kvp_kvpub *p = NULL;
+    CHECK_EQ(kvp_kvpub_create(&cfg, &p, NULL, 0), 0);
+    const char *pub = kvp_kvpub_pub_endpoint(p), *rep = kvp_kvpub_replay_endpoint(p);
+    int a = raw_peer(pub, "SUB"), b = raw_peer(pub, "SUB");
+    CHECK(a >= 0 && b >= 0);
+    CHECK(!closed_within(a, 300) && !closed_within(b, 10));
+    int c = raw_peer(pub, "SUB");
+    CHECK(c >= 0);
+    CHECK(closed_within(c, 3000));
+    CHECK(!closed_within(a, 10) && !closed_within(b, 10));
+    close(c);
+    close(a);
+    usleep(200 * 1000); /* its end is reported */
+    int d = raw_peer(pub, "SUB");
+    CHECK(d >= 0);
+    CHECK(!closed_within(d, 500));
+    int r1 = raw_peer(rep, "DEALER");
+    CHECK(r1 >= 0 && !closed_within(r1, 300));
+    int r2 = raw_peer(rep, "DEALER");
+    CHECK(r2 >= 0 && closed_within(r2, 3000));
+    close(r2);
+    close(r1);
+    close(b);
+    close(d);
     kvp_kvpub_destroy(p);
 }
