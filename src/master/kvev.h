@@ -89,7 +89,15 @@ typedef struct kvp_kvpub_cfg {
     uint32_t max_replay_clients; /* the same for the replay socket (0 = 64) */
 } kvp_kvpub_cfg;
 
-/* Binds both sockets (so a bad endpoint or a port in use is an error here,
+/* Limits against peers (no credential is asked): a subscription or a replay
+ * request frame longer than a topic closes its connection unread
+ * (ZMQ_MAXMSGSIZE); a ZMTP handshake completes within 5 s; past
+ * max_subscribers / max_replay_clients connections at once one more is
+ * refused in its handshake (the context's ZAP handler, fed by socket
+ * monitors: one kvp_kvpub per process's ZeroMQ context, which is its own);
+ * replay answers share the ring's batches by reference (stats.pinned_bytes).
+ *
+ * Binds both sockets (so a bad endpoint or a port in use is an error here,
  * named in err) and starts the publisher thread, which takes no
  * asynchronous signal. HOST is an IP address, an interface name or "*"
  * (ZMQ binds no host name: "localhost" is refused); PORT a number, 0 or "*"
