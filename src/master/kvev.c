@@ -863,6 +863,11 @@ static int gate_socket(kvp_kvpub *p, int k, void *sock, const char *domain)
         zmq_socket_monitor(sock, ep, ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
         !(p->mon[k] = zmq_socket(p->zctx, ZMQ_PAIR)))
         return -1;
+    /* no high-water mark: an event dropped would leave live[k] wrong for
+     * good (a lost end: a slot never given back); the thread drains them
+     * every turn */
+    sockopt_int(p->mon[k], ZMQ_RCVHWM, 0);
+    sockopt_int(p->mon[k], ZMQ_SNDHWM, 0);
     return zmq_connect(p->mon[k], ep);
 }
 
