@@ -1019,7 +1019,11 @@ TEST(replay_clients_that_do_not_read_share_the_ring)
         CHECK_EQ(st.replayed_batches, (uint64_t)(i + 1) * NB);
     }
     long grown = rss_kib() - before;
+#if !defined(__SANITIZE_THREAD__) /* its shadow memory grows with what libzmq touches */
     CHECK(grown >= 0 && (uint64_t)grown * 1024 < ring / 2);
+#else
+    (void)grown;
+#endif
     CHECK_EQ(st.pinned_bytes, 0);
     /* the ring moves on: the clients' batches are out of it, still held */
     for (uint64_t b = NB + 1; b <= 2 * NB; b++) {
