@@ -24,6 +24,11 @@ what each attack saw (refusals, closes, forged descriptors accepted: must be 0).
     bench/hostile.py [--seconds 60] [--baseline 10] [--flood 2000] [--out FILE]
                      [--targets master,node,lookup] [--kvpool build/kvpool]
 
+Targets beyond the default: http-slow (slow headers at the HTTP endpoint;
+/healthz and /metrics probed: *_ok / *_failed / *_max_ms) and kvev (64 MiB
+subscriptions and replay clients that never read at the KV events' sockets;
+serve's RSS against the replay ring's budget, 256 MiB).
+
 Run it with the venv's Python (scripts/python-env) after `make all python`.
 Exit status 1 if serve died, a wrong byte was seen, a forged / stale
 descriptor, a refusable HELLO or a MOUNT/UNMOUNT without the node credential
@@ -57,7 +62,7 @@ sys.path.insert(0, str(ROOT / "python"))
 
 # ------------------------------------------------------------------ protocol
 
-MAGIC, VERSION, HDR = 0x4B56, 4, 24
+MAGIC, VERSION, HDR = 0x4B56, 4, 24  # KVP_PROTO_VERSION (src/proto/proto.h)
 F_RESPONSE, F_ONEWAY = 0x01, 0x02
 OP = {n: i for i, n in enumerate(
     "_ HELLO MOUNT_SEGMENT UNMOUNT_SEGMENT HEARTBEAT PUT_START PUT_END PUT_REVOKE GET RELEASE "
@@ -963,6 +968,198 @@ def atk_lookup_reset(ctx: Ctx, target: str, deadline: float, st: dict[str, int])
         time.sleep(0.01)
 
 
+# ------------------------------------ the HTTP endpoint and the KV events' sockets
+
+def surf_serve_args(targets: list[str], wd: Path) -> list[str]:
+    """`kvpool serve` flags for the http-slow and kvev targets (none for the
+    others); their endpoints reach the attackers through $HOSTILE_SURF."""
+    if not {"http-slow", "kvev"} & set(targets):
+        return []
+    socks = [socket.socket() for _ in range(3)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    http, pub, rep = (s.getsockname()[1] for s in socks)
+    for s in socks:
+        s.close()
+    tok = os.urandom(16).hex()
+    (wd / "http.tok").write_text(tok + "\n")
+    (wd / "http.tok").chmod(0o600)
+    os.environ["HOSTILE_SURF"] = json.dumps({"http": http, "pub": pub, "replay": rep,
+                                             "http_token": tok})
+    return ["--http", f"127.0.0.1:{http}", "--http-token-file", str(wd / "http.tok"),
+            "--kv-events", f"tcp://127.0.0.1:{pub}", "--kv-events-replay",
+            f"tcp://127.0.0.1:{rep}"]
+
+
+def surf_ep() -> dict[str, Any]:
+    return json.loads(os.environ["HOSTILE_SURF"])
+
+
+def http_probe(port: int, path: str, token: str = "") -> tuple[int, float]:
+    """One GET on its own connection: (status or -1, ms)."""
+    t0 = time.perf_counter()
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=2)
+        auth = f"Authorization: Bearer {token}\r\n" if token else ""
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n".encode())
+        got = b""
+        while b"\r\n" not in got:
+            d = s.recv(4096)
+            if not d:
+                break
+            got += d
+        s.close()
+        st = int(got.split(b" ")[1]) if got.startswith(b"HTTP/1.1 ") else -1
+    except (OSError, ValueError, IndexError):
+        st = -1
+    return st, (time.perf_counter() - t0) * 1000
+
+
+def atk_http_slow(ctx: Ctx, target: str, deadline: float, st: dict[str, int]) -> None:
+    """The slow-header attack: 64 connections from 8 loopback addresses, each
+    sending one header line every 4 s (never finishing its request), a
+    closed one replaced at once; meanwhile /healthz (open) and /metrics (with
+    the token) are probed 4 times a second from another address."""
+    ep = surf_ep()
+    port = ep["http"]
+    held: dict[int, socket.socket] = {}
+    n_line, next_line = 0, 0.0
+    while time.monotonic() < deadline:
+        for i in range(64):
+            if i in held:
+                continue
+            try:
+                s = tcp_connect(("127.0.0.1", port), src=f"127.0.0.{2 + i % 8}")
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                held[i] = s
+                bump(st, "conns")
+            except OSError:
+                bump(st, "connect_failed")
+        if time.monotonic() >= next_line:
+            next_line = time.monotonic() + 4.0
+            n_line += 1
+            for i, s in list(held.items()):
+                try:
+                    s.setblocking(False)
+                    try:
+                        gone = s.recv(1) == b""
+                    except BlockingIOError:
+                        gone = False
+                    s.setblocking(True)
+                    if not gone:
+                        s.sendall(f"X-Slow-{n_line}: 1\r\n".encode())
+                        bump(st, "bytes_sent", 16)
+                except OSError:
+                    gone = True
+                if gone:
+                    s.close()
+                    del held[i]
+                    bump(st, "closed_by_peer")
+        for path, tok, key in (("/healthz", "", "healthz"), ("/metrics", ep["http_token"], "metrics")):
+            code, ms = http_probe(port, path, tok)
+            bump(st, f"{key}_ok" if code == 200 else f"{key}_failed")
+            st[f"{key}_max_ms"] = max(st.get(f"{key}_max_ms", 0), int(ms + 0.999))
+        time.sleep(0.25)
+    st["held_at_end"] = len(held)
+    for s in held.values():
+        s.close()
+
+
+def zmtp_peer(port: int, stype: bytes) -> socket.socket:
+    """A raw ZMTP 3.0 peer (NULL mechanism) with its greeting and READY sent."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=3)
+    s.sendall(b"\xff" + b"\0" * 8 + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" * 32)
+    time.sleep(0.02)  # libzmq 4.3 drops a peer whose greeting and frames share a segment
+    ready = b"\x05READY\x0bSocket-Type" + struct.pack(">I", len(stype)) + stype
+    s.sendall(bytes([0x04, len(ready)]) + ready)
+    return s
+
+
+def zmtp_closed(s: socket.socket) -> bool:
+    """Whether the server closed s (what it sent before is read and dropped)."""
+    s.settimeout(0)
+    try:
+        while True:
+            if not s.recv(1 << 20):
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def atk_kvev_subs(ctx: Ctx, target: str, deadline: float, st: dict[str, int]) -> None:
+    """Subscriptions as the memory attack: cycles of 8 subscribers, each
+    sending a 64 MiB subscription, held 2 s, then dropped; plus 300 idle
+    subscribers held (the connection cap)."""
+    pub = surf_ep()["pub"]
+    idle: list[socket.socket] = []
+    for _ in range(300):
+        try:
+            idle.append(zmtp_peer(pub, b"SUB"))
+            bump(st, "conns")
+        except OSError:
+            bump(st, "connect_failed")
+    chunk = b"A" * (1 << 20)
+    while time.monotonic() < deadline:
+        subs = []
+        for _ in range(8):
+            try:
+                s = zmtp_peer(pub, b"SUB")
+                bump(st, "conns")
+                s.sendall(b"\x02" + struct.pack(">Q", 1 + (64 << 20)) + b"\x01")
+                for _ in range(64):
+                    s.sendall(chunk)
+                    bump(st, "bytes_sent", len(chunk))
+                bump(st, "taken_whole")
+                subs.append(s)
+            except OSError:
+                bump(st, "closed_by_peer")
+        time.sleep(2)
+        for s in subs:
+            s.close()
+    st["idle_refused"] = sum(zmtp_closed(s) for s in idle)
+    for s in idle:
+        s.close()
+
+
+def atk_kvev_replay(ctx: Ctx, target: str, deadline: float, st: dict[str, int]) -> None:
+    """Replay clients that never read: 100 held (past the cap), each asking
+    for every batch of topic "" from seq 0, while a Client stores KV blocks
+    (one event each) so the ring keeps filling."""
+    import kvpool
+    rep = surf_ep()["replay"]
+    held: list[socket.socket] = []
+    c = kvpool.Client(ctx.client_cfg)
+    base = random.getrandbits(40) << 20
+    n = 0
+    req = b"\x01\x00" + b"\x01\x07default" + b"\x00\x08" + b"\0" * 8
+    while time.monotonic() < deadline:
+        hs = [base + n * 64 + i for i in range(64)]
+        blocks = [kvpool.Block(h, hs[i - 1] if i else None, 16, 1, 0) for i, h in enumerate(hs)]
+        try:
+            c.put_batch([f"kvev-{n}-{i}" for i in range(64)], [b"x" * 512] * 64, blocks=blocks)
+        except kvpool.Error:
+            bump(st, "put_failed")
+        n += 1
+        if len(held) < 100:
+            try:
+                s = zmtp_peer(rep, b"DEALER")
+                s.sendall(req)
+                held.append(s)
+                bump(st, "conns")
+            except OSError:
+                bump(st, "connect_failed")
+        time.sleep(0.05)
+    c.close()
+    closed = sum(zmtp_closed(s) for s in held)
+    for s in held:
+        s.close()
+    st["closed_by_peer"] = closed
+    st["held_at_end"] = len(held) - closed
+    st["kv_batches_put"] = n
+
+
 ATTACKS: dict[str, list[tuple[str, Callable[..., None]]]] = {
     "master": [("garbage", atk_garbage), ("lying_lengths", atk_lying), ("slowloris", atk_slowloris),
                ("idle_flood", atk_flood), ("never_reading", atk_neverread),
@@ -973,6 +1170,8 @@ ATTACKS: dict[str, list[tuple[str, Callable[..., None]]]] = {
     "lookup": [("garbage", atk_garbage), ("half_frames", atk_lying), ("slowloris", atk_slowloris),
                ("idle_flood", atk_flood), ("never_reading", atk_neverread),
                ("reset_frames", atk_lookup_reset)],
+    "http-slow": [("slow_headers", atk_http_slow)],
+    "kvev": [("big_subscriptions", atk_kvev_subs), ("non_reading_replay", atk_kvev_replay)],
 }
 
 
@@ -1443,7 +1642,7 @@ def main() -> int:
     os.environ.pop("MOONCAKE_CONFIG_PATH", None)
     spawn = mp.get_context("spawn")
     wd = Path(tempfile.mkdtemp(prefix="kvpool-hostile-"))
-    extra = ["--hello-timeout", "2s", *a.serve_arg]
+    extra = ["--hello-timeout", "2s", *surf_serve_args(targets, wd), *a.serve_arg]
     serve, port = start_serve(binary, a.segment_size, wd, extra)
     engine = None
     stop = spawn.Event()

@@ -66,6 +66,17 @@ int kvp_cli_http_start(const char *cmd, const kvp_config *cfg, kvp_mserver *mast
         fprintf(stderr, "kvpool %s: http_token_file: %s\n", cmd, err);
         return 1;
     }
+    /* Tenants protected from each other: what the master's endpoint shows
+     * (/metrics, /api/stats, the page, /api/kv/lookup) is every tenant's,
+     * so it needs the operator's token even on loopback, where a tenant's
+     * process may run too (docs/SECURITY.md). */
+    if (ms && cfg->tenant_tokens_file[0] && !token[0]) {
+        fprintf(stderr,
+                "kvpool %s: key \"http\" needs key \"http_token_file\" with "
+                "\"tenant_tokens_file\": the endpoint shows every tenant's objects\n",
+                cmd);
+        return 1;
+    }
     g_parts = (struct parts){ms, node};
     kvp_http_route r[6];
     size_t n = 0;

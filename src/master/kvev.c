@@ -25,7 +25,9 @@
  * read before the queue is taken, so no batch is left without a wake-up.
  *
  * Replay answers respect the ROUTER's high-water mark (vLLM's: twice the
- * ring's batches plus one, so a whole replay fits): ZMQ_ROUTER_MANDATORY
+ * ring's batches plus one, so a whole replay fits; at most REPLAY_HWM, so a
+ * client that does not read pins a bounded number of answers, whose
+ * payloads are the ring's own, by reference): ZMQ_ROUTER_MANDATORY
  * makes a send to a full pipe fail with EAGAIN instead of dropping it; the
  * replay then pauses (the loop polls every PAUSE_POLL_MS) and is abandoned
  * when the client has taken nothing for REPLAY_STALL_MS, or at once when it
@@ -39,6 +41,7 @@
 #include <msgpack.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -70,6 +73,23 @@
 #define MAX_ID 255                 /* a ZMQ routing id's bytes */
 #define REQ_FRAMES 5               /* frames of a request kept: one more than the longest form */
 #define MAX_FRAME (KVP_KVPUB_MAX_TOPIC + MAX_ID) /* ZMQ_MAXMSGSIZE of the ROUTER */
+/* ZMQ_MAXMSGSIZE of the PUB: what a subscriber sends it is (un)subscriptions,
+ * a flag byte and a topic prefix (ZMTP 3.0), or a SUBSCRIBE / CANCEL
+ * command (3.1: its name's length byte and name, then the topic); a longer
+ * one closes the connection before libzmq reads it. Without this bound a
+ * peer -- no credential needed -- sent subscriptions of many megabytes,
+ * which libzmq keeps in its subscription trie (a node per byte: the
+ * master's memory grew by gigabytes, never given back, and tearing the
+ * trie down at close held the stop for seconds). */
+#define MAX_SUB (KVP_KVPUB_MAX_TOPIC + 16)
+/* ZMQ_SNDHWM of the ROUTER, in answers: a client that does not read pins
+ * at most this many (their frames; the payloads are the ring's, shared).
+ * A reading client loses nothing to it: ZMQ_ROUTER_MANDATORY pauses the
+ * replay instead. */
+#define REPLAY_HWM 2048u
+#define DEF_MAX_SUBSCRIBERS 256u /* connections to the PUB at once (0 in the config) */
+#define DEF_MAX_REPLAY_CLIENTS 64u /* ... and to the ROUTER */
+#define HANDSHAKE_MS 5000 /* a connection's ZMTP handshake completes within this, or is closed */
 #define EP_LEN 256
 
 #if defined(__SANITIZE_THREAD__)
@@ -80,7 +100,14 @@
  * and what it passes to libzmq, stay checked. (The only definition in
  * kvpool: TSan's runtime reads it at start-up.) */
 const char *__tsan_default_suppressions(void);
-const char *__tsan_default_suppressions(void) { return "called_from_lib:libzmq.so\n"; }
+/* rb_unref: a replayed payload's reference is dropped on libzmq's thread,
+ * the first access there to a batch the publisher thread allocated; the
+ * refcount's own atomics order everything after, but what orders the
+ * allocation before it is libzmq's pipe, which TSan cannot see. */
+const char *__tsan_default_suppressions(void)
+{
+    return "called_from_lib:libzmq.so\nrace:rb_unref\n";
+}
 #endif
 
 /* ------------------------------------------------------------ encoding */
@@ -236,9 +263,23 @@ typedef struct qitem {
 
 static const uint8_t *qitem_topic(const qitem *q) { return (const uint8_t *)(q->ev + q->n); }
 
-/* A batch kept for replay: mem holds the topic then the payload. */
+/* A batch kept for replay, shared by reference: the ring holds one
+ * reference, and every replay answer in a ROUTER pipe holds one on its
+ * payload frame (zmq_msg_init_data, released by libzmq on whatever thread
+ * drops the message). So clients that do not read share the ring's bytes
+ * instead of pinning a copy of it each; what they pin beyond the ring --
+ * batches evicted from it while still in their pipes -- is counted in
+ * pinned and bounded (at most the ring's own bound, buffer_bytes). data holds the topic then the payload. */
+typedef struct rbuf {
+    _Atomic uint32_t refs;
+    uint32_t topic_len;
+    uint64_t bytes;      /* counted in pinned once the ring let go */
+    struct kvp_kvpub *p;
+    uint8_t data[];
+} rbuf;
+
 typedef struct rent {
-    uint8_t *mem;
+    rbuf *rb;
     size_t len;     /* payload bytes */
     uint64_t seq;
     uint32_t topic_len;
@@ -264,6 +305,12 @@ struct kvp_kvpub {
     uint32_t ring_cap;
     uint64_t ring_max_bytes, queue_max;
     char pub_ep[EP_LEN], replay_ep[EP_LEN];
+    _Atomic uint64_t pinned; /* bytes of batches out of the ring still in pipes */
+    /* the gate (the thread's after create): the ZAP handler and a monitor
+     * of each socket; gate k: 0 the PUB, 1 the ROUTER */
+    void *zap, *mon[2];
+    uint32_t cap[2];
+    int64_t live[2];       /* connections accepted and not yet ended */
 
     pthread_mutex_t mu;    /* guards what follows down to the thread's part */
     qitem *head, *tail;
@@ -313,12 +360,31 @@ int kvp_kvpub_parse_replay(const kvp_bytes *frames, size_t nframes, kvp_bytes *t
 
 /* --- the ring (the thread's) */
 
+/* Drops a reference; the last frees (any thread). */
+static void rb_unref(rbuf *b)
+{
+    if (atomic_fetch_sub(&b->refs, 1) == 1) {
+        atomic_fetch_sub(&b->p->pinned, b->bytes);
+        kvp_free(b);
+    }
+}
+
+/* libzmq's free function of a replayed payload frame. */
+static void rb_release(void *data, void *hint)
+{
+    (void)data;
+    rb_unref(hint);
+}
+
 static void ring_pop(kvp_kvpub *p)
 {
     rent *e = &p->ring[p->first % p->ring_cap];
-    p->ring_bytes -= e->topic_len + e->len;
-    kvp_free(e->mem);
-    e->mem = NULL;
+    p->ring_bytes -= e->rb->bytes;
+    /* counted as pinned before the ring's reference goes: the last unref,
+     * here or in a pipe, takes it back */
+    atomic_fetch_add(&p->pinned, e->rb->bytes);
+    rb_unref(e->rb);
+    e->rb = NULL;
     p->first++;
 }
 
@@ -335,14 +401,18 @@ static void ring_put(kvp_kvpub *p, const uint8_t *topic, uint32_t topic_len, uin
     }
     while (p->next - p->first == p->ring_cap || p->ring_bytes + need > p->ring_max_bytes)
         ring_pop(p);
-    uint8_t *mem = kvp_malloc(need ? need : 1);
-    if (!mem) {
+    rbuf *rb = kvp_malloc(sizeof *rb + need);
+    if (!rb) {
         KVP_WARN_LIMITED(MOD, "out of memory: a batch is not kept for replay");
         return;
     }
-    memcpy(mem, topic, topic_len);
-    memcpy(mem + topic_len, payload, len);
-    p->ring[p->next % p->ring_cap] = (rent){mem, len, seq, topic_len};
+    atomic_init(&rb->refs, 1);
+    rb->topic_len = topic_len;
+    rb->bytes = need;
+    rb->p = p;
+    memcpy(rb->data, topic, topic_len);
+    memcpy(rb->data + topic_len, payload, len);
+    p->ring[p->next % p->ring_cap] = (rent){rb, len, seq, topic_len};
     p->next++;
     p->ring_bytes += need;
 }
@@ -414,19 +484,34 @@ static void publish_list(kvp_kvpub *p, qitem *q, uint64_t deadline_ms)
 /* --- replay (the thread's) */
 
 /* Sends one answer message to the replay's client: (id, "", topic, seq,
- * payload). 0, or the errno of the refused first frame (EAGAIN: its pipe is
- * at the HWM; EHOSTUNREACH: the client is gone). Once the first frame is
- * taken the rest of the message is too. */
-static int send_answer(kvp_kvpub *p, const uint8_t *topic, size_t topic_len, const uint8_t *seq,
-                       const uint8_t *payload, size_t len)
+ * payload), the payload x's by reference (NULL x: the end marker, topic
+ * and payload empty). 0, or the errno of the refused first frame (EAGAIN:
+ * its pipe is at the HWM; EHOSTUNREACH: the client is gone; ENOMEM). Once
+ * the first frame is taken the rest of the message is too. */
+static int send_answer(kvp_kvpub *p, const rent *x, const uint8_t *seq)
 {
     const replay *r = &p->rp;
-    if (zmq_send(p->router, r->id, r->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
-        return zmq_errno();
+    zmq_msg_t pl;
+    if (x) {
+        atomic_fetch_add(&x->rb->refs, 1);
+        if (zmq_msg_init_data(&pl, x->rb->data + x->topic_len, x->len, rb_release, x->rb) != 0) {
+            rb_unref(x->rb);
+            return ENOMEM;
+        }
+    }
+    if (zmq_send(p->router, r->id, r->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+        int e = zmq_errno();
+        if (x)
+            zmq_msg_close(&pl); /* drops the reference */
+        return e;
+    }
     zmq_send(p->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    zmq_send(p->router, topic, topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(p->router, x ? x->rb->data : NULL, x ? x->topic_len : 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
     zmq_send(p->router, seq, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    zmq_send(p->router, payload, len, ZMQ_DONTWAIT);
+    if (!x)
+        zmq_send(p->router, "", 0, ZMQ_DONTWAIT);
+    else if (zmq_msg_send(&pl, p->router, ZMQ_DONTWAIT) < 0)
+        zmq_msg_close(&pl);
     return 0;
 }
 
@@ -455,17 +540,23 @@ static void replay_step(kvp_kvpub *p)
     replay *r = &p->rp;
     size_t nsent = 0, bytes = 0;
     int e = 0;
+    /* clients that do not read hold batches the ring has let go: past
+     * buffer_bytes the replay waits (and is abandoned if nothing is freed) */
+    if (r->cursor < r->end && atomic_load(&p->pinned) > p->ring_max_bytes) {
+        replay_refused(p, EAGAIN);
+        return;
+    }
     while (r->cursor < r->end && nsent < REPLAY_CHUNK && bytes < REPLAY_CHUNK_BYTES) {
         if (r->cursor < p->first) { /* evicted since the request: a gap */
             r->cursor = p->first;
             continue;
         }
         const rent *x = &p->ring[r->cursor % p->ring_cap];
-        if (x->topic_len == r->topic_len && memcmp(x->mem, r->topic, r->topic_len) == 0 &&
+        if (x->topic_len == r->topic_len && memcmp(x->rb->data, r->topic, r->topic_len) == 0 &&
             x->seq >= r->start_seq) {
             uint8_t seq[8];
             put_be64(seq, x->seq);
-            if ((e = send_answer(p, x->mem, x->topic_len, seq, x->mem + x->topic_len, x->len)))
+            if ((e = send_answer(p, x, seq)))
                 break;
             nsent++;
             bytes += x->len;
@@ -480,7 +571,7 @@ static void replay_step(kvp_kvpub *p)
     }
     if (!e && r->cursor >= r->end) {
         static const uint8_t end_seq[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
-        if (!(e = send_answer(p, (const uint8_t *)"", 0, end_seq, (const uint8_t *)"", 0))) {
+        if (!(e = send_answer(p, NULL, end_seq))) {
             r->on = 0;
             return;
         }
@@ -557,6 +648,96 @@ static void take_requests(kvp_kvpub *p)
     }
 }
 
+/* --- the gate (the thread's): connection caps
+ *
+ * ZeroMQ has no connection limit. Each socket has a ZAP domain, so libzmq
+ * asks the ZAP handler (p->zap, REP on inproc://zeromq.zap.01) before a
+ * connection's handshake completes (ZMTP 1.0/2.0 peers, which cannot be
+ * asked, are refused), and a monitor reports every accepted connection and
+ * every end of one. The I/O thread reports the accept before it starts the
+ * connection's handshake, so once monitors are drained, live[k] counts the
+ * connection being asked about: past cap[k] it is refused (status 400,
+ * closed by libzmq). A connection refused, failed or closed reports its
+ * end, so live[k] comes back down. */
+
+static void gate_drain_monitors(kvp_kvpub *p)
+{
+    for (int k = 0; k < 2; k++) {
+        if (!p->mon[k])
+            continue;
+        for (;;) {
+            zmq_msg_t ev, addr;
+            zmq_msg_init(&ev);
+            if (zmq_msg_recv(&ev, p->mon[k], ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&ev);
+                break;
+            }
+            uint16_t id = 0;
+            if (zmq_msg_size(&ev) >= 6)
+                memcpy(&id, zmq_msg_data(&ev), sizeof id);
+            int more = zmq_msg_more(&ev);
+            zmq_msg_close(&ev);
+            while (more) { /* the endpoint frame */
+                zmq_msg_init(&addr);
+                if (zmq_msg_recv(&addr, p->mon[k], 0) < 0) {
+                    zmq_msg_close(&addr);
+                    break;
+                }
+                more = zmq_msg_more(&addr);
+                zmq_msg_close(&addr);
+            }
+            if (id == ZMQ_EVENT_ACCEPTED)
+                p->live[k]++;
+            else if (id == ZMQ_EVENT_DISCONNECTED && p->live[k] > 0)
+                p->live[k]--;
+        }
+    }
+}
+
+/* Answers the ZAP requests waiting: 200 within the cap, 400 past it. */
+static void gate_answer(kvp_kvpub *p)
+{
+    for (;;) {
+        zmq_msg_t f[8];
+        size_t n = 0;
+        int more = 1;
+        while (more) {
+            zmq_msg_t *dst = &f[n < 8 ? n : 7];
+            if (n >= 8)
+                zmq_msg_close(dst);
+            zmq_msg_init(dst);
+            if (zmq_msg_recv(dst, p->zap, n ? 0 : ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(dst);
+                break;
+            }
+            more = zmq_msg_more(dst);
+            if (n < 8)
+                n++;
+        }
+        if (!n)
+            return;
+        gate_drain_monitors(p);
+        int k = n >= 3 && zmq_msg_size(&f[2]) == 13 &&
+                memcmp(zmq_msg_data(&f[2]), "kvpool-replay", 13) == 0;
+        int ok = n >= 2 && p->live[k] <= (int64_t)p->cap[k];
+        if (!ok)
+            KVP_WARN_LIMITED(MOD, "%s: %u connections at once: one more refused",
+                             k ? "replay" : "pub", p->cap[k]);
+        /* version, request id (echoed), status, text, user id, metadata */
+        zmq_send(p->zap, "1.0", 3, ZMQ_SNDMORE);
+        if (n >= 2)
+            zmq_msg_send(&f[1], p->zap, ZMQ_SNDMORE);
+        else
+            zmq_send(p->zap, "", 0, ZMQ_SNDMORE);
+        zmq_send(p->zap, ok ? "200" : "400", 3, ZMQ_SNDMORE);
+        zmq_send(p->zap, ok ? "OK" : "too many connections", ok ? 2 : 20, ZMQ_SNDMORE);
+        zmq_send(p->zap, "", 0, ZMQ_SNDMORE);
+        zmq_send(p->zap, "", 0, 0);
+        for (size_t i = 0; i < n; i++) /* f[1], once sent, is empty */
+            zmq_msg_close(&f[i]);
+    }
+}
+
 /* --- the thread */
 
 static void *pub_main(void *arg)
@@ -564,8 +745,9 @@ static void *pub_main(void *arg)
     kvp_kvpub *p = arg;
     pthread_setname_np(pthread_self(), "kvp-kvpub");
     for (;;) {
-        zmq_pollitem_t it[2] = {{.fd = p->efd, .events = ZMQ_POLLIN}};
-        int nit = 1;
+        zmq_pollitem_t it[3] = {{.fd = p->efd, .events = ZMQ_POLLIN},
+                                {.socket = p->zap, .events = ZMQ_POLLIN}};
+        int nit = 2;
         if (p->router && !p->rp.on)
             it[nit++] = (zmq_pollitem_t){.socket = p->router, .events = ZMQ_POLLIN};
         long timeout = !p->rp.on ? -1 : p->rp.paused_ms ? PAUSE_POLL_MS : 0;
@@ -574,6 +756,10 @@ static void *pub_main(void *arg)
             ssize_t rd = read(p->efd, &v, sizeof v);
             (void)rd;
         }
+        if (it[1].revents & ZMQ_POLLIN)
+            gate_answer(p);
+        else
+            gate_drain_monitors(p);
         pthread_mutex_lock(&p->mu);
         qitem *q = p->head;
         p->head = p->tail = NULL;
@@ -593,6 +779,10 @@ static void *pub_main(void *arg)
     zmq_close(p->pub);
     if (p->router)
         zmq_close(p->router);
+    for (int k = 0; k < 2; k++)
+        if (p->mon[k])
+            zmq_close(p->mon[k]);
+    zmq_close(p->zap);
     return NULL;
 }
 
@@ -647,6 +837,11 @@ static void release(kvp_kvpub *p)
         zmq_close(p->pub);
     if (p->router)
         zmq_close(p->router);
+    for (int k = 0; k < 2; k++)
+        if (p->mon[k])
+            zmq_close(p->mon[k]);
+    if (p->zap)
+        zmq_close(p->zap);
     if (p->zctx)
         while (zmq_ctx_term(p->zctx) != 0 && zmq_errno() == EINTR)
             ;
@@ -666,28 +861,60 @@ static void release(kvp_kvpub *p)
     kvp_free(p);
 }
 
+/* Puts sock behind the gate as gate k: its ZAP domain, its monitor. */
+static int gate_socket(kvp_kvpub *p, int k, void *sock, const char *domain)
+{
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://kvpool-kvpub-mon-%d", k);
+    if (zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, domain, strlen(domain)) != 0 ||
+        zmq_socket_monitor(sock, ep, ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
+        !(p->mon[k] = zmq_socket(p->zctx, ZMQ_PAIR)))
+        return -1;
+    /* no high-water mark: an event dropped would leave live[k] wrong for
+     * good (a lost end: a slot never given back); the thread drains them
+     * every turn */
+    sockopt_int(p->mon[k], ZMQ_RCVHWM, 0);
+    sockopt_int(p->mon[k], ZMQ_SNDHWM, 0);
+    return zmq_connect(p->mon[k], ep);
+}
+
 /* Makes the context and the sockets, and binds them (create's part; every
  * thread libzmq starts here inherits the caller's signal mask). */
 static int open_sockets(kvp_kvpub *p, const kvp_kvpub_cfg *cfg, int has_replay, char *err,
                         size_t errlen)
 {
     p->zctx = zmq_ctx_new();
-    if (!p->zctx || !(p->pub = zmq_socket(p->zctx, ZMQ_PUB))) {
+    if (!p->zctx || !(p->zap = zmq_socket(p->zctx, ZMQ_REP)) ||
+        zmq_bind(p->zap, "inproc://zeromq.zap.01") != 0 ||
+        !(p->pub = zmq_socket(p->zctx, ZMQ_PUB)) ||
+        gate_socket(p, 0, p->pub, "kvpool-pub") != 0) {
         seterr(err, errlen, "zmq: %s", zmq_strerror(zmq_errno()));
         return KVP_EIO;
     }
     sockopt_int(p->pub, ZMQ_SNDHWM, (int)(cfg->hwm ? cfg->hwm : DEF_HWM));
     sockopt_int(p->pub, ZMQ_LINGER, LINGER_MS);
+    sockopt_int(p->pub, ZMQ_HANDSHAKE_IVL, HANDSHAKE_MS);
+    int64_t maxsub = MAX_SUB;
+    if (zmq_setsockopt(p->pub, ZMQ_MAXMSGSIZE, &maxsub, sizeof maxsub) != 0) {
+        seterr(err, errlen, "zmq: ZMQ_MAXMSGSIZE: %s", zmq_strerror(zmq_errno()));
+        return KVP_EIO;
+    }
     int rc = bind_one(p->pub, "pub", cfg->pub, p->pub_ep, err, errlen);
     if (rc || !has_replay)
         return rc;
-    if (!(p->router = zmq_socket(p->zctx, ZMQ_ROUTER))) {
+    if (!(p->router = zmq_socket(p->zctx, ZMQ_ROUTER)) ||
+        gate_socket(p, 1, p->router, "kvpool-replay") != 0) {
         seterr(err, errlen, "zmq: %s", zmq_strerror(zmq_errno()));
         return KVP_EIO;
     }
     int64_t maxmsg = MAX_FRAME;
-    zmq_setsockopt(p->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
-    sockopt_int(p->router, ZMQ_SNDHWM, (int)(2 * (p->ring_cap + 1)));
+    if (zmq_setsockopt(p->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0) {
+        seterr(err, errlen, "zmq: ZMQ_MAXMSGSIZE: %s", zmq_strerror(zmq_errno()));
+        return KVP_EIO;
+    }
+    sockopt_int(p->router, ZMQ_HANDSHAKE_IVL, HANDSHAKE_MS);
+    sockopt_int(p->router, ZMQ_SNDHWM,
+                (int)(2 * (p->ring_cap + 1) < REPLAY_HWM ? 2 * (p->ring_cap + 1) : REPLAY_HWM));
     sockopt_int(p->router, ZMQ_ROUTER_MANDATORY, 1);
     sockopt_int(p->router, ZMQ_LINGER, LINGER_MS);
     return bind_one(p->router, "replay", cfg->replay, p->replay_ep, err, errlen);
@@ -719,6 +946,8 @@ int kvp_kvpub_create(const kvp_kvpub_cfg *cfg, kvp_kvpub **out, char *err, size_
     p->ring_cap = cfg->buffer_batches ? cfg->buffer_batches : DEF_BUFFER_BATCHES;
     p->ring_max_bytes = cfg->buffer_bytes ? cfg->buffer_bytes : DEF_BUFFER_BYTES;
     p->queue_max = cfg->queue_bytes ? cfg->queue_bytes : DEF_QUEUE_BYTES;
+    p->cap[0] = cfg->max_subscribers ? cfg->max_subscribers : DEF_MAX_SUBSCRIBERS;
+    p->cap[1] = cfg->max_replay_clients ? cfg->max_replay_clients : DEF_MAX_REPLAY_CLIENTS;
     kvp_buf_init(&p->enc, ENC_CAP);
     p->ring = kvp_calloc(p->ring_cap, sizeof *p->ring);
     if (!p->ring) {
@@ -798,6 +1027,7 @@ void kvp_kvpub_stats_get(kvp_kvpub *p, kvp_kvpub_stats *st)
     pthread_mutex_lock(&p->mu);
     *st = p->st;
     pthread_mutex_unlock(&p->mu);
+    st->pinned_bytes = atomic_load(&p->pinned);
 }
 
 const char *kvp_kvpub_pub_endpoint(const kvp_kvpub *p) { return p->pub_ep; }
@@ -814,6 +1044,6 @@ void kvp_kvpub_destroy(kvp_kvpub *p)
     ssize_t wr = write(p->efd, &one, sizeof one);
     (void)wr;
     pthread_join(p->th, NULL);
-    p->pub = p->router = NULL; /* closed by the thread */
+    p->pub = p->router = p->zap = p->mon[0] = p->mon[1] = NULL; /* closed by the thread */
     release(p);
 }

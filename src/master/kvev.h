@@ -84,9 +84,20 @@ typedef struct kvp_kvpub_cfg {
     uint32_t hwm;            /* ZMQ_SNDHWM of PUB (0 = 100000; at most INT32_MAX) */
     uint64_t queue_bytes;    /* submitted but not yet sent: above this, kvp_kvpub_submit
                                 drops (0 = 256 MiB) */
+    uint32_t max_subscribers;    /* connections to PUB at once; one more is refused in its
+                                    handshake (0 = 256) */
+    uint32_t max_replay_clients; /* the same for the replay socket (0 = 64) */
 } kvp_kvpub_cfg;
 
-/* Binds both sockets (so a bad endpoint or a port in use is an error here,
+/* Limits against peers (no credential is asked): a subscription or a replay
+ * request frame longer than a topic closes its connection unread
+ * (ZMQ_MAXMSGSIZE); a ZMTP handshake completes within 5 s; past
+ * max_subscribers / max_replay_clients connections at once one more is
+ * refused in its handshake (the context's ZAP handler, fed by socket
+ * monitors: one kvp_kvpub per process's ZeroMQ context, which is its own);
+ * replay answers share the ring's batches by reference (stats.pinned_bytes).
+ *
+ * Binds both sockets (so a bad endpoint or a port in use is an error here,
  * named in err) and starts the publisher thread, which takes no
  * asynchronous signal. HOST is an IP address, an interface name or "*"
  * (ZMQ binds no host name: "localhost" is refused); PORT a number, 0 or "*"
@@ -119,6 +130,9 @@ typedef struct kvp_kvpub_stats {
     uint64_t replays;          /* well-formed replay requests taken */
     uint64_t replayed_batches; /* batches sent in replay answers */
     uint64_t queued_bytes;     /* submitted, not yet sent (counted against queue_bytes) */
+    uint64_t pinned_bytes;     /* batches gone from the replay ring but still held in the
+                                  pipes of replay clients (bounded by buffer_bytes: past it
+                                  a replay waits for them) */
 } kvp_kvpub_stats;
 /* Thread-safe. */
 void kvp_kvpub_stats_get(kvp_kvpub *p, kvp_kvpub_stats *st);

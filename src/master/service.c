@@ -1668,15 +1668,18 @@ void kvp_mserver_destroy(kvp_mserver *s)
     kvp_mserver_standby(s, 0);
     while (s->conns)
         conn_close(s, s->conns);
-    if (s->kvpub && s->m)
-        publish_events(s); /* the last turn's */
-    kvp_kvpub_destroy(s->kvpub);
+    /* the clean stop's own work first: the snapshot does not wait for the
+     * KV events' sockets (their close is bounded too: kvev.h) */
     if (s->snap && s->m) {
         kvp_master_push_repl(s->m, repl_send, s); /* the last turn's changes */
         if (kvp_snapfile_size(s->snap) > kvp_snapfile_base(s->snap))
             snap_rewrite(s); /* compact for the next start */
     }
     kvp_snapfile_close(s->snap);
+    s->snap = NULL;
+    if (s->kvpub && s->m)
+        publish_events(s); /* the last turn's */
+    kvp_kvpub_destroy(s->kvpub);
     if (s->m)
         kvp_master_destroy(s->m);
     kvp_mstatus_free(s->status);

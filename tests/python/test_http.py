@@ -663,3 +663,33 @@ def test_too_many_query_arguments_are_answered_at_once(served: tuple[kvpool_proc
     t0 = time.monotonic()
     st = _status(port, "127.0.0.1", b"GET /api/stats?" + b"&" * 19999 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
     assert st == 400 and time.monotonic() - t0 < 2.0
+
+
+def test_protected_tenants_need_the_token_even_on_loopback(tmp_path: Path) -> None:
+    """With tenant_tokens_file the master's endpoint shows every tenant's
+    objects (/metrics, /api/stats, /api/kv/lookup): it needs
+    http_token_file even on loopback (the start is refused without), and
+    then only the probes answer without the token."""
+    def secret(name: str, text: str) -> str:
+        f = tmp_path / name
+        f.write_text(text)
+        f.chmod(0o600)
+        return str(f)
+    tenants = secret("tenants", "alice tok-alice-0123456789\n")
+    node = secret("node", "node-token-0123456789\n")
+    http_tok = secret("http", "http-token-0123456789\n")
+    (port,) = kvpool_procs.free_ports(1)
+    base = ["--tenant-tokens-file", tenants, "--node-token-file", node,
+            "--http", f"127.0.0.1:{port}"]
+    r = subprocess.run([kvpool_procs.kvpool_bin(), "master", "--listen", "127.0.0.1:0", *base],
+                       capture_output=True, timeout=15, env=kvpool_procs.server_env())
+    assert r.returncode != 0 and b"http_token_file" in r.stderr, r
+    p = kvpool_procs.master(*base, "--http-token-file", http_tok)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz")
+        for path in ("/metrics", "/api/stats", "/api/kv/lookup?tenant=alice&hash=1", "/"):
+            assert fetch(f"http://127.0.0.1:{port}{path}")[0] == 401, path
+        assert fetch(f"http://127.0.0.1:{port}/healthz")[0] == 200
+        assert fetch(f"http://127.0.0.1:{port}/api/stats", "http-token-0123456789")[0] == 200
+    finally:
+        assert p.stop() == 0
