@@ -189,10 +189,11 @@ def put_start_body(keys: list[bytes], sizes: list[int], replicas: int = 1,
 
 def mount_body(seg_id: int, name: bytes, capacity: int, endpoint: bytes) -> bytes:
     """kvp_enc_mount: u32 n, per segment: u64 id, name, u64 capacity,
-    u32 n_endpoints, (transport, addr)..., u64 secret, u32 epoch."""
+    u32 n_endpoints, (transport, addr)..., u64 secret, u32 epoch,
+    u64 disk_capacity."""
     return (struct.pack("<I", 1) + struct.pack("<Q", seg_id) + b_(name)
             + struct.pack("<QI", capacity, 1) + b_(b"tcp") + b_(endpoint)
-            + struct.pack("<QI", random.getrandbits(64), 1))
+            + struct.pack("<QIQ", random.getrandbits(64), 1, 0))
 
 
 class Desc:
