@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT / "python"))
 
 # ------------------------------------------------------------------ protocol
 
-MAGIC, VERSION, HDR = 0x4B56, 1, 24
+MAGIC, VERSION, HDR = 0x4B56, 3, 24  # KVP_PROTO_MAGIC, KVP_PROTO_VERSION (proto.h)
 F_RESPONSE, F_ONEWAY = 0x01, 0x02
 OP = {n: i for i, n in enumerate(
     "_ HELLO MOUNT_SEGMENT UNMOUNT_SEGMENT HEARTBEAT PUT_START PUT_END PUT_REVOKE GET RELEASE "
@@ -109,9 +109,9 @@ def remove_body(keys: list[bytes], force: bool = True, tenant: bytes = b"") -> b
 
 def put_start_body(keys: list[bytes], sizes: list[int], replicas: int = 1,
                    tenant: bytes = b"") -> bytes:
-    """kvp_enc_put_start: tenant, u32 replicas, u32 flags, preferred, u32 n,
-    n x (key, u64 size)."""
-    return (b_(tenant) + struct.pack("<II", replicas, 0) + b_(b"") + struct.pack("<I", len(keys))
+    """kvp_enc_put_start: tenant, u32 replicas, u32 flags, u64 soft_ttl_ms,
+    preferred, u32 n, n x (key, u64 size)."""
+    return (b_(tenant) + struct.pack("<IIQ", replicas, 0, 0) + b_(b"") + struct.pack("<I", len(keys))
             + b"".join(b_(k) + struct.pack("<Q", s) for k, s in zip(keys, sizes)))
 
 
@@ -1423,7 +1423,7 @@ def main() -> int:
     targets = [t for t in a.targets.split(",") if t]
     for t in targets:
         if t not in ATTACKS:
-            ap.error(f"unknown target {t!r} ({", ".join(ATTACKS)})")
+            ap.error(f"unknown target {t!r} ({', '.join(ATTACKS)})")
     nofile = raise_nofile()
     a.flood = max(1, min(a.flood, nofile - 500))
     binary = kvpool_bin(a.kvpool)
