@@ -1505,8 +1505,10 @@ static kvp_buf *snap_out(kvp_msess *ms, void *ctx)
 
 /* Writes a fresh snapshot over the snapshot file, in one go (before the
  * loop runs, and at shutdown). */
+static void snap_abort(kvp_mserver *s);
 static void snap_rewrite(kvp_mserver *s)
 {
+    snap_abort(s); /* a rewrite in progress is superseded */
     kvp_buf b;
     kvp_buf_init(&b, SIZE_MAX / 2);
     uint64_t t0 = kvp_now_ms(), n = kvp_master_snapshot(s->m, &b);
@@ -1775,7 +1777,7 @@ void kvp_mserver_destroy(kvp_mserver *s)
         publish_events(s); /* the last turn's */
     kvp_kvpub_destroy(s->kvpub);
     if (s->m)
-        snap_abort(s); /* a rewrite in progress: done whole below */
+        snap_abort(s); /* a rewrite in progress: done whole below (or dropped) */
     if (s->snap && s->m) {
         kvp_master_push_repl(s->m, repl_send, s); /* the last turn's changes */
         if (kvp_snapfile_size(s->snap) > kvp_snapfile_base(s->snap))
