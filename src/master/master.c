@@ -4072,7 +4072,7 @@ static void op_repl_follow(req *q)
         return;
     }
     struct follower *f = fol_of(m, q->s);
-    if (!f && m->nfol >= m->cfg.max_followers) {
+    if (!f && m->nfol >= (m->cfg.max_followers ? m->cfg.max_followers : 8)) {
         KVP_WARN_LIMITED(MOD, "REPL_FOLLOW refused to %s (client %s): %u standbys follow "
                               "already (max_followers)",
                          q->s->peer_addr, q->s->client->name, m->nfol);
@@ -4126,9 +4126,11 @@ int kvp_master_push_snaps(kvp_master *m, kvp_buf *(*out)(kvp_msess *s, void *ctx
         pending += m->fol[i].snap != NULL;
     if (!pending)
         return 0;
+    /* one budget a turn, shared (a step writes at least one record, so
+     * each progresses; past 128 followers the floor adds 2048 units each) */
     uint64_t budget = KVP_MASTER_SNAP_BUDGET / pending;
-    if (budget < KVP_MASTER_SNAP_BUDGET / 16)
-        budget = KVP_MASTER_SNAP_BUDGET / 16;
+    if (budget < 2048)
+        budget = 2048;
     int more = 0;
     for (uint32_t i = 0; i < m->nfol; i++) {
         struct follower *f = &m->fol[i];
