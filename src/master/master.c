@@ -4079,7 +4079,6 @@ static void op_repl_follow(req *q)
         reply_status(q, KVP_ELIMIT);
         return;
     }
-    kvp_msnap *sn = NULL;
     if (!f) {
         if (m->nfol == m->fol_cap) {
             uint32_t cap = m->fol_cap ? m->fol_cap * 2 : 4;
@@ -4103,8 +4102,8 @@ static void op_repl_follow(req *q)
     size_t share = fol_share(m);
     out->cap = share > out->len ? share : out->len;
     size_t mark = out->len;
-    sn = kvp_master_snap_start(m, out);
-    if (!sn) { /* answered already: the follower gets no snapshot and resyncs */
+    kvp_msnap *sn = kvp_master_snap_start(m, out);
+    if (!sn) { /* out of memory: the connection is closed (out->err); the standby retries */
         out->err = KVP_ENOMEM;
         fol_remove(m, q->s);
         return;
