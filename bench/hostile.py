@@ -24,6 +24,9 @@ what each attack saw (refusals, closes, forged descriptors accepted: must be 0).
     bench/hostile.py [--seconds 60] [--baseline 10] [--flood 2000] [--out FILE]
                      [--targets master,node,lookup] [--kvpool build/kvpool]
 
+Opt-in target: followers (never-reading standbys of a master holding many
+long keys; see FOLLOWERS_SERVE_ARGS).
+
 Run it with the venv's Python (scripts/python-env) after `make all python`.
 Exit status 1 if serve died, a wrong byte was seen, a forged / stale
 descriptor, a refusable HELLO or a MOUNT/UNMOUNT without the node credential
