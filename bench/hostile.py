@@ -28,6 +28,8 @@ Targets beyond the default: http-slow (slow headers at the HTTP endpoint;
 /healthz and /metrics probed: *_ok / *_failed / *_max_ms) and kvev (64 MiB
 subscriptions and replay clients that never read at the KV events' sockets;
 serve's RSS against the replay ring's budget, 256 MiB).
+Target followers (never-reading standbys of a master holding many
+long keys; see FOLLOWERS_SERVE_ARGS).
 
 Run it with the venv's Python (scripts/python-env) after `make all python`.
 Exit status 1 if serve died, a wrong byte was seen, a forged / stale
@@ -181,9 +183,9 @@ def remove_body(keys: list[bytes], force: bool = True, tenant: bytes = b"") -> b
 
 def put_start_body(keys: list[bytes], sizes: list[int], replicas: int = 1,
                    tenant: bytes = b"") -> bytes:
-    """kvp_enc_put_start: tenant, u32 replicas, u32 flags, preferred, u32 n,
-    n x (key, u64 size)."""
-    return (b_(tenant) + struct.pack("<II", replicas, 0) + b_(b"") + struct.pack("<I", len(keys))
+    """kvp_enc_put_start: tenant, u32 replicas, u32 flags, u64 soft_ttl_ms,
+    preferred, u32 n, n x (key, u64 size)."""
+    return (b_(tenant) + struct.pack("<IIQ", replicas, 0, 0) + b_(b"") + struct.pack("<I", len(keys))
             + b"".join(b_(k) + struct.pack("<Q", s) for k, s in zip(keys, sizes)))
 
 
@@ -1161,6 +1163,91 @@ def atk_kvev_replay(ctx: Ctx, target: str, deadline: float, st: dict[str, int]) 
     st["kv_batches_put"] = n
 
 
+# ----------------------------------------------- the "followers" target
+# Standbys that follow the index (REPL_FOLLOW, node credential) and never
+# read, against a master holding many objects with long keys: the master's
+# snapshot work per loop turn and its memory for their unsent stream must
+# stay bounded (max_followers, repl_buffer_budget). REPL_FOLLOW needs a
+# master "in a cluster": FOLLOWERS_SERVE_ARGS give serve an etcd address,
+# which `kvpool serve` never dials (no election there).
+FOLLOWERS_SERVE_ARGS = ["--etcd", "http://127.0.0.1:1"]
+FOLLOWERS_N, FOLLOWERS_OBJECTS, FOLLOWERS_KEY = 40, 30000, 3000
+OP_REPL_FOLLOW = 27
+
+
+def followers_preload(ctx: Ctx, st: dict[str, int], n: int, tag: bytes) -> list[bytes]:
+    """n objects with FOLLOWERS_KEY-byte keys published through the raw
+    protocol (PUT_START + PUT_END: the index is what matters here)."""
+    c = Raw(ctx.addr["master"], timeout=30)
+    if c.hello(ctx.token) != 0:
+        raise RuntimeError("followers: HELLO refused")
+    keys: list[bytes] = []
+    for at in range(0, n, 50):
+        batch = [(b"%s-%08d-" % (tag, i)).ljust(FOLLOWERS_KEY, b"k") for i in range(at, min(n, at + 50))]
+        stt, b = c.call(OP["PUT_START"], put_start_body(batch, [4096] * len(batch)))
+        if stt != 0:
+            bump(st, "preload_refused")
+            continue
+        ok = [k for k, (rs, _) in zip(batch, parse_put_start_resp(b)) if rs == 0]
+        body = b_(b"") + struct.pack("<I", len(ok)) + b"".join(b_(k) + struct.pack("<Q", 7) for k in ok)
+        stt, _ = c.call(OP["PUT_END"], body)
+        if stt == 0:
+            keys += ok
+    st["bytes_sent"] += c.sent
+    c.close()
+    return keys
+
+
+def atk_followers(ctx: Ctx, target: str, deadline: float, st: dict[str, int]) -> None:
+    """FOLLOWERS_OBJECTS objects with 3 KB keys, then FOLLOWERS_N connections
+    that HELLO with the node credential, send REPL_FOLLOW and never read;
+    one the master closes (cut off past its share, or refused past
+    max_followers) is opened again. Meanwhile a churn of long-key puts and
+    removes keeps the index stream flowing."""
+    node_cred = os.environ.get("KVPOOL_NODE_TOKEN", "").encode()
+    rnd = random.Random(os.getpid() + 27)
+    keys = followers_preload(ctx, st, FOLLOWERS_OBJECTS, b"fol")
+    st["objects"] = len(keys)
+    pool = Pool(st)
+    churn = Raw(ctx.addr["master"], timeout=10)
+    churn.hello(ctx.token)
+    gen = 0
+    while time.monotonic() < deadline:
+        pool.reap(0)
+        while len(pool.conns) < FOLLOWERS_N:
+            try:
+                s = tcp_connect(ctx.addr["master"], rnd.choice(ctx.srcs), 1.0)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                f = frame(OP["HELLO"], hello_body(ctx.token, node_cred=node_cred)) + \
+                    frame(OP_REPL_FOLLOW)
+                s.sendall(f)
+                st["bytes_sent"] += len(f)
+                st["conns"] += 1
+                pool.add(s)
+            except OSError:
+                bump(st, "connect_failed")
+                break
+        # the stream keeps flowing: 100 long-key objects put and removed
+        gen += 1
+        batch = [(b"churn-%d-%d-" % (gen, i)).ljust(FOLLOWERS_KEY, b"c") for i in range(100)]
+        try:
+            stt, b = churn.call(OP["PUT_START"], put_start_body(batch, [4096] * len(batch)))
+            ok = [k for k, (rs, _) in zip(batch, parse_put_start_resp(b)) if rs == 0] if stt == 0 else []
+            body = b_(b"") + struct.pack("<I", len(ok)) + b"".join(b_(k) + struct.pack("<Q", 9) for k in ok)
+            churn.call(OP["PUT_END"], body)
+            churn.call(OP["REMOVE"], remove_body(ok))
+            bump(st, "churn_objects", len(ok))
+        except (OSError, ConnectionError, struct.error):
+            bump(st, "churn_failed")
+            churn = Raw(ctx.addr["master"], timeout=10)
+            churn.hello(ctx.token)
+        time.sleep(0.05)
+    st["held_at_end"] = len(pool.conns)
+    st["bytes_sent"] += churn.sent
+    pool.close_all()
+    churn.close()
+
+
 ATTACKS: dict[str, list[tuple[str, Callable[..., None]]]] = {
     "master": [("garbage", atk_garbage), ("lying_lengths", atk_lying), ("slowloris", atk_slowloris),
                ("idle_flood", atk_flood), ("never_reading", atk_neverread),
@@ -1173,6 +1260,7 @@ ATTACKS: dict[str, list[tuple[str, Callable[..., None]]]] = {
                ("reset_frames", atk_lookup_reset)],
     "http-slow": [("slow_headers", atk_http_slow)],
     "kvev": [("big_subscriptions", atk_kvev_subs), ("non_reading_replay", atk_kvev_replay)],
+    "followers": [("followers", atk_followers)],
 }
 
 
@@ -1628,7 +1716,7 @@ def main() -> int:
     targets = [t for t in a.targets.split(",") if t]
     for t in targets:
         if t not in ATTACKS:
-            ap.error(f"unknown target {t!r} (master, node, lookup)")
+            ap.error(f"unknown target {t!r} ({', '.join(ATTACKS)})")
     nofile = raise_nofile()
     a.flood = max(1, min(a.flood, nofile - 500))
     binary = kvpool_bin(a.kvpool)
@@ -1643,7 +1731,8 @@ def main() -> int:
     os.environ.pop("MOONCAKE_CONFIG_PATH", None)
     spawn = mp.get_context("spawn")
     wd = Path(tempfile.mkdtemp(prefix="kvpool-hostile-"))
-    extra = ["--hello-timeout", "2s", *surf_serve_args(targets, wd), *a.serve_arg]
+    extra = ["--hello-timeout", "2s", *surf_serve_args(targets, wd), *a.serve_arg,
+             *(FOLLOWERS_SERVE_ARGS if "followers" in targets else [])]
     serve, port = start_serve(binary, a.segment_size, wd, extra)
     engine = None
     stop = spawn.Event()

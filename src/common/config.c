@@ -206,6 +206,15 @@ static const struct key_def keys[] = {
      .help = "master with etcd and ha_sync: how long a standby may leave an update "
              "unacknowledged (from when it was journaled) before the leader stops waiting "
              "for it: the longest a put waits for a standby"},
+    {.name = "max_followers", .roles = R_M, .type = KT_UINT, F_U64(max_followers), .min = 1,
+     .max = 1024, .def = "8",
+     .help = "master with etcd: most standbys following the index at once; a REPL_FOLLOW "
+             "beyond is refused (status LIMIT, logged)"},
+    {.name = "repl_buffer_budget", .roles = R_M, .type = KT_SIZE, F_U64(repl_buffer_budget),
+     .min = 8 * MIB_, .max = UINT64_MAX, .def = "256MiB",
+     .help = "master with etcd: most bytes of index stream all standbys' unsent output holds "
+             "together; each standby may hold 1/max_followers of it (at least 8 MiB), and one "
+             "that would exceed its share is cut off (it follows again, from a snapshot)"},
     {.name = "snapshot_file", .roles = R_M, .type = KT_STRING, F_STR(snapshot_file), .def = "",
      .help = "master: keep the index in this file (a snapshot, then every change) and load "
              "it at start, so a restarted master keeps the objects its nodes still hold "
@@ -1475,6 +1484,14 @@ int kvp_config_validate(const kvp_config *c, char *err, size_t errlen)
                        "\"max_frame_size\" (%llu) plus 24 bytes: one largest frame must fit in "
                        "the 15/16 of the budget large frames may use",
                        (unsigned long long)c->input_budget, (unsigned long long)c->max_frame);
+    /* master.c: a follower's share of the budget holds a snapshot step's
+     * output above the window the service produces it under */
+    if (c->repl_buffer_budget / c->max_followers < 8 * MIB_)
+        return invalid(err, errlen,
+                       "key \"repl_buffer_budget\" (%llu) must be at least 8 MiB per follower: "
+                       "key \"max_followers\" (%llu) times 8 MiB",
+                       (unsigned long long)c->repl_buffer_budget,
+                       (unsigned long long)c->max_followers);
     if (c->max_key >= c->max_frame)
         return invalid(err, errlen,
                        "key \"max_key_size\" (%llu) must be less than key \"max_frame_size\" "

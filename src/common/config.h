@@ -30,6 +30,9 @@ typedef struct kvp_config {
     uint64_t ha_lease_ttl_ms;     /* "ha_lease_ttl" (ms): the leader's etcd lease, 2 s */
     int ha_sync;                  /* "ha_sync": PUT_END answered once the standbys have it */
     uint64_t ha_sync_timeout_ms;  /* "ha_sync_timeout" (ms): a standby's ack is awaited this long */
+    uint64_t max_followers;       /* "max_followers": standbys following the index at once (8) */
+    uint64_t repl_buffer_budget;  /* "repl_buffer_budget": bytes of all followers' unsent
+                                     output together (256 MiB); each gets 1/max_followers */
     char snapshot_file[1024];     /* "snapshot_file": the index on local disk ("" = none) */
     char http[256];               /* "http": master / node HTTP endpoint host:port ("" = off) */
     char http_token_file[256];    /* "http_token_file": the bearer token HTTP requests need */

@@ -33,7 +33,7 @@ int kvp_index_init_by(kvp_index *ix, uint64_t hint, kvp_index_hfn hfn)
     ix->old = NULL;
     ix->old_mask = ix->old_count = ix->mig = 0;
     ix->gen = 0;
-    ix->scan = NULL;
+    ix->scans = NULL;
     return 0;
 }
 
@@ -104,8 +104,8 @@ static void place(kvp_index_hfn hfn, uint64_t *slots, uint64_t mask, uint64_t s)
 
 /* Backward-shift deletion of slot i: pull later cluster members whose
  * (effective) home is not cyclically in (i, j] into the hole. `sc`: the
- * scan walking this table (or NULL); an entry moved from a slot it has not
- * visited to one it has takes its cursor back there. */
+ * scans walking this table (a list, or NULL); an entry moved from a slot
+ * one has not visited to one it has takes its cursor back there. */
 static void delete_at(kvp_index_hfn hfn, uint64_t *slots, uint64_t mask, uint64_t floor,
                       uint64_t i, kvp_index_scan *sc)
 {
@@ -122,8 +122,9 @@ static void delete_at(kvp_index_hfn hfn, uint64_t *slots, uint64_t mask, uint64_
             break;
         }
         slots[i] = slots[j];
-        if (sc && i < j && i < sc->pos && sc->pos <= j)
-            sc->pos = i;
+        for (kvp_index_scan *x = sc; x && i < j; x = x->next)
+            if (i < x->pos && x->pos <= j)
+                x->pos = i;
         i = j;
     }
 }
@@ -205,7 +206,7 @@ void kvp_index_remove(kvp_index *ix, kvp_obj *o)
 {
     int64_t i = slot_of(ix->hfn, ix->slots, ix->mask, 0, o);
     if (i >= 0) {
-        delete_at(ix->hfn, ix->slots, ix->mask, 0, (uint64_t)i, ix->scan);
+        delete_at(ix->hfn, ix->slots, ix->mask, 0, (uint64_t)i, ix->scans);
     } else {
         KVP_ASSERT(ix->old != NULL); /* o is in the index: if not new, then old */
         i = slot_of(ix->hfn, ix->old, ix->old_mask, ix->mig, o);
@@ -247,16 +248,17 @@ kvp_obj *kvp_index_it_next(const kvp_index *ix, kvp_index_it *it)
 
 void kvp_index_scan_start(kvp_index *ix, kvp_index_scan *sc)
 {
-    KVP_ASSERT(ix->scan == NULL);
+    for (const kvp_index_scan *x = ix->scans; x; x = x->next)
+        KVP_ASSERT(x != sc); /* not started twice */
     sc->pos = 0;
     sc->gen = ix->gen;
     sc->done = 0;
-    ix->scan = sc;
+    sc->next = ix->scans;
+    ix->scans = sc;
 }
 
 kvp_obj *kvp_index_scan_next(kvp_index *ix, kvp_index_scan *sc, uint64_t *budget)
 {
-    KVP_ASSERT(ix->scan == sc);
     while (!sc->done && *budget >= KVP_INDEX_SLOT_COST) {
         if (ix->old) {
             /* a growth: drain it, then walk the new table from its start */
@@ -283,6 +285,10 @@ kvp_obj *kvp_index_scan_next(kvp_index *ix, kvp_index_scan *sc, uint64_t *budget
 
 void kvp_index_scan_stop(kvp_index *ix, kvp_index_scan *sc)
 {
-    if (ix->scan == sc)
-        ix->scan = NULL;
+    for (kvp_index_scan **p = &ix->scans; *p; p = &(*p)->next)
+        if (*p == sc) {
+            *p = sc->next;
+            sc->next = NULL;
+            return;
+        }
 }

@@ -42,7 +42,7 @@ typedef struct kvp_index {
     uint64_t old_count;
     uint64_t mig;     /* drain cursor: old slots below it are empty */
     uint64_t gen;     /* growths started so far */
-    kvp_index_scan *scan; /* the scan in progress, NULL when none */
+    kvp_index_scan *scans; /* the scans in progress (a list), NULL when none */
 } kvp_index;
 
 /*
@@ -55,12 +55,17 @@ typedef struct kvp_index {
  * not yet visited to one already visited moves the cursor back to it
  * (delete_at); a growth (new table) restarts the walk at 0 once it is
  * drained, which the scan itself helps (growth doubles, so restarts are
- * few). At most one scan at a time.
+ * few). Any number of scans may run at once (a removal job, each
+ * follower's snapshot, the snapshot file's rewrite): the index keeps them
+ * in a list and a deletion moves every cursor that needs it (cost: one
+ * compare per scan per shifted entry). A scan must be stopped before its
+ * memory goes or the index is freed.
  */
 struct kvp_index_scan {
     uint64_t pos;     /* next slot of the current table to visit */
     uint64_t gen;     /* ix->gen the walk belongs to */
     int done;
+    kvp_index_scan *next; /* the index's list of scans */
 };
 void kvp_index_scan_start(kvp_index *ix, kvp_index_scan *sc);
 /* The next entry, or NULL when the scan is done (sc->done) or *budget is

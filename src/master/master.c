@@ -238,6 +238,8 @@ struct kvp_master {
                                this seq (the snapshot's, or the last one
                                journaled when it fell behind) */
         int in_sync;        /* a PUT_END waits for it */
+        kvp_msnap *snap;    /* its snapshot, produced over turns (kvp_master_push_snaps);
+                               NULL once SYNCED went out */
     } *fol;
     uint32_t nfol, fol_cap, fol_in_sync;
     /* a standby, then a new leader: the objects of the leader before it,
@@ -3829,8 +3831,6 @@ static void op_seg_info(req *q)
 
 /* ====================================================== cluster replication */
 
-#define REPL_OUT_MAX ((size_t)1 << 30) /* a follower's unsent output (snapshot + changes);
-                                          past it the service cuts the follower off */
 #define PSEG_MAX 65536u                /* segment ids parked objects may name */
 
 /* Changes are journaled while a standby follows or a snapshot file is kept. */
@@ -3903,37 +3903,121 @@ static void repl_rec_fill(const kvp_master *m, const kvp_obj *o, int parked, kvp
                                    rep[i].page, rep[i].gen};
 }
 
-uint64_t kvp_master_snapshot(kvp_master *m, kvp_buf *out)
+/*
+ * Snapshots (ha/repl.h: RESET, a PUB per readable object and per parked
+ * one, SYNCED) are produced over many loop turns, a work budget at a time,
+ * so no turn grows with the index: each holds two resumable index scans
+ * (index.h: every entry present from the scan's start to its end is seen
+ * at least once, some twice), of the live index then of the parked one.
+ *
+ * Why a snapshot spread over turns still converges: records are states,
+ * and the follower (or the file) gets them in the order they were made.
+ * From RESET on it also gets every record journaled (a turn's journal is
+ * pushed before that turn's snapshot step, kvp_master_push_repl then
+ * kvp_master_push_snaps; only REPL_FOLLOW's first step runs mid-turn,
+ * ahead of records journaled earlier in that turn). So for any key, the
+ * last record it gets is either the journal record of the key's last
+ * change, or a snapshot record made after that change: both tell the
+ * key's state now. A key the scan
+ * never sees (removed before it got there) has its DEL journaled after
+ * RESET, or was absent from the start; a key put after its slot was
+ * passed has its PUB journaled. Keys seen twice are written twice:
+ * harmless.
+ */
+struct kvp_msnap {
+    int phase;             /* SNAP_LIVE, SNAP_PARKED, SNAP_DONE */
+    int scanning;          /* scan is registered with the phase's index */
+    kvp_index_scan scan;
+    uint64_t n;            /* objects written */
+};
+enum { SNAP_LIVE, SNAP_PARKED, SNAP_DONE };
+#define SNAP_REC_COST 256u /* work units per record written, plus keylen / 8 */
+
+kvp_msnap *kvp_master_snap_start(kvp_master *m, kvp_buf *out)
 {
-    kvp_repl_wr_close(&m->jw); /* what is journaled goes after the snapshot */
+    kvp_msnap *sn = kvp_calloc(1, sizeof *sn);
+    if (!sn)
+        return NULL;
+    kvp_repl_wr_close(&m->jw); /* what is journaled goes after the RESET */
     kvp_repl_wr w = {.out = out};
     kvp_repl_rec r = {.type = KVP_REPL_RESET};
     kvp_repl_wr_add(&w, &r, m->jseq);
-    uint64_t n = 0;
-    kvp_index_settle(&m->ix);
-    for (uint64_t i = 0; m->ix.count && i <= m->ix.mask; i++) {
-        kvp_obj *o = kvp_index_at(&m->ix, i);
-        if (o && repl_visible(o)) {
-            repl_rec_fill(m, o, 0, &r);
-            kvp_repl_wr_add(&w, &r, m->jseq);
-            n++;
-        }
-    }
-    /* objects of a leader before, still waiting for their segment: a
-     * standby (or the next restart) must keep waiting for them too */
-    if (m->parked.slots)
-        kvp_index_settle(&m->parked);
-    for (uint64_t i = 0; m->parked.count && i <= m->parked.mask; i++) {
-        kvp_obj *o = kvp_index_at(&m->parked, i);
-        if (o) {
-            repl_rec_fill(m, o, 1, &r);
-            kvp_repl_wr_add(&w, &r, m->jseq);
-            n++;
-        }
-    }
-    r = (kvp_repl_rec){.type = KVP_REPL_SYNCED};
-    kvp_repl_wr_add(&w, &r, m->jseq);
     kvp_repl_wr_close(&w);
+    kvp_index_scan_start(&m->ix, &sn->scan);
+    sn->scanning = 1;
+    return sn;
+}
+
+/* The index the phase scans (the parked one may not exist yet). */
+static kvp_index *snap_index(kvp_master *m, const kvp_msnap *sn)
+{
+    return sn->phase == SNAP_LIVE ? &m->ix : &m->parked;
+}
+
+int kvp_master_snap_step(kvp_master *m, kvp_msnap *sn, kvp_buf *out, uint64_t budget)
+{
+    kvp_repl_wr w = {.out = out};
+    kvp_repl_rec r;
+    while (sn->phase != SNAP_DONE && budget >= KVP_INDEX_SLOT_COST && !out->err) {
+        kvp_index *ix = snap_index(m, sn);
+        kvp_obj *o = sn->scanning ? kvp_index_scan_next(ix, &sn->scan, &budget) : NULL;
+        if (o) {
+            int parked = sn->phase == SNAP_PARKED;
+            if (!parked && !repl_visible(o))
+                continue;
+            repl_rec_fill(m, o, parked, &r);
+            kvp_repl_wr_add(&w, &r, m->jseq);
+            sn->n++;
+            uint64_t cost = SNAP_REC_COST + o->keylen / 8u;
+            budget = budget > cost ? budget - cost : 0;
+            continue;
+        }
+        if (sn->scanning && !sn->scan.done)
+            break; /* the budget is spent */
+        if (sn->scanning)
+            kvp_index_scan_stop(ix, &sn->scan);
+        sn->scanning = 0;
+        if (sn->phase == SNAP_LIVE) {
+            /* objects of a leader before, still waiting for their segment: a
+             * standby (or the next restart) must keep waiting for them too */
+            sn->phase = SNAP_PARKED;
+            if (m->parked.slots) {
+                kvp_index_scan_start(&m->parked, &sn->scan);
+                sn->scanning = 1;
+            }
+            continue;
+        }
+        r = (kvp_repl_rec){.type = KVP_REPL_SYNCED};
+        kvp_repl_wr_add(&w, &r, m->jseq);
+        sn->phase = SNAP_DONE;
+    }
+    kvp_repl_wr_close(&w);
+    return sn->phase == SNAP_DONE;
+}
+
+uint64_t kvp_master_snap_count(const kvp_msnap *sn) { return sn->n; }
+
+void kvp_master_snap_free(kvp_master *m, kvp_msnap *sn)
+{
+    if (!sn)
+        return;
+    if (sn->scanning)
+        kvp_index_scan_stop(snap_index(m, sn), &sn->scan);
+    kvp_free(sn);
+}
+
+uint64_t kvp_master_snapshot(kvp_master *m, kvp_buf *out)
+{
+    kvp_msnap *sn = kvp_master_snap_start(m, out);
+    if (!sn) {
+        if (!out->err)
+            out->err = KVP_ENOMEM;
+        return 0;
+    }
+    while (!kvp_master_snap_step(m, sn, out, UINT64_MAX) && !out->err)
+        ;
+    uint64_t n = sn->n;
+    kvp_master_snap_free(m, sn);
     return n;
 }
 
@@ -4019,6 +4103,7 @@ static void fol_remove(kvp_master *m, kvp_msess *s)
         return;
     if (f->in_sync)
         m->fol_in_sync--;
+    kvp_master_snap_free(m, f->snap);
     *f = m->fol[--m->nfol];
     s->follower = 0;
     KVP_INFO(MOD, "standby %s stopped following (%u left)", s->peer_addr, m->nfol);
@@ -4034,12 +4119,37 @@ static int may_follow(const kvp_master *m, const kvp_mclient *c)
     return m->cfg.etcd[0] && m->cfg.node_token[0] && c->node;
 }
 
+/* A follower's share of repl_buffer_budget: what its connection's
+ * unsent output may hold (snapshot and changes); past it the service cuts
+ * it off. With at most max_followers, all of them hold at most the budget. */
+static size_t fol_share(const kvp_master *m)
+{
+    uint64_t n = m->cfg.max_followers ? m->cfg.max_followers : 1;
+    uint64_t share = m->cfg.repl_buffer_budget / n;
+    return share < (8u << 20) ? (size_t)(8u << 20) : (size_t)share;
+}
+
+/* The follower's snapshot is complete: it is waited for once it has
+ * acknowledged what was journaled up to now. */
+static void fol_synced(kvp_master *m, struct follower *f)
+{
+    KVP_INFO(MOD, "standby %s: snapshot of %llu objects sent, at seq %llu", f->s->peer_addr,
+             (unsigned long long)kvp_master_snap_count(f->snap), (unsigned long long)m->jseq);
+    kvp_master_snap_free(m, f->snap);
+    f->snap = NULL;
+    f->mark_seq = m->jseq;
+}
+
 /*
  * REPL_FOLLOW (a standby of the cluster, see may_follow; else
- * KVP_EILLEGAL_CLIENT): answered, then the snapshot -- RESET, every
- * readable object, SYNCED -- as REPL_DATA frames in the same output; the
- * changes follow (kvp_master_push_repl). The follower is waited for once
- * it acknowledged the snapshot.
+ * KVP_EILLEGAL_CLIENT; beyond max_followers KVP_ELIMIT): answered, then
+ * the snapshot -- RESET, every readable object, SYNCED -- as REPL_DATA
+ * frames in the same output: its first budget at once (a small index
+ * whole), the rest by kvp_master_push_snaps over the next turns, as fast
+ * as the standby reads; the changes follow (kvp_master_push_repl). The
+ * connection's output is bounded by the follower's share of
+ * repl_buffer_budget. The follower is waited for once it acknowledged
+ * the snapshot's end.
  */
 static void op_repl_follow(req *q)
 {
@@ -4058,6 +4168,13 @@ static void op_repl_follow(req *q)
         return;
     }
     struct follower *f = fol_of(m, q->s);
+    if (!f && m->nfol >= (m->cfg.max_followers ? m->cfg.max_followers : 8)) {
+        KVP_WARN_LIMITED(MOD, "REPL_FOLLOW refused to %s (client %s): %u standbys follow "
+                              "already (max_followers)",
+                         q->s->peer_addr, q->s->client->name, m->nfol);
+        reply_status(q, KVP_ELIMIT);
+        return;
+    }
     if (!f) {
         if (m->nfol == m->fol_cap) {
             uint32_t cap = m->fol_cap ? m->fol_cap * 2 : 4;
@@ -4070,21 +4187,62 @@ static void op_repl_follow(req *q)
             m->fol_cap = cap;
         }
         f = &m->fol[m->nfol++];
-    } else if (f->in_sync) {
-        m->fol_in_sync--;
+    } else {
+        if (f->in_sync)
+            m->fol_in_sync--;
+        kvp_master_snap_free(m, f->snap); /* following again: a new snapshot */
     }
+    *f = (struct follower){q->s, 0, UINT64_MAX, 0, NULL};
     reply_status(q, 0);
     kvp_buf *out = q->out;
-    if (out->cap < REPL_OUT_MAX)
-        out->cap = REPL_OUT_MAX;
+    size_t share = fol_share(m);
+    out->cap = share > out->len ? share : out->len;
     size_t mark = out->len;
-    uint64_t n = kvp_master_snapshot(m, out);
-    *f = (struct follower){q->s, 0, m->jseq, 0};
+    kvp_msnap *sn = kvp_master_snap_start(m, out);
+    if (!sn) { /* out of memory: the connection is closed (out->err); the standby retries */
+        out->err = KVP_ENOMEM;
+        fol_remove(m, q->s);
+        return;
+    }
+    f->snap = sn;
     q->s->follower = 1;
+    int done = kvp_master_snap_step(m, sn, out, KVP_MASTER_SNAP_BUDGET);
     m->stats[KVP_STAT_REPL_BYTES] += out->len - mark;
-    KVP_INFO(MOD, "standby %s follows the index: snapshot of %llu objects (%llu KiB) at seq %llu",
-             q->s->peer_addr, (unsigned long long)n, (unsigned long long)((out->len - mark) >> 10),
-             (unsigned long long)m->jseq);
+    KVP_INFO(MOD, "standby %s follows the index at seq %llu (%u standbys)", q->s->peer_addr,
+             (unsigned long long)m->jseq, m->nfol);
+    if (done)
+        fol_synced(m, f);
+}
+
+int kvp_master_push_snaps(kvp_master *m, kvp_buf *(*out)(kvp_msess *s, void *ctx), void *ctx)
+{
+    uint32_t pending = 0;
+    for (uint32_t i = 0; i < m->nfol; i++)
+        pending += m->fol[i].snap != NULL;
+    if (!pending)
+        return 0;
+    /* one budget a turn, shared (a step writes at least one record, so
+     * each progresses; past 128 followers the floor adds 2048 units each) */
+    uint64_t budget = KVP_MASTER_SNAP_BUDGET / pending;
+    if (budget < 2048)
+        budget = 2048;
+    int more = 0;
+    for (uint32_t i = 0; i < m->nfol; i++) {
+        struct follower *f = &m->fol[i];
+        if (!f->snap)
+            continue;
+        kvp_buf *b = out(f->s, ctx); /* NULL: its window is full (or it is going) */
+        if (!b)
+            continue;
+        size_t mark = b->len;
+        int done = kvp_master_snap_step(m, f->snap, b, budget);
+        m->stats[KVP_STAT_REPL_BYTES] += b->len - mark;
+        if (done)
+            fol_synced(m, f);
+        else
+            more = 1;
+    }
+    return more;
 }
 
 /* REPL_ACK (ONEWAY, from a follower): u64 seq applied. */
@@ -4732,6 +4890,10 @@ void kvp_master_destroy(kvp_master *m)
         rjob *j = m->jobs;
         m->jobs = j->next;
         job_free(m, j);
+    }
+    for (uint32_t i = 0; i < m->nfol; i++) { /* sessions not closed: their scans stop */
+        kvp_master_snap_free(m, m->fol[i].snap);
+        m->fol[i].snap = NULL;
     }
     kvp_index *ixs[3] = {&m->ix, &m->repl, &m->parked};
     for (int k = 0; k < 3; k++) {

@@ -95,10 +95,32 @@ void kvp_master_repl_state(kvp_master *m, uint64_t now_ms, kvp_repl_state *st);
 /* Standby, before its loop runs: one REPL_DATA body. 0 and *seq, or
  * KVP_EPROTOCOL (nothing applied) / KVP_ENOMEM. */
 int kvp_master_repl_apply(kvp_master *m, const uint8_t *body, size_t len, uint64_t *seq);
-/* Appends a snapshot of the index (RESET, every readable object and every
- * parked one, SYNCED) as REPL_DATA frames; changes journaled before it are
- * sent after it. Returns the objects written. */
+/*
+ * A snapshot of the index (RESET, every readable object and every parked
+ * one, SYNCED) as REPL_DATA frames, produced over many calls so that no
+ * loop turn grows with the index (master.c says why one cut at any moment
+ * converges: the changes journaled meanwhile must reach the same reader
+ * after what was made before them). start appends RESET (NULL: no
+ * memory); each step appends the next records for about `budget` work
+ * units (KVP_MASTER_SNAP_BUDGET: a fraction of a millisecond) and returns
+ * 1 once SYNCED is appended, else 0; free stops it (at any point).
+ */
+typedef struct kvp_msnap kvp_msnap;
+#define KVP_MASTER_SNAP_BUDGET (1u << 18)
+kvp_msnap *kvp_master_snap_start(kvp_master *m, kvp_buf *out);
+int kvp_master_snap_step(kvp_master *m, kvp_msnap *sn, kvp_buf *out, uint64_t budget);
+uint64_t kvp_master_snap_count(const kvp_msnap *sn); /* objects written so far */
+void kvp_master_snap_free(kvp_master *m, kvp_msnap *sn);
+/* The whole snapshot in one call (before the loop runs, at shutdown, tests).
+ * Returns the objects written. */
 uint64_t kvp_master_snapshot(kvp_master *m, kvp_buf *out);
+/* Advances the followers' snapshots (REPL_FOLLOW sends only the first
+ * budget): out(s) gives the follower's output, or NULL while its unsent
+ * output is above the window it is produced under (backpressure: no
+ * faster than the socket drains). Call after kvp_master_push_repl (the
+ * order the convergence needs). 1 when a snapshot has more to send and
+ * its output had room (the loop should not sleep). */
+int kvp_master_push_snaps(kvp_master *m, kvp_buf *(*out)(kvp_msess *s, void *ctx), void *ctx);
 /* The standby became the leader at now_ms. */
 void kvp_master_takeover(kvp_master *m, uint64_t now_ms);
 

@@ -85,6 +85,9 @@
 #define SNAP_SYNC_MS 1000              /* snapshot file: fdatasync period */
 #define SNAP_MIN (64ull << 20)        /* ... rewritten past this size and ... */
 #define SNAP_GROWTH 4                 /* ... this many times its last snapshot */
+#define SNAP_RETRY_MS 1000            /* a failed rewrite is tried again after this */
+#define REPL_WINDOW (1u << 20)        /* a follower's snapshot is produced only while its
+                                         unsent output is below this (backpressure) */
 #define GATE_POLL_MS 20                /* loop wake-up while answers wait for standbys */
 #define ALIVE_MS 100                  /* clients of connections held back: kept alive this often */
 #define STATUS_MS 1000                /* the HTTP endpoint's picture: republished this often */
@@ -172,6 +175,9 @@ struct kvp_mserver {
     pthread_t standby_th;        /* kvp_mserver_standby: answers HELLOs "not the leader" */
     _Atomic int standby_on;
     uint64_t snap_synced_ms;     /* its last fdatasync */
+    kvp_msnap *snap_sn;          /* its rewrite in progress (over turns), or NULL */
+    kvp_buf snap_part;           /* the rewrite's part of this turn */
+    uint64_t snap_t0, snap_retry_ms; /* when the rewrite began; no new one before */
     uint32_t ngated;             /* connections whose output waits for them */
     kvp_mstatus *status;         /* cfg.http: what the HTTP endpoint shows, or NULL */
     kvp_kvpub *kvpub;            /* cfg.kv_events: the KV events' publisher, or NULL */
@@ -1441,6 +1447,30 @@ static void push_freed(kvp_mserver *s)
     }
 }
 
+/* A follower's output drops what was sent once that is at least as much
+ * as what is left (amortised: the bytes moved are at most the bytes sent),
+ * so its buffer holds about its unsent bytes, which its share of
+ * repl_buffer_budget bounds. */
+static void repl_compact(conn *c)
+{
+    if (c->out_off && c->out_off >= c->out.len - c->out_off) {
+        kvp_buf_consume(&c->out, c->out_off);
+        c->out_off = 0;
+    }
+}
+
+/* A follower whose output could not take the index stream is cut off. */
+static int repl_cut(conn *c)
+{
+    if (!c->out.err)
+        return 0;
+    KVP_WARN(MOD, "standby %s: its unsent index stream would pass its share of "
+                  "repl_buffer_budget (%zu bytes): cutting it off (it follows again)",
+             c->sess.peer_addr, c->out.cap);
+    c->closing = 1;
+    return 1;
+}
+
 /* kvp_master_push_repl's callback: a follower's output. Past its bound the
  * standby is cut off (it follows again, from a snapshot). */
 static void repl_send(kvp_msess *ms, const void *p, size_t n, void *ctx)
@@ -1454,18 +1484,31 @@ static void repl_send(kvp_msess *ms, const void *p, size_t n, void *ctx)
     conn *c = (conn *)((char *)ms - offsetof(conn, sess));
     if (c->closing)
         return;
+    repl_compact(c);
     kvp_buf_put(&c->out, p, n);
-    if (c->out.err) {
-        KVP_WARN(MOD, "standby %s: %zu bytes of the index stream unsent: cutting it off",
-                 c->sess.peer_addr, c->out.len - c->out_off);
-        c->closing = 1;
-    }
+    if (repl_cut(c))
+        return;
     freed_out(ms, s); /* joins s->pushed: flushed by push_freed */
 }
 
-/* Writes a fresh snapshot over the snapshot file. */
+/* kvp_master_push_snaps's callback: a follower's output while its unsent
+ * bytes are below REPL_WINDOW, else NULL (the rest waits for the socket
+ * to drain: EPOLLOUT). */
+static kvp_buf *snap_out(kvp_msess *ms, void *ctx)
+{
+    conn *c = (conn *)((char *)ms - offsetof(conn, sess));
+    if (c->closing || repl_cut(c) || c->out.len - c->out_off >= REPL_WINDOW)
+        return NULL;
+    repl_compact(c);
+    return freed_out(ms, ctx); /* joins s->pushed: flushed by push_freed */
+}
+
+/* Writes a fresh snapshot over the snapshot file, in one go (before the
+ * loop runs, and at shutdown). */
+static void snap_abort(kvp_mserver *s);
 static void snap_rewrite(kvp_mserver *s)
 {
+    snap_abort(s); /* a rewrite in progress is superseded */
     kvp_buf b;
     kvp_buf_init(&b, SIZE_MAX / 2);
     uint64_t t0 = kvp_now_ms(), n = kvp_master_snapshot(s->m, &b);
@@ -1478,33 +1521,93 @@ static void snap_rewrite(kvp_mserver *s)
     kvp_buf_free(&b);
 }
 
+/* Drops a rewrite in progress (its tmp file too). */
+static void snap_abort(kvp_mserver *s)
+{
+    if (s->snap_sn) {
+        kvp_master_snap_free(s->m, s->snap_sn);
+        s->snap_sn = NULL;
+    }
+    if (s->snap)
+        kvp_snapfile_abort(s->snap);
+    kvp_buf_free(&s->snap_part);
+}
+
+/* The rewrite in progress, one budget further (after the turn's journal
+ * went to both files: the order master.c's convergence needs). 1 when it
+ * has more to do. */
+static int snap_advance(kvp_mserver *s, uint64_t now)
+{
+    kvp_buf_reset(&s->snap_part);
+    int done = kvp_master_snap_step(s->m, s->snap_sn, &s->snap_part, KVP_MASTER_SNAP_BUDGET);
+    if (s->snap_part.err || !kvp_snapfile_rewriting(s->snap) ||
+        kvp_snapfile_part(s->snap, s->snap_part.data, s->snap_part.len) != 0) {
+        KVP_ERROR(MOD, "snapshot_file %s: rewrite failed (%s); tried again in %d ms",
+                  s->cfg.snapshot_file, s->snap_part.err ? "no memory" : "i/o", SNAP_RETRY_MS);
+        snap_abort(s);
+        s->snap_retry_ms = now + SNAP_RETRY_MS;
+        return 0;
+    }
+    kvp_buf_shrink(&s->snap_part, 4u << 20);
+    if (!done)
+        return 1;
+    uint64_t n = kvp_master_snap_count(s->snap_sn);
+    kvp_master_snap_free(s->m, s->snap_sn);
+    s->snap_sn = NULL;
+    kvp_buf_free(&s->snap_part);
+    if (kvp_snapfile_commit(s->snap) == 0)
+        KVP_INFO(MOD, "snapshot_file %s: rewritten, %llu objects, %llu KiB, over %llu ms",
+                 s->cfg.snapshot_file, (unsigned long long)n,
+                 (unsigned long long)(kvp_snapfile_size(s->snap) >> 10),
+                 (unsigned long long)(kvp_now_ms() - s->snap_t0));
+    else
+        s->snap_retry_ms = now + SNAP_RETRY_MS;
+    return 0;
+}
+
 /* The snapshot file: synced once a second; rewritten when the changes
  * appended since its snapshot pass SNAP_GROWTH times it (and SNAP_MIN), or
- * an append failed. */
-static void snap_tend(kvp_mserver *s, uint64_t now)
+ * an append failed. The rewrite runs over loop turns, a budget a turn
+ * (memory: one turn's part). 1 when it has more to do. */
+static int snap_tend(kvp_mserver *s, uint64_t now)
 {
     if (!s->snap)
-        return;
+        return 0;
     if (now - s->snap_synced_ms >= SNAP_SYNC_MS) {
         kvp_snapfile_sync(s->snap);
         s->snap_synced_ms = now;
     }
+    if (s->snap_sn)
+        return snap_advance(s, now);
     uint64_t size = kvp_snapfile_size(s->snap), base = kvp_snapfile_base(s->snap);
-    if (kvp_snapfile_broken(s->snap) || (size > SNAP_MIN && size > base * SNAP_GROWTH))
-        snap_rewrite(s);
+    if (now < s->snap_retry_ms ||
+        !(kvp_snapfile_broken(s->snap) || (size > SNAP_MIN && size > base * SNAP_GROWTH)))
+        return 0;
+    kvp_buf_init(&s->snap_part, SIZE_MAX / 2);
+    if (kvp_snapfile_begin(s->snap) != 0 ||
+        !(s->snap_sn = kvp_master_snap_start(s->m, &s->snap_part))) {
+        snap_abort(s);
+        s->snap_retry_ms = now + SNAP_RETRY_MS;
+        return 0;
+    }
+    s->snap_t0 = now;
+    return snap_advance(s, now);
 }
 
-/* Sends the journal to the standbys and the snapshot file; answers whose
- * puts the standbys now all hold go out. */
-static void push_repl(kvp_mserver *s, uint64_t now)
+/* Sends the journal to the standbys and the snapshot file, then the next
+ * part of the snapshots in progress; answers whose puts the standbys now
+ * all hold go out. 1 when a snapshot has more to send now (the loop should
+ * not sleep). */
+static int push_repl(kvp_mserver *s, uint64_t now)
 {
     kvp_master_push_repl(s->m, repl_send, s);
-    snap_tend(s, now);
+    int more = snap_tend(s, now);
+    more |= kvp_master_push_snaps(s->m, snap_out, s);
     kvp_repl_state st;
     kvp_master_repl_state(s->m, now, &st);
     s->repl_acked = st.acked;
     if (!s->ngated)
-        return;
+        return more;
     for (conn *c = s->conns; c; c = c->next)
         if (c->gated && c->gate <= s->repl_acked) {
             c->gated = 0;
@@ -1512,6 +1615,7 @@ static void push_repl(kvp_mserver *s, uint64_t now)
             if (conn_flush(s, c) < 0)
                 c->closing = 1; /* closed at its next event (EPOLLHUP) */
         }
+    return more;
 }
 
 /* kvp_master_jobs's callback: a job's answer goes to the asker's output;
@@ -1642,7 +1746,8 @@ int kvp_mserver_run(kvp_mserver *s)
         next_tick = kvp_master_tick(s->m, now);
         if (kvp_master_jobs(s->m, now, job_out, s))
             next_tick = 0;
-        push_repl(s, now);
+        if (push_repl(s, now))
+            next_tick = 0;
         push_freed(s);
         if (s->kvpub && kvp_master_events_pending(s->m) &&
             (now != s->kv_pub_ms || kvp_master_events_pending(s->m) >= KV_PUB_EVENTS)) {
@@ -1670,6 +1775,8 @@ void kvp_mserver_destroy(kvp_mserver *s)
         conn_close(s, s->conns);
     /* the clean stop's own work first: the snapshot does not wait for the
      * KV events' sockets (their close is bounded too: kvev.h) */
+    if (s->m)
+        snap_abort(s); /* a rewrite in progress: done whole below (or dropped) */
     if (s->snap && s->m) {
         kvp_master_push_repl(s->m, repl_send, s); /* the last turn's changes */
         if (kvp_snapfile_size(s->snap) > kvp_snapfile_base(s->snap))

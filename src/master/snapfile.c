@@ -23,6 +23,8 @@ struct kvp_snapfile {
     uint64_t size, base;
     int dirty;  /* appended since the last sync */
     int broken; /* an append failed */
+    int tfd;    /* the rewrite in progress (path.tmp), or -1 */
+    uint64_t tsize, tbase; /* its bytes; of them, snapshot bytes */
     char path[4096];
 };
 
@@ -72,6 +74,7 @@ int kvp_snapfile_open(const char *path, int (*apply)(void *ctx, const uint8_t *b
         return KVP_ENOMEM;
     }
     snprintf(f->path, sizeof f->path, "%s", path);
+    f->tfd = -1;
     f->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     struct stat st;
     if (f->fd < 0 || fstat(f->fd, &st) != 0) {
@@ -105,8 +108,99 @@ int kvp_snapfile_open(const char *path, int (*apply)(void *ctx, const uint8_t *b
     return 0;
 }
 
+static void tmp_path(const kvp_snapfile *f, char *tmp, size_t n)
+{
+    snprintf(tmp, n, "%s.tmp", f->path);
+}
+
+int kvp_snapfile_rewriting(const kvp_snapfile *f) { return f->tfd >= 0; }
+
+void kvp_snapfile_abort(kvp_snapfile *f)
+{
+    if (f->tfd < 0)
+        return;
+    char tmp[4200];
+    tmp_path(f, tmp, sizeof tmp);
+    close(f->tfd);
+    unlink(tmp);
+    f->tfd = -1;
+}
+
+int kvp_snapfile_begin(kvp_snapfile *f)
+{
+    char tmp[4200];
+    kvp_snapfile_abort(f);
+    tmp_path(f, tmp, sizeof tmp);
+    f->tfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (f->tfd < 0) {
+        KVP_ERROR(MOD, "snapshot_file %s: %s", tmp, strerror(errno));
+        return KVP_EIO;
+    }
+    f->tsize = f->tbase = 0;
+    return 0;
+}
+
+/* Bytes into the rewrite; its writeback starts now, so that the fdatasync
+ * at commit has little left to wait for. 0 or KVP_EIO (the rewrite is
+ * abandoned, logged). */
+static int tmp_write(kvp_snapfile *f, const void *p, size_t n)
+{
+    if (write_all(f->tfd, p, n) != 0) {
+        KVP_ERROR(MOD, "snapshot_file %s.tmp: write: %s (rewrite abandoned)", f->path,
+                  strerror(errno));
+        kvp_snapfile_abort(f);
+        return KVP_EIO;
+    }
+    sync_file_range(f->tfd, (off_t)f->tsize, (off_t)n, SYNC_FILE_RANGE_WRITE);
+    f->tsize += n;
+    return 0;
+}
+
+int kvp_snapfile_part(kvp_snapfile *f, const void *p, size_t n)
+{
+    if (f->tfd < 0)
+        return KVP_EIO;
+    if (tmp_write(f, p, n) != 0)
+        return KVP_EIO;
+    f->tbase = f->tsize;
+    return 0;
+}
+
+int kvp_snapfile_commit(kvp_snapfile *f)
+{
+    char tmp[4200], dir[4096];
+    if (f->tfd < 0)
+        return KVP_EIO;
+    tmp_path(f, tmp, sizeof tmp);
+    if (fdatasync(f->tfd) != 0) {
+        KVP_ERROR(MOD, "snapshot_file %s: %s", tmp, strerror(errno));
+        kvp_snapfile_abort(f);
+        return KVP_EIO;
+    }
+    if (rename(tmp, f->path) != 0) {
+        KVP_ERROR(MOD, "snapshot_file %s: rename: %s", f->path, strerror(errno));
+        kvp_snapfile_abort(f);
+        return KVP_EIO;
+    }
+    snprintf(dir, sizeof dir, "%s", f->path);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    close(f->fd);
+    f->fd = f->tfd; /* the new file, positioned at its end */
+    f->tfd = -1;
+    f->size = f->tsize;
+    f->base = f->tbase;
+    f->dirty = f->broken = 0;
+    return 0;
+}
+
 int kvp_snapfile_append(kvp_snapfile *f, const void *p, size_t n)
 {
+    if (f->tfd >= 0)
+        tmp_write(f, p, n); /* the rewrite gets the changes too, in order */
     if (f->broken)
         return KVP_EIO;
     if (write_all(f->fd, p, n) != 0) {
@@ -122,33 +216,9 @@ int kvp_snapfile_append(kvp_snapfile *f, const void *p, size_t n)
 
 int kvp_snapfile_rewrite(kvp_snapfile *f, const void *p, size_t n)
 {
-    char tmp[4200], dir[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", f->path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0 || write_all(fd, p, n) != 0 || fdatasync(fd) != 0) {
-        KVP_ERROR(MOD, "snapshot_file %s: %s", tmp, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        unlink(tmp);
+    if (kvp_snapfile_begin(f) != 0 || kvp_snapfile_part(f, p, n) != 0)
         return KVP_EIO;
-    }
-    if (rename(tmp, f->path) != 0) {
-        KVP_ERROR(MOD, "snapshot_file %s: rename: %s", f->path, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        return KVP_EIO;
-    }
-    snprintf(dir, sizeof dir, "%s", f->path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    close(f->fd);
-    f->fd = fd; /* the new file, positioned at its end */
-    f->size = f->base = n;
-    f->dirty = f->broken = 0;
-    return 0;
+    return kvp_snapfile_commit(f);
 }
 
 void kvp_snapfile_sync(kvp_snapfile *f)
@@ -167,6 +237,7 @@ void kvp_snapfile_close(kvp_snapfile *f)
 {
     if (!f)
         return;
+    kvp_snapfile_abort(f);
     if (f->fd >= 0) {
         kvp_snapfile_sync(f);
         close(f->fd);

@@ -9,7 +9,10 @@
  * frame (a crash mid-write) is simply dropped. The file is rewritten from a
  * fresh snapshot when the changes outgrow it (tmp file, fsync, rename, fsync
  * of the directory): the rename is atomic, so a crash leaves the old file or
- * the new one. Appends are fdatasync'ed by kvp_snapfile_sync (once a second
+ * the new one. The rewrite is spread over loop turns (begin, a part of the
+ * snapshot per turn, commit): meanwhile appends go to both files, in the
+ * order they were made, which a snapshot cut across turns needs
+ * (master.c); memory: one turn's part. Appends are fdatasync'ed by kvp_snapfile_sync (once a second
  * by the service): a process crash loses nothing written, a machine crash at
  * most that second.
  *
@@ -34,6 +37,15 @@ int kvp_snapfile_open(const char *path, int (*apply)(void *ctx, const uint8_t *b
 int kvp_snapfile_append(kvp_snapfile *f, const void *p, size_t n);
 /* Replaces the whole file by p (a snapshot). 0 or KVP_EIO (the old file stays). */
 int kvp_snapfile_rewrite(kvp_snapfile *f, const void *p, size_t n);
+/* The same over many calls: begin (a new path.tmp; a rewrite in progress
+ * is abandoned), part (snapshot bytes, in order), commit (fdatasync,
+ * rename, the new file takes the appends). 0 or KVP_EIO (logged; the
+ * rewrite is abandoned, the old file stays). abort drops it. */
+int kvp_snapfile_begin(kvp_snapfile *f);
+int kvp_snapfile_part(kvp_snapfile *f, const void *p, size_t n);
+int kvp_snapfile_commit(kvp_snapfile *f);
+void kvp_snapfile_abort(kvp_snapfile *f);
+int kvp_snapfile_rewriting(const kvp_snapfile *f);
 /* fdatasync when something was appended since the last. */
 void kvp_snapfile_sync(kvp_snapfile *f);
 /* Bytes in the file now, and right after the last rewrite. */

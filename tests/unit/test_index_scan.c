@@ -121,3 +121,77 @@ TEST(scan_that_removes_what_it_sees)
 {
     CHECK(scan_under_churn(1) == 0);
 }
+
+/* Several scans at once (a removal job, each follower's snapshot, the
+ * snapshot file's rewrite), started at different moments and advanced at
+ * different paces under churn and growths: each returns every entry
+ * present from its own start to its own end. */
+#define NSC 3
+TEST(several_scans_at_once)
+{
+    kvp_index ix;
+    if (kvp_index_init(&ix, 0) != 0) {
+        CHECK(0);
+        return;
+    }
+    kvp_obj **model = calloc(4 * N, sizeof *model);
+    uint8_t *seen[NSC], *stayed[NSC];
+    for (int i = 0; i < NSC; i++) {
+        seen[i] = calloc(4 * N, 1);
+        stayed[i] = calloc(4 * N, 1);
+    }
+    for (int k = 0; k < N; k++)
+        add(&ix, model, k);
+    int next = N, started = 0, running = 0;
+    kvp_index_scan sc[NSC];
+    uint64_t gen0 = ix.gen;
+    for (unsigned step = 0; started < NSC || running; step++) {
+        if (started < NSC && step % 50 == 0) { /* a new scan: what is there now must be seen */
+            for (int k = 0; k < next; k++)
+                stayed[started][k] = model[k] != NULL;
+            kvp_index_scan_start(&ix, &sc[started++]);
+            running++;
+        }
+        for (int i = 0; i < started; i++) {
+            if (sc[i].done)
+                continue;
+            uint64_t budget = KVP_INDEX_SLOT_COST * (1 + rnd(48 * (unsigned)(i + 1)));
+            kvp_obj *o;
+            while ((o = kvp_index_scan_next(&ix, &sc[i], &budget)) != NULL)
+                seen[i][atoi((const char *)kvp_obj_key(o) + 1)] = 1;
+            if (sc[i].done) {
+                kvp_index_scan_stop(&ix, &sc[i]);
+                running--;
+            }
+        }
+        for (int r = 0; r < 2; r++) {
+            int k = (int)rnd((unsigned)next);
+            if (model[k]) {
+                del(&ix, model, k);
+                for (int i = 0; i < NSC; i++)
+                    stayed[i][k] = 0;
+            }
+        }
+        for (int r = 0; r < 6 && next < 4 * N; r++)
+            add(&ix, model, next++);
+    }
+    int missed = 0;
+    for (int i = 0; i < NSC; i++)
+        for (int k = 0; k < next; k++)
+            if (stayed[i][k] && !seen[i][k])
+                missed++;
+    printf("    %d scans, %llu growths meanwhile, %d missed\n", NSC,
+           (unsigned long long)(ix.gen - gen0), missed);
+    for (int k = 0; k < next; k++)
+        if (model[k])
+            del(&ix, model, k);
+    kvp_index_free(&ix);
+    free(model);
+    for (int i = 0; i < NSC; i++) {
+        free(seen[i]);
+        free(stayed[i]);
+    }
+    CHECK(missed == 0);
+    CHECK(ix.gen - gen0 >= 1);
+    CHECK(ix.scans == NULL);
+}

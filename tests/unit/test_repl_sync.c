@@ -13,6 +13,7 @@
 #include "harness.h"
 #include "hello_raw.h"
 #include "kvpool.h"
+#include "ha/repl.h"
 #include "master/master.h"
 
 #define MiB (1024ull * 1024)
@@ -336,6 +337,205 @@ TEST(repl_gate_only_with_ha_sync_in_a_cluster)
     CHECK_EQ(st.in_sync, 1u);
     put(&c, &node, 1);
     CHECK_EQ(kvp_master_repl_gate(c.m), 0u);
+    kvp_master_sess_close(c.m, &fol, c.now);
+    kvp_master_sess_close(c.m, &node, c.now);
+    core_free(&c);
+}
+
+/* --------------------------------- snapshots over turns, the follower cap */
+
+/* Beyond max_followers a REPL_FOLLOW is refused (KVP_ELIMIT), and each
+ * follower's output may hold at most its share of repl_buffer_budget (the
+ * old core let any number follow, each holding up to 1 GiB). A place
+ * freed is taken again. */
+TEST(repl_followers_beyond_the_cap_are_refused)
+{
+    core c;
+    CHECK(core_init(&c, 1, NODE_TOKEN, 1000) == 0);
+    c.cfg.max_followers = 2;
+    c.cfg.repl_buffer_budget = 64 * MiB;
+    kvp_master_destroy(c.m);
+    CHECK(kvp_master_create(&c.cfg, c.now, &c.m) == 0);
+    kvp_msess f[3];
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(hello(&c, &f[i], 51 + (uint64_t)i, NODE_TOKEN), 0);
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(follow(&c, &f[i]), 0);
+        CHECK(f[i].follower);
+        CHECK(c.out.cap <= 32 * MiB); /* its share of the budget */
+    }
+    CHECK_EQ(follow(&c, &f[2]), KVP_ELIMIT);
+    CHECK(!f[2].follower);
+    CHECK_EQ(c.out.len, (size_t)KVP_FRAME_HDR); /* the refusal, no snapshot */
+    kvp_repl_state st;
+    turn(&c, &st);
+    CHECK_EQ(st.followers, 2u);
+    CHECK_EQ(follow(&c, &f[0]), 0); /* following again takes no second place */
+    kvp_master_sess_close(c.m, &f[1], c.now);
+    CHECK_EQ(follow(&c, &f[2]), 0);
+    turn(&c, &st);
+    CHECK_EQ(st.followers, 2u);
+    kvp_master_sess_close(c.m, &f[0], c.now);
+    kvp_master_sess_close(c.m, &f[2], c.now);
+    core_free(&c);
+}
+
+#define SN 6000 /* objects: several snapshot budgets */
+#define SN_MORE 1000
+
+/* A standby's picture rebuilt from its stream: key number -> checksum
+ * (0: absent). */
+typedef struct standby {
+    kvp_msess *s;
+    kvp_buf stream; /* all it was sent */
+    size_t applied;
+    int full;       /* its window is full: no snapshot output now */
+    int synced;     /* SYNCED seen */
+    uint64_t cs[SN + SN_MORE];
+    uint64_t pubs_before_synced; /* journal records of puts made meanwhile */
+} standby;
+
+static void sb_send(kvp_msess *s, const void *p, size_t n, void *ctx)
+{
+    standby *b = ctx;
+    if (s == b->s)
+        kvp_buf_put(&b->stream, p, n);
+}
+
+static kvp_buf *sb_out(kvp_msess *s, void *ctx)
+{
+    standby *b = ctx;
+    return s == b->s && !b->full ? &b->stream : NULL;
+}
+
+static int key_no(kvp_bytes k)
+{
+    char t[16];
+    if (k.len < 5 || k.len > 15)
+        return -1;
+    memcpy(t, k.p, k.len);
+    t[k.len] = 0;
+    return atoi(t + 4);
+}
+
+/* Applies what arrived since the last call. */
+static void sb_apply(standby *b)
+{
+    while (b->applied < b->stream.len) {
+        kvp_frame_hdr h;
+        const uint8_t *body;
+        CHECK(kvp_frame_next(b->stream.data + b->applied, b->stream.len - b->applied, 1u << 30,
+                             &h, &body) == 1);
+        b->applied += KVP_FRAME_HDR + h.body_len;
+        if (h.op != KVP_OP_REPL_DATA)
+            continue; /* the answer */
+        kvp_repl_rd it;
+        kvp_repl_rec r;
+        uint64_t seq;
+        CHECK(kvp_repl_open(&it, body, h.body_len, &seq) == 0);
+        int rc;
+        while ((rc = kvp_repl_next(&it, &r)) == 1) {
+            int k = r.type == KVP_REPL_PUB || r.type == KVP_REPL_DEL ? key_no(r.key) : 0;
+            CHECK(k >= 0 && k < SN + SN_MORE);
+            if (r.type == KVP_REPL_RESET) {
+                memset(b->cs, 0, sizeof b->cs);
+                b->synced = 0;
+            } else if (r.type == KVP_REPL_SYNCED) {
+                b->synced = 1;
+            } else if (r.type == KVP_REPL_PUB) {
+                b->cs[k] = r.checksum;
+                if (k >= SN && !b->synced)
+                    b->pubs_before_synced++;
+            } else {
+                b->cs[k] = 0;
+            }
+        }
+        CHECK_EQ(rc, 0);
+    }
+}
+
+static void del(core *c, kvp_msess *s, int i)
+{
+    char kb[32];
+    kvp_bytes key = {(const uint8_t *)kb, (uint32_t)snprintf(kb, sizeof kb, "key-%06d", i)};
+    kvp_msg_remove rm = {{NULL, 0}, 1, 1, &key};
+    kvp_enc_remove(&c->body, &rm);
+    call(c, s, KVP_OP_REMOVE, 0);
+    CHECK(c->status == 0);
+}
+
+/* A snapshot of SN objects is not built in one request any more: the
+ * REPL_FOLLOW answer carries its first budget, the rest goes out a budget
+ * a turn (kvp_master_push_snaps), none while the standby's window is full;
+ * a normal client's puts and removes are served between the turns, and
+ * the standby still converges to the leader's index. It is waited for
+ * only once it acknowledged the snapshot's end. */
+TEST(repl_snapshot_spread_over_turns_converges)
+{
+    core c;
+    CHECK(core_init(&c, 1, NODE_TOKEN, 1000) == 0);
+    kvp_msess node, fol;
+    CHECK_EQ(hello(&c, &node, 61, NODE_TOKEN), 0);
+    mount(&c, &node);
+    for (int i = 0; i < SN; i++)
+        put(&c, &node, i);
+    kvp_repl_state st;
+    turn(&c, &st);
+    CHECK_EQ(hello(&c, &fol, 62, NODE_TOKEN), 0);
+    static standby b;
+    memset(&b, 0, sizeof b);
+    b.s = &fol;
+    kvp_buf_init(&b.stream, 1024 * MiB);
+    CHECK_EQ(follow(&c, &fol), 0);
+    kvp_buf_put(&b.stream, c.out.data, c.out.len);
+    sb_apply(&b);
+    CHECK(!b.synced); /* not in one request */
+    static uint64_t truth[SN + SN_MORE];
+    for (int i = 0; i < SN; i++)
+        truth[i] = 0xC0DE0000u + (uint64_t)i;
+    int turns = 0, steps = 1, next = SN, removed = 0;
+    while (!b.synced && turns < 10000) {
+        turns++;
+        b.full = turns % 3 == 0; /* now and then the socket does not drain */
+        if (!b.full) {           /* a normal client, between the turns */
+            put(&c, &node, next);
+            truth[next] = 0xC0DE0000u + (uint64_t)next;
+            next++;
+            del(&c, &node, removed * 7);
+            truth[removed * 7] = 0;
+            removed++;
+        }
+        size_t before = b.stream.len;
+        kvp_master_push_repl(c.m, sb_send, &b);
+        int more = kvp_master_push_snaps(c.m, sb_out, &b);
+        kvp_master_repl_state(c.m, c.now, &st);
+        if (b.full) { /* nothing journaled, nothing produced */
+            CHECK_EQ(b.stream.len, before);
+            CHECK_EQ(more, 0);
+        } else if (b.stream.len > before) {
+            steps++;
+        }
+        sb_apply(&b);
+        if (!b.synced) { /* acknowledging all it has is not enough before SYNCED */
+            ack(&c, &fol, st.seq);
+            kvp_master_repl_state(c.m, c.now, &st);
+            CHECK_EQ(st.in_sync, 0u);
+        }
+        c.now += 1;
+    }
+    fprintf(stderr, "    %d objects: %d turns, %d steps, %llu puts journaled before SYNCED\n",
+            SN, turns, steps, (unsigned long long)b.pubs_before_synced);
+    CHECK(b.synced);
+    CHECK(steps >= 4);
+    CHECK(b.pubs_before_synced >= 3); /* puts served between the steps */
+    int wrong = 0;
+    for (int i = 0; i < SN + SN_MORE; i++)
+        wrong += b.cs[i] != truth[i];
+    CHECK_EQ(wrong, 0);
+    ack(&c, &fol, st.seq);
+    turn(&c, &st);
+    CHECK_EQ(st.in_sync, 1u);
+    kvp_buf_free(&b.stream);
     kvp_master_sess_close(c.m, &fol, c.now);
     kvp_master_sess_close(c.m, &node, c.now);
     core_free(&c);
