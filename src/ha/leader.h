@@ -13,7 +13,9 @@
  * expired). Once it won, kvp_leader_start_keepalive renews the lease every
  * TTL/3 on a thread of its own; when the lease is gone, or no renewal
  * succeeded for TTL - TTL/4 (etcd unreachable: the lease may expire any
- * moment and a standby take over), lost() is called once and the master
+ * moment and a standby take over), or when the record read after a renewal
+ * no longer names this term (deleted or overwritten in etcd: a standby may
+ * win a new epoch while our lease lives), lost() is called once and the master
  * must stop serving at once (it is fenced by stopping, before etcd can hand
  * the term to another). kvp_leader_close resigns only its own term (the
  * epoch is compared in the same transaction) and revokes the lease.

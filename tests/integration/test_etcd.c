@@ -1,11 +1,13 @@
 /* test_etcd.c -- the etcd client (src/ha/etcd.c) against a real etcd on
  * loopback (tests/support tp_etcd): key-value calls, leases, the election
  * transaction and its epochs, fencing of a deposed holder, endpoint failover
- * and a hung etcd. Skips with the reason when no etcd is installed. */
+ * and a hung etcd; a leader whose record is deleted or overwritten steps down
+ * (src/ha/leader.c). Skips with the reason when no etcd is installed. */
 #include <stdio.h>
 #include <string.h>
 
 #include "ha/etcd.h"
+#include "ha/leader.h"
 #include "harness.h"
 #include "kvpool.h"
 #include "proc.h"
@@ -227,5 +229,85 @@ TEST(etcd_endpoint_failover_and_hang)
     kvp_etcd_close(e);
     kvp_etcd_close(f);
     kvp_etcd_close(g);
+    tp_etcd_stop(&srv);
+}
+
+static void on_lost(void *arg, const char *why)
+{
+    (void)why;
+    __atomic_store_n((int *)arg, 1, __ATOMIC_RELEASE);
+}
+
+/* Waits (up to 15 s: a bound for a loaded machine, not a latency figure)
+ * for *flag. 1 once set. */
+static int wait_flag(int *flag)
+{
+    for (int i = 0; i < 300 && !__atomic_load_n(flag, __ATOMIC_ACQUIRE); i++)
+        tp_sleep_ms(50);
+    return __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+}
+
+/* etcd is a root of trust: deleting the leader record lets a standby win a
+ * new epoch while the old leader's lease is still valid. The old leader
+ * must notice at its next renewal and give the term up (lost()), so there
+ * are never two leaders past one renewal period; overwriting the record
+ * (same key, another value) is the same. */
+TEST(leader_steps_down_when_its_record_is_deleted_or_overwritten)
+{
+    tp_etcd srv;
+    int skipped;
+    kvp_etcd *e = up(&srv, &skipped);
+    if (!e)
+        return;
+    char url[128], err[200] = "";
+    snprintf(url, sizeof url, "etcd://%s/test", srv.addr);
+    kvp_etcd_target t;
+    kvp_leader *a = NULL, *b = NULL;
+    int lost_a = 0, lost_b = 0;
+    int ok = 0;
+    do {
+        if (kvp_etcd_parse_url(url, &t, err, sizeof err) != 0 ||
+            kvp_leader_open(&t, 3, "127.0.0.1:1", 0xa, &a, err, sizeof err) != 0 ||
+            kvp_leader_open(&t, 3, "127.0.0.1:2", 0xb, &b, err, sizeof err) != 0)
+            break;
+        if (kvp_leader_campaign(a, NULL, NULL) != 0 ||
+            kvp_leader_start_keepalive(a, on_lost, NULL, &lost_a) != 0)
+            break;
+        uint64_t ea = kvp_leader_epoch(a);
+        /* two renewals with the record intact: still the leader */
+        tp_sleep_ms(2500);
+        if (__atomic_load_n(&lost_a, __ATOMIC_ACQUIRE)) {
+            th_fail(__FILE__, __LINE__, "the leader stepped down with its record intact");
+            break;
+        }
+        if (kvp_etcd_delete(e, "/kvpool/test/leader") != 0)
+            break;
+        /* the standby wins a new epoch; the old leader steps down */
+        if (kvp_leader_campaign(b, NULL, NULL) != 0 || kvp_leader_epoch(b) <= ea)
+            break;
+        if (!wait_flag(&lost_a)) {
+            th_fail(__FILE__, __LINE__, "the old leader kept its term: two leaders");
+            break;
+        }
+        if (kvp_leader_start_keepalive(b, on_lost, NULL, &lost_b) != 0)
+            break;
+        /* an overwrite under another lease (same key) */
+        uint64_t lease = 0;
+        const char *forged = "{\"addr\":\"10.9.9.9:1\",\"id\":\"00000000000000ee\"}";
+        if (kvp_etcd_lease_grant(e, 30, &lease) != 0 ||
+            kvp_etcd_put(e, "/kvpool/test/leader", forged, strlen(forged), lease, NULL) != 0)
+            break;
+        if (!wait_flag(&lost_b)) {
+            th_fail(__FILE__, __LINE__, "the leader kept its term under a forged record");
+            break;
+        }
+        ok = 1;
+    } while (0);
+    if (!ok)
+        th_fail(__FILE__, __LINE__, "leader step-down sequence: %s / %s", err,
+                kvp_etcd_last_error(e));
+    kvp_leader_close(a);
+    kvp_leader_close(b);
+    kvp_etcd_close(e);
     tp_etcd_stop(&srv);
 }
