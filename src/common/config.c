@@ -112,6 +112,10 @@ static const struct key_def keys[] = {
              "its token, and a session holding one reaches only that tenant"},
     {.name = "insecure", .roles = R_M | R_N, .type = KT_BOOL, F_INT(insecure), .def = "false",
      .help = "allow listening on a non-loopback address without any credential"},
+    {.name = "ucx_insecure", .roles = R_M, .type = KT_BOOL, F_INT(ucx_insecure), .def = "false",
+     .help = "master: accept storage nodes offering the ucx transport while tenant_tokens_file "
+             "protects tenants (a node's UCX remote key reads and writes every tenant's bytes "
+             "in its segment)"},
     {.name = "max_master_memory", .roles = R_M, .type = KT_SIZE, F_U64(max_master_memory), .min = 1 * MIB_,
      .max = UINT64_MAX, .def = "4GiB",
      .help = "master: metadata memory; past it puts evict or are refused (-200)"},

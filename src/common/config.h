@@ -44,6 +44,8 @@ typedef struct kvp_config {
     char tenant_token_file[256];  /* "tenant_token_file" */
     char tenant_tokens_file[256]; /* "tenant_tokens_file": master: "TENANT TOKEN" lines */
     int insecure;                 /* "insecure": listen beyond loopback with no credential */
+    int ucx_insecure;             /* "ucx_insecure": master: ucx nodes while tenants are
+                                     protected (a remote key exposes every tenant) */
     uint64_t node_max_connections; /* "node_max_connections": segment server (4096) */
     uint64_t idle_timeout_ms;     /* "idle_timeout": segment server idle connections (5 min) */
     uint64_t stall_timeout_ms;    /* "stall_timeout": segment server stalled frames (30 s) */

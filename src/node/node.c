@@ -322,10 +322,20 @@ static int link_mount(kvp_node *n, char *err, size_t errlen)
     if (rc == 0)
         rc = r.n == 1 ? r.codes[0] : KVP_EPROTOCOL;
     kvp_arena_free(&a);
+    if (rc == KVP_ENOT_SUPPORTED && n->ucx) {
+        kvp_segserver_ucx_open(n->srv, 0);
+        snprintf(err, errlen, "MOUNT_SEGMENT refused: the master protects tenants "
+                              "(tenant_tokens_file) and a ucx node's remote key would expose "
+                              "every tenant's bytes; use protocol tcp, or set key "
+                              "\"ucx_insecure\" on the master to accept that");
+        return rc;
+    }
     if (rc) {
         snprintf(err, errlen, "MOUNT_SEGMENT: %s", kvp_strerror(rc));
         return rc;
     }
+    if (n->ucx) /* a master accepted the ucx endpoint: the rkey may go out */
+        kvp_segserver_ucx_open(n->srv, 1);
     set_mounted(n, 1);
     n->remount = 1;
     KVP_INFO(MOD, "segment %016llx (%s, %llu MiB) mounted at master %s",

@@ -14,7 +14,9 @@
  * which lands (an rkey covers the whole segment: docs/SECURITY.md) and is
  * caught by the reader's checksum -- an error, never the bytes -- while
  * the same write over tcp is refused by the node; a node without the
- * transport (tcp used instead).
+ * transport (tcp used instead); ucx refused while tenants are protected
+ * (tenant_tokens_file), at the master's and the node's start, unless the
+ * master's ucx_insecure accepts it.
  *
  * Skips, with the reason, where UCX cannot be loaded.
  */
@@ -33,6 +35,7 @@
 #include "net/rpc.h"
 #include "proc.h"
 #include "proto/proto.h"
+#include "tenant_peer.h"
 
 #define MiB (1024ull * 1024)
 
@@ -472,4 +475,54 @@ TEST(node_without_ucx_still_serves)
     CHECK(ok);
     CHECK_EQ(moved[KVP_PATH_UCX], 0);
     CHECK_EQ(moved[KVP_PATH_SHM], round_trip_bytes()); /* this host's node */
+}
+
+/* ------------------------------------------- tenants protected: no ucx */
+
+/*
+ * A ucx node's remote key reads every byte of its segment, every tenant's:
+ * where 8c1f0e2 let a cluster-token holder attach over UCX and read other
+ * tenants' values, a master with tenant_tokens_file now refuses the ucx
+ * transport (kvpool serve: at start; a separate `kvpool store --protocol
+ * ucx`: its mount, so the node does not start and never hands out the
+ * rkey), each naming the key that would accept it; with ucx_insecure on
+ * the master the node mounts.
+ */
+TEST(ucx_refused_while_tenants_are_protected)
+{
+    if (ucx_or_skip())
+        return;
+    char tpath[] = "/tmp/kvp-ucx-tenants-XXXXXX";
+    CHECK_EQ(tq_write_secret(tpath, "alice tok-alice-0123456789\nbob tok-bob-0123456789\n"), 0);
+    setenv("KVPOOL_NODE_TOKEN", "node-secret-0123456789", 1);
+    setenv("UCX_TLS", "tcp", 1);
+    static char out[16384];
+    /* kvpool serve: its own node would offer ucx */
+    const char *const serve[] = {tp_kvpool_bin(), "serve", "--listen", "127.0.0.1:0",
+                                 "--segment-size", "64MiB", "--tenant-tokens-file", tpath,
+                                 "--protocol", "ucx", NULL};
+    int st = tp_run_capture(serve, 2, out, sizeof out, 15000);
+    CHECK(st > 0 && st < 128);
+    CHECK(strstr(out, "ucx_insecure") != NULL);
+    /* a master protecting tenants and a separate ucx node */
+    tp_master m;
+    CHECK_EQ(tp_master_start(&m, (const char *const[]){"--tenant-tokens-file", tpath, NULL}), 0);
+    const char *const store[] = {tp_kvpool_bin(), "store", "--master", m.addr,
+                                 "--segment-size", "64MiB", "--listen", "127.0.0.1:0",
+                                 "--protocol", "ucx", NULL};
+    st = tp_run_capture(store, 2, out, sizeof out, 15000);
+    CHECK(st > 0 && st < 128);
+    CHECK(strstr(out, "ucx_insecure") != NULL);
+    CHECK_EQ(tp_master_segments(m.addr), 0);
+    CHECK_EQ(tp_master_stop(&m), 0);
+    /* the explicit opt-in */
+    CHECK_EQ(tp_master_start(&m, (const char *const[]){"--tenant-tokens-file", tpath,
+                                                       "--ucx-insecure", NULL}),
+             0);
+    tp_store s = {0};
+    CHECK_EQ(tp_store_start(&s, m.addr, (const char *const[]){"--protocol", "ucx", NULL}), 0);
+    tp_store_kill(&s);
+    CHECK_EQ(tp_master_stop(&m), 0);
+    unsetenv("KVPOOL_NODE_TOKEN");
+    unlink(tpath);
 }
