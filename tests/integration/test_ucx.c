@@ -16,7 +16,8 @@
  * the same write over tcp is refused by the node; a node without the
  * transport (tcp used instead); ucx refused while tenants are protected
  * (tenant_tokens_file), at the master's and the node's start, unless the
- * master's ucx_insecure accepts it.
+ * master's ucx_insecure accepts it; with no credential, every socket a ucx
+ * node listens on (its own and UCX's) is bound to loopback.
  *
  * Skips, with the reason, where UCX cannot be loaded.
  */
@@ -24,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "client/xfer.h"
@@ -525,4 +527,90 @@ TEST(ucx_refused_while_tenants_are_protected)
     CHECK_EQ(tp_master_stop(&m), 0);
     unsetenv("KVPOOL_NODE_TOKEN");
     unlink(tpath);
+}
+
+/* ------------------------------------------- no credential: loopback */
+
+/* Is socket inode `ino` one of pid's descriptors? */
+static int pid_has_socket(pid_t pid, unsigned long ino)
+{
+    char dir[64], path[320], link[64], want[64];
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    snprintf(want, sizeof want, "socket:[%lu]", ino);
+    DIR *d = opendir(dir);
+    int hit = 0;
+    for (struct dirent *e; d && !hit && (e = readdir(d));) {
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n > 0) {
+            link[n] = 0;
+            hit = !strcmp(link, want);
+        }
+    }
+    if (d)
+        closedir(d);
+    return hit;
+}
+
+/* pid's listening TCP sockets from /proc/PID/net/tcp and tcp6: *nloop
+ * bound to loopback (127.0.0.0/8, ::1), *nother to anything else (the
+ * first of them into other). */
+static void listen_sockets(pid_t pid, int *nloop, int *nother, char *other, size_t olen)
+{
+    *nloop = *nother = 0;
+    other[0] = 0;
+    for (int v6 = 0; v6 < 2; v6++) {
+        char path[64], line[512];
+        snprintf(path, sizeof path, "/proc/%d/net/tcp%s", (int)pid, v6 ? "6" : "");
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        while (fgets(line, sizeof line, f)) {
+            char local[64];
+            unsigned st;
+            unsigned long ino;
+            if (sscanf(line, " %*d: %63s %*s %x %*s %*s %*s %*s %*s %lu", local, &st, &ino) != 3 ||
+                st != 0x0A || !pid_has_socket(pid, ino))
+                continue;
+            int loop = v6 ? !strncmp(local, "00000000000000000000000001000000:", 33)
+                          : !strncmp(local + 6, "7F:", 3); /* little-endian 127.x.x.x */
+            if (loop) {
+                (*nloop)++;
+            } else if (!(*nother)++) {
+                snprintf(other, olen, "%s", local);
+            }
+        }
+        fclose(f);
+    }
+}
+
+/*
+ * The loopback-only rule (docs/SECURITY.md) covers UCX's own listeners: a
+ * `--protocol ucx` node with no credential listened, through UCX's TCP
+ * transport, on every interface's address (eth0's included), where any
+ * host could reach the segment's rkey users. Now UCX is limited to the
+ * listen address's device (lo), and transfers over it still work.
+ */
+TEST(ucx_listens_on_loopback_only_without_a_credential)
+{
+    env e;
+    if (ucx_env(&e, "tcp", "ucx") != 0)
+        return;
+    int nloop = 0, nother = 0;
+    char other[64];
+    listen_sockets(e.st[0].pid, &nloop, &nother, other, sizeof other);
+    printf("  node %d: %d loopback listeners, %d others (%s)\n", (int)e.st[0].pid, nloop, nother,
+           other);
+    kvp_client *c = client_open(e.m.addr);
+    int ok = c && round_trips(c, "lo");
+    uint64_t moved[KVP_NPATHS] = {0};
+    if (c) {
+        path_bytes(c, moved);
+        kvp_client_close(c);
+    }
+    env_down(&e);
+    CHECK(nloop >= 2); /* the segment server and UCX's tcp transport */
+    CHECK_EQ(nother, 0);
+    CHECK(ok);
+    CHECK(moved[KVP_PATH_UCX] > 0);
 }
