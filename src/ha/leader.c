@@ -348,6 +348,10 @@ int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
         }
         if (rc == KVP_ELEASE_EXPIRED)
             l->lease = 0, l->member_put = 0;
+        if (rc == KVP_EAUTH) { /* a wrong password does not get better by retrying */
+            KVP_ERROR(MOD, "cluster %s: %s", l->t.cluster, kvp_etcd_last_error(l->e));
+            return KVP_EAUTH;
+        }
         if (rc) {
             uint64_t now = kvp_now_ms();
             if (now - last_warn > 5000) {

@@ -64,8 +64,9 @@ int kvp_leader_cluster(const char *url, kvp_leader_info *leader, int *has_leader
  * asked for). */
 int kvp_leader_open(const kvp_etcd_target *t, int64_t ttl_s, const char *addr, uint64_t id,
                     kvp_leader **out, char *err, size_t errlen);
-/* Blocks until this candidate won (0) or stop() returns non-zero
- * (KVP_ECLOSED); etcd being unreachable is retried (and logged). */
+/* Blocks until this candidate won (0), stop() returns non-zero
+ * (KVP_ECLOSED) or etcd refused the credentials (KVP_EAUTH, logged); etcd
+ * being unreachable is retried (and logged). */
 int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg);
 /* Before campaigning: once a leader seen by this campaign is gone, while
  * defer(arg) is true (not ready to lead: e.g. its copy of the index is not
