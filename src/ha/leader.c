@@ -429,10 +429,12 @@ static void *keepalive_main(void *arg)
             int rc = kvp_etcd_lease_keepalive(l->ka, l->lease, &ttl);
             if (rc == 0) {
                 last_ok = now; /* the renewal was sent at now or later */
-                __atomic_store_n(&l->valid_until, now + limit, __ATOMIC_RELEASE);
                 why = check_record(l, buf, sizeof buf);
-                if (!why && l->renewed)
-                    l->renewed(l->arg, now + limit);
+                if (!why) { /* the term's deadline moves only while the record is ours */
+                    __atomic_store_n(&l->valid_until, now + limit, __ATOMIC_RELEASE);
+                    if (l->renewed)
+                        l->renewed(l->arg, now + limit);
+                }
                 /* the next renewal counts from this one, not from the check */
                 uint64_t spent = kvp_now_ms() - now;
                 wait = spent < every ? every - spent : 0;
