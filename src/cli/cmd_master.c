@@ -161,6 +161,11 @@ static int elect(const kvp_config *cfg, kvp_mserver *s, kvp_leader **out, kvp_fo
     if (rc != 0) {
         kvp_follow_stop(f);
         kvp_leader_close(l);
+        if (rc == KVP_EAUTH) {
+            fprintf(stderr, "kvpool master: etcd refused the credentials (keys etcd_user, "
+                            "etcd_password_file)\n");
+            return 2;
+        }
         return -1;
     }
     *out = l;

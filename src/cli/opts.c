@@ -507,7 +507,9 @@ int kvp_cli_parse_for(int argc, char **argv, unsigned roles, kvp_config *cfg,
     if (apply_all(argc, argv, cfg, roles, own, own_vals, npos) != 0)
         return -1;
     if (kvp_config_validate(cfg, err, sizeof err) != 0 ||
-        kvp_secret_resolve(cfg, err, sizeof err) != 0) {
+        kvp_secret_resolve(cfg, err, sizeof err) != 0 ||
+        kvp_etcd_auth_configure(cfg->etcd_user, cfg->etcd_password_file, cfg->etcd_cacert,
+                                cfg->etcd_cert, cfg->etcd_key, err, sizeof err) != 0) {
         fprintf(stderr, "kvpool %s: %s\n", argv[0], err);
         return -1;
     }

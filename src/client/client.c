@@ -47,6 +47,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/secret.h"
+#include "ha/etcd.h"
 #include "node/segment.h"
 #include "proto/proto.h"
 
@@ -628,6 +629,11 @@ static int client_open(const char *config, const kvp_config *cfg, kvp_client **o
         kvp_config_apply_log_level(&c->cfg);
     if (rc == 0)
         rc = kvp_secret_resolve(&c->cfg, err, errlen);
+    /* etcd credentials are the process's (ha/etcd.h): set only when given */
+    if (rc == 0 && (c->cfg.etcd_user[0] || c->cfg.etcd_cacert[0]))
+        rc = kvp_etcd_auth_configure(c->cfg.etcd_user, c->cfg.etcd_password_file,
+                                     c->cfg.etcd_cacert, c->cfg.etcd_cert, c->cfg.etcd_key, err,
+                                     errlen);
     if (rc) {
         client_free(c);
         return rc;

@@ -57,7 +57,7 @@ int kvp_cucx_create(kvp_cucx **out, char *err, size_t errlen)
     kvp_cucx *u = kvp_calloc(1, sizeof *u);
     if (!u)
         return KVP_ENOMEM;
-    int rc = kvp_ucx_context(1, &u->ctx, err, errlen);
+    int rc = kvp_ucx_context(1, NULL, &u->ctx, err, errlen);
     if (!rc && (rc = kvp_ucx_worker(u->ctx, UCS_THREAD_MODE_SERIALIZED, &u->worker, err,
                                     errlen)) != 0) {
         kvp_ucx.cleanup(u->ctx);

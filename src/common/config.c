@@ -112,6 +112,10 @@ static const struct key_def keys[] = {
              "its token, and a session holding one reaches only that tenant"},
     {.name = "insecure", .roles = R_M | R_N, .type = KT_BOOL, F_INT(insecure), .def = "false",
      .help = "allow listening on a non-loopback address without any credential"},
+    {.name = "ucx_insecure", .roles = R_M, .type = KT_BOOL, F_INT(ucx_insecure), .def = "false",
+     .help = "master: accept storage nodes offering the ucx transport while tenant_tokens_file "
+             "protects tenants (a node's UCX remote key reads and writes every tenant's bytes "
+             "in its segment)"},
     {.name = "max_master_memory", .roles = R_M, .type = KT_SIZE, F_U64(max_master_memory), .min = 1 * MIB_,
      .max = UINT64_MAX, .def = "4GiB",
      .help = "master: metadata memory; past it puts evict or are refused (-200)"},
@@ -187,6 +191,19 @@ static const struct key_def keys[] = {
      .help = "master: etcd endpoints (http://HOST:PORT[,...] or etcd://HOST:PORT[,...]/CLUSTER) "
              "of a cluster of masters: one is elected leader and serves, the others stand by; "
              "clients and nodes then name the master etcd://HOST:PORT/CLUSTER"},
+    {.name = "etcd_user", .roles = R_M | R_N | R_C, .type = KT_STRING, F_STR(etcd_user), .def = "",
+     .help = "etcd with authentication: the user (masters, and clients and nodes naming the "
+             "master etcd://...); the password comes from etcd_password_file"},
+    {.name = "etcd_password_file", .roles = R_M | R_N | R_C, .type = KT_STRING,
+     F_STR(etcd_password_file), .def = "",
+     .help = "file holding etcd_user's password (one line, not readable by other users)"},
+    {.name = "etcd_cacert", .roles = R_M | R_N | R_C, .type = KT_STRING, F_STR(etcd_cacert),
+     .def = "", .help = "CA file (PEM): etcd is reached over https:// and its certificate "
+                        "verified against this CA (etcd:// addresses included)"},
+    {.name = "etcd_cert", .roles = R_M | R_N | R_C, .type = KT_STRING, F_STR(etcd_cert), .def = "",
+     .help = "client certificate (PEM) presented to etcd over https (with etcd_key)"},
+    {.name = "etcd_key", .roles = R_M | R_N | R_C, .type = KT_STRING, F_STR(etcd_key), .def = "",
+     .help = "private key (PEM) of etcd_cert"},
     {.name = "cluster", .roles = R_M, .type = KT_STRING, F_STR(cluster), .def = "default",
      .help = "master with etcd: the cluster's name (letters, digits, '.', '_', '-')"},
     {.name = "advertise", .roles = R_M, .type = KT_STRING, F_STR(advertise), .def = "",

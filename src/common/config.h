@@ -25,6 +25,11 @@ typedef struct kvp_config {
     /* ---- master ---- */
     char listen[256];             /* "listen": master address host:port (127.0.0.1:50051) */
     char etcd[1024];              /* "etcd": etcd endpoints of a cluster of masters ("" = alone) */
+    char etcd_user[128];          /* "etcd_user": etcd authentication ("" = none) */
+    char etcd_password_file[256]; /* "etcd_password_file": its password (a secret file) */
+    char etcd_cacert[256];        /* "etcd_cacert": https to etcd, verified against this CA */
+    char etcd_cert[256];          /* "etcd_cert": client certificate for etcd (PEM) */
+    char etcd_key[256];           /* "etcd_key": its private key (PEM) */
     char cluster[65];             /* "cluster": the cluster's name in etcd ("default") */
     char advertise[256];          /* "advertise": the address a leader publishes ("" = listen) */
     uint64_t ha_lease_ttl_ms;     /* "ha_lease_ttl" (ms): the leader's etcd lease, 2 s */
@@ -47,6 +52,8 @@ typedef struct kvp_config {
     char tenant_token_file[256];  /* "tenant_token_file" */
     char tenant_tokens_file[256]; /* "tenant_tokens_file": master: "TENANT TOKEN" lines */
     int insecure;                 /* "insecure": listen beyond loopback with no credential */
+    int ucx_insecure;             /* "ucx_insecure": master: ucx nodes while tenants are
+                                     protected (a remote key exposes every tenant) */
     uint64_t node_max_connections; /* "node_max_connections": segment server (4096) */
     uint64_t idle_timeout_ms;     /* "idle_timeout": segment server idle connections (5 min) */
     uint64_t stall_timeout_ms;    /* "stall_timeout": segment server stalled frames (30 s) */

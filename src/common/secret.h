@@ -12,7 +12,8 @@
  * Each is taken from its config key, else from its *_file key (a file
  * other users cannot read; one line), else from the environment
  * ($KVPOOL_CLUSTER_TOKEN, $KVPOOL_NODE_TOKEN, $KVPOOL_TENANT_TOKEN): never
- * from a command-line flag, which every user sees in ps.
+ * from a command-line flag, which every user sees in ps. etcd's password
+ * (etcd_password_file, ha/etcd.h) is read by the same file rule.
  */
 #ifndef KVP_SECRET_H
 #define KVP_SECRET_H

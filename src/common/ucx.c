@@ -3,7 +3,11 @@
  */
 #include "common/ucx.h"
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -12,6 +16,7 @@
 #include <time.h>
 
 #include "kvpool.h"
+#include "net/net.h"
 
 kvp_ucx_api kvp_ucx;
 
@@ -42,6 +47,7 @@ static void load(void)
 #define S(f, s) {(void **)&kvp_ucx.f, s, h}
         S(config_read, "ucp_config_read"),
         S(config_release, "ucp_config_release"),
+        S(config_modify, "ucp_config_modify"),
         S(init_version, "ucp_init_version"),
         S(cleanup, "ucp_cleanup"),
         S(worker_create, "ucp_worker_create"),
@@ -88,7 +94,8 @@ int kvp_ucx_load(char *err, size_t errlen)
     return 0;
 }
 
-int kvp_ucx_context(int mt, ucp_context_h *out, char *err, size_t errlen)
+int kvp_ucx_context(int mt, const char *net_devices, ucp_context_h *out, char *err,
+                    size_t errlen)
 {
     int rc = kvp_ucx_load(err, errlen);
     if (rc)
@@ -97,6 +104,12 @@ int kvp_ucx_context(int mt, ucp_context_h *out, char *err, size_t errlen)
     ucs_status_t st = kvp_ucx.config_read(NULL, NULL, &cfg);
     if (st != UCS_OK) {
         snprintf(err, errlen, "ucp_config_read: %s", kvp_ucx.status_string(st));
+        return KVP_ENOT_SUPPORTED;
+    }
+    if (net_devices && *net_devices &&
+        (st = kvp_ucx.config_modify(cfg, "NET_DEVICES", net_devices)) != UCS_OK) {
+        kvp_ucx.config_release(cfg);
+        snprintf(err, errlen, "UCX NET_DEVICES=%s: %s", net_devices, kvp_ucx.status_string(st));
         return KVP_ENOT_SUPPORTED;
     }
     ucp_params_t p = {0};
@@ -139,6 +152,65 @@ int kvp_ucx_worker(ucp_context_h ctx, ucs_thread_mode_t mode, ucp_worker_h *out,
     if (st != UCS_OK) {
         snprintf(err, errlen, "ucp_worker_create: %s", kvp_ucx.status_string(st));
         return KVP_ENOT_SUPPORTED;
+    }
+    return 0;
+}
+
+/* The name of the interface whose flags have IFF_LOOPBACK, or of the one
+ * carrying the address in `want` (family AF_INET / AF_INET6), into out.
+ * 1 when found. */
+static int find_iface(const struct ifaddrs *ifs, int loopback, int family, const void *want,
+                      char *out, size_t outlen)
+{
+    for (const struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_name || !i->ifa_addr)
+            continue;
+        int hit = 0;
+        if (loopback)
+            hit = (i->ifa_flags & IFF_LOOPBACK) != 0;
+        else if (family == AF_INET && i->ifa_addr->sa_family == AF_INET)
+            hit = !memcmp(&((const struct sockaddr_in *)(const void *)i->ifa_addr)->sin_addr,
+                          want, 4);
+        else if (family == AF_INET6 && i->ifa_addr->sa_family == AF_INET6)
+            hit = !memcmp(&((const struct sockaddr_in6 *)(const void *)i->ifa_addr)->sin6_addr,
+                          want, 16);
+        if (hit && strlen(i->ifa_name) < outlen) {
+            snprintf(out, outlen, "%s", i->ifa_name);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int kvp_ucx_net_devices(const char *host, int loopback_only, char *out, size_t outlen, char *err,
+                        size_t errlen)
+{
+    out[0] = 0;
+    unsigned char a[16];
+    int family = 0;
+    if (inet_pton(AF_INET, host, a) == 1)
+        family = AF_INET;
+    else if (inet_pton(AF_INET6, host, a) == 1)
+        family = AF_INET6;
+    int loop = loopback_only || kvp_net_is_loopback(host);
+    int wild = (family == AF_INET && !memcmp(a, "\0\0\0\0", 4)) ||
+               (family == AF_INET6 && !memcmp(a, &in6addr_any, 16));
+    if (!loop && (!family || wild))
+        return 0; /* a name or a wildcard: UCX's environment */
+    const char *env = getenv("UCX_NET_DEVICES");
+    if (!loop && env && *env)
+        return 0; /* the operator named the devices (RDMA ones included) */
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0) {
+        snprintf(err, errlen, "getifaddrs failed: cannot bind UCX to %s's interface", host);
+        return KVP_ECONFIG;
+    }
+    int found = find_iface(ifs, loop, family, a, out, outlen);
+    freeifaddrs(ifs);
+    if (!found) {
+        snprintf(err, errlen, "no interface of this host carries %s%s: cannot bind UCX to it",
+                 loop ? "a loopback address" : host, loop ? " (loopback)" : "");
+        return KVP_ECONFIG;
     }
     return 0;
 }

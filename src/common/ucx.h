@@ -22,6 +22,7 @@
 typedef struct kvp_ucx_api {
     ucs_status_t (*config_read)(const char *, const char *, ucp_config_t **);
     void (*config_release)(ucp_config_t *);
+    ucs_status_t (*config_modify)(ucp_config_t *, const char *, const char *);
     ucs_status_t (*init_version)(unsigned, unsigned, const ucp_params_t *, const ucp_config_t *,
                                  ucp_context_h *);
     void (*cleanup)(ucp_context_h);
@@ -58,10 +59,28 @@ extern kvp_ucx_api kvp_ucx;
 int kvp_ucx_load(char *err, size_t errlen);
 
 /* A UCP context with RMA (mt: shared by threads), from UCX's environment.
- * No wakeup feature: it would exclude UCX's shared-memory transports, so
- * whoever waits on a worker polls it, backing off with kvp_ucx_idle. 0 or
- * KVP_ENOT_SUPPORTED (reason in err). */
-int kvp_ucx_context(int mt, ucp_context_h *out, char *err, size_t errlen);
+ * net_devices (NULL = UCX's environment, UCX_NET_DEVICES) overrides the
+ * network devices UCX may use, and so where its TCP transport listens:
+ * "lo" keeps it on loopback (kvp_ucx_net_devices). No wakeup feature: it
+ * would exclude UCX's shared-memory transports, so whoever waits on a
+ * worker polls it, backing off with kvp_ucx_idle. 0 or KVP_ENOT_SUPPORTED
+ * (reason in err). */
+int kvp_ucx_context(int mt, const char *net_devices, ucp_context_h *out, char *err,
+                    size_t errlen);
+
+/*
+ * The network devices a listener's UCX may use, from the host it listens
+ * on (an IP address, numeric), into out:
+ *   - loopback (127.0.0.0/8, ::1), or loopback_only (no credential: the
+ *     loopback-only rule of common/secret.h): the loopback interface ("lo");
+ *   - an address of this host's: the interface that carries it (a
+ *     UCX_NET_DEVICES of the operator's own wins: RDMA devices have names
+ *     of their own, "mlx5_0:1", which no IP address maps to);
+ *   - a wildcard (0.0.0.0, ::) or a name: "" (UCX's environment decides).
+ * 0, or KVP_ECONFIG (err says why: an address no interface here carries).
+ */
+int kvp_ucx_net_devices(const char *host, int loopback_only, char *out, size_t outlen, char *err,
+                        size_t errlen);
 
 /* A worker of ctx in `mode` (UCS_THREAD_MODE_*). 0 or KVP_ENOT_SUPPORTED. */
 int kvp_ucx_worker(ucp_context_h ctx, ucs_thread_mode_t mode, ucp_worker_h *out, char *err,

@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/log.h"
+#include "common/secret.h"
 #include "common/mem.h"
 #include "kvpool.h"
 
@@ -66,11 +68,91 @@ int kvp_etcd_cluster_ok(const char *name, size_t n)
     return 1;
 }
 
+/* ----------------------------------------------------- credentials */
+
+static pthread_mutex_t auth_mu = PTHREAD_MUTEX_INITIALIZER;
+static kvp_etcd_auth auth_cur; /* under auth_mu */
+
+void kvp_etcd_auth_set(const kvp_etcd_auth *a)
+{
+    pthread_mutex_lock(&auth_mu);
+    if (a)
+        auth_cur = *a;
+    else
+        memset(&auth_cur, 0, sizeof auth_cur);
+    pthread_mutex_unlock(&auth_mu);
+}
+
+/* A file key's value into out: readable, fits. 0 or KVP_ECONFIG. */
+static int file_key(const char *key, const char *path, char *out, size_t cap, char *err,
+                    size_t errlen)
+{
+    if (!path || !*path)
+        return 0;
+    if (strlen(path) >= cap || access(path, R_OK) != 0) {
+        snprintf(err, errlen, "key \"%s\": cannot read %.200s", key, path);
+        return KVP_ECONFIG;
+    }
+    snprintf(out, cap, "%s", path);
+    return 0;
+}
+
+int kvp_etcd_auth_configure(const char *user, const char *password_file, const char *cacert,
+                            const char *cert, const char *key, char *err, size_t errlen)
+{
+    kvp_etcd_auth a;
+    memset(&a, 0, sizeof a);
+    int has_user = user && *user, has_pw = password_file && *password_file;
+    if (has_user != has_pw) {
+        snprintf(err, errlen, "key \"%s\" needs key \"%s\" (etcd authentication)",
+                 has_user ? "etcd_user" : "etcd_password_file",
+                 has_user ? "etcd_password_file" : "etcd_user");
+        return KVP_ECONFIG;
+    }
+    int rc = 0;
+    if (has_user) {
+        if (strlen(user) >= sizeof a.user) {
+            snprintf(err, errlen, "key \"etcd_user\": longer than %zu bytes", sizeof a.user - 1);
+            return KVP_ECONFIG;
+        }
+        snprintf(a.user, sizeof a.user, "%s", user);
+        char why[300];
+        rc = kvp_secret_read_file(password_file, a.password, sizeof a.password, why, sizeof why);
+        if (rc) {
+            snprintf(err, errlen, "key \"etcd_password_file\": %s", why);
+            return KVP_ECONFIG;
+        }
+    }
+    if ((cert && *cert) != (key && *key)) {
+        snprintf(err, errlen, "keys \"etcd_cert\" and \"etcd_key\" go together");
+        rc = KVP_ECONFIG;
+    } else if (cert && *cert && !(cacert && *cacert)) {
+        snprintf(err, errlen, "key \"etcd_cert\" needs key \"etcd_cacert\" (https)");
+        rc = KVP_ECONFIG;
+    }
+    if (!rc)
+        rc = file_key("etcd_cacert", cacert, a.cacert, sizeof a.cacert, err, errlen);
+    if (!rc)
+        rc = file_key("etcd_cert", cert, a.cert, sizeof a.cert, err, errlen);
+    if (!rc)
+        rc = file_key("etcd_key", key, a.key, sizeof a.key, err, errlen);
+    if (!rc)
+        kvp_etcd_auth_set(&a);
+    memset(a.password, 0, sizeof a.password);
+    return rc;
+}
+
+/* ------------------------------------------------------------ endpoints */
+
 static int add_endpoint(kvp_etcd_target *t, const char *p, size_t n, char *err, size_t errlen)
 {
-    if (n > 7 && strncmp(p, "http://", 7) == 0) {
-        p += 7;
-        n -= 7;
+    int https = n > 8 && strncmp(p, "https://", 8) == 0;
+    if (https || (n > 7 && strncmp(p, "http://", 7) == 0)) {
+        if (t->n && https != t->https)
+            return fail(err, errlen, "etcd endpoints mix http:// and https://", NULL);
+        t->https = https;
+        p += 7 + https;
+        n -= 7 + (size_t)https;
     }
     if (n && p[n - 1] == '/')
         n--;
@@ -104,7 +186,7 @@ int kvp_etcd_parse_url(const char *s, kvp_etcd_target *t, char *err, size_t errl
             return fail(err, errlen, "a cluster name is 1 to 64 letters, digits, '.', '_', '-'",
                         name);
         memcpy(t->cluster, name, nl);
-    } else if (strncmp(s, "http://", 7) == 0) {
+    } else if (strncmp(s, "http://", 7) == 0 || strncmp(s, "https://", 8) == 0) {
         end = s + strlen(s);
         strcpy(t->cluster, "default");
     } else {
@@ -122,6 +204,11 @@ int kvp_etcd_parse_url(const char *s, kvp_etcd_target *t, char *err, size_t errl
     }
     if (t->n == 0)
         return fail(err, errlen, "no etcd endpoint", s);
+    pthread_mutex_lock(&auth_mu);
+    t->auth = auth_cur;
+    pthread_mutex_unlock(&auth_mu);
+    if (kvp_etcd_is_url(s) && t->auth.cacert[0])
+        t->https = 1; /* etcd:// with a CA: the cluster's etcd speaks TLS */
     return 0;
 }
 
@@ -282,10 +369,28 @@ static int parse_txn(json_t *root, kvp_etcd_answer *a, uint8_t *val, size_t cap)
     return rr ? parse_range(rr, a, val, cap) : 0;
 }
 
+/* {"token": "..."}: 1..KVP_ETCD_MAX_TOKEN bytes of 0x21..0x7e into a->token. */
+static int parse_token(json_t *obj, kvp_etcd_answer *a)
+{
+    json_t *t = json_object_get(obj, "token");
+    if (!json_is_string(t))
+        return KVP_EPROTOCOL;
+    size_t n = json_string_length(t);
+    const char *s = json_string_value(t);
+    if (n == 0 || n > KVP_ETCD_MAX_TOKEN)
+        return KVP_EPROTOCOL;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x21 || (unsigned char)s[i] > 0x7e)
+            return KVP_EPROTOCOL;
+    memcpy(a->token, s, n);
+    a->token[n] = '\0';
+    return 0;
+}
+
 int kvp_etcd_parse(const char *body, size_t len, int kind, kvp_etcd_answer *a, uint8_t *val,
                    size_t cap)
 {
-    if (!body || !a || kind < KVP_ETCD_ANS_PLAIN || kind > KVP_ETCD_ANS_KEEPALIVE)
+    if (!body || !a || kind < KVP_ETCD_ANS_PLAIN || kind > KVP_ETCD_ANS_AUTH)
         return KVP_EINVALID_PARAMS;
     memset(a, 0, sizeof *a);
     json_error_t je;
@@ -334,6 +439,9 @@ int kvp_etcd_parse(const char *body, size_t len, int kind, kvp_etcd_answer *a, u
         rc = kind == KVP_ETCD_ANS_GRANT && (a->lease_id == 0 || a->ttl <= 0) ? KVP_EPROTOCOL : 0;
         break;
     }
+    case KVP_ETCD_ANS_AUTH: /* the token goes into an HTTP header: no byte outside 0x21..0x7e */
+        rc = parse_token(obj, a);
+        break;
     default:
         rc = 0;
     }
@@ -432,7 +540,9 @@ struct kvp_etcd {
     int timeout_ms;
     pthread_mutex_t lock;
     CURL *curl;
-    struct curl_slist *hdrs;
+    struct curl_slist *hdrs;  /* Content-Type */
+    struct curl_slist *ahdrs; /* Content-Type and Authorization: the token, NULL = none */
+    int authed;               /* calls go with ahdrs (0: no token yet, or etcd dropped it) */
     char *ans; /* the answer being received (KVP_ETCD_MAX_ANSWER + 1) */
     size_t ans_len;
     int ans_over;
@@ -462,6 +572,11 @@ int kvp_etcd_open(const kvp_etcd_target *t, int timeout_ms, kvp_etcd **out)
         KVP_ERROR(MOD, "%s", C.why);
         return KVP_ENOT_SUPPORTED;
     }
+    if (t->https && !t->auth.cacert[0]) {
+        KVP_ERROR(MOD, "https:// etcd endpoints need key \"etcd_cacert\" (the CA that signed "
+                       "etcd's certificate)");
+        return KVP_EINVALID_PARAMS;
+    }
     kvp_etcd *e = kvp_calloc(1, sizeof *e);
     if (!e)
         return KVP_ENOMEM;
@@ -487,8 +602,11 @@ void kvp_etcd_close(kvp_etcd *e)
         C.easy_cleanup(e->curl);
     if (e->hdrs)
         C.slist_free_all(e->hdrs);
+    if (e->ahdrs)
+        C.slist_free_all(e->ahdrs);
     pthread_mutex_destroy(&e->lock);
     kvp_free(e->ans);
+    memset(e->t.auth.password, 0, sizeof e->t.auth.password);
     kvp_free(e);
 }
 
@@ -501,7 +619,8 @@ const char *kvp_etcd_last_error(const kvp_etcd *e) { return e ? e->err : ""; }
 static int post_one(kvp_etcd *e, int i, const char *path, const char *body, long *http)
 {
     char url[KVP_ETCD_MAX_HOST + 64];
-    snprintf(url, sizeof url, "http://%s%s", e->t.endpoints[i], path);
+    snprintf(url, sizeof url, "%s://%s%s", e->t.https ? "https" : "http", e->t.endpoints[i],
+             path);
     CURL *c = e->curl;
     e->ans_len = 0;
     e->ans_over = 0;
@@ -510,14 +629,24 @@ static int post_one(kvp_etcd *e, int i, const char *path, const char *body, long
     C.easy_setopt(c, CURLOPT_POST, 1L);
     C.easy_setopt(c, CURLOPT_POSTFIELDS, body);
     C.easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    C.easy_setopt(c, CURLOPT_HTTPHEADER, e->hdrs);
+    C.easy_setopt(c, CURLOPT_HTTPHEADER, e->authed ? e->ahdrs : e->hdrs);
     C.easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
     C.easy_setopt(c, CURLOPT_WRITEDATA, e);
     C.easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     C.easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)e->timeout_ms);
     C.easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)e->timeout_ms);
     C.easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
-    C.easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http");
+    C.easy_setopt(c, CURLOPT_PROTOCOLS_STR, e->t.https ? "https" : "http");
+    if (e->t.https) { /* verified against the configured CA only */
+        C.easy_setopt(c, CURLOPT_CAINFO, e->t.auth.cacert);
+        C.easy_setopt(c, CURLOPT_CAPATH, (char *)NULL);
+        C.easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L);
+        C.easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L);
+        if (e->t.auth.cert[0]) {
+            C.easy_setopt(c, CURLOPT_SSLCERT, e->t.auth.cert);
+            C.easy_setopt(c, CURLOPT_SSLKEY, e->t.auth.key);
+        }
+    }
     C.easy_setopt(c, CURLOPT_PROXY, ""); /* never through a proxy from the environment */
     CURLcode cc = C.easy_perform(c);
     if (e->ans_over) {
@@ -545,16 +674,22 @@ static int call(kvp_etcd *e, const char *path, json_t *body, int kind, kvp_etcd_
     return call_list(e, path, body, kind, a, val, cap, NULL, NULL);
 }
 
-/* call, and with lf every kv of a successful answer through it (under the
- * handle's lock: the answer buffer is the handle's). */
-static int call_list(kvp_etcd *e, const char *path, json_t *body, int kind, kvp_etcd_answer *a,
-                     uint8_t *val, size_t cap, kvp_etcd_list_fn lf, void *larg)
+/* etcd's auth refusals: an invalid or expired token (16, Unauthenticated),
+ * a denied permission (7), a wrong password or no user (3, with etcd's
+ * words). */
+static int auth_refusal(const kvp_etcd_answer *a)
 {
-    char *txt = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    json_decref(body);
-    if (!txt)
-        return KVP_ENOMEM;
-    pthread_mutex_lock(&e->lock);
+    return a->etcd_code == 16 || a->etcd_code == 7 ||
+           (a->etcd_code == 3 && (strstr(a->message, "authentication failed") ||
+                                  strstr(a->message, "user name is empty") ||
+                                  strstr(a->message, "invalid auth token")));
+}
+
+/* One try of a call over the endpoints (under e->lock; txt: the body). */
+static int call_once(kvp_etcd *e, const char *path, const char *txt, int kind,
+                     kvp_etcd_answer *a, uint8_t *val, size_t cap, kvp_etcd_list_fn lf,
+                     void *larg)
+{
     int rc = KVP_ERPC_FAIL;
     for (int k = 0; k < e->t.n; k++) {
         int i = (e->cur + k) % e->t.n;
@@ -582,6 +717,7 @@ static int call_list(kvp_etcd *e, const char *path, json_t *body, int kind, kvp_
                      a->message, a->etcd_code);
             /* NotFound (5) for a lease: etcd's "requested lease not found" */
             rc = a->etcd_code == 5 && strstr(a->message, "lease") ? KVP_ELEASE_EXPIRED
+                 : auth_refusal(a)                                ? KVP_EAUTH
                                                                   : KVP_ERPC_FAIL;
         } else if (rc == 0 && http != 200) {
             snprintf(e->err, sizeof e->err, "etcd %s: HTTP %ld", e->t.endpoints[i], http);
@@ -592,6 +728,66 @@ static int call_list(kvp_etcd *e, const char *path, json_t *body, int kind, kvp_
                 snprintf(e->err, sizeof e->err, "etcd %s: malformed list", e->t.endpoints[i]);
         }
         break;
+    }
+    return rc;
+}
+
+/* POST /v3/auth/authenticate: e->token, and the Authorization header. */
+static int authenticate(kvp_etcd *e)
+{
+    json_t *b = json_pack("{s:s, s:s}", "name", e->t.auth.user, "password", e->t.auth.password);
+    char *txt = b ? json_dumps(b, JSON_COMPACT) : NULL;
+    json_decref(b);
+    if (!txt)
+        return KVP_ENOMEM;
+    kvp_etcd_answer a;
+    e->authed = 0; /* asked without the old token */
+    int rc = call_once(e, "/v3/auth/authenticate", txt, KVP_ETCD_ANS_AUTH, &a, NULL, 0, NULL,
+                       NULL);
+    memset(txt, 0, strlen(txt));
+    free(txt);
+    if (rc == KVP_EAUTH)
+        snprintf(e->err, sizeof e->err, "etcd %s refused user \"%.100s\": %.100s",
+                 e->t.endpoints[e->cur], e->t.auth.user, a.message);
+    if (rc)
+        return rc;
+    char h[KVP_ETCD_MAX_TOKEN + 32];
+    snprintf(h, sizeof h, "Authorization: %s", a.token);
+    struct curl_slist *n = C.slist_append(NULL, "Content-Type: application/json");
+    struct curl_slist *n2 = n ? C.slist_append(n, h) : NULL;
+    memset(h, 0, sizeof h);
+    memset(a.token, 0, sizeof a.token);
+    if (!n2) {
+        if (n)
+            C.slist_free_all(n);
+        return KVP_ENOMEM;
+    }
+    if (e->ahdrs)
+        C.slist_free_all(e->ahdrs);
+    e->ahdrs = n2;
+    e->authed = 1;
+    return 0;
+}
+
+/* call, and with lf every kv of a successful answer through it (under the
+ * handle's lock: the answer buffer is the handle's). With a user: first
+ * authenticated, and once more when etcd no longer takes the token. */
+static int call_list(kvp_etcd *e, const char *path, json_t *body, int kind, kvp_etcd_answer *a,
+                     uint8_t *val, size_t cap, kvp_etcd_list_fn lf, void *larg)
+{
+    char *txt = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    if (!txt)
+        return KVP_ENOMEM;
+    pthread_mutex_lock(&e->lock);
+    int rc = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (e->t.auth.user[0] && !e->authed && (rc = authenticate(e)) != 0)
+            break;
+        rc = call_once(e, path, txt, kind, a, val, cap, lf, larg);
+        if (rc != KVP_EAUTH || !e->t.auth.user[0] || a->etcd_code != 16)
+            break;
+        e->authed = 0; /* expired or revoked: once more with a new one */
     }
     pthread_mutex_unlock(&e->lock);
     free(txt);

@@ -6,7 +6,18 @@
  * /v3/kv/txn, /v3/kv/deleterange, /v3/lease/grant, /v3/lease/keepalive,
  * /v3/lease/revoke) through libcurl, which is loaded with dlopen at the first
  * kvp_etcd_open: a program that never speaks to etcd neither needs nor loads
- * it (and libkvpool links statically). Only plain http:// endpoints.
+ * it (and libkvpool links statically). Endpoints are http://, or https://
+ * verified against a CA file (etcd_cacert) with an optional client
+ * certificate (etcd_cert, etcd_key).
+ *
+ * Authentication (etcd with `auth enable`): with a user (etcd_user,
+ * password from etcd_password_file) a handle first POSTs
+ * /v3/auth/authenticate {name, password}, then sends the token it got in an
+ * `Authorization` header on every call; when etcd answers that the token is
+ * invalid (expired, revoked: code 16) it authenticates again, once per
+ * call. A refused password or a denied permission is KVP_EAUTH.
+ * Credentials and TLS files are the process's (kvp_etcd_auth_set, from its
+ * configuration at start): every target parsed afterwards carries them.
  *
  * Every answer is untrusted: it is read into a bounded buffer
  * (KVP_ETCD_MAX_ANSWER), parsed by kvp_etcd_parse (pure, fuzzed), and any
@@ -21,7 +32,8 @@
  *
  * Errors: KVP_ERPC_FAIL (no endpoint reachable, an HTTP error, an etcd
  * error answer), KVP_ERPC_TIMEOUT (the last endpoint tried timed out),
- * KVP_EPROTOCOL (a malformed answer), KVP_ELEASE_EXPIRED (the lease is
+ * KVP_EPROTOCOL (a malformed answer), KVP_EAUTH (etcd refused the
+ * credentials or the permission), KVP_ELEASE_EXPIRED (the lease is
  * gone: keepalive or a put under it), KVP_EBUFFER_OVERFLOW (a value larger
  * than the caller's buffer), KVP_EINVALID_PARAMS, KVP_ENOMEM,
  * KVP_ENOT_SUPPORTED (libcurl cannot be loaded: the message names it).
@@ -42,16 +54,41 @@
 #define KVP_ETCD_MAX_KEY 512
 #define KVP_ETCD_MAX_VALUE 65536
 #define KVP_ETCD_MAX_ANSWER (1u << 20)
+#define KVP_ETCD_MAX_TOKEN 1024    /* an auth token: printable ASCII, no space */
 
 typedef struct kvp_etcd kvp_etcd;
 
 /* Where a cluster lives: "etcd://H:P[,H:P...]/NAME" (kvpool's and
  * Mooncake's form; NAME optional in Mooncake's, then "default"), or the
  * endpoint list alone "http://H:P[,http://H:P...]" (cluster "default"). */
+/* The process's etcd credentials and TLS files ("" = not set). */
+typedef struct kvp_etcd_auth {
+    char user[128];      /* "" = no authentication */
+    char password[256];
+    char cacert[256];    /* "" = http; else https, the server verified against it */
+    char cert[256];      /* client certificate and key (PEM), both or neither */
+    char key[256];
+} kvp_etcd_auth;
+
+/* Sets the process's etcd credentials (copied; NULL clears them): every
+ * kvp_etcd_parse_url afterwards carries them into its target. Thread-safe;
+ * meant for the start. */
+void kvp_etcd_auth_set(const kvp_etcd_auth *a);
+
+/* Checks and installs (kvp_etcd_auth_set) the configuration's etcd keys:
+ * a user needs a password file (read with kvp_secret_read_file's checks)
+ * and a password file a user; cert and key go together and need the CA;
+ * every file must be readable. Nothing set: credentials cleared. 0 or
+ * KVP_ECONFIG with a message naming the key. */
+int kvp_etcd_auth_configure(const char *user, const char *password_file, const char *cacert,
+                            const char *cert, const char *key, char *err, size_t errlen);
+
 typedef struct kvp_etcd_target {
     char endpoints[KVP_ETCD_MAX_ENDPOINTS][KVP_ETCD_MAX_HOST + 1];
     int n;
     char cluster[KVP_ETCD_MAX_CLUSTER + 1];
+    int https;          /* https:// endpoints (given so, or etcd:// with auth.cacert) */
+    kvp_etcd_auth auth; /* the process's at parse time */
 } kvp_etcd_target;
 
 /* 1 if name[0..n) is a cluster name: 1..64 of [A-Za-z0-9._-]. */
@@ -75,6 +112,7 @@ enum kvp_etcd_kind {
     KVP_ETCD_ANS_TXN,       /* succeeded; the first response's range, when present */
     KVP_ETCD_ANS_GRANT,     /* ID, TTL */
     KVP_ETCD_ANS_KEEPALIVE, /* result.ID, result.TTL (absent or <= 0: expired) */
+    KVP_ETCD_ANS_AUTH,      /* token (1..KVP_ETCD_MAX_TOKEN bytes of 0x21..0x7e) */
 };
 typedef struct kvp_etcd_answer {
     uint64_t revision; /* header.revision (0 when absent) */
@@ -85,6 +123,7 @@ typedef struct kvp_etcd_answer {
     int64_t ttl;       /* GRANT / KEEPALIVE: seconds; KEEPALIVE <= 0 = expired */
     int etcd_code;     /* an error answer's gRPC code (0 = none) */
     char message[160]; /* an error answer's message, NUL-terminated */
+    char token[KVP_ETCD_MAX_TOKEN + 1]; /* AUTH, NUL-terminated */
 } kvp_etcd_answer;
 
 /* Every kv of a range answer, in order: f(key, klen, value, vlen, kv, arg)

@@ -348,6 +348,10 @@ int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
         }
         if (rc == KVP_ELEASE_EXPIRED)
             l->lease = 0, l->member_put = 0;
+        if (rc == KVP_EAUTH) { /* a wrong password does not get better by retrying */
+            KVP_ERROR(MOD, "cluster %s: %s", l->t.cluster, kvp_etcd_last_error(l->e));
+            return KVP_EAUTH;
+        }
         if (rc) {
             uint64_t now = kvp_now_ms();
             if (now - last_warn > 5000) {
@@ -359,7 +363,38 @@ int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg)
     }
 }
 
-/* Renews every TTL/3 (after a failure: again in 100 ms). The term is given
+/* After a renewal: the leader record must still be this term's (our id,
+ * our epoch). etcd is the root of trust: a record deleted or overwritten
+ * (by an operator, or by whoever holds etcd's write access) lets a standby
+ * win a new epoch while our lease is still valid, so the term is given up
+ * here rather than at the lease's end: no two leaders past one renewal
+ * period. NULL while it is ours, or when etcd could not say (the lease
+ * logic decides then); else the reason, in buf. */
+static const char *check_record(kvp_leader *l, char *buf, size_t len)
+{
+    kvp_leader_info cur;
+    int found = 0;
+    uint64_t lease = 0;
+    int rc = read_record(l->ka, l->key, &cur, &found, &lease);
+    if (rc == KVP_ERPC_FAIL || rc == KVP_ERPC_TIMEOUT) {
+        KVP_WARN(MOD, "leader record check: %s (retrying at the next renewal)",
+                 kvp_etcd_last_error(l->ka));
+        return NULL;
+    }
+    if (rc == 0 && found && cur.id == l->id && cur.epoch == l->epoch && lease == l->lease)
+        return NULL;
+    if (rc)
+        snprintf(buf, len, "the leader record is unreadable (%s)", kvp_strerror(rc));
+    else if (!found)
+        snprintf(buf, len, "the leader record was deleted");
+    else
+        snprintf(buf, len, "the leader record names another term (id %016" PRIx64
+                           ", epoch %" PRIu64 ")", cur.id, cur.epoch);
+    return buf;
+}
+
+/* Renews every TTL/3 (after a failure: again in 100 ms), and after each
+ * renewal checks the leader record (check_record). The term is given
  * up as soon as a renewal could no longer end within 3/4 of the TTL from the
  * last good one: the lease may then lapse before this master stops, and a
  * standby serve beside it. Each renewal is bounded by TTL/4 (the handle's
@@ -394,10 +429,15 @@ static void *keepalive_main(void *arg)
             int rc = kvp_etcd_lease_keepalive(l->ka, l->lease, &ttl);
             if (rc == 0) {
                 last_ok = now; /* the renewal was sent at now or later */
-                wait = every;
-                __atomic_store_n(&l->valid_until, now + limit, __ATOMIC_RELEASE);
-                if (l->renewed)
-                    l->renewed(l->arg, now + limit);
+                why = check_record(l, buf, sizeof buf);
+                if (!why) { /* the term's deadline moves only while the record is ours */
+                    __atomic_store_n(&l->valid_until, now + limit, __ATOMIC_RELEASE);
+                    if (l->renewed)
+                        l->renewed(l->arg, now + limit);
+                }
+                /* the next renewal counts from this one, not from the check */
+                uint64_t spent = kvp_now_ms() - now;
+                wait = spent < every ? every - spent : 0;
             } else if (rc == KVP_ELEASE_EXPIRED) {
                 why = "the lease expired";
             } else {

@@ -13,7 +13,9 @@
  * expired). Once it won, kvp_leader_start_keepalive renews the lease every
  * TTL/3 on a thread of its own; when the lease is gone, or no renewal
  * succeeded for TTL - TTL/4 (etcd unreachable: the lease may expire any
- * moment and a standby take over), lost() is called once and the master
+ * moment and a standby take over), or when the record read after a renewal
+ * no longer names this term (deleted or overwritten in etcd: a standby may
+ * win a new epoch while our lease lives), lost() is called once and the master
  * must stop serving at once (it is fenced by stopping, before etcd can hand
  * the term to another). kvp_leader_close resigns only its own term (the
  * epoch is compared in the same transaction) and revokes the lease.
@@ -62,8 +64,9 @@ int kvp_leader_cluster(const char *url, kvp_leader_info *leader, int *has_leader
  * asked for). */
 int kvp_leader_open(const kvp_etcd_target *t, int64_t ttl_s, const char *addr, uint64_t id,
                     kvp_leader **out, char *err, size_t errlen);
-/* Blocks until this candidate won (0) or stop() returns non-zero
- * (KVP_ECLOSED); etcd being unreachable is retried (and logged). */
+/* Blocks until this candidate won (0), stop() returns non-zero
+ * (KVP_ECLOSED) or etcd refused the credentials (KVP_EAUTH, logged); etcd
+ * being unreachable is retried (and logged). */
 int kvp_leader_campaign(kvp_leader *l, int (*stop)(void *arg), void *arg);
 /* Before campaigning: once a leader seen by this campaign is gone, while
  * defer(arg) is true (not ready to lead: e.g. its copy of the index is not

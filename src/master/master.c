@@ -1075,6 +1075,21 @@ static void seg_rekeyed(kvp_master *m, uint32_t si, uint64_t secret)
     xq_release(m, si, UINT64_MAX);
 }
 
+/* A segment offering "ucx" while tenants are protected: its remote key
+ * would give every cluster-token holder every tenant's bytes (SECURITY.md,
+ * "UCX remote keys"); refused unless ucx_insecure. The node then refuses
+ * to start and never answers UCX_ATTACH (it opens that only once a master
+ * accepted its mount). */
+static int ucx_refused(const kvp_master *m, const kvp_seg_desc *d)
+{
+    if (m->ntcreds == 0 || m->cfg.ucx_insecure)
+        return 0;
+    for (uint32_t i = 0; i < d->n_endpoints; i++)
+        if (d->endpoints[i].transport.len == 3 && !memcmp(d->endpoints[i].transport.p, "ucx", 3))
+            return 1;
+    return 0;
+}
+
 static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
 {
     for (uint32_t i = 0; i < d->n_endpoints; i++)
@@ -1082,6 +1097,12 @@ static int seg_mount(kvp_master *m, kvp_mclient *c, const kvp_seg_desc *d)
             return KVP_EINVALID_PARAMS;
     if (d->id == 0 || d->name.len == 0 || d->name.len > 255 || memchr(d->name.p, 0, d->name.len))
         return KVP_EINVALID_PARAMS;
+    if (ucx_refused(m, d)) {
+        KVP_WARN_LIMITED(MOD, "segment %016llx refused: it offers the ucx transport while "
+                              "tenant_tokens_file protects tenants (key \"ucx_insecure\")",
+                         (unsigned long long)d->id);
+        return KVP_ENOT_SUPPORTED;
+    }
     uint64_t cap = d->capacity & ~(uint64_t)4095;
     if (cap < 4096 || (cap >> 12) > UINT32_MAX || d->n_endpoints > MAX_ENDPOINTS)
         return KVP_EINVALID_PARAMS;
@@ -4760,6 +4781,16 @@ void kvp_master_stalled(kvp_master *m, uint64_t ms, uint64_t now_ms)
  */
 static int tenants_configure(kvp_master *m)
 {
+    /* kvpool serve: this process's own node would offer ucx */
+    if ((!strcmp(m->cfg.protocol, "ucx") || !strcmp(m->cfg.protocol, "rdma")) &&
+        !m->cfg.ucx_insecure) {
+        KVP_ERROR(MOD, "key \"protocol\" %s with key \"tenant_tokens_file\": a UCX remote key "
+                       "reads and writes every tenant's bytes in the segment, so any holder of "
+                       "the cluster token would reach every tenant; use protocol tcp, or set "
+                       "key \"ucx_insecure\" to accept that",
+                  m->cfg.protocol);
+        return KVP_ECONFIG;
+    }
     if (!m->cfg.node_token[0]) {
         KVP_ERROR(MOD, "key \"tenant_tokens_file\" needs key \"node_token\": with tenants, only "
                        "holders of the node credential may mount segments; set node_token "

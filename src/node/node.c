@@ -38,6 +38,7 @@
 #include "node/node.h"
 
 #include <errno.h>
+#include <net/if.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -52,6 +53,7 @@
 #include "common/mem.h"
 #include "common/prom.h"
 #include "common/secret.h"
+#include "common/ucx.h"
 #include "ha/leader.h"
 #include "kvpool.h"
 #include "net/net.h"
@@ -322,10 +324,20 @@ static int link_mount(kvp_node *n, char *err, size_t errlen)
     if (rc == 0)
         rc = r.n == 1 ? r.codes[0] : KVP_EPROTOCOL;
     kvp_arena_free(&a);
+    if (rc == KVP_ENOT_SUPPORTED && n->ucx) {
+        kvp_segserver_ucx_open(n->srv, 0);
+        snprintf(err, errlen, "MOUNT_SEGMENT refused: the master protects tenants "
+                              "(tenant_tokens_file) and a ucx node's remote key would expose "
+                              "every tenant's bytes; use protocol tcp, or set key "
+                              "\"ucx_insecure\" on the master to accept that");
+        return rc;
+    }
     if (rc) {
         snprintf(err, errlen, "MOUNT_SEGMENT: %s", kvp_strerror(rc));
         return rc;
     }
+    if (n->ucx) /* a master accepted the ucx endpoint: the rkey may go out */
+        kvp_segserver_ucx_open(n->srv, 1);
     set_mounted(n, 1);
     n->remount = 1;
     KVP_INFO(MOD, "segment %016llx (%s, %llu MiB) mounted at master %s",
@@ -616,15 +628,29 @@ static kvp_segment_prefault_mode prefault_mode(const char *v, int standalone)
 }
 
 /* protocol "ucx" or "rdma": registers the segment with UCX for one-sided
- * transfers (node/nucx.h). Without UCX the node still serves shm and tcp,
- * and says why once. */
-static void start_ucx(kvp_node *n, const kvp_config *cfg)
+ * transfers (node/nucx.h), UCX bound to the network device of the node's
+ * listen address (kvp_ucx_net_devices): with no credential that is loopback
+ * only, like the node's own listener. Without UCX the node still serves shm
+ * and tcp, and says why once. */
+static void start_ucx(kvp_node *n, const kvp_config *cfg, const char *listen)
 {
     if (strcmp(cfg->protocol, "ucx") != 0 && strcmp(cfg->protocol, "rdma") != 0)
         return;
-    char why[256];
-    int rc = kvp_nucx_start(kvp_segment_base(n->seg), kvp_segment_size(n->seg), &n->ucx, why,
-                            sizeof why);
+    char why[256], host[256], dev[IF_NAMESIZE + 1];
+    uint16_t port;
+    int rc = kvp_net_split(listen, host, sizeof host, &port) != 0 ? KVP_ECONFIG : 0;
+    if (rc)
+        snprintf(why, sizeof why, "bad listen address %.200s", listen);
+    else
+        rc = kvp_ucx_net_devices(host, !cfg->cluster_token[0] && !cfg->insecure, dev,
+                                 sizeof dev, why, sizeof why);
+    if (!rc) {
+        if (dev[0])
+            KVP_INFO(MOD, "protocol %s: UCX limited to network device %s (listen %s)",
+                     cfg->protocol, dev, listen);
+        rc = kvp_nucx_start(kvp_segment_base(n->seg), kvp_segment_size(n->seg), dev, &n->ucx,
+                            why, sizeof why);
+    }
     if (rc) {
         n->ucx = NULL;
         KVP_WARN(MOD, "protocol %s: no UCX transport (%s); clients use shm and tcp",
@@ -720,7 +746,7 @@ int kvp_node_start(const kvp_node_opts *o, kvp_node **out, char *err, size_t err
     kvp_segment_prefault_mode pmode = prefault_mode(cfg->segment_prefault, o->standalone);
     if (pmode == KVP_PREFAULT_SYNC)
         kvp_segment_prefault(n->seg, pmode);
-    start_ucx(n, cfg);
+    start_ucx(n, cfg, listen);
     kvp_segserver_opts so = {listen, n->unix_path, o->io_threads > 0 ? o->io_threads : 2,
                              cfg->cluster_token, n->seg_id, n->grants, ua, NULL, 0};
     if (n->ucx)

@@ -110,12 +110,13 @@ static int register_segment(kvp_nucx *u, uint8_t *base, uint64_t size, char *err
     return rc;
 }
 
-int kvp_nucx_start(uint8_t *base, uint64_t size, kvp_nucx **out, char *err, size_t errlen)
+int kvp_nucx_start(uint8_t *base, uint64_t size, const char *net_devices, kvp_nucx **out,
+                   char *err, size_t errlen)
 {
     kvp_nucx *u = kvp_calloc(1, sizeof *u);
     if (!u)
         return KVP_ENOMEM;
-    int rc = kvp_ucx_context(0, &u->ctx, err, errlen);
+    int rc = kvp_ucx_context(0, net_devices, &u->ctx, err, errlen);
     if (!rc)
         rc = kvp_ucx_worker(u->ctx, UCS_THREAD_MODE_SINGLE, &u->worker, err, errlen);
     if (!rc)

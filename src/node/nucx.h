@@ -28,10 +28,12 @@
 
 typedef struct kvp_nucx kvp_nucx;
 
-/* Registers [base, base + size) and starts the progress thread. 0, or
- * KVP_ENOT_SUPPORTED / KVP_ENOMEM with the reason in err (no UCX, no usable
- * transport). */
-int kvp_nucx_start(uint8_t *base, uint64_t size, kvp_nucx **out, char *err, size_t errlen);
+/* Registers [base, base + size) and starts the progress thread; UCX uses
+ * only net_devices (kvp_ucx_net_devices; NULL or "" = UCX's environment).
+ * 0, or KVP_ENOT_SUPPORTED / KVP_ENOMEM with the reason in err (no UCX, no
+ * usable transport). */
+int kvp_nucx_start(uint8_t *base, uint64_t size, const char *net_devices, kvp_nucx **out,
+                   char *err, size_t errlen);
 
 /* Stops the thread, deregisters the memory, frees. NULL is a no-op. */
 void kvp_nucx_stop(kvp_nucx *u);

@@ -174,6 +174,7 @@ struct kvp_segserver {
     kvp_grants *grants;   /* the node's; outlives the server */
     const uint8_t *ucx_attach; /* UCX_ATTACH answer body, NULL = none (outlives the server) */
     uint32_t ucx_attach_len;
+    int ucx_open;              /* atomic: UCX_ATTACH answered (kvp_segserver_ucx_open) */
     uint32_t max_frame;
     char token[256];
     char unix_path[KVP_UNIXSOCK_PATH_MAX + 1];
@@ -525,7 +526,7 @@ static void on_ucx_attach(struct kvp_segserver *s, conn *c)
 {
     if (!attach_ours(s, c))
         return;
-    if (!s->ucx_attach) {
+    if (!s->ucx_attach || !__atomic_load_n(&s->ucx_open, __ATOMIC_ACQUIRE)) {
         answer(c, KVP_ENOT_SUPPORTED, NULL, 0, NULL, 0, -1);
         return;
     }
@@ -1301,6 +1302,11 @@ fail:
 }
 
 uint16_t kvp_segserver_port(const kvp_segserver *s) { return s->port; }
+
+void kvp_segserver_ucx_open(kvp_segserver *s, int open)
+{
+    __atomic_store_n(&s->ucx_open, open != 0, __ATOMIC_RELEASE);
+}
 
 uint64_t kvp_segserver_peer_refused(const kvp_segserver *s)
 {

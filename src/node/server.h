@@ -59,7 +59,8 @@ typedef struct kvp_segserver_opts {
                                         unix socket (zero = nobody) */
     const uint8_t *ucx_attach; /* the UCX_ATTACH answer body (node/nucx.h), NULL = no
                                   ucx transport (answered NOT_SUPPORTED); must
-                                  outlive the server */
+                                  outlive the server. Answered only while opened
+                                  by kvp_segserver_ucx_open */
     uint32_t ucx_attach_len;
 } kvp_segserver_opts;
 
@@ -96,6 +97,11 @@ int kvp_segserver_start_lim(kvp_segment *seg, const kvp_segserver_opts *o,
                             const kvp_segserver_limits *lim, kvp_segserver **out, char *err,
                             size_t errlen);
 uint16_t kvp_segserver_port(const kvp_segserver *s);
+/* UCX_ATTACH is answered (the rkey handed out) only while open is 1: the
+ * node opens it once a master accepted its mount with the ucx endpoint (a
+ * master protecting tenants refuses that), and closes it when one refused
+ * it. Starts closed. Any thread. */
+void kvp_segserver_ucx_open(kvp_segserver *s, int open);
 /* Unix connections refused so far because of the peer's credentials. */
 uint64_t kvp_segserver_peer_refused(const kvp_segserver *s);
 void kvp_segserver_stats_get(const kvp_segserver *s, kvp_segserver_stats *out);

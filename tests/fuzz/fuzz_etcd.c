@@ -72,7 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     check_url(data + 1, size - 1);
-    int kind = data[0] % 5;
+    int kind = data[0] % 6;
     size_t cap = data[0] & 0x80 ? 8 : 4096;
     uint8_t *val = malloc(cap);
     char *body = malloc(size - 1 ? size - 1 : 1);

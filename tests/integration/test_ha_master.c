@@ -1,7 +1,8 @@
 /* test_ha_master.c -- `kvpool master --etcd`: masters elected through a real
  * etcd (loopback), standbys that take over, clients and nodes that follow
  * the leader through etcd://HOST:PORT/CLUSTER, and a leader fenced by
- * stopping when it cannot renew its lease. Skips when etcd is not installed.
+ * stopping when it cannot renew its lease or its record was deleted in etcd.
+ * Skips when etcd is not installed.
  * The index follows: a standby streams the leader's published objects and,
  * once leader, takes them back as their nodes remount (no byte moves). */
 #include <pthread.h>
@@ -15,6 +16,7 @@
 
 #include "common/clock.h"
 #include "common/config.h"
+#include "ha/etcd.h"
 #include "ha/leader.h"
 #include "harness.h"
 #include "master/service.h"
@@ -571,6 +573,57 @@ TEST(ha_leader_cut_from_etcd_steps_down)
     } while (0);
     if (!ok && !th_failed())
         th_fail(__FILE__, __LINE__, "step-down sequence failed");
+    env_down(&e);
+}
+
+/* etcd is a root of trust: deleting the leader record (an operator, or
+ * anyone with write access to etcd) let the standby win a new epoch while
+ * the old leader, its lease valid, kept serving -- two leaders. Now the
+ * leader reads its record back at every renewal and steps down (exit 3)
+ * once it is gone; the standby leads. */
+TEST(ha_leader_whose_record_is_deleted_steps_down)
+{
+    env e;
+    int u = env_up(&e);
+    if (u)
+        return;
+    int ok = 0;
+    kvp_etcd *h = NULL;
+    do {
+        if (start_master(&e, 0) != 0 || wait_leader(&e, e.m[0].addr, 10000) < 0 ||
+            start_master(&e, 1) != 0)
+            break;
+        kvp_leader_info before;
+        char got[KVP_LEADER_ADDR_MAX + 1], err[256];
+        kvp_etcd_target t;
+        if (kvp_leader_resolve(e.url, got, sizeof got, &before, err, sizeof err) != 0 ||
+            kvp_etcd_parse_url(e.url, &t, err, sizeof err) != 0 ||
+            kvp_etcd_open(&t, 2000, &h) != 0 || kvp_etcd_delete(h, "/kvpool/t/leader") != 0)
+            break;
+        uint64_t t0 = tp_now_ms();
+        int st = tp_wait_exit(e.m[0].pid, 10000);
+        uint64_t stepped = tp_now_ms() - t0;
+        if (st >= 0)
+            e.m[0].pid = 0;
+        if (st != 3) {
+            th_fail(__FILE__, __LINE__, "leader whose record was deleted: status %d after %llu ms",
+                    st, (unsigned long long)stepped);
+            break;
+        }
+        fprintf(stderr, "    the leader stepped down %llu ms after its record was deleted "
+                        "(TTL 2 s, renewal every 667 ms)\n",
+                (unsigned long long)stepped);
+        if (wait_leader(&e, e.m[1].addr, 10000) < 0)
+            break;
+        kvp_leader_info after;
+        if (kvp_leader_resolve(e.url, got, sizeof got, &after, err, sizeof err) != 0 ||
+            after.epoch <= before.epoch)
+            break;
+        ok = 1;
+    } while (0);
+    if (!ok && !th_failed())
+        th_fail(__FILE__, __LINE__, "record-deleted step-down sequence failed");
+    kvp_etcd_close(h);
     env_down(&e);
 }
 

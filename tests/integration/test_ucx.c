@@ -14,7 +14,10 @@
  * which lands (an rkey covers the whole segment: docs/SECURITY.md) and is
  * caught by the reader's checksum -- an error, never the bytes -- while
  * the same write over tcp is refused by the node; a node without the
- * transport (tcp used instead).
+ * transport (tcp used instead); ucx refused while tenants are protected
+ * (tenant_tokens_file), at the master's and the node's start, unless the
+ * master's ucx_insecure accepts it; with no credential, every socket a ucx
+ * node listens on (its own and UCX's) is bound to loopback.
  *
  * Skips, with the reason, where UCX cannot be loaded.
  */
@@ -22,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "client/xfer.h"
@@ -33,6 +37,7 @@
 #include "net/rpc.h"
 #include "proc.h"
 #include "proto/proto.h"
+#include "tenant_peer.h"
 
 #define MiB (1024ull * 1024)
 
@@ -472,4 +477,140 @@ TEST(node_without_ucx_still_serves)
     CHECK(ok);
     CHECK_EQ(moved[KVP_PATH_UCX], 0);
     CHECK_EQ(moved[KVP_PATH_SHM], round_trip_bytes()); /* this host's node */
+}
+
+/* ------------------------------------------- tenants protected: no ucx */
+
+/*
+ * A ucx node's remote key reads every byte of its segment, every tenant's:
+ * where 8c1f0e2 let a cluster-token holder attach over UCX and read other
+ * tenants' values, a master with tenant_tokens_file now refuses the ucx
+ * transport (kvpool serve: at start; a separate `kvpool store --protocol
+ * ucx`: its mount, so the node does not start and never hands out the
+ * rkey), each naming the key that would accept it; with ucx_insecure on
+ * the master the node mounts.
+ */
+TEST(ucx_refused_while_tenants_are_protected)
+{
+    if (ucx_or_skip())
+        return;
+    char tpath[] = "/tmp/kvp-ucx-tenants-XXXXXX";
+    CHECK_EQ(tq_write_secret(tpath, "alice tok-alice-0123456789\nbob tok-bob-0123456789\n"), 0);
+    setenv("KVPOOL_NODE_TOKEN", "node-secret-0123456789", 1);
+    setenv("UCX_TLS", "tcp", 1);
+    static char out[16384];
+    /* kvpool serve: its own node would offer ucx */
+    const char *const serve[] = {tp_kvpool_bin(), "serve", "--listen", "127.0.0.1:0",
+                                 "--segment-size", "64MiB", "--tenant-tokens-file", tpath,
+                                 "--protocol", "ucx", NULL};
+    int st = tp_run_capture(serve, 2, out, sizeof out, 15000);
+    CHECK(st > 0 && st < 128);
+    CHECK(strstr(out, "ucx_insecure") != NULL);
+    /* a master protecting tenants and a separate ucx node */
+    tp_master m;
+    CHECK_EQ(tp_master_start(&m, (const char *const[]){"--tenant-tokens-file", tpath, NULL}), 0);
+    const char *const store[] = {tp_kvpool_bin(), "store", "--master", m.addr,
+                                 "--segment-size", "64MiB", "--listen", "127.0.0.1:0",
+                                 "--protocol", "ucx", NULL};
+    st = tp_run_capture(store, 2, out, sizeof out, 15000);
+    CHECK(st > 0 && st < 128);
+    CHECK(strstr(out, "ucx_insecure") != NULL);
+    CHECK_EQ(tp_master_segments(m.addr), 0);
+    CHECK_EQ(tp_master_stop(&m), 0);
+    /* the explicit opt-in */
+    CHECK_EQ(tp_master_start(&m, (const char *const[]){"--tenant-tokens-file", tpath,
+                                                       "--ucx-insecure", NULL}),
+             0);
+    tp_store s = {0};
+    CHECK_EQ(tp_store_start(&s, m.addr, (const char *const[]){"--protocol", "ucx", NULL}), 0);
+    tp_store_kill(&s);
+    CHECK_EQ(tp_master_stop(&m), 0);
+    unsetenv("KVPOOL_NODE_TOKEN");
+    unlink(tpath);
+}
+
+/* ------------------------------------------- no credential: loopback */
+
+/* Is socket inode `ino` one of pid's descriptors? */
+static int pid_has_socket(pid_t pid, unsigned long ino)
+{
+    char dir[64], path[320], link[64], want[64];
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    snprintf(want, sizeof want, "socket:[%lu]", ino);
+    DIR *d = opendir(dir);
+    int hit = 0;
+    for (struct dirent *e; d && !hit && (e = readdir(d));) {
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n > 0) {
+            link[n] = 0;
+            hit = !strcmp(link, want);
+        }
+    }
+    if (d)
+        closedir(d);
+    return hit;
+}
+
+/* pid's listening TCP sockets from /proc/PID/net/tcp and tcp6: *nloop
+ * bound to loopback (127.0.0.0/8, ::1), *nother to anything else (the
+ * first of them into other). */
+static void listen_sockets(pid_t pid, int *nloop, int *nother, char *other, size_t olen)
+{
+    *nloop = *nother = 0;
+    other[0] = 0;
+    for (int v6 = 0; v6 < 2; v6++) {
+        char path[64], line[512];
+        snprintf(path, sizeof path, "/proc/%d/net/tcp%s", (int)pid, v6 ? "6" : "");
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        while (fgets(line, sizeof line, f)) {
+            char local[64];
+            unsigned st;
+            unsigned long ino;
+            if (sscanf(line, " %*d: %63s %*s %x %*s %*s %*s %*s %*s %lu", local, &st, &ino) != 3 ||
+                st != 0x0A || !pid_has_socket(pid, ino))
+                continue;
+            int loop = v6 ? !strncmp(local, "00000000000000000000000001000000:", 33)
+                          : !strncmp(local + 6, "7F:", 3); /* little-endian 127.x.x.x */
+            if (loop) {
+                (*nloop)++;
+            } else if (!(*nother)++) {
+                snprintf(other, olen, "%s", local);
+            }
+        }
+        fclose(f);
+    }
+}
+
+/*
+ * The loopback-only rule (docs/SECURITY.md) covers UCX's own listeners: a
+ * `--protocol ucx` node with no credential listened, through UCX's TCP
+ * transport, on every interface's address (eth0's included), where any
+ * host could reach the segment's rkey users. Now UCX is limited to the
+ * listen address's device (lo), and transfers over it still work.
+ */
+TEST(ucx_listens_on_loopback_only_without_a_credential)
+{
+    env e;
+    if (ucx_env(&e, "tcp", "ucx") != 0)
+        return;
+    int nloop = 0, nother = 0;
+    char other[64];
+    listen_sockets(e.st[0].pid, &nloop, &nother, other, sizeof other);
+    printf("  node %d: %d loopback listeners, %d others (%s)\n", (int)e.st[0].pid, nloop, nother,
+           other);
+    kvp_client *c = client_open(e.m.addr);
+    int ok = c && round_trips(c, "lo");
+    uint64_t moved[KVP_NPATHS] = {0};
+    if (c) {
+        path_bytes(c, moved);
+        kvp_client_close(c);
+    }
+    env_down(&e);
+    CHECK(nloop >= 2); /* the segment server and UCX's tcp transport */
+    CHECK_EQ(nother, 0);
+    CHECK(ok);
+    CHECK(moved[KVP_PATH_UCX] > 0);
 }

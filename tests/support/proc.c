@@ -620,6 +620,11 @@ static int addr_up(const char *addr)
 
 int tp_etcd_start(tp_etcd *e, char *why, size_t whylen)
 {
+    return tp_etcd_start_opts(e, NULL, why, whylen);
+}
+
+int tp_etcd_start_opts(tp_etcd *e, const tp_etcd_opts *o, char *why, size_t whylen)
+{
     memset(e, 0, sizeof *e);
     const char *bin = etcd_bin();
     if (!bin) {
@@ -634,17 +639,28 @@ int tp_etcd_start(tp_etcd *e, char *why, size_t whylen)
         snprintf(why, whylen, "etcd: no temp dir or port");
         return -1;
     }
-    snprintf(curl, sizeof curl, "http://%s", e->addr);
+    int tls = o && o->cert && o->key;
+    snprintf(curl, sizeof curl, "%s://%s", tls ? "https" : "http", e->addr);
     snprintf(purl, sizeof purl, "http://%s", peer);
     snprintf(cluster, sizeof cluster, "kvp=%s", purl);
     snprintf(data, sizeof data, "%s/data", e->dir);
     snprintf(log, sizeof log, "%s/etcd.log", e->dir);
-    const char *argv[] = {bin, "--name", "kvp", "--data-dir", data, "--listen-client-urls", curl,
-                          "--advertise-client-urls", curl, "--listen-peer-urls", purl,
-                          "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
-                          "--log-level", "error", NULL};
-    tp_master_opts o = {.stderr_path = log};
-    e->pid = spawn_argv_opts(argv, &o);
+    const char *argv[40] = {bin, "--name", "kvp", "--data-dir", data, "--listen-client-urls",
+                            curl, "--advertise-client-urls", curl, "--listen-peer-urls", purl,
+                            "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
+                            "--log-level", "error"};
+    int n = 17;
+    if (tls) {
+        argv[n++] = "--cert-file";
+        argv[n++] = o->cert;
+        argv[n++] = "--key-file";
+        argv[n++] = o->key;
+    }
+    for (int i = 0; o && o->extra && o->extra[i] && i < 8; i++)
+        argv[n++] = o->extra[i];
+    argv[n] = NULL;
+    tp_master_opts mo = {.stderr_path = log};
+    e->pid = spawn_argv_opts(argv, &mo);
     if (e->pid <= 0) {
         snprintf(why, whylen, "etcd: fork failed");
         return -1;

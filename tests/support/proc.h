@@ -152,6 +152,14 @@ typedef struct tp_etcd {
     char dir[256];
 } tp_etcd;
 int tp_etcd_start(tp_etcd *e, char *why, size_t whylen);
+/* tp_etcd_start with TLS (cert and key: PEM files; the client URL is then
+ * https://) and/or extra etcd flags (NULL-terminated, at most 8). o may be
+ * NULL. */
+typedef struct tp_etcd_opts {
+    const char *cert, *key;
+    const char *const *extra;
+} tp_etcd_opts;
+int tp_etcd_start_opts(tp_etcd *e, const tp_etcd_opts *o, char *why, size_t whylen);
 void tp_etcd_stop(tp_etcd *e);
 /* Waits up to ms for child pid to exit: its status (exit code, 128 + signal),
  * or -1 when it is still running then. */

@@ -24,6 +24,22 @@ TEST(etcd_url_forms)
     CHECK_EQ(kvp_etcd_parse_url("http://h:1,http://g:2/", &t, err, sizeof err), 0);
     CHECK_EQ(t.n, 2);
     CHECK(strcmp(t.endpoints[1], "g:2") == 0);
+    CHECK(!t.https);
+    /* https (kvp_etcd_open then needs etcd_cacert) */
+    CHECK_EQ(kvp_etcd_parse_url("https://h:1,https://g:2", &t, err, sizeof err), 0);
+    CHECK(t.https && t.n == 2 && strcmp(t.endpoints[0], "h:1") == 0);
+    /* etcd:// with the process's CA: https, and the credentials carried */
+    kvp_etcd_auth a;
+    memset(&a, 0, sizeof a);
+    strcpy(a.user, "kvpool");
+    strcpy(a.password, "pw");
+    strcpy(a.cacert, "/etc/ssl/ca.pem");
+    kvp_etcd_auth_set(&a);
+    CHECK_EQ(kvp_etcd_parse_url("etcd://h:1/c", &t, err, sizeof err), 0);
+    kvp_etcd_auth_set(NULL);
+    CHECK(t.https && strcmp(t.auth.user, "kvpool") == 0 && strcmp(t.auth.password, "pw") == 0);
+    CHECK_EQ(kvp_etcd_parse_url("etcd://h:1/c", &t, err, sizeof err), 0);
+    CHECK(!t.https && !t.auth.user[0]);
     CHECK(kvp_etcd_is_url("etcd://x:1") && !kvp_etcd_is_url("127.0.0.1:50051"));
 }
 
@@ -34,7 +50,7 @@ TEST(etcd_url_refusals)
         "etcd://h:12x/c", "etcd://h:1,/c", "etcd://h:1,,g:2", "etcd://h:1/a/b", "etcd://h:1/a b",
         "etcd://ho st:1", "etcd://h:1,h:2,h:3,h:4,h:5,h:6,h:7,h:8,h:9",
         "etcd://h:1/0123456789012345678901234567890123456789012345678901234567890123456789",
-        "https://h:1", "127.0.0.1:2379", "etcd://h:1?x=1",
+        "https://h:1,http://g:2", "http://h:1,https://g:2", "127.0.0.1:2379", "etcd://h:1?x=1",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         kvp_etcd_target t;
@@ -146,4 +162,33 @@ TEST(etcd_parse_refusals)
     /* a length that stops inside the text: only that prefix is read */
     kvp_etcd_answer a;
     CHECK_EQ(kvp_etcd_parse("{}}", 2, KVP_ETCD_ANS_PLAIN, &a, NULL, 0), 0);
+}
+
+/* The auth answer's token goes into an HTTP header: printable, no space,
+ * bounded; anything else is refused, never sent. */
+TEST(etcd_parse_auth_token)
+{
+    kvp_etcd_answer a;
+    CHECK_EQ(parse("{\"header\":{\"revision\":\"3\"},\"token\":\"AbC.42\"}", KVP_ETCD_ANS_AUTH,
+                   &a, NULL, 0),
+             0);
+    CHECK(strcmp(a.token, "AbC.42") == 0);
+    static const char *const bad[] = {
+        "{}", "{\"token\":\"\"}", "{\"token\":42}", "{\"token\":\"a b\"}",
+        "{\"token\":\"a\\r\\nX-Evil: 1\"}", "{\"token\":\"a\\u0000b\"}", "{\"token\":\"\u00e9\"}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (parse(bad[i], KVP_ETCD_ANS_AUTH, &a, NULL, 0) != KVP_EPROTOCOL)
+            th_fail(__FILE__, __LINE__, "token accepted: %s", bad[i]);
+    char big[KVP_ETCD_MAX_TOKEN + 32];
+    int n = snprintf(big, sizeof big, "{\"token\":\"");
+    memset(big + n, 'x', KVP_ETCD_MAX_TOKEN + 1);
+    strcpy(big + n + KVP_ETCD_MAX_TOKEN + 1, "\"}");
+    CHECK_EQ(parse(big, KVP_ETCD_ANS_AUTH, &a, NULL, 0), KVP_EPROTOCOL);
+    /* an auth refusal is an error answer like any other */
+    CHECK_EQ(parse("{\"error\":\"etcdserver: invalid auth token\",\"code\":16,"
+                   "\"message\":\"etcdserver: invalid auth token\"}",
+                   KVP_ETCD_ANS_AUTH, &a, NULL, 0),
+             0);
+    CHECK_EQ(a.etcd_code, 16);
 }

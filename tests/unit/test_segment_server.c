@@ -680,6 +680,58 @@ TEST(hostile_raw_socket)
     fx_stop(&f);
 }
 
+/* Sends UCX_ATTACH for seg_id; the answer's status (its body skipped,
+ * its length in *blen), 1 when the connection failed. */
+static int raw_ucx_attach(int fd, uint64_t seg_id, uint32_t *blen)
+{
+    uint8_t f[KVP_FRAME_HDR + 8];
+    put_hdr(f, KVP_OP_UCX_ATTACH, 7, 8);
+    for (int i = 0; i < 8; i++)
+        f[KVP_FRAME_HDR + i] = (uint8_t)(seg_id >> (8 * i));
+    if (raw_send(fd, f, sizeof f))
+        return 1;
+    *blen = 0;
+    int st = raw_answer(fd, NULL, blen);
+    uint8_t sink[256];
+    if (st == 0 && *blen && (*blen > sizeof sink || recv(fd, sink, *blen, MSG_WAITALL) != (ssize_t)*blen))
+        return 1;
+    return st;
+}
+
+/* The UCX_ATTACH answer (the segment's rkey) goes out only while the node
+ * has opened it -- once a master accepted its mount offering ucx (a master
+ * protecting tenants refuses that) -- and not after it closed it. */
+TEST(ucx_attach_only_once_opened)
+{
+    kvp_log_set_level(KVP_LOG_ERROR);
+    kvp_segment *seg = NULL;
+    kvp_grants *g = NULL;
+    kvp_segserver *srv = NULL;
+    char err[256], addr[64];
+    static const uint8_t body[40] = {1, 2, 3}; /* stands for the encoded answer */
+    CHECK(kvp_segment_create(MiB, "ucx", &seg, err, sizeof err) == 0);
+    CHECK(kvp_grants_create(kvp_segment_size(seg), SECRET, &g) == 0);
+    char upath[108];
+    snprintf(upath, sizeof upath, "/tmp/kvp-test-ucx-%d.sock", (int)getpid());
+    kvp_segserver_opts o = {"127.0.0.1:0", upath, 1, "tok", SEG_ID, g, {0, 0}, body, sizeof body};
+    CHECK(kvp_segserver_start(seg, &o, &srv, err, sizeof err) == 0);
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", kvp_segserver_port(srv));
+    int fd = raw_connect(addr);
+    uint32_t bl = 0;
+    CHECK(fd >= 0);
+    CHECK_EQ(raw_hello(fd, "tok"), 0);
+    CHECK_EQ(raw_ucx_attach(fd, SEG_ID, &bl), KVP_ENOT_SUPPORTED);
+    kvp_segserver_ucx_open(srv, 1);
+    CHECK_EQ(raw_ucx_attach(fd, SEG_ID, &bl), 0);
+    CHECK_EQ(bl, sizeof body);
+    kvp_segserver_ucx_open(srv, 0);
+    CHECK_EQ(raw_ucx_attach(fd, SEG_ID, &bl), KVP_ENOT_SUPPORTED);
+    close(fd);
+    kvp_segserver_stop(srv);
+    kvp_grants_destroy(g);
+    kvp_segment_destroy(seg);
+}
+
 TEST(shm_attach_unix)
 {
     fx f;
