@@ -107,11 +107,14 @@ class Hosts:
         assert p.returncode == 0, f"README block {b.name} (line {b.line}) failed:\n{out}"
         return out
 
-    def kvpool(self, h: str, *args: str,
-               master: str = MASTER) -> subprocess.CompletedProcess[str]:
-        """The test's own kvpool command on host h (with the cluster token)."""
+    def kvpool(self, h: str, *args: str, master: str = MASTER,
+               token: bool = True) -> subprocess.CompletedProcess[str]:
+        """The test's own kvpool command on host h (with the cluster token
+        unless token is False: a client holding a token refuses a master
+        that cannot prove it)."""
         env = self.env(h)
-        env["KVPOOL_CLUSTER_TOKEN"] = (self.dir[h] / "cluster.token").read_text().strip()
+        if token:
+            env["KVPOOL_CLUSTER_TOKEN"] = (self.dir[h] / "cluster.token").read_text().strip()
         return subprocess.run(self.argv(h, "kvpool", *args, "--master", master), env=env,
                               capture_output=True, text=True, timeout=30)
 
@@ -129,18 +132,20 @@ class Hosts:
                                                stdin=subprocess.DEVNULL, stdout=f,
                                                stderr=subprocess.STDOUT))
 
-    def stat(self, h: str, master: str = MASTER) -> dict | None:
-        p = self.kvpool(h, "stat", "--json", master=master)
+    def stat(self, h: str, master: str = MASTER, token: bool = True) -> dict | None:
+        p = self.kvpool(h, "stat", "--json", master=master, token=token)
         return json.loads(p.stdout) if p.returncode == 0 else None
 
-    def wait_stat(self, h: str, what: str, ok, master: str = MASTER) -> dict:
+    def wait_stat(self, h: str, what: str, ok, master: str = MASTER,
+                  token: bool = True) -> dict:
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
-            s = self.stat(h, master)
+            s = self.stat(h, master, token)
             if s is not None and ok(s):
                 return s
             time.sleep(0.3)
-        raise AssertionError(f"no {what} within {WAIT_S:.0f} s; last stat {self.stat(h, master)}\n"
+        last = self.stat(h, master, token)
+        raise AssertionError(f"no {what} within {WAIT_S:.0f} s; last stat {last}\n"
                              + self.log_text())
 
     def kill(self, pid: int, sig: int) -> None:
@@ -256,7 +261,8 @@ def test_recipe_mistakes_are_refused_with_a_message(hosts: Hosts) -> None:
 
     # the master left on its default, 127.0.0.1: B's store cannot reach it
     hosts.spawn("a", "master-loopback", "kvpool", "master")
-    hosts.wait_stat("a", "master on A's loopback", lambda s: True, master="127.0.0.1:50051")
+    hosts.wait_stat("a", "master on A's loopback", lambda s: True, master="127.0.0.1:50051",
+                    token=False)  # a tokenless master: a client with a token would refuse it
     p = hosts.run("b", *store, *creds)
     assert p.returncode == 1, (p.returncode, p.stderr)
     assert f"cannot connect to {MASTER}" in p.stderr, p.stderr
