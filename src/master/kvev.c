@@ -11,8 +11,12 @@
  * across a full memory barrier: pthread_create is one); the thread closes
  * them before it ends.
  *
- * The thread's loop: zmq_poll on the eventfd and, while no replay is in
- * progress, the ROUTER; then
+ * The thread's loop: zmq_poll on the eventfd, the ZAP handler's socket,
+ * with tenants the XPUB, and, while no replay is in progress, the ROUTER;
+ * then
+ *   0. answers the ZAP requests (the gate, below) and, with tenants, reads
+ *      every (un)subscription waiting on the XPUB, applying its tenant's
+ *      topic or nothing (see "subscriptions with tenants");
  *   1. takes the whole queue and, batch by batch, encodes it, sends it on
  *      PUB (which never blocks: at its high-water mark a subscriber's copy is
  *      dropped, as vLLM's is) and appends it to the replay ring;
@@ -1163,6 +1167,13 @@ int kvp_kvpub_create(const kvp_kvpub_cfg *cfg, kvp_kvpub **out, char *err, size_
         release(p);
         return rc;
     }
+    int maj, min, pat;
+    zmq_version(&maj, &min, &pat);
+    if (p->nten && maj * 10000 + min * 100 + pat < 40305)
+        KVP_WARN(MOD, "libzmq %d.%d.%d: before 4.3.5 its XPUB may touch a connection that ended "
+                      "while one of its subscriptions waited to be read (upstream 2df7ab6): "
+                      "with tenants, use libzmq 4.3.5 or later",
+                 maj, min, pat);
     *out = p;
     return 0;
 }
