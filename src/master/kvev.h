@@ -108,7 +108,9 @@ typedef struct kvp_kvpub_cfg {
  * ("" included: vLLM's subscribe-to-everything) means the tenant's topic;
  * any other is refused, not applied (stats.subs_refused). So a connection
  * holds at most one subscription, and receives its own tenant's batches
- * and no other's. The replay socket answers only the requester's tenant:
+ * and no other's; a cancel of any subscription that was admitted removes
+ * that one (a connection subscribed to "" and to its topic that cancels
+ * "" receives nothing more). The replay socket answers only the requester's tenant:
  * vLLM's form (no topic) replays the tenant's topic; a request naming
  * another topic gets the end marker alone (stats.replays_refused). Since
  * ZeroMQ matches topics by prefix, no tenant's name may be a prefix of
