@@ -11,8 +11,12 @@
  * across a full memory barrier: pthread_create is one); the thread closes
  * them before it ends.
  *
- * The thread's loop: zmq_poll on the eventfd and, while no replay is in
- * progress, the ROUTER; then
+ * The thread's loop: zmq_poll on the eventfd, the ZAP handler's socket,
+ * with tenants the XPUB, and, while no replay is in progress, the ROUTER;
+ * then
+ *   0. answers the ZAP requests (the gate, below) and, with tenants, reads
+ *      every (un)subscription waiting on the XPUB, applying its tenant's
+ *      topic or nothing (see "subscriptions with tenants");
  *   1. takes the whole queue and, batch by batch, encodes it, sends it on
  *      PUB (which never blocks: at its high-water mark a subscriber's copy is
  *      dropped, as vLLM's is) and appends it to the replay ring;
@@ -52,6 +56,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/secret.h"
 #include "kvpool.h"
 
 #define MOD "kvpub"
@@ -91,6 +96,8 @@
 #define DEF_MAX_REPLAY_CLIENTS 64u /* ... and to the ROUTER */
 #define HANDSHAKE_MS 5000 /* a connection's ZMTP handshake completes within this, or is closed */
 #define EP_LEN 256
+#define PLAIN_MAX 255  /* a PLAIN username's or password's bytes at most (ZMTP) */
+#define SUBS_PER_TURN 4096 /* tenants: (un)subscriptions read per turn of the loop at most */
 
 #if defined(__SANITIZE_THREAD__)
 /* ThreadSanitizer builds: libzmq hands messages between its threads through
@@ -297,9 +304,17 @@ typedef struct replay {
     uint64_t paused_ms;   /* kvp_now_ms of the first refused send of this pause; 0 = none */
 } replay;
 
+/* A protected tenant (kvp_kvpub_cfg.tenants), copied at create. */
+typedef struct ptenant {
+    char name[PLAIN_MAX + 1], token[PLAIN_MAX + 1]; /* NUL-terminated */
+    size_t name_len, token_len;
+} ptenant;
+
 struct kvp_kvpub {
     /* fixed from create on */
-    void *zctx, *pub, *router; /* router NULL: no replay socket */
+    void *zctx, *pub, *router; /* router NULL: no replay socket; pub an XPUB with tenants */
+    ptenant *ten;              /* nten > 0: PLAIN on both sockets (kvev.h) */
+    size_t nten;
     int efd;
     pthread_t th;
     uint32_t ring_cap;
@@ -324,6 +339,15 @@ struct kvp_kvpub {
     replay rp;
     kvp_buf enc;
 };
+
+/* The protected tenant named name[0..len), or NULL. */
+static const ptenant *tenant_named(const kvp_kvpub *p, const void *name, size_t len)
+{
+    for (size_t i = 0; i < p->nten; i++)
+        if (p->ten[i].name_len == len && memcmp(p->ten[i].name, name, len) == 0)
+            return &p->ten[i];
+    return NULL;
+}
 
 static void put_be64(uint8_t *p, uint64_t v)
 {
@@ -627,24 +651,93 @@ static void take_requests(kvp_kvpub *p)
         }
         if (ok && kvp_kvpub_parse_replay(f, kept, &topic, &start) == 0) {
             replay *r = &p->rp;
+            int refused = 0;
+            if (p->nten) { /* the requester's own tenant only (kvev.h) */
+                const char *user = zmq_msg_gets(&m[kept - 1], "User-Id");
+                const ptenant *t = user ? tenant_named(p, user, strlen(user)) : NULL;
+                if (t && kept == 3) /* vLLM's form: the tenant's own topic */
+                    topic = (kvp_bytes){(const uint8_t *)t->name, (uint32_t)t->name_len};
+                else if (!t || topic.len != t->name_len || memcmp(topic.p, t->name, t->name_len))
+                    refused = 1;
+            }
             r->id_len = f[0].len;
             memcpy(r->id, f[0].p, r->id_len);
             r->topic_len = topic.len;
             if (topic.len)
                 memcpy(r->topic, topic.p, topic.len);
             r->start_seq = start;
-            r->cursor = p->first;
+            r->cursor = refused ? p->next : p->first; /* refused: the end marker alone */
             r->end = p->next;
             r->paused_ms = 0;
             r->on = 1;
+            if (refused)
+                KVP_WARN_LIMITED(MOD, "replay: a request for another tenant's topic answered "
+                                      "with the end marker alone");
             pthread_mutex_lock(&p->mu);
             p->st.replays++;
+            p->st.replays_refused += (uint64_t)refused;
             pthread_mutex_unlock(&p->mu);
         } else {
             KVP_WARN_LIMITED(MOD, "malformed replay request (%zu frames): ignored", total);
         }
         for (size_t j = 0; j < kept; j++)
             zmq_msg_close(&m[j]);
+    }
+}
+
+/* --- subscriptions with tenants (the thread's)
+ *
+ * The XPUB (ZMQ_XPUB_MANUAL) applies no subscription itself: each one, or
+ * cancel, is read here with its connection's User-Id (the tenant its
+ * credentials proved), and zmq_setsockopt(ZMQ_SUBSCRIBE / UNSUBSCRIBE)
+ * right after the read applies it to that connection alone (libzmq's "last
+ * pipe"). Only the tenant's topic is ever applied: one subscription per
+ * connection at most, whatever it sends. Messages without a User-Id are the
+ * cancels libzmq makes for a connection that ended (nothing to do) or were
+ * not subscriptions: dropped. */
+
+/* The subscription applied for one asking for prefix s[0..len) on tenant t's
+ * connection: t's topic when s is a prefix of it ("" included), else none. */
+static int sub_admitted(const ptenant *t, const uint8_t *s, size_t len)
+{
+    return t && len <= t->name_len && memcmp(t->name, s, len) == 0;
+}
+
+static void take_subscriptions(kvp_kvpub *p)
+{
+    uint64_t admitted = 0, refused = 0;
+    for (int i = 0; i < SUBS_PER_TURN; i++) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, p->pub, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            break;
+        }
+        const uint8_t *d = zmq_msg_data(&m);
+        size_t n = zmq_msg_size(&m);
+        const char *user = zmq_msg_gets(&m, "User-Id");
+        if (user && n >= 1 && (d[0] == 0 || d[0] == 1)) {
+            const ptenant *t = tenant_named(p, user, strlen(user));
+            if (sub_admitted(t, d + 1, n - 1)) {
+                /* at once: nothing between the read and this call may
+                 * process libzmq's commands (the last pipe is the reader's) */
+                zmq_setsockopt(p->pub, d[0] ? ZMQ_SUBSCRIBE : ZMQ_UNSUBSCRIBE, t->name,
+                               t->name_len);
+                admitted++;
+            } else if (d[0] == 1) {
+                refused++;
+            }
+        }
+        zmq_msg_close(&m);
+    }
+    if (refused)
+        KVP_WARN_LIMITED(MOD, "pub: %llu subscriptions outside their tenant's topic refused",
+                         (unsigned long long)refused);
+    if (admitted || refused) {
+        pthread_mutex_lock(&p->mu);
+        p->st.subs_admitted += admitted;
+        p->st.subs_refused += refused;
+        pthread_mutex_unlock(&p->mu);
     }
 }
 
@@ -694,7 +787,23 @@ static void gate_drain_monitors(kvp_kvpub *p)
     }
 }
 
-/* Answers the ZAP requests waiting: 200 within the cap, 400 past it. */
+/* The tenant a PLAIN ZAP request's credentials prove (frames f[0..n): version,
+ * request id, domain, address, identity, mechanism, username, password), or
+ * NULL. The password is compared in constant time, against a dummy when the
+ * username names no tenant. */
+static const ptenant *gate_credential(const kvp_kvpub *p, zmq_msg_t *f, size_t n)
+{
+    if (n != 8 || zmq_msg_size(&f[5]) != 5 || memcmp(zmq_msg_data(&f[5]), "PLAIN", 5) != 0)
+        return NULL;
+    const ptenant *t = tenant_named(p, zmq_msg_data(&f[6]), zmq_msg_size(&f[6]));
+    static const char dummy[PLAIN_MAX + 1] = {0};
+    int eq = kvp_secret_equal(zmq_msg_data(&f[7]), zmq_msg_size(&f[7]), t ? t->token : dummy,
+                              t ? t->token_len : sizeof dummy);
+    return t && eq ? t : NULL;
+}
+
+/* Answers the ZAP requests waiting: 200 within the cap (and, with tenants,
+ * for a tenant's credentials, the User-Id then the tenant), 400 else. */
 static void gate_answer(kvp_kvpub *p)
 {
     for (;;) {
@@ -719,19 +828,31 @@ static void gate_answer(kvp_kvpub *p)
         gate_drain_monitors(p);
         int k = n >= 3 && zmq_msg_size(&f[2]) == 13 &&
                 memcmp(zmq_msg_data(&f[2]), "kvpool-replay", 13) == 0;
-        int ok = n >= 2 && p->live[k] <= (int64_t)p->cap[k];
-        if (!ok)
+        const char *why = NULL;
+        const ptenant *t = NULL;
+        if (n < 2) {
+            why = "malformed request";
+        } else if (p->live[k] > (int64_t)p->cap[k]) {
+            why = "too many connections";
             KVP_WARN_LIMITED(MOD, "%s: %u connections at once: one more refused",
                              k ? "replay" : "pub", p->cap[k]);
+        } else if (p->nten && !(t = gate_credential(p, f, n))) {
+            why = "bad credentials";
+            KVP_WARN_LIMITED(MOD, "%s: a connection without a tenant's credentials refused",
+                             k ? "replay" : "pub");
+            pthread_mutex_lock(&p->mu);
+            p->st.auth_refused++;
+            pthread_mutex_unlock(&p->mu);
+        }
         /* version, request id (echoed), status, text, user id, metadata */
         zmq_send(p->zap, "1.0", 3, ZMQ_SNDMORE);
         if (n >= 2)
             zmq_msg_send(&f[1], p->zap, ZMQ_SNDMORE);
         else
             zmq_send(p->zap, "", 0, ZMQ_SNDMORE);
-        zmq_send(p->zap, ok ? "200" : "400", 3, ZMQ_SNDMORE);
-        zmq_send(p->zap, ok ? "OK" : "too many connections", ok ? 2 : 20, ZMQ_SNDMORE);
-        zmq_send(p->zap, "", 0, ZMQ_SNDMORE);
+        zmq_send(p->zap, why ? "400" : "200", 3, ZMQ_SNDMORE);
+        zmq_send(p->zap, why ? why : "OK", strlen(why ? why : "OK"), ZMQ_SNDMORE);
+        zmq_send(p->zap, t ? t->name : "", t ? t->name_len : 0, ZMQ_SNDMORE);
         zmq_send(p->zap, "", 0, 0);
         for (size_t i = 0; i < n; i++) /* f[1], once sent, is empty */
             zmq_msg_close(&f[i]);
@@ -745,9 +866,11 @@ static void *pub_main(void *arg)
     kvp_kvpub *p = arg;
     pthread_setname_np(pthread_self(), "kvp-kvpub");
     for (;;) {
-        zmq_pollitem_t it[3] = {{.fd = p->efd, .events = ZMQ_POLLIN},
+        zmq_pollitem_t it[4] = {{.fd = p->efd, .events = ZMQ_POLLIN},
                                 {.socket = p->zap, .events = ZMQ_POLLIN}};
         int nit = 2;
+        if (p->nten)
+            it[nit++] = (zmq_pollitem_t){.socket = p->pub, .events = ZMQ_POLLIN};
         if (p->router && !p->rp.on)
             it[nit++] = (zmq_pollitem_t){.socket = p->router, .events = ZMQ_POLLIN};
         long timeout = !p->rp.on ? -1 : p->rp.paused_ms ? PAUSE_POLL_MS : 0;
@@ -760,6 +883,8 @@ static void *pub_main(void *arg)
             gate_answer(p);
         else
             gate_drain_monitors(p);
+        if (p->nten) /* before the PUB is used for anything else (see above) */
+            take_subscriptions(p);
         pthread_mutex_lock(&p->mu);
         qitem *q = p->head;
         p->head = p->tail = NULL;
@@ -856,6 +981,9 @@ static void release(kvp_kvpub *p)
         while (p->first < p->next)
             ring_pop(p);
     kvp_free(p->ring);
+    if (p->ten)
+        explicit_bzero(p->ten, p->nten * sizeof *p->ten); /* the tokens */
+    kvp_free(p->ten);
     kvp_buf_free(&p->enc);
     pthread_mutex_destroy(&p->mu);
     kvp_free(p);
@@ -886,8 +1014,10 @@ static int open_sockets(kvp_kvpub *p, const kvp_kvpub_cfg *cfg, int has_replay, 
     p->zctx = zmq_ctx_new();
     if (!p->zctx || !(p->zap = zmq_socket(p->zctx, ZMQ_REP)) ||
         zmq_bind(p->zap, "inproc://zeromq.zap.01") != 0 ||
-        !(p->pub = zmq_socket(p->zctx, ZMQ_PUB)) ||
-        gate_socket(p, 0, p->pub, "kvpool-pub") != 0) {
+        !(p->pub = zmq_socket(p->zctx, p->nten ? ZMQ_XPUB : ZMQ_PUB)) ||
+        gate_socket(p, 0, p->pub, "kvpool-pub") != 0 ||
+        (p->nten && (sockopt_int(p->pub, ZMQ_XPUB_MANUAL, 1) != 0 ||
+                     sockopt_int(p->pub, ZMQ_PLAIN_SERVER, 1) != 0))) {
         seterr(err, errlen, "zmq: %s", zmq_strerror(zmq_errno()));
         return KVP_EIO;
     }
@@ -903,7 +1033,8 @@ static int open_sockets(kvp_kvpub *p, const kvp_kvpub_cfg *cfg, int has_replay, 
     if (rc || !has_replay)
         return rc;
     if (!(p->router = zmq_socket(p->zctx, ZMQ_ROUTER)) ||
-        gate_socket(p, 1, p->router, "kvpool-replay") != 0) {
+        gate_socket(p, 1, p->router, "kvpool-replay") != 0 ||
+        (p->nten && sockopt_int(p->router, ZMQ_PLAIN_SERVER, 1) != 0)) {
         seterr(err, errlen, "zmq: %s", zmq_strerror(zmq_errno()));
         return KVP_EIO;
     }
@@ -918,6 +1049,48 @@ static int open_sockets(kvp_kvpub *p, const kvp_kvpub_cfg *cfg, int has_replay, 
     sockopt_int(p->router, ZMQ_ROUTER_MANDATORY, 1);
     sockopt_int(p->router, ZMQ_LINGER, LINGER_MS);
     return bind_one(p->router, "replay", cfg->replay, p->replay_ep, err, errlen);
+}
+
+/* 1 when a is a prefix of b or b of a. */
+static int prefix_either(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    return memcmp(a, b, la < lb ? la : lb) == 0;
+}
+
+/* The tenants of cfg: names and tokens 1..PLAIN_MAX bytes, and no name a
+ * prefix of another's or of "default" (or the other way round; "default"
+ * itself may be one): ZeroMQ matches topics by prefix. */
+static int tenants_check(const kvp_kvpub_cfg *cfg, char *err, size_t errlen)
+{
+    if (cfg->ntenants && !cfg->tenants)
+        return KVP_EINVALID_PARAMS;
+    for (size_t i = 0; i < cfg->ntenants; i++) {
+        const kvp_kvpub_tenant *t = &cfg->tenants[i];
+        if (!t->name || !t->token || !t->name[0] || !t->token[0] ||
+            strlen(t->name) > PLAIN_MAX || strlen(t->token) > PLAIN_MAX) {
+            seterr(err, errlen, "KV events: tenant %zu: a name and a token of 1..%d bytes "
+                                "(ZeroMQ's PLAIN credentials) are needed", i + 1, PLAIN_MAX);
+            return KVP_EINVALID_PARAMS;
+        }
+        if (strcmp(t->name, KVP_KVPUB_DEFAULT_TOPIC) != 0 &&
+            prefix_either(t->name, KVP_KVPUB_DEFAULT_TOPIC)) {
+            seterr(err, errlen, "KV events: tenant \"%.64s\" and \"%s\": one name is a prefix of "
+                                "the other, and ZeroMQ matches topics by prefix (one tenant's "
+                                "subscriber would receive the other's events): rename it",
+                   t->name, KVP_KVPUB_DEFAULT_TOPIC);
+            return KVP_EINVALID_PARAMS;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (prefix_either(t->name, cfg->tenants[j].name)) {
+                seterr(err, errlen, "KV events: tenants \"%.64s\" and \"%.64s\": one name is a "
+                                    "prefix of the other, and ZeroMQ matches topics by prefix "
+                                    "(one tenant's subscriber would receive the other's events): "
+                                    "rename one", cfg->tenants[j].name, t->name);
+                return KVP_EINVALID_PARAMS;
+            }
+    }
+    return 0;
 }
 
 int kvp_kvpub_create(const kvp_kvpub_cfg *cfg, kvp_kvpub **out, char *err, size_t errlen)
@@ -938,10 +1111,27 @@ int kvp_kvpub_create(const kvp_kvpub_cfg *cfg, kvp_kvpub **out, char *err, size_
         seterr(err, errlen, "%s out of range", cfg->hwm > INT32_MAX ? "hwm" : "buffer_batches");
         return KVP_EINVALID_PARAMS;
     }
+    int trc = tenants_check(cfg, err, errlen);
+    if (trc)
+        return trc;
     kvp_kvpub *p = kvp_calloc(1, sizeof *p);
     if (!p)
         return KVP_ENOMEM;
     pthread_mutex_init(&p->mu, NULL);
+    if (cfg->ntenants) {
+        if (!(p->ten = kvp_calloc(cfg->ntenants, sizeof *p->ten))) {
+            release(p);
+            return KVP_ENOMEM;
+        }
+        p->nten = cfg->ntenants;
+        for (size_t i = 0; i < p->nten; i++) {
+            ptenant *t = &p->ten[i];
+            t->name_len = strlen(cfg->tenants[i].name);
+            t->token_len = strlen(cfg->tenants[i].token);
+            memcpy(t->name, cfg->tenants[i].name, t->name_len);
+            memcpy(t->token, cfg->tenants[i].token, t->token_len);
+        }
+    }
     p->efd = -1;
     p->ring_cap = cfg->buffer_batches ? cfg->buffer_batches : DEF_BUFFER_BATCHES;
     p->ring_max_bytes = cfg->buffer_bytes ? cfg->buffer_bytes : DEF_BUFFER_BYTES;
@@ -977,6 +1167,13 @@ int kvp_kvpub_create(const kvp_kvpub_cfg *cfg, kvp_kvpub **out, char *err, size_
         release(p);
         return rc;
     }
+    int maj, min, pat;
+    zmq_version(&maj, &min, &pat);
+    if (p->nten && maj * 10000 + min * 100 + pat < 40305)
+        KVP_WARN(MOD, "libzmq %d.%d.%d: before 4.3.5 its XPUB may touch a connection that ended "
+                      "while one of its subscriptions waited to be read (upstream 2df7ab6): "
+                      "with tenants, use libzmq 4.3.5 or later",
+                 maj, min, pat);
     *out = p;
     return 0;
 }

@@ -75,6 +75,12 @@ int kvp_kvev_encode(kvp_buf *out, double ts, const kvp_kvev *ev, size_t n);
 
 typedef struct kvp_kvpub kvp_kvpub;
 
+/* A tenant whose events only its own credential reads (kvp_kvpub_cfg.tenants). */
+typedef struct kvp_kvpub_tenant {
+    const char *name;  /* the tenant: its topic, and the PLAIN username (1..255 bytes) */
+    const char *token; /* its tenant token: the PLAIN password (1..255 bytes) */
+} kvp_kvpub_tenant;
+
 typedef struct kvp_kvpub_cfg {
     const char *pub;         /* "tcp://HOST:PORT" the PUB socket binds (required) */
     const char *replay;      /* "tcp://HOST:PORT" of the ROUTER replay socket, or NULL/"" = none */
@@ -87,9 +93,31 @@ typedef struct kvp_kvpub_cfg {
     uint32_t max_subscribers;    /* connections to PUB at once; one more is refused in its
                                     handshake (0 = 256) */
     uint32_t max_replay_clients; /* the same for the replay socket (0 = 64) */
+    const kvp_kvpub_tenant *tenants; /* ntenants > 0: tenants are protected (below) */
+    size_t ntenants;
 } kvp_kvpub_cfg;
 
-/* Limits against peers (no credential is asked): a subscription or a replay
+/* Tenants (ntenants > 0): both sockets ask ZeroMQ's PLAIN mechanism
+ * (ZMQ_PLAIN_SERVER) and the ZAP handler admits username = a tenant's name
+ * with password = that tenant's token (compared in constant time), setting
+ * the connection's User-Id to the tenant; anything else (a wrong password,
+ * an unknown tenant, another mechanism) is refused in the handshake. The
+ * PUB is then an XPUB with ZMQ_XPUB_MANUAL: the publisher thread reads
+ * every (un)subscription with its User-Id and applies, for that connection
+ * alone, only one: its tenant's topic. A subscription to a prefix of it
+ * ("" included: vLLM's subscribe-to-everything) means the tenant's topic;
+ * any other is refused, not applied (stats.subs_refused). So a connection
+ * holds at most one subscription, and receives its own tenant's batches
+ * and no other's; a cancel of any subscription that was admitted removes
+ * that one (a connection subscribed to "" and to its topic that cancels
+ * "" receives nothing more). The replay socket answers only the requester's tenant:
+ * vLLM's form (no topic) replays the tenant's topic; a request naming
+ * another topic gets the end marker alone (stats.replays_refused). Since
+ * ZeroMQ matches topics by prefix, no tenant's name may be a prefix of
+ * another's, nor of "default" or the other way round (create refuses it:
+ * that tenant's subscriber would receive the other's batches).
+ *
+ * Limits against peers (with or without tenants): a subscription or a replay
  * request frame longer than a topic closes its connection unread
  * (ZMQ_MAXMSGSIZE); a ZMTP handshake completes within 5 s; past
  * max_subscribers / max_replay_clients connections at once one more is
@@ -102,7 +130,8 @@ typedef struct kvp_kvpub_cfg {
  * asynchronous signal. HOST is an IP address, an interface name or "*"
  * (ZMQ binds no host name: "localhost" is refused); PORT a number, 0 or "*"
  * (any free one). 0; KVP_EINVALID_PARAMS (no pub endpoint, one that is not
- * such text, a limit out of range); KVP_ENOMEM; KVP_EIO (the bind failed:
+ * such text, a limit out of range, a tenant's name or token empty or over
+ * 255 bytes, a name that is a prefix of another's); KVP_ENOMEM; KVP_EIO (the bind failed:
  * port in use, an address not of this host; or the thread could not
  * start). err (errlen bytes, may be NULL) says why. */
 int kvp_kvpub_create(const kvp_kvpub_cfg *cfg, kvp_kvpub **out, char *err, size_t errlen);
@@ -133,6 +162,11 @@ typedef struct kvp_kvpub_stats {
     uint64_t pinned_bytes;     /* batches gone from the replay ring but still held in the
                                   pipes of replay clients (bounded by buffer_bytes: past it
                                   a replay waits for them) */
+    uint64_t subs_admitted;    /* tenants: subscriptions (and cancels) applied */
+    uint64_t subs_refused;     /* tenants: subscriptions to another tenant's topic, or
+                                  sent without a tenant: not applied */
+    uint64_t replays_refused;  /* tenants: replay requests for another tenant's topic */
+    uint64_t auth_refused;     /* tenants: handshakes refused for their credentials */
 } kvp_kvpub_stats;
 /* Thread-safe. */
 void kvp_kvpub_stats_get(kvp_kvpub *p, kvp_kvpub_stats *st);

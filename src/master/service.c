@@ -1043,9 +1043,10 @@ static int snap_open(kvp_mserver *s, char *err, size_t errlen)
     return 0;
 }
 
-/* Binds the KV events' sockets (cfg.kv_events, kv_events_replay). Beyond
- * loopback they need `insecure` where tenants are protected from each
- * other: a subscriber sees every tenant's blocks. 0 or < 0 with err. */
+/* Binds the KV events' sockets (cfg.kv_events, kv_events_replay). With
+ * tenant_tokens_file each tenant's events need its credential (ZeroMQ's
+ * PLAIN, master/kvev.h); beyond loopback they need `insecure` all the
+ * same: PLAIN sends the token in the clear. 0 or < 0 with err. */
 static int events_open(kvp_mserver *s, const kvp_config *cfg, char *err, size_t errlen)
 {
     const char *eps[2] = {cfg->kv_events, cfg->kv_events_replay};
@@ -1061,12 +1062,34 @@ static int events_open(kvp_mserver *s, const kvp_config *cfg, char *err, size_t 
     kvp_kvpub_cfg pc = {.pub = cfg->kv_events,
                         .replay = cfg->kv_events_replay,
                         .buffer_batches = (uint32_t)cfg->kv_events_buffer};
+    kvp_tenant_cred *tc = NULL;
+    kvp_kvpub_tenant *pt = NULL;
+    size_t nt = 0;
+    if (cfg->tenant_tokens_file[0]) { /* the master loaded it already: it is good */
+        int rc = kvp_secret_tenants_load(cfg->tenant_tokens_file, &tc, &nt, err, errlen);
+        if (rc)
+            return rc;
+        if (nt && !(pt = kvp_calloc(nt, sizeof *pt))) {
+            explicit_bzero(tc, nt * sizeof *tc);
+            kvp_free(tc);
+            return KVP_ENOMEM;
+        }
+        for (size_t i = 0; i < nt; i++)
+            pt[i] = (kvp_kvpub_tenant){tc[i].tenant, tc[i].token};
+        pc.tenants = pt;
+        pc.ntenants = nt;
+    }
     int rc = kvp_kvpub_create(&pc, &s->kvpub, err, errlen);
+    kvp_free(pt);
+    if (tc)
+        explicit_bzero(tc, nt * sizeof *tc);
+    kvp_free(tc);
     if (rc)
         return rc;
     const char *r = kvp_kvpub_replay_endpoint(s->kvpub);
-    KVP_INFO(MOD, "KV events on %s%s%s", kvp_kvpub_pub_endpoint(s->kvpub), r[0] ? ", replay on " : "",
-             r);
+    KVP_INFO(MOD, "KV events on %s%s%s%s", kvp_kvpub_pub_endpoint(s->kvpub),
+             r[0] ? ", replay on " : "", r,
+             nt ? " (each tenant's with its token: ZeroMQ PLAIN)" : "");
     return 0;
 }
 

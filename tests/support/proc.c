@@ -263,10 +263,15 @@ int tp_master_alive(tp_master *m, int *status)
 }
 
 /* State letter of pid (field 3 of /proc/PID/stat), or 0. */
-static char proc_state(pid_t pid)
+/* The state letter of /proc/PID/stat, or of /proc/PID/task/TID/stat with
+ * tid > 0; 0 when unreadable. */
+static char proc_state(pid_t pid, pid_t tid)
 {
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    char path[96], buf[512];
+    if (tid > 0)
+        snprintf(path, sizeof path, "/proc/%d/task/%d/stat", (int)pid, (int)tid);
+    else
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     FILE *f = fopen(path, "r");
     if (!f)
         return 0;
@@ -277,11 +282,35 @@ static char proc_state(pid_t pid)
     return rp && rp[1] == ' ' ? rp[2] : 0;
 }
 
+/* 1 when every thread of pid is stopped. A group stop (SIGSTOP) stops the
+ * threads one by one, each as it next runs: until the last one has, the
+ * others -- a master's loop, say -- still serve, though the main thread
+ * already reads 'T'. */
+static int all_threads_stopped(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return 0;
+    int n = 0, all = 1;
+    for (struct dirent *e; all && (e = readdir(d));) {
+        pid_t tid = (pid_t)atoi(e->d_name);
+        if (tid <= 0)
+            continue;
+        char st = proc_state(pid, tid);
+        all = st == 'T' || st == 't' || st == 0; /* 0: a thread that just ended */
+        n++;
+    }
+    closedir(d);
+    return all && n > 0;
+}
+
 int tp_proc_wait_stopped(pid_t pid, unsigned ms)
 {
     for (unsigned waited = 0;; waited += 2) {
-        char st = proc_state(pid);
-        if (st == 'T' || st == 't')
+        char st = proc_state(pid, 0);
+        if ((st == 'T' || st == 't') && all_threads_stopped(pid))
             return 0;
         if (waited >= ms)
             return -1;

@@ -60,8 +60,10 @@ int tp_store_spawn(tp_master *p, const char *const *args);
 /* Still running? (reaps it when it exited; *status gets what stop returns) */
 int tp_master_alive(tp_master *m, int *status);
 
-/* Waits up to ms for process pid to be stopped (SIGSTOP delivered: state
- * 'T' in /proc/PID/stat; kill() returns before that). 0, or -1 on timeout. */
+/* Waits up to ms for process pid to be stopped, every thread of it (SIGSTOP
+ * delivered: state 'T' in /proc/PID/task/TID/stat for each; kill() returns
+ * before that, and on a loaded machine a thread may go on for milliseconds).
+ * 0, or -1 on timeout. */
 int tp_proc_wait_stopped(pid_t pid, unsigned ms);
 /* Bytes waiting unread in the receive queues of pid's TCP sockets
  * (/proc/PID/fd against /proc/net/tcp{,6}): what a frozen process has been

@@ -1095,3 +1095,260 @@ TEST(connections_past_the_caps_are_refused)
     close(d);
     kvp_kvpub_destroy(p);
 }
+
+/* ------------------------------------------------------------ tenants */
+
+static const kvp_kvpub_tenant TENANTS[] = {{"alpha", "token-of-alpha"},
+                                           {"beta", "token-of-beta"}};
+
+static kvp_kvpub *make_tenant_pub(void)
+{
+    kvp_kvpub_cfg cfg = {.pub = "tcp://127.0.0.1:0", .replay = "tcp://127.0.0.1:0",
+                         .buffer_batches = 1000, .tenants = TENANTS, .ntenants = 2};
+    kvp_kvpub *p = NULL;
+    char err[256];
+    if (kvp_kvpub_create(&cfg, &p, err, sizeof err) != 0) {
+        fprintf(stderr, "kvp_kvpub_create: %s\n", err);
+        return NULL;
+    }
+    return p;
+}
+
+/* A socket with PLAIN credentials (what a consumer sets: kvev.h). */
+static void *socket_plain(int type, const char *ep, const char *user, const char *pass)
+{
+    if (!zctx)
+        zctx = zmq_ctx_new();
+    void *s = zmq_socket(zctx, type);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s, ZMQ_PLAIN_USERNAME, user, strlen(user));
+    zmq_setsockopt(s, ZMQ_PLAIN_PASSWORD, pass, strlen(pass));
+    zmq_connect(s, ep);
+    return s;
+}
+
+/* Publishes batches of topic (seqs from *seq on) until sub has received
+ * one of them: the subscription is in place. Every message sub receives
+ * meanwhile must be of topic; *foreign counts the bytes of any other. */
+static int join_tenant(kvp_kvpub *p, void *sub, const char *topic, uint64_t *seq,
+                       uint64_t *foreign)
+{
+    uint64_t until = kvp_now_ms() + 10000;
+    msg m;
+    while (kvp_now_ms() < until) {
+        if (submit_batch(p, topic, ++*seq) != 0)
+            return -1;
+        if (recv_msg(sub, &m, 20) == 0) {
+            int mine = frame_is(&m, 0, topic, strlen(topic));
+            for (size_t i = 0; !mine && i < m.n && i < MAXF; i++)
+                *foreign += m.len[i];
+            msg_free(&m);
+            if (mine)
+                return 0;
+        }
+    }
+    return -1;
+}
+
+/* Receives from sub until the batch (topic, seq) arrives; the bytes of
+ * messages of any other topic meanwhile are added to *foreign. */
+static int recv_until(void *sub, const char *topic, uint64_t seq, uint64_t *foreign)
+{
+    msg m;
+    for (;;) {
+        if (recv_msg(sub, &m, 5000) != 0)
+            return -1;
+        int mine = frame_is(&m, 0, topic, strlen(topic));
+        for (size_t i = 0; !mine && i < m.n && i < MAXF; i++)
+            *foreign += m.len[i];
+        int done = mine && m.n == 3 && m.len[1] == 8 && get_be64(m.f[1]) == seq;
+        msg_free(&m);
+        if (done)
+            return 0;
+    }
+}
+
+/* Tenants protected: a subscriber reads its own tenant's batches and not
+ * one byte of another's, whatever it subscribes to. On a PUB without
+ * credentials (the code before) "" received both tenants and "beta" from
+ * alpha's connection received beta's. */
+TEST(tenants_read_only_their_own_events)
+{
+    kvp_kvpub *p = make_tenant_pub();
+    CHECK(p != NULL);
+    if (!p)
+        return;
+    const char *ep = kvp_kvpub_pub_endpoint(p);
+    void *a = socket_plain(ZMQ_SUB, ep, "alpha", "token-of-alpha");
+    void *b = socket_plain(ZMQ_SUB, ep, "beta", "token-of-beta");
+    void *a2 = socket_plain(ZMQ_SUB, ep, "alpha", "token-of-alpha");
+    zmq_setsockopt(a, ZMQ_SUBSCRIBE, "", 0);      /* everything: alpha's stream */
+    zmq_setsockopt(b, ZMQ_SUBSCRIBE, "beta", 4);
+    zmq_setsockopt(a2, ZMQ_SUBSCRIBE, "beta", 4); /* another tenant's: refused */
+    zmq_setsockopt(a2, ZMQ_SUBSCRIBE, "b", 1);
+    zmq_setsockopt(a2, ZMQ_SUBSCRIBE, "alphabet", 8);
+    zmq_setsockopt(a2, ZMQ_SUBSCRIBE, "al", 2);   /* a prefix of its own: alpha */
+    uint64_t sa = 0, sb = 0, foreign = 0;
+    CHECK_EQ(join_tenant(p, a, "alpha", &sa, &foreign), 0);
+    CHECK_EQ(join_tenant(p, b, "beta", &sb, &foreign), 0);
+    CHECK_EQ(join_tenant(p, a2, "alpha", &sa, &foreign), 0);
+    /* every subscription of a2 was read before its "al" (one connection's
+     * are taken in order): had "beta" been applied, the beta batches below
+     * would reach a2 before alpha's last */
+    for (int i = 0; i < 20; i++) {
+        CHECK_EQ(submit_batch(p, "beta", ++sb), 0);
+        CHECK_EQ(submit_batch(p, "alpha", ++sa), 0);
+    }
+    CHECK_EQ(recv_until(a, "alpha", sa, &foreign), 0);
+    CHECK_EQ(recv_until(a2, "alpha", sa, &foreign), 0);
+    CHECK_EQ(recv_until(b, "beta", sb, &foreign), 0);
+    fprintf(stderr, "    bytes of other tenants' events received: %llu\n",
+            (unsigned long long)foreign);
+    CHECK_EQ(foreign, 0);
+    kvp_kvpub_stats st;
+    kvp_kvpub_stats_get(p, &st);
+    CHECK_EQ(st.subs_refused, 3); /* beta, b, alphabet */
+    CHECK_EQ(st.subs_admitted, 3); /* "", beta, al */
+    CHECK_EQ(st.auth_refused, 0);
+    void *socks[] = {a, b, a2};
+    close_all(socks, 3);
+    kvp_kvpub_destroy(p);
+}
+
+/* A wrong password, or a tenant's name with another's token, is refused in
+ * the handshake: nothing is read on such a connection. */
+TEST(tenants_wrong_credentials_are_refused)
+{
+    kvp_kvpub *p = make_tenant_pub();
+    CHECK(p != NULL);
+    if (!p)
+        return;
+    const char *ep = kvp_kvpub_pub_endpoint(p);
+    void *bad = socket_plain(ZMQ_SUB, ep, "alpha", "token-of-alphA");
+    void *mixed = socket_plain(ZMQ_SUB, ep, "alpha", "token-of-beta");
+    void *nobody = socket_plain(ZMQ_SUB, ep, "gamma", "token-of-alpha");
+    void *rep = socket_plain(ZMQ_DEALER, kvp_kvpub_replay_endpoint(p), "beta", "");
+    int sndtimeo = 100; /* a DEALER with no peer would block its send */
+    zmq_setsockopt(rep, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo);
+    zmq_setsockopt(bad, ZMQ_SUBSCRIBE, "", 0);
+    zmq_setsockopt(mixed, ZMQ_SUBSCRIBE, "", 0);
+    zmq_setsockopt(nobody, ZMQ_SUBSCRIBE, "", 0);
+    kvp_kvpub_stats st;
+    uint64_t until = kvp_now_ms() + 10000;
+    do {
+        usleep(10 * 1000);
+        kvp_kvpub_stats_get(p, &st);
+    } while (st.auth_refused < 3 && kvp_now_ms() < until);
+    CHECK(st.auth_refused >= 3); /* libzmq retries: each try is refused */
+    void *good = socket_plain(ZMQ_SUB, ep, "alpha", "token-of-alpha");
+    zmq_setsockopt(good, ZMQ_SUBSCRIBE, "", 0);
+    uint64_t sa = 0, foreign = 0;
+    CHECK_EQ(join_tenant(p, good, "alpha", &sa, &foreign), 0);
+    msg m;
+    CHECK(recv_msg(bad, &m, 300) != 0);
+    CHECK(recv_msg(mixed, &m, 10) != 0);
+    CHECK(recv_msg(nobody, &m, 10) != 0);
+    ask_replay(rep, "beta", 0);
+    CHECK(recv_msg(rep, &m, 300) != 0);
+    kvp_kvpub_stats_get(p, &st);
+    CHECK_EQ(st.subs_admitted, 1);
+    CHECK_EQ(st.replays, 0);
+    void *socks[] = {bad, mixed, nobody, rep, good};
+    close_all(socks, 5);
+    kvp_kvpub_destroy(p);
+}
+
+/* The replay answers the requester's tenant only: vLLM's form replays its
+ * own topic, a request for another's gets the end marker alone. */
+TEST(tenants_replay_only_their_own_batches)
+{
+    kvp_kvpub *p = make_tenant_pub();
+    CHECK(p != NULL);
+    if (!p)
+        return;
+    for (uint64_t s = 1; s <= 6; s++) {
+        CHECK_EQ(submit_batch(p, "alpha", s), 0);
+        if (s <= 4)
+            CHECK_EQ(submit_batch(p, "beta", s), 0);
+    }
+    CHECK_EQ(wait_sent(p, 10), 0);
+    void *d = socket_plain(ZMQ_DEALER, kvp_kvpub_replay_endpoint(p), "alpha", "token-of-alpha");
+    uint64_t seqs[32];
+    size_t n;
+    ask_replay(d, NULL, 2); /* vLLM's form: alpha's own topic */
+    check_topic = "alpha";
+    CHECK_EQ(recv_replay(d, "alpha", seqs, 32, &n, check_payload), 0);
+    CHECK(n == 5 && seqs[0] == 2 && seqs[4] == 6);
+    ask_replay(d, "beta", 0);
+    CHECK_EQ(recv_replay(d, "beta", seqs, 32, &n, NULL), 0);
+    CHECK_EQ(n, 0);
+    ask_replay(d, "default", 0);
+    CHECK_EQ(recv_replay(d, "default", seqs, 32, &n, NULL), 0);
+    CHECK_EQ(n, 0);
+    ask_replay(d, "alpha", 5);
+    CHECK_EQ(recv_replay(d, "alpha", seqs, 32, &n, check_payload), 0);
+    CHECK(n == 2 && seqs[0] == 5 && seqs[1] == 6);
+    kvp_kvpub_stats st;
+    kvp_kvpub_stats_get(p, &st);
+    CHECK_EQ(st.replays, 4);
+    CHECK_EQ(st.replays_refused, 2);
+    CHECK_EQ(st.replayed_batches, 7);
+    close_all(&d, 1);
+    kvp_kvpub_destroy(p);
+}
+
+/* One connection's subscriptions: however many it sends, none but its
+ * tenant's topic is applied (its cap is that one). */
+TEST(tenants_subscriptions_per_connection_are_capped)
+{
+    kvp_kvpub *p = make_tenant_pub();
+    CHECK(p != NULL);
+    if (!p)
+        return;
+    void *a = socket_plain(ZMQ_SUB, kvp_kvpub_pub_endpoint(p), "alpha", "token-of-alpha");
+    char t[64];
+    for (int i = 0; i < 500; i++) { /* within the SUB's own high-water mark */
+        int n = snprintf(t, sizeof t, "%s-%d", i % 2 ? "beta" : "alpha", i);
+        zmq_setsockopt(a, ZMQ_SUBSCRIBE, t, (size_t)n);
+    }
+    zmq_setsockopt(a, ZMQ_SUBSCRIBE, "alpha", 5);
+    uint64_t sa = 0, sb = 0, foreign = 0;
+    CHECK_EQ(join_tenant(p, a, "alpha", &sa, &foreign), 0);
+    for (int i = 0; i < 5; i++) {
+        CHECK_EQ(submit_batch(p, "beta", ++sb), 0);
+        CHECK_EQ(submit_batch(p, "alpha", ++sa), 0);
+    }
+    CHECK_EQ(recv_until(a, "alpha", sa, &foreign), 0);
+    CHECK_EQ(foreign, 0);
+    kvp_kvpub_stats st;
+    kvp_kvpub_stats_get(p, &st);
+    CHECK_EQ(st.subs_refused, 500);
+    CHECK_EQ(st.subs_admitted, 1);
+    close_all(&a, 1);
+    kvp_kvpub_destroy(p);
+}
+
+/* Tenant names one of which is a prefix of another (or of "default") would
+ * share a ZeroMQ topic prefix: refused at create. */
+TEST(tenants_whose_names_share_a_prefix_are_refused)
+{
+    const kvp_kvpub_tenant pre[] = {{"ab", "x"}, {"abc", "y"}};
+    const kvp_kvpub_tenant def[] = {{"def", "x"}};
+    const kvp_kvpub_tenant defx[] = {{"default2", "x"}};
+    const kvp_kvpub_tenant empty[] = {{"a", ""}};
+    const kvp_kvpub_tenant ok[] = {{"default", "x"}, {"abc", "y"}, {"abd", "z"}};
+    const struct { const kvp_kvpub_tenant *t; size_t n; int rc; } cases[] = {
+        {pre, 2, KVP_EINVALID_PARAMS}, {def, 1, KVP_EINVALID_PARAMS},
+        {defx, 1, KVP_EINVALID_PARAMS}, {empty, 1, KVP_EINVALID_PARAMS}, {ok, 3, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvp_kvpub_cfg cfg = {.pub = "tcp://127.0.0.1:0", .tenants = cases[i].t,
+                             .ntenants = cases[i].n};
+        kvp_kvpub *p = NULL;
+        char err[512] = "";
+        CHECK_EQ(kvp_kvpub_create(&cfg, &p, err, sizeof err), cases[i].rc);
+        if (cases[i].rc && !strstr(err, cases[i].t == empty ? "1..255 bytes" : "prefix"))
+            th_fail(__FILE__, __LINE__, "said: %s", err);
+        kvp_kvpub_destroy(p);
+    }
+}
