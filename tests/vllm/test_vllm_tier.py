@@ -20,10 +20,14 @@ for p in (HERE, HERE.parents[1] / "python", HERE.parents[1] / "tests" / "python"
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+import docblocks  # noqa: E402
 import kvpool  # noqa: E402
 import kvpool_procs  # noqa: E402
 import tier_driver as T  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult, Medium, ReqContext  # noqa: E402
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 
 from kvpool.vllm_tier import KVPoolTier, tier_key  # noqa: E402
 
@@ -61,6 +65,28 @@ def test_chunks_stored_by_one_engine_are_promoted_into_another(pool: kvpool_proc
         assert ta._client.stats()["shm"]["put_bytes"] == 12 * size
         assert tier_of(b)._client.stats()["shm"]["get_bytes"] == 12 * size
         assert ta._client.stats()["tcp"]["put_bytes"] == 0
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+def test_readme_configuration_as_written(pool: kvpool_procs.Proc) -> None:
+    """The README's block, with the test pool's address and a small host region."""
+    import json
+    text = docblocks.blocks("README.md")["vllm-tier-config"].text
+    conf = json.loads(text.replace("127.0.0.1:50051", pool.addr))
+    assert conf["kv_connector"] in KVConnectorFactory._registry
+    extra = conf["kv_connector_extra_config"]
+    assert OffloadingSpecFactory.get_spec_cls(extra) is TieringOffloadingSpec
+    extra = dict(extra, cpu_bytes_to_use=32 * 16384)
+    a = T.make_manager(pool.addr, extra=extra)
+    b = T.make_manager(pool.addr, extra=extra)
+    try:
+        keys = T.keys_of("readme", 3)
+        T.store(a, keys)
+        res, got = T.load(b, keys)
+        assert res == [HIT] * 3
+        assert got[keys[1]] == T.payload(keys[1], 16384).tobytes()
     finally:
         a.shutdown()
         b.shutdown()

@@ -32,14 +32,17 @@ def tier_conf(master: str, **kw: Any) -> dict[str, Any]:
 def make_manager(master: str, *, chunks: int = 32, chunk_bytes: int = 16384,
                  dtype: str = "float16", model: str = "tiny-tier-model", tp: int = 1,
                  agnostic: bool = True, events: bool = False,
-                 tier: Optional[dict[str, Any]] = None) -> TieringOffloadingManager:
+                 tier: Optional[dict[str, Any]] = None,
+                 extra: Optional[dict[str, Any]] = None) -> TieringOffloadingManager:
     """A fresh engine's manager: its own primary region of `chunks` chunks of
-    chunk_bytes (one block per chunk, one KV-cache group) over kvpool."""
+    chunk_bytes (one block per chunk, one KV-cache group) over kvpool; extra:
+    the whole kv_connector_extra_config instead (tier and chunks unused)."""
     cfg = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=32, layer_names=("l0", "l1"), group_id=0),),
         worker_kv_bytes_per_block=chunk_bytes // tp, enable_kv_cache_events=events,
-        extra_config={"cpu_bytes_to_use": chunks * chunk_bytes,
-                      "secondary_tiers": [tier if tier is not None else tier_conf(master)]},
+        extra_config=extra if extra is not None else {
+            "cpu_bytes_to_use": chunks * chunk_bytes,
+            "secondary_tiers": [tier if tier is not None else tier_conf(master)]},
         engine_id=f"kvpool-tier-{uuid.uuid4().hex[:12]}",
         model=OffloadingModelConfig(name=model, dtype=dtype),
         cache=OffloadingCacheConfig(tokens_per_hash=32, blocks_per_chunk=1),
