@@ -130,6 +130,19 @@ def tier_key(prefix: str, key: OffloadKey) -> str:
     return f"{prefix}@g{get_offload_group_idx(key)}@{get_offload_block_hash(key).hex()}"
 
 
+def _check_params(threads: Any, namespace: Any, enable_kv_events: Any) -> None:
+    """The tier's own parameters from vLLM's configuration, refused with the
+    reason before anything starts."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 64:
+        raise ValueError(f"kvpool tier: threads must be an integer 1..64, not {threads!r}")
+    if not isinstance(namespace, str) or "\0" in namespace or len(namespace) > 1024:
+        raise ValueError(f"kvpool tier: namespace must be a string of at most 1024 characters "
+                         f"without NUL, not {namespace!r:.80}")
+    if not isinstance(enable_kv_events, bool):
+        raise ValueError(f"kvpool tier: enable_kv_events must be true or false, "
+                         f"not {enable_kv_events!r}")
+
+
 # --------------------------------------------------------------- lookups
 
 class _PoolLookups(AsyncLookupManager):
@@ -158,6 +171,7 @@ class KVPoolTier(SecondaryTierManager):
                  enable_kv_events: bool = False, locality: Optional[str] = None,
                  backpressure_detector: "Optional[BackpressureDetector]" = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        _check_params(threads, namespace, enable_kv_events)
         self.locality = Locality(locality) if locality is not None else None
         self._chunk = int(self.block_size_bytes)
         self._fp, self._desc = tier_fingerprint(offloading_spec, self._chunk)

@@ -194,3 +194,15 @@ def test_unreachable_pool_stops_the_start_with_the_reason() -> None:
         T.make_manager("127.0.0.1:1", tier=T.tier_conf(f"127.0.0.1:{port}",
                                                         config={"master": f"127.0.0.1:{port}",
                                                                 "rpc_timeout": 1000}))
+
+
+@pytest.mark.parametrize("param,value,why", [
+    ("threads", 0, "threads must be an integer 1..64"),
+    ("threads", "4", "threads must be an integer 1..64"),
+    ("namespace", 7, "namespace must be a string"),
+    ("enable_kv_events", "yes", "enable_kv_events must be true or false"),
+])
+def test_bad_tier_parameters_are_refused_with_the_reason(pool: kvpool_procs.Proc, param: str,
+                                                         value: Any, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        T.make_manager(pool.addr, tier=T.tier_conf(pool.addr, **{param: value}))
