@@ -12,7 +12,12 @@ shapes (64 x 512 KiB and 16 x 2 MiB values; a chunk = a value):
     tier said HIT and vLLM queued the promotion, from the step that submits
     the load until every lookup answers HIT (bytes in B's host memory).
   * baseline: `kvpool bench store --master <that pool> --rounds R`, row
-    kvpool_shm (the C client's batch put/get over the same shared memory).
+    kvpool_shm (the C client's batch put/get over the same shared memory), run
+    once after the tier's rounds; and, because this host's load varies from
+    one second to the next, the same batch calls made in this process
+    (Client.put_from_batch / get_into_ptr_batch of a registered buffer, what
+    bench store's kvpool_shm cell calls) in every round right after the
+    tier's: "client" columns, ratio_interleaved.
 Each cell: the median GB/s over R rounds after a warm-up round, new keys
 every round; as bench store does, a round's keys are removed from the pool
 after it (untimed), so rounds reuse warm segment pages, and each engine's
@@ -49,9 +54,12 @@ def baseline(kvpool: str, master: str, rounds: int) -> dict[str, dict[str, float
 
 
 def spin(m: Any) -> None:
-    """One scheduler step of m (what the engine does between forward passes)."""
+    """One scheduler step of m (what the engine does between forward passes),
+    then a 0.2 ms pause: a busy poll would take a core from the transfer
+    threads on a small host (an engine polls once per step)."""
     import tier_driver as T
     m.on_schedule_end(T.STEP)
+    time.sleep(0.0002)
 
 
 def store_round(T: Any, a: Any, keys: list, size: int) -> tuple[float, float]:
@@ -123,6 +131,20 @@ def load_round(T: Any, b: Any, keys: list) -> tuple[float, float]:
     return wall, sum(seen)
 
 
+def client_round(c: Any, src: Any, dst: Any, keys: list[str], size: int) -> tuple[float, float]:
+    """bench store's kvpool_shm batch, in this process: (put s, get s)."""
+    n = len(keys)
+    sa, da = int(src.ctypes.data), int(dst.ctypes.data)
+    t0 = time.perf_counter()
+    r = c.put_from_batch(keys, [sa + i * size for i in range(n)], [size] * n)
+    t1 = time.perf_counter()
+    g = c.get_into_ptr_batch(keys, [da + i * size for i in range(n)], [size] * n)
+    t2 = time.perf_counter()
+    assert all(x is None for x in r) and all(x == size for x in g), (r, g)
+    c.remove_batch(keys, force=True)
+    return t1 - t0, t2 - t1
+
+
 def tier_cells(master: str, rounds: int) -> dict[str, dict[str, float]]:
     import kvpool
     import tier_driver as T
@@ -132,24 +154,37 @@ def tier_cells(master: str, rounds: int) -> dict[str, dict[str, float]]:
         a = T.make_manager(master, chunks=n, chunk_bytes=size)
         b = T.make_manager(master, chunks=n, chunk_bytes=size)
         cleaner = kvpool.Client({"master": master})
+        import numpy as np
+        src = np.full(n * size, 0x5A, dtype=np.uint8)  # written before timing, as bench store
+        dst = np.zeros(n * size, dtype=np.uint8)
+        cleaner.register_buffer(src)
+        cleaner.register_buffer(dst)
         try:
-            put, get, put_job, get_job = [], [], [], []
+            put, get, put_job, get_job, cput, cget = [], [], [], [], [], []
             for r in range(rounds + 1):  # round 0 warms up
                 keys = T.keys_of(f"bench-{shape}-{r}-{os.getpid()}", n)
                 w, j = store_round(T, a, keys, size)
                 lw, lj = load_round(T, b, keys)
                 prefix = a.secondary_tiers[0].key_prefix
                 cleaner.remove_batch([tier_key(prefix, k) for k in keys], force=True)
+                cp, cg = client_round(cleaner, src, dst, [f"bench-client-{shape}-{r}-{i}"
+                                                          for i in range(n)], size)
                 if r:
                     gb = n * size / 1e9
                     put.append(gb / w)
                     get.append(gb / lw)
                     put_job.append(gb / j if j else 0.0)
                     get_job.append(gb / lj if lj else 0.0)
+                    cput.append(gb / cp)
+                    cget.append(gb / cg)
             cells[shape] = {"put_gbps": statistics.median(put), "get_gbps": statistics.median(get),
                             "put_job_gbps": statistics.median(put_job),
-                            "get_job_gbps": statistics.median(get_job)}
+                            "get_job_gbps": statistics.median(get_job),
+                            "client_put_gbps": statistics.median(cput),
+                            "client_get_gbps": statistics.median(cget)}
         finally:
+            cleaner.unregister_buffer(src)
+            cleaner.unregister_buffer(dst)
             cleaner.close()
             a.shutdown()
             b.shutdown()
@@ -181,17 +216,19 @@ def main() -> int:
             bv = b.get(f"{op}_gbps")
             row[f"bench_store_{op}_gbps"] = bv
             row[f"{op}_ratio"] = round(t[f"{op}_gbps"] / bv, 3) if bv else None
+            row[f"{op}_ratio_interleaved"] = round(t[f"{op}_gbps"] / t[f"client_{op}_gbps"], 3)
         rows.append(row)
     doc = {"bench": "vllm_tier", "rounds": args.rounds, "goal_ratio": 0.8, "results": rows}
     print(f"{'shape':<11} {'op':<5} {'tier GB/s':>9} {'job GB/s':>9} {'store GB/s':>10} "
-          f"{'ratio':>6}", file=sys.stderr)
+          f"{'ratio':>6}      {'client GB/s':>11} {'ratio':>6}", file=sys.stderr)
     for r in rows:
         for op, name in (("put", "store"), ("get", "load")):
             ratio = r[f"{op}_ratio"]
             print(f"{r['shape']:<11} {name:<5} {r[f'tier_{op}_gbps']:>9.2f} "
                   f"{r[f'tier_{op}_job_gbps']:>9.2f} {r[f'bench_store_{op}_gbps'] or 0:>10.2f} "
                   f"{ratio if ratio is not None else float('nan'):>6.2f}"
-                  f"{'' if ratio is None else ('  met' if ratio >= 0.8 else '  MISS')}",
+                  f"{'     ' if ratio is None else ('  met' if ratio >= 0.8 else ' MISS')}"
+                  f" {r[f'tier_client_{op}_gbps']:>11.2f} {r[f'{op}_ratio_interleaved']:>6.2f}",
                   file=sys.stderr)
     text = json.dumps(doc, indent=2)
     if args.out:
