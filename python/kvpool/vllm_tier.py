@@ -66,7 +66,7 @@ from vllm.v1.kv_offload.base import (
     get_offload_block_hash,
     get_offload_group_idx,
 )
-from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
+from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager, LookupPhase
 from vllm.v1.kv_offload.tiering.base import JobId, JobResult, SecondaryTierManager, TransferJob
 
 from . import Client, Error, _native, codes
@@ -155,6 +155,19 @@ class _PoolLookups(AsyncLookupManager):
     def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
         found = self._tier._client.exist_batch([self._tier._key(k) for k in keys])
         return [r is True for r in found]  # an Error (pool unreachable) is a miss
+
+    def mark_stored(self, keys: Iterable[OffloadKey]) -> None:
+        """Chunks this tier just stored: a verdict "absent" cached for them
+        (asked before the store, kept while a request refers to it) becomes
+        "present", as mark_miss does the other way. Only resolved verdicts
+        change; one still being asked keeps its own answer."""
+        states = getattr(self, "_lookup_state", None)
+        if states is None:  # another vLLM's internals: the verdicts age out instead
+            return
+        for k in keys:
+            st = states.get(k)
+            if st is not None and st.phase is LookupPhase.RESOLVED:
+                st.result = True
 
 
 # ------------------------------------------------------------------ tier
@@ -284,6 +297,7 @@ class KVPoolTier(SecondaryTierManager):
             success = len(ok) == len(keys)
             if op == "put":
                 stored = self._store_done(keys, results)
+                self._lookups.mark_stored(stored)
                 if self.events is not None and stored:
                     self.events.append(OffloadingEvent(keys=stored, medium=self.medium,
                                                        removed=False, locality=self.locality))

@@ -134,7 +134,30 @@ def test_retry_while_storing_then_hit(pool: kvpool_procs.Proc) -> None:
         while res != [HIT] * 3 and T.time.monotonic() < deadline:
             T.time.sleep(0.005)
             res = [t.lookup(k, ctx) for k in keys]
+            t.on_schedule_end(T.STEP)  # a step: answers that came in are taken at the next
         assert res == [HIT] * 3
+        t.on_request_finished(ctx)
+    finally:
+        a.shutdown()
+
+
+def test_a_miss_seen_before_a_store_turns_into_a_hit(pool: kvpool_procs.Proc) -> None:
+    a = T.make_manager(pool.addr)
+    try:
+        keys = T.keys_of("late", 2)
+        t = tier_of(a)
+        ctx = ReqContext(req_id="early")  # a request that asked before the chunks existed
+        assert [t.lookup(k, ctx) for k in keys] == [RETRY] * 2
+        t.on_schedule_end(T.STEP)
+        deadline = T.time.monotonic() + T.BOUND_S
+        res = [RETRY]
+        while RETRY in res and T.time.monotonic() < deadline:
+            T.time.sleep(0.005)
+            res = [t.lookup(k, ctx) for k in keys]
+            t.on_schedule_end(T.STEP)
+        assert res == [MISS] * 2
+        T.store(a, keys)
+        assert [t.lookup(k, ctx) for k in keys] == [HIT] * 2
         t.on_request_finished(ctx)
     finally:
         a.shutdown()
