@@ -37,8 +37,9 @@ Contracts:
   * Every submitted job is reported once by get_finished_jobs with its bytes
     and seconds (vLLM's per-tier read/write metrics). A load reports the keys
     that arrived (``successful_keys``) when some did not; those that did not
-    are looked up as MISS from then on. A put of a chunk the pool already
-    holds succeeds without moving bytes.
+    are looked up as MISS from then on. A chunk arrived only when the pool's
+    value filled its whole slot (a value of another size under its key fails).
+    A put of a chunk the pool already holds succeeds without moving bytes.
   * drain_jobs waits for every queued and running transfer; shutdown drains,
     then closes the client.
   * Events: stores only; the pool evicts on its own and announces that in
@@ -293,7 +294,10 @@ class KVPoolTier(SecondaryTierManager):
             out.append(JobResult(job_id=job_id, success=False))
         for job_id, op, results, nbytes, seconds in self._xq.poll():
             _, keys = self._jobs.pop(job_id, (op, []))
-            ok = [k for k, r in zip(keys, results) if r >= 0]
+            # a get must fill the whole slot: a value of another size under the
+            # key (never written by this tier) is a failed chunk, not stale bytes
+            good = [r >= 0 if op == "put" else r == self._chunk for r in results]
+            ok = [k for k, g in zip(keys, good) if g]
             success = len(ok) == len(keys)
             if op == "put":
                 stored = self._store_done(keys, results)
@@ -306,7 +310,7 @@ class KVPoolTier(SecondaryTierManager):
                 continue
             partial: Optional[tuple[OffloadKey, ...]] = None
             if not success:
-                self._lookups.mark_miss([k for k, r in zip(keys, results) if r < 0])
+                self._lookups.mark_miss([k for k, g in zip(keys, good) if not g])
                 partial = tuple(ok) if ok else None
             out.append(JobResult(job_id=job_id, success=success, successful_keys=partial,
                                  transfer_time=seconds, transfer_bytes=nbytes))

@@ -191,6 +191,25 @@ def test_load_that_loses_a_chunk_keeps_the_others(pool: kvpool_procs.Proc) -> No
         b.shutdown()
 
 
+def test_a_value_of_another_size_under_a_key_is_never_loaded(pool: kvpool_procs.Proc) -> None:
+    a = T.make_manager(pool.addr)
+    b = T.make_manager(pool.addr)
+    try:
+        keys = T.keys_of("short", 3)
+        T.store(a, keys[:2])
+        size = tier_of(a).block_size_bytes
+        with kvpool.Client({"master": pool.addr}) as c:  # a short value under the third key
+            c.put(tier_key(tier_of(a).key_prefix, keys[2]), b"\x01" * (size // 2))
+        res, got = T.load(b, keys)
+        assert res == [HIT, HIT, MISS]
+        assert got[keys[0]] == T.payload(keys[0], size).tobytes()
+        assert keys[2] not in got
+        assert T.load(b, keys[2:])[0] == [MISS]  # and it stays a miss
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
 def test_storage_events_and_tier_metrics(pool: kvpool_procs.Proc) -> None:
     a = T.make_manager(pool.addr, events=True,
                        tier=T.tier_conf(pool.addr, enable_kv_events=True, locality="REMOTE"))
