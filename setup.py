@@ -139,7 +139,7 @@ class BuildExt(build_ext):
         return objs, jobs
 
 
-sources = ["python/kvpool/_native.c", "python/kvpool/_conn.c"] + [f for d in CORE for f in rel(f"src/{d}/*.c")]
+sources = ["python/kvpool/_native.c", "python/kvpool/_conn.c", "python/kvpool/_xq.c"] + [f for d in CORE for f in rel(f"src/{d}/*.c")]
 
 native = Extension(
     "kvpool._native",

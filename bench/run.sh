@@ -68,6 +68,14 @@ else
   echo "== bench/ttft.py skipped: scripts/vllm-cpu-env could not make vLLM's CPU venv"
 fi
 vv=${KVPOOL_VLLM_VENV:-$HOME/.cache/kvpool/venv-vllm}; if [ -x "$vv/bin/python" ] && "$vv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("vllm") is None)' 2>/dev/null; then echo "== bench/bench_vllm.py: vLLM 0.33 scheduler, no connector / kvpool / in-tree Mooncake connector on Mooncake and on kvpool (results: $out/vllm.json)"; "$vv/bin/python" "$(dirname "$0")/bench_vllm.py" --kvpool "$build/kvpool" --out "$out/vllm.json"; else echo "== bench/bench_vllm.py skipped: no vLLM venv at $vv (set KVPOOL_VLLM_VENV)"; fi
+# kvpool as a tier of vLLM's native offloading: store/load GB/s through vLLM's
+# TieringOffloadingManager against `kvpool bench store` of the same sizes
+if [ -x "$vv/bin/python" ] && "$vv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("vllm") is None)' 2>/dev/null; then
+  echo "== bench/vllm_tier.py: kvpool as a secondary tier of vLLM 0.33's offloading vs kvpool bench store (results: $out/vllm_tier.json)"
+  "$vv/bin/python" "$(dirname "$0")/vllm_tier.py" --kvpool "$build/kvpool" --out "$out/vllm_tier.json" >/dev/null
+else
+  echo "== bench/vllm_tier.py skipped: no vLLM venv at $vv (set KVPOOL_VLLM_VENV)"
+fi
 # The hostile run (bench/hostile.py, about 4 minutes) only when asked for:
 # KVPOOL_BENCH_HOSTILE=1 (KVPOOL_HOSTILE_SECONDS per target, default 60).
 if [ "${KVPOOL_BENCH_HOSTILE:-0}" = 1 ]; then

@@ -134,6 +134,16 @@ static void close_client(Client *self)
     Py_END_ALLOW_THREADS
 }
 
+static PyTypeObject ClientType;
+
+int kvp_py_is_client(PyObject *o) { return PyObject_TypeCheck(o, &ClientType); }
+
+kvp_client *kvp_py_client_of(PyObject *o) { return ((Client *)o)->c; }
+
+int kvp_py_client_enter(void *o) { return enter((Client *)o); }
+
+void kvp_py_client_leave(void *o) { leave((Client *)o); }
+
 static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     Client *self = (Client *)type->tp_alloc(type, 0);
@@ -1679,7 +1689,7 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "BLOCK_NONE", KVP_BLOCK_NONE) < 0 ||
         PyModule_AddIntConstant(m, "TIER_DRAM", KVP_TIER_DRAM) < 0 ||
         PyModule_AddIntConstant(m, "TIER_DISK", KVP_TIER_DISK) < 0 ||
-        kvp_py_conn_init(m, OpenError) < 0)
+        kvp_py_conn_init(m, OpenError) < 0 || kvp_py_xq_init(m) < 0)
         goto fail;
     return m;
 fail:

@@ -83,3 +83,64 @@ def test_native_methods_survive_hostile_arguments(server: kvpool_procs.Proc) -> 
     keeper.remove_all(True)
     c.close()
     keeper.close()
+
+
+def test_xfer_queue_survives_hostile_arguments(server: kvpool_procs.Proc) -> None:
+    """XferQueue (kvpool.vllm_tier's transfer queue): hostile submits are refused
+    (an exception, or a negative code for a range outside registered memory) and
+    never write outside it; every job it took is polled once; close is final."""
+    c = _native.Client(f'{{"master": "{server.addr}", "mode": "standalone-store"}}')
+    reg = np.zeros(1 << 16, dtype=np.uint8)
+    guard = np.zeros(1 << 12, dtype=np.uint8)  # unregistered: must stay zero
+    assert c.register_buffer(reg.ctypes.data, reg.nbytes) == 0
+    for bad in ((), (c, 0), (c, 65), (object(),), (c, "4")):
+        try:
+            _native.XferQueue(*bad)
+            raise AssertionError(f"XferQueue{bad!r} accepted")
+        except (TypeError, ValueError):
+            pass
+    q = _native.XferQueue(c, 2)
+    rng = random.Random(20261207)
+    base = reg.ctypes.data
+    taken = set()
+    for i in range(2000):
+        if rng.random() < 0.5:
+            n = rng.randrange(0, 4)
+            args = [i, rng.choice(["put", "get", "del", ""]), [f"fz/x{rng.randrange(8)}"] * n,
+                    [base + rng.randrange(-64, 1 << 16) for _ in range(n)],
+                    rng.choice([1, 64, 4096, 1 << 16, 0, -1])]
+            if rng.random() < 0.1:
+                args[3] = [guard.ctypes.data] * n
+        else:
+            args = [junk(rng) for _ in range(rng.randrange(0, 6))]
+        try:
+            if q.submit(*args) == 0:
+                taken.add(args[0])
+        except (TypeError, ValueError, OverflowError, SystemError, BufferError, MemoryError):
+            pass
+        if i % 100 == 0:
+            for job in q.poll():
+                taken.discard(job[0])
+    q.drain()
+    for job in q.poll():
+        taken.discard(job[0])
+    assert not taken and q.pending() == 0
+    assert not guard.any()
+    q.close()
+    q.close()
+    for fn in (q.poll, q.pending, q.drain):
+        try:
+            fn()
+            raise AssertionError("a closed XferQueue answered")
+        except ValueError:
+            pass
+    # the client closed under a queue: jobs fail with CLOSED, nothing crashes
+    q2 = _native.XferQueue(c, 1)
+    assert q2.submit(1, "put", ["fz/late"], [base], 64) == 0
+    c.remove_all(True)
+    c.close()
+    rc = q2.submit(2, "put", ["fz/later"], [base], 64)
+    assert rc == kvpool.codes["CLOSED"]
+    q2.drain()
+    assert all(r in (64, 0, kvpool.codes["CLOSED"]) for job in q2.poll() for r in job[2])
+    del q2
