@@ -5,7 +5,8 @@ names, argument orders, defaults and return values (0 / bytes read on
 success, Mooncake's negative ErrorCode numbers on failure, ``b""`` for a
 missing key's bytes, ``None`` for a missing buffer). ``install()`` (or
 ``kvpool.install_as_mooncake()``) makes ``import mooncake.store`` load this
-module; the vLLM plugin does it when ``KVPOOL_AS_MOONCAKE=1``.
+module; with ``KVPOOL_AS_MOONCAKE=1`` the package's .pth hook (any process) and
+the vLLM plugin do it.
 
 Deliberate differences (docs/MOONCAKE_COMPAT.md §6 gives the reasons):
   * ``protocol: "rdma"`` means one-sided transfers through UCX (RDMA NICs where UCX
@@ -1412,7 +1413,8 @@ def install() -> None:
             "kvpool.install_as_mooncake(): the real Mooncake is already imported in this "
             "process (sys.modules['mooncake'] is "
             f"{getattr(pkg or store, '__file__', pkg or store)!r}); call it before anything "
-            "imports mooncake, or set KVPOOL_AS_MOONCAKE=1 for vLLM's plugin to do it")
+            "imports mooncake, or set KVPOOL_AS_MOONCAKE=1 (the package's .pth hook and vLLM's "
+            "plugin then do it first)")
     shim = types.ModuleType("mooncake", "kvpool's stand-in for the mooncake package")
     shim.__path__ = []  # a package: submodules come from sys.modules only
     shim.__kvpool__ = True  # type: ignore[attr-defined]
