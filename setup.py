@@ -4,7 +4,10 @@
   whole C core (src/) compiled in;
 - kvpool/_bin/kvpool: the `kvpool` program (src/cli, src/bench, src/sim and
   the core), compiled with the Makefile's release flags. The `kvpool` console
-  command (kvpool._cli) execs it, as Mooncake's wheel ships mooncake_master.
+  command (kvpool._cli) execs it, as Mooncake's wheel ships mooncake_master;
+- kvpool_as_mooncake.pth at the top of site-packages: its line imports
+  _kvpool_hook at every interpreter start, which acts only with
+  KVPOOL_AS_MOONCAKE=1 (python/_kvpool_hook.py).
 
 Both need nothing at run time but the Debian libraries the C build links
 (libjansson, libxxhash, libcrypto, liburing, libmicrohttpd, libzmq, libmsgpackc). Metadata:
@@ -20,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORE = ["common", "proto", "net", "master", "node", "client", "connector", "ha"]
@@ -27,6 +31,7 @@ LIBS = ["jansson", "xxhash", "crypto", "uring", "microhttpd", "zmq", "msgpackc",
 
 # The program: the Makefile's R_CFLAGS (release) and LDLIBS, without the
 # test-support include directory it does not use.
+PTH = "kvpool_as_mooncake.pth"  # python/PTH, installed at the top of site-packages
 PROGRAM = "kvpool"
 PROGRAM_DIRS = ["cli", "bench", "sim"] + CORE
 PROGRAM_CFLAGS = ["-D_GNU_SOURCE", "-std=gnu11", "-Wall", "-Wextra", "-Werror",
@@ -156,9 +161,22 @@ native = Extension(
     depends=rel("include/*.h") + ["python/kvpool/_native.h"] + [f for d in CORE for f in rel(f"src/{d}/*.h")],
 )
 
+class BuildPy(build_py):
+    """The Python files, and python/kvpool_as_mooncake.pth at the top of the
+    build (the top of site-packages once installed, where `site` reads .pth
+    files; an editable install leaves it out)."""
+
+    def run(self) -> None:
+        super().run()
+        self.copy_file(os.path.join(HERE, "python", PTH), os.path.join(self.build_lib, PTH))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, PTH)]
+
+
 setup(
     ext_modules=[native],
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build_ext": BuildExt, "build_py": BuildPy},
     # the Makefile owns build/; setuptools keeps to a folder of its own there
     options={"build": {"build_base": "build/setuptools"}},
 )

@@ -2,7 +2,8 @@
 # Runs every test binary under $1, then the Python tests (pytest over
 # tests/python in the venv of scripts/python-env, tests/vllm in the vLLM
 # venv of scripts/vllm-env, then tests/engine in vLLM's CPU build of
-# scripts/vllm-cpu-env), and prints the total of all as the last line:
+# scripts/vllm-cpu-env, then tests/sglang in SGLang's venv of
+# scripts/sglang-env), and prints the total of all as the last line:
 #   N passed, N failed, N skipped
 # A binary that dies without its RESULT line counts as one failure. When the
 # venv cannot be made, the Python tests count as one skip, with the reason.
@@ -82,6 +83,7 @@ else
     if [ -z "${KVP_TSAN:-}" ]; then
         pytest_dir vllm vllm-env        # vLLM 0.33.0's scheduler, a forward that writes known bytes
         pytest_dir engine vllm-cpu-env  # vLLM 0.32.0's CPU build: its real engine, real forwards
+        pytest_dir sglang sglang-env    # SGLang 0.5.23's Mooncake backend and host pools on kvpool
     fi
 fi
 rm -f "$log"

@@ -5,7 +5,8 @@ names, argument orders, defaults and return values (0 / bytes read on
 success, Mooncake's negative ErrorCode numbers on failure, ``b""`` for a
 missing key's bytes, ``None`` for a missing buffer). ``install()`` (or
 ``kvpool.install_as_mooncake()``) makes ``import mooncake.store`` load this
-module; the vLLM plugin does it when ``KVPOOL_AS_MOONCAKE=1``.
+module; with ``KVPOOL_AS_MOONCAKE=1`` the package's .pth hook (any process) and
+the vLLM plugin do it.
 
 Deliberate differences (docs/MOONCAKE_COMPAT.md §6 gives the reasons):
   * ``protocol: "rdma"`` means one-sided transfers through UCX (RDMA NICs where UCX
@@ -33,8 +34,12 @@ Deliberate differences (docs/MOONCAKE_COMPAT.md §6 gives the reasons):
     segment server's port, or one a segment-less client holds bound until
     ``close()``.
   * Before ``setup`` / after ``close`` every call answers -600 or the empty
-    value of its type (Mooncake crashes in several); ``setup_dummy``
-    (Mooncake's separate "real client" process) answers NOT_SUPPORTED.
+    value of its type (Mooncake crashes in several).
+  * ``setup_dummy(mem_pool_size, local_buffer_size, server_address)``:
+    Mooncake attaches to a separate "real client" process that owns the
+    segment; kvpool's counterpart is a storage node, so this sets up a
+    client without a segment (``mode: standalone-store``) whose master is
+    ``server_address`` (the ``kvpool serve`` / master address).
   * ``remove_by_regex``: the master matches POSIX extended syntax; the
     ECMAScript pattern is translated (class, control and bracket escapes,
     '.', the empty pattern); look-arounds, lazy quantifiers, back-references,
@@ -50,10 +55,13 @@ Deliberate differences (docs/MOONCAKE_COMPAT.md §6 gives the reasons):
     without ENABLE or over ``soft_pin_max_ttl`` (24 h) is -600. A pinned
     object is evicted only after its tenant's unpinned ones, and never by
     background eviction, until the pin ends.
-  * kvpool has no NVMe-oF / DFS replicas, object groups or replica tasks:
-    ``group_ids`` is accepted and the object is an ordinary cache entry;
-    the task and segment-management calls answer NOT_SUPPORTED (-1012) in
-    Mooncake's return shapes.
+  * kvpool has no NVMe-oF / DFS replicas, object groups, writer sessions
+    on KV events or replica tasks: ``ReplicateConfig`` has no ``group_ids``
+    and no ``session_ids`` (``hasattr`` is False, so vLLM and SGLang take
+    their path without; setting one raises AttributeError saying why), the
+    replica counts are accepted (ordinary cache entries), and the task and
+    segment-management calls answer NOT_SUPPORTED (-1012) in Mooncake's
+    return shapes.
   * ``get_into_ranges`` and the put / get session calls copy through
     Python-side staging (correct, not zero-copy).
 """
@@ -153,7 +161,8 @@ class ReplicateConfig:
     preferred_segment (the first one named) and prefer_alloc_in_same_node
     (this client's own segment)."""
 
-    # Class attributes too: callers probe hasattr(ReplicateConfig, "group_ids").
+    # Class attributes too: callers probe hasattr(ReplicateConfig, FIELD) to
+    # learn what this build supports (vLLM and SGLang do for group_ids).
     replica_num: int = 1
     nof_replica_num: int = 0
     dfs_replica_num: int = 0
@@ -165,11 +174,21 @@ class ReplicateConfig:
     preferred_nof_segments: list[str] = []
     prefer_alloc_in_same_node: bool = False
     data_type: ObjectDataType = ObjectDataType.UNKNOWN
-    group_ids: Optional[list[str]] = None  # accepted; kvpool has no object groups
 
     def __init__(self) -> None:
         self.preferred_segments = []
         self.preferred_nof_segments = []
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Mooncake's pybind class has a fixed set of fields: setting another
+        # raises AttributeError. So does this one, instead of keeping a field
+        # that nothing reads (a silent drop); the two Mooncake fields kvpool
+        # has no meaning for say why.
+        if name not in _RC_FIELDS:
+            why = _RC_REFUSED.get(name, "")
+            raise AttributeError(f"'ReplicateConfig' object has no attribute {name!r}"
+                                 + (f": {why}" if why else ""))
+        object.__setattr__(self, name, value)
 
     @property
     def soft_pin_ttl_ms(self) -> Optional[int]:
@@ -194,6 +213,21 @@ class ReplicateConfig:
                 f"preferred_segment: {self.preferred_segment} }}")
 
     __repr__ = __str__
+
+
+_RC_FIELDS = frozenset(
+    ("replica_num", "nof_replica_num", "dfs_replica_num", "soft_pin_action", "_soft_pin_ttl_ms",
+     "soft_pin_ttl_ms", "with_hard_pin", "preferred_segments", "preferred_segment",
+     "preferred_nof_segments", "prefer_alloc_in_same_node", "data_type"))
+
+# Mooncake fields this build leaves out on purpose. Callers probe for them
+# with hasattr() and take their own path without (vLLM and SGLang put each
+# key on its own; SGLang logs that group semantics are off).
+_RC_REFUSED = {
+    "group_ids": "kvpool has no object groups (Mooncake evicts and removes a group's keys "
+                 "as one unit); each key is its own cache entry",
+    "session_ids": "kvpool's KV events carry no writer session; the put would publish none",
+}
 
 
 # ------------------------------------------------------- replica descriptors
@@ -638,11 +672,32 @@ class MooncakeDistributedStore:
                            "master_server_addr": env.get("master_server_addr", "127.0.0.1:50051")})
 
     def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
-        """Mooncake's dummy client attaches to a separate "real client"
-        process; kvpool has no such process (every client talks to the
-        master and the segments itself): NOT_SUPPORTED."""
-        log.error("setup_dummy: kvpool has no real-client process to attach to; use setup()")
-        return NOT_SUPPORTED
+        """Mooncake's "dummy" client: the process contributes no memory, a
+        separate "real client" (``mooncake_client``, at server_address)
+        owns the segment. kvpool's storage nodes play that part and every
+        client reaches them through the master, so this is setup() of a
+        client without a segment (``mode: standalone-store``) whose master
+        is server_address. mem_pool_size (the memory Mooncake's real client
+        maps for this process) and local_buffer_size need no counterpart:
+        registered buffers move straight to the nodes. The name and tenant
+        come from $MOONCAKE_LOCAL_HOSTNAME / $MOONCAKE_TENANT_ID as in
+        Mooncake. 0, -600 for bad arguments, or setup()'s codes."""
+        if (not isinstance(server_address, str) or not server_address.strip()
+                or isinstance(mem_pool_size, bool) or not isinstance(mem_pool_size, int)
+                or mem_pool_size < 0 or isinstance(local_buffer_size, bool)
+                or not isinstance(local_buffer_size, int) or local_buffer_size < 0):
+            log.error("setup_dummy: want (mem_pool_size >= 0, local_buffer_size >= 0, "
+                      "server_address \"host:port\"), got (%r, %r, %r)",
+                      mem_pool_size, local_buffer_size, server_address)
+            return INVALID_PARAMS
+        env = _env_config()
+        opts = {"local_hostname": env.get("local_hostname", "localhost"),
+                "metadata_server": "P2PHANDSHAKE", "global_segment_size": 0,
+                "local_buffer_size": local_buffer_size, "protocol": "tcp",
+                "master_server_addr": server_address.strip()}
+        if env.get("tenant_id"):
+            opts["tenant_id"] = env["tenant_id"]
+        return self.setup(opts)
 
     def close(self) -> int:
         with self._lock:
@@ -1358,7 +1413,8 @@ def install() -> None:
             "kvpool.install_as_mooncake(): the real Mooncake is already imported in this "
             "process (sys.modules['mooncake'] is "
             f"{getattr(pkg or store, '__file__', pkg or store)!r}); call it before anything "
-            "imports mooncake, or set KVPOOL_AS_MOONCAKE=1 for vLLM's plugin to do it")
+            "imports mooncake, or set KVPOOL_AS_MOONCAKE=1 (the package's .pth hook and vLLM's "
+            "plugin then do it first)")
     shim = types.ModuleType("mooncake", "kvpool's stand-in for the mooncake package")
     shim.__path__ = []  # a package: submodules come from sys.modules only
     shim.__kvpool__ = True  # type: ignore[attr-defined]

@@ -78,7 +78,7 @@ int kvp_cli_http_start(const char *cmd, const kvp_config *cfg, kvp_mserver *mast
         return 1;
     }
     g_parts = (struct parts){ms, node};
-    kvp_http_route r[6];
+    kvp_http_route r[7];
     size_t n = 0;
     r[n++] = (kvp_http_route){.path = "/metrics", .fn = metrics, .ctx = &g_parts};
     r[n++] = (kvp_http_route){.path = "/healthz", .fn = healthz, .ctx = &g_parts, .open = 1};
@@ -86,6 +86,9 @@ int kvp_cli_http_start(const char *cmd, const kvp_config *cfg, kvp_mserver *mast
     if (ms) {
         r[n++] = (kvp_http_route){.path = "/", .fn = kvp_mstatus_page, .ctx = ms};
         r[n++] = (kvp_http_route){.path = "/api/stats", .fn = kvp_mstatus_api, .ctx = ms};
+        /* Mooncake's route, which SGLang's check_server polls (MOONCAKE_COMPAT.md) */
+        r[n++] = (kvp_http_route){.path = "/get_all_segments", .fn = kvp_mstatus_segments,
+                                  .ctx = ms};
         /* asks the loop itself (master/kvapi.h); not open: the token guards it */
         r[n++] = (kvp_http_route){.path = "/api/kv/lookup", .fn_req = kvp_kvapi_lookup,
                                   .ctx = master};

@@ -792,6 +792,40 @@ int kvp_mstatus_api(void *ctx, kvp_buf *out, const char **ctype)
     return 200;
 }
 
+/* ------------------------------------------------------ /get_all_segments */
+
+/* Mooncake's master answers GET /get_all_segments on its admin port with
+ * the mounted segments' names, one a line, each ended by '\n' (an empty
+ * body: none mounted yet), as text/plain; version=0.0.4, and 503 while its
+ * service plane is not active. SGLang's check_server polls it until the
+ * body is not empty. We answer the same from the published picture (at
+ * most MAX_SEGS names); a standby answers 503 as Mooncake's does. A name
+ * is a peer's bytes: anything outside printable ASCII shows as '?', so no
+ * name can add a line. */
+int kvp_mstatus_segments(void *ctx, kvp_buf *out, const char **ctype)
+{
+    kvp_mstatus *st = ctx;
+    picture p;
+    *ctype = "text/plain; version=0.0.4";
+    if (pic_copy(st, &p) != 0)
+        return out->err = KVP_ENOMEM, 500;
+    int code = 200;
+    if (p.role == KVP_MROLE_STANDBY) {
+        kvp_buf_printf(out, "service plane is not active\n");
+        code = 503;
+    } else {
+        for (uint32_t i = 0; i < p.nsegs; i++) {
+            char name[sizeof p.segs[i].name];
+            memcpy(name, p.segs[i].name, sizeof name);
+            name[sizeof name - 1] = '\0';
+            clean(name);
+            kvp_buf_printf(out, "%s\n", name);
+        }
+    }
+    pic_free(&p);
+    return code;
+}
+
 int kvp_mstatus_page(void *ctx, kvp_buf *out, const char **ctype)
 {
     (void)ctx;

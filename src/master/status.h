@@ -64,6 +64,9 @@ void kvp_mstatus_publish(kvp_mstatus *st, const kvp_master *m, const kvp_msvc *s
 int kvp_mstatus_metrics(void *st, kvp_buf *out, const char **ctype);
 int kvp_mstatus_api(void *st, kvp_buf *out, const char **ctype);
 int kvp_mstatus_page(void *st, kvp_buf *out, const char **ctype);
+/* Mooncake's GET /get_all_segments: the mounted segments' names, one a
+ * line (empty: none yet); 503 on a standby. */
+int kvp_mstatus_segments(void *st, kvp_buf *out, const char **ctype);
 /* 200 while the loop publishes (a standby: while it follows); 503 when it
  * has not for 5 s (stuck). */
 int kvp_mstatus_healthz(void *st, kvp_buf *out, const char **ctype);

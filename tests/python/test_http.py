@@ -1,8 +1,9 @@
 """The servers' HTTP endpoint (--http): /metrics checked by promtool and
 scraped by a real Prometheus, /healthz and /readyz, credentials, the
 master's status page drawn by headless Chromium (its screenshot is kept as
-an artifact in $KVPOOL_ARTIFACTS, default build/artifacts), and
-/api/kv/lookup against the client's lookup_hashes."""
+an artifact in $KVPOOL_ARTIFACTS, default build/artifacts),
+/api/kv/lookup against the client's lookup_hashes, and Mooncake's
+/get_all_segments (what SGLang's check_server polls)."""
 from __future__ import annotations
 
 import html.parser
@@ -149,7 +150,8 @@ def test_a_token_guards_every_path() -> None:
         try:
             base = f"http://127.0.0.1:{port}"
             wait_http(base + "/healthz")
-            for path in ("/metrics", "/", "/api/stats", "/api/kv/lookup?hashes=1", "/nope"):
+            for path in ("/metrics", "/", "/api/stats", "/api/kv/lookup?hashes=1",
+                         "/get_all_segments", "/nope"):
                 st, _, hdr = fetch(base + path)
                 assert st == 401 and hdr.get("WWW-Authenticate", "").startswith("Bearer"), path
                 assert fetch(base + path, token="wrong")[0] == 401
@@ -331,6 +333,10 @@ def test_a_cluster_of_masters_shows_its_roles(tmp_path: Path) -> None:
         assert st == 503 and json.loads(body)["error"].startswith("standby"), body
         st, body, _ = fetch(bases[lead] + "/api/kv/lookup?hashes=1")
         assert st == 200 and json.loads(body)["any"] == 0, body
+        st, body, _ = fetch(bases[stand] + "/get_all_segments")  # as Mooncake's standby
+        assert st == 503 and body == "service plane is not active\n", body
+        st, body, _ = fetch(bases[lead] + "/get_all_segments")  # no segment mounted yet
+        assert st == 200 and body == "", body
         assert fetch(bases[stand] + "/healthz")[0] == 200
         assert samples(fetch(bases[stand] + "/metrics")[1],
                        "kvpool_master_role")['{role="standby"}'] == 1
@@ -352,6 +358,28 @@ def test_a_cluster_of_masters_shows_its_roles(tmp_path: Path) -> None:
                 m.wait(30)
         e.terminate()
         e.wait(20)
+
+
+def test_get_all_segments_lists_names_as_mooncake(served: tuple[kvpool_procs.Proc, str]) -> None:
+    """Mooncake's master route: the mounted segments' names, one a line,
+    text/plain; SGLang's check_server waits for a non-empty body."""
+    proc, base = served
+    names = until(lambda: [sg["name"] for sg in json.loads(fetch(base + "/api/stats")[1])
+                           ["segments"]], "the node's segment published")
+    assert len(names) == 1 and names[0]
+    st, body, hdr = fetch(base + "/get_all_segments")
+    assert st == 200 and hdr["Content-Type"] == "text/plain; version=0.0.4"
+    assert body == names[0] + "\n"
+    # an embedded client's segment joins the list under its own name
+    c = kvpool.Client({"master": proc.addr, "mode": "embedded", "global_segment_size": "8MiB",
+                       "local_hostname": "127.0.0.1"})
+    try:
+        seg = str(c.segment_name)
+        until(lambda: sorted(fetch(base + "/get_all_segments")[1].splitlines())
+              == sorted(names + [seg]), "the embedded segment listed")
+    finally:
+        c.close()
+    assert fetch(base + "/get_all_segments", method="POST")[0] == 405
 
 
 def test_kvpool_stat_names_the_masters_release(served: tuple[kvpool_procs.Proc, str]) -> None:

@@ -85,6 +85,64 @@ def test_plugin_installs_only_when_asked(master: kvpool_procs.Proc, tmp_path: Pa
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def fresh_venv(tmp_path: Path, with_hook: bool) -> Path:
+    """A new venv whose site-packages holds what `pip install` puts there
+    for kvpool (as path entries to this tree and to the test venv's
+    packages, then kvpool_as_mooncake.pth when with_hook): its python
+    starts as a user's does, `site` reading the .pth files at startup."""
+    v = tmp_path / ("venv-hook" if with_hook else "venv-plain")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(v)], check=True,
+                   timeout=120)
+    (site,) = (v / "lib").glob("python3*/site-packages")
+    deps = [p for p in sys.path if p.endswith("site-packages")]
+    # "kvpool-src" sorts before "kvpool_as_mooncake": paths first, as in a real install
+    (site / "kvpool-src.pth").write_text("\n".join([str(PYDIR), *deps]) + "\n")
+    if with_hook:
+        (site / "kvpool_as_mooncake.pth").write_bytes((PYDIR / "kvpool_as_mooncake.pth").read_bytes())
+    return v / "bin" / "python"
+
+
+def test_the_pth_hook_serves_any_process_that_sets_the_variable(
+        master: kvpool_procs.Proc, tmp_path: Path) -> None:
+    """KVPOOL_AS_MOONCAKE=1 and nothing else: an unmodified Mooncake program,
+    started as `python prog.py`, runs on kvpool (SGLang has no plugin hook
+    of its own). Without the variable the hook imports nothing."""
+    prog = tmp_path / "mooncake_user.py"
+    prog.write_text(MOONCAKE_PROGRAM)
+    py = fresh_venv(tmp_path, with_hook=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KVPOOL_AS_MOONCAKE")}
+    r = subprocess.run([str(py), str(prog), master.addr], capture_output=True, text=True,
+                       timeout=120, env={**env, "KVPOOL_AS_MOONCAKE": "1"}, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "MOONCAKE-PROGRAM-OK kvpool.mooncake" in r.stdout
+    idle = ("import sys\n"
+            "print('_kvpool_hook' in sys.modules, 'kvpool' in sys.modules,\n"
+            "      any(type(f).__module__ == '_kvpool_hook' for f in sys.meta_path))\n")
+    r = subprocess.run([str(py), "-c", idle], capture_output=True, text=True, timeout=60,
+                       env=env, cwd=tmp_path)
+    assert r.stdout.split() == ["True", "False", "False"], r.stdout + r.stderr
+    # the same program in the same venv without the hook's file: the variable alone does nothing
+    plain = fresh_venv(tmp_path, with_hook=False)
+    r = subprocess.run([str(plain), "-c", "import sys; print('_kvpool_hook' in sys.modules)"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**env, "KVPOOL_AS_MOONCAKE": "1"}, cwd=tmp_path)
+    assert r.stdout.strip() == "False", r.stdout + r.stderr
+
+
+def test_the_pth_hook_fails_loudly_when_kvpool_cannot_load(tmp_path: Path) -> None:
+    """The variable asks for kvpool: a kvpool that cannot be imported is an
+    ImportError that names the variable, not a silent real Mooncake."""
+    py = fresh_venv(tmp_path, with_hook=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = ("import sys\n"
+            "sys.modules['kvpool'] = None  # an import of it raises\n"
+            "try:\n    import mooncake.store\n"
+            "except ImportError as e:\n    print('REFUSED', e)\n")
+    r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**env, "KVPOOL_AS_MOONCAKE": "1"}, cwd=tmp_path)
+    assert r.stdout.startswith("REFUSED KVPOOL_AS_MOONCAKE is set"), r.stdout + r.stderr
+
+
 def test_install_is_idempotent_and_refuses_the_real_mooncake() -> None:
     r = run_py("import kvpool\nkvpool.install_as_mooncake()\nkvpool.install_as_mooncake()\n"
                "import mooncake.store as m\nprint(m.__name__)")
@@ -125,3 +183,13 @@ def test_pip_install_builds_the_extension_and_the_entry_point(tmp_path: Path) ->
     lines = r.stdout.splitlines()
     assert lines[0].startswith(str(target))
     assert "kvpool_as_mooncake=kvpool._plugin:register" in lines[1]
+    # the .pth hook: at the top of site-packages, read as Python's site reads it
+    assert (target / "kvpool_as_mooncake.pth").read_text() == "import _kvpool_hook\n"
+    assert (target / "_kvpool_hook.py").is_file()
+    probe = ("import site, sys\n"
+             f"site.addsitedir({str(target)!r})\n"
+             "import mooncake.store as m\n"
+             "print(m.__name__)\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       cwd=tmp_path, env={**os.environ, "KVPOOL_AS_MOONCAKE": "1"}, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "kvpool.mooncake", r.stdout + r.stderr

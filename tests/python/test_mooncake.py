@@ -150,18 +150,35 @@ def test_replicate_config_defaults() -> None:
     assert c.soft_pin_action is SoftPinAction.PRESERVE and c.soft_pin_ttl_ms is None
     assert c.with_hard_pin is False and c.prefer_alloc_in_same_node is False
     assert c.preferred_segments == [] and c.preferred_nof_segments == []
-    assert c.preferred_segment == "" and c.group_ids is None
+    assert c.preferred_segment == ""
     assert c.data_type is ObjectDataType.UNKNOWN
     assert str(c).startswith("ReplicateConfig: { replica_num: 1, nof_replica_num: 0")
 
 
 def test_replicate_config_fields_on_class_and_per_instance() -> None:
-    for field in ("group_ids", "replica_num", "preferred_segment", "with_hard_pin"):
+    for field in ("replica_num", "preferred_segment", "with_hard_pin", "soft_pin_ttl_ms"):
         assert hasattr(ReplicateConfig, field)  # vLLM and SGLang probe the class
     a, b = ReplicateConfig(), ReplicateConfig()
     a.preferred_segments.append("x:1")
-    a.group_ids = ["g"]
-    assert b.preferred_segments == [] and b.group_ids is None
+    a.replica_num = 2
+    assert b.preferred_segments == [] and b.replica_num == 1
+
+
+def test_replicate_config_refuses_groups_and_sessions_with_a_reason() -> None:
+    """kvpool differs: no object groups, no writer sessions on KV events.
+    The fields are absent, so the callers' capability probes answer False
+    (vLLM and SGLang then put each key on its own), and setting one fails
+    loudly instead of being kept and never read; so does any unknown field,
+    as on Mooncake's pybind class."""
+    for field in ("group_ids", "session_ids"):
+        assert not hasattr(ReplicateConfig, field) and not hasattr(ReplicateConfig(), field)
+    c = ReplicateConfig()
+    with pytest.raises(AttributeError, match="no object groups"):
+        c.group_ids = ["g0"]
+    with pytest.raises(AttributeError, match="KV events carry no writer session"):
+        c.session_ids = ["s0"]
+    with pytest.raises(AttributeError, match="no attribute 'replica_nmu'"):
+        c.replica_nmu = 2  # type: ignore[attr-defined]
 
 
 def test_enums_values_and_module_exports() -> None:
@@ -410,10 +427,40 @@ def test_init_all_legacy(mc_master: kvpool_procs.Proc, monkeypatch: pytest.Monke
         s.close()
 
 
-def test_setup_dummy_not_supported() -> None:
-    """kvpool differs: there is no separate "real client" process to attach to."""
-    assert MooncakeDistributedStore().setup_dummy(SEGMENT, LOCAL_BUFFER, "127.0.0.1:50052") \
-        == NOT_SUPPORTED
+def test_setup_dummy_is_a_client_without_a_segment(mc_master: kvpool_procs.Proc,
+                                                   store: MooncakeDistributedStore) -> None:
+    """SGLang's standalone_storage mode: setup_dummy(size, local_buffer,
+    server_address) names the kvpool master; the client contributes no
+    memory, its registered pool's bytes go to the segments others serve
+    (here ``store``'s) and come back equal."""
+    d = MooncakeDistributedStore()
+    assert d.setup_dummy(64 * MiB, LOCAL_BUFFER, mc_master.addr) == OK
+    try:
+        assert d.health_check() == 0
+        src = np.arange(3 * MiB, dtype=np.uint8) * 7
+        dst = np.zeros_like(src)
+        assert d.register_buffer(addr(src), src.nbytes) == OK
+        assert d.register_buffer(addr(dst), dst.nbytes) == OK
+        assert d.batch_put_from(["dm0", "dm1"], [addr(src), addr(src) + MiB], [MiB, 2 * MiB]) \
+            == [OK, OK]
+        assert store.batch_is_exist(["dm0", "dm1"]) == [1, 1]  # in the embedded segment
+        assert d.batch_get_into(["dm1", "dm0"], [addr(dst), addr(dst) + 2 * MiB],
+                                [2 * MiB, MiB]) == [2 * MiB, MiB]
+        assert np.array_equal(dst[:2 * MiB], src[MiB:]) and np.array_equal(dst[2 * MiB:],
+                                                                            src[:MiB])
+        assert store.get("dm0") == src[:MiB].tobytes()
+        assert endpoints(store, "dm0") == [store.get_hostname()]
+    finally:
+        d.close()
+
+
+@pytest.mark.parametrize("args", [(-1, LOCAL_BUFFER, "127.0.0.1:1"), (MiB, -1, "127.0.0.1:1"),
+                                  (MiB, LOCAL_BUFFER, ""), (MiB, LOCAL_BUFFER, None),
+                                  (True, LOCAL_BUFFER, "127.0.0.1:1")])
+def test_setup_dummy_bad_arguments(args: tuple[Any, Any, Any]) -> None:
+    s = MooncakeDistributedStore()
+    assert s.setup_dummy(*args) == INVALID_PARAMS
+    assert s.health_check() == 1
 
 
 # ------------------------------------------- calls before setup / after close
@@ -1105,9 +1152,9 @@ def test_preferred_segment_honoured(store: MooncakeDistributedStore,
     assert endpoints(store, "pref1") == [other] and endpoints(store, "pref2") == [other]
 
 
-def test_preferred_segment_unknown_and_group_ids(store: MooncakeDistributedStore) -> None:
+def test_preferred_segment_unknown_and_data_type(store: MooncakeDistributedStore) -> None:
     assert store.put("pu", b"v", cfg(preferred_segment="127.0.0.1:1")) == OK
-    c = cfg(group_ids=["g0", "g1"], soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=10,
+    c = cfg(soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=10,
             data_type=ObjectDataType.KVCACHE)
     assert store.put_batch(["g0", "g1"], [b"0", b"1"], c) == OK
     assert store.batch_is_exist(["pu", "g0", "g1"]) == [1, 1, 1]

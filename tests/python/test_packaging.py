@@ -69,6 +69,8 @@ def test_wheel_ships_the_kvpool_command_and_its_servers(tmp_path: Path, installe
     (wheel,) = wheels.glob("kvpool-*.whl")
     names = run([sys.executable, "-m", "zipfile", "-l", str(wheel)]).stdout
     assert "kvpool/_bin/kvpool" in names, names
+    # the KVPOOL_AS_MOONCAKE hook, at the top of site-packages once installed
+    assert "kvpool_as_mooncake.pth" in names.split() and "_kvpool_hook.py" in names.split(), names
 
     venv = tmp_path / "venv"
     r = run([sys.executable, "-m", "venv", str(venv)], env=clean_env())
@@ -78,6 +80,14 @@ def test_wheel_ships_the_kvpool_command_and_its_servers(tmp_path: Path, installe
     assert r.returncode == 0, r.stdout + r.stderr
     cmd = venv / "bin" / "kvpool"
     assert cmd.is_file(), "pip install gave no `kvpool` command"
+    # any program of the venv: the variable alone makes `import mooncake.store` kvpool's
+    probe = "import mooncake.store as m, sys; print(m.__name__, 'kvpool' in sys.modules)"
+    r = run([str(venv / "bin" / "python"), "-c", probe],
+            env=clean_env(KVPOOL_AS_MOONCAKE="1"), cwd=tmp_path)
+    assert r.stdout.strip() == "kvpool.mooncake True", r.stdout + r.stderr
+    r = run([str(venv / "bin" / "python"), "-c", "import sys; print('kvpool' in sys.modules)"],
+            env=clean_env(), cwd=tmp_path)
+    assert r.stdout.strip() == "False", r.stdout + r.stderr  # without it: nothing imported
 
     r = run([str(cmd), "version"], env=clean_env(), cwd=tmp_path)
     assert (r.returncode, r.stdout) == (0, f"kvpool {VERSION}\n"), r.stderr
