@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -31,20 +32,22 @@ uint64_t tp_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    if (flag == FTW_DP)
+        rmdir(path);
+    else
+        unlink(path);
+    return 0; /* keep going: remove what can be */
+}
+
 void tp_rm_dir(const char *dir)
 {
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *de;
-    char p[1024];
-    while ((de = readdir(d)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-            unlink(p);
-        }
-    closedir(d);
-    rmdir(dir);
+    /* depth first, not following links: etcd's data dir holds a tree
+     * (member/wal, member/snap) of preallocated files */
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 void tp_fill(uint8_t *p, size_t len, uint64_t seed)

@@ -136,8 +136,8 @@ void tp_sleep_ms(unsigned ms);
 /* Reads the whole file (at most cap - 1 bytes) into out, NUL-terminated:
  * the bytes read, or -1 when it cannot be opened. */
 long tp_slurp(const char *path, char *out, size_t cap);
-/* Removes dir and the files directly in it (a test's temporary directory;
- * no subdirectories). Quiet when it does not exist. */
+/* Removes dir and everything under it (a test's temporary directory; links
+ * are removed, not followed). Quiet when it does not exist. */
 void tp_rm_dir(const char *dir);
 /* Deterministic bytes for (seed, len): what a test key's value must be. */
 void tp_fill(uint8_t *p, size_t len, uint64_t seed);
