@@ -690,6 +690,10 @@ static int phase_cached(kvp_sched *s, const kvp_sched_cached_req *c, bool skip_r
     if (!running_tracks(s, decode))
         return 0; /* decode without save_decode_cache: not saved */
     int rc;
+    /* the tokens of what it saves next (the worker's KV events name them) */
+    uint64_t ntok = t->token_len < r->num_tokens ? t->token_len : r->num_tokens;
+    if ((rc = kvp_meta_tracker_extend_tokens(t, r->all_token_ids, (uint32_t)ntok)) != 0)
+        return rc;
     if (c->new_block_ids && c->ngroups &&
         (rc = kvp_meta_tracker_update(t, c->new_block_ids, c->ngroups)) != 0)
         return rc;

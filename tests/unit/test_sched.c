@@ -931,6 +931,9 @@ TEST(save_decode_cache_producer_saves_decode_blocks)
         uint32_t want[] = {0, 1, 2, 3};
         CHECK(ids_are(&q->block_ids[0], want, pos == 47 ? 3 : 4));
         CHECK_EQ(q->num_prompt_tokens, 40);
+        /* the tokens of what it saves (KV events), prompt + generated */
+        CHECK_EQ(q->n_token_ids, pos + 1);
+        CHECK(q->token_ids && q->token_ids[pos] == 1000 + pos);
     }
     CHECK_EQ(kvp_sched_tracker(s, ID(a))->num_saved_tokens, 64);
     bool delay = false;
