@@ -63,6 +63,9 @@
  *    present and skipped by the worker's dedup) and then the decode blocks.
  *    request_finished then delays the free like a producer's (rule a).
  * The worker must be allowed to put (kvp_worker_cfg.save_decode_cache).
+ * Every tracked running step (prefill chunk or decode) extends the tracker's
+ * token ids to token_len from all_token_ids, so each save meta carries the
+ * tokens of the blocks it stores (the worker's KV events name them).
  */
 #ifndef KVP_SCHED_H
 #define KVP_SCHED_H

@@ -111,3 +111,20 @@ def test_preempted_while_decoding(pool: kvpool_procs.Proc) -> None:
         assert hit_after(pool.addr, PROMPT + a.outputs["a0"] + [7]) == DECODE_HIT
     finally:
         a.shutdown()
+
+
+def test_kv_events_name_the_decode_blocks_tokens(pool: kvpool_procs.Proc) -> None:
+    """The connector's BlockStored events (medium "kvpool") cover the decode
+    blocks too, each with the 16 tokens it holds (prompt + generated)."""
+    from vllm.distributed.kv_events import BlockStored
+
+    a = E.make_engine(kvt(pool.addr, save_decode_cache=True), kv_events=True)
+    try:
+        a.add_request("a0", PROMPT, GEN)
+        a.run_until_done()
+        assert a.mismatches == [], a.mismatches[:5]
+        ours = [e for e in a.events if isinstance(e, BlockStored) and e.medium == "kvpool"]
+        toks = PROMPT + a.outputs["a0"]
+        assert [e.token_ids for e in ours] == [toks[i:i + 16] for i in range(0, DECODE_HIT, 16)]
+    finally:
+        a.shutdown()
