@@ -67,6 +67,15 @@ def test_decode_blocks_are_stored_and_hit(pool: kvpool_procs.Proc, role: str) ->
         a.shutdown()
 
 
+def test_async_scheduling(pool: kvpool_procs.Proc) -> None:
+    """With async scheduling a decode step is scheduled before its token is
+    known: a block is saved one step later, still whole and right."""
+    a = run(E.make_engine(kvt(pool.addr, save_decode_cache=True), async_scheduling=True),
+            [("a0", PROMPT, GEN)])
+    a.shutdown()
+    assert hit_after(pool.addr, PROMPT + a.outputs["a0"] + [7]) == DECODE_HIT
+
+
 @pytest.mark.parametrize("role,want", [("kv_both", 96), ("kv_consumer", 0)])
 def test_without_it_decode_blocks_are_not_stored(pool: kvpool_procs.Proc, role: str,
                                                  want: int) -> None:
