@@ -79,7 +79,8 @@ extern "C" {
 
 enum kvp_conn_role {
     KVP_CONN_PRODUCER = 0, /* stores KV, also loads (vLLM kv_producer) */
-    KVP_CONN_CONSUMER = 1, /* loads only, never stores (kv_consumer) */
+    KVP_CONN_CONSUMER = 1, /* loads only (kv_consumer); stores decode-phase KV
+                              only with save_decode_cache */
     KVP_CONN_BOTH = 2,     /* kv_both */
 };
 
@@ -181,6 +182,16 @@ typedef struct kvp_conn_config {
                                  under "[cache_prefix@]<model>@cfg:<fp>@kvpool-config"
                                  for people reading the pool; NULL/"" = none; at most
                                  KVP_CONN_DESCRIPTION_MAX bytes */
+    /* ---- both halves (appended after the second layout: a struct_size that
+     *      ends before it reads as false) */
+    bool save_decode_cache;   /* default false: KV of the decode phase is not stored.
+                                 true: full blocks produced during decode are stored
+                                 too, under the request's chained block hashes (so a
+                                 prompt equal to prompt + generated text hits them),
+                                 by every role: a CONSUMER then stores the prompt
+                                 blocks the pool lacks and its decode blocks, from
+                                 its first decode step (vLLM's in-tree connector's
+                                 save_decode_cache). Both halves need the same value */
 } kvp_conn_config;
 
 #define KVP_CONN_DESCRIPTION_MAX 65536

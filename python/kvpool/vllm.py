@@ -330,9 +330,6 @@ def _setup(vllm_config: "VllmConfig", kv_cache_config: KVCacheConfig,
     _check_mooncake_only_keys(extra, int(vllm_config.parallel_config.tensor_parallel_size))
     if not _bool(extra, "load_async", True):
         raise ValueError("KVPoolConnector loads in the background only: load_async must be true")
-    if _bool(extra, "save_decode_cache", False):
-        raise ValueError("KVPoolConnector: save_decode_cache is not supported (decode KV "
-                         "is not stored); remove the key")
     par = vllm_config.parallel_config
     tp = int(par.tensor_parallel_size)
     pp = int(par.pipeline_parallel_size)
@@ -367,6 +364,8 @@ def _setup(vllm_config: "VllmConfig", kv_cache_config: KVCacheConfig,
         "load_async": True,
         "lookup_async": _bool(extra, "lookup_async", False),
         "partial_hash_hits": _bool(extra, "partial_hash_hits", False),
+        # decode-phase blocks stored too, by every role (both halves)
+        "save_decode_cache": _bool(extra, "save_decode_cache", False),
         "cache_prefix": str(extra.get("cache_prefix", "")),
         "lookup_socket": sock,
         "tp_size": tp, "pp_size": pp, "pcp_size": pcp, "dcp_size": dcp,

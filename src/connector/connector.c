@@ -73,10 +73,18 @@ static int fail(char *err, size_t errlen, const char *msg)
 }
 
 /* The layouts of kvp_conn_config: the first ends after engine_group_ids;
- * the second adds config_fingerprint and config_description. A caller's
- * struct_size must be one of them; fields past it read as their defaults. */
+ * the second adds config_fingerprint and config_description; the third
+ * save_decode_cache. A caller's struct_size must be one of them; fields past
+ * it read as their defaults. */
 #define CONFIG_V1_SIZE (offsetof(kvp_conn_config, engine_group_ids) + sizeof(const int *))
+#define CONFIG_V2_SIZE (offsetof(kvp_conn_config, config_description) + sizeof(const char *))
 #define CONFIG_HAS(c, f) ((c)->struct_size >= offsetof(kvp_conn_config, f) + sizeof((c)->f))
+
+/* c's save_decode_cache, false when its layout has none. */
+static bool config_save_decode(const kvp_conn_config *c)
+{
+    return CONFIG_HAS(c, save_decode_cache) && c->save_decode_cache;
+}
 
 /* c's fingerprint and description, NULL when its layout has none. */
 static const char *config_fp(const kvp_conn_config *c)
@@ -91,7 +99,8 @@ static const char *config_desc(const kvp_conn_config *c)
 
 static int config_size_ok(const kvp_conn_config *c, char *err, size_t errlen)
 {
-    if (c->struct_size != sizeof *c && c->struct_size != CONFIG_V1_SIZE)
+    if (c->struct_size != sizeof *c && c->struct_size != CONFIG_V1_SIZE &&
+        c->struct_size != CONFIG_V2_SIZE)
         return fail(err, errlen,
                     "config struct_size must be sizeof(kvp_conn_config) "
                     "(fill it with kvp_conn_config_default)");
@@ -242,6 +251,7 @@ int kvp_conn_sched_open(const kvp_conn_config *c, kvp_conn_sched **out, char *er
     sc.block_size = L;
     sc.hash_block_size = H;
     sc.enable_partial_hash_hits = c->partial_hash_hits;
+    sc.save_decode_cache = config_save_decode(c);
     if (c->enable_lookup) {
         rc = kvp_lookup_client_open(c->lookup_socket, c->lookup_timeout_ms, &x->lk);
         if (rc != 0) {
@@ -510,6 +520,7 @@ int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *
         .pool_blocks = c->pool_blocks, .engine_group_ids = c->engine_group_ids,
         .fence = c->fence, .fence_arg = c->fence_arg,
         .config_fingerprint = config_fp(c), .config_description = config_desc(c),
+        .save_decode_cache = config_save_decode(c),
     };
     rc = kvp_worker_create(&wc, &x->w, err, errlen);
     if (rc != 0)

@@ -132,6 +132,29 @@ int kvp_meta_tracker_set_tokens(kvp_meta_tracker *t, const uint32_t *ids, uint32
     kvp_free(t->token_ids);
     t->token_ids = c;
     t->n_token_ids = c ? n : 0;
+    t->token_cap = t->n_token_ids;
+    return 0;
+}
+
+int kvp_meta_tracker_extend_tokens(kvp_meta_tracker *t, const uint32_t *all, uint32_t n)
+{
+    if (n <= t->n_token_ids)
+        return 0;
+    if (!all)
+        return KVP_EINVALID_PARAMS;
+    if (n > t->token_cap) {
+        uint32_t nc = t->token_cap ? t->token_cap : 64;
+        while (nc < n)
+            nc = nc > UINT32_MAX / 2 ? n : nc * 2;
+        uint32_t *p = kvp_realloc(t->token_ids, (size_t)nc * sizeof *p);
+        if (!p)
+            return KVP_ENOMEM;
+        t->token_ids = p;
+        t->token_cap = nc;
+    }
+    memcpy(t->token_ids + t->n_token_ids, all + t->n_token_ids,
+           (size_t)(n - t->n_token_ids) * sizeof *all);
+    t->n_token_ids = n;
     return 0;
 }
 
@@ -140,7 +163,7 @@ void kvp_meta_tracker_reset(kvp_meta_tracker *t)
     free_groups(t);
     kvp_free(t->token_ids);
     t->token_ids = NULL;
-    t->n_token_ids = 0;
+    t->n_token_ids = t->token_cap = 0;
     t->token_len = 0;
     t->num_saved_tokens = 0;
     t->has_pending_offload = false;

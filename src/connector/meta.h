@@ -185,6 +185,7 @@ typedef struct kvp_meta_tracker {
     uint64_t num_saved_tokens;     /* block-aligned save watermark already emitted */
     uint32_t *token_ids;           /* owned; NULL = None */
     uint32_t n_token_ids;
+    uint32_t token_cap;            /* slots of token_ids (>= n_token_ids) */
     bool has_pending_offload;
     uint64_t prefill_end_tokens;   /* len(prompt), or len(all tokens) when resumed */
 } kvp_meta_tracker;
@@ -194,6 +195,11 @@ int kvp_meta_tracker_init(kvp_meta_tracker *t, const char *req_id, uint32_t req_
                           uint32_t ngroups);
 /* Copies token ids (NULL, 0 = None). KVP_ENOMEM. */
 int kvp_meta_tracker_set_tokens(kvp_meta_tracker *t, const uint32_t *ids, uint32_t n);
+/* Extends the token ids to all[0, n) when n is longer: all must continue
+ * what the tracker holds (the request's all_token_ids; the tracker's are a
+ * prefix of them). Appends only the new tail (amortised growth), so a
+ * decoding request costs O(1) per step. KVP_ENOMEM changes nothing. */
+int kvp_meta_tracker_extend_tokens(kvp_meta_tracker *t, const uint32_t *all, uint32_t n);
 /* Zeroes everything but the request id (tracker object kept, §8.4 step 2). */
 void kvp_meta_tracker_reset(kvp_meta_tracker *t);
 /*

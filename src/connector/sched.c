@@ -641,7 +641,25 @@ static int build_fresh(kvp_sched *s, struct ent *e, const kvp_sched_request *r, 
                 last_chunk(e->tr.token_len, nprefill, s->cfg.block_size), kind);
 }
 
-static int phase_cached(kvp_sched *s, const kvp_sched_cached_req *c, bool skip_save)
+/*
+ * Whether a running request's step produces a save meta (phase_cached):
+ * prefill chunks always for a storing role; decode steps only with
+ * save_decode_cache; a consumer saves decode steps only (sched.h,
+ * "Decode-phase saves"). The tracker advances whenever the request may
+ * save at some later step, so that its table is whole by then.
+ */
+static bool running_tracks(const kvp_sched *s, bool decode)
+{
+    return !decode || s->cfg.save_decode_cache;
+}
+
+static bool running_saves(const kvp_sched *s, bool decode)
+{
+    return s->cfg.kv_role != KVP_SCHED_CONSUMER || decode;
+}
+
+/* skip_resumed: a resumed request's fresh tracker emits no save (a consumer). */
+static int phase_cached(kvp_sched *s, const kvp_sched_cached_req *c, bool skip_resumed)
 {
     const kvp_sched_request *r = c->req;
     if (!req_ok(r) || (c->new_block_ids && !ids_ok(c->new_block_ids, c->ngroups)))
@@ -656,7 +674,7 @@ static int phase_cached(kvp_sched *s, const kvp_sched_cached_req *c, bool skip_s
     if (c->resumed) /* new_block_ids is the full table: REPLACE */
         return build_fresh(s, e, r, r->num_computed_tokens + c->num_scheduled_tokens,
                            c->new_block_ids, c->new_block_ids ? c->ngroups : 0, r->all_token_ids,
-                           r->num_tokens, skip_save, KVP_META_RESUMED);
+                           r->num_tokens, skip_resumed, KVP_META_RESUMED);
     if (!e->has_tr) {
         KVP_ERROR(MOD, "running request %s has no tracker", e->id);
         return KVP_EINVALID_PARAMS;
@@ -668,15 +686,22 @@ static int phase_cached(kvp_sched *s, const kvp_sched_cached_req *c, bool skip_s
         end = r->num_tokens;
     if (end > t->token_len)
         t->token_len = end;
-    if (r->num_computed_tokens >= t->prefill_end_tokens)
-        return 0; /* decode: not saved */
+    bool decode = r->num_computed_tokens >= t->prefill_end_tokens;
+    if (!running_tracks(s, decode))
+        return 0; /* decode without save_decode_cache: not saved */
     int rc;
+    /* the tokens of what it saves next (the worker's KV events name them) */
+    uint64_t ntok = t->token_len < r->num_tokens ? t->token_len : r->num_tokens;
+    if ((rc = kvp_meta_tracker_extend_tokens(t, r->all_token_ids, (uint32_t)ntok)) != 0)
+        return rc;
     if (c->new_block_ids && c->ngroups &&
         (rc = kvp_meta_tracker_update(t, c->new_block_ids, c->ngroups)) != 0)
         return rc;
     if ((rc = ent_set_hashes(e, r)) != 0)
         return rc;
-    return emit(s, e, NULL, skip_save, last_chunk(t->token_len, t->prefill_end_tokens,
+    if (!running_saves(s, decode))
+        return 0; /* a consumer's chunked prefill: tracked, saved from its first decode */
+    return emit(s, e, NULL, false, last_chunk(t->token_len, t->prefill_end_tokens,
                                                   s->cfg.block_size),
                 KVP_META_RUNNING);
 }
@@ -976,16 +1001,17 @@ static int build(kvp_sched *s, const kvp_sched_step *st)
                               r->num_prompt_tokens, consumer, KVP_META_NEW)) != 0)
             return rc;
     }
-    /* 4. cached requests (never saved by a consumer: skipped entirely) */
+    /* 4. cached requests (a consumer without save_decode_cache never saves
+     * them: skipped entirely; resumed ones are never saved by a consumer) */
     for (uint32_t i = 0; i < st->n_cached; i++) {
-        if (consumer) {
+        if (consumer && !s->cfg.save_decode_cache) {
             const kvp_sched_request *r = st->cached[i].req;
             struct ent *e = req_ok(r) ? ent_find(s, r->req_id, r->req_id_len) : NULL;
             if (e)
                 e->seen_this_step = true;
             continue;
         }
-        if ((rc = phase_cached(s, &st->cached[i], false)) != 0)
+        if ((rc = phase_cached(s, &st->cached[i], consumer)) != 0)
             return rc;
     }
     /* 5. pending async loads: allocated, not scheduled this step */
@@ -1063,7 +1089,7 @@ int kvp_sched_request_finished(kvp_sched *s, const char *req_id, uint32_t id_len
         *delay_free = true;
         return 0;
     }
-    if (s->cfg.kv_role == KVP_SCHED_CONSUMER)
+    if (s->cfg.kv_role == KVP_SCHED_CONSUMER && !s->cfg.save_decode_cache)
         return 0;
     /* no tracker: aborted before it was scheduled; reset tracker: preempted */
     if (!e || !e->has_tr || (e->tr.num_saved_tokens == 0 && !e->tr.has_pending_offload))

@@ -46,6 +46,27 @@
  *  - reset_cache (kvp_sched_reset_cache) has no KV-event buffer to clear
  *    (KV events are not produced).
  */
+/*
+ * Decode-phase saves (save_decode_cache, vLLM's in-tree B2 semantics). Off
+ * (the default), a running request stops producing save metas once its
+ * computed tokens reach its prefill end, and a consumer never saves. On:
+ *  - producer / both: a running request in decode keeps its tracker's block
+ *    table and token_len current, and every step that completes a block
+ *    emits a save meta from the save watermark, exactly as a prefill chunk
+ *    (the blocks are addressed by the request's chained block hashes, which
+ *    the engine extends over generated tokens, so a later prompt equal to
+ *    prompt + generated text hits them);
+ *  - consumer: new and resumed requests are still never saved (their load,
+ *    if any, goes alone), chunked-prefill steps only advance the tracker,
+ *    and the first decode step that has a whole block saves from token 0:
+ *    the prompt's blocks it lacks in the pool (those it loaded are found
+ *    present and skipped by the worker's dedup) and then the decode blocks.
+ *    request_finished then delays the free like a producer's (rule a).
+ * The worker must be allowed to put (kvp_worker_cfg.save_decode_cache).
+ * Every tracked running step (prefill chunk or decode) extends the tracker's
+ * token ids to token_len from all_token_ids, so each save meta carries the
+ * tokens of the blocks it stores (the worker's KV events name them).
+ */
 #ifndef KVP_SCHED_H
 #define KVP_SCHED_H
 
@@ -59,7 +80,8 @@
 
 enum kvp_sched_role {
     KVP_SCHED_PRODUCER = 0, /* kv_producer: saves, loads */
-    KVP_SCHED_CONSUMER = 1, /* kv_consumer: loads only, never saves */
+    KVP_SCHED_CONSUMER = 1, /* kv_consumer: loads only; saves decode-phase KV only
+                               with save_decode_cache */
     KVP_SCHED_BOTH = 2,     /* kv_both */
 };
 
@@ -91,6 +113,7 @@ typedef struct kvp_sched_config {
     uint32_t block_size;           /* L: scheduler (lcm) block size, > 0 */
     uint32_t hash_block_size;      /* H: divides L */
     bool enable_partial_hash_hits; /* coord: partial_hash_hits_enabled */
+    bool save_decode_cache;        /* default false; see "Decode-phase saves" above */
     kvp_sched_lookup_ops ops;      /* ops.lookup required when enable_lookup */
 } kvp_sched_config;
 
@@ -214,8 +237,9 @@ int kvp_sched_build_meta(kvp_sched *s, const kvp_sched_step *st, const kvp_meta_
 /*
  * request_finished (§8.5): *delay_free = true when the engine must keep the
  * request's blocks until the worker reports it in finished_sending:
- *   (a) the spec's save rule (not a consumer, a tracker with saved tokens
- *       or a pending partial-tail offload, and some blocks), or
+ *   (a) the spec's save rule (not a consumer unless save_decode_cache, a
+ *       tracker with saved tokens or a pending partial-tail offload, and
+ *       some blocks), or
  *   (b) the request LOADED: a meta with a load spec (can_load true) for
  *       it was returned by build_meta since it was scheduled (so every
  *       worker got it). Any role; regardless of block counts.

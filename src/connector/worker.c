@@ -144,6 +144,8 @@ typedef struct sreq {
 struct kvp_worker {
     int capacity_only;
     int role;
+    int can_put;            /* a PRODUCER / BOTH role, or save_decode_cache: saves
+                               (the send thread runs) */
     int tp_rank, tp_size, pcp_size, dcp_size, pp_size;
     int eagle_prefix_hashing, enable_kv_events;
     int *block_group;       /* pool_blocks: per group, the engine's index in a put's
@@ -1319,7 +1321,8 @@ int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, si
     pthread_cond_init(&w->recv_cv, NULL);
     pthread_cond_init(&w->idle_cv, NULL);
     w->role = cfg->role;
-    w->capacity_only = cfg->role == KVP_WORKER_CONSUMER && !cfg->enable_lookup;
+    w->can_put = (cfg->role & KVP_WORKER_PRODUCER) || cfg->save_decode_cache;
+    w->capacity_only = !w->can_put && !cfg->enable_lookup;
     w->tp_rank = cfg->tp_rank;
     w->tp_size = cfg->tp_size;
     w->pcp_size = cfg->pcp_size;
@@ -1412,7 +1415,7 @@ int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, si
             w->block_group[g] = eg >= 0 && eg <= 31 && w->lk_n[g] <= UINT16_MAX ? eg : -1;
         }
     }
-    if (desc && *desc && cfg->role != KVP_WORKER_CONSUMER && cfg->tp_rank == 0 &&
+    if (desc && *desc && w->can_put && cfg->tp_rank == 0 &&
         cfg->pcp_rank == 0 && cfg->dcp_rank == 0 && cfg->pp_rank == 0) {
         if ((rc = config_object_init(w, cfg)) != 0)
             goto fail;
@@ -1447,7 +1450,7 @@ int kvp_worker_register_kv_caches(kvp_worker *w, const kvp_tdb_tensor *tensors, 
                           kvp_err_name(rc));
         }
     }
-    if (w->role & KVP_WORKER_PRODUCER) {
+    if (w->can_put) {
         if (pthread_create(&w->send_th, NULL, send_main, w) != 0)
             return KVP_EINTERNAL_ERROR;
         w->send_started = 1;
@@ -1677,7 +1680,7 @@ int kvp_worker_get_finished(kvp_worker *w, const char *const *finished, size_t n
     for (uint32_t i = 0; rc == 0 && meta && i < meta->nreqs; i++) {
         const kvp_meta_req *r = &meta->reqs[i];
         int load = r->load_spec && r->load_spec->can_load;
-        int save = r->can_save == KVP_META_TRUE && (w->role & KVP_WORKER_PRODUCER);
+        int save = r->can_save == KVP_META_TRUE && w->can_put;
         if (!load && !save)
             continue;
         int bad = r->ngroups != w->ng || r->req_id.len == 0 ||

@@ -115,7 +115,8 @@
 
 enum kvp_worker_role {
     KVP_WORKER_PRODUCER = 1, /* kv_producer: stores only */
-    KVP_WORKER_CONSUMER = 2, /* kv_consumer: loads only, never saves */
+    KVP_WORKER_CONSUMER = 2, /* kv_consumer: loads only; saves only with
+                                save_decode_cache */
     KVP_WORKER_BOTH = 3,     /* kv_both */
 };
 
@@ -136,7 +137,11 @@ typedef struct kvp_worker_cfg {
     const char *cache_prefix; /* NULL / "" = none */
     int tp_rank, tp_size, pcp_rank, pcp_size, dcp_rank, dcp_size, pp_rank, pp_size;
     enum kvp_worker_role role;
-    int enable_lookup; /* 0 with KVP_WORKER_CONSUMER = capacity-only */
+    int enable_lookup; /* 0 with KVP_WORKER_CONSUMER (and no save_decode_cache) =
+                          capacity-only */
+    int save_decode_cache; /* a CONSUMER may put too: the scheduler's decode-phase
+                              saves (sched.h); a storing worker in every respect
+                              (send thread, config descriptor, not capacity-only) */
     const kvp_worker_group *groups;
     size_t ngroups;
     uint32_t hash_block_size; /* H; 0 = resolved from the groups (§5) */
@@ -156,7 +161,8 @@ typedef struct kvp_worker_cfg {
     const char *config_fingerprint; /* NULL / "" = none; else kvp_key_fingerprint_valid:
                                        every key gets "@cfg:<fp>" (keys.h) */
     const char *config_description; /* NULL / "" = none; with a fingerprint, rank 0 (all
-                                       four ranks 0) of a PRODUCER / BOTH worker puts it
+                                       four ranks 0) of a storing worker (PRODUCER / BOTH,
+                                       or save_decode_cache) puts it
                                        at its first store once the pool is reachable
                                        (again after each outage, and every 10 min),
                                        soft-pinned, under

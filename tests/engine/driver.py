@@ -20,7 +20,10 @@ SPEC (JSON):
   kv_space_gib      VLLM_CPU_KVCACHE_SPACE (default 1)
   phases            list of {name, prompts: [[token ids]...], max_tokens,
                     corrupt_kv_before: bool, reset_prefix_cache: bool,
-                    wait_for: path (block until it exists, then sleep_s)}
+                    wait_for: path (block until it exists, then sleep_s),
+                    continue_from: {phase, suffix}: instead of prompts, each
+                    prompt of that earlier phase + its generated tokens +
+                    suffix (token ids)}
 
 RESULT: {"startup_s", "phases": [{"name", "elapsed_s", "outputs": [{"tokens",
 "cached"}]}], "error"?}. After each phase the file PHASE.done appears beside
@@ -93,6 +96,17 @@ def _noop_cuda_event() -> None:
     torch.cuda.Event = NoopEvent  # type: ignore[misc,assignment]
 
 
+def _prompts_of(ph: dict[str, Any],
+                ran: dict[str, tuple[list[list[int]], list[list[int]]]]) -> list[list[int]]:
+    """A phase's prompts: its own, or (continue_from) an earlier phase's
+    prompts followed by what they generated and the suffix."""
+    cont = ph.get("continue_from")
+    if not cont:
+        return [list(p) for p in ph["prompts"]]
+    prompts, tokens = ran[cont["phase"]]
+    return [p + t + list(cont.get("suffix", [])) for p, t in zip(prompts, tokens)]
+
+
 def main(spec_path: str, out_path: str) -> int:
     spec = json.load(open(spec_path))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.get("kv_space_gib", 1)))
@@ -140,6 +154,7 @@ def main(spec_path: str, out_path: str) -> int:
         return 2
     result["startup_s"] = round(time.perf_counter() - t0, 3)
     flush()
+    ran: dict[str, tuple[list[list[int]], list[list[int]]]] = {}  # name: prompts, tokens
     for ph in spec.get("phases", []):
         w = ph.get("wait_for")
         if w:
@@ -155,9 +170,11 @@ def main(spec_path: str, out_path: str) -> int:
             rec["corrupted_layers"] = _corrupt_kv(llm)
         sp = SamplingParams(temperature=0.0, max_tokens=ph.get("max_tokens", 8),
                             ignore_eos=True, detokenize=False)
-        prompts = [TokensPrompt(prompt_token_ids=p) for p in ph["prompts"]]
+        token_lists = _prompts_of(ph, ran)
+        prompts = [TokensPrompt(prompt_token_ids=p) for p in token_lists]
         t = time.perf_counter()
         outs = llm.generate(prompts, sp, use_tqdm=False)
+        ran[ph["name"]] = (token_lists, [list(o.outputs[0].token_ids) for o in outs])
         rec["elapsed_s"] = round(time.perf_counter() - t, 6)
         rec["outputs"] = [{"tokens": list(o.outputs[0].token_ids),
                            "cached": int(o.num_cached_tokens or 0)} for o in outs]

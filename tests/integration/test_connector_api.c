@@ -575,8 +575,14 @@ TEST(config_errors_are_named)
     c.struct_size = offsetof(kvp_conn_config, config_description);
     CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), KVP_EINVALID_PARAMS);
     CHECK(strstr(err, "struct_size") != NULL);
-    c.struct_size = sizeof c;
+    /* the second layout (before save_decode_cache) too */
     c.config_fingerprint = c.config_description = NULL;
+    c.save_decode_cache = true; /* past the layout: not read */
+    c.struct_size = offsetof(kvp_conn_config, config_description) + sizeof(const char *);
+    CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), 0);
+    kvp_conn_sched_close(s);
+    c.save_decode_cache = false;
+    c.struct_size = sizeof c;
 
     c.tp_size = 2;
     c.tp_rank = 2;

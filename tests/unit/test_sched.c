@@ -861,6 +861,189 @@ TEST(consumer_never_saves)
     kvp_sched_free(s);
 }
 
+/* ================================================ save_decode_cache */
+
+static kvp_sched *mk_sched_dec(int role)
+{
+    memset(&F, 0, sizeof F);
+    kvp_sched_config c;
+    kvp_sched_config_default(&c);
+    c.kv_role = role;
+    c.block_size = c.hash_block_size = 16;
+    c.save_decode_cache = true;
+    c.ops = (kvp_sched_lookup_ops){f_lookup, f_discard, f_reset, NULL};
+    kvp_sched *s = NULL;
+    return kvp_sched_new(&c, &s) == 0 ? s : NULL;
+}
+
+/* One decode step of x: position pos (its KV computed this step) with
+ * all_token_ids = pos + 1 tokens and their full-block hashes; nb a new
+ * block or NULL. Returns the meta of x in the step, NULL when none. */
+static const kvp_meta_req *decode_step(kvp_sched *s, R *x, uint32_t pos, uint32_t *nb)
+{
+    x->r.num_tokens = pos + 1;
+    x->r.nhashes = (pos + 1) / 16;
+    x->r.num_computed_tokens = pos;
+    kvp_meta_ids g = G(nb, nb ? 1 : 0);
+    kvp_sched_cached_req c = {.req = &x->r, .num_scheduled_tokens = 1,
+                              .new_block_ids = nb ? &g : NULL, .ngroups = nb ? 1 : 0};
+    kvp_sched_step st = {.cached = &c, .n_cached = 1};
+    const kvp_meta_step *m;
+    if (build(s, &st, &m) != 0)
+        return NULL;
+    return find_req(m, x->id);
+}
+
+/* A producer keeps saving in decode: each step that completes a block
+ * emits a running save from the watermark, over the appended table and the
+ * hashes the engine extended over generated tokens. */
+TEST(save_decode_cache_producer_saves_decode_blocks)
+{
+    kvp_sched *s = mk_sched_dec(KVP_SCHED_BOTH);
+    CHECK(s);
+    static R a;
+    mk(&a, "dp", 40, 40, 0, 16);
+    uint32_t b[] = {0, 1, 2};
+    kvp_meta_ids g = G(b, 3);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 0), 0);
+    kvp_sched_new_req nr = {.req = &a.r, .num_scheduled_tokens = 40, .block_ids = &g, .ngroups = 1};
+    kvp_sched_step st = {.new_reqs = &nr, .n_new = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 1);
+    CHECK_EQ(m->reqs[0].token_len_chunk, 32);
+    uint32_t b3 = 3;
+    for (uint32_t pos = 40; pos < 64; pos++) {
+        const kvp_meta_req *q = decode_step(s, &a, pos, pos == 48 ? &b3 : NULL);
+        if (pos != 47 && pos != 63) {
+            CHECK(q == NULL);
+            continue;
+        }
+        CHECK(q != NULL);
+        if (!q)
+            break;
+        CHECK_EQ(q->kind, KVP_META_RUNNING);
+        CHECK_EQ(q->can_save, KVP_META_TRUE);
+        CHECK(q->load_spec == NULL);
+        CHECK_EQ(q->token_len_chunk, pos + 1);
+        CHECK_EQ(q->nhashes, (pos + 1) / 16);
+        CHECK(memcmp(q->block_hashes, a.hs, (size_t)q->nhashes * HL) == 0);
+        uint32_t want[] = {0, 1, 2, 3};
+        CHECK(ids_are(&q->block_ids[0], want, pos == 47 ? 3 : 4));
+        CHECK_EQ(q->num_prompt_tokens, 40);
+        /* the tokens of what it saves (KV events), prompt + generated */
+        CHECK_EQ(q->n_token_ids, pos + 1);
+        CHECK(q->token_ids && q->token_ids[pos] == 1000 + pos);
+    }
+    CHECK_EQ(kvp_sched_tracker(s, ID(a))->num_saved_tokens, 64);
+    bool delay = false;
+    uint32_t all[] = {0, 1, 2, 3};
+    kvp_meta_ids ga = G(all, 4);
+    CHECK_EQ(kvp_sched_request_finished(s, ID(a), &ga, 1, &delay), 0);
+    CHECK(delay);
+    kvp_sched_free(s);
+}
+
+/* A consumer with save_decode_cache: the new request's step and its
+ * chunked prefill emit nothing (tracked only), its first decode step saves
+ * the prompt's whole blocks from token 0, later decode blocks follow, a
+ * resumed request is not saved before its decode; the finish is delayed. */
+TEST(save_decode_cache_consumer_saves_from_first_decode)
+{
+    kvp_sched *s = mk_sched_dec(KVP_SCHED_CONSUMER);
+    CHECK(s);
+    static R a;
+    mk(&a, "dc", 40, 40, 0, 16);
+    uint32_t b[] = {0, 1};
+    kvp_meta_ids g = G(b, 2);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 0), 0);
+    kvp_sched_new_req nr = {.req = &a.r, .num_scheduled_tokens = 32, .block_ids = &g, .ngroups = 1};
+    kvp_sched_step st = {.new_reqs = &nr, .n_new = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    CHECK_EQ(m->nreqs, 0);
+    /* the prefill's last chunk: 8 tokens, block 2 appended, no meta */
+    a.r.num_computed_tokens = 32;
+    uint32_t b2 = 2;
+    kvp_meta_ids g2 = G(&b2, 1);
+    kvp_sched_cached_req c = {.req = &a.r, .num_scheduled_tokens = 8, .new_block_ids = &g2,
+                              .ngroups = 1};
+    kvp_sched_step st2 = {.cached = &c, .n_cached = 1};
+    CHECK_EQ(build(s, &st2, &m), 0);
+    CHECK_EQ(m->nreqs, 0);
+    CHECK_EQ(kvp_sched_tracker(s, ID(a))->token_len, 40);
+    CHECK_EQ(kvp_sched_tracker(s, ID(a))->num_saved_tokens, 0);
+    /* first decode step: the prompt's 2 whole blocks, from 0 */
+    const kvp_meta_req *q = decode_step(s, &a, 40, NULL);
+    CHECK(q != NULL);
+    if (q) {
+        CHECK_EQ(q->can_save, KVP_META_TRUE);
+        CHECK_EQ(q->token_len_chunk, 32);
+        uint32_t want[] = {0, 1, 2};
+        CHECK(ids_are(&q->block_ids[0], want, 3));
+    }
+    for (uint32_t pos = 41; pos < 48; pos++) {
+        q = decode_step(s, &a, pos, NULL);
+        CHECK_EQ(q != NULL, pos == 47);
+        if (q)
+            CHECK_EQ(q->token_len_chunk, 48);
+    }
+    bool delay = false;
+    CHECK_EQ(kvp_sched_request_finished(s, ID(a), &g, 1, &delay), 0);
+    CHECK(delay);
+    /* preempted, resumed with 48 tokens: no save in the resumed step, the
+     * next decode step saves from 0 again (the worker dedups) */
+    kvp_meta_str pre = {"dc", 2};
+    kvp_sched_step st3 = {.preempted = &pre, .n_preempted = 1};
+    CHECK_EQ(build(s, &st3, &m), 0);
+    a.r.num_tokens = 49;
+    a.r.nhashes = 3;
+    a.r.num_computed_tokens = 0;
+    uint32_t rb[] = {5, 6, 7, 8};
+    kvp_meta_ids rg = G(rb, 4);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &rg, 1, 0), 0);
+    kvp_sched_cached_req rc = {.req = &a.r, .resumed = true, .num_scheduled_tokens = 49,
+                               .new_block_ids = &rg, .ngroups = 1};
+    kvp_sched_step st4 = {.cached = &rc, .n_cached = 1};
+    CHECK_EQ(build(s, &st4, &m), 0);
+    CHECK(find_req(m, "dc") == NULL);
+    q = decode_step(s, &a, 49, NULL);
+    CHECK(q != NULL);
+    if (q) {
+        CHECK_EQ(q->token_len_chunk, 48);
+        CHECK(ids_are(&q->block_ids[0], rb, 4));
+    }
+    kvp_sched_free(s);
+}
+
+/* A consumer with save_decode_cache that loaded: the load goes alone, the
+ * decode saves start at token 0 (the loaded blocks are found present). */
+TEST(save_decode_cache_consumer_load_then_save)
+{
+    kvp_sched *s = mk_sched_dec(KVP_SCHED_CONSUMER);
+    CHECK(s);
+    static R a;
+    mk(&a, "dl", 40, 40, 0, 16);
+    F.hit = 32;
+    uint64_t n;
+    bool async;
+    CHECK_EQ(kvp_sched_get_num_new_matched_tokens(s, &a.r, 0, &n, &async), 0);
+    CHECK_EQ(n, 32);
+    uint32_t b[] = {4, 5, 6};
+    kvp_meta_ids g = G(b, 3);
+    CHECK_EQ(kvp_sched_update_state_after_alloc(s, &a.r, &g, 1, 32), 0);
+    a.r.num_computed_tokens = 32;
+    kvp_sched_new_req nr = {.req = &a.r, .num_scheduled_tokens = 8, .block_ids = &g, .ngroups = 1};
+    kvp_sched_step st = {.new_reqs = &nr, .n_new = 1};
+    const kvp_meta_step *m;
+    CHECK_EQ(build(s, &st, &m), 0);
+    const kvp_meta_req *q = find_req(m, "dl");
+    CHECK(q && q->load_spec && q->can_save == KVP_META_FALSE);
+    q = decode_step(s, &a, 40, NULL);
+    CHECK(q && q->can_save == KVP_META_TRUE && q->token_len_chunk == 32 && !q->load_spec);
+    kvp_sched_free(s);
+}
+
 TEST(unknown_cached_request_is_an_error)
 {
     kvp_sched *s = mk_sched(KVP_SCHED_BOTH, 16, 16, false);

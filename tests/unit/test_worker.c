@@ -200,6 +200,8 @@ typedef struct wopts {
     uint32_t hbs;     /* hash_block_size with custom groups */
     unsigned recv_threads;
     int dcp_rank, dcp_size;
+    int consumer;     /* kv_consumer (with lookup unless capacity) */
+    int save_decode;  /* save_decode_cache */
 } wopts;
 
 static kvp_worker *worker_open(const env *e, cache *c, const wopts *o)
@@ -220,8 +222,9 @@ static kvp_worker *worker_open(const env *e, cache *c, const wopts *o)
         .tp_size = o && o->tp_size ? o->tp_size : 1,
         .pcp_size = 1, .dcp_rank = o ? o->dcp_rank : 0,
         .dcp_size = o && o->dcp_size ? o->dcp_size : 1, .pp_size = 1,
-        .role = o && o->capacity ? KVP_WORKER_CONSUMER : KVP_WORKER_BOTH,
+        .role = o && (o->capacity || o->consumer) ? KVP_WORKER_CONSUMER : KVP_WORKER_BOTH,
         .enable_lookup = !(o && o->capacity),
+        .save_decode_cache = o && o->save_decode,
         .groups = g,
         .ngroups = mamba ? 2 : 1,
         .hash_block_size = mamba ? 4 : 0,
@@ -877,6 +880,72 @@ TEST(worker_preemption_and_capacity_only)
     CHECK_EQ(sent, 0);
     kvp_worker_destroy(cw);
     cache_free(&c);
+    env_down(&e);
+}
+
+/* save_decode_cache (sched.h, "Decode-phase saves"): a consumer's worker
+ * serves the scheduler's save metas -- stored, reported finished-sending,
+ * found by another instance and loaded byte for byte -- and a capacity-only
+ * consumer with it is no longer capacity-only. Without it a consumer's
+ * worker ignores a save meta: nothing stored, nothing reported. */
+TEST(worker_consumer_save_decode_cache)
+{
+    env e;
+    if (env_up(&e) != 0) {
+        env_down(&e);
+        th_fail(__FILE__, __LINE__, "env_up");
+        return;
+    }
+    cache c1, c2;
+    cache_init(&c1);
+    cache_init(&c2);
+    wopts plain = {.consumer = 1}, dec = {.consumer = 1, .save_decode = 1};
+    kvp_worker *wp = worker_open(&e, &c1, &plain);
+    kvp_worker *wd = worker_open(&e, &c1, &dec);
+    kvp_worker *wr = worker_open(&e, &c2, NULL);
+    CHECK(wp && wd && wr);
+    uint8_t h[NCH * HL];
+    hashes(h, NCH, 21);
+    uint32_t sb[NCH] = {3, 7, 11, 13, 17, 19};
+    fill(&c1, 21, sb, NCH);
+    rq q;
+    /* a plain consumer: the meta is ignored */
+    rq_save(&q, "cons-a", sb, NCH, h);
+    int sent = 1;
+    CHECK_EQ(step(wp, &q, "cons-a", &sent, NULL, "cons-a"), 0);
+    CHECK_EQ(sent, 0);
+    kvp_worker_drain(wp);
+    kvp_worker_stats st;
+    kvp_worker_take_stats(wp, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].count, 0);
+    uint32_t hit = 7;
+    CHECK_EQ(kvp_worker_lookup(wr, NCH * BS + 1, h, NCH, HL, 1, &hit), 0);
+    CHECK_EQ(hit, 0);
+    /* with save_decode_cache: stored and reported */
+    rq_save(&q, "cons-b", sb, NCH, h);
+    q.r.kind = KVP_META_RUNNING;
+    CHECK_EQ(store_wait(wd, &q), 0);
+    kvp_worker_take_stats(wd, &st);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].keys, NCH);
+    CHECK_EQ(st.op[KVP_WORKER_OP_SAVE_PUT].failed_keys, 0);
+    CHECK_EQ(kvp_worker_lookup(wr, NCH * BS + 1, h, NCH, HL, 1, &hit), 0);
+    CHECK_EQ(hit, NCH * BS);
+    uint32_t lb[NCH] = {40, 41, 42, 43, 44, 45};
+    rq_load(&q, "cons-c", lb, NCH, h, 0, NCH * BS);
+    CHECK_EQ(load_wait(wr, &q), 0);
+    for (int k = 0; k < NCH; k++)
+        CHECK_EQ(block_state(&c2, 21, lb[k], k), 1);
+    kvp_worker_destroy(wp);
+    kvp_worker_destroy(wd);
+    kvp_worker_destroy(wr);
+    /* capacity-only is "no lookup and no put" */
+    wopts cap = {.capacity = 1, .save_decode = 1};
+    kvp_worker *cw = worker_open(&e, &c1, &cap);
+    CHECK(cw != NULL);
+    CHECK(!kvp_worker_capacity_only(cw));
+    kvp_worker_destroy(cw);
+    cache_free(&c1);
+    cache_free(&c2);
     env_down(&e);
 }
 
