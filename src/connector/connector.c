@@ -73,9 +73,11 @@ static int fail(char *err, size_t errlen, const char *msg)
 }
 
 /* The layouts of kvp_conn_config: the first ends after engine_group_ids;
- * the second adds config_fingerprint and config_description. A caller's
- * struct_size must be one of them; fields past it read as their defaults. */
+ * the second adds config_fingerprint and config_description, the third
+ * tp_independent. A caller's struct_size must be one of them; fields past
+ * it read as their defaults. */
 #define CONFIG_V1_SIZE (offsetof(kvp_conn_config, engine_group_ids) + sizeof(const int *))
+#define CONFIG_V2_SIZE (offsetof(kvp_conn_config, config_description) + sizeof(const char *))
 #define CONFIG_HAS(c, f) ((c)->struct_size >= offsetof(kvp_conn_config, f) + sizeof((c)->f))
 
 /* c's fingerprint and description, NULL when its layout has none. */
@@ -91,7 +93,8 @@ static const char *config_desc(const kvp_conn_config *c)
 
 static int config_size_ok(const kvp_conn_config *c, char *err, size_t errlen)
 {
-    if (c->struct_size != sizeof *c && c->struct_size != CONFIG_V1_SIZE)
+    if (c->struct_size != sizeof *c && c->struct_size != CONFIG_V1_SIZE &&
+        c->struct_size != CONFIG_V2_SIZE)
         return fail(err, errlen,
                     "config struct_size must be sizeof(kvp_conn_config) "
                     "(fill it with kvp_conn_config_default)");
@@ -510,6 +513,7 @@ int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *
         .pool_blocks = c->pool_blocks, .engine_group_ids = c->engine_group_ids,
         .fence = c->fence, .fence_arg = c->fence_arg,
         .config_fingerprint = config_fp(c), .config_description = config_desc(c),
+        .tp_independent = CONFIG_HAS(c, tp_independent) && c->tp_independent,
     };
     rc = kvp_worker_create(&wc, &x->w, err, errlen);
     if (rc != 0)
