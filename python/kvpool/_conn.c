@@ -587,6 +587,7 @@ static const struct cfg_key {
     K(lookup_gid, CK_I64, UINT32_MAX - 1), /* absent: -1, no group */
     K(config_fingerprint, CK_STR, 0),      /* checked by kvp_conn_*_open */
     K(config_description, CK_STR, 0),
+    K(tp_independent, CK_BOOL, 1),
 #undef K
 };
 
