@@ -93,7 +93,7 @@ int kvp_key_build_prefix(const struct kvp_key_meta *md, int tp_rank, int pcp_ran
 /*
  * The key of the configuration's descriptor object (kvp_worker_cfg's
  * config_description): "[prefix@]model@cfg:FP@kvpool-config". No block key
- * equals it (they go on with "@tp_rank:" after the fingerprint), and it
+ * equals it (they go on with "@tp_rank:" or "@kvh:" after the fingerprint), and it
  * shares the blocks' "[prefix@]model@cfg:FP" namespace (a regex removing
  * them matches it too). KVP_EINVALID_PARAMS when md has no fingerprint.
  */

@@ -575,6 +575,12 @@ TEST(config_errors_are_named)
     c.struct_size = offsetof(kvp_conn_config, config_description);
     CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), KVP_EINVALID_PARAMS);
     CHECK(strstr(err, "struct_size") != NULL);
+    /* the second layout (before tp_independent) too */
+    c.config_fingerprint = "0123456789abcdef";
+    c.config_description = NULL;
+    c.struct_size = offsetof(kvp_conn_config, tp_independent);
+    CHECK_EQ(kvp_conn_sched_open(&c, &s, err, sizeof err), 0);
+    kvp_conn_sched_close(s);
     c.struct_size = sizeof c;
     c.config_fingerprint = c.config_description = NULL;
 
