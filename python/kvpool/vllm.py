@@ -113,8 +113,9 @@ EXTRA_KEYS = {
     "preferred_segment", "enable_cross_layers_blocks", "save_decode_cache",
     "store_config", "partial_hash_hits", "recv_threads", "staging_budget",
     "lookup_timeout_ms", "tenant", "lookup_group", "tp_independent",
-    # vLLM's MooncakeStoreConnector keys kvpool cannot honour: accepted at
-    # their defaults only (_check_mooncake_only_keys)
+    # vLLM's MooncakeStoreConnector keys: the first two accepted at their
+    # defaults only, the TP ones select the TP-independent layout
+    # (_check_mooncake_only_keys)
     "enable_group_semantics", "custom_mem_pool", "store_tp_size", "enable_store_tp_lcm",
     "prefill_tp_sizes",
 }
