@@ -192,6 +192,16 @@ typedef struct kvp_conn_config {
                                  blocks the pool lacks and its decode blocks, from
                                  its first decode step (vLLM's in-tree connector's
                                  save_decode_cache). Both halves need the same value */
+    /* ---- worker half (the third layout too) */
+    bool tp_independent;      /* default false. true: the TP-independent layout -- one
+                                 object per KV head (an MLA latent: one) and block, keyed
+                                 "@kvh:<head>" instead of "@tp_rank:<rank>", so engines
+                                 of any TP size share blocks (every rank reads and writes
+                                 only its own heads; ranks holding the same head store
+                                 each block once). Needs dcp_size 1, no Mamba group,
+                                 num_kv_heads a multiple or a divisor of tp_size, and KV
+                                 tensors with one heads dimension (docs/ARCHITECTURE.md,
+                                 "TP-independent layout") */
 } kvp_conn_config;
 
 #define KVP_CONN_DESCRIPTION_MAX 65536

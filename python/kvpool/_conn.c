@@ -588,6 +588,7 @@ static const struct cfg_key {
     K(config_fingerprint, CK_STR, 0),      /* checked by kvp_conn_*_open */
     K(config_description, CK_STR, 0),
     K(save_decode_cache, CK_BOOL, 1),
+    K(tp_independent, CK_BOOL, 1),
 #undef K
 };
 

@@ -170,6 +170,24 @@ def weights_fingerprint(model: str, revision: str | None = None) -> dict[str, An
     return dict(out)
 
 
+# A spec's fields that hold one rank's share of the KV (they follow the TP size)
+_PER_RANK_FIELDS = ("num_kv_heads", "page_size_bytes", "page_size_padded", "real_page_size_bytes")
+
+
+def _strip_per_rank(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _strip_per_rank(v) for k, v in x.items() if k not in _PER_RANK_FIELDS}
+    if isinstance(x, list):
+        return [_strip_per_rank(v) for v in x]
+    return x
+
+
+def _spec_for(spec: Any, tp_independent: bool) -> Any:
+    """_spec, without its per-rank fields in the TP-independent layout."""
+    s = _spec(spec)
+    return _strip_per_rank(s) if tp_independent else s
+
+
 def _hf_config_digest(model_config: Any) -> str:
     """BLAKE2b of the model's HF config (overrides applied), minus the fields
     that name the path or the transformers release."""
@@ -193,7 +211,8 @@ def _kv_layout(cache_config: Any) -> str | None:
 
 def config_fingerprint(vllm_config: Any, kv_cache_config: Any, groups: Sequence[Mapping[str, Any]],
                        *, block_size: int, hash_block_size: int,
-                       group_ids: Iterable[int] | None = None) -> tuple[str, dict[str, Any]]:
+                       group_ids: Iterable[int] | None = None,
+                       tp_independent: bool = False) -> tuple[str, dict[str, Any]]:
     """(fingerprint, description) of an engine's configuration.
 
     vllm_config: vLLM's VllmConfig; kv_cache_config: its KVCacheConfig (this
@@ -201,8 +220,12 @@ def config_fingerprint(vllm_config: Any, kv_cache_config: Any, groups: Sequence[
     num_kv_heads), in the order of group_ids (default: kv_cache_config.
     prefix_cacheable_group_ids), the vLLM groups the pool stores;
     block_size / hash_block_size: the scheduler's and the hash's block sizes
-    (resolve_kv_cache_block_sizes). The description is JSON-able; the
-    fingerprint is 16 lower-case hex digits.
+    (resolve_kv_cache_block_sizes); tp_independent: the connector stores one
+    object per KV head (the TP-independent layout), so the fingerprint names
+    that layout and the total KV heads instead of the TP size, and the
+    specs' per-rank fields (num_kv_heads, page sizes: a rank's share) are
+    left out -- engines of any TP size get the same fingerprint. The
+    description is JSON-able; the fingerprint is 16 lower-case hex digits.
     """
     mc = vllm_config.model_config
     cc = vllm_config.cache_config
@@ -227,10 +250,11 @@ def config_fingerprint(vllm_config: Any, kv_cache_config: Any, groups: Sequence[
         "block_size": int(block_size),
         "hash_block_size": int(hash_block_size),
         "groups": [{"connector": _plain(dict(g)),
-                    "spec": _spec(kv_cache_config.kv_cache_groups[i].kv_cache_spec)}
+                    "spec": _spec_for(kv_cache_config.kv_cache_groups[i].kv_cache_spec,
+                                      tp_independent)}
                    for g, i in zip(groups, ids)],
         "layout": {
-            "tp": int(par.tensor_parallel_size),
+            "tp": "any (per KV head)" if tp_independent else int(par.tensor_parallel_size),
             "pp": int(par.pipeline_parallel_size),
             "pcp": int(getattr(par, "prefill_context_parallel_size", 1) or 1),
             "dcp": int(getattr(par, "decode_context_parallel_size", 1) or 1),

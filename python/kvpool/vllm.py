@@ -112,18 +112,24 @@ EXTRA_KEYS = {
     "load_async", "lookup_async", "enable_lookup", "lookup_rpc_port", "cache_prefix",
     "preferred_segment", "enable_cross_layers_blocks", "save_decode_cache",
     "store_config", "partial_hash_hits", "recv_threads", "staging_budget",
-    "lookup_timeout_ms", "tenant", "lookup_group",
-    # vLLM's MooncakeStoreConnector keys kvpool cannot honour: accepted at
-    # their defaults only (_check_mooncake_only_keys)
+    "lookup_timeout_ms", "tenant", "lookup_group", "tp_independent",
+    # vLLM's MooncakeStoreConnector keys: the first two accepted at their
+    # defaults only, the TP ones select the TP-independent layout
+    # (_check_mooncake_only_keys)
     "enable_group_semantics", "custom_mem_pool", "store_tp_size", "enable_store_tp_lcm",
     "prefill_tp_sizes",
 }
 
 
-def _check_mooncake_only_keys(extra: dict[str, Any], tp: int) -> None:
+def _check_mooncake_only_keys(extra: dict[str, Any], tp: int) -> bool:
     """Refuses, with the reason, the in-tree MooncakeStoreConnector's
-    extra-config keys set to what kvpool cannot do; their defaults (and a
-    store_tp_size equal to the engine's TP size) are accepted."""
+    extra-config keys set to what kvpool cannot do; their defaults are
+    accepted. Returns whether the TP-independent layout is on: asked for by
+    tp_independent, or implied by the in-tree keys that share blocks across
+    TP sizes (enable_store_tp_lcm, a store_tp_size other than the engine's):
+    in that layout every TP size stores and reads the same per-head objects,
+    so what those keys are for holds for any store_tp_size and any
+    prefill_tp_sizes."""
     if _bool(extra, "enable_group_semantics", False):
         raise ValueError("KVPoolConnector: enable_group_semantics=true is not supported (kvpool "
                          "has no object groups: each block is its own cache entry); remove the "
@@ -131,15 +137,21 @@ def _check_mooncake_only_keys(extra: dict[str, Any], tp: int) -> None:
     if str(extra.get("custom_mem_pool") or ""):
         raise ValueError(f"KVPoolConnector: custom_mem_pool={extra['custom_mem_pool']!r} is not "
                          "supported (the KV caches stay in vLLM's own allocator); remove the key")
+    tpi = _bool(extra, "tp_independent", False)
     if extra.get("enable_store_tp_lcm") not in (None, False) and \
             _bool(extra, "enable_store_tp_lcm", False):
-        raise ValueError("KVPoolConnector: enable_store_tp_lcm=true is not supported (blocks are "
-                         "stored in the engine's own tensor-parallel layout); remove the key")
+        tpi = True
     st = extra.get("store_tp_size")
-    if st is not None and st != tp:
-        raise ValueError(f"KVPoolConnector: store_tp_size={st!r} is not supported (blocks are "
-                         f"stored in the engine's own tensor-parallel layout, size {tp}); remove "
-                         "the key")
+    if st is not None:
+        if isinstance(st, bool) or not isinstance(st, int) or st < 1:
+            raise ValueError(f"KVPoolConnector: store_tp_size={st!r} must be a TP size (>= 1)")
+        tpi = tpi or st != tp
+    pts = extra.get("prefill_tp_sizes")
+    if pts is not None and (not isinstance(pts, (list, tuple)) or
+                            not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                                    for x in pts)):
+        raise ValueError(f"KVPoolConnector: prefill_tp_sizes={pts!r} must be a list of TP sizes")
+    return tpi
 
 
 def _lookup_gid(group: Any) -> int:
@@ -327,7 +339,8 @@ def _setup(vllm_config: "VllmConfig", kv_cache_config: KVCacheConfig,
     if unknown:
         raise ValueError(f"KVPoolConnector: unknown kv_connector_extra_config keys "
                          f"{sorted(unknown)}; known: {sorted(EXTRA_KEYS)}")
-    _check_mooncake_only_keys(extra, int(vllm_config.parallel_config.tensor_parallel_size))
+    tp_independent = _check_mooncake_only_keys(
+        extra, int(vllm_config.parallel_config.tensor_parallel_size))
     if not _bool(extra, "load_async", True):
         raise ValueError("KVPoolConnector loads in the background only: load_async must be true")
     par = vllm_config.parallel_config
@@ -372,6 +385,7 @@ def _setup(vllm_config: "VllmConfig", kv_cache_config: KVCacheConfig,
         "use_eagle": use_eagle,
         "kv_events": kv_events,
         "engine_group_ids": list(ids),  # the pool's blocks name groups as vLLM does
+        "tp_independent": tp_independent,
     }
     if "lookup_timeout_ms" in extra:
         conn["lookup_timeout_ms"] = int(extra["lookup_timeout_ms"])
@@ -379,7 +393,8 @@ def _setup(vllm_config: "VllmConfig", kv_cache_config: KVCacheConfig,
         conn["lookup_gid"] = _lookup_gid(extra["lookup_group"])
     # every key carries the configuration's fingerprint (kvpool.fingerprint)
     fp, desc = config_fingerprint(vllm_config, kv_cache_config, groups, block_size=block_size,
-                                  hash_block_size=hash_block_size, group_ids=ids)
+                                  hash_block_size=hash_block_size, group_ids=ids,
+                                  tp_independent=tp_independent)
     conn["config_fingerprint"] = fp
     if role == KVConnectorRole.WORKER:
         desc.update(fingerprint=fp, vllm=vllm.__version__, created=int(time.time()))

@@ -74,7 +74,7 @@ static int fail(char *err, size_t errlen, const char *msg)
 
 /* The layouts of kvp_conn_config: the first ends after engine_group_ids;
  * the second adds config_fingerprint and config_description; the third
- * save_decode_cache. A caller's struct_size must be one of them; fields past
+ * save_decode_cache and tp_independent. A caller's struct_size must be one of them; fields past
  * it read as their defaults. */
 #define CONFIG_V1_SIZE (offsetof(kvp_conn_config, engine_group_ids) + sizeof(const int *))
 #define CONFIG_V2_SIZE (offsetof(kvp_conn_config, config_description) + sizeof(const char *))
@@ -521,6 +521,7 @@ int kvp_conn_worker_open(const kvp_conn_config *c, kvp_conn_worker **out, char *
         .fence = c->fence, .fence_arg = c->fence_arg,
         .config_fingerprint = config_fp(c), .config_description = config_desc(c),
         .save_decode_cache = config_save_decode(c),
+        .tp_independent = CONFIG_HAS(c, tp_independent) && c->tp_independent,
     };
     rc = kvp_worker_create(&wc, &x->w, err, errlen);
     if (rc != 0)

@@ -128,7 +128,7 @@ int kvp_key_build_prefix(const struct kvp_key_meta *md, int tp_rank, int pcp_ran
         sb_str(&b, "@cfg:");
         sb_str(&b, md->fingerprint);
     }
-    sb_str(&b, "@tp_rank:");
+    sb_str(&b, md->by_head ? "@kvh:" : "@tp_rank:");
     sb_int(&b, tp_rank == KVP_KEY_RANK_SELF ? md->tp_rank : tp_rank);
     sb_str(&b, "@pcp");
     sb_int(&b, pcp_rank == KVP_KEY_RANK_SELF ? md->pcp_rank : pcp_rank);

@@ -6,6 +6,10 @@
  *   key = [<cache_prefix>@]<model_name>[@cfg:<fp>]@tp_rank:<t>@pcp<p>@dcp<d>
  *         @pp_rank:<r>@group:<g>@<lower-case hex of the block hash>
  *
+ * TP-independent layout (kvp_key_meta.by_head): "@kvh:<h>" (a global KV
+ * head, or 0 for an MLA latent) takes the place of "@tp_rank:<t>": one
+ * object per head and block, whatever the writer's TP size.
+ *
  * <fp> is the engine's configuration fingerprint (lower-case hex, see
  * kvp_key_meta_set_fingerprint): engines whose KV bytes differ (model
  * weights, dtypes, layout) never share keys. It sits where vLLM's in-tree
@@ -35,7 +39,9 @@ struct kvp_key_meta {
     char model_name[KVP_KEY_NAME_MAX];
     char cache_prefix[KVP_KEY_NAME_MAX]; /* "" = none */
     char fingerprint[KVP_KEY_FP_MAX + 1]; /* "" = none (no "@cfg:" segment) */
-    int tp_rank;                         /* the KEY tp rank: tp_rank // factor(g) */
+    int tp_rank;                         /* the KEY tp rank: tp_rank // factor(g);
+                                            with by_head: the global KV head */
+    bool by_head;                        /* "@kvh:<tp_rank>" instead of "@tp_rank:" */
     int pcp_rank;
     int dcp_rank;
     int pp_rank;
@@ -87,7 +93,7 @@ int kvp_key_build_prefix(const struct kvp_key_meta *md, int tp_rank, int pcp_ran
 /*
  * The key of the configuration's descriptor object (kvp_worker_cfg's
  * config_description): "[prefix@]model@cfg:FP@kvpool-config". No block key
- * equals it (they go on with "@tp_rank:" after the fingerprint), and it
+ * equals it (they go on with "@tp_rank:" or "@kvh:" after the fingerprint), and it
  * shares the blocks' "[prefix@]model@cfg:FP" namespace (a regex removing
  * them matches it too). KVP_EINVALID_PARAMS when md has no fingerprint.
  */

@@ -39,6 +39,111 @@ static int layout_reserve(kvp_tdb_layout *l, size_t more)
     return 0;
 }
 
+/* The head geometry of tensor t whose blocks are bl bytes (tokendb.h). */
+static int heads_geometry(const kvp_tdb_tensor *t, size_t bl, uint32_t heads, kvp_tdb_heads *hd)
+{
+    memset(hd, 0, sizeof *hd);
+    size_t e = t->elem_size;
+    if (heads == 1) { /* the whole block is the head */
+        hd->run = bl;
+        hd->npieces = 1;
+        return 0;
+    }
+    int dh = -1;
+    for (int d = 0; d < t->ndim; d++) {
+        /* stride 1: the head size's own dimension, never the heads */
+        if (t->stride[d] > bl / e || t->stride[d] * e >= bl || t->shape[d] != heads ||
+            t->stride[d] == 1)
+            continue;
+        if (dh >= 0)
+            return KVP_EINVALID_PARAMS; /* two dimensions could be the heads */
+        dh = d;
+    }
+    if (dh < 0)
+        return KVP_EINVALID_PARAMS;
+    size_t inner = 1;
+    int outer[KVP_TDB_MAX_DIMS], no = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (d == dh || t->stride[d] > bl / e || t->stride[d] * e >= bl)
+            continue; /* the heads, or not inside a block */
+        if (t->stride[d] < t->stride[dh]) {
+            if (t->shape[d] && inner > SIZE_MAX / t->shape[d])
+                return KVP_EINVALID_PARAMS;
+            inner *= t->shape[d];
+        } else if (t->shape[d] > 1) {
+            outer[no++] = d;
+        }
+    }
+    if (inner != t->stride[dh])
+        return KVP_EINVALID_PARAMS; /* a head's innermost bytes are not dense */
+    /* outer dimensions by decreasing stride (insertion sort, <= 8) */
+    for (int i = 1; i < no; i++)
+        for (int k = i; k > 0 && t->stride[outer[k]] > t->stride[outer[k - 1]]; k--) {
+            int x = outer[k];
+            outer[k] = outer[k - 1];
+            outer[k - 1] = x;
+        }
+    hd->run = t->stride[dh] * e;
+    hd->step = hd->run;
+    hd->npieces = 1;
+    size_t last = (heads - 1) * hd->step + hd->run; /* one past head n-1's last piece */
+    for (int i = 0; i < no; i++) {
+        hd->shape[i] = t->shape[outer[i]];
+        hd->stride[i] = t->stride[outer[i]] * e;
+        if (hd->npieces > SIZE_MAX / hd->shape[i])
+            return KVP_EINVALID_PARAMS;
+        hd->npieces *= hd->shape[i];
+        last += (hd->shape[i] - 1) * hd->stride[i];
+    }
+    hd->nd = (uint32_t)no;
+    if (last > bl || hd->npieces > bl / hd->run / heads)
+        return KVP_EINVALID_PARAMS; /* n heads do not fit in a block */
+    return 0;
+}
+
+size_t kvp_tdb_head_npieces(const kvp_tdb_layout *l)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < l->nsegs; i++)
+        n += l->segs[i].hd.npieces;
+    return n;
+}
+
+uint64_t kvp_tdb_head_bytes(const kvp_tdb_layout *l)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < l->nsegs; i++)
+        n += (uint64_t)l->segs[i].hd.npieces * l->segs[i].hd.run;
+    return n;
+}
+
+int kvp_tdb_head_slice(const kvp_tdb_layout *l, const kvp_iov *blk, uint32_t j, kvp_iov *out,
+                       size_t cap)
+{
+    if (!l->heads || j >= l->heads || cap < kvp_tdb_head_npieces(l))
+        return KVP_EINVALID_PARAMS;
+    size_t k = 0;
+    for (size_t i = 0; i < l->nsegs; i++) {
+        const kvp_tdb_heads *hd = &l->segs[i].hd;
+        if (blk[i].len < l->segs[i].block_len)
+            return KVP_EINVALID_PARAMS;
+        size_t idx[KVP_TDB_MAX_DIMS] = {0};
+        for (size_t p = 0; p < hd->npieces; p++) {
+            size_t off = (size_t)j * hd->step;
+            for (uint32_t d = 0; d < hd->nd; d++)
+                off += idx[d] * hd->stride[d];
+            /* inside the block: heads_geometry checked the last piece */
+            out[k++] = (kvp_iov){(uint8_t *)blk[i].base + off, hd->run};
+            for (uint32_t d = hd->nd; d-- > 0;) { /* row-major increment */
+                if (++idx[d] < hd->shape[d])
+                    break;
+                idx[d] = 0;
+            }
+        }
+    }
+    return 0;
+}
+
 int kvp_tdb_layout_add_tensor(kvp_tdb_layout *l, const kvp_tdb_tensor *t, int *kind)
 {
     if (!t->base || t->ndim < 1 || t->ndim > KVP_TDB_MAX_DIMS || t->elem_size == 0 ||
@@ -62,11 +167,14 @@ int kvp_tdb_layout_add_tensor(kvp_tdb_layout *l, const kvp_tdb_tensor *t, int *k
         }
     }
     if (outer < 0) {
-        int rc = layout_reserve(l, 1);
+        kvp_tdb_heads hd = {0};
+        int rc = l->heads ? heads_geometry(t, page, l->heads, &hd) : 0;
+        if (rc == 0)
+            rc = layout_reserve(l, 1);
         if (rc)
             return rc;
         l->segs[l->nsegs++] = (kvp_tdb_segment){base, page, page * l->num_blocks, base,
-                                                 t->storage_len};
+                                                 t->storage_len, hd};
         if (kind)
             *kind = KVP_TDB_BLOCKS_FIRST;
         return 0;
@@ -78,12 +186,15 @@ int kvp_tdb_layout_add_tensor(kvp_tdb_layout *l, const kvp_tdb_tensor *t, int *k
     /* every plane [i*seg, (i+1)*seg) must lie inside the storage */
     if (planes > t->storage_len / seg)
         return KVP_EINVALID_PARAMS;
-    int rc = layout_reserve(l, planes);
+    kvp_tdb_heads hd = {0};
+    int rc = l->heads ? heads_geometry(t, seg / l->num_blocks, l->heads, &hd) : 0;
+    if (rc == 0)
+        rc = layout_reserve(l, planes);
     if (rc)
         return rc;
     for (size_t i = 0; i < planes; i++)
         l->segs[l->nsegs++] = (kvp_tdb_segment){base + i * seg, seg / l->num_blocks, seg, base,
-                                                 t->storage_len};
+                                                 t->storage_len, hd};
     if (kind)
         *kind = KVP_TDB_KV_FIRST;
     return 0;

@@ -62,12 +62,30 @@ enum kvp_tdb_kind {
     KVP_TDB_KV_FIRST = 2,    /* one segment per plane of the outer dim */
 };
 
+/*
+ * Where one KV head's bytes lie inside a block of a segment (the
+ * TP-independent layout, kvp_tdb_head_slice): head j of the block at
+ * offset 0 is the h_npieces runs of h_run bytes at
+ *   j * h_step + sum_k idx_k * h_stride[k]     (idx_k < h_shape[k]),
+ * the in-block dimensions outside the head dimension enumerated row-major
+ * by decreasing stride (for every usual layout: plane, then token).
+ */
+typedef struct kvp_tdb_heads {
+    uint32_t nd;                             /* outer in-block dimensions */
+    size_t shape[KVP_TDB_MAX_DIMS];
+    size_t stride[KVP_TDB_MAX_DIMS];         /* bytes, decreasing */
+    size_t step;                             /* bytes from head j to j + 1 */
+    size_t run;                              /* contiguous bytes of a piece */
+    size_t npieces;                          /* product of shape[0..nd) */
+} kvp_tdb_heads;
+
 typedef struct kvp_tdb_segment {
     uint8_t *base;        /* block 0 of this segment */
     size_t block_len;     /* bytes per block */
     size_t extent;        /* bytes of the segment: blocks live in [base, base+extent) */
     uint8_t *region;      /* registered region holding the segment */
     size_t region_len;
+    kvp_tdb_heads hd;     /* with layout.heads > 0 only */
 } kvp_tdb_segment;
 
 typedef struct kvp_tdb_layout {
@@ -75,6 +93,9 @@ typedef struct kvp_tdb_layout {
     kvp_tdb_segment *segs;
     size_t nsegs;
     size_t cap;
+    uint32_t heads;        /* 0, or the KV heads every block holds (set before
+                              the first tensor): each tensor must then show
+                              them as one in-block dimension (below) */
 } kvp_tdb_layout;
 
 /* num_blocks == 0 -> KVP_EINVALID_PARAMS. */
@@ -90,6 +111,30 @@ void kvp_tdb_layout_free(kvp_tdb_layout *l);
  * call is register_kv_caches({"__cross_layer__": t})).
  */
 int kvp_tdb_layout_add_tensor(kvp_tdb_layout *l, const kvp_tdb_tensor *t, int *kind);
+
+/*
+ * With l->heads = n > 0, kvp_tdb_layout_add_tensor also finds where each
+ * head lies in a block: the in-block dimensions are those whose byte
+ * stride is below the segment's block_len; exactly one of them, other
+ * than one of stride 1 (a head's own elements), must have n entries (n == 1: the whole block is the head, e.g. an MLA latent), the
+ * dimensions inside it must be dense (their extents multiply to its
+ * stride), and n heads must fit in the block (padding after them is never
+ * moved). Otherwise the tensor is KVP_EINVALID_PARAMS (an ambiguous one,
+ * e.g. block_size == heads in both dimensions, included).
+ */
+/* Pieces of one head over every segment (sum of hd.npieces). */
+size_t kvp_tdb_head_npieces(const kvp_tdb_layout *l);
+/* Bytes of one head over every segment (one object of the head layout). */
+uint64_t kvp_tdb_head_bytes(const kvp_tdb_layout *l);
+/*
+ * Head j's pieces of the block whose whole-block pieces (one per segment,
+ * as kvp_tdb_prepare_block / prepare_value give them) are blk[0..nsegs):
+ * written to out (cap >= kvp_tdb_head_npieces), segment by segment, in
+ * the order above. KVP_EINVALID_PARAMS for j >= heads, no head layout, or
+ * a piece not inside its block.
+ */
+int kvp_tdb_head_slice(const kvp_tdb_layout *l, const kvp_iov *blk, uint32_t j, kvp_iov *out,
+                       size_t cap);
 
 typedef struct kvp_tdb {
     uint32_t block_size;      /* B, tokens per block of this group */

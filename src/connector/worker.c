@@ -170,7 +170,13 @@ struct kvp_worker {
     uint32_t L, H;
     size_t ng;
     uint32_t *B;     /* per group block size */
-    int *factor;     /* per group TP replication factor = put step */
+    int *factor;     /* per group TP replication factor = put step (with by_head:
+                        the ranks holding each of this rank's heads) */
+    int by_head;     /* the TP-independent layout (kvp_worker_cfg.tp_independent) */
+    uint32_t nloc;   /* by_head: heads per rank (every group), layout.heads */
+    char **hprefix;  /* by_head: per group, nloc NUL-terminated prefixes back to
+                        back (this rank's heads, in order) */
+    size_t **hprefix_off;
     char **prefix;   /* per group own key prefix */
     size_t *prefix_len;
     char **lk_buf;   /* per group lookup prefixes, NUL-separated */
@@ -414,6 +420,7 @@ typedef struct xb {
     const uint8_t **hash;
     kvp_block *blk;     /* per key: its block (pool_blocks), else NULL */
     int64_t *res;
+    uint32_t *part;     /* per key: its head among the chunk's (xb_heads), else NULL */
 } xb;
 
 static void xb_free(xb *b)
@@ -430,18 +437,25 @@ static void xb_free(xb *b)
     kvp_free(b->hash);
     kvp_free(b->blk);
     kvp_free(b->res);
+    kvp_free(b->part);
     memset(b, 0, sizeof *b);
 }
 
-static int xb_init(kvp_worker *w, xb *b, size_t cap, size_t hash_len)
+/* Room for cap keys of `per` pieces each (0: one per segment). */
+static int xb_init2(kvp_worker *w, xb *b, size_t cap, size_t hash_len, size_t per)
 {
     memset(b, 0, sizeof *b);
     size_t maxp = 0;
-    for (size_t g = 0; g < w->ng; g++)
+    for (size_t g = 0; g < w->ng; g++) {
         if (w->prefix_len[g] > maxp)
             maxp = w->prefix_len[g];
+        for (uint32_t j = 0; w->by_head && j < w->nloc; j++) {
+            size_t l = strlen(w->hprefix[g] + w->hprefix_off[g][j]);
+            maxp = l > maxp ? l : maxp;
+        }
+    }
     b->cap = cap ? cap : 1;
-    b->nsegs = w->layout.nsegs;
+    b->nsegs = per ? per : w->layout.nsegs;
     b->keystride = maxp + 2 + 2 * hash_len;
     b->keybuf = kvp_malloc(b->cap * b->keystride);
     b->keys = kvp_calloc(b->cap, sizeof *b->keys);
@@ -465,6 +479,52 @@ static int xb_init(kvp_worker *w, xb *b, size_t cap, size_t hash_len)
         b->iovp[k] = b->iov + k * b->nsegs;
         b->niov[k] = b->nsegs;
     }
+    return 0;
+}
+
+static int xb_init(kvp_worker *w, xb *b, size_t cap, size_t hash_len)
+{
+    return xb_init2(w, b, cap, hash_len, 0);
+}
+
+/*
+ * The TP-independent layout (w->by_head): replaces b, whose keys are one
+ * whole block each (one piece per segment), by one key per block and head
+ * of this rank -- prefix of head j + "@" + hex(hash), the head's pieces
+ * (kvp_tdb_head_slice), the block's id, group, range and hash copied,
+ * part = j. Nothing to do without by_head. 0, or KVP_ENOMEM /
+ * KVP_EINVALID_PARAMS (b is then unchanged).
+ */
+static int xb_heads(kvp_worker *w, xb *b, size_t hash_len)
+{
+    if (!w->by_head || b->n == 0)
+        return 0;
+    xb o;
+    int rc = xb_init2(w, &o, b->n * w->nloc, hash_len, kvp_tdb_head_npieces(&w->layout));
+    if (rc == 0 && !(o.part = kvp_calloc(o.cap, sizeof *o.part)))
+        rc = KVP_ENOMEM;
+    for (size_t k = 0; rc == 0 && k < b->n; k++)
+        for (uint32_t j = 0; rc == 0 && j < w->nloc; j++) {
+            size_t q = o.n++, len;
+            uint32_t g = b->grp[k];
+            const char *pre = w->hprefix[g] + w->hprefix_off[g][j];
+            rc = kvp_tdb_head_slice(&w->layout, b->iovp[k], j, o.iovp[q], o.nsegs);
+            if (rc == 0)
+                rc = kvp_key_build_key_string(pre, strlen(pre), b->hash[k], hash_len, o.keys[q],
+                                              o.keystride, &len);
+            o.bid[q] = b->bid[k];
+            o.grp[q] = g;
+            o.start[q] = b->start[k];
+            o.end[q] = b->end[k];
+            o.hash[q] = b->hash[k];
+            o.part[q] = j;
+        }
+    if (rc != 0) {
+        xb_free(&o);
+        return rc;
+    }
+    xb_free(b);
+    *b = o;
     return 0;
 }
 
@@ -631,6 +691,12 @@ static int put_batch(kvp_worker *w, const job *j, xb *b)
         pthread_mutex_lock(&w->lock);
         for (size_t k = 0; k < b->n; k++) {
             if (b->res[k] <= 0)
+                continue;
+            /* by_head: one event per block, at the first of its heads that moved bytes */
+            size_t first = b->part ? k - b->part[k] : k, moved = 0;
+            for (size_t q = first; q < k; q++)
+                moved |= b->res[q] > 0;
+            if (moved)
                 continue;
             if (w->nev == w->capev) {
                 size_t nc = w->capev ? w->capev * 2 : 64;
@@ -895,6 +961,10 @@ static void send_job(kvp_worker *w, job *j)
         }
         b.n += nc;
     }
+    if ((rc = xb_heads(w, &b, j->hash_len)) != 0) {
+        KVP_ERROR(MOD, "save of %s: %s", j->req_id, kvp_err_name(rc));
+        goto out;
+    }
     if (b.n == 0 || put_batch(w, j, &b) == 0)
         record_saved(w, j, T);
 out:
@@ -1014,6 +1084,8 @@ static int recv_job(kvp_worker *w, job *j)
         if (rc == 0)
             b.n += kept;
     }
+    if (rc == 0)
+        rc = xb_heads(w, &b, j->hash_len);
     if (rc != 0) {
         /* Nothing was transferred: every block the load would have written
          * from the local prefix on is unusable. */
@@ -1232,17 +1304,66 @@ int kvp_worker_capacity_only(const kvp_worker *w) { return w->capacity_only; }
 
 static int valid_rank(int r, int n) { return n >= 1 && r >= 0 && r < n; }
 
-/* Own prefix and lookup prefixes of group g. */
+/* The global KV heads of group g in the TP-independent layout (an MLA
+ * latent is one head). */
+static int group_heads(const kvp_worker_group *g)
+{
+    return g->key_spec == KVP_KEY_SPEC_ATTENTION ? g->num_kv_heads : 1;
+}
+
+/* by_head: this rank's first global head of group g (nloc heads from it). */
+static int head0(const kvp_worker *w, const kvp_worker_cfg *cfg, size_t g)
+{
+    return cfg->tp_rank / w->factor[g] * (int)w->nloc;
+}
+
+/* by_head: the prefixes of this rank's heads of group g (w->hprefix). */
+static int build_head_prefixes(kvp_worker *w, const struct kvp_key_meta *md, int h0, size_t g)
+{
+    size_t total = 0, len = 0;
+    w->hprefix_off[g] = kvp_calloc(w->nloc, sizeof(size_t));
+    if (!w->hprefix_off[g])
+        return KVP_ENOMEM;
+    for (uint32_t j = 0; j < w->nloc; j++) {
+        kvp_key_build_prefix(md, h0 + (int)j, KVP_KEY_RANK_SELF, KVP_KEY_RANK_SELF,
+                             KVP_KEY_RANK_SELF, NULL, 0, &len);
+        w->hprefix_off[g][j] = total;
+        total += len + 1;
+    }
+    if (!(w->hprefix[g] = kvp_malloc(total)))
+        return KVP_ENOMEM;
+    for (uint32_t j = 0; j < w->nloc; j++) {
+        size_t off = w->hprefix_off[g][j];
+        int rc = kvp_key_build_prefix(md, h0 + (int)j, KVP_KEY_RANK_SELF, KVP_KEY_RANK_SELF,
+                                      KVP_KEY_RANK_SELF, w->hprefix[g] + off, total - off, &len);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Own prefix and lookup prefixes of group g. The TP-independent layout
+ * looks up every global head of the group (dcp 1): namespaces "tp" =
+ * head 0..heads-1, each read by factor ranks. */
 static int build_prefixes(kvp_worker *w, const kvp_worker_cfg *cfg, size_t g)
 {
     struct kvp_key_meta md;
     int rc = kvp_key_meta_init(&md, cfg->model_path ? cfg->model_path : "", cfg->cache_prefix,
-                               kvp_key_tp_rank_for_group(cfg->tp_rank, w->factor[g]),
+                               w->by_head ? head0(w, cfg, g)
+                                          : kvp_key_tp_rank_for_group(cfg->tp_rank, w->factor[g]),
                                cfg->pcp_rank, cfg->dcp_rank, cfg->pp_rank, (int)g);
     if (rc == 0)
         rc = kvp_key_meta_set_fingerprint(&md, cfg->config_fingerprint);
+    md.by_head = w->by_head != 0;
+    if (rc == 0 && w->by_head)
+        rc = build_head_prefixes(w, &md, head0(w, cfg, g), g);
     if (rc != 0)
         return rc;
+    /* the namespaces to look up: (tp, dcp, factor) of the rank layout, or
+     * (heads, 1, 1) of the head layout */
+    int ns_tp = w->by_head ? group_heads(&cfg->groups[g]) : cfg->tp_size;
+    int ns_dcp = w->by_head ? 1 : cfg->dcp_size;
+    int ns_f = w->by_head ? 1 : w->factor[g];
     size_t len = 0;
     kvp_key_build_prefix(&md, KVP_KEY_RANK_SELF, KVP_KEY_RANK_SELF, KVP_KEY_RANK_SELF,
                          KVP_KEY_RANK_SELF, NULL, 0, &len);
@@ -1254,8 +1375,8 @@ static int build_prefixes(kvp_worker *w, const kvp_worker_cfg *cfg, size_t g)
     if (rc != 0)
         return rc;
     size_t n = 0, used = 0;
-    rc = kvp_key_lookup_namespaces(cfg->tp_size, cfg->pcp_size, cfg->dcp_size, cfg->pp_size,
-                                   w->factor[g], NULL, 0, &n);
+    rc = kvp_key_lookup_namespaces(ns_tp, cfg->pcp_size, ns_dcp, cfg->pp_size, ns_f, NULL, 0,
+                                   &n);
     if (rc != 0 && rc != KVP_EBUFFER_OVERFLOW)
         return rc;
     struct kvp_key_ns *ns = kvp_calloc(n ? n : 1, sizeof *ns);
@@ -1264,15 +1385,13 @@ static int build_prefixes(kvp_worker *w, const kvp_worker_cfg *cfg, size_t g)
         kvp_free(ns);
         return KVP_ENOMEM;
     }
-    rc = kvp_key_lookup_prefixes(&md, cfg->tp_size, cfg->pcp_size, cfg->dcp_size, cfg->pp_size,
-                                 w->factor[g], ns, n, NULL, 0, w->lk_off[g], n, &w->lk_n[g],
-                                 &used);
+    rc = kvp_key_lookup_prefixes(&md, ns_tp, cfg->pcp_size, ns_dcp, cfg->pp_size, ns_f, ns, n,
+                                 NULL, 0, w->lk_off[g], n, &w->lk_n[g], &used);
     if (rc == KVP_EBUFFER_OVERFLOW) {
         w->lk_buf[g] = kvp_malloc(used ? used : 1);
-        rc = w->lk_buf[g] ? kvp_key_lookup_prefixes(&md, cfg->tp_size, cfg->pcp_size,
-                                                    cfg->dcp_size, cfg->pp_size, w->factor[g],
-                                                    ns, n, w->lk_buf[g], used, w->lk_off[g], n,
-                                                    &w->lk_n[g], &used)
+        rc = w->lk_buf[g] ? kvp_key_lookup_prefixes(&md, ns_tp, cfg->pcp_size, ns_dcp,
+                                                    cfg->pp_size, ns_f, ns, n, w->lk_buf[g], used,
+                                                    w->lk_off[g], n, &w->lk_n[g], &used)
                           : KVP_ENOMEM;
     }
     kvp_free(ns);
@@ -1295,6 +1414,36 @@ static int config_object_init(kvp_worker *w, const kvp_worker_cfg *cfg)
     w->cfg_key = kvp_strdup(key);
     w->cfg_desc = kvp_strdup(cfg->config_description);
     return w->cfg_key && w->cfg_desc ? 0 : KVP_ENOMEM;
+}
+
+/* The TP-independent layout's conditions (worker.h tp_independent): sets
+ * w->by_head and w->nloc, or KVP_ECONFIG with a message. */
+static int head_layout_check(kvp_worker *w, const kvp_worker_cfg *cfg, char *err, size_t errlen)
+{
+    if (cfg->dcp_size > 1) {
+        set_err(err, errlen, "the TP-independent layout needs dcp_size 1 (DCP shards tokens)");
+        return KVP_ECONFIG;
+    }
+    int tp = cfg->tp_size;
+    for (size_t g = 0; g < cfg->ngroups; g++) {
+        const kvp_worker_group *gr = &cfg->groups[g];
+        int n = group_heads(gr);
+        if (gr->key_spec == KVP_KEY_SPEC_MAMBA || n < 1 || (n % tp != 0 && tp % n != 0)) {
+            set_err(err, errlen, "the TP-independent layout needs attention or MLA groups whose "
+                                 "KV heads are a multiple or a divisor of tp_size (a Mamba "
+                                 "state is rank-specific)");
+            return KVP_ECONFIG;
+        }
+        uint32_t loc = (uint32_t)(n >= tp ? n / tp : 1);
+        if (g > 0 && loc != w->nloc) {
+            set_err(err, errlen, "the TP-independent layout needs the same KV heads per rank "
+                                 "in every group");
+            return KVP_ECONFIG;
+        }
+        w->nloc = loc;
+    }
+    w->by_head = 1;
+    return 0;
 }
 
 int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, size_t errlen)
@@ -1354,6 +1503,8 @@ int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, si
         goto fail;
     }
     w->ng = cfg->ngroups;
+    if (cfg->tp_independent && (rc = head_layout_check(w, cfg, err, errlen)) != 0)
+        goto fail;
     struct kvp_coord_group specs[KVP_COORD_MAX_GROUPS];
     for (size_t g = 0; g < w->ng; g++)
         specs[g] = cfg->groups[g].spec;
@@ -1385,12 +1536,15 @@ int kvp_worker_create(const kvp_worker_cfg *cfg, kvp_worker **out, char *err, si
     w->lk_off = kvp_calloc(w->ng, sizeof *w->lk_off);
     w->lk_n = kvp_calloc(w->ng, sizeof *w->lk_n);
     w->tdb = kvp_calloc(w->ng, sizeof *w->tdb);
+    w->hprefix = kvp_calloc(w->ng, sizeof *w->hprefix);
+    w->hprefix_off = kvp_calloc(w->ng, sizeof *w->hprefix_off);
     if (!w->B || !w->factor || !w->prefix || !w->prefix_len || !w->lk_buf || !w->lk_off ||
-        !w->lk_n || !w->tdb)
+        !w->lk_n || !w->tdb || !w->hprefix || !w->hprefix_off)
         goto fail;
     rc = kvp_tdb_layout_init(&w->layout, cfg->num_gpu_blocks);
     if (rc != 0)
         goto fail;
+    w->layout.heads = w->by_head ? w->nloc : 0;
     w->layout_ok = 1;
     for (size_t g = 0; g < w->ng; g++) {
         w->B[g] = cfg->groups[g].spec.block_size;
@@ -1512,6 +1666,12 @@ void kvp_worker_destroy(kvp_worker *w)
     }
     kvp_free(w->B);
     kvp_free(w->factor);
+    for (size_t g = 0; w->hprefix && g < w->ng; g++) {
+        kvp_free(w->hprefix[g]);
+        kvp_free(w->hprefix_off ? w->hprefix_off[g] : NULL);
+    }
+    kvp_free(w->hprefix);
+    kvp_free(w->hprefix_off);
     kvp_free(w->block_group);
     kvp_free(w->prefix);
     kvp_free(w->prefix_len);
@@ -1930,6 +2090,8 @@ static uint64_t lk_block_bytes(const kvp_worker *w, size_t g)
     if (!w->registered)
         return 0;
     const kvp_tdb_layout *l = w->tdb[g].layout;
+    if (w->by_head)
+        return kvp_tdb_head_bytes(l); /* one head's object */
     uint64_t sum = 0;
     for (size_t i = 0; i < l->nsegs; i++)
         sum += l->segs[i].block_len;

@@ -160,6 +160,14 @@ typedef struct kvp_worker_cfg {
     void *fence_arg;
     const char *config_fingerprint; /* NULL / "" = none; else kvp_key_fingerprint_valid:
                                        every key gets "@cfg:<fp>" (keys.h) */
+    int tp_independent; /* the TP-independent layout (keys.h "@kvh:"): one object per
+                           global KV head (MLA: one latent, head 0) and block, which
+                           engines of any TP size write and read; ranks holding the
+                           same head (num_kv_heads < tp_size, MLA) stride its chunks
+                           so each is stored once. Needs dcp_size 1, no Mamba group,
+                           the same heads per rank in every group, num_kv_heads a
+                           multiple or divisor of tp_size, and tensors showing the
+                           heads as one dimension (tokendb.h kvp_tdb_head_slice) */
     const char *config_description; /* NULL / "" = none; with a fingerprint, rank 0 (all
                                        four ranks 0) of a storing worker (PRODUCER / BOTH,
                                        or save_decode_cache) puts it

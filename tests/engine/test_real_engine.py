@@ -112,6 +112,35 @@ def test_tp2_workers_in_their_own_processes(
     assert r.cached("hit") == [FULL, 0]
 
 
+def test_tp_independent_layout_tp1_and_tp2_share_prefixes(
+        pool: kvpool_procs.Proc, llama: str, engines: Engines) -> None:
+    """The TP-independent layout (one object per KV head): a TP 1 engine stores
+    P1, a TP 2 engine hits it whole (each rank reading its own head) with its
+    own no-connector tokens, and stores P2, which a TP 1 engine then hits with
+    its own tokens. float32: TP 1 and TP 2 sum in other orders, and in
+    bfloat16 that rounding alone moves this model's greedy tokens (the KV a
+    TP 1 engine computes is not bit-equal to a TP 2 engine's). The pool
+    serves one object per block and KV head."""
+    kv = kv_config(pool.addr, tp_independent=True)
+    heads = tiny_weights.SMALL.kv_heads
+    ph = [{"name": "p", "prompts": [P1, P2], "max_tokens": MAX_TOKENS}]
+    ref2 = engines.run(llama, ph, tp=2, multiproc=True, dtype="float32")
+    ref1 = engines.run(llama, ph, dtype="float32")
+    a = engines.run(llama, [{"name": "store", "prompts": [P1], "max_tokens": MAX_TOKENS}], kv=kv,
+                    dtype="float32")
+    assert a.tokens("store") == ref1.tokens("p")[:1]
+    h0 = pool_stats(pool.addr)["counters"]["hits"]
+    b = engines.run(llama, [{"name": "hit", "prompts": [P1, P2], "max_tokens": MAX_TOKENS}],
+                    kv=kv, tp=2, multiproc=True, dtype="float32")
+    assert b.cached("hit") == [FULL, 0]
+    assert pool_stats(pool.addr)["counters"]["hits"] - h0 == FULL // BLOCK * heads
+    assert b.tokens("hit") == ref2.tokens("p")
+    c = engines.run(llama, [{"name": "hit", "prompts": [P2], "max_tokens": MAX_TOKENS}], kv=kv,
+                    dtype="float32")
+    assert c.cached("hit") == [blocks_of(len(P2))]
+    assert c.tokens("hit") == ref1.tokens("p")[1:]
+
+
 def test_preemption_with_the_scheduler_and_worker_apart(
         pool: kvpool_procs.Proc, llama: str, engines: Engines,
         baseline: dict[str, Any]) -> None:

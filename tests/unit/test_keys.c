@@ -394,3 +394,25 @@ TEST(put_striding_covers_every_chunk_once)
     CHECK(kvp_key_put_mine(5, 3, 7, 1));
     CHECK(!kvp_key_put_mine(-1, 0, 0, 1));
 }
+
+/* The TP-independent layout: "@kvh:<head>" where the rank layout has
+ * "@tp_rank:<rank>"; the lookup prefixes of a group are its heads. */
+TEST(head_layout_keys)
+{
+    struct kvp_key_meta md;
+    CHECK_EQ(kvp_key_meta_init(&md, "org/m", NULL, 3, 0, 0, 1, 2), 0);
+    CHECK_EQ(kvp_key_meta_set_fingerprint(&md, "0123456789ab"), 0);
+    md.by_head = true;
+    char out[256];
+    size_t len;
+    uint8_t h[2] = {0xab, 0x01};
+    CHECK_EQ(kvp_key_build(&md, h, 2, out, sizeof out, &len), 0);
+    CHECK(strcmp(out, "m@cfg:0123456789ab@kvh:3@pcp0@dcp0@pp_rank:1@group:2@ab01") == 0);
+    struct kvp_key_ns ns[4];
+    size_t off[4], n, used;
+    char buf[512];
+    CHECK_EQ(kvp_key_lookup_prefixes(&md, 4, 1, 1, 1, 1, ns, 4, buf, sizeof buf, off, 4, &n,
+                                     &used), 0);
+    CHECK_EQ(n, 4);
+    CHECK(strcmp(buf + off[2], "m@cfg:0123456789ab@kvh:2@pcp0@dcp0@pp_rank:0@group:2") == 0);
+}

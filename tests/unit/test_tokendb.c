@@ -498,3 +498,107 @@ TEST(tdb_layout_enomem)
     kvp_tdb_layout_free(&l);
     kvp_free(mem);
 }
+
+/* ------------------------------------------------------- head slicing */
+
+enum { HNB = 4, HBS = 3, HNH = 2, HHD = 5 }; /* blocks, tokens, heads, bytes per head */
+
+static uint8_t hval(int b, int p, int t, int h, int d)
+{
+    return (uint8_t)(1 + b * 61 + p * 29 + t * 13 + h * 7 + d);
+}
+
+/* Gathers head j of block b through kvp_tdb_head_slice. */
+static size_t gather_head(const kvp_tdb_layout *l, const kvp_tdb *db, uint32_t b, uint32_t j,
+                          uint8_t *out)
+{
+    kvp_iov blk[4], pc[64];
+    if (kvp_tdb_prepare_block(db, b, blk, 4) != 0 || kvp_tdb_head_slice(l, blk, j, pc, 64) != 0)
+        return 0;
+    size_t n = 0;
+    for (size_t i = 0; i < kvp_tdb_head_npieces(l); i++) {
+        memcpy(out + n, pc[i].base, pc[i].len);
+        n += pc[i].len;
+    }
+    return n;
+}
+
+/* NHD (2, NB, BS, NH, HD) and HND (2, NB, NH, BS, HD) tensors holding the
+ * same values give byte-identical head objects ([plane][token][head bytes]),
+ * each exactly one head's bytes; a padded block (room after the heads) is
+ * fine and its padding never moved; MLA-like heads = 1 is the whole block;
+ * a tensor where two dimensions could be the heads is refused. */
+TEST(tdb_head_slice_nhd_hnd_agree)
+{
+    static uint8_t nhd[2 * HNB * HBS * HNH * HHD], hnd[sizeof nhd];
+    for (int p = 0; p < 2; p++)
+        for (int b = 0; b < HNB; b++)
+            for (int t = 0; t < HBS; t++)
+                for (int h = 0; h < HNH; h++)
+                    for (int d = 0; d < HHD; d++) {
+                        nhd[(((p * HNB + b) * HBS + t) * HNH + h) * HHD + d] = hval(b, p, t, h, d);
+                        hnd[(((p * HNB + b) * HNH + h) * HBS + t) * HHD + d] = hval(b, p, t, h, d);
+                    }
+    kvp_tdb_tensor tn = {.base = nhd, .storage_len = sizeof nhd, .elem_size = 1, .ndim = 5,
+                         .shape = {2, HNB, HBS, HNH, HHD},
+                         .stride = {HNB * HBS * HNH * HHD, HBS * HNH * HHD, HNH * HHD, HHD, 1}};
+    kvp_tdb_tensor th = {.base = hnd, .storage_len = sizeof hnd, .elem_size = 1, .ndim = 5,
+                         .shape = {2, HNB, HNH, HBS, HHD},
+                         .stride = {HNB * HBS * HNH * HHD, HBS * HNH * HHD, HBS * HHD, HHD, 1}};
+    kvp_tdb_layout ln, lh;
+    kvp_tdb dn, dh;
+    CHECK_EQ(kvp_tdb_layout_init(&ln, HNB), 0);
+    CHECK_EQ(kvp_tdb_layout_init(&lh, HNB), 0);
+    ln.heads = lh.heads = HNH;
+    CHECK_EQ(kvp_tdb_layout_add_tensor(&ln, &tn, NULL), 0);
+    CHECK_EQ(kvp_tdb_layout_add_tensor(&lh, &th, NULL), 0);
+    CHECK_EQ(kvp_tdb_init(&dn, HBS, 0, &ln), 0);
+    CHECK_EQ(kvp_tdb_init(&dh, HBS, 0, &lh), 0);
+    CHECK_EQ(kvp_tdb_head_bytes(&ln), 2 * HBS * HHD);
+    CHECK_EQ(kvp_tdb_head_npieces(&ln), 2 * HBS); /* NHD: a piece per plane and token */
+    CHECK_EQ(kvp_tdb_head_npieces(&lh), 2);       /* HND: one per plane */
+    for (uint32_t b = 0; b < HNB; b++)
+        for (uint32_t j = 0; j < HNH; j++) {
+            uint8_t on[64], oh[64], want[64];
+            CHECK_EQ(gather_head(&ln, &dn, b, j, on), 2 * HBS * HHD);
+            CHECK_EQ(gather_head(&lh, &dh, b, j, oh), 2 * HBS * HHD);
+            size_t k = 0;
+            for (int p = 0; p < 2; p++)
+                for (int t = 0; t < HBS; t++)
+                    for (int d = 0; d < HHD; d++)
+                        want[k++] = hval((int)b, p, t, (int)j, d);
+            CHECK(memcmp(on, want, k) == 0);
+            CHECK(memcmp(oh, want, k) == 0);
+        }
+    kvp_iov blk[2], pc[64];
+    CHECK_EQ(kvp_tdb_prepare_block(&dn, 0, blk, 2), 0);
+    CHECK_EQ(kvp_tdb_head_slice(&ln, blk, HNH, pc, 64), KVP_EINVALID_PARAMS); /* no such head */
+    CHECK_EQ(kvp_tdb_head_slice(&ln, blk, 0, pc, 2), KVP_EINVALID_PARAMS);    /* no room */
+    kvp_tdb_layout_free(&ln);
+    kvp_tdb_layout_free(&lh);
+
+    /* a block padded after its heads (page 40 bytes for 30 of KV) */
+    static uint8_t pad[HNB * 45];
+    kvp_tdb_tensor tp = {.base = pad, .storage_len = HNB * 40, .elem_size = 1, .ndim = 3,
+                         .shape = {HNB, HBS * HNH, HHD}, .stride = {40, HHD, 1}};
+    CHECK_EQ(kvp_tdb_layout_init(&ln, HNB), 0);
+    ln.heads = HBS * HNH; /* 6 "heads" of 5 bytes */
+    CHECK_EQ(kvp_tdb_layout_add_tensor(&ln, &tp, NULL), 0);
+    CHECK_EQ(kvp_tdb_head_bytes(&ln), HHD);
+    kvp_tdb_layout_free(&ln);
+    /* heads = 1: the whole block */
+    CHECK_EQ(kvp_tdb_layout_init(&ln, HNB), 0);
+    ln.heads = 1;
+    CHECK_EQ(kvp_tdb_layout_add_tensor(&ln, &tp, NULL), 0);
+    CHECK_EQ(kvp_tdb_head_bytes(&ln), 40);
+    CHECK_EQ(kvp_tdb_head_npieces(&ln), 1);
+    kvp_tdb_layout_free(&ln);
+    /* 3 tokens and 3 heads: either dimension could be the heads */
+    kvp_tdb_tensor ta = {.base = pad, .storage_len = 4 * 45, .elem_size = 1, .ndim = 4,
+                         .shape = {4, 3, 3, 5}, .stride = {45, 15, 5, 1}};
+    CHECK_EQ(kvp_tdb_layout_init(&ln, HNB), 0);
+    ln.heads = 3;
+    CHECK_EQ(kvp_tdb_layout_add_tensor(&ln, &ta, NULL), KVP_EINVALID_PARAMS);
+    CHECK_EQ(ln.nsegs, 0);
+    kvp_tdb_layout_free(&ln);
+}

@@ -44,10 +44,25 @@ def test_mooncake_only_keys_at_their_defaults_start(pool: kvpool_procs.Proc) -> 
 @pytest.mark.parametrize("key,value,why", [
     ("enable_group_semantics", "true", "no object groups"),
     ("custom_mem_pool", "NVLINK", "vLLM's own allocator"),
-    ("enable_store_tp_lcm", True, "tensor-parallel layout"),
-    ("store_tp_size", 2, "tensor-parallel layout, size 1"),
+    ("store_tp_size", 0, "must be a TP size"),
+    ("prefill_tp_sizes", "2,4", "must be a list of TP sizes"),
 ])
 def test_mooncake_only_keys_refused_when_set(pool: kvpool_procs.Proc, key: str, value: Any,
                                              why: str) -> None:
     with pytest.raises(ValueError, match=f"{key}.*{why}"):
         E.make_engine(kvt(pool.addr, **{key: value}))
+
+
+@pytest.mark.parametrize("extra,tpi", [
+    ({}, False),
+    ({"store_tp_size": 1}, False),            # the engine's own: the rank layout
+    ({"store_tp_size": 2}, True),             # another TP size: the TP-independent layout
+    ({"enable_store_tp_lcm": True, "prefill_tp_sizes": [1, 2, 4]}, True),
+    ({"tp_independent": True}, True),
+])
+def test_in_tree_tp_keys_select_the_tp_independent_layout(extra: dict[str, Any], tpi: bool) -> None:
+    """store_tp_size / enable_store_tp_lcm / prefill_tp_sizes ask for blocks
+    that engines of other TP sizes can read: the TP-independent layout gives
+    that for every size at once (tests/vllm/test_tp_independent.py)."""
+    import kvpool.vllm as kvv
+    assert kvv._check_mooncake_only_keys(dict(extra), 1) is tpi
