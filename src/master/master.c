@@ -4974,12 +4974,9 @@ void kvp_master_note_bad_frame(kvp_master *m) { m->stats[KVP_STAT_BAD_FRAMES]++;
 void kvp_master_sess_open(kvp_master *m, kvp_msess *s)
 {
     (void)m;
-    s->client = NULL;
-    s->close_after = 0;
-    s->peer = 0;
-    s->hold_ms = 0;
+    *s = (kvp_msess){.auth_tcred = -1}; /* every field: a caller's session may be on
+                                          the stack (not challenged, no follower) */
     snprintf(s->peer_addr, sizeof s->peer_addr, "?");
-    s->deferred = 0;
 }
 
 void kvp_master_sess_close(kvp_master *m, kvp_msess *s, uint64_t now_ms)
